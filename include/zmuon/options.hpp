@@ -1,0 +1,68 @@
+// Optimizer and engine options: the numerical contract of DESIGN.md §2, with its defaults.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace zmuon {
+
+/// How the Muon update is scaled (DESIGN.md §2).
+enum class adjust_lr_rule : uint8_t {
+  original,         // sqrt(max(1, rows/cols))
+  match_rms_adamw,  // 0.2 * sqrt(max(rows, cols))
+};
+
+/// Newton-Schulz iteration parameters.
+struct ns_options {
+  int steps = 5;
+  std::array<float, 3> coefficients{3.4445f, -4.7750f, 2.0315f};  // (a, b, c) of NS5
+  /// Optional per-iteration coefficients (e.g. Polar Express); when non-empty its size must
+  /// equal `steps` and it replaces `coefficients`.
+  std::vector<std::array<float, 3>> schedule;
+  float eps = 1e-7f;
+};
+
+struct muon_options {
+  float lr = 0.02f;
+  float momentum = 0.95f;
+  bool nesterov = true;
+  float weight_decay = 0.0f;
+  adjust_lr_rule adjust_lr = adjust_lr_rule::original;
+  ns_options ns;
+};
+
+struct adamw_options {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-10f;
+  float weight_decay = 0.0f;
+};
+
+/// Dynamic fp16 loss scaling, DeepSpeed's defaults. `loss_scale > 0` means a static scale.
+struct fp16_options {
+  bool enabled = false;
+  float loss_scale = 0.0f;
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  float min_loss_scale = 1.0f;
+  float scale_factor = 2.0f;
+};
+
+struct engine_options {
+  int world = 4;                        // in-process ranks
+  float gradient_clipping = 0.0f;       // max global norm of the raw gradient; 0 = off
+  int64_t reduce_bucket_size = 500'000'000;  // elements per reduce bucket and per Muon chunk
+  bool per_head_muon = true;            // honour `heads` given at registration
+  fp16_options fp16;
+  muon_options muon;
+  adamw_options adamw;
+  std::string compute = "host";         // compute backend: host | cuda
+  std::string comm = "caf";             // communication backend: caf | nccl
+  int64_t timeout_ms = 60'000;          // a request not answered in this time is an error
+};
+
+}  // namespace zmuon

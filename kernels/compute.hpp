@@ -1,0 +1,104 @@
+// The compute-backend interface: every numerical kernel the engine runs, on buffers that the
+// backend allocated (host memory for `host`, device memory for `cuda`). Kernels are enqueued in
+// call order; `synchronize()` waits for all of them. The host backend runs each call to the end.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "zmuon/options.hpp"
+#include "zmuon/status.hpp"
+
+namespace zmuon {
+
+/// A buffer of floats owned by a backend; freed by the backend that made it.
+class device_buffer {
+public:
+  device_buffer() = default;
+  device_buffer(float* data, int64_t size, void (*release)(float*))
+    : data_(data, release), size_(size) {}
+
+  float* data() { return data_.get(); }
+  const float* data() const { return data_.get(); }
+  int64_t size() const { return size_; }
+
+private:
+  std::unique_ptr<float, void (*)(float*)> data_{nullptr, [](float*) {}};
+  int64_t size_ = 0;
+};
+
+/// Result of the fused non-finite scan: whether any element is inf/NaN and the sum of squares
+/// (in double) of the finite case.
+struct scan_result {
+  bool nonfinite = false;
+  double sum_squares = 0.0;
+};
+
+/// One AdamW update's hyper-parameters; `step` is the 1-based count of applied steps.
+struct adamw_args {
+  float lr = 0.0f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-10f;
+  float weight_decay = 0.0f;
+  int64_t step = 1;
+};
+
+class compute_backend {
+public:
+  virtual ~compute_backend() = default;
+
+  virtual std::string name() const = 0;
+
+  // -- memory ----------------------------------------------------------------------------------
+  /// A zero-filled buffer of n floats.
+  virtual device_buffer allocate(int64_t n) = 0;
+  virtual void copy_from_host(float* dst, const float* host_src, int64_t n) = 0;
+  virtual void copy_to_host(float* host_dst, const float* src, int64_t n) = 0;
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void fill_zero(float* x, int64_t n) = 0;
+
+  // -- element-wise ----------------------------------------------------------------------------
+  /// dst += src
+  virtual void add(float* dst, const float* src, int64_t n) = 0;
+  /// x *= factor (unscale and clip scaling)
+  virtual void scale(float* x, int64_t n, float factor) = 0;
+  /// Non-finite scan fused with the sum of squares of x.
+  virtual scan_result scan(const float* x, int64_t n) = 0;
+  /// Frobenius norm of x (double accumulation).
+  virtual double frobenius_norm(const float* x, int64_t n) = 0;
+  /// EMA momentum and the update source:
+  ///   m = beta*m + (1-beta)*g;   u = nesterov ? (1-beta)*g + beta*m : m
+  virtual void momentum(float* m, const float* g, float* u, int64_t n, float beta,
+                        bool nesterov) = 0;
+  /// Decoupled weight decay and the Muon update: p = p*(1 - lr*wd) - lr*scale*o.
+  virtual void apply_update(float* p, const float* o, int64_t n, float lr, float scale,
+                            float weight_decay) = 0;
+  /// Bias-corrected AdamW with decoupled weight decay, on one shard.
+  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n,
+                     const adamw_args& args) = 0;
+
+  // -- Newton-Schulz ---------------------------------------------------------------------------
+  /// Orthogonalizes `batch` row-major [rows, cols] matrices stored back to back in x, in place:
+  /// tall matrices are transposed to wide, each is divided by (||X||_F + eps), then
+  /// `ns.steps` times A = X X^T; B = b*A + c*A*A; X = a*X + B*X. Counts one call per matrix.
+  virtual void newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
+                             const ns_options& ns) = 0;
+
+  /// Waits until everything enqueued so far has finished.
+  virtual void synchronize() = 0;
+
+  /// Newton-Schulz matrices orthogonalized by this backend so far (for the once-per-step test).
+  int64_t ns_matrix_count() const { return ns_matrices_; }
+
+protected:
+  int64_t ns_matrices_ = 0;
+};
+
+/// The backend named `name` ("host", or "cuda" when built with CUDA), or an error naming the
+/// backends that exist.
+expected<std::unique_ptr<compute_backend>> make_compute_backend(const std::string& name);
+
+}  // namespace zmuon

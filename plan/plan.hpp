@@ -1,0 +1,88 @@
+// The partition plan: a pure function of the parameter table, the world size and the bucket size.
+// It places every parameter's shards in the ranks' flat buffers, groups parameters into reduce
+// buckets and Muon chunks, and picks the owner rank of every Muon matrix. Every rank computes the
+// same plan, so collectives are issued in the same order everywhere (DESIGN.md §3).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "zmuon/status.hpp"
+
+namespace zmuon {
+
+/// Which optimizer a parameter uses. `automatic` applies the default rule: Muon when the logical
+/// shape has ndim >= 2 and the name contains neither "embed" nor "lm_head".
+enum class param_group : uint8_t { automatic, muon, adamw };
+
+/// What the host registers.
+struct param_spec {
+  std::string name;
+  std::vector<int64_t> shape;
+  param_group group = param_group::automatic;
+  int64_t heads = 0;  // > 0: Muon per head, rows = heads * head_dim
+};
+
+/// Where one parameter lives.
+struct param_layout {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool muon = false;
+  int64_t numel = 0;
+  int64_t shard_len = 0;     // ceil(numel / world): every rank holds this many (zero padded)
+  int64_t shard_offset = 0;  // offset of this parameter's shard in a rank's flat shard buffers
+  int64_t state_offset = 0;  // offset in the rank's Muon-state or Adam-state flat buffer
+  int bucket = 0;            // reduce bucket index
+  // Muon only:
+  int64_t rows = 0;   // matrix view [rows, cols]: shape[0] x prod(shape[1:])
+  int64_t cols = 0;
+  int64_t heads = 1;  // independent [rows/heads, cols] blocks
+  int owner = -1;     // rank that runs this matrix's Newton-Schulz
+  int chunk = -1;     // Muon chunk index
+};
+
+/// Consecutive parameters reduced together: their shards are contiguous in every rank's buffer.
+struct bucket_layout {
+  int first_param = 0;
+  int end_param = 0;          // one past the last
+  int64_t shard_offset = 0;   // start in the rank's flat shard buffers
+  int64_t shard_len = 0;      // elements of this bucket per rank
+};
+
+/// Consecutive Muon parameters whose gather-NS-scatter runs together.
+struct chunk_layout {
+  std::vector<int> params;     // indices into plan::params, in table order
+  int64_t state_offset = 0;    // start in the rank's Muon-state buffer
+  int64_t shard_len = 0;       // Muon-state elements of this chunk per rank
+  int64_t full_elements = 0;   // sum of numel over the chunk's matrices
+};
+
+struct plan {
+  int world = 1;
+  std::vector<param_layout> params;
+  std::vector<bucket_layout> buckets;
+  std::vector<chunk_layout> chunks;
+  int64_t shard_total = 0;       // per-rank elements of params / grads
+  int64_t muon_state_total = 0;  // per-rank elements of Muon momentum
+  int64_t adam_state_total = 0;  // per-rank elements of each Adam moment
+  std::vector<double> owner_cost;  // NS cost assigned to each rank
+  std::unordered_map<std::string, int> index;  // name -> position in params
+
+  int find(const std::string& name) const {
+    auto it = index.find(name);
+    return it == index.end() ? -1 : it->second;
+  }
+  int muon_count() const;
+};
+
+/// NS cost of one [rows, cols] matrix: max(m,n) * min(m,n)^2.
+double ns_cost(int64_t rows, int64_t cols);
+
+/// Validates the table (names unique and non-empty, no zero-size shapes, heads dividing rows)
+/// and builds the plan. `per_head` false ignores the registered heads.
+expected<plan> make_plan(const std::vector<param_spec>& table, int world,
+                         int64_t bucket_elements, bool per_head = true);
+
+}  // namespace zmuon
