@@ -1,0 +1,89 @@
+#include "actors/loss_scaler.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "caf/all.hpp"
+
+namespace zmuon {
+
+loss_scale_state::loss_scale_state(const fp16_options& opts)
+  : opts_(opts), hysteresis_left_(std::max(1, opts.hysteresis)) {
+  if (!opts_.enabled)
+    scale_ = 1;
+  else if (opts_.loss_scale > 0)
+    scale_ = opts_.loss_scale;
+  else
+    scale_ = std::ldexp(1.0f, opts_.initial_scale_power);
+}
+
+float loss_scale_state::update(bool overflow) {
+  bool dynamic = opts_.enabled && opts_.loss_scale <= 0;
+  if (dynamic) {
+    if (overflow) {
+      if (opts_.hysteresis <= 1 || hysteresis_left_ == 1)
+        scale_ = std::max(scale_ / opts_.scale_factor, opts_.min_loss_scale);
+      else
+        --hysteresis_left_;
+      last_overflow_iter_ = iter_;
+    } else if ((iter_ - last_overflow_iter_) % opts_.loss_scale_window == 0) {
+      hysteresis_left_ = std::max(1, opts_.hysteresis);
+      scale_ *= opts_.scale_factor;
+    }
+  }
+  ++iter_;
+  return scale_;
+}
+
+namespace {
+
+struct scaler_state {
+  loss_scale_state scale{fp16_options{}};
+  store_scan_actor store;
+  comm_actor comm;
+  static const char* name;
+};
+const char* scaler_state::name = "loss_scaler";
+
+using scaler_pointer = loss_scaler_actor::stateful_pointer<scaler_state>;
+
+loss_scaler_actor::behavior_type scaler_impl(scaler_pointer self, fp16_options opts,
+                                             store_scan_actor store, comm_actor comm) {
+  self->state.scale = loss_scale_state(opts);
+  self->state.store = std::move(store);
+  self->state.comm = std::move(comm);
+  return {
+    [=](check_overflow& msg) -> caf::result<overflow_report> {
+      auto rp = self->make_response_promise<overflow_report>();
+      auto step = msg.step;
+      self->request(self->state.store, caf::infinite, scan_grads{step})
+        .then(
+          [=](grad_scan& scan) mutable {
+            all_reduce_req vote{collective_tag{collective_kind::vote, step, 0, 0},
+                                reduce_op::max,
+                                {scan.nonfinite ? 1.0 : 0.0}};
+            self->request(self->state.comm, caf::infinite, std::move(vote))
+              .then(
+                [=](all_reduce_result& res) mutable {
+                  bool overflow = res.values.at(0) > 0;
+                  float used = self->state.scale.scale();
+                  float next = self->state.scale.update(overflow);
+                  rp.deliver(overflow_report{step, overflow, used, next});
+                },
+                [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+          },
+          [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
+      return rp;
+    },
+    [=](scale_atom) -> float { return self->state.scale.scale(); },
+  };
+}
+
+}  // namespace
+
+loss_scaler_actor spawn_loss_scaler(caf::actor_system& sys, const fp16_options& opts,
+                                    store_scan_actor store, comm_actor comm) {
+  return sys.spawn(scaler_impl, opts, std::move(store), std::move(comm));
+}
+
+}  // namespace zmuon

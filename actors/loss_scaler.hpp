@@ -1,0 +1,44 @@
+// loss_scaler: owns the loss scale, its growth/backoff/hysteresis counters (DeepSpeed's dynamic
+// loss scaler), and the overflow vote across ranks. Never touches parameters.
+//
+// Interface:
+//   check_overflow -> overflow_report  (coordinator) scan the local gradient shard, all-reduce
+//                                      (max) the non-finite flag over ranks, update the scale;
+//                                      the report carries the scale used and the next one
+//   scale_atom -> float                (host) the scale to multiply the next loss by
+// Without fp16 the scale stays 1 and a non-finite gradient is still reported as an overflow,
+// so the step is skipped (DESIGN.md §2).
+#pragma once
+
+#include "caf/actor_system.hpp"
+
+#include "actors/interfaces.hpp"
+#include "comm/comm.hpp"
+#include "zmuon/options.hpp"
+
+namespace zmuon {
+
+using loss_scaler_actor = caf::typed_actor<
+  caf::replies_to<check_overflow>::with<overflow_report>,
+  caf::replies_to<scale_atom>::with<float>>;
+
+/// The scale arithmetic alone, a plain value type (the actor wraps one).
+class loss_scale_state {
+public:
+  explicit loss_scale_state(const fp16_options& opts);
+  float scale() const { return scale_; }
+  /// Applies one step's vote; returns the scale for the next step.
+  float update(bool overflow);
+
+private:
+  fp16_options opts_;
+  float scale_ = 1;
+  int64_t iter_ = 0;
+  int64_t last_overflow_iter_ = -1;
+  int hysteresis_left_ = 1;
+};
+
+loss_scaler_actor spawn_loss_scaler(caf::actor_system& sys, const fp16_options& opts,
+                                    store_scan_actor store, comm_actor comm);
+
+}  // namespace zmuon

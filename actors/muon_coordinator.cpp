@@ -1,0 +1,337 @@
+#include "actors/muon_coordinator.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "caf/all.hpp"
+
+#include "messages/errors.hpp"
+#include "plan/ownership.hpp"
+
+namespace zmuon {
+
+float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols) {
+  auto r = static_cast<double>(rows);
+  auto c = static_cast<double>(cols);
+  if (rule == adjust_lr_rule::match_rms_adamw)
+    return static_cast<float>(0.2 * std::sqrt(std::max(r, c)));
+  return static_cast<float>(std::sqrt(std::max(1.0, r / c)));
+}
+
+namespace {
+
+// One Muon chunk moving through the pipeline.
+struct chunk_work {
+  enum phase { idle, momentum_requested, momentum_done, gather_issued, ns_done, scatter_issued,
+               applied };
+  phase at = idle;
+  device_buffer u;       // this rank's shards of u (chunk.shard_len)
+  device_buffer full;    // whole matrices this rank owns (ownership.full_size)
+  device_buffer result;  // this rank's shards of the scaled update (chunk.shard_len)
+};
+
+// A slot in the fixed collective order G0 G1 S0 G2 S1 ...: the same on every rank.
+struct slot {
+  bool gather = true;
+  int chunk = 0;
+};
+
+struct step_work {
+  step_request req;
+  caf::typed_response_promise<step_result> promise;
+  step_result result;
+  std::vector<chunk_work> chunks;
+  std::vector<slot> order;
+  size_t next_slot = 0;
+  size_t applied = 0;
+  int64_t ns_before = 0;
+};
+
+struct coordinator_state {
+  std::shared_ptr<const plan> pl;
+  int rank = 0;
+  engine_options opts;
+  coordinator_peers peers;
+  std::shared_ptr<compute_backend> be;
+  std::vector<chunk_ownership> own;
+  std::optional<step_work> work;  // the step in progress
+  static const char* name;
+};
+const char* coordinator_state::name = "muon_coordinator";
+
+using coord_pointer = muon_coordinator_actor::stateful_pointer<coordinator_state>;
+
+// True while `step` is still the step in progress (a failed step drops late replies).
+bool current(coord_pointer self, uint64_t step) {
+  return self->state.work && self->state.work->req.step == step;
+}
+
+void fail_step(coord_pointer self, caf::error err) {
+  auto& st = self->state;
+  if (!st.work)
+    return;
+  st.work->promise.deliver(std::move(err));
+  st.work.reset();
+}
+
+// Runs `then` with the reply of `req` to `dest`, unless the step failed meanwhile.
+template <class Reply, class Dest, class Req, class F>
+void ask(coord_pointer self, const Dest& dest, Req req, F then) {
+  uint64_t step = self->state.work->req.step;
+  self->request(dest, caf::infinite, std::move(req))
+    .then(
+      [=](Reply& reply) mutable {
+        if (current(self, step))
+          then(reply);
+      },
+      [=](caf::error& err) {
+        if (current(self, step))
+          fail_step(self, std::move(err));
+      });
+}
+
+std::vector<std::vector<segment>> per_rank(int world) {
+  return std::vector<std::vector<segment>>(world);
+}
+
+void add_segment(std::vector<segment>& list, float* data, int64_t size) {
+  if (size > 0)
+    list.push_back(segment{data, size});
+}
+
+void finish(coord_pointer self);
+void advance(coord_pointer self);
+
+// -- 5. the gather-NS-scatter pipeline ----------------------------------------------------------
+
+void gather(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& w = *st.work;
+  const auto& pl = *st.pl;
+  const auto& chunk = pl.chunks[c];
+  auto& cw = w.chunks[c];
+  cw.full = st.be->allocate(st.own[c].full_size);
+  all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
+                     per_rank(pl.world)};
+  for (int i : chunk.params) {  // my shard of every matrix goes to its owner
+    const auto& p = pl.params[i];
+    add_segment(req.sends[p.owner], cw.u.data() + (p.state_offset - chunk.state_offset),
+                valid_len(p, st.rank));
+  }
+  for (const auto& m : st.own[c].owned) {  // every rank's shard of the matrices I own
+    const auto& p = pl.params[m.param];
+    for (int q = 0; q < pl.world; ++q)
+      add_segment(req.recvs[q], cw.full.data() + m.full_offset + q * p.shard_len,
+                  valid_len(p, q));
+  }
+  cw.at = chunk_work::gather_issued;
+  ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
+    auto& st = self->state;
+    auto& cw = st.work->chunks[c];
+    cw.u = device_buffer{};
+    const auto& muon = st.opts.muon;
+    for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape, then scale
+      float* x = cw.full.data() + g.offset;
+      st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
+      st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
+      st.work->result.ns_params += static_cast<int32_t>(g.params.size());
+    }
+    cw.at = chunk_work::ns_done;
+    advance(self);
+  });
+}
+
+void scatter(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& w = *st.work;
+  const auto& pl = *st.pl;
+  const auto& chunk = pl.chunks[c];
+  auto& cw = w.chunks[c];
+  cw.result = st.be->allocate(chunk.shard_len);
+  all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c},
+                     per_rank(pl.world), per_rank(pl.world)};
+  for (const auto& m : st.own[c].owned) {  // each rank gets its shard of what I own
+    const auto& p = pl.params[m.param];
+    for (int q = 0; q < pl.world; ++q)
+      add_segment(req.sends[q], cw.full.data() + m.full_offset + q * p.shard_len,
+                  valid_len(p, q));
+  }
+  for (int i : chunk.params) {  // my shard of every matrix comes from its owner
+    const auto& p = pl.params[i];
+    add_segment(req.recvs[p.owner], cw.result.data() + (p.state_offset - chunk.state_offset),
+                valid_len(p, st.rank));
+  }
+  cw.at = chunk_work::scatter_issued;
+  ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
+    auto& st = self->state;
+    auto& cw = st.work->chunks[c];
+    cw.full = device_buffer{};
+    const auto& muon = st.opts.muon;
+    apply_muon msg{st.work->req.step, c, st.work->req.muon_lr, muon.weight_decay,
+                   float_view{cw.result.data(), cw.result.size()}};
+    ask<ack>(self, st.peers.store, msg, [=](ack&) {
+      auto& w = *self->state.work;
+      w.chunks[c] = chunk_work{};
+      w.chunks[c].at = chunk_work::applied;
+      if (++w.applied == w.chunks.size())
+        finish(self);
+    });
+  });
+}
+
+// Issues the collectives of the fixed order as far as their inputs are ready.
+void advance(coord_pointer self) {
+  auto& st = self->state;
+  auto& w = *st.work;
+  while (w.next_slot < w.order.size()) {
+    auto s = w.order[w.next_slot];
+    auto& cw = w.chunks[s.chunk];
+    if (s.gather) {
+      if (cw.at == chunk_work::idle) {
+        cw.u = st.be->allocate(st.pl->chunks[s.chunk].shard_len);
+        cw.at = chunk_work::momentum_requested;
+        const auto& muon = st.opts.muon;
+        muon_momentum msg{w.req.step, s.chunk, muon.momentum, muon.nesterov,
+                          float_view{cw.u.data(), cw.u.size()}};
+        ask<ack>(self, st.peers.store, msg, [=](ack&) {
+          self->state.work->chunks[s.chunk].at = chunk_work::momentum_done;
+          advance(self);
+        });
+        return;
+      }
+      if (cw.at != chunk_work::momentum_done)
+        return;
+      gather(self, s.chunk);
+    } else {
+      if (cw.at != chunk_work::ns_done)
+        return;
+      scatter(self, s.chunk);
+    }
+    ++w.next_slot;
+  }
+}
+
+void run_muon(coord_pointer self) {
+  auto& w = *self->state.work;
+  auto n = static_cast<int>(self->state.pl->chunks.size());
+  if (n == 0) {
+    finish(self);
+    return;
+  }
+  w.chunks.resize(n);
+  for (int c = 0; c < n; ++c) {
+    w.order.push_back(slot{true, c});
+    if (c > 0)
+      w.order.push_back(slot{false, c - 1});
+  }
+  w.order.push_back(slot{false, n - 1});
+  advance(self);
+}
+
+// -- 6. AdamW, zero the gradient, answer ----------------------------------------------------------
+
+void finish(coord_pointer self) {
+  auto& st = self->state;
+  const auto& a = st.opts.adamw;
+  adamw_step msg{st.work->req.step, st.work->req.adam_lr, a.beta1, a.beta2, a.eps,
+                 a.weight_decay};
+  ask<ack>(self, st.peers.store, msg, [=](ack&) {
+    ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
+      auto& st = self->state;
+      auto& w = *st.work;
+      w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
+      w.promise.deliver(w.result);
+      st.work.reset();
+    });
+  });
+}
+
+// -- 1-4. flush, vote, norm, unscale and clip ------------------------------------------------------
+
+void begin_step(coord_pointer self) {
+  auto step = self->state.work->req.step;
+  ask<flush_done>(self, self->state.peers.reducer, flush{step}, [=](flush_done& fd) {
+    if (fd.micros == 0) {
+      fail_step(self, make_caf_error(errc::bad_state,
+                                     "step " + std::to_string(step)
+                                       + ": no gradient was handed over since the last step"));
+      return;
+    }
+    self->state.work->result.micros = fd.micros;
+    ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step}, [=](overflow_report& rep) {
+      auto& r = self->state.work->result;
+      r.loss_scale = rep.scale;
+      r.next_loss_scale = rep.next_scale;
+      if (rep.overflow) {
+        ask<ack>(self, self->state.peers.store, discard_grads{step}, [=](ack&) {
+          auto& st = self->state;
+          st.work->result.skipped = true;
+          st.work->promise.deliver(st.work->result);
+          st.work.reset();
+        });
+        return;
+      }
+      ask<grad_scan>(self, self->state.peers.store, local_sum_squares{step}, [=](grad_scan& scan) {
+        all_reduce_req norm{collective_tag{collective_kind::norm, step, 0, 0}, reduce_op::sum,
+                            {scan.sum_squares}};
+        ask<all_reduce_result>(self, self->state.peers.comm, std::move(norm), [=](all_reduce_result& total) {
+          auto& st = self->state;
+          auto& r = st.work->result;
+          double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
+          r.grad_norm = std::sqrt(total.values.at(0)) * unscale;
+          float max_norm = st.opts.gradient_clipping;
+          double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
+          r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
+          auto factor = static_cast<float>(unscale * r.clip_coef);
+          ask<ack>(self, st.peers.store, unscale_clip{step, factor}, [=](ack&) { run_muon(self); });
+        });
+      });
+    });
+  });
+}
+
+muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
+                                                       std::shared_ptr<const plan> pl, int rank,
+                                                       engine_options opts,
+                                                       coordinator_peers peers,
+                                                       std::shared_ptr<compute_backend> be) {
+  auto& st = self->state;
+  st.own = make_ownership(*pl, rank);
+  st.pl = std::move(pl);
+  st.rank = rank;
+  st.opts = std::move(opts);
+  st.peers = std::move(peers);
+  st.be = std::move(be);
+  return {
+    [=](step_request& req) -> caf::result<step_result> {
+      auto& st = self->state;
+      if (st.work)
+        return make_caf_error(errc::bad_state, "step " + std::to_string(req.step)
+                                                 + " requested while step "
+                                                 + std::to_string(st.work->req.step)
+                                                 + " is running");
+      st.work.emplace();
+      st.work->req = req;
+      st.work->result.step = req.step;
+      st.work->ns_before = st.be->ns_matrix_count();
+      st.work->promise = self->make_response_promise<step_result>();
+      auto promise = st.work->promise;
+      begin_step(self);
+      return promise;
+    },
+  };
+}
+
+}  // namespace
+
+muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
+                                              std::shared_ptr<const plan> pl, int rank,
+                                              const engine_options& opts,
+                                              coordinator_peers peers,
+                                              std::shared_ptr<compute_backend> backend) {
+  return sys.spawn(coordinator_impl, std::move(pl), rank, opts, std::move(peers),
+                   std::move(backend));
+}
+
+}  // namespace zmuon

@@ -1,0 +1,50 @@
+// muon_coordinator: the step state machine (DESIGN.md §1) and the gather-NS-scatter pipeline
+// (§3). Nothing of Muon runs before the loss scaler's report says "no overflow" for the step,
+// and Newton-Schulz runs exactly once per Muon matrix per applied step, whatever gas is.
+//
+// Interface:
+//   step_request -> step_result  (host) run optimizer step `step`:
+//     1. flush           reducer: every bucket of the step has landed in the store
+//     2. check_overflow  loss scaler: cross-rank vote on non-finite gradients
+//        overflow -> discard_grads, answer skipped
+//     3. norm            store's sum of squares, all-reduce(sum): the raw gradient norm
+//     4. unscale_clip    store: gradient *= clip / (loss scale * micro-batches)
+//     5. per Muon chunk, in the fixed order G0 G1 S0 G2 S1 ... : muon_momentum (store),
+//        gather u shards to owners, Newton-Schulz on the owner, scatter result shards,
+//        apply_muon (store)
+//     6. adamw_step, finish_step (store), answer the result
+#pragma once
+
+#include <memory>
+
+#include "caf/actor_system.hpp"
+
+#include "actors/interfaces.hpp"
+#include "comm/comm.hpp"
+#include "kernels/compute.hpp"
+#include "plan/plan.hpp"
+#include "zmuon/options.hpp"
+
+namespace zmuon {
+
+using muon_coordinator_actor =
+  caf::typed_actor<caf::replies_to<step_request>::with<step_result>>;
+
+/// The peers a coordinator talks to.
+struct coordinator_peers {
+  reducer_flush_actor reducer;
+  scaler_check_actor scaler;
+  store_step_actor store;
+  comm_actor comm;
+};
+
+muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
+                                              std::shared_ptr<const plan> pl, int rank,
+                                              const engine_options& opts,
+                                              coordinator_peers peers,
+                                              std::shared_ptr<compute_backend> backend);
+
+/// Scale of the orthogonalized update of one [rows, cols] block (DESIGN.md §2).
+float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols);
+
+}  // namespace zmuon

@@ -1,0 +1,46 @@
+// partition_store: this rank's shards, in a few flat buffers owned by the compute backend: fp32
+// master parameters, the accumulated gradient, Muon momentum, Adam moments. It runs the
+// element-wise phases of the step on them, but never decides whether a step happens.
+//
+// Interface:
+//   accumulate -> ack        (reducer) add a reduced bucket slice to the gradient shard
+//   scan_grads -> grad_scan  (loss scaler) non-finite flag and sum of squares of the gradient
+//   local_sum_squares -> grad_scan  (coordinator) the sum of squares from this step's scan
+//   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
+//   unscale_clip -> ack      (coordinator) gradient *= clip / (scale * micro-batches)
+//   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`
+//   apply_muon -> ack        (coordinator) p = p*(1 - lr*wd) - lr*o for one chunk
+//   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards
+//   finish_step -> ack       (coordinator) zero the gradient after an applied step
+//   load_params -> ack       (host) set the parameter shard
+//   snapshot_atom -> store_snapshot  (host, tests) a copy of all state
+#pragma once
+
+#include <memory>
+
+#include "caf/actor_system.hpp"
+
+#include "actors/interfaces.hpp"
+#include "kernels/compute.hpp"
+#include "plan/plan.hpp"
+
+namespace zmuon {
+
+using partition_store_actor = caf::typed_actor<
+  caf::replies_to<accumulate>::with<ack>,
+  caf::replies_to<scan_grads>::with<grad_scan>,
+  caf::replies_to<local_sum_squares>::with<grad_scan>,
+  caf::replies_to<discard_grads>::with<ack>,
+  caf::replies_to<unscale_clip>::with<ack>,
+  caf::replies_to<muon_momentum>::with<ack>,
+  caf::replies_to<apply_muon>::with<ack>,
+  caf::replies_to<adamw_step>::with<ack>,
+  caf::replies_to<finish_step>::with<ack>,
+  caf::replies_to<load_params>::with<ack>,
+  caf::replies_to<snapshot_atom>::with<store_snapshot>>;
+
+partition_store_actor spawn_partition_store(caf::actor_system& sys,
+                                            std::shared_ptr<const plan> pl, int rank,
+                                            std::shared_ptr<compute_backend> backend);
+
+}  // namespace zmuon

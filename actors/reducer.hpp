@@ -1,0 +1,30 @@
+// reducer: reduce-scatters each micro-batch's gradient buckets into this rank's shards.
+// Never runs Muon or Newton-Schulz and never touches momentum: that waits for the step.
+//
+// Interface:
+//   micro_grads (host)          one bucket of one micro-batch, packed rank-major. The reducer
+//                               issues its reduce-scatter (mean over ranks) at once and sends
+//                               the reduced slice to the store (accumulate). No reply.
+//   flush -> flush_done (coordinator)
+//                               answered once every bucket of the step handed over so far has
+//                               landed in the store, with the number of micro-batches; answered
+//                               with the first error if a reduce-scatter or accumulate failed.
+#pragma once
+
+#include <memory>
+
+#include "caf/actor_system.hpp"
+
+#include "actors/interfaces.hpp"
+#include "comm/comm.hpp"
+#include "plan/plan.hpp"
+
+namespace zmuon {
+
+using reducer_actor = caf::typed_actor<caf::reacts_to<micro_grads>,
+                                       caf::replies_to<flush>::with<flush_done>>;
+
+reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
+                            store_accumulate_actor store, comm_actor comm);
+
+}  // namespace zmuon

@@ -1,0 +1,318 @@
+#include "comm/caf_comm.hpp"
+
+#include <algorithm>
+#include <map>
+
+#include "caf/all.hpp"
+
+#include "messages/errors.hpp"
+
+namespace zmuon {
+
+namespace {
+
+// One collective in flight: the local request (once it arrived) and the peers' contributions
+// (which may arrive first).
+struct pending_op {
+  bool have_local = false;
+  reduce_scatter_req rs;
+  all_reduce_req ar;
+  all_to_all_req a2a;
+  caf::typed_response_promise<comm_done> done;
+  caf::typed_response_promise<all_reduce_result> reduced;
+  std::vector<std::vector<float>> floats;  // by source rank
+  std::vector<std::vector<double>> doubles;
+  std::vector<bool> arrived;
+  int received = 0;
+};
+
+struct comm_state {
+  int rank = 0;
+  int world = 1;
+  std::vector<caf_comm_actor> peers;
+  caf::error failure;  // set once a peer died; every later collective fails with it
+  std::map<collective_tag, pending_op> ops;
+  static const char* name;
+};
+const char* comm_state::name = "caf_comm";
+
+using comm_pointer = caf_comm_actor::stateful_pointer<comm_state>;
+
+pending_op& op_for(comm_state& st, const collective_tag& tag) {
+  auto& op = st.ops[tag];
+  if (op.arrived.empty()) {
+    op.arrived.assign(st.world, false);
+    op.floats.resize(st.world);
+    op.doubles.resize(st.world);
+  }
+  return op;
+}
+
+caf::error fail(const collective_tag& tag, const std::string& what) {
+  return make_caf_error(errc::comm_failure, to_string(tag) + ": " + what);
+}
+
+int64_t total(const std::vector<segment>& segs) {
+  int64_t n = 0;
+  for (auto& s : segs)
+    n += s.size;
+  return n;
+}
+
+int expected_pieces(const comm_state& st, const pending_op& op) {
+  if (op.a2a.recvs.empty())
+    return st.world - 1;  // reduce-scatter and all-reduce: every peer contributes
+  int n = 0;
+  for (int q = 0; q < st.world; ++q)
+    if (q != st.rank && total(op.a2a.recvs[q]) > 0)
+      ++n;
+  return n;
+}
+
+// Runs the reduction or the copy-out once the local request and all pieces are there; returns
+// an error when a contribution does not fit (ranks disagree on the collective).
+caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
+  switch (tag.kind) {
+    case collective_kind::reduce_scatter: {
+      auto& req = op.rs;
+      for (int q = 0; q < st.world; ++q)
+        if (q != st.rank && static_cast<int64_t>(op.floats[q].size()) != req.count)
+          return fail(tag, "rank " + std::to_string(q) + " sent "
+                             + std::to_string(op.floats[q].size()) + " floats, expected "
+                             + std::to_string(req.count));
+      float inv_world = 1.0f / static_cast<float>(st.world);
+      const float* own = req.in + static_cast<int64_t>(st.rank) * req.count;
+      for (int64_t i = 0; i < req.count; ++i) {
+        float sum = 0;
+        for (int q = 0; q < st.world; ++q)
+          sum += q == st.rank ? own[i] : op.floats[q][i];
+        req.out[i] = sum * inv_world;
+      }
+      return {};
+    }
+    case collective_kind::vote:
+    case collective_kind::norm: {
+      auto& vals = op.ar.values;
+      for (int q = 0; q < st.world; ++q)
+        if (q != st.rank && op.doubles[q].size() != vals.size())
+          return fail(tag, "rank " + std::to_string(q) + " sent "
+                             + std::to_string(op.doubles[q].size()) + " values, expected "
+                             + std::to_string(vals.size()));
+      std::vector<double> out(vals.size());
+      for (size_t i = 0; i < vals.size(); ++i) {
+        double acc = op.ar.op == reduce_op::max ? -HUGE_VAL : 0.0;
+        for (int q = 0; q < st.world; ++q) {
+          double v = q == st.rank ? vals[i] : op.doubles[q][i];
+          acc = op.ar.op == reduce_op::max ? std::max(acc, v) : acc + v;
+        }
+        out[i] = acc;
+      }
+      vals = std::move(out);
+      return {};
+    }
+    case collective_kind::gather:
+    case collective_kind::scatter: {
+      for (int q = 0; q < st.world; ++q) {
+        auto& segs = op.a2a.recvs[q];
+        if (q == st.rank)
+          continue;
+        if (static_cast<int64_t>(op.floats[q].size()) != total(segs))
+          return fail(tag, "rank " + std::to_string(q) + " sent "
+                             + std::to_string(op.floats[q].size()) + " floats, expected "
+                             + std::to_string(total(segs)));
+        const float* src = op.floats[q].data();
+        for (auto& s : segs) {
+          std::copy(src, src + s.size, s.data);
+          src += s.size;
+        }
+      }
+      return {};
+    }
+  }
+  return fail(tag, "unknown collective");
+}
+
+void try_complete(comm_state& st, const collective_tag& tag) {
+  auto it = st.ops.find(tag);
+  if (it == st.ops.end() || !it->second.have_local)
+    return;
+  auto& op = it->second;
+  if (op.received < expected_pieces(st, op))
+    return;
+  auto err = complete(st, tag, op);
+  bool reduce = tag.kind == collective_kind::vote || tag.kind == collective_kind::norm;
+  if (err && reduce) {
+    op.reduced.deliver(std::move(err));
+  } else if (err) {
+    op.done.deliver(std::move(err));
+  } else if (reduce) {
+    op.reduced.deliver(all_reduce_result{tag, std::move(op.ar.values)});
+  } else {
+    op.done.deliver(comm_done{tag});
+  }
+  st.ops.erase(it);
+}
+
+template <class Piece>
+void on_piece(comm_pointer self, Piece& piece) {
+  auto& st = self->state;
+  if (st.failure)
+    return;
+  if (piece.src < 0 || piece.src >= st.world || piece.src == st.rank)
+    return;  // not from a peer of this group: ignore
+  auto& op = op_for(st, piece.tag);
+  if (op.arrived[piece.src])
+    return;  // duplicate: the first one counts
+  op.arrived[piece.src] = true;
+  ++op.received;
+  if constexpr (std::is_same<Piece, peer_floats>::value)
+    op.floats[piece.src] = std::move(piece.data);
+  else
+    op.doubles[piece.src] = std::move(piece.data);
+  try_complete(st, piece.tag);
+}
+
+void fail_all(comm_pointer self, const caf::error& err) {
+  auto& st = self->state;
+  st.failure = err;
+  for (auto& [tag, op] : st.ops) {
+    if (!op.have_local)
+      continue;
+    if (tag.kind == collective_kind::vote || tag.kind == collective_kind::norm)
+      op.reduced.deliver(err);
+    else
+      op.done.deliver(err);
+  }
+  st.ops.clear();
+}
+
+caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int world) {
+  self->state.rank = rank;
+  self->state.world = world;
+  self->set_down_handler([=](const caf::down_msg& dm) {
+    auto& st = self->state;
+    for (int q = 0; q < st.world; ++q)
+      if (st.peers.size() > static_cast<size_t>(q) && st.peers[q].address() == dm.source) {
+        fail_all(self, make_caf_error(errc::comm_failure,
+                                      "rank " + std::to_string(q) + " is down ("
+                                        + to_string(dm.reason) + ")"));
+        return;
+      }
+  });
+  return {
+    [=](connect_peers& msg) {
+      auto& st = self->state;
+      st.peers.clear();
+      for (auto& p : msg.peers)
+        st.peers.push_back(caf::actor_cast<caf_comm_actor>(p));
+      for (int q = 0; q < st.world; ++q)
+        if (q != st.rank)
+          self->monitor(st.peers[q]);
+    },
+    [=](reduce_scatter_req& req) -> caf::result<comm_done> {
+      auto& st = self->state;
+      if (st.failure)
+        return st.failure;
+      if (static_cast<int>(st.peers.size()) != st.world)
+        return fail(req.tag, "comm actor of rank " + std::to_string(st.rank) + " not connected");
+      for (int q = 0; q < st.world; ++q)
+        if (q != st.rank) {
+          const float* first = req.in + static_cast<int64_t>(q) * req.count;
+          self->send(st.peers[q],
+                     peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count)});
+        }
+      auto& op = op_for(st, req.tag);
+      op.have_local = true;
+      op.rs = req;
+      op.done = self->make_response_promise<comm_done>();
+      auto promise = op.done;
+      try_complete(st, req.tag);
+      return promise;
+    },
+    [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
+      auto& st = self->state;
+      if (st.failure)
+        return st.failure;
+      if (static_cast<int>(st.peers.size()) != st.world)
+        return fail(req.tag, "comm actor of rank " + std::to_string(st.rank) + " not connected");
+      for (int q = 0; q < st.world; ++q)
+        if (q != st.rank)
+          self->send(st.peers[q], peer_doubles{req.tag, st.rank, req.values});
+      auto tag = req.tag;
+      auto& op = op_for(st, tag);
+      op.have_local = true;
+      op.ar = std::move(req);
+      op.reduced = self->make_response_promise<all_reduce_result>();
+      auto promise = op.reduced;
+      try_complete(st, tag);
+      return promise;
+    },
+    [=](all_to_all_req& req) -> caf::result<comm_done> {
+      auto& st = self->state;
+      if (st.failure)
+        return st.failure;
+      if (static_cast<int>(req.sends.size()) != st.world
+          || static_cast<int>(req.recvs.size()) != st.world)
+        return fail(req.tag, "send and receive lists need one entry per rank");
+      if (static_cast<int>(st.peers.size()) != st.world)
+        return fail(req.tag, "comm actor of rank " + std::to_string(st.rank) + " not connected");
+      for (int q = 0; q < st.world; ++q) {
+        int64_t n = total(req.sends[q]);
+        if (q == st.rank) {
+          if (n != total(req.recvs[q]))
+            return fail(req.tag, "rank " + std::to_string(q) + " sends itself "
+                                   + std::to_string(n) + " floats but expects "
+                                   + std::to_string(total(req.recvs[q])));
+          auto dst = req.recvs[q].begin();
+          int64_t dst_pos = 0;
+          for (auto& s : req.sends[q])
+            for (int64_t i = 0; i < s.size; ++i) {
+              while (dst_pos == dst->size) {
+                ++dst;
+                dst_pos = 0;
+              }
+              dst->data[dst_pos++] = s.data[i];
+            }
+          continue;
+        }
+        if (n == 0)
+          continue;
+        std::vector<float> payload;
+        payload.reserve(n);
+        for (auto& s : req.sends[q])
+          payload.insert(payload.end(), s.data, s.data + s.size);
+        self->send(st.peers[q], peer_floats{req.tag, st.rank, std::move(payload)});
+      }
+      auto tag = req.tag;
+      auto& op = op_for(st, tag);
+      op.have_local = true;
+      op.a2a = std::move(req);
+      op.done = self->make_response_promise<comm_done>();
+      auto promise = op.done;
+      try_complete(st, tag);
+      return promise;
+    },
+    [=](peer_floats& piece) { on_piece(self, piece); },
+    [=](peer_doubles& piece) { on_piece(self, piece); },
+  };
+}
+
+}  // namespace
+
+caf_comm_actor spawn_caf_comm(caf::actor_system& sys, int rank, int world) {
+  return sys.spawn(caf_comm_impl, rank, world);
+}
+
+std::vector<caf_comm_actor> spawn_caf_comm_group(caf::actor_system& sys, int world) {
+  std::vector<caf_comm_actor> group;
+  std::vector<caf::actor> untyped;
+  for (int r = 0; r < world; ++r) {
+    group.push_back(spawn_caf_comm(sys, r, world));
+    untyped.push_back(caf::actor_cast<caf::actor>(group.back()));
+  }
+  for (int r = 0; r < world; ++r)
+    caf::anon_send(group[r], connect_peers{r, untyped});
+  return group;
+}
+
+}  // namespace zmuon

@@ -1,0 +1,90 @@
+// The zmuon engine: one process, `world` in-process ranks, each a group of four actors.
+// The host registers its parameters, hands over each rank's gradients per micro-batch, and
+// asks for a step. Errors are returned, never thrown.
+//
+//   auto eng = zmuon::engine::create(opts);            // expected<unique_ptr<engine>>
+//   (*eng)->add_parameter({"fc1.weight", {128, 64}}, init);
+//   for (k in micro-batches) for (r in ranks) (*eng)->reduce(r, grads_of(r, k));
+//   auto res = (*eng)->step();                        // expected<step_info>
+//   auto params = (*eng)->parameters();               // expected<tensor_map>
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "zmuon/options.hpp"
+#include "zmuon/status.hpp"
+#include "zmuon/tensor.hpp"
+#include "plan/plan.hpp"
+
+namespace zmuon {
+
+/// What one optimizer step did (identical on every rank; NS counts are summed over ranks).
+struct step_info {
+  uint64_t step = 0;
+  bool skipped = false;       // a non-finite gradient on some rank: nothing was applied
+  double grad_norm = 0;       // global norm of the raw accumulated gradient
+  float clip_coef = 1;        // factor the gradient was clipped by (1 = not clipped)
+  float loss_scale = 1;       // scale the host used for this step
+  float next_loss_scale = 1;  // scale for the next step
+  int micro_batches = 0;
+  int ns_params = 0;          // Muon parameters orthogonalized, summed over ranks
+  int64_t ns_matrices = 0;    // NS matrices (head blocks count one each), summed over ranks
+};
+
+/// One rank's shards, copied (tests and checkpoints).
+struct rank_state {
+  std::vector<float> params;
+  std::vector<float> grads;
+  std::vector<float> momentum;
+  std::vector<float> exp_avg;
+  std::vector<float> exp_avg_sq;
+  int64_t adam_steps = 0;
+};
+
+using lr_schedule = std::function<float(uint64_t step)>;
+
+class engine {
+public:
+  /// Checks the options (world size, NS schedule, backend names) and starts the actor system.
+  static expected<std::unique_ptr<engine>> create(const engine_options& opts);
+  ~engine();
+  engine(const engine&) = delete;
+  engine& operator=(const engine&) = delete;
+
+  /// Registers a parameter with its initial values (empty: zeros). Only before the first
+  /// reduce() or step().
+  error add_parameter(const param_spec& spec, const std::vector<float>& init = {});
+
+  /// Hands over rank `rank`'s gradient of one micro-batch: full tensors by name. Parameters
+  /// left out count as zero. Unknown names and wrong sizes are errors and change nothing.
+  error reduce(int rank, const tensor_map& grads);
+
+  /// One optimizer step over everything handed over since the last step. Every rank must have
+  /// handed over the same number of micro-batches (at least one).
+  expected<step_info> step();
+
+  /// The full fp32 parameters, gathered from the shards of all ranks.
+  expected<tensor_map> parameters();
+
+  /// A copy of one rank's shards.
+  expected<rank_state> snapshot(int rank);
+
+  /// The loss scale the host multiplies its next loss by (1 without fp16).
+  expected<float> loss_scale();
+
+  /// Learning-rate schedules (default: the constant lr of the options).
+  void set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr);
+
+  int world() const;
+  /// The partition plan once the engine has started (after the first reduce/step), else null.
+  const plan* layout() const;
+  const engine_options& options() const;
+
+private:
+  engine();
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace zmuon

@@ -1,0 +1,31 @@
+// make_compute_backend: picks a compute backend by name ("host", or "cuda" when built with it).
+
+#include "kernels/compute.hpp"
+
+#include <memory>
+
+#include "kernels/host/host_compute.hpp"
+
+namespace zmuon {
+
+#ifdef ZMUON_HAVE_CUDA
+// Defined by the CUDA backend (kernels/cuda/); declared here so that this file needs none of its
+// headers. Fails, with a message, when no usable GPU is present.
+expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend();
+#endif
+
+expected<std::unique_ptr<compute_backend>> make_compute_backend(const std::string& name) {
+  if (name == "host") return std::unique_ptr<compute_backend>(std::make_unique<host_compute>());
+  if (name == "cuda") {
+#ifdef ZMUON_HAVE_CUDA
+    return make_cuda_compute_backend();
+#else
+    return error(errc::invalid_argument,
+                 "compute backend 'cuda' is not built in (configure with -DZMUON_CUDA=ON)");
+#endif
+  }
+  return error(errc::invalid_argument,
+               "unknown compute backend '" + name + "' (valid: host, cuda)");
+}
+
+}  // namespace zmuon

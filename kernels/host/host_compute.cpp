@@ -1,0 +1,191 @@
+// The CPU compute backend: element-wise kernels as plain loops, Newton-Schulz with OpenBLAS sgemm.
+
+#include "kernels/host/host_compute.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace zmuon {
+namespace {
+
+void release_host_floats(float* p) { delete[] p; }
+
+/// Sum of squares in double. A float's square cannot overflow a double, nor can any realistic
+/// count of them, so the sum is non-finite exactly when some element is inf or NaN.
+double sum_of_squares(const float* x, int64_t n) {
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[i];
+    sum += xi * xi;
+  }
+  return sum;
+}
+
+/// dst[c, r] = src[r, c] for a row-major [rows, cols] src, in cache-sized tiles.
+void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 32;
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    const int64_t r1 = std::min(rows, r0 + kTile);
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t c1 = std::min(cols, c0 + kTile);
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) dst[c * rows + r] = src[r * cols + c];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// -- memory --------------------------------------------------------------------------------------
+
+device_buffer host_compute::allocate(int64_t n) {
+  if (n <= 0) return device_buffer{};
+  return device_buffer(new float[static_cast<size_t>(n)](), n, &release_host_floats);
+}
+
+void host_compute::copy_from_host(float* dst, const float* host_src, int64_t n) {
+  copy(dst, host_src, n);
+}
+
+void host_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
+  copy(host_dst, src, n);
+}
+
+void host_compute::copy(float* dst, const float* src, int64_t n) {
+  if (n > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+
+void host_compute::fill_zero(float* x, int64_t n) {
+  if (n > 0) std::fill(x, x + n, 0.0f);
+}
+
+// -- element-wise --------------------------------------------------------------------------------
+
+void host_compute::add(float* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+void host_compute::scale(float* x, int64_t n, float factor) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+scan_result host_compute::scan(const float* x, int64_t n) {
+  scan_result result;
+  result.sum_squares = sum_of_squares(x, n);
+  result.nonfinite = !std::isfinite(result.sum_squares);
+  return result;
+}
+
+double host_compute::frobenius_norm(const float* x, int64_t n) {
+  return std::sqrt(sum_of_squares(x, n));
+}
+
+void host_compute::momentum(float* m, const float* g, float* u, int64_t n, float beta,
+                            bool nesterov) {
+  const float one_minus_beta = 1.0f - beta;
+  for (int64_t i = 0; i < n; ++i) {
+    const float mi = beta * m[i] + one_minus_beta * g[i];
+    m[i] = mi;
+    u[i] = nesterov ? one_minus_beta * g[i] + beta * mi : mi;
+  }
+}
+
+void host_compute::apply_update(float* p, const float* o, int64_t n, float lr, float scale,
+                                float weight_decay) {
+  const float decay = 1.0f - lr * weight_decay;
+  const float step = lr * scale;
+  for (int64_t i = 0; i < n; ++i) p[i] = p[i] * decay - step * o[i];
+}
+
+void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
+                         const adamw_args& args) {
+  // torch.optim.AdamW's arrangement: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
+  const double t = static_cast<double>(std::max<int64_t>(args.step, 1));
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(args.beta1), t);
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(args.beta2), t);
+  const float step_size = static_cast<float>(args.lr / bias_correction1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
+  const float decay = 1.0f - args.lr * args.weight_decay;
+  const float beta1 = args.beta1;
+  const float beta2 = args.beta2;
+  const float eps = args.eps;
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
+    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+// -- Newton-Schulz -------------------------------------------------------------------------------
+
+void host_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
+                                 const ns_options& ns) {
+  if (batch <= 0) return;
+  if (rows > 0 && cols > 0) {
+    const int64_t numel = rows * cols;
+    for (int64_t k = 0; k < batch; ++k) newton_schulz_one(x + k * numel, rows, cols, ns);
+  }
+  ns_matrices_ += batch;
+}
+
+void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const ns_options& ns) {
+  // Work on the wide view X [r, c], r <= c, so that A = X X^T is the small Gram matrix.
+  const bool tall = rows > cols;
+  const int64_t r = tall ? cols : rows;
+  const int64_t c = tall ? rows : cols;
+  const auto numel = static_cast<size_t>(r * c);
+  x_.resize(numel);
+  x_next_.resize(numel);
+  a_.resize(static_cast<size_t>(r * r));
+  b_.resize(static_cast<size_t>(r * r));
+
+  float* cur = x_.data();
+  float* next = x_next_.data();
+  if (tall) {
+    transpose(cur, x, rows, cols);
+  } else {
+    std::memcpy(cur, x, numel * sizeof(float));
+  }
+
+  const double denom = std::sqrt(sum_of_squares(cur, r * c)) + static_cast<double>(ns.eps);
+  for (size_t i = 0; i < numel; ++i) cur[i] = static_cast<float>(cur[i] / denom);
+
+  // BLAS dimensions are int: a matrix side past 2^31 (a >= 8 GiB matrix) is out of scope.
+  const int ri = static_cast<int>(r);
+  const int ci = static_cast<int>(c);
+  float* a = a_.data();
+  float* b = b_.data();
+  for (int step = 0; step < ns.steps; ++step) {
+    const auto& abc =
+        ns.schedule.empty() ? ns.coefficients : ns.schedule[step % ns.schedule.size()];
+    // A = X X^T: syrk fills the upper triangle; mirror it into the lower one.
+    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, ci, 1.0f, cur, ci, 0.0f, a, ri);
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = i + 1; j < r; ++j) a[j * r + i] = a[i * r + j];
+    }
+    // B = b*A + c*A*A: start from B = A and let sgemm's beta carry b.
+    std::memcpy(b, a, static_cast<size_t>(r * r) * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, abc[2], a, ri, a, ri, abc[1],
+                b, ri);
+    // X' = a*X + B*X: start from X' = X and let sgemm's beta carry a.
+    std::memcpy(next, cur, numel * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ci, ri, 1.0f, b, ri, cur, ci, abc[0],
+                next, ci);
+    std::swap(cur, next);
+  }
+
+  if (tall) {
+    transpose(x, cur, r, c);
+  } else {
+    std::memcpy(x, cur, numel * sizeof(float));
+  }
+}
+
+}  // namespace zmuon

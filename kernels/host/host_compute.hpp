@@ -1,0 +1,56 @@
+// The CPU compute backend: plain loops for the element-wise kernels and OpenBLAS sgemm (fp32)
+// for Newton-Schulz. It is the reference implementation that CI runs (DESIGN.md §4).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/compute.hpp"
+
+namespace zmuon {
+
+/// Runs every call to the end on the calling thread, so `synchronize()` has nothing to wait for.
+///
+/// One instance per rank: the Newton-Schulz workspace is a member, so an instance must not be
+/// used by two threads at once. Several ranks (several instances) may run in one process; their
+/// sgemm calls then share OpenBLAS's thread pool, whose size is left at OpenBLAS's default
+/// (OPENBLAS_NUM_THREADS sets it).
+class host_compute final : public compute_backend {
+public:
+  std::string name() const override { return "host"; }
+
+  device_buffer allocate(int64_t n) override;
+  void copy_from_host(float* dst, const float* host_src, int64_t n) override;
+  void copy_to_host(float* host_dst, const float* src, int64_t n) override;
+  void copy(float* dst, const float* src, int64_t n) override;
+  void fill_zero(float* x, int64_t n) override;
+
+  void add(float* dst, const float* src, int64_t n) override;
+  void scale(float* x, int64_t n, float factor) override;
+  scan_result scan(const float* x, int64_t n) override;
+  double frobenius_norm(const float* x, int64_t n) override;
+  void momentum(float* m, const float* g, float* u, int64_t n, float beta, bool nesterov) override;
+  void apply_update(float* p, const float* o, int64_t n, float lr, float scale,
+                    float weight_decay) override;
+  void adamw(float* p, const float* g, float* m, float* v, int64_t n,
+             const adamw_args& args) override;
+
+  void newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
+                     const ns_options& ns) override;
+
+  void synchronize() override {}
+
+private:
+  /// Orthogonalizes one row-major [rows, cols] matrix in place.
+  void newton_schulz_one(float* x, int64_t rows, int64_t cols, const ns_options& ns);
+
+  // Newton-Schulz workspace, kept across calls so that a step reallocates nothing: the wide
+  // iterate X and its successor (ping-pong), A = X X^T and B = b*A + c*A*A.
+  std::vector<float> x_;
+  std::vector<float> x_next_;
+  std::vector<float> a_;
+  std::vector<float> b_;
+};
+
+}  // namespace zmuon

@@ -1,0 +1,39 @@
+// The host training loop of the main job: the example model on synthetic data, driven through
+// the engine exactly as a user's loop would (gather parameters, forward/backward per rank and
+// micro-batch, hand the gradients over, step).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "launch/model.hpp"
+#include "zmuon/engine.hpp"
+
+namespace zmuon::example {
+
+struct train_options {
+  model_config model;
+  int steps = 20;
+  int gas = 1;
+  int micro_batch = 8;  // samples per rank per micro-batch
+  uint64_t seed = 1;
+  bool fp16 = false;    // scale the loss by the engine's loss scale, overflow past fp16's range
+};
+
+struct step_record {
+  step_info info;
+  double loss = 0;  // mean loss of the step's global batch, before the step
+};
+
+/// Registers the model's parameters (initialized from the seed) with a fresh engine.
+error register_model(engine& eng, const train_options& opts);
+
+/// Runs `opts.steps` steps. Sample j of step s is the same whatever the world size and gas: rank
+/// r, micro-batch k holds samples [(r*gas + k)*micro_batch, +micro_batch) of the global batch.
+/// `on_step` (optional) sees each step as it finishes.
+expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
+                                         const std::function<void(const step_record&)>& on_step
+                                         = {});
+
+}  // namespace zmuon::example

@@ -1,0 +1,33 @@
+// Reading and writing fp32 tensors in the safetensors format (huggingface/safetensors):
+//   [u64 little-endian N][N bytes of JSON header, space padded][raw little-endian tensor data]
+// The header maps each name to {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}
+// (offsets relative to the start of the data) and may hold "__metadata__": {string: string}.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "zmuon/status.hpp"
+#include "zmuon/tensor.hpp"
+
+namespace zmuon {
+
+/// Writes `tensors` in the given order, atomically: the file is written to
+/// `path + ".tmp.<pid>"`, flushed and fsynced, renamed over `path`, and the directory fsynced, so
+/// `path` holds either the old file or the complete new one. Fails with invalid_argument for an
+/// empty, reserved ("__metadata__") or duplicate name, or a shape whose product is not the data
+/// size; with io_error when the file cannot be written (the temporary file is then removed).
+error write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
+                        const std::map<std::string, std::string>& metadata = {});
+
+/// Reads every tensor of the file, in the order of their data. Validates strictly and names what
+/// is wrong: a missing or short file, a header length past the end of the file, a header that is
+/// not JSON or not of the expected form, a dtype other than F32, a shape that does not match its
+/// data_offsets, offsets out of order, overlapping, leaving gaps or pointing past the end of the
+/// file, bytes after the last tensor. All are io_error. `metadata`, when given, receives
+/// "__metadata__" (empty when the file has none).
+expected<std::vector<named_tensor>> read_safetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+}  // namespace zmuon

@@ -1,0 +1,305 @@
+// Every message of the zmuon protocol (DESIGN.md §1), in one place. Each carries `step` (and
+// `micro`, `bucket`, `chunk` where they apply). Between the actors of one rank, messages carry
+// metadata and views of buffers the sender owns for the length of one request; only the caf comm
+// backend's peer messages carry tensor payloads (they are what crosses processes).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "caf/atom.hpp"
+#include "caf/deserializer.hpp"
+#include "caf/meta/type_name.hpp"
+#include "caf/serializer.hpp"
+
+namespace zmuon {
+
+// -- atoms ---------------------------------------------------------------------------------------
+using scale_atom = caf::atom_constant<caf::atom("scale")>;        // ask the loss scaler its scale
+using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;  // ask the store for its state
+
+// -- buffers -------------------------------------------------------------------------------------
+/// A view of floats owned by the sender, valid until the request it travels in is answered.
+/// Never leaves the process.
+struct float_view {
+  float* data = nullptr;
+  int64_t size = 0;
+};
+
+/// Gradient staging handed over by the host: immutable once sent, freed with its last reference.
+using shared_floats = std::shared_ptr<const std::vector<float>>;
+
+/// A run of floats inside a collective's send or receive list.
+struct segment {
+  float* data = nullptr;
+  int64_t size = 0;
+};
+
+// -- collectives ---------------------------------------------------------------------------------
+enum class collective_kind : uint8_t { reduce_scatter, vote, norm, gather, scatter };
+enum class reduce_op : uint8_t { sum, max };
+std::string to_string(collective_kind kind);
+std::string to_string(reduce_op op);
+
+/// Names one collective; every rank derives the same tags in the same order.
+struct collective_tag {
+  collective_kind kind = collective_kind::reduce_scatter;
+  uint64_t step = 0;
+  int32_t micro = 0;
+  int32_t index = 0;  // bucket or chunk
+
+  auto key() const { return std::make_tuple(kind, step, micro, index); }
+  bool operator<(const collective_tag& o) const { return key() < o.key(); }
+  bool operator==(const collective_tag& o) const { return key() == o.key(); }
+};
+std::string to_string(const collective_tag& tag);
+
+/// reduce-scatter (mean): `in` holds world * count floats, rank-major; this rank's mean lands in
+/// `out` (count floats).
+struct reduce_scatter_req {
+  collective_tag tag;
+  const float* in = nullptr;
+  float* out = nullptr;
+  int64_t count = 0;
+};
+
+/// all-reduce of a few doubles (the overflow vote, the gradient norm).
+struct all_reduce_req {
+  collective_tag tag;
+  reduce_op op = reduce_op::sum;
+  std::vector<double> values;
+};
+
+/// Grouped send/recv (all-to-all-v): sends[p] go to rank p, recvs[p] come from rank p, each
+/// list in the order both sides derive from the plan.
+struct all_to_all_req {
+  collective_tag tag;
+  std::vector<std::vector<segment>> sends;
+  std::vector<std::vector<segment>> recvs;
+};
+
+struct comm_done {
+  collective_tag tag;
+};
+
+struct all_reduce_result {
+  collective_tag tag;
+  std::vector<double> values;
+};
+
+/// caf comm backend, between the comm actors of two ranks: one rank's contribution.
+struct peer_floats {
+  collective_tag tag;
+  int32_t src = 0;
+  std::vector<float> data;
+};
+
+struct peer_doubles {
+  collective_tag tag;
+  int32_t src = 0;
+  std::vector<double> data;
+};
+
+// -- host -> reducer, coordinator -> reducer, reducer -> store -----------------------------------
+/// One bucket of one micro-batch's gradient on one rank, packed rank-major for reduce-scatter.
+struct micro_grads {
+  uint64_t step = 0;
+  int32_t micro = 0;
+  int32_t bucket = 0;
+  shared_floats data;
+};
+
+/// All buckets of `step` handed over so far must land before the reply.
+struct flush {
+  uint64_t step = 0;
+};
+
+struct flush_done {
+  uint64_t step = 0;
+  int32_t micros = 0;  // micro-batches accumulated in this step
+};
+
+/// Add a reduced bucket slice to the accumulated gradient shard.
+struct accumulate {
+  uint64_t step = 0;
+  int32_t micro = 0;
+  int32_t bucket = 0;
+  float_view slice;
+};
+
+struct ack {
+  uint64_t step = 0;
+};
+
+// -- loss scaler ---------------------------------------------------------------------------------
+/// Coordinator -> loss scaler: vote on overflow for `step`.
+struct check_overflow {
+  uint64_t step = 0;
+};
+
+/// Loss scaler -> store: scan the accumulated gradient shard.
+struct scan_grads {
+  uint64_t step = 0;
+};
+
+struct grad_scan {
+  uint64_t step = 0;
+  bool nonfinite = false;
+  double sum_squares = 0;  // of the accumulated (scaled) gradient shard
+};
+
+struct overflow_report {
+  uint64_t step = 0;
+  bool overflow = false;
+  float scale = 1;       // the scale the host used for this step
+  float next_scale = 1;  // the scale for the next step
+};
+
+// -- coordinator -> store ------------------------------------------------------------------------
+/// Overflow: zero the gradients; parameters, momentum and Adam moments stay untouched.
+struct discard_grads {
+  uint64_t step = 0;
+};
+
+/// The local sum of squares of the accumulated gradient (from the scan of this step).
+struct local_sum_squares {
+  uint64_t step = 0;
+};
+
+/// Multiply the accumulated gradient by `factor` = clip / (loss scale * micro-batches).
+struct unscale_clip {
+  uint64_t step = 0;
+  float factor = 1;
+};
+
+/// Momentum update of one chunk's local shards; the update source u goes to `out`.
+struct muon_momentum {
+  uint64_t step = 0;
+  int32_t chunk = 0;
+  float beta = 0.95f;
+  bool nesterov = true;
+  float_view out;
+};
+
+/// Apply one chunk's scaled orthogonalized update: p = p*(1 - lr*wd) - lr*o.
+struct apply_muon {
+  uint64_t step = 0;
+  int32_t chunk = 0;
+  float lr = 0;
+  float weight_decay = 0;
+  float_view update;
+};
+
+/// AdamW on every non-Muon shard.
+struct adamw_step {
+  uint64_t step = 0;
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-10f;
+  float weight_decay = 0;
+};
+
+/// End of an applied step: zero the gradients.
+struct finish_step {
+  uint64_t step = 0;
+};
+
+/// Host -> store: set this rank's parameter shard (initial values).
+struct load_params {
+  uint64_t step = 0;  // the values hold before this step
+  shared_floats shard;
+};
+
+/// The store's whole state, copied (tests, checkpoints, reading parameters back).
+struct store_snapshot {
+  std::vector<float> params;
+  std::vector<float> grads;
+  std::vector<float> momentum;
+  std::vector<float> exp_avg;
+  std::vector<float> exp_avg_sq;
+  int64_t adam_steps = 0;
+};
+
+// -- host -> coordinator -------------------------------------------------------------------------
+struct step_request {
+  uint64_t step = 0;
+  float muon_lr = 0;
+  float adam_lr = 0;
+};
+
+struct step_result {
+  uint64_t step = 0;
+  bool skipped = false;
+  double grad_norm = 0;   // global norm of the raw (unscaled) accumulated gradient
+  float clip_coef = 1;    // factor applied to the gradient (1 = not clipped)
+  float loss_scale = 1;   // scale used for this step
+  float next_loss_scale = 1;
+  int32_t micros = 0;
+  int32_t ns_params = 0;  // Muon parameters this rank orthogonalized in this step
+  int64_t ns_matrices = 0;  // matrices (head blocks count one each) this rank orthogonalized
+};
+
+// -- inspect() -----------------------------------------------------------------------------------
+// Views and shared buffers are local to one process: their inspect() shows only the size.
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, collective_tag& x) {
+  return f(caf::meta::type_name("collective_tag"), x.kind, x.step, x.micro, x.index);
+}
+
+#define ZMUON_INSPECT(type, ...)                                                  \
+  template <class Inspector>                                                      \
+  typename Inspector::result_type inspect(Inspector& f, type& x) {                \
+    return f(caf::meta::type_name(#type), __VA_ARGS__);                           \
+  }
+
+ZMUON_INSPECT(float_view, x.size)
+ZMUON_INSPECT(reduce_scatter_req, x.tag, x.count)
+ZMUON_INSPECT(all_reduce_req, x.tag, x.op, x.values)
+ZMUON_INSPECT(all_to_all_req, x.tag)
+ZMUON_INSPECT(comm_done, x.tag)
+ZMUON_INSPECT(all_reduce_result, x.tag, x.values)
+ZMUON_INSPECT(peer_doubles, x.tag, x.src, x.data)
+ZMUON_INSPECT(micro_grads, x.step, x.micro, x.bucket)
+ZMUON_INSPECT(flush, x.step)
+ZMUON_INSPECT(flush_done, x.step, x.micros)
+ZMUON_INSPECT(accumulate, x.step, x.micro, x.bucket, x.slice)
+ZMUON_INSPECT(ack, x.step)
+ZMUON_INSPECT(check_overflow, x.step)
+ZMUON_INSPECT(scan_grads, x.step)
+ZMUON_INSPECT(grad_scan, x.step, x.nonfinite, x.sum_squares)
+ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale)
+ZMUON_INSPECT(discard_grads, x.step)
+ZMUON_INSPECT(local_sum_squares, x.step)
+ZMUON_INSPECT(unscale_clip, x.step, x.factor)
+ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out)
+ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update)
+ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay)
+ZMUON_INSPECT(finish_step, x.step)
+ZMUON_INSPECT(load_params, x.step)
+ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq,
+              x.adam_steps)
+ZMUON_INSPECT(step_request, x.step, x.muon_lr, x.adam_lr)
+ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_scale,
+              x.next_loss_scale, x.micros, x.ns_params, x.ns_matrices)
+
+#undef ZMUON_INSPECT
+
+// peer_floats crosses processes with the caf backend: its payload is written as one raw block
+// (CAF 0.17 would otherwise serialize floats one by one, ~30 MB/s; see CAF-0.17-NOTES.md).
+caf::error inspect(caf::serializer& f, peer_floats& x);
+caf::error inspect(caf::deserializer& f, peer_floats& x);
+template <class Inspector>
+std::enable_if_t<!std::is_base_of<caf::serializer, Inspector>::value
+                   && !std::is_base_of<caf::deserializer, Inspector>::value,
+                 typename Inspector::result_type>
+inspect(Inspector& f, peer_floats& x) {
+  auto bytes = static_cast<uint64_t>(x.data.size() * sizeof(float));
+  return f(caf::meta::type_name("peer_floats"), x.tag, x.src, bytes);
+}
+
+}  // namespace zmuon

@@ -1,0 +1,88 @@
+#include "messages/registry.hpp"
+
+#include "caf/actor_system_config.hpp"
+#include "caf/sec.hpp"
+
+#include "messages/errors.hpp"
+#include "messages/messages.hpp"
+
+namespace zmuon {
+
+std::string to_string(collective_kind kind) {
+  switch (kind) {
+    case collective_kind::reduce_scatter: return "reduce_scatter";
+    case collective_kind::vote: return "vote";
+    case collective_kind::norm: return "norm";
+    case collective_kind::gather: return "gather";
+    case collective_kind::scatter: return "scatter";
+  }
+  return "?";
+}
+
+std::string to_string(reduce_op op) {
+  return op == reduce_op::sum ? "sum" : "max";
+}
+
+std::string to_string(const collective_tag& tag) {
+  return to_string(tag.kind) + "(step " + std::to_string(tag.step) + ", micro "
+         + std::to_string(tag.micro) + ", index " + std::to_string(tag.index) + ")";
+}
+
+caf::error inspect(caf::serializer& f, peer_floats& x) {
+  auto n = x.data.size();
+  if (auto err = f(caf::meta::type_name("peer_floats"), x.tag, x.src))
+    return err;
+  if (auto err = f.begin_sequence(n))
+    return err;
+  if (n > 0)
+    if (auto err = f.apply_raw(n * sizeof(float), x.data.data()))
+      return err;
+  return f.end_sequence();
+}
+
+caf::error inspect(caf::deserializer& f, peer_floats& x) {
+  size_t n = 0;
+  if (auto err = f(caf::meta::type_name("peer_floats"), x.tag, x.src))
+    return err;
+  if (auto err = f.begin_sequence(n))
+    return err;
+  x.data.resize(n);
+  if (n > 0)
+    if (auto err = f.apply_raw(n * sizeof(float), x.data.data()))
+      return err;
+  return f.end_sequence();
+}
+
+error from_caf_error(const caf::error& err) {
+  if (!err)
+    return {};
+  if (err.category() == error_category()) {
+    std::string msg;
+    if (err.context().match_elements<std::string>())
+      msg = err.context().get_as<std::string>(0);
+    return {static_cast<errc>(err.code()), msg};
+  }
+  if (err.category() == caf::atom("system")) {
+    auto code = static_cast<caf::sec>(err.code());
+    if (code == caf::sec::request_timeout)
+      return {errc::timeout, "a request was not answered in time (" + to_string(err) + ")"};
+    return {errc::comm_failure, to_string(err)};
+  }
+  return {errc::internal, to_string(err)};
+}
+
+void register_messages(caf::actor_system_config& cfg) {
+  cfg.add_error_category(error_category(), [](uint8_t code, caf::atom_value,
+                                              const caf::message& ctx) -> std::string {
+    std::string msg = ctx.match_elements<std::string>() ? ctx.get_as<std::string>(0) : "";
+    return std::string("zmuon ") + to_string(static_cast<errc>(code)) + ": " + msg;
+  });
+  // Types that cross process boundaries (the caf comm backend between processes).
+  cfg.add_message_type<collective_tag>("zmuon::collective_tag");
+  cfg.add_message_type<peer_floats>("zmuon::peer_floats");
+  cfg.add_message_type<peer_doubles>("zmuon::peer_doubles");
+  cfg.add_message_type<step_result>("zmuon::step_result");
+  cfg.add_message_type<store_snapshot>("zmuon::store_snapshot");
+}
+
+}  // namespace zmuon

@@ -1,0 +1,40 @@
+#include "plan/ownership.hpp"
+
+#include <algorithm>
+
+namespace zmuon {
+
+std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
+  std::vector<chunk_ownership> out(pl.chunks.size());
+  for (size_t c = 0; c < pl.chunks.size(); ++c) {
+    auto& own = out[c];
+    std::vector<int> mine;
+    for (int i : pl.chunks[c].params)
+      if (pl.params[i].owner == rank)
+        mine.push_back(i);
+    // Lay out by block shape so that same-shape blocks are contiguous; ties keep table order.
+    auto block = [&](int i) {
+      auto& p = pl.params[i];
+      return std::make_pair(p.rows / p.heads, p.cols);
+    };
+    std::vector<int> by_shape = mine;
+    std::stable_sort(by_shape.begin(), by_shape.end(),
+                     [&](int a, int b) { return block(a) < block(b); });
+    std::vector<int64_t> offset_of(pl.params.size(), -1);
+    for (int i : by_shape) {
+      auto& p = pl.params[i];
+      auto [rows, cols] = block(i);
+      if (own.groups.empty() || own.groups.back().rows != rows || own.groups.back().cols != cols)
+        own.groups.push_back(ns_group{own.full_size, 0, rows, cols, {}});
+      own.groups.back().batch += p.heads;
+      own.groups.back().params.push_back(i);
+      offset_of[i] = own.full_size;
+      own.full_size += p.numel;
+    }
+    for (int i : mine)
+      own.owned.push_back(owned_matrix{i, offset_of[i]});
+  }
+  return out;
+}
+
+}  // namespace zmuon

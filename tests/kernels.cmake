@@ -1,0 +1,2 @@
+# Unit tests of the compute backends' kernels against double-precision references.
+zmuon_add_test(test_kernels SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_kernels.cpp LIBS zmuon_kernels)

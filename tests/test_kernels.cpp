@@ -1,0 +1,531 @@
+// The host compute backend's kernels against double-precision references written here, on
+// seeded random inputs of awkward sizes. Every tolerance is stated where it is checked.
+#define BOOST_TEST_MODULE kernels
+#include <algorithm>
+#include <array>
+#include <boost/test/unit_test.hpp>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kernels/compute.hpp"
+
+namespace zmuon {
+namespace {
+
+const std::vector<int64_t> kSizes = {1, 7, 1000003};
+
+std::unique_ptr<compute_backend> host_backend() {
+  auto made = make_compute_backend("host");
+  BOOST_REQUIRE_MESSAGE(made, "make_compute_backend(\"host\") failed");
+  return std::move(*made);
+}
+
+/// Uniform in [lo, hi), never exactly zero.
+std::vector<float> random_floats(int64_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) {
+    do x = dist(gen);
+    while (x == 0.0f);
+  }
+  return v;
+}
+
+device_buffer upload(compute_backend& be, const std::vector<float>& host) {
+  device_buffer buf = be.allocate(static_cast<int64_t>(host.size()));
+  be.copy_from_host(buf.data(), host.data(), buf.size());
+  return buf;
+}
+
+std::vector<float> download(compute_backend& be, const device_buffer& buf) {
+  std::vector<float> host(static_cast<size_t>(buf.size()));
+  be.copy_to_host(host.data(), buf.data(), buf.size());
+  be.synchronize();
+  return host;
+}
+
+std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+/// Checks |got - ref| <= rtol*|ref| + atol element-wise and reports the worst element.
+void check_close(const std::vector<float>& got, const std::vector<double>& ref, double rtol,
+                 double atol, const std::string& what) {
+  BOOST_REQUIRE_EQUAL(got.size(), ref.size());
+  size_t worst = 0;
+  double worst_excess = -std::numeric_limits<double>::infinity();
+  double worst_err = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    const double excess = std::isnan(err) ? std::numeric_limits<double>::infinity()
+                                          : err - (rtol * std::fabs(ref[i]) + atol);
+    if (excess > worst_excess) {
+      worst_excess = excess;
+      worst = i;
+      worst_err = err;
+    }
+  }
+  BOOST_TEST_MESSAGE(what << ": n=" << got.size() << " max abs error " << worst_err);
+  BOOST_TEST(worst_excess <= 0.0, what << ": element " << worst << " is " << got[worst]
+                                       << ", reference " << ref[worst] << " (rtol " << rtol
+                                       << ", atol " << atol << ")");
+}
+
+double relative_frobenius_error(const std::vector<float>& got, const std::vector<double>& ref) {
+  double diff = 0.0;
+  double norm = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    diff += d * d;
+    norm += ref[i] * ref[i];
+  }
+  return std::sqrt(diff) / std::sqrt(norm);
+}
+
+// -- Newton-Schulz reference -------------------------------------------------------------------
+
+/// NS in double with plain loops, for one row-major [rows, cols] matrix.
+std::vector<double> ns_reference(const float* x, int64_t rows, int64_t cols, const ns_options& ns) {
+  const bool tall = rows > cols;
+  const int64_t r = tall ? cols : rows;  // the wide view X is [r, c]
+  const int64_t c = tall ? rows : cols;
+  std::vector<double> X(static_cast<size_t>(r * c));
+  for (int64_t i = 0; i < r; ++i) {
+    for (int64_t j = 0; j < c; ++j) X[i * c + j] = tall ? x[j * cols + i] : x[i * cols + j];
+  }
+  double norm = 0.0;
+  for (double v : X) norm += v * v;
+  norm = std::sqrt(norm) + static_cast<double>(ns.eps);
+  for (double& v : X) v /= norm;
+
+  std::vector<double> A(static_cast<size_t>(r * r)), B(A.size()), next(X.size());
+  for (int step = 0; step < ns.steps; ++step) {
+    const auto& abc = ns.schedule.empty() ? ns.coefficients : ns.schedule[step];
+    const double a = abc[0], b = abc[1], cc = abc[2];
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < r; ++j) {
+        double s = 0.0;
+        for (int64_t k = 0; k < c; ++k) s += X[i * c + k] * X[j * c + k];
+        A[i * r + j] = s;
+      }
+    }
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < r; ++j) {
+        double s = 0.0;
+        for (int64_t k = 0; k < r; ++k) s += A[i * r + k] * A[k * r + j];
+        B[i * r + j] = b * A[i * r + j] + cc * s;
+      }
+    }
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < c; ++j) {
+        double s = 0.0;
+        for (int64_t k = 0; k < r; ++k) s += B[i * r + k] * X[k * c + j];
+        next[i * c + j] = a * X[i * c + j] + s;
+      }
+    }
+    X.swap(next);
+  }
+
+  std::vector<double> out(X.size());
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = tall ? X[j * c + i] : X[i * cols + j];
+  }
+  return out;
+}
+
+/// Runs the backend's NS on `batch` random [rows, cols] matrices and compares each with the
+/// reference: relative Frobenius error <= 1e-4 (fp32 GEMMs against double loops).
+void check_ns_against_reference(int64_t batch, int64_t rows, int64_t cols, const ns_options& ns,
+                                uint32_t seed) {
+  auto be = host_backend();
+  const int64_t numel = rows * cols;
+  const auto input = random_floats(batch * numel, seed);
+  auto buf = upload(*be, input);
+  be->newton_schulz(buf.data(), batch, rows, cols, ns);
+  const auto got = download(*be, buf);
+  for (int64_t k = 0; k < batch; ++k) {
+    const auto ref = ns_reference(input.data() + k * numel, rows, cols, ns);
+    const std::vector<float> got_k(got.begin() + k * numel, got.begin() + (k + 1) * numel);
+    const double err = relative_frobenius_error(got_k, ref);
+    BOOST_TEST_MESSAGE("NS [" << rows << " x " << cols << "] matrix " << k << " of " << batch
+                              << ": relative Frobenius error " << err);
+    BOOST_TEST(err <= 1e-4,
+               "NS [" << rows << " x " << cols << "] matrix " << k << ": relative error " << err);
+  }
+}
+
+/// Eigenvalues of a symmetric matrix (cyclic Jacobi), for the singular-value check.
+std::vector<double> symmetric_eigenvalues(std::vector<double> a, int64_t n) {
+  for (int sweep = 0; sweep < 100; ++sweep) {
+    double off = 0.0;
+    for (int64_t p = 0; p < n; ++p) {
+      for (int64_t q = p + 1; q < n; ++q) off += a[p * n + q] * a[p * n + q];
+    }
+    if (off < 1e-22) break;
+    for (int64_t p = 0; p < n; ++p) {
+      for (int64_t q = p + 1; q < n; ++q) {
+        const double apq = a[p * n + q];
+        if (std::fabs(apq) < 1e-300) continue;
+        const double theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
+        const double t =
+            (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
+        const double cs = 1.0 / std::sqrt(t * t + 1), sn = t * cs;
+        for (int64_t k = 0; k < n; ++k) {  // columns p, q
+          const double akp = a[k * n + p], akq = a[k * n + q];
+          a[k * n + p] = cs * akp - sn * akq;
+          a[k * n + q] = sn * akp + cs * akq;
+        }
+        for (int64_t k = 0; k < n; ++k) {  // rows p, q
+          const double apk = a[p * n + k], aqk = a[q * n + k];
+          a[p * n + k] = cs * apk - sn * aqk;
+          a[q * n + k] = sn * apk + cs * aqk;
+        }
+      }
+    }
+  }
+  std::vector<double> eig(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) eig[i] = a[i * n + i];
+  return eig;
+}
+
+}  // namespace
+
+// -- factory and memory --------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(factory_names_backends) {
+  auto host = make_compute_backend("host");
+  BOOST_REQUIRE(host);
+  BOOST_TEST((*host)->name() == "host");
+
+  auto nope = make_compute_backend("nope");
+  BOOST_REQUIRE(!nope);
+  BOOST_TEST(std::string(to_string(nope.err().code())) == "invalid_argument");
+  BOOST_TEST(nope.err().message().find("nope") != std::string::npos, nope.err().to_string());
+  BOOST_TEST(nope.err().message().find("host") != std::string::npos, nope.err().to_string());
+
+#ifndef ZMUON_HAVE_CUDA
+  auto cuda = make_compute_backend("cuda");
+  BOOST_REQUIRE(!cuda);
+  BOOST_TEST(cuda.err().message().find("not built in") != std::string::npos,
+             cuda.err().to_string());
+#endif
+}
+
+BOOST_AUTO_TEST_CASE(allocate_is_zero_filled_and_copies_round_trip) {
+  auto be = host_backend();
+  for (int64_t n : kSizes) {
+    device_buffer buf = be->allocate(n);
+    BOOST_REQUIRE_EQUAL(buf.size(), n);
+    const auto zeros = download(*be, buf);
+    BOOST_TEST(std::all_of(zeros.begin(), zeros.end(), [](float x) { return x == 0.0f; }));
+
+    const auto data = random_floats(n, 11);
+    be->copy_from_host(buf.data(), data.data(), n);
+    BOOST_TEST(download(*be, buf) == data);
+
+    device_buffer other = be->allocate(n);
+    be->copy(other.data(), buf.data(), n);
+    BOOST_TEST(download(*be, other) == data);
+
+    be->fill_zero(other.data(), n);
+    const auto cleared = download(*be, other);
+    BOOST_TEST(std::all_of(cleared.begin(), cleared.end(), [](float x) { return x == 0.0f; }));
+  }
+}
+
+// -- element-wise --------------------------------------------------------------------------------
+// Inputs are O(1); one fp32 rounding of an O(1) result is <= 6e-8, so rtol = atol = 1e-6 leaves
+// slack for rounding yet catches any formula error.
+
+BOOST_AUTO_TEST_CASE(add_matches_reference) {
+  auto be = host_backend();
+  for (int64_t n : kSizes) {
+    const auto dst = random_floats(n, 21), src = random_floats(n, 22);
+    std::vector<double> ref(dst.size());
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] = double(dst[i]) + double(src[i]);
+    auto d = upload(*be, dst), s = upload(*be, src);
+    be->add(d.data(), s.data(), n);
+    check_close(download(*be, d), ref, 1e-6, 1e-6, "add");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scale_matches_reference) {
+  auto be = host_backend();
+  const float factor = 0.37f;
+  for (int64_t n : kSizes) {
+    const auto x = random_floats(n, 31);
+    std::vector<double> ref(x.size());
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] = double(x[i]) * double(factor);
+    auto d = upload(*be, x);
+    be->scale(d.data(), n, factor);
+    check_close(download(*be, d), ref, 1e-6, 1e-6, "scale");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scan_and_norm_match_reference) {
+  // Both accumulate in double; only the summation order may differ: rtol 1e-12.
+  auto be = host_backend();
+  for (int64_t n : kSizes) {
+    const auto x = random_floats(n, 41, -3.0f, 3.0f);
+    double ref = 0.0;
+    for (float v : x) ref += double(v) * double(v);
+    auto d = upload(*be, x);
+    const scan_result s = be->scan(d.data(), n);
+    BOOST_TEST(!s.nonfinite);
+    BOOST_TEST(s.sum_squares == ref, boost::test_tools::tolerance(1e-12));
+    BOOST_TEST(be->frobenius_norm(d.data(), n) == std::sqrt(ref),
+               boost::test_tools::tolerance(1e-12));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scan_detects_nonfinite_anywhere) {
+  auto be = host_backend();
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (int64_t n : kSizes) {
+    const auto clean = random_floats(n, 51);
+    auto d = upload(*be, clean);
+    BOOST_TEST(!be->scan(d.data(), n).nonfinite);
+    for (int64_t pos : {int64_t{0}, n / 2, n - 1}) {
+      for (float special : specials) {
+        auto dirty = clean;
+        dirty[pos] = special;
+        be->copy_from_host(d.data(), dirty.data(), n);
+        BOOST_TEST(be->scan(d.data(), n).nonfinite,
+                   "value " << special << " at " << pos << " of " << n << " not detected");
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(momentum_matches_reference) {
+  auto be = host_backend();
+  const float beta = 0.95f;
+  for (bool nesterov : {true, false}) {
+    for (int64_t n : kSizes) {
+      auto m_ref = to_double(random_floats(n, 61));
+      std::vector<double> u_ref(m_ref.size());
+      auto m = upload(*be, random_floats(n, 61));
+      auto u = be->allocate(n);
+      for (uint32_t step = 0; step < 3; ++step) {  // m carries over between steps
+        const auto g = random_floats(n, 62 + step);
+        for (size_t i = 0; i < m_ref.size(); ++i) {
+          m_ref[i] = beta * m_ref[i] + (1.0 - beta) * g[i];
+          u_ref[i] = nesterov ? (1.0 - beta) * g[i] + beta * m_ref[i] : m_ref[i];
+        }
+        auto gd = upload(*be, g);
+        be->momentum(m.data(), gd.data(), u.data(), n, beta, nesterov);
+      }
+      const std::string tag = nesterov ? "momentum (nesterov)" : "momentum (plain)";
+      check_close(download(*be, m), m_ref, 1e-6, 1e-6, tag + " m");
+      check_close(download(*be, u), u_ref, 1e-6, 1e-6, tag + " u");
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(apply_update_matches_reference) {
+  auto be = host_backend();
+  const float lr = 0.05f, scale = 1.7f, wd = 0.1f;
+  for (int64_t n : kSizes) {
+    const auto p = random_floats(n, 71), o = random_floats(n, 72);
+    std::vector<double> ref(p.size());
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ref[i] = p[i] * (1.0 - double(lr) * wd) - double(lr) * scale * o[i];
+    }
+    auto pd = upload(*be, p), od = upload(*be, o);
+    be->apply_update(pd.data(), od.data(), n, lr, scale, wd);
+    check_close(download(*be, pd), ref, 1e-6, 1e-6, "apply_update");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adamw_matches_reference_over_three_steps) {
+  // A large lr makes any slip in bias correction or weight decay far exceed the tolerance.
+  auto be = host_backend();
+  adamw_args args;
+  args.lr = 0.1f;
+  args.weight_decay = 0.1f;
+  for (int64_t n : kSizes) {
+    const auto p0 = random_floats(n, 81);
+    auto p_ref = to_double(p0);
+    std::vector<double> m_ref(p_ref.size(), 0.0), v_ref(p_ref.size(), 0.0);
+    auto p = upload(*be, p0);
+    auto m = be->allocate(n), v = be->allocate(n);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const auto g = random_floats(n, 82 + static_cast<uint32_t>(step));
+      const double b1 = args.beta1, b2 = args.beta2;
+      for (size_t i = 0; i < p_ref.size(); ++i) {
+        m_ref[i] = b1 * m_ref[i] + (1 - b1) * g[i];
+        v_ref[i] = b2 * v_ref[i] + (1 - b2) * double(g[i]) * g[i];
+        const double m_hat = m_ref[i] / (1 - std::pow(b1, step));
+        const double v_hat = v_ref[i] / (1 - std::pow(b2, step));
+        p_ref[i] = p_ref[i] * (1 - double(args.lr) * args.weight_decay) -
+                   double(args.lr) * m_hat / (std::sqrt(v_hat) + double(args.eps));
+      }
+      args.step = step;
+      auto gd = upload(*be, g);
+      be->adamw(p.data(), gd.data(), m.data(), v.data(), n, args);
+    }
+    check_close(download(*be, m), m_ref, 1e-6, 1e-6, "adamw m");
+    check_close(download(*be, v), v_ref, 1e-5, 0.0, "adamw v");
+    check_close(download(*be, p), p_ref, 1e-5, 1e-5, "adamw p");
+  }
+}
+
+// -- Newton-Schulz -------------------------------------------------------------------------------
+
+BOOST_AUTO_TEST_CASE(newton_schulz_matches_reference) {
+  const ns_options ns;                               // NS5 defaults
+  check_ns_against_reference(1, 33, 33, ns, 101);    // square
+  check_ns_against_reference(1, 17, 50, ns, 102);    // wide
+  check_ns_against_reference(1, 61, 23, ns, 103);    // tall: the transposition path
+  check_ns_against_reference(3, 24, 40, ns, 104);    // a batch
+  check_ns_against_reference(3, 40, 24, ns, 105);    // a batch of tall matrices
+  check_ns_against_reference(1, 1, 7, ns, 106);      // a row
+  check_ns_against_reference(1, 7, 1, ns, 107);      // a column
+  check_ns_against_reference(1, 257, 130, ns, 108);  // large enough for blocked sgemm
+}
+
+BOOST_AUTO_TEST_CASE(newton_schulz_with_schedule_matches_reference) {
+  ns_options ns;
+  ns.schedule = {{3.4445f, -4.7750f, 2.0315f},
+                 {3.0f, -3.2f, 1.2f},
+                 {2.5f, -2.0f, 0.6f},
+                 {2.0f, -1.5f, 0.5f},
+                 {1.875f, -1.25f, 0.375f}};
+  check_ns_against_reference(1, 29, 45, ns, 111);
+  check_ns_against_reference(2, 45, 29, ns, 112);
+}
+
+BOOST_AUTO_TEST_CASE(newton_schulz_schedule_of_defaults_equals_plain) {
+  auto be = host_backend();
+  const ns_options plain;
+  ns_options scheduled;
+  scheduled.schedule.assign(5, plain.coefficients);
+  for (auto shape : {std::pair<int64_t, int64_t>{31, 70}, {70, 31}}) {
+    const auto input = random_floats(2 * shape.first * shape.second, 121);
+    auto a = upload(*be, input), b = upload(*be, input);
+    be->newton_schulz(a.data(), 2, shape.first, shape.second, plain);
+    be->newton_schulz(b.data(), 2, shape.first, shape.second, scheduled);
+    BOOST_TEST(download(*be, a) == download(*be, b));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(newton_schulz_singular_values_near_one) {
+  // NS5 does not converge to exactly 1: it maps singular values into roughly [0.7, 1.2]. Checked
+  // here: every eigenvalue of O O^T (the squared singular values) within [0.5^2, 1.5^2], and the
+  // diagonal of O O^T within [0.5, 1.5].
+  auto be = host_backend();
+  for (auto shape : {std::pair<int64_t, int64_t>{64, 200}, {200, 64}}) {
+    const int64_t rows = shape.first, cols = shape.second;
+    auto buf = upload(*be, random_floats(rows * cols, 131));
+    be->newton_schulz(buf.data(), 1, rows, cols, ns_options{});
+    const auto o = download(*be, buf);
+    // Gram matrix of the short side: O O^T for wide, O^T O for tall.
+    const bool tall = rows > cols;
+    const int64_t r = tall ? cols : rows, c = tall ? rows : cols;
+    auto at = [&](int64_t i, int64_t k) {
+      return double(tall ? o[k * cols + i] : o[i * cols + k]);
+    };
+    std::vector<double> gram(static_cast<size_t>(r * r));
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < r; ++j) {
+        double s = 0.0;
+        for (int64_t k = 0; k < c; ++k) s += at(i, k) * at(j, k);
+        gram[i * r + j] = s;
+      }
+    }
+    double diag_lo = 1e9, diag_hi = -1e9;
+    for (int64_t i = 0; i < r; ++i) {
+      diag_lo = std::min(diag_lo, gram[i * r + i]);
+      diag_hi = std::max(diag_hi, gram[i * r + i]);
+    }
+    const auto eig = symmetric_eigenvalues(gram, r);
+    const auto [eig_lo, eig_hi] = std::minmax_element(eig.begin(), eig.end());
+    const double sv_lo = std::sqrt(std::max(0.0, *eig_lo)), sv_hi = std::sqrt(*eig_hi);
+    BOOST_TEST_MESSAGE("NS [" << rows << " x " << cols << "]: Gram diagonal in [" << diag_lo << ", "
+                              << diag_hi << "], singular values in [" << sv_lo << ", " << sv_hi
+                              << "]");
+    BOOST_TEST(diag_lo >= 0.5);
+    BOOST_TEST(diag_hi <= 1.5);
+    BOOST_TEST(sv_lo >= 0.5);
+    BOOST_TEST(sv_hi <= 1.5);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(newton_schulz_concurrent_instances_agree) {
+  // Several in-process ranks each own a backend and call sgemm from their own threads at once,
+  // sharing OpenBLAS's thread pool. Each result must match the serial one (relative Frobenius
+  // error <= 1e-6; OpenBLAS does not split the summation over threads, so it is 0 in practice).
+  const int64_t rows = 96, cols = 160;
+  const auto input = random_floats(2 * rows * cols, 161);
+  auto serial_be = host_backend();
+  auto serial = upload(*serial_be, input);
+  serial_be->newton_schulz(serial.data(), 2, rows, cols, ns_options{});
+  const auto expect = to_double(download(*serial_be, serial));
+
+  constexpr int kRanks = 4;
+  std::vector<std::vector<float>> results(kRanks);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto made = make_compute_backend("host");
+      if (!made) return;  // leaves results[rank] empty, which fails below
+      auto& be = **made;
+      auto buf = upload(be, input);
+      for (int round = 0; round < 3; ++round) {
+        be.copy_from_host(buf.data(), input.data(), buf.size());
+        be.newton_schulz(buf.data(), 2, rows, cols, ns_options{});
+      }
+      results[rank] = download(be, buf);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kRanks; ++rank) {
+    BOOST_REQUIRE_EQUAL(results[rank].size(), expect.size());
+    const double err = relative_frobenius_error(results[rank], expect);
+    BOOST_TEST_MESSAGE("NS on rank thread " << rank << ": relative error to serial " << err);
+    BOOST_TEST(err <= 1e-6, "rank thread " << rank << ": relative error " << err);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(newton_schulz_zero_steps_only_normalizes) {
+  // Exercises the normalization and both transpositions without any GEMM: rtol 1e-6.
+  auto be = host_backend();
+  ns_options ns;
+  ns.steps = 0;
+  const int64_t rows = 13, cols = 5;
+  const auto input = random_floats(rows * cols, 141);
+  auto buf = upload(*be, input);
+  be->newton_schulz(buf.data(), 1, rows, cols, ns);
+  check_close(download(*be, buf), ns_reference(input.data(), rows, cols, ns), 1e-6, 0.0,
+              "NS, zero steps");
+}
+
+BOOST_AUTO_TEST_CASE(newton_schulz_of_zero_matrix_is_zero) {
+  auto be = host_backend();
+  auto buf = be->allocate(6 * 9);
+  be->newton_schulz(buf.data(), 1, 6, 9, ns_options{});
+  const auto out = download(*be, buf);
+  BOOST_TEST(std::all_of(out.begin(), out.end(), [](float x) { return x == 0.0f; }));
+}
+
+BOOST_AUTO_TEST_CASE(ns_matrix_count_counts_matrices) {
+  auto be = host_backend();
+  BOOST_TEST(be->ns_matrix_count() == 0);
+  auto buf = upload(*be, random_floats(3 * 8 * 5, 151));
+  be->newton_schulz(buf.data(), 3, 8, 5, ns_options{});
+  BOOST_TEST(be->ns_matrix_count() == 3);
+  be->newton_schulz(buf.data(), 1, 8, 5, ns_options{});
+  BOOST_TEST(be->ns_matrix_count() == 4);
+  be->newton_schulz(buf.data(), 0, 8, 5, ns_options{});
+  BOOST_TEST(be->ns_matrix_count() == 4);
+}
+
+}  // namespace zmuon
