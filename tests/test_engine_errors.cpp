@@ -1,0 +1,173 @@
+// Skipped steps and bad input, end to end through the engine: an overflow on one rank skips the
+// step everywhere and leaves the state bit-identical; bad calls get errors that name what is
+// wrong and change nothing.
+#define BOOST_TEST_MODULE engine_errors
+#include "tests/engine_fixture.hpp"
+
+#include <limits>
+
+using namespace zmuon;
+using namespace zmuon::test;
+
+namespace {
+
+const std::vector<param_spec> table{{"w1", {24, 40}}, {"w2", {40, 24}}, {"bias", {40}}};
+
+struct world_state {
+  std::vector<rank_state> ranks;
+};
+
+world_state capture(engine& eng) {
+  world_state s;
+  for (int r = 0; r < eng.world(); ++r)
+    s.ranks.push_back(snapshot_of(eng, r));
+  return s;
+}
+
+void check_unchanged(const world_state& a, const world_state& b, bool grads_too) {
+  for (size_t r = 0; r < a.ranks.size(); ++r) {
+    BOOST_TEST(same_bits(a.ranks[r].params, b.ranks[r].params));
+    BOOST_TEST(same_bits(a.ranks[r].momentum, b.ranks[r].momentum));
+    BOOST_TEST(same_bits(a.ranks[r].exp_avg, b.ranks[r].exp_avg));
+    BOOST_TEST(same_bits(a.ranks[r].exp_avg_sq, b.ranks[r].exp_avg_sq));
+    BOOST_TEST(a.ranks[r].adam_steps == b.ranks[r].adam_steps);
+    if (grads_too)
+      BOOST_TEST(same_bits(a.ranks[r].grads, b.ranks[r].grads));
+  }
+}
+
+void expect_error(const error& err, errc code, const std::string& names) {
+  BOOST_REQUIRE_MESSAGE(err, "expected an error naming '" << names << "'");
+  BOOST_TEST_MESSAGE("error: " << err.to_string());
+  BOOST_TEST(to_string(err.code()) == to_string(code));
+  BOOST_TEST(err.message().find(names) != std::string::npos);
+}
+
+void hand_over(engine& eng, int step, int micros, float scale = 1.0f) {
+  for (int k = 0; k < micros; ++k)
+    for (int r = 0; r < eng.world(); ++r) {
+      auto g = random_grads(table, 21, step, r, k);
+      for (auto& [name, v] : g)
+        for (auto& x : v)
+          x *= scale;
+      reduce_ok(eng, r, g);
+    }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(overflow_on_one_rank_skips_the_step_everywhere) {
+  auto o = options(4);
+  o.fp16.enabled = true;
+  o.fp16.hysteresis = 1;  // back off at the first overflow
+  auto eng = make_engine(o);
+  register_table(*eng, table, 21);
+  hand_over(*eng, 1, 2, 65536.0f);
+  BOOST_REQUIRE(!step_ok(*eng).skipped);
+
+  auto before = capture(*eng);
+  for (int k = 0; k < 2; ++k)  // step 2: rank 2, micro-batch 1 holds one inf
+    for (int r = 0; r < 4; ++r) {
+      auto g = random_grads(table, 21, 2, r, k);
+      for (auto& [name, v] : g)
+        for (auto& x : v)
+          x *= 65536.0f;
+      if (r == 2 && k == 1)
+        g["w2"][17] = std::numeric_limits<float>::infinity();
+      reduce_ok(*eng, r, g);
+    }
+  auto info = step_ok(*eng);
+  BOOST_TEST(info.skipped);
+  BOOST_TEST(info.loss_scale == 65536.0f);
+  BOOST_TEST(info.next_loss_scale == 32768.0f);
+  BOOST_TEST(info.ns_params == 0);
+  auto after = capture(*eng);
+  check_unchanged(before, after, false);
+  for (auto& r : after.ranks)  // the poisoned gradient is gone
+    for (float g : r.grads)
+      BOOST_REQUIRE(g == 0.0f);
+  auto scale = eng->loss_scale();
+  BOOST_REQUIRE(scale);
+  BOOST_TEST(*scale == 32768.0f);
+
+  // The next finite step proceeds and equals a run that never saw the bad step.
+  hand_over(*eng, 3, 2, 32768.0f);
+  auto next = step_ok(*eng);
+  BOOST_TEST(!next.skipped);
+  BOOST_TEST(next.ns_params == 2);
+  auto ref = make_engine(o);
+  register_table(*ref, table, 21);
+  hand_over(*ref, 1, 2, 65536.0f);
+  step_ok(*ref);
+  hand_over(*ref, 3, 2, 65536.0f);
+  step_ok(*ref);
+  double d = rel_diff(params_of(*eng), params_of(*ref));
+  BOOST_TEST_MESSAGE("after the skipped step vs a run without it: " << d);
+  BOOST_TEST(d <= 1e-6);
+}
+
+BOOST_AUTO_TEST_CASE(nan_without_fp16_skips_and_keeps_scale_one) {
+  auto eng = make_engine(options(2));
+  register_table(*eng, table, 22);
+  auto before = capture(*eng);
+  for (int r = 0; r < 2; ++r) {
+    auto g = random_grads(table, 22, 1, r, 0);
+    if (r == 1)
+      g["bias"][0] = std::numeric_limits<float>::quiet_NaN();
+    reduce_ok(*eng, r, g);
+  }
+  auto info = step_ok(*eng);
+  BOOST_TEST(info.skipped);
+  BOOST_TEST(info.next_loss_scale == 1.0f);
+  check_unchanged(before, capture(*eng), true);
+}
+
+BOOST_AUTO_TEST_CASE(bad_input_is_named_and_changes_nothing) {
+  auto eng = make_engine(options(2));
+  register_table(*eng, table, 23);
+  expect_error(eng->add_parameter({"w1", {3, 3}}), errc::duplicate_parameter, "w1");
+  expect_error(eng->add_parameter({"empty", {4, 0}}), errc::invalid_argument, "empty");
+  expect_error(eng->add_parameter({"heads", {30, 8}, param_group::automatic, 4}),
+               errc::invalid_argument, "heads=4 do not divide rows=30");
+  expect_error(eng->add_parameter({"short", {2, 2}}, {1.0f}), errc::shape_mismatch, "short");
+
+  auto before = capture(*eng);  // starts the engine
+  auto early = eng->step();
+  BOOST_REQUIRE(!early);
+  expect_error(early.err(), errc::bad_state, "before any gradient");
+
+  auto g = random_grads(table, 23, 1, 0, 0);
+  g["w9"] = std::vector<float>(4, 1.0f);
+  expect_error(eng->reduce(0, g), errc::unknown_parameter, "w9");
+  g.erase("w9");
+  g["w2"].pop_back();
+  expect_error(eng->reduce(0, g), errc::shape_mismatch, "w2");
+  expect_error(eng->reduce(5, random_grads(table, 23, 1, 0, 0)), errc::invalid_argument,
+               "rank 5");
+  expect_error(eng->add_parameter({"late", {2, 2}}), errc::bad_state, "late");
+  check_unchanged(before, capture(*eng), true);
+
+  reduce_ok(*eng, 0, random_grads(table, 23, 1, 0, 0));  // rank 1 hands over nothing
+  auto uneven = eng->step();
+  BOOST_REQUIRE(!uneven);
+  expect_error(uneven.err(), errc::bad_state, "rank 1 handed over 0");
+  reduce_ok(*eng, 1, random_grads(table, 23, 1, 1, 0));
+  BOOST_TEST(!step_ok(*eng).skipped);  // the engine is still usable
+}
+
+BOOST_AUTO_TEST_CASE(bad_options_are_named) {
+  auto o = options(0);
+  auto e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "world");
+  o = options(2);
+  o.muon.ns.schedule.assign(3, {1.0f, 0.0f, 0.0f});
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "schedule");
+  o = options(2);
+  o.compute = "tpu";
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "tpu");
+}

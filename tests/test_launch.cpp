@@ -1,0 +1,94 @@
+// zmuon-launch as a user runs it: the loss goes down, and --save-params writes a safetensors
+// file whose header a reader accepts.
+#define BOOST_TEST_MODULE launch
+#include <boost/test/unit_test.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "launch/model.hpp"
+#include "launch/safetensors.hpp"
+
+namespace {
+
+std::string run(const std::string& args, int* status) {
+  std::string cmd = std::string(ZMUON_LAUNCH) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  BOOST_REQUIRE(pipe);
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, pipe))
+    out.append(buf, n);
+  *status = pclose(pipe);
+  return out;
+}
+
+std::vector<double> losses(const std::string& out) {
+  std::vector<double> v;
+  std::regex line(R"(step\s+\d+\s+loss\s+([0-9.eE+-]+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+    v.push_back(std::stod((*it)[1]));
+  return v;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(default_job_trains_and_saves_params) {
+  std::string path = "test_launch_params.safetensors";
+  std::remove(path.c_str());
+  int status = 0;
+  auto out = run("--steps 30 --save-params " + path, &status);
+  BOOST_TEST_MESSAGE(out);
+  BOOST_REQUIRE_EQUAL(status, 0);
+  auto l = losses(out);
+  BOOST_REQUIRE_EQUAL(l.size(), 30u);
+  BOOST_TEST_MESSAGE("loss: first " << l.front() << ", last " << l.back());
+  BOOST_TEST(l.back() < 0.5 * l.front());
+
+  // Parse the header independently: 8-byte little-endian length, JSON, offsets in order.
+  std::ifstream in(path, std::ios::binary);
+  BOOST_REQUIRE(in);
+  unsigned char len_bytes[8];
+  in.read(reinterpret_cast<char*>(len_bytes), 8);
+  uint64_t len = 0;
+  for (int i = 7; i >= 0; --i)
+    len = len << 8 | len_bytes[i];
+  std::string header(len, '\0');
+  in.read(header.data(), static_cast<std::streamsize>(len));
+  auto j = nlohmann::json::parse(header);
+  in.seekg(0, std::ios::end);
+  auto data_bytes = static_cast<uint64_t>(in.tellg()) - 8 - len;
+  auto table = zmuon::example::param_table({});
+  uint64_t covered = 0;
+  for (const auto& spec : table) {
+    BOOST_REQUIRE(j.contains(spec.name));
+    auto& t = j[spec.name];
+    BOOST_TEST(t["dtype"] == "F32");
+    BOOST_TEST(t["shape"].get<std::vector<int64_t>>() == spec.shape);
+    auto off = t["data_offsets"].get<std::vector<uint64_t>>();
+    uint64_t n = 1;
+    for (auto d : spec.shape)
+      n *= d;
+    BOOST_TEST(off[1] - off[0] == n * 4);
+    covered += off[1] - off[0];
+  }
+  BOOST_TEST(covered == data_bytes);
+  auto back = zmuon::read_safetensors(path);
+  BOOST_REQUIRE(back);
+  BOOST_TEST(back->size() == table.size());
+}
+
+BOOST_AUTO_TEST_CASE(bad_flags_are_errors) {
+  int status = 0;
+  auto out = run("--ranks 0", &status);
+  BOOST_TEST(status != 0);
+  BOOST_TEST(out.find("--ranks") != std::string::npos);
+  out = run("--stepz 3", &status);
+  BOOST_TEST(status != 0);
+  BOOST_TEST(out.find("stepz") != std::string::npos);
+}

@@ -1,0 +1,112 @@
+// The partition plan: shards, buckets, chunks and owners are pure functions of the table.
+#define BOOST_TEST_MODULE plan
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <numeric>
+
+#include "plan/ownership.hpp"
+#include "plan/plan.hpp"
+
+using namespace zmuon;
+
+namespace {
+
+plan make(const std::vector<param_spec>& t, int world, int64_t bucket) {
+  auto p = make_plan(t, world, bucket);
+  BOOST_REQUIRE_MESSAGE(p, (p ? "" : p.err().to_string()));
+  return *p;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(default_rule_reads_the_logical_shape) {
+  auto pl = make({{"embed.weight", {100, 16}},
+                  {"lm_head.weight", {100, 16}},
+                  {"fc.weight", {16, 16}},
+                  {"fc.bias", {16}},
+                  {"conv.weight", {8, 3, 3, 3}},
+                  {"forced", {16, 16}, param_group::adamw},
+                  {"forced_muon", {4, 5}, param_group::muon}},
+                 4, 1000);
+  std::vector<bool> muon;
+  for (auto& p : pl.params)
+    muon.push_back(p.muon);
+  BOOST_TEST(muon == (std::vector<bool>{false, false, true, false, true, false, true}));
+  auto& conv = pl.params[pl.find("conv.weight")];
+  BOOST_TEST(conv.rows == 8);
+  BOOST_TEST(conv.cols == 27);  // [out, in*kh*kw]
+}
+
+BOOST_AUTO_TEST_CASE(shards_are_equal_padded_and_contiguous) {
+  auto pl = make({{"a", {7, 3}}, {"b", {5}}, {"c", {4, 4}}}, 4, 1000);
+  int64_t offset = 0;
+  for (auto& p : pl.params) {
+    BOOST_TEST(p.shard_len == (p.numel + 3) / 4);
+    BOOST_TEST(p.shard_offset == offset);
+    offset += p.shard_len;
+    int64_t covered = 0;
+    for (int q = 0; q < 4; ++q)
+      covered += valid_len(p, q);
+    BOOST_TEST(covered == p.numel);
+  }
+  BOOST_TEST(pl.shard_total == offset);
+}
+
+BOOST_AUTO_TEST_CASE(buckets_and_chunks_respect_the_size_and_never_drop_a_big_parameter) {
+  auto pl = make({{"a", {10, 10}}, {"b", {10, 10}}, {"big", {40, 40}}, {"c", {10, 10}}}, 2, 250);
+  BOOST_TEST(pl.buckets.size() == 3u);  // [a b] [big] [c]
+  BOOST_TEST(pl.buckets[1].first_param == 2);
+  BOOST_TEST(pl.buckets[1].end_param == 3);
+  BOOST_TEST(pl.chunks.size() == 3u);
+  for (auto& p : pl.params)
+    BOOST_TEST(p.chunk >= 0);  // every Muon matrix is in some chunk, the 1600-element one too
+  for (auto& c : pl.chunks)
+    BOOST_TEST((c.full_elements <= 250 || c.params.size() == 1));
+}
+
+BOOST_AUTO_TEST_CASE(owners_balance_ns_cost_longest_first) {
+  std::vector<param_spec> t{{"m1", {64, 64}}, {"m2", {32, 32}}, {"m3", {64, 64}},
+                            {"m4", {16, 16}}, {"m5", {32, 32}}};
+  auto pl = make(t, 2, 1 << 20);
+  // LPT by hand: 64^3 -> r0, 64^3 -> r1, 32^3 -> r0, 32^3 -> r1, 16^3 -> r0.
+  std::vector<int> owners;
+  for (auto& p : pl.params)
+    owners.push_back(p.owner);
+  BOOST_TEST(owners == (std::vector<int>{0, 0, 1, 0, 1}));
+  BOOST_TEST(pl.owner_cost[0] == 64.0 * 64 * 64 + 32.0 * 32 * 32 + 16.0 * 16 * 16);
+  // Identical on every call (every rank computes it).
+  auto again = make(t, 2, 1 << 20);
+  for (size_t i = 0; i < pl.params.size(); ++i)
+    BOOST_TEST(again.params[i].owner == pl.params[i].owner);
+}
+
+BOOST_AUTO_TEST_CASE(ownership_groups_same_shapes_for_batching) {
+  auto pl = make({{"q", {32, 16}, param_group::automatic, 4},
+                  {"x", {8, 16}},
+                  {"y", {16, 16}},
+                  {"z", {8, 16}}},
+                 1, 1 << 20);
+  auto own = make_ownership(pl, 0);
+  BOOST_REQUIRE_EQUAL(own.size(), 1u);
+  // q's head blocks are [8, 16], like x and z: one group of 4 + 1 + 1 blocks, then y.
+  BOOST_REQUIRE_EQUAL(own[0].groups.size(), 2u);
+  BOOST_TEST(own[0].groups[0].batch == 6);
+  BOOST_TEST(own[0].groups[0].rows == 8);
+  BOOST_TEST(own[0].groups[1].batch == 1);
+  BOOST_TEST(own[0].full_size == 32 * 16 + 8 * 16 + 16 * 16 + 8 * 16);
+}
+
+BOOST_AUTO_TEST_CASE(bad_tables_are_named) {
+  auto dup = make_plan({{"a", {2, 2}}, {"a", {3}}}, 2, 100);
+  BOOST_REQUIRE(!dup);
+  BOOST_TEST(dup.err().message().find("'a' is registered twice") != std::string::npos);
+  auto zero = make_plan({{"z", {0, 4}}}, 2, 100);
+  BOOST_REQUIRE(!zero);
+  BOOST_TEST(zero.err().message().find("zero-size") != std::string::npos);
+  auto heads = make_plan({{"h", {10, 4}, param_group::automatic, 3}}, 2, 100);
+  BOOST_REQUIRE(!heads);
+  BOOST_TEST(heads.err().message().find("heads=3 do not divide rows=10") != std::string::npos);
+  auto world = make_plan({{"a", {2}}}, 0, 100);
+  BOOST_REQUIRE(!world);
+}
