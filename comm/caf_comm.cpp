@@ -52,6 +52,29 @@ caf::error fail(const collective_tag& tag, const std::string& what) {
   return make_caf_error(errc::comm_failure, to_string(tag) + ": " + what);
 }
 
+// The error a new collective fails with at once, if any: a dead peer or no connection yet.
+caf::error not_ready(const comm_state& st, const collective_tag& tag) {
+  if (st.failure)
+    return st.failure;
+  if (static_cast<int>(st.peers.size()) != st.world)
+    return fail(tag, "comm actor of rank " + std::to_string(st.rank) + " not connected");
+  return {};
+}
+
+std::vector<float> concat(const std::vector<segment>& segs) {
+  std::vector<float> out;
+  for (auto& s : segs)
+    out.insert(out.end(), s.data, s.data + s.size);
+  return out;
+}
+
+void copy_out(const float* src, const std::vector<segment>& segs) {
+  for (auto& s : segs) {
+    std::copy(src, src + s.size, s.data);
+    src += s.size;
+  }
+}
+
 int64_t total(const std::vector<segment>& segs) {
   int64_t n = 0;
   for (auto& s : segs)
@@ -120,11 +143,7 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
           return fail(tag, "rank " + std::to_string(q) + " sent "
                              + std::to_string(op.floats[q].size()) + " floats, expected "
                              + std::to_string(total(segs)));
-        const float* src = op.floats[q].data();
-        for (auto& s : segs) {
-          std::copy(src, src + s.size, s.data);
-          src += s.size;
-        }
+        copy_out(op.floats[q].data(), segs);
       }
       return {};
     }
@@ -211,10 +230,8 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
     },
     [=](reduce_scatter_req& req) -> caf::result<comm_done> {
       auto& st = self->state;
-      if (st.failure)
-        return st.failure;
-      if (static_cast<int>(st.peers.size()) != st.world)
-        return fail(req.tag, "comm actor of rank " + std::to_string(st.rank) + " not connected");
+      if (auto err = not_ready(st, req.tag))
+        return err;
       for (int q = 0; q < st.world; ++q)
         if (q != st.rank) {
           const float* first = req.in + static_cast<int64_t>(q) * req.count;
@@ -231,10 +248,8 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
     },
     [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
       auto& st = self->state;
-      if (st.failure)
-        return st.failure;
-      if (static_cast<int>(st.peers.size()) != st.world)
-        return fail(req.tag, "comm actor of rank " + std::to_string(st.rank) + " not connected");
+      if (auto err = not_ready(st, req.tag))
+        return err;
       for (int q = 0; q < st.world; ++q)
         if (q != st.rank)
           self->send(st.peers[q], peer_doubles{req.tag, st.rank, req.values});
@@ -249,13 +264,11 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
     },
     [=](all_to_all_req& req) -> caf::result<comm_done> {
       auto& st = self->state;
-      if (st.failure)
-        return st.failure;
+      if (auto err = not_ready(st, req.tag))
+        return err;
       if (static_cast<int>(req.sends.size()) != st.world
           || static_cast<int>(req.recvs.size()) != st.world)
         return fail(req.tag, "send and receive lists need one entry per rank");
-      if (static_cast<int>(st.peers.size()) != st.world)
-        return fail(req.tag, "comm actor of rank " + std::to_string(st.rank) + " not connected");
       for (int q = 0; q < st.world; ++q) {
         int64_t n = total(req.sends[q]);
         if (q == st.rank) {
@@ -263,25 +276,10 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
             return fail(req.tag, "rank " + std::to_string(q) + " sends itself "
                                    + std::to_string(n) + " floats but expects "
                                    + std::to_string(total(req.recvs[q])));
-          auto dst = req.recvs[q].begin();
-          int64_t dst_pos = 0;
-          for (auto& s : req.sends[q])
-            for (int64_t i = 0; i < s.size; ++i) {
-              while (dst_pos == dst->size) {
-                ++dst;
-                dst_pos = 0;
-              }
-              dst->data[dst_pos++] = s.data[i];
-            }
-          continue;
+          copy_out(concat(req.sends[q]).data(), req.recvs[q]);
+        } else if (n > 0) {
+          self->send(st.peers[q], peer_floats{req.tag, st.rank, concat(req.sends[q])});
         }
-        if (n == 0)
-          continue;
-        std::vector<float> payload;
-        payload.reserve(n);
-        for (auto& s : req.sends[q])
-          payload.insert(payload.end(), s.data, s.data + s.size);
-        self->send(st.peers[q], peer_floats{req.tag, st.rank, std::move(payload)});
       }
       auto tag = req.tag;
       auto& op = op_for(st, tag);

@@ -271,12 +271,7 @@ expected<rank_state> engine::snapshot(int rank) {
                                            + std::to_string(d.opts.world) + ")"};
   if (auto err = d.start())
     return err;
-  auto snap = d.ask<store_snapshot>(d.ranks[rank].store, snapshot_atom::value);
-  if (!snap)
-    return snap.err();
-  return rank_state{std::move(snap->params),  std::move(snap->grads),
-                    std::move(snap->momentum), std::move(snap->exp_avg),
-                    std::move(snap->exp_avg_sq), snap->adam_steps};
+  return d.ask<rank_state>(d.ranks[rank].store, snapshot_atom::value);
 }
 
 expected<tensor_map> engine::parameters() {

@@ -15,6 +15,8 @@
 #include "caf/meta/type_name.hpp"
 #include "caf/serializer.hpp"
 
+#include "zmuon/rank_state.hpp"
+
 namespace zmuon {
 
 // -- atoms ---------------------------------------------------------------------------------------
@@ -215,14 +217,7 @@ struct load_params {
 };
 
 /// The store's whole state, copied (tests, checkpoints, reading parameters back).
-struct store_snapshot {
-  std::vector<float> params;
-  std::vector<float> grads;
-  std::vector<float> momentum;
-  std::vector<float> exp_avg;
-  std::vector<float> exp_avg_sq;
-  int64_t adam_steps = 0;
-};
+using store_snapshot = rank_state;
 
 // -- host -> coordinator -------------------------------------------------------------------------
 struct step_request {

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "zmuon/options.hpp"
+#include "zmuon/rank_state.hpp"
 #include "zmuon/status.hpp"
 #include "zmuon/tensor.hpp"
 #include "plan/plan.hpp"
@@ -30,16 +31,6 @@ struct step_info {
   int micro_batches = 0;
   int ns_params = 0;          // Muon parameters orthogonalized, summed over ranks
   int64_t ns_matrices = 0;    // NS matrices (head blocks count one each), summed over ranks
-};
-
-/// One rank's shards, copied (tests and checkpoints).
-struct rank_state {
-  std::vector<float> params;
-  std::vector<float> grads;
-  std::vector<float> momentum;
-  std::vector<float> exp_avg;
-  std::vector<float> exp_avg_sq;
-  int64_t adam_steps = 0;
 };
 
 using lr_schedule = std::function<float(uint64_t step)>;
