@@ -63,7 +63,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self,
       auto& st = self->state;
       const auto& pl = *st.pl;
       if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
-          || msg.slice.size != pl.buckets[msg.bucket].shard_len)
+          || msg.slice.data == nullptr || msg.slice.size != pl.buckets[msg.bucket].shard_len)
         return make_caf_error(errc::shape_mismatch, "accumulate: bucket "
                                                       + std::to_string(msg.bucket)
                                                       + " slice has the wrong size");

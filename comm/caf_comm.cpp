@@ -82,14 +82,10 @@ int64_t total(const std::vector<segment>& segs) {
   return n;
 }
 
-int expected_pieces(const comm_state& st, const pending_op& op) {
-  if (op.a2a.recvs.empty())
-    return st.world - 1;  // reduce-scatter and all-reduce: every peer contributes
-  int n = 0;
-  for (int q = 0; q < st.world; ++q)
-    if (q != st.rank && total(op.a2a.recvs[q]) > 0)
-      ++n;
-  return n;
+// Every peer sends a piece for every collective, an empty one too, so that a rank that
+// expects data a peer does not send gets a size error instead of waiting forever.
+int expected_pieces(const comm_state& st) {
+  return st.world - 1;
 }
 
 // Runs the reduction or the copy-out once the local request and all pieces are there; returns
@@ -156,7 +152,7 @@ void try_complete(comm_state& st, const collective_tag& tag) {
   if (it == st.ops.end() || !it->second.have_local)
     return;
   auto& op = it->second;
-  if (op.received < expected_pieces(st, op))
+  if (op.received < expected_pieces(st))
     return;
   auto err = complete(st, tag, op);
   bool reduce = tag.kind == collective_kind::vote || tag.kind == collective_kind::norm;
@@ -277,7 +273,7 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
                                    + std::to_string(n) + " floats but expects "
                                    + std::to_string(total(req.recvs[q])));
           copy_out(concat(req.sends[q]).data(), req.recvs[q]);
-        } else if (n > 0) {
+        } else {
           self->send(st.peers[q], peer_floats{req.tag, st.rank, concat(req.sends[q])});
         }
       }

@@ -1,0 +1,294 @@
+// bench_ns: zmuon's CUDA Newton-Schulz (NS5) against the device's own ceilings, in one run.
+//
+// Measures the bf16 GEMM ceiling (cuBLAS, 8192^3, random data) and the device-to-device copy
+// bandwidth, then times the backend's newton_schulz() on the issue's shapes, the batch of
+// 48 x 768x768 and the same 48 matrices one call each. Each timing: input restored, stream
+// idle, events around the one call (so host launch overhead counts), median of --reps.
+// Prints a table and, with --json PATH, writes the figures for bench/ns_torch.py's final table.
+//
+//   bench_ns [--reps N] [--json PATH]
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/owners.hpp"
+
+namespace {
+
+using zmuon::gpu::cuda_event;
+using zmuon::gpu::device_array;
+
+struct shape {
+  std::string label;
+  int64_t batch;
+  int64_t rows;
+  int64_t cols;
+};
+
+/// Full-GEMM FLOPs of `steps` NS iterations: A = X X^T, A*A and B*X on the wide [m, n] view.
+double ns_flops(const shape& s, int steps) {
+  const double m = static_cast<double>(std::min(s.rows, s.cols));
+  const double n = static_cast<double>(std::max(s.rows, s.cols));
+  return static_cast<double>(s.batch) * steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n);
+}
+
+/// Normal-ish random floats (sum of uniforms), fast enough for 10^8 values.
+std::vector<float> random_floats(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  const auto next = [&state] {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    return static_cast<float>(state >> 40) / static_cast<float>(1 << 24);
+  };
+  for (float& x : v) x = (next() + next() + next() - 1.5f) * 2.0f;
+  return v;
+}
+
+uint16_t to_bf16_bits(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+/// Median milliseconds of `reps` runs of `body`, each between two events on `stream`, after
+/// `before` (not timed) and a synchronize.
+double median_ms(cudaStream_t stream, int reps, const std::function<void()>& before,
+                 const std::function<void()>& body) {
+  cuda_event start;
+  cuda_event stop;
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    before();
+    ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
+    start.record(stream);
+    body();
+    stop.record(stream);
+    ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+struct ceilings {
+  double gemm_tflops;
+  double copy_tbps;
+};
+
+ceilings measure_ceilings(cudaStream_t stream, int reps) {
+  ceilings c{};
+  {
+    const int n = 8192;
+    const size_t count = static_cast<size_t>(n) * n;
+    const std::vector<float> host = random_floats(count, 1);
+    std::vector<uint16_t> bits(count);
+    for (size_t i = 0; i < count; ++i) bits[i] = to_bf16_bits(host[i]);
+    device_array<__nv_bfloat16> a(static_cast<int64_t>(count));
+    device_array<__nv_bfloat16> b(static_cast<int64_t>(count));
+    device_array<__nv_bfloat16> d(static_cast<int64_t>(count));
+    ZMUON_CUDA_CHECK(cudaMemcpy(a.data(), bits.data(), a.bytes(), cudaMemcpyHostToDevice));
+    std::reverse(bits.begin(), bits.end());
+    ZMUON_CUDA_CHECK(cudaMemcpy(b.data(), bits.data(), b.bytes(), cudaMemcpyHostToDevice));
+    zmuon::gpu::cublas_handle cublas;
+    device_array<unsigned char> workspace(int64_t{32} << 20);
+    ZMUON_CUBLAS_CHECK(cublasSetStream(cublas.get(), stream));
+    ZMUON_CUBLAS_CHECK(cublasSetWorkspace(cublas.get(), workspace.data(), workspace.bytes()));
+    const float one = 1.0f;
+    const float zero = 0.0f;
+    const auto gemm = [&] {
+      ZMUON_CUBLAS_CHECK(cublasGemmEx(cublas.get(), CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one,
+                                      a.data(), CUDA_R_16BF, n, b.data(), CUDA_R_16BF, n, &zero,
+                                      d.data(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+    };
+    for (int i = 0; i < 3; ++i) gemm();
+    const double ms = median_ms(
+        stream, reps, [] {}, gemm);
+    c.gemm_tflops = 2.0 * n * static_cast<double>(n) * n / (ms * 1e-3) / 1e12;
+  }
+  {
+    const int64_t count = int64_t{1} << 29;  // 2 GiB of floats each way
+    device_array<float> src(count);
+    device_array<float> dst(count);
+    ZMUON_CUDA_CHECK(cudaMemsetAsync(src.data(), 0x3F, src.bytes(), stream));
+    const auto copy = [&] {
+      ZMUON_CUDA_CHECK(
+          cudaMemcpyAsync(dst.data(), src.data(), src.bytes(), cudaMemcpyDeviceToDevice, stream));
+    };
+    copy();
+    const double ms = median_ms(
+        stream, reps, [] {}, copy);
+    c.copy_tbps = 2.0 * static_cast<double>(src.bytes()) / (ms * 1e-3) / 1e12;
+  }
+  return c;
+}
+
+struct result {
+  shape s;
+  double ms;  // the backend as the engine runs it (cuBLASLt GEMMs, C != D)
+  double tflops;
+  double copy_ms;     // the fallback path: copy C into D, cublasGemmStridedBatchedEx
+  double graph_ms;    // the iterations' GEMMs replayed from a CUDA graph
+  double enqueue_ms;  // host time to enqueue one call (launch overhead)
+};
+
+/// Median host milliseconds that `body` takes to return (it only enqueues).
+double median_enqueue_ms(cudaStream_t stream, int reps, const std::function<void()>& body) {
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    const auto stop = std::chrono::steady_clock::now();
+    times.push_back(std::chrono::duration<double, std::milli>(stop - start).count());
+  }
+  ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  int reps = 20;
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--reps" && i + 1 < argc) {
+      reps = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: bench_ns [--reps N] [--json PATH]\n");
+      return 2;
+    }
+  }
+
+  auto made = zmuon::make_cuda_compute_backend();
+  if (!made) {
+    std::fprintf(stderr, "bench_ns: %s\n", made.err().to_string().c_str());
+    return 1;
+  }
+  try {
+    auto& backend = dynamic_cast<zmuon::gpu::cuda_compute&>(**made);
+    const cudaStream_t stream = backend.stream();
+    cudaDeviceProp prop{};
+    ZMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, backend.device()));
+
+    const ceilings top = measure_ceilings(stream, reps);
+    std::printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    std::printf(
+        "ceiling: bf16 GEMM 8192^3 (cuBLAS) %.1f TFLOP/s; device copy %.2f TB/s "
+        "(read + write)\n",
+        top.gemm_tflops, top.copy_tbps);
+
+    const zmuon::ns_options ns;  // NS5, (3.4445, -4.7750, 2.0315)
+    const std::vector<shape> shapes = {
+        {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
+        {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"8192x8192", 1, 8192, 8192},
+        {"48x768x768", 48, 768, 768},
+    };
+    std::vector<result> results;
+    for (const shape& s : shapes) {
+      const int64_t numel = s.batch * s.rows * s.cols;
+      const std::vector<float> input = random_floats(static_cast<size_t>(numel), 7);
+      device_array<float> pristine(numel);
+      device_array<float> x(numel);
+      ZMUON_CUDA_CHECK(
+          cudaMemcpy(pristine.data(), input.data(), pristine.bytes(), cudaMemcpyHostToDevice));
+      const auto restore = [&] {
+        ZMUON_CUDA_CHECK(cudaMemcpyAsync(x.data(), pristine.data(), x.bytes(),
+                                         cudaMemcpyDeviceToDevice, stream));
+      };
+      const auto run = [&] { backend.newton_schulz(x.data(), s.batch, s.rows, s.cols, ns); };
+      const auto flops = [&](double ms) { return ns_flops(s, ns.steps) / (ms * 1e-3) / 1e12; };
+      const auto measure = [&](const std::function<void()>& body) {
+        for (int i = 0; i < 3; ++i) {
+          restore();
+          body();
+        }
+        return median_ms(stream, reps, restore, body);
+      };
+      result r{s, 0, 0, 0, 0, 0};
+      backend.set_ns_gemm_path(zmuon::gpu::gemm_path::copy_then_gemm);
+      r.copy_ms = measure(run);
+      backend.set_ns_gemm_path(zmuon::gpu::gemm_path::lt);
+      r.ms = measure(run);
+      r.tflops = flops(r.ms);
+      r.enqueue_ms = median_enqueue_ms(stream, reps, run);
+      backend.set_ns_graphs(true);
+      r.graph_ms = measure(run);
+      backend.set_ns_graphs(false);
+      results.push_back(r);
+
+      if (s.batch > 1) {  // the same matrices, one call each
+        const int64_t per = s.rows * s.cols;
+        const auto loop = [&] {
+          for (int64_t k = 0; k < s.batch; ++k)
+            backend.newton_schulz(x.data() + k * per, 1, s.rows, s.cols, ns);
+        };
+        result l{shape{s.label + " loop", s.batch, s.rows, s.cols}, 0, 0, 0, 0, 0};
+        l.ms = measure(loop);
+        l.tflops = flops(l.ms);
+        l.enqueue_ms = median_enqueue_ms(stream, reps, loop);
+        backend.set_ns_graphs(true);
+        l.graph_ms = measure(loop);
+        backend.set_ns_graphs(false);
+        results.push_back(l);
+      }
+    }
+    backend.synchronize();
+
+    std::printf("\nzmuon NS5 (cuda backend, bf16 GEMMs, fp32 in/out), median of %d\n", reps);
+    std::printf(
+        "(copy: C copied into D + cublasGemmStridedBatchedEx; graph: the GEMMs replayed "
+        "from a CUDA graph; enqueue: host time to issue the call)\n");
+    std::printf("%-18s %10s %10s %9s %10s %10s %10s\n", "shape", "ms", "TFLOP/s", "ceiling",
+                "copy ms", "graph ms", "enqueue");
+    for (const result& r : results) {
+      std::printf("%-18s %10.3f %10.1f %8.0f%% %10.3f %10.3f %10.3f\n", r.s.label.c_str(), r.ms,
+                  r.tflops, 100.0 * r.tflops / top.gemm_tflops, r.copy_ms, r.graph_ms,
+                  r.enqueue_ms);
+    }
+    if (!json_path.empty()) {
+      std::ofstream out(json_path);
+      out << "{\n  \"device\": \"" << prop.name << "\",\n";
+      out << "  \"gemm_tflops\": " << top.gemm_tflops << ",\n";
+      out << "  \"copy_tbps\": " << top.copy_tbps << ",\n";
+      out << "  \"reps\": " << reps << ",\n  \"ns\": [\n";
+      for (size_t i = 0; i < results.size(); ++i) {
+        const result& r = results[i];
+        out << "    {\"label\": \"" << r.s.label << "\", \"batch\": " << r.s.batch
+            << ", \"rows\": " << r.s.rows << ", \"cols\": " << r.s.cols << ", \"ms\": " << r.ms
+            << ", \"tflops\": " << r.tflops << ", \"copy_ms\": " << r.copy_ms
+            << ", \"graph_ms\": " << r.graph_ms << ", \"enqueue_ms\": " << r.enqueue_ms << "}"
+            << (i + 1 < results.size() ? ",\n" : "\n");
+      }
+      out << "  ]\n}\n";
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_ns: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

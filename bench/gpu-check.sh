@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The one command for every GPU check of the CUDA backend: test_cuda_kernels (each kernel against
+# the host backend), bench_ns (zmuon's NS5 against the GEMM ceiling) and bench/ns_torch.py
+# (PyTorch's NS5 eager / torch.compile / torch.optim.Muon, and the final table).
+#
+# The GPU machine has CUDA, CMake and PyTorch but no Boost or OpenBLAS, so the binaries are built
+# on a development machine and carried:
+#
+#   bench/gpu-check.sh pack      # here: build (build-gpu-check/) and pack .carry/gpu/
+#   bench/gpu-check.sh           # there, from the repository root, with .carry carried:
+#                                # runs everything, logs and tables to $OUT (default ./out)
+#
+# With the device tool: run(command="bash bench/gpu-check.sh", carry=[".carry"]).
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bundle=.carry/gpu/gpu-check.tar.gz
+
+pack() {
+  set -e
+  local jobs="${JOBS:-2}"
+  # bench/cuda's own project: the CUDA and host backends, the test and the benchmark, without
+  # the engine, so that a half-edited engine elsewhere in the tree cannot stop the check.
+  cmake -S bench/cuda -B build-gpu-check -G Ninja >/dev/null
+  ninja -C build-gpu-check -j"$jobs" test_cuda_kernels bench_ns
+  local stage
+  stage="$(mktemp -d)"
+  mkdir -p "$stage/bin" "$stage/lib"
+  cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns "$stage/bin/"
+  # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).
+  ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
+    grep -Ev '/(libcudart|libcublas|libcublasLt|libnccl)\.so' |
+    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  mkdir -p "$(dirname "$bundle")"
+  tar -C "$stage" -czf "$bundle" bin lib
+  rm -rf "$stage"
+  echo "packed $(du -h "$bundle" | cut -f1) into $bundle:"
+  tar -tzf "$bundle"
+}
+
+# Directories holding the CUDA libraries the binaries need, wherever this machine keeps them.
+cuda_library_path() {
+  local dirs=(/usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib)
+  local lib found
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+    found=""
+    for d in "${dirs[@]}"; do [[ -e "$d/$lib" ]] && found="$d" && break; done
+    if [[ -z "$found" ]]; then
+      found="$(find /usr /opt -name "$lib" -print -quit 2>/dev/null)"
+      [[ -n "$found" ]] && dirs+=("$(dirname "$found")")
+    fi
+  done
+  local IFS=:
+  echo "${dirs[*]}"
+}
+
+check() {
+  local out="${OUT:-$root/out}"
+  mkdir -p "$out"
+  export PYTHONUNBUFFERED=1
+  local work=/tmp/zmuon-gpu-check
+  rm -rf "$work" && mkdir -p "$work"
+  if [[ ! -f "$bundle" ]]; then
+    echo "gpu-check: $bundle missing: run 'bench/gpu-check.sh pack' here and carry .carry" >&2
+    return 1
+  fi
+  tar -C "$work" -xzf "$bundle"
+  export LD_LIBRARY_PATH="$work/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu \
+    --format=csv >"$out/nvidia-smi.csv" 2>&1
+  cat "$out/nvidia-smi.csv"
+  if ldd "$work"/bin/* | grep -q 'not found'; then
+    echo "gpu-check: unresolved libraries:" && ldd "$work"/bin/* | grep 'not found'
+  fi
+
+  local bench="$work/bin/bench_ns"
+  "$bench" --help >/dev/null 2>&1
+  if [[ $? -ne 2 ]]; then  # 2 is its usage exit; anything else means it cannot start
+    echo "gpu-check: carried bench_ns does not start here; building it from bench/cuda"
+    cmake -S bench/cuda -B "$work/build" -G Ninja >/dev/null && ninja -C "$work/build" bench_ns &&
+      bench="$work/build/bench_ns"
+  fi
+
+  local status=0
+  echo "== test_cuda_kernels"
+  timeout 300 "$work/bin/test_cuda_kernels" --log_level=message --report_level=short \
+    2>&1 | tee "$out/test_cuda_kernels.log"
+  local rc=${PIPESTATUS[0]}
+  echo "test_cuda_kernels: exit $rc"
+  [[ $rc -ne 0 ]] && status=1
+
+  echo "== bench_ns"
+  timeout 240 "$bench" --json "$out/bench_ns.json" 2>&1 | tee "$out/bench_ns.log"
+  rc=${PIPESTATUS[0]}
+  [[ $rc -ne 0 ]] && status=1 && echo "bench_ns: exit $rc"
+
+  if [[ -f "$out/bench_ns.json" ]]; then
+    echo "== ns_torch.py"
+    timeout 420 python3 bench/ns_torch.py --zmuon "$out/bench_ns.json" --out "$out/ns_table.md" \
+      2>&1 | tee "$out/ns_torch.log" | grep -v -E '^\s*$|Warning|warn\(' 
+    rc=${PIPESTATUS[0]}
+    [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py: exit $rc"
+  fi
+
+  echo "== summary"
+  grep -E 'relative error|SKIPPED|failure|error:|No errors|Test module' "$out/test_cuda_kernels.log" |
+    tail -n 60
+  [[ -f "$out/ns_table.md" ]] && cat "$out/ns_table.md"
+  return $status
+}
+
+case "${1:-check}" in
+  pack) pack ;;
+  check) check ;;
+  *) echo "usage: bench/gpu-check.sh [pack|check]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""PyTorch's Newton-Schulz (NS5) on the shapes of bench_ns, and the final comparison table.
+
+Times, on the GPU, with the same method as bench_ns (stream idle, CUDA events around one call,
+median of --reps): the published reference NS5 (Keller Jordan's Muon, written out below) in
+eager mode and under torch.compile, and one step of torch.optim.Muon (momentum, NS, update) on
+parameters of the same shapes (48 parameters for the batch). Then, reading bench_ns's JSON,
+prints one table: ms, TFLOP/s counting full-GEMM FLOPs, fraction of the GEMM ceiling, and
+zmuon's speed-up over each PyTorch variant, with the issue's targets checked.
+
+    bench/ns_torch.py --zmuon OUT/bench_ns.json [--reps 20] [--out OUT/ns_table.md]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+
+NS5_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+SHAPES = [  # label, batch, rows, cols (as bench_ns)
+    ("768x768", 1, 768, 768),
+    ("768x3072", 1, 768, 3072),
+    ("2048x8192", 1, 2048, 8192),
+    ("4096x4096", 1, 4096, 4096),
+    ("4096x11008", 1, 4096, 11008),
+    ("8192x8192", 1, 8192, 8192),
+    ("48x768x768", 48, 768, 768),
+]
+
+
+def ns5_reference(G, steps=5, eps=1e-7):
+    """The published NS5 (KellerJordan/Muon zeropower_via_newtonschulz5): bf16 throughout,
+    X / (||X|| + eps), transposed to wide when rows > cols, batched over leading dimensions."""
+    a, b, c = NS5_COEFFICIENTS
+    X = G.bfloat16()
+    tall = G.size(-2) > G.size(-1)
+    if tall:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if tall:
+        X = X.mT
+    return X
+
+
+def ns_flops(batch, rows, cols, steps=5):
+    """Full-GEMM FLOPs: A = X X^T, A*A and B*X on the wide [m, n] view, per iteration."""
+    m, n = min(rows, cols), max(rows, cols)
+    return batch * steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n)
+
+
+def median_ms(body, reps, before=lambda: None):
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        before()
+        torch.cuda.synchronize()
+        start.record()
+        body()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop))
+    return statistics.median(times)
+
+
+def time_ns(fn, batch, rows, cols, reps, warmup=3):
+    shape = (batch, rows, cols) if batch > 1 else (rows, cols)
+    G = torch.randn(shape, device="cuda", dtype=torch.float32)
+    for _ in range(warmup):
+        fn(G)
+    return median_ms(lambda: fn(G), reps)
+
+
+def time_muon_step(batch, rows, cols, reps, warmup=3):
+    params = [torch.nn.Parameter(torch.randn(rows, cols, device="cuda")) for _ in range(batch)]
+    opt = torch.optim.Muon(params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
+                           ns_coefficients=NS5_COEFFICIENTS, ns_steps=5)
+
+    def fresh_grads():
+        for p in params:
+            p.grad = torch.randn_like(p)
+
+    for _ in range(warmup):
+        fresh_grads()
+        opt.step()
+    return median_ms(opt.step, reps, before=fresh_grads)
+
+
+def torch_gemm_tflops(reps):
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    return 2 * n**3 / (median_ms(lambda: a @ b, reps) * 1e-3) / 1e12
+
+
+def fmt(value, spec):
+    return "n/a" if value is None else format(value, spec)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--zmuon", required=True, help="bench_ns --json output")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--out", help="also write the table (markdown) here")
+    args = parser.parse_args()
+
+    with open(args.zmuon) as f:
+        zmuon = json.load(f)
+    ours = {r["label"]: r for r in zmuon["ns"]}
+    ceiling = zmuon["gemm_tflops"]
+
+    torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
+    compiled = torch.compile(ns5_reference)
+    has_muon = hasattr(torch.optim, "Muon")
+
+    torch_ceiling = torch_gemm_tflops(args.reps)
+    rows_out = []
+    for label, batch, rows, cols in SHAPES:
+        eager_ms = time_ns(ns5_reference, batch, rows, cols, args.reps)
+        try:
+            compiled_ms = time_ns(compiled, batch, rows, cols, args.reps)
+        except Exception as e:  # a compile failure is reported, not fatal
+            print(f"torch.compile failed on {label}: {e}", file=sys.stderr)
+            compiled_ms = None
+        muon_ms = time_muon_step(batch, rows, cols, args.reps) if has_muon else None
+        print(f"{label}: eager {eager_ms:.3f} ms, compile {fmt(compiled_ms, '.3f')} ms, "
+              f"Muon step {fmt(muon_ms, '.3f')} ms", flush=True)
+        rows_out.append((label, batch, rows, cols, eager_ms, compiled_ms, muon_ms))
+
+    lines = []
+    lines.append(f"device: {zmuon['device']} (torch {torch.__version__})")
+    lines.append(f"ceiling: bf16 GEMM 8192^3 cuBLAS {ceiling:.1f} TFLOP/s "
+                 f"(torch matmul {torch_ceiling:.1f}); device copy {zmuon['copy_tbps']:.2f} TB/s"
+                 f" (read + write); NS5 full-GEMM FLOPs; median of {args.reps}")
+    lines.append("")
+    lines.append("| shape | zmuon ms | TFLOP/s | of ceiling | eager ms | x eager | "
+                 "compile ms | x compile | Muon step ms | x Muon |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    verdicts = []
+    for label, batch, rows, cols, eager_ms, compiled_ms, muon_ms in rows_out:
+        z = ours[label]
+        tflops = ns_flops(batch, rows, cols) / (z["ms"] * 1e-3) / 1e12
+        frac = tflops / ceiling
+        x_eager = eager_ms / z["ms"]
+        x_compile = compiled_ms / z["ms"] if compiled_ms else None
+        x_muon = muon_ms / z["ms"] if muon_ms else None
+        lines.append(f"| {label} | {z['ms']:.3f} | {tflops:.0f} | {100 * frac:.0f}% | "
+                     f"{eager_ms:.3f} | {x_eager:.2f} | {fmt(compiled_ms, '.3f')} | "
+                     f"{fmt(x_compile, '.2f')} | {fmt(muon_ms, '.3f')} | {fmt(x_muon, '.2f')} |")
+        m = min(rows, cols)
+        if m < 2048 or batch > 1:
+            ok = x_eager >= 1.5
+            verdicts.append(f"{label}: {x_eager:.2f}x eager (target >= 1.5x): "
+                            f"{'met' if ok else 'BELOW'}")
+        elif m >= 4096:
+            slowest = min(x for x in (x_eager, x_compile) if x is not None)
+            ok = slowest >= 1.0 and frac >= 0.8
+            verdicts.append(f"{label}: {slowest:.2f}x the fastest PyTorch NS, {100 * frac:.0f}% "
+                            f"of ceiling (targets >= 1x, >= 80%): {'met' if ok else 'BELOW'}")
+        if batch > 1 and f"{label} loop" in ours:
+            loop = ours[f"{label} loop"]
+            loop_tflops = ns_flops(batch, rows, cols) / (loop["ms"] * 1e-3) / 1e12
+            lines.append(f"| {label} (48 calls) | {loop['ms']:.3f} | {loop_tflops:.0f} | "
+                         f"{100 * loop_tflops / ceiling:.0f}% | | | | | | |")
+            ratio = loop["ms"] / z["ms"]
+            verdicts.append(f"{label}: batch {ratio:.2f}x the per-matrix loop (target >= 5x): "
+                            f"{'met' if ratio >= 5 else 'BELOW'}")
+    lines.append("")
+    lines.extend(verdicts)
+    table = "\n".join(lines)
+    print("\n" + table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+// The throwing half of check.hpp: formats "file:line: call: library error" into a zmuon::error.
+
+#include "kernels/cuda/check.hpp"
+
+#include <cstring>
+
+namespace zmuon::gpu {
+namespace {
+
+std::string where(const char* call, const char* file, int line) {
+  const char* slash = std::strrchr(file, '/');
+  return std::string(slash != nullptr ? slash + 1 : file) + ":" + std::to_string(line) + ": " +
+         call + ": ";
+}
+
+}  // namespace
+
+std::string describe(cudaError_t code) {
+  return std::string(cudaGetErrorName(code)) + " (" + cudaGetErrorString(code) + ")";
+}
+
+const char* describe(cublasStatus_t code) { return cublasGetStatusName(code); }
+
+void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
+  // Clear a non-sticky error so that the next call does not report it again.
+  (void)cudaGetLastError();
+  throw failure(error(errc::internal, where(call, file, line) + describe(code)));
+}
+
+void throw_cublas_error(cublasStatus_t code, const char* call, const char* file, int line) {
+  throw failure(error(errc::internal, where(call, file, line) + describe(code)));
+}
+
+void throw_nccl_error(ncclResult_t code, const char* call, const char* file, int line) {
+  throw failure(error(errc::comm_failure, where(call, file, line) + ncclGetErrorString(code)));
+}
+
+error to_error(const std::exception& e) {
+  if (const auto* f = dynamic_cast<const failure*>(&e)) return f->err();
+  return error(errc::internal, e.what());
+}
+
+}  // namespace zmuon::gpu

@@ -1,0 +1,40 @@
+// Launchers of the element-wise and reduction kernels (elementwise.cu). Each enqueues on
+// ctx.stream, checks the launch, and returns without waiting. Sizes and indices are 64-bit.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/compute.hpp"
+#include "kernels/cuda/launch.hpp"
+
+namespace zmuon::gpu {
+
+/// A reduction's result as the device writes it: the sum of squares and a non-finite flag.
+struct reduction {
+  double sum_squares;
+  int nonfinite;
+};
+
+/// Scratch space of a two-pass reduction: one partial per block of the first pass.
+struct reduction_scratch {
+  double* partial_sums;  // kMaxReduceBlocks
+  int* partial_flags;    // kMaxReduceBlocks
+  reduction* result;     // 1
+};
+
+void launch_add(const launch_context& ctx, float* dst, const float* src, int64_t n);
+void launch_scale(const launch_context& ctx, float* x, int64_t n, float factor);
+
+/// Writes *scratch.result: the sum of squares of x (double, fixed summation order, so the same
+/// input on the same device gives the same bits) and whether any element is inf or NaN.
+void launch_sum_squares(const launch_context& ctx, const float* x, int64_t n,
+                        const reduction_scratch& scratch);
+
+void launch_momentum(const launch_context& ctx, float* m, const float* g, float* u, int64_t n,
+                     float beta, bool nesterov);
+void launch_apply_update(const launch_context& ctx, float* p, const float* o, int64_t n, float lr,
+                         float scale, float weight_decay);
+void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
+                  int64_t n, const adamw_args& args);
+
+}  // namespace zmuon::gpu

@@ -1,0 +1,133 @@
+// gemm_runner: cuBLASLt plans cached per shape, with cublasGemmStridedBatchedEx as the fallback.
+
+#include "kernels/cuda/gemm.hpp"
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/check.hpp"
+
+namespace zmuon::gpu {
+namespace {
+
+/// cuBLAS's recommendation for Hopper.
+constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
+
+template <class Opaque, cublasStatus_t (*Destroy)(Opaque*)>
+struct lt_deleter {
+  void operator()(Opaque* p) const {
+    if (p != nullptr) (void)Destroy(p);
+  }
+};
+using matmul_desc =
+    std::unique_ptr<cublasLtMatmulDescOpaque_t,
+                    lt_deleter<cublasLtMatmulDescOpaque_t, cublasLtMatmulDescDestroy>>;
+using matrix_layout =
+    std::unique_ptr<cublasLtMatrixLayoutOpaque_t,
+                    lt_deleter<cublasLtMatrixLayoutOpaque_t, cublasLtMatrixLayoutDestroy>>;
+using preference =
+    std::unique_ptr<cublasLtMatmulPreferenceOpaque_t,
+                    lt_deleter<cublasLtMatmulPreferenceOpaque_t, cublasLtMatmulPreferenceDestroy>>;
+
+/// A bf16 column-major [rows, cols] layout with leading dimension ld, `batch` of them `stride`
+/// elements apart.
+matrix_layout make_layout(int rows, int cols, int ld, int64_t stride, int batch) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  ZMUON_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&raw, CUDA_R_16BF, static_cast<uint64_t>(rows),
+                                                static_cast<uint64_t>(cols), ld));
+  matrix_layout layout(raw);
+  const int32_t count = batch;
+  ZMUON_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(raw, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                      &count, sizeof count));
+  ZMUON_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+      raw, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  return layout;
+}
+
+}  // namespace
+
+struct gemm_runner::plan {
+  matmul_desc desc;
+  matrix_layout a, b, cd;
+  cublasLtMatmulAlgo_t algo;
+};
+
+gemm_runner::gemm_runner(cublasHandle_t cublas) : cublas_(cublas), workspace_(kWorkspaceBytes) {
+  ZMUON_CUBLAS_CHECK(cublasLtCreate(&lt_));
+}
+
+gemm_runner::~gemm_runner() {
+  plans_.clear();
+  if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
+}
+
+gemm_runner::key gemm_runner::key_of(const gemm_shape& g) {
+  return key{g.op_a, g.op_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b,
+             g.stride_c, g.batch};
+}
+
+const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g) {
+  const key k = key_of(g);
+  auto found = plans_.find(k);
+  if (found != plans_.end()) return found->second.get();
+
+  auto p = std::make_unique<plan>();
+  cublasLtMatmulDesc_t desc = nullptr;
+  ZMUON_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  p->desc.reset(desc);
+  ZMUON_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &g.op_a, sizeof g.op_a));
+  ZMUON_CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &g.op_b, sizeof g.op_b));
+  // Stored shapes: op(A) is [m, k], op(B) is [k, n].
+  const bool ta = g.op_a != CUBLAS_OP_N;
+  const bool tb = g.op_b != CUBLAS_OP_N;
+  p->a = make_layout(ta ? g.k : g.m, ta ? g.m : g.k, g.lda, g.stride_a, g.batch);
+  p->b = make_layout(tb ? g.n : g.k, tb ? g.k : g.n, g.ldb, g.stride_b, g.batch);
+  p->cd = make_layout(g.m, g.n, g.ldc, g.stride_c, g.batch);
+
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  ZMUON_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
+  preference pref(raw_pref);
+  const uint64_t workspace_bytes = workspace_.bytes();
+  ZMUON_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof workspace_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found_count = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt_, desc, p->a.get(), p->b.get(), p->cd.get(), p->cd.get(),
+                                     raw_pref, 1, &result, &found_count);
+  if (status != CUBLAS_STATUS_SUCCESS || found_count == 0) {
+    plans_.emplace(k, nullptr);  // remembered: the fallback path, without asking again
+    return nullptr;
+  }
+  p->algo = result.algo;
+  return plans_.emplace(k, std::move(p)).first->second.get();
+}
+
+void gemm_runner::run(cudaStream_t stream, const gemm_shape& g, float alpha, const __nv_bfloat16* a,
+                      const __nv_bfloat16* b, float beta, const __nv_bfloat16* c,
+                      __nv_bfloat16* d) {
+  const plan* p = path_ == gemm_path::lt ? find_plan(g) : nullptr;
+  if (p != nullptr) {
+    const cublasStatus_t status = cublasLtMatmul(
+        lt_, p->desc.get(), &alpha, a, p->a.get(), b, p->b.get(), &beta, c, p->cd.get(), d,
+        p->cd.get(), &p->algo, workspace_.data(), workspace_.bytes(), stream);
+    if (status == CUBLAS_STATUS_SUCCESS) return;
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED) ZMUON_CUBLAS_CHECK(status);
+    // The heuristic's algorithm refused the call: this shape takes the fallback from now on.
+    plans_[key_of(g)] = nullptr;
+  }
+  if (beta != 0.0f && c != d) {
+    // C and D are [ldc, n] column-major blocks stride_c apart: copy them whole.
+    const int64_t span = (g.batch - 1) * g.stride_c + static_cast<int64_t>(g.ldc) * g.n;
+    ZMUON_CUDA_CHECK(cudaMemcpyAsync(d, c, static_cast<size_t>(span) * sizeof(__nv_bfloat16),
+                                     cudaMemcpyDeviceToDevice, stream));
+  }
+  ZMUON_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_, g.op_a, g.op_b, g.m, g.n, g.k, &alpha, a, CUDA_R_16BF, g.lda, g.stride_a, b,
+      CUDA_R_16BF, g.ldb, g.stride_b, &beta, d, CUDA_R_16BF, g.ldc, g.stride_c, g.batch,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+}  // namespace zmuon::gpu

@@ -1,0 +1,48 @@
+// The job's configuration: a DeepSpeed-style JSON file (plus `--set key.path=value` overrides)
+// checked strictly and mapped onto engine_options. Keys and defaults: examples/zmuon_config.json.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zmuon/options.hpp"
+#include "zmuon/status.hpp"
+
+namespace zmuon {
+
+/// Everything a config file sets: the engine's options and the host loop's batch shape.
+struct job_config {
+  engine_options engine;
+  int gas = 1;          // gradient_accumulation_steps
+  int micro_batch = 8;  // train_micro_batch_size_per_gpu
+  bool bf16 = false;    // bf16.enabled: the host computes in bf16 (excludes fp16.enabled)
+  std::string trace;    // zmuon.trace: a trace directory; stored, not used yet
+};
+
+/// Checks `j` against the schema and maps it onto a job_config; absent keys keep their defaults.
+/// Errors name the key's full path: an unknown key (with the nearest valid key), a wrong type or
+/// a value out of range (with the allowed range).
+expected<job_config> parse_config(const nlohmann::json& j);
+
+/// Reads the JSON file at `path` (none when empty), merged over `base` (a tool's own defaults,
+/// themselves over job_config's), applies `overrides` ("key.path=value", in order) and parses the
+/// result. Errors say where they come from: the file's path or the offending override.
+expected<job_config> load_config(const std::string& path, const std::vector<std::string>& overrides,
+                                 const nlohmann::json& base = nlohmann::json::object());
+
+/// Sets one key of `j` from "key.path=value". The value is parsed as JSON, or else taken as a
+/// string; `null` removes the key (back to its default); an object value is merged into an
+/// object. The path must name a key of the schema. Setting `optimizer.params.lr` or its alias
+/// `muon_lr` removes the other, so the last one given wins.
+error apply_override(nlohmann::json& j, const std::string& key_eq_value);
+
+/// The canonical JSON of a job_config: every key of the schema (aliases left out), with the
+/// shortest decimal that reads back as the same float.
+nlohmann::json config_json(const job_config& cfg);
+
+/// The defaults as JSON: config_json(job_config{}).
+nlohmann::json default_config_json();
+
+}  // namespace zmuon

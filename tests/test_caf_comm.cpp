@@ -1,0 +1,252 @@
+// Three real caf comm actors (comm/caf_comm.hpp) under CAF's testing scheduler: collectives on
+// integer-valued data whose results are exactly predictable, pieces that arrive before the local
+// request, ranks that disagree on sizes, and a peer that dies.
+#define BOOST_TEST_MODULE caf_comm
+#include "actor_fixture.hpp"
+
+#include "comm/caf_comm.hpp"
+
+namespace zmuon::test {
+namespace {
+
+constexpr int kWorld = 3;
+
+struct comm_fixture : actor_fixture {
+  std::vector<caf_comm_actor> ranks = spawn_caf_comm_group(sys, kWorld);
+
+  comm_fixture() {
+    for (auto& r : ranks)
+      keep(r);
+    run();  // initialization and connect_peers
+  }
+
+  /// Rank r's reduce-scatter input: world * count floats, chunk q for rank q.
+  static std::vector<float> rs_input(int r, int64_t count) {
+    std::vector<float> in(kWorld * count);
+    for (int64_t j = 0; j < kWorld * count; ++j)
+      in[j] = static_cast<float>((r + 1) * (j + 1) * (j % 2 ? -1 : 1));
+    return in;
+  }
+  /// The exact mean over ranks of chunk `rank`: (1+2+3)/3 = 2 times the rank-free factor.
+  static std::vector<float> rs_expected(int rank, int64_t count) {
+    std::vector<float> out(count);
+    for (int64_t i = 0; i < count; ++i) {
+      int64_t j = rank * count + i;
+      out[i] = static_cast<float>(2 * (j + 1) * (j % 2 ? -1 : 1));
+    }
+    return out;
+  }
+};
+
+collective_tag tag_of(collective_kind kind, uint64_t step, int32_t index = 0) {
+  return collective_tag{kind, step, 0, index};
+}
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(caf_comm_group, comm_fixture)
+
+BOOST_AUTO_TEST_CASE(reduce_scatter_gives_each_rank_the_exact_mean_of_its_chunk) {
+  const int64_t count = 5;
+  std::vector<std::vector<float>> in, out(kWorld, std::vector<float>(count, -1.0f));
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> replies;
+  auto tag = tag_of(collective_kind::reduce_scatter, 4, 2);
+  for (int r = 0; r < kWorld; ++r)
+    in.push_back(rs_input(r, count));
+  for (int r = 0; r < kWorld; ++r)
+    replies.push_back(
+        ask<comm_done>(ranks[r], reduce_scatter_req{tag, in[r].data(), out[r].data(), count}));
+  run();
+  for (int r = 0; r < kWorld; ++r) {
+    BOOST_CHECK(value_of(replies[r]).tag == tag);
+    BOOST_CHECK(out[r] == rs_expected(r, count));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(all_reduce_sum_and_max_agree_on_every_rank) {
+  for (auto op : {reduce_op::sum, reduce_op::max}) {
+    std::vector<std::shared_ptr<reply_slot<all_reduce_result>>> replies(kWorld);
+    auto tag = tag_of(op == reduce_op::sum ? collective_kind::norm : collective_kind::vote, 1);
+    for (int r = kWorld - 1; r >= 0; --r)  // issued in reverse rank order
+      replies[r] = ask<all_reduce_result>(
+          ranks[r], all_reduce_req{tag, op, {r + 1.0, -2.0 * r, 10.0 * r, r == 1 ? 1.0 : 1e16}});
+    run();
+    // Sums add in rank order whatever the arrival order: (0 + 1e16) + 1 + 1e16 loses the 1.
+    std::vector<double> want = op == reduce_op::sum
+                                   ? std::vector<double>{6, -6, 30, ((0.0 + 1e16) + 1.0) + 1e16}
+                                   : std::vector<double>{3, 0, 20, 1e16};
+    for (int r = 0; r < kWorld; ++r) {
+      BOOST_CHECK(value_of(replies[r]).tag == tag);
+      BOOST_CHECK(value_of(replies[r]).values == want);
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(all_to_all_v_moves_every_segment_to_its_place) {
+  // len[s][d]: floats rank s sends to rank d (the diagonal stays local). Value 1000s + 100d + k.
+  const int len[kWorld][kWorld] = {{2, 3, 0}, {1, 0, 4}, {0, 2, 3}};
+  std::vector<std::vector<float>> send_buf(kWorld), recv_buf(kWorld);
+  for (int s = 0; s < kWorld; ++s)
+    for (int d = 0; d < kWorld; ++d)
+      for (int k = 0; k < len[s][d]; ++k)
+        send_buf[s].push_back(1000.0f * s + 100.0f * d + k);
+  std::vector<all_to_all_req> reqs(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    int64_t total = 0;
+    for (int s = 0; s < kWorld; ++s)
+      total += len[s][r];
+    recv_buf[r].assign(total, -1.0f);
+    auto& req = reqs[r];
+    req.tag = tag_of(collective_kind::gather, 7, 1);
+    req.sends.resize(kWorld);
+    req.recvs.resize(kWorld);
+    float* src = send_buf[r].data();
+    float* dst = recv_buf[r].data();
+    for (int q = 0; q < kWorld; ++q) {
+      // Sends cut after the first float (with an empty segment between), receives before the
+      // last one: the two sides' segments need not line up.
+      int64_t n = len[r][q], m = len[q][r];
+      req.sends[q] = {
+          {src, std::min<int64_t>(n, 1)}, {src, 0}, {src + 1, std::max<int64_t>(n - 1, 0)}};
+      req.recvs[q] = {{dst, std::max<int64_t>(m - 1, 0)}, {dst + m - 1, std::min<int64_t>(m, 1)}};
+      src += n;
+      dst += m;
+    }
+  }
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> replies;
+  for (int r = 0; r < kWorld; ++r)
+    replies.push_back(ask<comm_done>(ranks[r], reqs[r]));
+  run();
+  for (int d = 0; d < kWorld; ++d) {
+    std::vector<float> want;
+    for (int s = 0; s < kWorld; ++s)
+      for (int k = 0; k < len[s][d]; ++k)
+        want.push_back(1000.0f * s + 100.0f * d + k);
+    BOOST_CHECK(value_of(replies[d]).tag == reqs[d].tag);
+    BOOST_CHECK_MESSAGE(recv_buf[d] == want, "rank " << d << " received the wrong floats");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(pieces_that_arrive_before_the_local_request_wait_for_it) {
+  const int64_t count = 3;
+  auto tag = tag_of(collective_kind::reduce_scatter, 1);
+  std::vector<std::vector<float>> in, out(kWorld, std::vector<float>(count, -1.0f));
+  for (int r = 0; r < kWorld; ++r)
+    in.push_back(rs_input(r, count));
+  auto first =
+      ask<comm_done>(ranks[0], reduce_scatter_req{tag, in[0].data(), out[0].data(), count});
+  run_one(ranks[0]);
+  // Rank 0 sent each peer its chunk, before the peers asked for anything.
+  for (int q = 1; q < kWorld; ++q) {
+    const auto* piece = next_as<peer_floats>(ranks[q]);
+    BOOST_REQUIRE(piece != nullptr);
+    BOOST_CHECK(piece->tag == tag);
+    BOOST_CHECK_EQUAL(piece->src, 0);
+    BOOST_CHECK(piece->data
+                == std::vector<float>(in[0].begin() + q * count, in[0].begin() + (q + 1) * count));
+  }
+  run();
+  BOOST_CHECK(!first->done);
+  auto second =
+      ask<comm_done>(ranks[1], reduce_scatter_req{tag, in[1].data(), out[1].data(), count});
+  run();
+  BOOST_CHECK(!first->done);
+  BOOST_CHECK(!second->done);
+  auto third =
+      ask<comm_done>(ranks[2], reduce_scatter_req{tag, in[2].data(), out[2].data(), count});
+  run();
+  for (const auto& r : {first, second, third})
+    BOOST_CHECK(value_of(r).tag == tag);
+  for (int r = 0; r < kWorld; ++r)
+    BOOST_CHECK(out[r] == rs_expected(r, count));
+}
+
+BOOST_AUTO_TEST_CASE(size_mismatch_between_ranks_is_an_error_naming_the_rank) {
+  std::vector<std::vector<float>> in, out;
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> replies;
+  auto tag = tag_of(collective_kind::reduce_scatter, 2);
+  for (int r = 0; r < kWorld; ++r) {
+    int64_t count = r == 0 ? 2 : 3;  // rank 0 disagrees
+    in.push_back(rs_input(r, count));
+    out.emplace_back(count);
+  }
+  for (int r = 0; r < kWorld; ++r)
+    replies.push_back(ask<comm_done>(
+        ranks[r], reduce_scatter_req{tag, in[r].data(), out[r].data(), r == 0 ? 2 : 3}));
+  run();
+  check_error(replies[0], errc::comm_failure, "rank 1 sent 3 floats");
+  check_error(replies[1], errc::comm_failure, "rank 0 sent 2 floats");
+  check_error(replies[2], errc::comm_failure, "rank 0 sent 2 floats");
+  check_error(replies[2], errc::comm_failure, "reduce_scatter(step 2");
+
+  std::vector<std::shared_ptr<reply_slot<all_reduce_result>>> votes;
+  auto vote = tag_of(collective_kind::vote, 2);
+  for (int r = 0; r < kWorld; ++r)  // rank 2 votes with two values
+    votes.push_back(ask<all_reduce_result>(
+        ranks[r], all_reduce_req{vote, reduce_op::max, std::vector<double>(r == 2 ? 2 : 1, 0.0)}));
+  run();
+  check_error(votes[0], errc::comm_failure, "rank 2 sent 2 values");
+  check_error(votes[1], errc::comm_failure, "rank 2 sent 2 values");
+  check_error(votes[2], errc::comm_failure, "rank 0 sent 1 values");
+
+  // The group still works for the next, agreeing collective.
+  std::vector<std::shared_ptr<reply_slot<all_reduce_result>>> sums;
+  for (int r = 0; r < kWorld; ++r)
+    sums.push_back(ask<all_reduce_result>(
+        ranks[r], all_reduce_req{tag_of(collective_kind::norm, 3), reduce_op::sum, {1.0}}));
+  run();
+  for (const auto& s : sums)
+    BOOST_CHECK(value_of(s).values == std::vector<double>{3.0});
+}
+
+// Regression: a rank that expects floats from a peer that has nothing for it must get
+// errc::comm_failure, not wait forever (every peer now sends a piece, empty or not).
+BOOST_AUTO_TEST_CASE(all_to_all_expecting_floats_a_peer_does_not_send_is_an_error) {
+  std::vector<float> buf(4, 0.0f);
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> replies;
+  for (int r = 0; r < kWorld; ++r) {
+    all_to_all_req req{tag_of(collective_kind::scatter, 5), {}, {}};
+    req.sends.resize(kWorld);
+    req.recvs.resize(kWorld);
+    if (r == 1)
+      req.recvs[0] = {{buf.data(), 3}};  // rank 1 expects 3 floats from rank 0, who sends none
+    replies.push_back(ask<comm_done>(ranks[r], req));
+  }
+  run();
+  BOOST_CHECK(replies[0]->done && replies[2]->done);
+  BOOST_REQUIRE_MESSAGE(replies[1]->done, "rank 1 hangs waiting for floats rank 0 never sends");
+  check_error(replies[1], errc::comm_failure, "rank 0");
+}
+
+BOOST_AUTO_TEST_CASE(killed_peer_fails_pending_and_later_collectives_naming_it) {
+  auto tag = tag_of(collective_kind::vote, 1);
+  std::vector<std::shared_ptr<reply_slot<all_reduce_result>>> pending;
+  for (int r = 0; r < 2; ++r)  // rank 2 never joins
+    pending.push_back(ask<all_reduce_result>(ranks[r], all_reduce_req{tag, reduce_op::max, {1.0}}));
+  run();
+  BOOST_CHECK(!pending[0]->done);
+  BOOST_CHECK(!pending[1]->done);
+  caf::anon_send_exit(ranks[2], caf::exit_reason::kill);
+  run();
+  check_error(pending[0], errc::comm_failure, "rank 2 is down");
+  check_error(pending[1], errc::comm_failure, "rank 2 is down");
+
+  // Later collectives of the survivors fail at once, whatever their kind.
+  std::vector<float> in(kWorld * 2, 1.0f), out(2);
+  auto rs = ask<comm_done>(ranks[0], reduce_scatter_req{tag_of(collective_kind::reduce_scatter, 2),
+                                                        in.data(), out.data(), 2});
+  auto ar = ask<all_reduce_result>(
+      ranks[1], all_reduce_req{tag_of(collective_kind::norm, 2), reduce_op::sum, {1.0}});
+  all_to_all_req a2a{tag_of(collective_kind::gather, 2), {}, {}};
+  a2a.sends.resize(kWorld);
+  a2a.recvs.resize(kWorld);
+  auto aa = ask<comm_done>(ranks[0], a2a);
+  run();
+  check_error(rs, errc::comm_failure, "rank 2 is down");
+  check_error(ar, errc::comm_failure, "rank 2 is down");
+  check_error(aa, errc::comm_failure, "rank 2 is down");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace zmuon::test

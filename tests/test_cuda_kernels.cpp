@@ -1,0 +1,545 @@
+// Every CUDA kernel against the host backend, on fresh random inputs (seed printed) of sizes that
+// are no multiple of the block size, plus one buffer past 2^31 elements (8.6 GB) for the 64-bit
+// index math. Tolerances (‖gpu − host‖ / ‖host‖, see the constants below): fp32 element-wise
+// ≤ 1e-6; one Newton-Schulz iteration (bf16 GEMMs) against the fp32 host in [1e-3, 1e-2]; NS5
+// within 1e-2 of a host emulation of the same bf16 arithmetic and 3e-2 of fp32 NS5. Without a
+// usable GPU the executable exits with 77 before Boost.Test starts, which ctest reports as
+// "Skipped" (tests/cuda.cmake).
+
+#define BOOST_TEST_MODULE test_cuda_kernels
+#define BOOST_TEST_NO_MAIN
+#define BOOST_TEST_ALTERNATIVE_INIT_API
+#include <boost/test/unit_test.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/compute.hpp"
+#include "kernels/cuda/cuda_compute.hpp"
+
+namespace zmuon {
+namespace {
+
+constexpr double kElementwiseTolerance = 1e-6;
+/// bf16 GEMM operands against fp32 (METHOD.md): relative error between these two.
+constexpr double kBf16Band[2] = {1e-3, 1e-2};
+/// NS5 on the GPU against the host's arithmetic with bf16 storage (bf16_reference).
+constexpr double kNs5ToBf16Reference = 1e-2;
+/// NS5 in bf16 against NS5 in fp32: bf16's own error, amplified by five iterations.
+constexpr double kNs5ToHost = 3e-2;
+constexpr float kPoison = std::numeric_limits<float>::quiet_NaN();
+
+/// Sizes around the block size (256) and one large odd size.
+const std::vector<int64_t> kSizes = {1, 255, 257, 4099, 1000003};
+
+struct backends {
+  std::unique_ptr<compute_backend> host;
+  std::unique_ptr<compute_backend> gpu;
+};
+
+backends& env() {
+  static backends instance = [] {
+    backends b;
+    auto host = make_compute_backend("host");
+    auto gpu = make_compute_backend("cuda");
+    BOOST_TEST_REQUIRE(static_cast<bool>(host));
+    BOOST_TEST_REQUIRE(static_cast<bool>(gpu), (gpu ? std::string() : gpu.err().to_string()));
+    b.host = std::move(*host);
+    b.gpu = std::move(*gpu);
+    return b;
+  }();
+  return instance;
+}
+
+std::mt19937_64& rng() {
+  static std::mt19937_64 engine = [] {
+    const uint64_t seed = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    BOOST_TEST_MESSAGE("random seed " << seed);
+    return std::mt19937_64(seed);
+  }();
+  return engine;
+}
+
+/// Fresh normal(0, sigma) values, none of them exactly zero.
+std::vector<float> random_vector(int64_t n, float sigma = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) {
+    do x = dist(rng());
+    while (x == 0.0f);
+  }
+  return v;
+}
+
+device_buffer upload(compute_backend& backend, const std::vector<float>& values) {
+  const auto n = static_cast<int64_t>(values.size());
+  device_buffer buffer = backend.allocate(n);
+  backend.copy_from_host(buffer.data(), values.data(), n);
+  return buffer;
+}
+
+/// Reads n floats back into a poisoned vector, so an element nothing wrote stays NaN.
+std::vector<float> download(compute_backend& backend, const float* data, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n), kPoison);
+  backend.synchronize();
+  backend.copy_to_host(out.data(), data, n);
+  return out;
+}
+
+/// ‖got − want‖ / ‖want‖ in double; infinite when got holds a non-finite value.
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+  BOOST_TEST_REQUIRE(got.size() == want.size());
+  double diff = 0.0;
+  double norm = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    const double d = static_cast<double>(got[i]) - want[i];
+    diff += d * d;
+    norm += static_cast<double>(want[i]) * want[i];
+  }
+  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+}
+
+/// Elements that differ bit for bit (a NaN never matches); a count rather than Boost's
+/// element-by-element report, which would flood the log on a wrong kernel.
+int64_t mismatches(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return static_cast<int64_t>(std::max(got.size(), want.size()));
+  int64_t count = 0;
+  for (size_t i = 0; i < got.size(); ++i) count += !(got[i] == want[i]);
+  return count;
+}
+
+/// One vector on both backends.
+struct mirrored {
+  explicit mirrored(const std::vector<float>& values)
+    : size(static_cast<int64_t>(values.size())),
+      host(upload(*env().host, values)),
+      gpu(upload(*env().gpu, values)) {}
+
+  std::vector<float> host_values() { return download(*env().host, host.data(), size); }
+  std::vector<float> gpu_values() { return download(*env().gpu, gpu.data(), size); }
+  double error() { return relative_error(gpu_values(), host_values()); }
+
+  int64_t size;
+  device_buffer host;
+  device_buffer gpu;
+};
+
+void check_elementwise(const std::string& what, int64_t n, double error) {
+  BOOST_TEST_MESSAGE(what << " n=" << n << ": relative error " << error);
+  BOOST_TEST(error <= kElementwiseTolerance, what << " n=" << n << ": " << error);
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_SUITE(memory)
+
+BOOST_AUTO_TEST_CASE(allocate_zeroes_and_copies_round_trip) {
+  compute_backend& gpu = *env().gpu;
+  for (const int64_t n : kSizes) {
+    device_buffer buffer = gpu.allocate(n);
+    BOOST_TEST(buffer.size() == n);
+    const std::vector<float> zeros = download(gpu, buffer.data(), n);
+    BOOST_TEST(mismatches(zeros, std::vector<float>(static_cast<size_t>(n), 0.0f)) == 0);
+
+    const std::vector<float> values = random_vector(n);
+    gpu.copy_from_host(buffer.data(), values.data(), n);
+    BOOST_TEST(mismatches(download(gpu, buffer.data(), n), values) == 0);
+
+    device_buffer other = gpu.allocate(n);
+    gpu.copy(other.data(), buffer.data(), n);
+    BOOST_TEST(mismatches(download(gpu, other.data(), n), values) == 0);
+
+    gpu.fill_zero(other.data(), n);
+    BOOST_TEST(mismatches(download(gpu, other.data(), n), zeros) == 0);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(elementwise)
+
+BOOST_AUTO_TEST_CASE(add) {
+  for (const int64_t n : kSizes) {
+    mirrored dst(random_vector(n));
+    mirrored src(random_vector(n));
+    env().host->add(dst.host.data(), src.host.data(), n);
+    env().gpu->add(dst.gpu.data(), src.gpu.data(), n);
+    check_elementwise("add", n, dst.error());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scale) {
+  for (const int64_t n : kSizes) {
+    mirrored x(random_vector(n));
+    const float factor = 1.0f / 65536.0f * 3.0f;
+    env().host->scale(x.host.data(), n, factor);
+    env().gpu->scale(x.gpu.data(), n, factor);
+    check_elementwise("scale", n, x.error());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scan_and_frobenius_norm) {
+  for (const int64_t n : kSizes) {
+    mirrored x(random_vector(n, 3.0f));
+    const scan_result host = env().host->scan(x.host.data(), n);
+    const scan_result gpu = env().gpu->scan(x.gpu.data(), n);
+    BOOST_TEST(!host.nonfinite);
+    BOOST_TEST(!gpu.nonfinite);
+    const double scan_error = std::abs(gpu.sum_squares - host.sum_squares) / host.sum_squares;
+    check_elementwise("scan sum of squares", n, scan_error);
+
+    const double host_norm = env().host->frobenius_norm(x.host.data(), n);
+    const double gpu_norm = env().gpu->frobenius_norm(x.gpu.data(), n);
+    check_elementwise("frobenius_norm", n, std::abs(gpu_norm - host_norm) / host_norm);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(scan_finds_every_non_finite) {
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (const int64_t n : kSizes) {
+    std::vector<float> values = random_vector(n);
+    const int64_t positions[] = {0, n / 2, n - 1};
+    for (const int64_t at : positions) {
+      for (const float special : specials) {
+        const float saved = values[static_cast<size_t>(at)];
+        values[static_cast<size_t>(at)] = special;
+        mirrored x(values);
+        BOOST_TEST(env().host->scan(x.host.data(), n).nonfinite);
+        BOOST_TEST(env().gpu->scan(x.gpu.data(), n).nonfinite, "n=" << n << " at " << at);
+        values[static_cast<size_t>(at)] = saved;
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(momentum) {
+  for (const bool nesterov : {true, false}) {
+    for (const int64_t n : kSizes) {
+      mirrored m(random_vector(n));
+      mirrored g(random_vector(n));
+      mirrored u(random_vector(n));  // overwritten: anything but its old value is a write
+      env().host->momentum(m.host.data(), g.host.data(), u.host.data(), n, 0.95f, nesterov);
+      env().gpu->momentum(m.gpu.data(), g.gpu.data(), u.gpu.data(), n, 0.95f, nesterov);
+      const std::string what = nesterov ? "momentum (nesterov)" : "momentum";
+      check_elementwise(what + " m", n, m.error());
+      check_elementwise(what + " u", n, u.error());
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(apply_update) {
+  for (const int64_t n : kSizes) {
+    mirrored p(random_vector(n));
+    mirrored o(random_vector(n));
+    env().host->apply_update(p.host.data(), o.host.data(), n, 0.02f, 1.7320508f, 0.1f);
+    env().gpu->apply_update(p.gpu.data(), o.gpu.data(), n, 0.02f, 1.7320508f, 0.1f);
+    check_elementwise("apply_update", n, p.error());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adamw) {
+  for (const int64_t n : kSizes) {
+    mirrored p(random_vector(n));
+    mirrored m(random_vector(n, 0.1f));
+    std::vector<float> v_values = random_vector(n, 0.01f);
+    for (float& v : v_values) v = std::abs(v);  // a second moment is never negative
+    mirrored v(v_values);
+    adamw_args args;
+    args.lr = 3e-4f;
+    args.weight_decay = 0.1f;
+    for (int64_t step = 1; step <= 3; ++step) {
+      args.step = step;
+      mirrored g(random_vector(n));
+      env().host->adamw(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n, args);
+      env().gpu->adamw(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
+    }
+    check_elementwise("adamw p", n, p.error());
+    check_elementwise("adamw m", n, m.error());
+    check_elementwise("adamw v", n, v.error());
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(newton_schulz)
+
+struct ns_case {
+  int64_t batch;
+  int64_t rows;
+  int64_t cols;
+};
+
+/// Round to the nearest bf16 (ties to even), returned as a float.
+float round_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// The CUDA path's arithmetic on the host: bf16 values where it stores bf16 (X, A, B), sums in
+/// double where it sums in fp32. Only the order and width of the sums differ from the GPU.
+std::vector<float> bf16_reference(const std::vector<float>& input, const ns_case& c,
+                                  const ns_options& ns) {
+  const bool tall = c.rows > c.cols;
+  const int64_t m = tall ? c.cols : c.rows;
+  const int64_t n = tall ? c.rows : c.cols;
+  std::vector<float> out(input.size());
+  for (int64_t k = 0; k < c.batch; ++k) {
+    const float* src = input.data() + k * m * n;
+    double sum = 0.0;
+    for (int64_t i = 0; i < m * n; ++i) sum += static_cast<double>(src[i]) * src[i];
+    const auto inv_norm = static_cast<float>(1.0 / (std::sqrt(sum) + ns.eps));
+    std::vector<float> x(static_cast<size_t>(m * n));  // the wide X, row-major [m, n]
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        const float v = tall ? src[j * m + i] : src[i * n + j];
+        x[static_cast<size_t>(i * n + j)] = round_bf16(v * inv_norm);
+      }
+    }
+    std::vector<float> a(static_cast<size_t>(m * m));
+    std::vector<float> b(static_cast<size_t>(m * m));
+    std::vector<float> next(x.size());
+    for (int step = 0; step < ns.steps; ++step) {
+      const auto& abc = ns.schedule.empty()
+                            ? ns.coefficients
+                            : ns.schedule[static_cast<size_t>(step) % ns.schedule.size()];
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < m; ++j) {
+          double dot = 0.0;
+          for (int64_t l = 0; l < n; ++l)
+            dot += static_cast<double>(x[static_cast<size_t>(i * n + l)]) *
+                   x[static_cast<size_t>(j * n + l)];
+          a[static_cast<size_t>(i * m + j)] = round_bf16(static_cast<float>(dot));
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < m; ++j) {
+          double dot = 0.0;
+          for (int64_t l = 0; l < m; ++l)
+            dot += static_cast<double>(a[static_cast<size_t>(i * m + l)]) *
+                   a[static_cast<size_t>(l * m + j)];
+          const size_t ij = static_cast<size_t>(i * m + j);
+          b[ij] =
+              round_bf16(static_cast<float>(abc[2] * dot + static_cast<double>(abc[1]) * a[ij]));
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double dot = 0.0;
+          for (int64_t l = 0; l < m; ++l)
+            dot += static_cast<double>(b[static_cast<size_t>(i * m + l)]) *
+                   x[static_cast<size_t>(l * n + j)];
+          const size_t ij = static_cast<size_t>(i * n + j);
+          next[ij] = round_bf16(static_cast<float>(dot + static_cast<double>(abc[0]) * x[ij]));
+        }
+      }
+      std::swap(x, next);
+    }
+    float* dst = out.data() + k * m * n;
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        (tall ? dst[j * m + i] : dst[i * n + j]) = x[static_cast<size_t>(i * n + j)];
+      }
+    }
+  }
+  return out;
+}
+
+/// The worst per-matrix relative error of a batch, so a wrong stride cannot hide behind the
+/// other matrices.
+double worst_matrix_error(const std::vector<float>& got, const std::vector<float>& want,
+                          const ns_case& c) {
+  double worst = 0.0;
+  const auto per = static_cast<std::ptrdiff_t>(c.rows * c.cols);
+  for (int64_t k = 0; k < c.batch; ++k) {
+    const std::ptrdiff_t first = k * per;
+    const std::vector<float> g(got.begin() + first, got.begin() + first + per);
+    const std::vector<float> w(want.begin() + first, want.begin() + first + per);
+    worst = std::max(worst, relative_error(g, w));
+  }
+  return worst;
+}
+
+struct ns_errors {
+  double to_host;  // against the host backend's fp32 NS
+  double to_bf16;  // against bf16_reference (when asked for)
+};
+
+ns_errors run_newton_schulz(const ns_case& c, const ns_options& ns, bool with_bf16_reference) {
+  const std::vector<float> input = random_vector(c.batch * c.rows * c.cols);
+  mirrored x(input);
+  const int64_t gpu_count = env().gpu->ns_matrix_count();
+  env().host->newton_schulz(x.host.data(), c.batch, c.rows, c.cols, ns);
+  env().gpu->newton_schulz(x.gpu.data(), c.batch, c.rows, c.cols, ns);
+  BOOST_TEST(env().gpu->ns_matrix_count() == gpu_count + c.batch);
+  const std::vector<float> gpu = x.gpu_values();
+  ns_errors e{worst_matrix_error(gpu, x.host_values(), c), 0.0};
+  if (with_bf16_reference) e.to_bf16 = worst_matrix_error(gpu, bf16_reference(input, c, ns), c);
+  BOOST_TEST_MESSAGE("newton_schulz steps="
+                     << ns.steps << " " << c.batch << " x [" << c.rows << ", " << c.cols
+                     << "]: relative error to host fp32 " << e.to_host
+                     << (with_bf16_reference ? ", to bf16 reference " : "")
+                     << (with_bf16_reference ? std::to_string(e.to_bf16) : ""));
+  return e;
+}
+
+// One iteration (three bf16 GEMMs) against the fp32 host: inside METHOD.md's bf16 band, which
+// also shows the GEMMs really ran in bf16.
+BOOST_AUTO_TEST_CASE(one_iteration_in_bf16_band) {
+  ns_options ns;
+  ns.steps = 1;
+  const ns_case cases[] = {{1, 37, 50},   {1, 50, 37},   {1, 300, 129}, {1, 129, 300},
+                           {1, 768, 768}, {5, 129, 200}, {3, 200, 129}, {2, 768, 3072}};
+  for (const ns_case& c : cases) {
+    const double error = run_newton_schulz(c, ns, false).to_host;
+    BOOST_TEST(error >= kBf16Band[0]);
+    BOOST_TEST(error <= kBf16Band[1]);
+  }
+}
+
+// NS5 against the same arithmetic on the host (bf16 storage, double sums): only summation order
+// differs, amplified over 15 GEMMs; and against the fp32 host NS5, where bf16 itself accounts
+// for about 1-1.6e-2 (a numpy emulation of the PyTorch reference shows the same).
+BOOST_AUTO_TEST_CASE(ns5_small_against_bf16_reference) {
+  const ns_case cases[] = {{1, 1, 1},     {1, 37, 50},   {1, 50, 37},   {1, 300, 129},
+                           {1, 129, 300}, {5, 129, 200}, {3, 200, 129}, {48, 64, 64}};
+  for (const ns_case& c : cases) {
+    const ns_errors e = run_newton_schulz(c, ns_options{}, true);
+    BOOST_TEST(e.to_bf16 <= kNs5ToBf16Reference);
+    BOOST_TEST(e.to_host <= kNs5ToHost);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(ns5_large_against_host) {
+  const ns_case cases[] = {{1, 768, 768}, {2, 768, 3072}, {2, 3072, 768}, {1, 1000, 256}};
+  for (const ns_case& c : cases)
+    BOOST_TEST(run_newton_schulz(c, ns_options{}, false).to_host <= kNs5ToHost);
+}
+
+BOOST_AUTO_TEST_CASE(schedule_and_zero_steps) {
+  ns_options ns;
+  ns.steps = 3;
+  ns.schedule = {
+      {4.0848f, -6.8946f, 2.9270f}, {3.9505f, -6.3029f, 2.6377f}, {3.7418f, -5.5913f, 2.3037f}};
+  for (const ns_case& c : {ns_case{4, 100, 300}, ns_case{4, 300, 100}})
+    BOOST_TEST(run_newton_schulz(c, ns, true).to_bf16 <= kNs5ToBf16Reference);
+  ns_options none;
+  none.steps = 0;  // normalization alone: one bf16 rounding
+  const ns_errors e = run_newton_schulz({3, 33, 65}, none, true);
+  BOOST_TEST(e.to_host <= kBf16Band[1]);
+  BOOST_TEST(e.to_bf16 <= 1e-6);
+}
+
+// The two other ways the backend can run the iterations: GEMMs replayed from a CUDA graph
+// (bit-identical to direct launches) and the copy-then-cublasGemmStridedBatchedEx fallback.
+BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
+  const ns_options ns;
+  for (const ns_case& c : {ns_case{1, 300, 129}, ns_case{4, 129, 300}}) {
+    const int64_t numel = c.batch * c.rows * c.cols;
+    const std::vector<float> input = random_vector(numel);
+    device_buffer direct = upload(cuda, input);
+    cuda.newton_schulz(direct.data(), c.batch, c.rows, c.cols, ns);
+    const std::vector<float> want = download(cuda, direct.data(), numel);
+
+    cuda.set_ns_graphs(true);
+    for (int replay = 0; replay < 2; ++replay) {  // the capture, then a replay from the cache
+      device_buffer graphed = upload(cuda, input);
+      cuda.newton_schulz(graphed.data(), c.batch, c.rows, c.cols, ns);
+      BOOST_TEST(mismatches(download(cuda, graphed.data(), numel), want) == 0);
+    }
+    cuda.set_ns_graphs(false);
+
+    cuda.set_ns_gemm_path(gpu::gemm_path::copy_then_gemm);
+    device_buffer fallback = upload(cuda, input);
+    cuda.newton_schulz(fallback.data(), c.batch, c.rows, c.cols, ns);
+    cuda.set_ns_gemm_path(gpu::gemm_path::lt);
+    const double error =
+        worst_matrix_error(download(cuda, fallback.data(), numel), bf16_reference(input, c, ns), c);
+    BOOST_TEST_MESSAGE("newton_schulz fallback path " << c.batch << " x [" << c.rows << ", "
+                                                      << c.cols << "]: relative error to bf16 "
+                                                      << "reference " << error);
+    BOOST_TEST(error <= kNs5ToBf16Reference);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(large)
+
+// 2^31 + 12345 floats (8.6 GB): element indices past int32, byte offsets past 2^33. Values are
+// small integers, so every result is exact and checked without a host copy of the buffer.
+BOOST_AUTO_TEST_CASE(scale_and_scan_past_two_to_the_31_elements) {
+  compute_backend& gpu = *env().gpu;
+  const int64_t n = (int64_t{1} << 31) + 12345;
+  const auto value_at = [](int64_t i) { return static_cast<float>(i % 7 - 3); };
+  device_buffer x = gpu.allocate(n);
+  BOOST_TEST_REQUIRE(x.size() == n);
+
+  const int64_t chunk = 7 * (int64_t{1} << 22);  // a multiple of the pattern's period
+  std::vector<float> pattern(static_cast<size_t>(chunk));
+  for (int64_t i = 0; i < chunk; ++i) pattern[static_cast<size_t>(i)] = value_at(i);
+  for (int64_t at = 0; at < n; at += chunk) {
+    const int64_t len = std::min(chunk, n - at);
+    gpu.copy_from_host(x.data() + at, pattern.data(), len);
+  }
+  // Each period of 7 contributes 9 + 4 + 1 + 0 + 1 + 4 + 9 = 28.
+  double sum_squares = 28.0 * static_cast<double>(n / 7);
+  for (int64_t i = n - n % 7; i < n; ++i)
+    sum_squares += static_cast<double>(value_at(i)) * value_at(i);
+
+  gpu.scale(x.data(), n, 2.0f);
+  const scan_result scanned = gpu.scan(x.data(), n);
+  BOOST_TEST(!scanned.nonfinite);
+  BOOST_TEST(scanned.sum_squares == 4.0 * sum_squares);
+  BOOST_TEST(gpu.frobenius_norm(x.data(), n) == std::sqrt(4.0 * sum_squares));
+
+  // The buffer's last million elements and its first, after the scale.
+  const int64_t tail = 1000000;
+  const std::vector<float> end = download(gpu, x.data() + (n - tail), tail);
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < tail; ++i)
+    wrong += end[static_cast<size_t>(i)] != 2.0f * value_at(n - tail + i);
+  BOOST_TEST(wrong == 0);
+  const std::vector<float> begin = download(gpu, x.data(), 1000);
+  int64_t wrong_begin = 0;
+  for (int64_t i = 0; i < 1000; ++i)
+    wrong_begin += begin[static_cast<size_t>(i)] != 2.0f * value_at(i);
+  BOOST_TEST(wrong_begin == 0);
+
+  // A NaN in the very last element is found.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  gpu.copy_from_host(x.data() + (n - 1), &nan, 1);
+  BOOST_TEST(gpu.scan(x.data(), n).nonfinite);
+  BOOST_TEST_MESSAGE("scan of " << n << " floats: sum of squares " << scanned.sum_squares
+                                << " (exact " << 4.0 * sum_squares << ")");
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace zmuon
+
+/// Exits with 77 (ctest's SKIP_RETURN_CODE) when the CUDA backend cannot start here.
+int main(int argc, char* argv[]) {
+  auto gpu = zmuon::make_compute_backend("cuda");
+  if (!gpu) {
+    std::cout << "test_cuda_kernels: SKIPPED, no usable GPU: " << gpu.err().to_string()
+              << std::endl;
+    return 77;
+  }
+  gpu->reset();
+  return boost::unit_test::unit_test_main(&init_unit_test, argc, argv);
+}
