@@ -8,7 +8,7 @@
 namespace zmuon {
 
 loss_scale_state::loss_scale_state(const fp16_options& opts)
-  : opts_(opts), hysteresis_left_(std::max(1, opts.hysteresis)) {
+    : opts_(opts), hysteresis_left_(std::max(1, opts.hysteresis)) {
   if (!opts_.enabled)
     scale_ = 1;
   else if (opts_.loss_scale > 0)
@@ -53,29 +53,29 @@ loss_scaler_actor::behavior_type scaler_impl(scaler_pointer self, fp16_options o
   self->state.store = std::move(store);
   self->state.comm = std::move(comm);
   return {
-    [=](check_overflow& msg) -> caf::result<overflow_report> {
-      auto rp = self->make_response_promise<overflow_report>();
-      auto step = msg.step;
-      self->request(self->state.store, caf::infinite, scan_grads{step})
-        .then(
-          [=](grad_scan& scan) mutable {
-            all_reduce_req vote{collective_tag{collective_kind::vote, step, 0, 0},
-                                reduce_op::max,
-                                {scan.nonfinite ? 1.0 : 0.0}};
-            self->request(self->state.comm, caf::infinite, std::move(vote))
-              .then(
-                [=](all_reduce_result& res) mutable {
-                  bool overflow = res.values.at(0) > 0;
-                  float used = self->state.scale.scale();
-                  float next = self->state.scale.update(overflow);
-                  rp.deliver(overflow_report{step, overflow, used, next});
+      [=](check_overflow& msg) -> caf::result<overflow_report> {
+        auto rp = self->make_response_promise<overflow_report>();
+        auto step = msg.step;
+        self->request(self->state.store, caf::infinite, scan_grads{step})
+            .then(
+                [=](grad_scan& scan) mutable {
+                  all_reduce_req vote{collective_tag{collective_kind::vote, step, 0, 0},
+                                      reduce_op::max,
+                                      {scan.nonfinite ? 1.0 : 0.0}};
+                  self->request(self->state.comm, caf::infinite, std::move(vote))
+                      .then(
+                          [=](all_reduce_result& res) mutable {
+                            bool overflow = res.values.at(0) > 0;
+                            float used = self->state.scale.scale();
+                            float next = self->state.scale.update(overflow);
+                            rp.deliver(overflow_report{step, overflow, used, next});
+                          },
+                          [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
                 },
                 [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
-          },
-          [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
-      return rp;
-    },
-    [=](scale_atom) -> float { return self->state.scale.scale(); },
+        return rp;
+      },
+      [=](scale_atom) -> float { return self->state.scale.scale(); },
   };
 }
 

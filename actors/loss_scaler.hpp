@@ -18,9 +18,8 @@
 
 namespace zmuon {
 
-using loss_scaler_actor = caf::typed_actor<
-  caf::replies_to<check_overflow>::with<overflow_report>,
-  caf::replies_to<scale_atom>::with<float>>;
+using loss_scaler_actor = caf::typed_actor<caf::replies_to<check_overflow>::with<overflow_report>,
+                                           caf::replies_to<scale_atom>::with<float>>;
 
 /// The scale arithmetic alone, a plain value type (the actor wraps one).
 class loss_scale_state {

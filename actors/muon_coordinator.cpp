@@ -23,8 +23,15 @@ namespace {
 
 // One Muon chunk moving through the pipeline.
 struct chunk_work {
-  enum phase { idle, momentum_requested, momentum_done, gather_issued, ns_done, scatter_issued,
-               applied };
+  enum phase {
+    idle,
+    momentum_requested,
+    momentum_done,
+    gather_issued,
+    ns_done,
+    scatter_issued,
+    applied
+  };
   phase at = idle;
   device_buffer u;       // this rank's shards of u (chunk.shard_len)
   device_buffer full;    // whole matrices this rank owns (ownership.full_size)
@@ -80,15 +87,15 @@ template <class Reply, class Dest, class Req, class F>
 void ask(coord_pointer self, const Dest& dest, Req req, F then) {
   uint64_t step = self->state.work->req.step;
   self->request(dest, caf::infinite, std::move(req))
-    .then(
-      [=](Reply& reply) mutable {
-        if (current(self, step))
-          then(reply);
-      },
-      [=](caf::error& err) {
-        if (current(self, step))
-          fail_step(self, std::move(err));
-      });
+      .then(
+          [=](Reply& reply) mutable {
+            if (current(self, step))
+              then(reply);
+          },
+          [=](caf::error& err) {
+            if (current(self, step))
+              fail_step(self, std::move(err));
+          });
 }
 
 std::vector<std::vector<segment>> per_rank(int world) {
@@ -122,8 +129,7 @@ void gather(coord_pointer self, int c) {
   for (const auto& m : st.own[c].owned) {  // every rank's shard of the matrices I own
     const auto& p = pl.params[m.param];
     for (int q = 0; q < pl.world; ++q)
-      add_segment(req.recvs[q], cw.full.data() + m.full_offset + q * p.shard_len,
-                  valid_len(p, q));
+      add_segment(req.recvs[q], cw.full.data() + m.full_offset + q * p.shard_len, valid_len(p, q));
   }
   cw.at = chunk_work::gather_issued;
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
@@ -149,13 +155,12 @@ void scatter(coord_pointer self, int c) {
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
   cw.result = st.be->allocate(chunk.shard_len);
-  all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c},
-                     per_rank(pl.world), per_rank(pl.world)};
+  all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
+                     per_rank(pl.world)};
   for (const auto& m : st.own[c].owned) {  // each rank gets its shard of what I own
     const auto& p = pl.params[m.param];
     for (int q = 0; q < pl.world; ++q)
-      add_segment(req.sends[q], cw.full.data() + m.full_offset + q * p.shard_len,
-                  valid_len(p, q));
+      add_segment(req.sends[q], cw.full.data() + m.full_offset + q * p.shard_len, valid_len(p, q));
   }
   for (int i : chunk.params) {  // my shard of every matrix comes from its owner
     const auto& p = pl.params[i];
@@ -234,8 +239,7 @@ void run_muon(coord_pointer self) {
 void finish(coord_pointer self) {
   auto& st = self->state;
   const auto& a = st.opts.adamw;
-  adamw_step msg{st.work->req.step, st.work->req.adam_lr, a.beta1, a.beta2, a.eps,
-                 a.weight_decay};
+  adamw_step msg{st.work->req.step, st.work->req.adam_lr, a.beta1, a.beta2, a.eps, a.weight_decay};
   ask<ack>(self, st.peers.store, msg, [=](ack&) {
     ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
       auto& st = self->state;
@@ -247,7 +251,8 @@ void finish(coord_pointer self) {
   });
 }
 
-// -- 1-4. flush, vote, norm, unscale and clip ------------------------------------------------------
+// -- 1-4. flush, vote, norm, unscale and clip
+// ------------------------------------------------------
 
 void begin_step(coord_pointer self) {
   auto step = self->state.work->req.step;
@@ -255,46 +260,50 @@ void begin_step(coord_pointer self) {
     if (fd.micros == 0) {
       fail_step(self, make_caf_error(errc::bad_state,
                                      "step " + std::to_string(step)
-                                       + ": no gradient was handed over since the last step"));
+                                         + ": no gradient was handed over since the last step"));
       return;
     }
     self->state.work->result.micros = fd.micros;
-    ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step}, [=](overflow_report& rep) {
-      auto& r = self->state.work->result;
-      r.loss_scale = rep.scale;
-      r.next_loss_scale = rep.next_scale;
-      if (rep.overflow) {
-        ask<ack>(self, self->state.peers.store, discard_grads{step}, [=](ack&) {
-          auto& st = self->state;
-          st.work->result.skipped = true;
-          st.work->promise.deliver(st.work->result);
-          st.work.reset();
+    ask<overflow_report>(
+        self, self->state.peers.scaler, check_overflow{step}, [=](overflow_report& rep) {
+          auto& r = self->state.work->result;
+          r.loss_scale = rep.scale;
+          r.next_loss_scale = rep.next_scale;
+          if (rep.overflow) {
+            ask<ack>(self, self->state.peers.store, discard_grads{step}, [=](ack&) {
+              auto& st = self->state;
+              st.work->result.skipped = true;
+              st.work->promise.deliver(st.work->result);
+              st.work.reset();
+            });
+            return;
+          }
+          ask<grad_scan>(
+              self, self->state.peers.store, local_sum_squares{step}, [=](grad_scan& scan) {
+                all_reduce_req norm{collective_tag{collective_kind::norm, step, 0, 0},
+                                    reduce_op::sum,
+                                    {scan.sum_squares}};
+                ask<all_reduce_result>(
+                    self, self->state.peers.comm, std::move(norm), [=](all_reduce_result& total) {
+                      auto& st = self->state;
+                      auto& r = st.work->result;
+                      double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
+                      r.grad_norm = std::sqrt(total.values.at(0)) * unscale;
+                      float max_norm = st.opts.gradient_clipping;
+                      double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
+                      r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
+                      auto factor = static_cast<float>(unscale * r.clip_coef);
+                      ask<ack>(self, st.peers.store, unscale_clip{step, factor},
+                               [=](ack&) { run_muon(self); });
+                    });
+              });
         });
-        return;
-      }
-      ask<grad_scan>(self, self->state.peers.store, local_sum_squares{step}, [=](grad_scan& scan) {
-        all_reduce_req norm{collective_tag{collective_kind::norm, step, 0, 0}, reduce_op::sum,
-                            {scan.sum_squares}};
-        ask<all_reduce_result>(self, self->state.peers.comm, std::move(norm), [=](all_reduce_result& total) {
-          auto& st = self->state;
-          auto& r = st.work->result;
-          double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
-          r.grad_norm = std::sqrt(total.values.at(0)) * unscale;
-          float max_norm = st.opts.gradient_clipping;
-          double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
-          r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
-          auto factor = static_cast<float>(unscale * r.clip_coef);
-          ask<ack>(self, st.peers.store, unscale_clip{step, factor}, [=](ack&) { run_muon(self); });
-        });
-      });
-    });
   });
 }
 
 muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
                                                        std::shared_ptr<const plan> pl, int rank,
-                                                       engine_options opts,
-                                                       coordinator_peers peers,
+                                                       engine_options opts, coordinator_peers peers,
                                                        std::shared_ptr<compute_backend> be) {
   auto& st = self->state;
   st.own = make_ownership(*pl, rank);
@@ -304,22 +313,21 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.peers = std::move(peers);
   st.be = std::move(be);
   return {
-    [=](step_request& req) -> caf::result<step_result> {
-      auto& st = self->state;
-      if (st.work)
-        return make_caf_error(errc::bad_state, "step " + std::to_string(req.step)
-                                                 + " requested while step "
-                                                 + std::to_string(st.work->req.step)
-                                                 + " is running");
-      st.work.emplace();
-      st.work->req = req;
-      st.work->result.step = req.step;
-      st.work->ns_before = st.be->ns_matrix_count();
-      st.work->promise = self->make_response_promise<step_result>();
-      auto promise = st.work->promise;
-      begin_step(self);
-      return promise;
-    },
+      [=](step_request& req) -> caf::result<step_result> {
+        auto& st = self->state;
+        if (st.work)
+          return make_caf_error(errc::bad_state,
+                                "step " + std::to_string(req.step) + " requested while step "
+                                    + std::to_string(st.work->req.step) + " is running");
+        st.work.emplace();
+        st.work->req = req;
+        st.work->result.step = req.step;
+        st.work->ns_before = st.be->ns_matrix_count();
+        st.work->promise = self->make_response_promise<step_result>();
+        auto promise = st.work->promise;
+        begin_step(self);
+        return promise;
+      },
   };
 }
 
@@ -327,8 +335,7 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
 
 muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
                                               std::shared_ptr<const plan> pl, int rank,
-                                              const engine_options& opts,
-                                              coordinator_peers peers,
+                                              const engine_options& opts, coordinator_peers peers,
                                               std::shared_ptr<compute_backend> backend) {
   return sys.spawn(coordinator_impl, std::move(pl), rank, opts, std::move(peers),
                    std::move(backend));

@@ -27,8 +27,7 @@
 
 namespace zmuon {
 
-using muon_coordinator_actor =
-  caf::typed_actor<caf::replies_to<step_request>::with<step_result>>;
+using muon_coordinator_actor = caf::typed_actor<caf::replies_to<step_request>::with<step_result>>;
 
 /// The peers a coordinator talks to.
 struct coordinator_peers {
@@ -40,8 +39,7 @@ struct coordinator_peers {
 
 muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
                                               std::shared_ptr<const plan> pl, int rank,
-                                              const engine_options& opts,
-                                              coordinator_peers peers,
+                                              const engine_options& opts, coordinator_peers peers,
                                               std::shared_ptr<compute_backend> backend);
 
 /// Scale of the orthogonalized update of one [rows, cols] block (DESIGN.md §2).

@@ -39,15 +39,15 @@ caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, co
     return make_caf_error(errc::invalid_argument,
                           std::string(what) + ": no Muon chunk " + std::to_string(chunk));
   if (view.data == nullptr || view.size != pl.chunks[chunk].shard_len)
-    return make_caf_error(errc::shape_mismatch,
-                          std::string(what) + ": chunk " + std::to_string(chunk) + " needs "
-                            + std::to_string(pl.chunks[chunk].shard_len) + " floats, got "
-                            + std::to_string(view.size));
+    return make_caf_error(errc::shape_mismatch, std::string(what) + ": chunk "
+                                                    + std::to_string(chunk) + " needs "
+                                                    + std::to_string(pl.chunks[chunk].shard_len)
+                                                    + " floats, got " + std::to_string(view.size));
   return {};
 }
 
-partition_store_actor::behavior_type store_impl(store_pointer self,
-                                                std::shared_ptr<const plan> pl, int rank,
+partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_ptr<const plan> pl,
+                                                int rank,
                                                 std::shared_ptr<compute_backend> backend) {
   auto& st = self->state;
   st.pl = std::move(pl);
@@ -59,121 +59,120 @@ partition_store_actor::behavior_type store_impl(store_pointer self,
   st.exp_avg = st.be->allocate(st.pl->adam_state_total);
   st.exp_avg_sq = st.be->allocate(st.pl->adam_state_total);
   return {
-    [=](accumulate& msg) -> caf::result<ack> {
-      auto& st = self->state;
-      const auto& pl = *st.pl;
-      if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
-          || msg.slice.data == nullptr || msg.slice.size != pl.buckets[msg.bucket].shard_len)
-        return make_caf_error(errc::shape_mismatch, "accumulate: bucket "
-                                                      + std::to_string(msg.bucket)
-                                                      + " slice has the wrong size");
-      auto& b = pl.buckets[msg.bucket];
-      st.be->add(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
-      st.scan_valid = false;
-      return ack{msg.step};
-    },
-    [=](scan_grads& msg) -> grad_scan {
-      auto& st = self->state;
-      auto r = st.be->scan(st.grads.data(), st.grads.size());
-      st.last_scan = grad_scan{msg.step, r.nonfinite, r.sum_squares};
-      st.scan_valid = true;
-      return st.last_scan;
-    },
-    [=](local_sum_squares& msg) -> grad_scan {
-      auto& st = self->state;
-      if (!st.scan_valid || st.last_scan.step != msg.step) {
+      [=](accumulate& msg) -> caf::result<ack> {
+        auto& st = self->state;
+        const auto& pl = *st.pl;
+        if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
+            || msg.slice.data == nullptr || msg.slice.size != pl.buckets[msg.bucket].shard_len)
+          return make_caf_error(
+              errc::shape_mismatch,
+              "accumulate: bucket " + std::to_string(msg.bucket) + " slice has the wrong size");
+        auto& b = pl.buckets[msg.bucket];
+        st.be->add(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
+        st.scan_valid = false;
+        return ack{msg.step};
+      },
+      [=](scan_grads& msg) -> grad_scan {
+        auto& st = self->state;
         auto r = st.be->scan(st.grads.data(), st.grads.size());
         st.last_scan = grad_scan{msg.step, r.nonfinite, r.sum_squares};
         st.scan_valid = true;
-      }
-      return st.last_scan;
-    },
-    [=](discard_grads& msg) -> ack {
-      auto& st = self->state;
-      st.be->fill_zero(st.grads.data(), st.grads.size());
-      st.scan_valid = false;
-      return ack{msg.step};
-    },
-    [=](unscale_clip& msg) -> ack {
-      auto& st = self->state;
-      st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
-      st.scan_valid = false;
-      return ack{msg.step};
-    },
-    [=](muon_momentum& msg) -> caf::result<ack> {
-      auto& st = self->state;
-      const auto& pl = *st.pl;
-      if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
-        return err;
-      const auto& c = pl.chunks[msg.chunk];
-      for (int i : c.params) {
-        const auto& p = pl.params[i];
-        st.be->momentum(st.momentum.data() + p.state_offset, st.grads.data() + p.shard_offset,
-                        msg.out.data + (p.state_offset - c.state_offset), p.shard_len,
-                        msg.beta, msg.nesterov);
-      }
-      return ack{msg.step};
-    },
-    [=](apply_muon& msg) -> caf::result<ack> {
-      auto& st = self->state;
-      const auto& pl = *st.pl;
-      if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
-        return err;
-      const auto& c = pl.chunks[msg.chunk];
-      for (int i : c.params) {
-        const auto& p = pl.params[i];
-        st.be->apply_update(st.params.data() + p.shard_offset,
-                            msg.update.data + (p.state_offset - c.state_offset), p.shard_len,
-                            msg.lr, 1.0f, msg.weight_decay);
-      }
-      return ack{msg.step};
-    },
-    [=](adamw_step& msg) -> ack {
-      auto& st = self->state;
-      const auto& pl = *st.pl;
-      ++st.adam_steps;
-      adamw_args args{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, st.adam_steps};
-      for (const auto& p : pl.params) {
-        if (p.muon)
-          continue;
-        st.be->adamw(st.params.data() + p.shard_offset, st.grads.data() + p.shard_offset,
-                     st.exp_avg.data() + p.state_offset, st.exp_avg_sq.data() + p.state_offset,
-                     p.shard_len, args);
-      }
-      return ack{msg.step};
-    },
-    [=](finish_step& msg) -> ack {
-      auto& st = self->state;
-      st.be->fill_zero(st.grads.data(), st.grads.size());
-      st.be->synchronize();
-      st.scan_valid = false;
-      return ack{msg.step};
-    },
-    [=](load_params& msg) -> caf::result<ack> {
-      auto& st = self->state;
-      if (!msg.shard || static_cast<int64_t>(msg.shard->size()) != st.params.size())
-        return make_caf_error(errc::shape_mismatch,
-                              "load_params: rank " + std::to_string(st.rank) + " needs "
-                                + std::to_string(st.params.size()) + " floats");
-      st.be->copy_from_host(st.params.data(), msg.shard->data(), st.params.size());
-      return ack{msg.step};
-    },
-    [=](snapshot_atom) -> store_snapshot {
-      auto& st = self->state;
-      auto& be = *st.be;
-      be.synchronize();
-      return store_snapshot{to_host(be, st.params),  to_host(be, st.grads),
-                            to_host(be, st.momentum), to_host(be, st.exp_avg),
-                            to_host(be, st.exp_avg_sq), st.adam_steps};
-    },
+        return st.last_scan;
+      },
+      [=](local_sum_squares& msg) -> grad_scan {
+        auto& st = self->state;
+        if (!st.scan_valid || st.last_scan.step != msg.step) {
+          auto r = st.be->scan(st.grads.data(), st.grads.size());
+          st.last_scan = grad_scan{msg.step, r.nonfinite, r.sum_squares};
+          st.scan_valid = true;
+        }
+        return st.last_scan;
+      },
+      [=](discard_grads& msg) -> ack {
+        auto& st = self->state;
+        st.be->fill_zero(st.grads.data(), st.grads.size());
+        st.scan_valid = false;
+        return ack{msg.step};
+      },
+      [=](unscale_clip& msg) -> ack {
+        auto& st = self->state;
+        st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
+        st.scan_valid = false;
+        return ack{msg.step};
+      },
+      [=](muon_momentum& msg) -> caf::result<ack> {
+        auto& st = self->state;
+        const auto& pl = *st.pl;
+        if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
+          return err;
+        const auto& c = pl.chunks[msg.chunk];
+        for (int i : c.params) {
+          const auto& p = pl.params[i];
+          st.be->momentum(st.momentum.data() + p.state_offset, st.grads.data() + p.shard_offset,
+                          msg.out.data + (p.state_offset - c.state_offset), p.shard_len, msg.beta,
+                          msg.nesterov);
+        }
+        return ack{msg.step};
+      },
+      [=](apply_muon& msg) -> caf::result<ack> {
+        auto& st = self->state;
+        const auto& pl = *st.pl;
+        if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
+          return err;
+        const auto& c = pl.chunks[msg.chunk];
+        for (int i : c.params) {
+          const auto& p = pl.params[i];
+          st.be->apply_update(st.params.data() + p.shard_offset,
+                              msg.update.data + (p.state_offset - c.state_offset), p.shard_len,
+                              msg.lr, 1.0f, msg.weight_decay);
+        }
+        return ack{msg.step};
+      },
+      [=](adamw_step& msg) -> ack {
+        auto& st = self->state;
+        const auto& pl = *st.pl;
+        ++st.adam_steps;
+        adamw_args args{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, st.adam_steps};
+        for (const auto& p : pl.params) {
+          if (p.muon)
+            continue;
+          st.be->adamw(st.params.data() + p.shard_offset, st.grads.data() + p.shard_offset,
+                       st.exp_avg.data() + p.state_offset, st.exp_avg_sq.data() + p.state_offset,
+                       p.shard_len, args);
+        }
+        return ack{msg.step};
+      },
+      [=](finish_step& msg) -> ack {
+        auto& st = self->state;
+        st.be->fill_zero(st.grads.data(), st.grads.size());
+        st.be->synchronize();
+        st.scan_valid = false;
+        return ack{msg.step};
+      },
+      [=](load_params& msg) -> caf::result<ack> {
+        auto& st = self->state;
+        if (!msg.shard || static_cast<int64_t>(msg.shard->size()) != st.params.size())
+          return make_caf_error(errc::shape_mismatch,
+                                "load_params: rank " + std::to_string(st.rank) + " needs "
+                                    + std::to_string(st.params.size()) + " floats");
+        st.be->copy_from_host(st.params.data(), msg.shard->data(), st.params.size());
+        return ack{msg.step};
+      },
+      [=](snapshot_atom) -> store_snapshot {
+        auto& st = self->state;
+        auto& be = *st.be;
+        be.synchronize();
+        return store_snapshot{to_host(be, st.params),     to_host(be, st.grads),
+                              to_host(be, st.momentum),   to_host(be, st.exp_avg),
+                              to_host(be, st.exp_avg_sq), st.adam_steps};
+      },
   };
 }
 
 }  // namespace
 
-partition_store_actor spawn_partition_store(caf::actor_system& sys,
-                                            std::shared_ptr<const plan> pl, int rank,
-                                            std::shared_ptr<compute_backend> backend) {
+partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
+                                            int rank, std::shared_ptr<compute_backend> backend) {
   return sys.spawn(store_impl, std::move(pl), rank, std::move(backend));
 }
 

@@ -27,20 +27,14 @@
 namespace zmuon {
 
 using partition_store_actor = caf::typed_actor<
-  caf::replies_to<accumulate>::with<ack>,
-  caf::replies_to<scan_grads>::with<grad_scan>,
-  caf::replies_to<local_sum_squares>::with<grad_scan>,
-  caf::replies_to<discard_grads>::with<ack>,
-  caf::replies_to<unscale_clip>::with<ack>,
-  caf::replies_to<muon_momentum>::with<ack>,
-  caf::replies_to<apply_muon>::with<ack>,
-  caf::replies_to<adamw_step>::with<ack>,
-  caf::replies_to<finish_step>::with<ack>,
-  caf::replies_to<load_params>::with<ack>,
-  caf::replies_to<snapshot_atom>::with<store_snapshot>>;
+    caf::replies_to<accumulate>::with<ack>, caf::replies_to<scan_grads>::with<grad_scan>,
+    caf::replies_to<local_sum_squares>::with<grad_scan>, caf::replies_to<discard_grads>::with<ack>,
+    caf::replies_to<unscale_clip>::with<ack>, caf::replies_to<muon_momentum>::with<ack>,
+    caf::replies_to<apply_muon>::with<ack>, caf::replies_to<adamw_step>::with<ack>,
+    caf::replies_to<finish_step>::with<ack>, caf::replies_to<load_params>::with<ack>,
+    caf::replies_to<snapshot_atom>::with<store_snapshot>>;
 
-partition_store_actor spawn_partition_store(caf::actor_system& sys,
-                                            std::shared_ptr<const plan> pl, int rank,
-                                            std::shared_ptr<compute_backend> backend);
+partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
+                                            int rank, std::shared_ptr<compute_backend> backend);
 
 }  // namespace zmuon

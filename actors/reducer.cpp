@@ -15,10 +15,10 @@ struct reducer_state {
   int rank = 0;
   store_accumulate_actor store;
   comm_actor comm;
-  uint64_t step = 0;        // the step whose buckets are being reduced (0: none yet)
-  int64_t in_flight = 0;    // buckets handed over and not yet landed
-  std::set<int32_t> micros; // micro-batches seen in this step
-  caf::error failure;       // first failure of this step
+  uint64_t step = 0;         // the step whose buckets are being reduced (0: none yet)
+  int64_t in_flight = 0;     // buckets handed over and not yet landed
+  std::set<int32_t> micros;  // micro-batches seen in this step
+  caf::error failure;        // first failure of this step
   caf::typed_response_promise<flush_done> pending_flush;
   bool flush_waiting = false;
   static const char* name;
@@ -47,82 +47,80 @@ void record_failure(reducer_pointer self, caf::error err) {
 }
 
 reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<const plan> pl,
-                                          int rank, store_accumulate_actor store,
-                                          comm_actor comm) {
+                                          int rank, store_accumulate_actor store, comm_actor comm) {
   auto& st = self->state;
   st.pl = std::move(pl);
   st.rank = rank;
   st.store = std::move(store);
   st.comm = std::move(comm);
   return {
-    [=](micro_grads& msg) {
-      auto& st = self->state;
-      const auto& pl = *st.pl;
-      if (st.step != 0 && msg.step != st.step) {
-        record_failure(self, make_caf_error(errc::bad_state,
-                                            "gradients for step " + std::to_string(msg.step)
-                                              + " arrived while step "
-                                              + std::to_string(st.step) + " is open"));
-        return;
-      }
-      if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
-          || !msg.data
-          || static_cast<int64_t>(msg.data->size())
-               != pl.buckets[msg.bucket].shard_len * pl.world) {
-        record_failure(self, make_caf_error(errc::shape_mismatch,
-                                            "bucket " + std::to_string(msg.bucket)
-                                              + " of step " + std::to_string(msg.step)
-                                              + " has the wrong size or index"));
-        return;
-      }
-      st.step = msg.step;
-      st.micros.insert(msg.micro);
-      ++st.in_flight;
-      const auto& b = pl.buckets[msg.bucket];
-      auto out = std::make_shared<std::vector<float>>(b.shard_len);
-      collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
-      auto data = msg.data;  // keeps the staging alive until the reduce-scatter is done
-      self->request(st.comm, caf::infinite, reduce_scatter_req{tag, data->data(), out->data(),
-                                                               b.shard_len})
-        .then(
-          [=](comm_done&) {
-            (void) data;
-            accumulate acc{tag.step, tag.micro, tag.index, {out->data(), b.shard_len}};
-            self->request(self->state.store, caf::infinite, acc)
-              .then(
-                [=](ack&) {
-                  (void) out;
-                  --self->state.in_flight;
-                  answer_flush_if_done(self);
+      [=](micro_grads& msg) {
+        auto& st = self->state;
+        const auto& pl = *st.pl;
+        if (st.step != 0 && msg.step != st.step) {
+          record_failure(
+              self, make_caf_error(errc::bad_state, "gradients for step " + std::to_string(msg.step)
+                                                        + " arrived while step "
+                                                        + std::to_string(st.step) + " is open"));
+          return;
+        }
+        if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size()) || !msg.data
+            || static_cast<int64_t>(msg.data->size())
+                   != pl.buckets[msg.bucket].shard_len * pl.world) {
+          record_failure(self, make_caf_error(errc::shape_mismatch,
+                                              "bucket " + std::to_string(msg.bucket) + " of step "
+                                                  + std::to_string(msg.step)
+                                                  + " has the wrong size or index"));
+          return;
+        }
+        st.step = msg.step;
+        st.micros.insert(msg.micro);
+        ++st.in_flight;
+        const auto& b = pl.buckets[msg.bucket];
+        auto out = std::make_shared<std::vector<float>>(b.shard_len);
+        collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
+        auto data = msg.data;  // keeps the staging alive until the reduce-scatter is done
+        self->request(st.comm, caf::infinite,
+                      reduce_scatter_req{tag, data->data(), out->data(), b.shard_len})
+            .then(
+                [=](comm_done&) {
+                  (void)data;
+                  accumulate acc{tag.step, tag.micro, tag.index, {out->data(), b.shard_len}};
+                  self->request(self->state.store, caf::infinite, acc)
+                      .then(
+                          [=](ack&) {
+                            (void)out;
+                            --self->state.in_flight;
+                            answer_flush_if_done(self);
+                          },
+                          [=](caf::error& err) {
+                            record_failure(self, std::move(err));
+                            --self->state.in_flight;
+                            answer_flush_if_done(self);
+                          });
                 },
                 [=](caf::error& err) {
                   record_failure(self, std::move(err));
                   --self->state.in_flight;
                   answer_flush_if_done(self);
                 });
-          },
-          [=](caf::error& err) {
-            record_failure(self, std::move(err));
-            --self->state.in_flight;
-            answer_flush_if_done(self);
-          });
-    },
-    [=](flush& msg) -> caf::result<flush_done> {
-      auto& st = self->state;
-      if (st.flush_waiting)
-        return make_caf_error(errc::bad_state, "flush of step " + std::to_string(msg.step)
-                                                 + " while another flush waits");
-      if (st.step != 0 && st.step != msg.step)
-        return make_caf_error(errc::bad_state, "flush of step " + std::to_string(msg.step)
-                                                 + " but the open step is "
-                                                 + std::to_string(st.step));
-      st.step = msg.step;
-      st.pending_flush = self->make_response_promise<flush_done>();
-      st.flush_waiting = true;
-      auto promise = st.pending_flush;
-      answer_flush_if_done(self);
-      return promise;
-    },
+      },
+      [=](flush& msg) -> caf::result<flush_done> {
+        auto& st = self->state;
+        if (st.flush_waiting)
+          return make_caf_error(errc::bad_state, "flush of step " + std::to_string(msg.step)
+                                                     + " while another flush waits");
+        if (st.step != 0 && st.step != msg.step)
+          return make_caf_error(errc::bad_state, "flush of step " + std::to_string(msg.step)
+                                                     + " but the open step is "
+                                                     + std::to_string(st.step));
+        st.step = msg.step;
+        st.pending_flush = self->make_response_promise<flush_done>();
+        st.flush_waiting = true;
+        auto promise = st.pending_flush;
+        answer_flush_if_done(self);
+        return promise;
+      },
   };
 }
 

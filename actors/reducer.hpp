@@ -21,8 +21,8 @@
 
 namespace zmuon {
 
-using reducer_actor = caf::typed_actor<caf::reacts_to<micro_grads>,
-                                       caf::replies_to<flush>::with<flush_done>>;
+using reducer_actor =
+    caf::typed_actor<caf::reacts_to<micro_grads>, caf::replies_to<flush>::with<flush_done>>;
 
 reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
                             store_accumulate_actor store, comm_actor comm);

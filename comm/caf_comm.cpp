@@ -97,8 +97,8 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
       for (int q = 0; q < st.world; ++q)
         if (q != st.rank && static_cast<int64_t>(op.floats[q].size()) != req.count)
           return fail(tag, "rank " + std::to_string(q) + " sent "
-                             + std::to_string(op.floats[q].size()) + " floats, expected "
-                             + std::to_string(req.count));
+                               + std::to_string(op.floats[q].size()) + " floats, expected "
+                               + std::to_string(req.count));
       float inv_world = 1.0f / static_cast<float>(st.world);
       const float* own = req.in + static_cast<int64_t>(st.rank) * req.count;
       for (int64_t i = 0; i < req.count; ++i) {
@@ -115,8 +115,8 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
       for (int q = 0; q < st.world; ++q)
         if (q != st.rank && op.doubles[q].size() != vals.size())
           return fail(tag, "rank " + std::to_string(q) + " sent "
-                             + std::to_string(op.doubles[q].size()) + " values, expected "
-                             + std::to_string(vals.size()));
+                               + std::to_string(op.doubles[q].size()) + " values, expected "
+                               + std::to_string(vals.size()));
       std::vector<double> out(vals.size());
       for (size_t i = 0; i < vals.size(); ++i) {
         double acc = op.ar.op == reduce_op::max ? -HUGE_VAL : 0.0;
@@ -137,8 +137,8 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
           continue;
         if (static_cast<int64_t>(op.floats[q].size()) != total(segs))
           return fail(tag, "rank " + std::to_string(q) + " sent "
-                             + std::to_string(op.floats[q].size()) + " floats, expected "
-                             + std::to_string(total(segs)));
+                               + std::to_string(op.floats[q].size()) + " floats, expected "
+                               + std::to_string(total(segs)));
         copy_out(op.floats[q].data(), segs);
       }
       return {};
@@ -208,86 +208,85 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
     auto& st = self->state;
     for (int q = 0; q < st.world; ++q)
       if (st.peers.size() > static_cast<size_t>(q) && st.peers[q].address() == dm.source) {
-        fail_all(self, make_caf_error(errc::comm_failure,
-                                      "rank " + std::to_string(q) + " is down ("
-                                        + to_string(dm.reason) + ")"));
+        fail_all(self, make_caf_error(errc::comm_failure, "rank " + std::to_string(q) + " is down ("
+                                                              + to_string(dm.reason) + ")"));
         return;
       }
   });
   return {
-    [=](connect_peers& msg) {
-      auto& st = self->state;
-      st.peers.clear();
-      for (auto& p : msg.peers)
-        st.peers.push_back(caf::actor_cast<caf_comm_actor>(p));
-      for (int q = 0; q < st.world; ++q)
-        if (q != st.rank)
-          self->monitor(st.peers[q]);
-    },
-    [=](reduce_scatter_req& req) -> caf::result<comm_done> {
-      auto& st = self->state;
-      if (auto err = not_ready(st, req.tag))
-        return err;
-      for (int q = 0; q < st.world; ++q)
-        if (q != st.rank) {
-          const float* first = req.in + static_cast<int64_t>(q) * req.count;
-          self->send(st.peers[q],
-                     peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count)});
+      [=](connect_peers& msg) {
+        auto& st = self->state;
+        st.peers.clear();
+        for (auto& p : msg.peers)
+          st.peers.push_back(caf::actor_cast<caf_comm_actor>(p));
+        for (int q = 0; q < st.world; ++q)
+          if (q != st.rank)
+            self->monitor(st.peers[q]);
+      },
+      [=](reduce_scatter_req& req) -> caf::result<comm_done> {
+        auto& st = self->state;
+        if (auto err = not_ready(st, req.tag))
+          return err;
+        for (int q = 0; q < st.world; ++q)
+          if (q != st.rank) {
+            const float* first = req.in + static_cast<int64_t>(q) * req.count;
+            self->send(st.peers[q],
+                       peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count)});
+          }
+        auto& op = op_for(st, req.tag);
+        op.have_local = true;
+        op.rs = req;
+        op.done = self->make_response_promise<comm_done>();
+        auto promise = op.done;
+        try_complete(st, req.tag);
+        return promise;
+      },
+      [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
+        auto& st = self->state;
+        if (auto err = not_ready(st, req.tag))
+          return err;
+        for (int q = 0; q < st.world; ++q)
+          if (q != st.rank)
+            self->send(st.peers[q], peer_doubles{req.tag, st.rank, req.values});
+        auto tag = req.tag;
+        auto& op = op_for(st, tag);
+        op.have_local = true;
+        op.ar = std::move(req);
+        op.reduced = self->make_response_promise<all_reduce_result>();
+        auto promise = op.reduced;
+        try_complete(st, tag);
+        return promise;
+      },
+      [=](all_to_all_req& req) -> caf::result<comm_done> {
+        auto& st = self->state;
+        if (auto err = not_ready(st, req.tag))
+          return err;
+        if (static_cast<int>(req.sends.size()) != st.world
+            || static_cast<int>(req.recvs.size()) != st.world)
+          return fail(req.tag, "send and receive lists need one entry per rank");
+        for (int q = 0; q < st.world; ++q) {
+          int64_t n = total(req.sends[q]);
+          if (q == st.rank) {
+            if (n != total(req.recvs[q]))
+              return fail(req.tag, "rank " + std::to_string(q) + " sends itself "
+                                       + std::to_string(n) + " floats but expects "
+                                       + std::to_string(total(req.recvs[q])));
+            copy_out(concat(req.sends[q]).data(), req.recvs[q]);
+          } else {
+            self->send(st.peers[q], peer_floats{req.tag, st.rank, concat(req.sends[q])});
+          }
         }
-      auto& op = op_for(st, req.tag);
-      op.have_local = true;
-      op.rs = req;
-      op.done = self->make_response_promise<comm_done>();
-      auto promise = op.done;
-      try_complete(st, req.tag);
-      return promise;
-    },
-    [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
-      auto& st = self->state;
-      if (auto err = not_ready(st, req.tag))
-        return err;
-      for (int q = 0; q < st.world; ++q)
-        if (q != st.rank)
-          self->send(st.peers[q], peer_doubles{req.tag, st.rank, req.values});
-      auto tag = req.tag;
-      auto& op = op_for(st, tag);
-      op.have_local = true;
-      op.ar = std::move(req);
-      op.reduced = self->make_response_promise<all_reduce_result>();
-      auto promise = op.reduced;
-      try_complete(st, tag);
-      return promise;
-    },
-    [=](all_to_all_req& req) -> caf::result<comm_done> {
-      auto& st = self->state;
-      if (auto err = not_ready(st, req.tag))
-        return err;
-      if (static_cast<int>(req.sends.size()) != st.world
-          || static_cast<int>(req.recvs.size()) != st.world)
-        return fail(req.tag, "send and receive lists need one entry per rank");
-      for (int q = 0; q < st.world; ++q) {
-        int64_t n = total(req.sends[q]);
-        if (q == st.rank) {
-          if (n != total(req.recvs[q]))
-            return fail(req.tag, "rank " + std::to_string(q) + " sends itself "
-                                   + std::to_string(n) + " floats but expects "
-                                   + std::to_string(total(req.recvs[q])));
-          copy_out(concat(req.sends[q]).data(), req.recvs[q]);
-        } else {
-          self->send(st.peers[q], peer_floats{req.tag, st.rank, concat(req.sends[q])});
-        }
-      }
-      auto tag = req.tag;
-      auto& op = op_for(st, tag);
-      op.have_local = true;
-      op.a2a = std::move(req);
-      op.done = self->make_response_promise<comm_done>();
-      auto promise = op.done;
-      try_complete(st, tag);
-      return promise;
-    },
-    [=](peer_floats& piece) { on_piece(self, piece); },
-    [=](peer_doubles& piece) { on_piece(self, piece); },
+        auto tag = req.tag;
+        auto& op = op_for(st, tag);
+        op.have_local = true;
+        op.a2a = std::move(req);
+        op.done = self->make_response_promise<comm_done>();
+        auto promise = op.done;
+        try_complete(st, tag);
+        return promise;
+      },
+      [=](peer_floats& piece) { on_piece(self, piece); },
+      [=](peer_doubles& piece) { on_piece(self, piece); },
   };
 }
 

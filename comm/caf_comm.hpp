@@ -29,9 +29,9 @@ typename Inspector::result_type inspect(Inspector& f, connect_peers& x) {
   return f(caf::meta::type_name("connect_peers"), x.rank, x.peers);
 }
 
-using caf_comm_actor = comm_actor::extend<caf::reacts_to<connect_peers>,
-                                          caf::reacts_to<peer_floats>,
-                                          caf::reacts_to<peer_doubles>>;
+using caf_comm_actor =
+    comm_actor::extend<caf::reacts_to<connect_peers>, caf::reacts_to<peer_floats>,
+                       caf::reacts_to<peer_doubles>>;
 
 /// Spawns one rank's caf comm actor; connect all of them with connect_peers before use.
 caf_comm_actor spawn_caf_comm(caf::actor_system& sys, int rank, int world);

@@ -18,9 +18,8 @@
 
 namespace zmuon {
 
-using comm_actor = caf::typed_actor<
-  caf::replies_to<reduce_scatter_req>::with<comm_done>,
-  caf::replies_to<all_reduce_req>::with<all_reduce_result>,
-  caf::replies_to<all_to_all_req>::with<comm_done>>;
+using comm_actor = caf::typed_actor<caf::replies_to<reduce_scatter_req>::with<comm_done>,
+                                    caf::replies_to<all_reduce_req>::with<all_reduce_result>,
+                                    caf::replies_to<all_to_all_req>::with<comm_done>>;
 
 }  // namespace zmuon

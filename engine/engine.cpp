@@ -81,8 +81,8 @@ struct engine::impl {
     caf::scoped_actor self{*sys};
     expected<Reply> out = error{errc::internal, "no reply"};
     self->request(h, timeout(), std::move(msg))
-      .receive([&](Reply& r) { out = std::move(r); },
-               [&](caf::error& err) { out = from_caf_error(err); });
+        .receive([&](Reply& r) { out = std::move(r); },
+                 [&](caf::error& err) { out = from_caf_error(err); });
     return out;
   }
 
@@ -117,8 +117,8 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
 error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
   auto& d = *impl_;
   if (d.pl)
-    return {errc::bad_state, "parameter '" + spec.name
-                               + "' registered after the first reduce() or step()"};
+    return {errc::bad_state,
+            "parameter '" + spec.name + "' registered after the first reduce() or step()"};
   std::vector<param_spec> probe = d.table;
   probe.push_back(spec);
   auto checked = make_plan(probe, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon);
@@ -127,8 +127,8 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
   const auto& p = checked->params.back();
   if (!init.empty() && static_cast<int64_t>(init.size()) != p.numel)
     return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
-                                    + std::to_string(init.size()) + " elements, shape needs "
-                                    + std::to_string(p.numel)};
+                                      + std::to_string(init.size()) + " elements, shape needs "
+                                      + std::to_string(p.numel)};
   d.table.push_back(spec);
   d.init.push_back(init.empty() ? std::vector<float>(p.numel, 0.0f) : init);
   return {};
@@ -172,7 +172,7 @@ error engine::reduce(int rank, const tensor_map& grads) {
   auto& d = *impl_;
   if (rank < 0 || rank >= d.opts.world)
     return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside [0, "
-                                      + std::to_string(d.opts.world) + ")"};
+                                        + std::to_string(d.opts.world) + ")"};
   if (auto err = d.start())
     return err;
   const auto& pl = *d.pl;
@@ -182,9 +182,9 @@ error engine::reduce(int rank, const tensor_map& grads) {
       return {errc::unknown_parameter,
               "gradient for '" + name + "', which is not a registered parameter"};
     if (static_cast<int64_t>(data.size()) != pl.params[i].numel)
-      return {errc::shape_mismatch, "gradient of '" + name + "' has "
-                                      + std::to_string(data.size()) + " elements, expected "
-                                      + std::to_string(pl.params[i].numel)};
+      return {errc::shape_mismatch, "gradient of '" + name + "' has " + std::to_string(data.size())
+                                        + " elements, expected "
+                                        + std::to_string(pl.params[i].numel)};
   }
   int micro = d.micros[rank]++;
   uint64_t step = d.step + 1;
@@ -200,9 +200,9 @@ error engine::reduce(int rank, const tensor_map& grads) {
       for (int q = 0; q < pl.world; ++q) {
         int64_t n = valid_len(p, q);
         if (n > 0)
-          std::memcpy(staging->data() + q * bucket.shard_len
-                        + (p.shard_offset - bucket.shard_offset),
-                      it->second.data() + q * p.shard_len, n * sizeof(float));
+          std::memcpy(
+              staging->data() + q * bucket.shard_len + (p.shard_offset - bucket.shard_offset),
+              it->second.data() + q * p.shard_len, n * sizeof(float));
       }
     }
     caf::anon_send(d.ranks[rank].reducer,
@@ -217,13 +217,13 @@ expected<step_info> engine::step() {
     return err;
   for (int r = 0; r < d.opts.world; ++r)
     if (d.micros[r] != d.micros[0])
-      return error{errc::bad_state, "rank " + std::to_string(r) + " handed over "
-                                      + std::to_string(d.micros[r])
-                                      + " micro-batches but rank 0 handed over "
-                                      + std::to_string(d.micros[0])};
+      return error{errc::bad_state,
+                   "rank " + std::to_string(r) + " handed over " + std::to_string(d.micros[r])
+                       + " micro-batches but rank 0 handed over " + std::to_string(d.micros[0])};
   if (d.micros[0] == 0)
-    return error{errc::bad_state, "step() before any gradient was handed over (call reduce() "
-                                  "for every rank first)"};
+    return error{errc::bad_state,
+                 "step() before any gradient was handed over (call reduce() "
+                 "for every rank first)"};
   uint64_t step = ++d.step;
   step_request req{step, d.muon_lr(step), d.adam_lr(step)};
   // Every coordinator gets its request before any reply is awaited: the step's collectives
@@ -268,7 +268,7 @@ expected<rank_state> engine::snapshot(int rank) {
   auto& d = *impl_;
   if (rank < 0 || rank >= d.opts.world)
     return error{errc::invalid_argument, "rank " + std::to_string(rank) + " is outside [0, "
-                                           + std::to_string(d.opts.world) + ")"};
+                                             + std::to_string(d.opts.world) + ")"};
   if (auto err = d.start())
     return err;
   return d.ask<rank_state>(d.ranks[rank].store, snapshot_atom::value);

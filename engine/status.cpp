@@ -4,16 +4,26 @@ namespace zmuon {
 
 const char* to_string(errc code) {
   switch (code) {
-    case errc::none: return "none";
-    case errc::invalid_argument: return "invalid_argument";
-    case errc::unknown_parameter: return "unknown_parameter";
-    case errc::duplicate_parameter: return "duplicate_parameter";
-    case errc::shape_mismatch: return "shape_mismatch";
-    case errc::bad_state: return "bad_state";
-    case errc::comm_failure: return "comm_failure";
-    case errc::timeout: return "timeout";
-    case errc::io_error: return "io_error";
-    case errc::internal: return "internal";
+    case errc::none:
+      return "none";
+    case errc::invalid_argument:
+      return "invalid_argument";
+    case errc::unknown_parameter:
+      return "unknown_parameter";
+    case errc::duplicate_parameter:
+      return "duplicate_parameter";
+    case errc::shape_mismatch:
+      return "shape_mismatch";
+    case errc::bad_state:
+      return "bad_state";
+    case errc::comm_failure:
+      return "comm_failure";
+    case errc::timeout:
+      return "timeout";
+    case errc::io_error:
+      return "io_error";
+    case errc::internal:
+      return "internal";
   }
   return "unknown";
 }

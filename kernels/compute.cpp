@@ -15,7 +15,8 @@ expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend();
 #endif
 
 expected<std::unique_ptr<compute_backend>> make_compute_backend(const std::string& name) {
-  if (name == "host") return std::unique_ptr<compute_backend>(std::make_unique<host_compute>());
+  if (name == "host")
+    return std::unique_ptr<compute_backend>(std::make_unique<host_compute>());
   if (name == "cuda") {
 #ifdef ZMUON_HAVE_CUDA
     return make_cuda_compute_backend();

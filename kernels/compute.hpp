@@ -18,7 +18,7 @@ class device_buffer {
 public:
   device_buffer() = default;
   device_buffer(float* data, int64_t size, void (*release)(float*))
-    : data_(data, release), size_(size) {}
+      : data_(data, release), size_(size) {}
 
   float* data() { return data_.get(); }
   const float* data() const { return data_.get(); }

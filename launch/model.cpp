@@ -27,14 +27,17 @@ uint64_t splitmix64(uint64_t z) {
 }
 
 /// Folds one more coordinate into a key; different orders give unrelated keys.
-uint64_t mix(uint64_t key, uint64_t value) { return splitmix64(key ^ splitmix64(value)); }
+uint64_t mix(uint64_t key, uint64_t value) {
+  return splitmix64(key ^ splitmix64(value));
+}
 
 /// Independent streams drawn from one seed.
 enum class stream : uint64_t { input = 1, teacher_in = 2, teacher_out = 3, init = 4 };
 
 uint64_t fnv1a(const std::string& text) {
   uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char c : text) h = (h ^ c) * 0x100000001b3ULL;
+  for (unsigned char c : text)
+    h = (h ^ c) * 0x100000001b3ULL;
   return h;
 }
 
@@ -54,7 +57,8 @@ uint64_t stream_key(uint64_t seed, stream s) {
 /// A [rows, cols] matrix with entries N(0, scale^2) drawn from `key`.
 std::vector<double> normal_matrix(uint64_t key, int rows, int cols, double scale) {
   std::vector<double> m(static_cast<size_t>(rows) * cols);
-  for (size_t i = 0; i < m.size(); ++i) m[i] = scale * standard_normal(mix(key, i));
+  for (size_t i = 0; i < m.size(); ++i)
+    m[i] = scale * standard_normal(mix(key, i));
   return m;
 }
 
@@ -66,7 +70,8 @@ void matvec(const W* w, int rows, int cols, const double* in, double* out) {
   for (int r = 0; r < rows; ++r) {
     const W* row = w + static_cast<size_t>(r) * cols;
     double acc = 0;
-    for (int c = 0; c < cols; ++c) acc += static_cast<double>(row[c]) * in[c];
+    for (int c = 0; c < cols; ++c)
+      acc += static_cast<double>(row[c]) * in[c];
     out[r] = acc;
   }
 }
@@ -75,7 +80,8 @@ void matvec(const W* w, int rows, int cols, const double* in, double* out) {
 void matvec_transposed_add(const float* w, int rows, int cols, const double* in, double* out) {
   for (int r = 0; r < rows; ++r) {
     const float* row = w + static_cast<size_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) out[c] += static_cast<double>(row[c]) * in[r];
+    for (int c = 0; c < cols; ++c)
+      out[c] += static_cast<double>(row[c]) * in[r];
   }
 }
 
@@ -83,7 +89,8 @@ void matvec_transposed_add(const float* w, int rows, int cols, const double* in,
 void outer_add(double* g, int rows, int cols, const double* a, const double* b) {
   for (int r = 0; r < rows; ++r) {
     double* row = g + static_cast<size_t>(r) * cols;
-    for (int c = 0; c < cols; ++c) row[c] += a[r] * b[c];
+    for (int c = 0; c < cols; ++c)
+      row[c] += a[r] * b[c];
   }
 }
 
@@ -99,12 +106,13 @@ struct weights {
 };
 
 weights bind_weights(const model_config& cfg, const tensor_map& params, const batch& b) {
-  if (error e = check_params(cfg, params)) throw std::invalid_argument(e.to_string());
-  if (b.n < 0 || b.x.size() != static_cast<size_t>(b.n) * cfg.d_in ||
-      b.y.size() != static_cast<size_t>(b.n) * cfg.d_out)
-    throw std::invalid_argument("batch of " + std::to_string(b.n) + " samples holds " +
-                                std::to_string(b.x.size()) + " inputs and " +
-                                std::to_string(b.y.size()) + " targets");
+  if (error e = check_params(cfg, params))
+    throw std::invalid_argument(e.to_string());
+  if (b.n < 0 || b.x.size() != static_cast<size_t>(b.n) * cfg.d_in
+      || b.y.size() != static_cast<size_t>(b.n) * cfg.d_out)
+    throw std::invalid_argument("batch of " + std::to_string(b.n) + " samples holds "
+                                + std::to_string(b.x.size()) + " inputs and "
+                                + std::to_string(b.y.size()) + " targets");
   return {params.at(embed_weight).data(), params.at(fc1_weight).data(),
           params.at(fc1_bias).data(),     params.at(q_proj_weight).data(),
           params.at(head_weight).data(),  params.at(head_bias).data()};
@@ -125,7 +133,8 @@ struct activations {
 
 /// Forward pass of sample `i`; returns its loss 0.5 * ||yhat - y||^2.
 double forward(const model_config& cfg, const weights& w, const batch& b, int i, activations& act) {
-  for (int k = 0; k < cfg.d_in; ++k) act.x[k] = b.x[static_cast<size_t>(i) * cfg.d_in + k];
+  for (int k = 0; k < cfg.d_in; ++k)
+    act.x[k] = b.x[static_cast<size_t>(i) * cfg.d_in + k];
   matvec(w.embed, cfg.hidden, cfg.d_in, act.x.data(), act.h0.data());
   matvec(w.fc1_w, cfg.ffn, cfg.hidden, act.h0.data(), act.a1.data());
   for (int k = 0; k < cfg.ffn; ++k) {
@@ -152,12 +161,12 @@ double forward(const model_config& cfg, const weights& w, const batch& b, int i,
 error check_config(const model_config& cfg) {
   if (cfg.d_in <= 0 || cfg.hidden <= 0 || cfg.ffn <= 0 || cfg.d_out <= 0 || cfg.heads <= 0)
     return {errc::invalid_argument,
-            "model sizes must be positive: d_in " + std::to_string(cfg.d_in) + ", hidden " +
-                std::to_string(cfg.hidden) + ", ffn " + std::to_string(cfg.ffn) + ", d_out " +
-                std::to_string(cfg.d_out) + ", heads " + std::to_string(cfg.heads)};
+            "model sizes must be positive: d_in " + std::to_string(cfg.d_in) + ", hidden "
+                + std::to_string(cfg.hidden) + ", ffn " + std::to_string(cfg.ffn) + ", d_out "
+                + std::to_string(cfg.d_out) + ", heads " + std::to_string(cfg.heads)};
   if (cfg.hidden % cfg.heads != 0)
-    return {errc::invalid_argument, "heads " + std::to_string(cfg.heads) +
-                                        " does not divide hidden " + std::to_string(cfg.hidden)};
+    return {errc::invalid_argument, "heads " + std::to_string(cfg.heads)
+                                        + " does not divide hidden " + std::to_string(cfg.hidden)};
   return {};
 }
 
@@ -178,7 +187,8 @@ tensor_map init_params(const model_config& cfg, uint64_t seed) {
   uint64_t init_key = stream_key(seed, stream::init);
   for (const param_spec& spec : param_table(cfg)) {
     size_t numel = 1;
-    for (int64_t d : spec.shape) numel *= static_cast<size_t>(d);
+    for (int64_t d : spec.shape)
+      numel *= static_cast<size_t>(d);
     std::vector<float> values(numel, 0.0f);
     if (spec.shape.size() >= 2) {
       uint64_t key = mix(init_key, fnv1a(spec.name));
@@ -192,17 +202,19 @@ tensor_map init_params(const model_config& cfg, uint64_t seed) {
 }
 
 error check_params(const model_config& cfg, const tensor_map& params) {
-  if (error e = check_config(cfg)) return e;
+  if (error e = check_config(cfg))
+    return e;
   for (const param_spec& spec : param_table(cfg)) {
     size_t numel = 1;
-    for (int64_t d : spec.shape) numel *= static_cast<size_t>(d);
+    for (int64_t d : spec.shape)
+      numel *= static_cast<size_t>(d);
     auto it = params.find(spec.name);
     if (it == params.end())
       return {errc::unknown_parameter, "parameter '" + spec.name + "' is missing"};
     if (it->second.size() != numel)
-      return {errc::shape_mismatch, "parameter '" + spec.name + "' has " +
-                                        std::to_string(it->second.size()) + " values, expected " +
-                                        std::to_string(numel)};
+      return {errc::shape_mismatch, "parameter '" + spec.name + "' has "
+                                        + std::to_string(it->second.size()) + " values, expected "
+                                        + std::to_string(numel)};
   }
   return {};
 }
@@ -228,7 +240,8 @@ batch make_batch(const model_config& cfg, uint64_t seed, int64_t step, int64_t f
       x[k] = xk;
     }
     matvec(t1.data(), cfg.hidden, cfg.d_in, x.data(), hidden.data());
-    for (double& h : hidden) h = std::tanh(h);
+    for (double& h : hidden)
+      h = std::tanh(h);
     matvec(t2.data(), cfg.d_out, cfg.hidden, hidden.data(), y.data());
     for (int k = 0; k < cfg.d_out; ++k)
       b.y[static_cast<size_t>(i) * cfg.d_out + k] = static_cast<float>(y[k]);
@@ -253,18 +266,22 @@ loss_and_grads forward_backward(const model_config& cfg, const tensor_map& param
       d_yhat[k] = (act.yhat[k] - b.y[static_cast<size_t>(i) * d_out + k]) * inv_n;
     // yhat = head.weight · h2 + head.bias
     outer_add(g_head_w.data(), d_out, hidden, d_yhat.data(), act.h2.data());
-    for (int k = 0; k < d_out; ++k) g_head_b[k] += d_yhat[k];
+    for (int k = 0; k < d_out; ++k)
+      g_head_b[k] += d_yhat[k];
     std::fill(d_h2.begin(), d_h2.end(), 0.0);
     matvec_transposed_add(w.head_w, d_out, hidden, d_yhat.data(), d_h2.data());
     // h2 = tanh(q_proj · h1) + h0
-    for (int k = 0; k < hidden; ++k) d_a2[k] = d_h2[k] * (1.0 - act.t[k] * act.t[k]);
+    for (int k = 0; k < hidden; ++k)
+      d_a2[k] = d_h2[k] * (1.0 - act.t[k] * act.t[k]);
     outer_add(g_q_proj.data(), hidden, ffn, d_a2.data(), act.h1.data());
     std::fill(d_a1.begin(), d_a1.end(), 0.0);
     matvec_transposed_add(w.q_proj, hidden, ffn, d_a2.data(), d_a1.data());
     // h1 = relu(fc1 · h0 + b1)
-    for (int k = 0; k < ffn; ++k) d_a1[k] = act.a1[k] > 0 ? d_a1[k] : 0.0;
+    for (int k = 0; k < ffn; ++k)
+      d_a1[k] = act.a1[k] > 0 ? d_a1[k] : 0.0;
     outer_add(g_fc1_w.data(), ffn, hidden, d_a1.data(), act.h0.data());
-    for (int k = 0; k < ffn; ++k) g_fc1_b[k] += d_a1[k];
+    for (int k = 0; k < ffn; ++k)
+      g_fc1_b[k] += d_a1[k];
     d_h0 = d_h2;  // the residual branch
     matvec_transposed_add(w.fc1_w, ffn, hidden, d_a1.data(), d_h0.data());
     // h0 = embed · x
@@ -288,7 +305,8 @@ double evaluate(const model_config& cfg, const tensor_map& params, const batch& 
   weights w = bind_weights(cfg, params, b);
   activations act(cfg);
   double loss_sum = 0;
-  for (int i = 0; i < b.n; ++i) loss_sum += forward(cfg, w, b, i, act);
+  for (int i = 0; i < b.n; ++i)
+    loss_sum += forward(cfg, w, b, i, act);
   return b.n > 0 ? loss_sum / b.n : 0.0;
 }
 

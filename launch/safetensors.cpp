@@ -28,7 +28,8 @@ class file_descriptor {
 public:
   explicit file_descriptor(int fd) : fd_(fd) {}
   ~file_descriptor() {
-    if (fd_ >= 0) ::close(fd_);
+    if (fd_ >= 0)
+      ::close(fd_);
   }
   file_descriptor(const file_descriptor&) = delete;
   file_descriptor& operator=(const file_descriptor&) = delete;
@@ -46,7 +47,9 @@ private:
   int fd_;
 };
 
-std::string in_quotes(const std::string& text) { return "'" + text + "'"; }
+std::string in_quotes(const std::string& text) {
+  return "'" + text + "'";
+}
 
 error io_failure(const std::string& what, const std::string& path) {
   return {errc::io_error, what + " " + in_quotes(path) + ": " + std::strerror(errno)};
@@ -60,8 +63,10 @@ bool write_all(int fd, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
     p += n;
     size -= static_cast<size_t>(n);
   }
@@ -73,8 +78,10 @@ bool read_all(int fd, void* data, size_t size, uint64_t offset) {
   char* p = static_cast<char*>(data);
   while (size > 0) {
     ssize_t n = ::pread(fd, p, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n <= 0)
+      return false;
     p += n;
     size -= static_cast<size_t>(n);
     offset += static_cast<uint64_t>(n);
@@ -86,20 +93,23 @@ bool read_all(int fd, void* data, size_t size, uint64_t offset) {
 bool element_count(const std::vector<int64_t>& shape, uint64_t& count) {
   count = 1;
   for (int64_t d : shape) {
-    if (d < 0 || __builtin_mul_overflow(count, static_cast<uint64_t>(d), &count)) return false;
+    if (d < 0 || __builtin_mul_overflow(count, static_cast<uint64_t>(d), &count))
+      return false;
   }
   return true;
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
 
 std::string directory_of(const std::string& path) {
   size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
+  if (slash == std::string::npos)
+    return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
@@ -107,7 +117,8 @@ std::string directory_of(const std::string& path) {
 expected<std::string> make_header(const std::vector<named_tensor>& tensors,
                                   const std::map<std::string, std::string>& metadata) {
   header_json header = header_json::object();
-  if (!metadata.empty()) header[metadata_key] = metadata;
+  if (!metadata.empty())
+    header[metadata_key] = metadata;
   std::set<std::string> names;
   uint64_t offset = 0;
   for (const named_tensor& t : tensors) {
@@ -117,9 +128,9 @@ expected<std::string> make_header(const std::vector<named_tensor>& tensors,
       return error{errc::invalid_argument, "tensor " + in_quotes(t.name) + " is given twice"};
     uint64_t count = 0;
     if (!element_count(t.shape, count) || count != t.data.size())
-      return error{errc::invalid_argument, "tensor " + in_quotes(t.name) + " has shape " +
-                                               shape_string(t.shape) + " but " +
-                                               std::to_string(t.data.size()) + " values"};
+      return error{errc::invalid_argument, "tensor " + in_quotes(t.name) + " has shape "
+                                               + shape_string(t.shape) + " but "
+                                               + std::to_string(t.data.size()) + " values"};
     uint64_t end = offset + count * sizeof(float);
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
@@ -139,14 +150,16 @@ error write_contents(int fd, const std::string& tmp_path, const std::string& hea
                      const std::vector<named_tensor>& tensors) {
   uint64_t length = header.size();
   unsigned char length_bytes[8];
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(length >> (8 * i));
-  if (!write_all(fd, length_bytes, sizeof length_bytes) ||
-      !write_all(fd, header.data(), header.size()))
+  for (int i = 0; i < 8; ++i)
+    length_bytes[i] = static_cast<unsigned char>(length >> (8 * i));
+  if (!write_all(fd, length_bytes, sizeof length_bytes)
+      || !write_all(fd, header.data(), header.size()))
     return io_failure("cannot write", tmp_path);
   for (const named_tensor& t : tensors)
     if (!write_all(fd, t.data.data(), t.data.size() * sizeof(float)))
       return io_failure("cannot write tensor " + in_quotes(t.name) + " to", tmp_path);
-  if (::fsync(fd) != 0) return io_failure("cannot fsync", tmp_path);
+  if (::fsync(fd) != 0)
+    return io_failure("cannot fsync", tmp_path);
   return {};
 }
 
@@ -163,16 +176,19 @@ expected<entry> parse_entry(const std::string& path, const std::string& name,
   auto bad = [&](const std::string& what) {
     return bad_file(path, "tensor " + in_quotes(name) + ": " + what);
   };
-  if (!value.is_object()) return bad("header entry is not a JSON object");
+  if (!value.is_object())
+    return bad("header entry is not a JSON object");
   auto dtype = value.find("dtype");
   auto shape = value.find("shape");
   auto offsets = value.find("data_offsets");
-  if (dtype == value.end() || !dtype->is_string()) return bad("missing or non-string dtype");
+  if (dtype == value.end() || !dtype->is_string())
+    return bad("missing or non-string dtype");
   if (*dtype != "F32")
     return bad("dtype " + dtype->get<std::string>() + " is not supported (only F32)");
-  if (shape == value.end() || !shape->is_array()) return bad("missing or non-array shape");
-  if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2 ||
-      !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
+  if (shape == value.end() || !shape->is_array())
+    return bad("missing or non-array shape");
+  if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2
+      || !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
     return bad("data_offsets is not a pair of non-negative integers");
   entry e;
   e.name = name;
@@ -183,12 +199,13 @@ expected<entry> parse_entry(const std::string& path, const std::string& name,
   }
   e.begin = (*offsets)[0].get<uint64_t>();
   e.end = (*offsets)[1].get<uint64_t>();
-  if (e.begin > e.end) return bad("data_offsets " + offsets->dump() + " are out of order");
+  if (e.begin > e.end)
+    return bad("data_offsets " + offsets->dump() + " are out of order");
   uint64_t count = 0;
-  if (!element_count(e.shape, count) || count > UINT64_MAX / sizeof(float) ||
-      count * sizeof(float) != e.end - e.begin)
-    return bad("shape " + shape->dump() + " does not match data_offsets " + offsets->dump() + " (" +
-               std::to_string(e.end - e.begin) + " bytes)");
+  if (!element_count(e.shape, count) || count > UINT64_MAX / sizeof(float)
+      || count * sizeof(float) != e.end - e.begin)
+    return bad("shape " + shape->dump() + " does not match data_offsets " + offsets->dump() + " ("
+               + std::to_string(e.end - e.begin) + " bytes)");
   return e;
 }
 
@@ -199,8 +216,8 @@ expected<std::vector<entry>> parse_header(const std::string& path, const std::st
   std::string repeated;
   std::set<std::string> seen;
   auto watch_keys = [&](int depth, header_json::parse_event_t event, header_json& parsed) {
-    if (depth == 1 && event == header_json::parse_event_t::key && repeated.empty() &&
-        !seen.insert(parsed.get<std::string>()).second)
+    if (depth == 1 && event == header_json::parse_event_t::key && repeated.empty()
+        && !seen.insert(parsed.get<std::string>()).second)
       repeated = parsed.get<std::string>();
     return true;
   };
@@ -210,12 +227,15 @@ expected<std::vector<entry>> parse_header(const std::string& path, const std::st
   } catch (const nlohmann::json::exception& e) {
     return bad_file(path, std::string("header is not valid JSON: ") + e.what());
   }
-  if (!header.is_object()) return bad_file(path, "header is not a JSON object");
-  if (!repeated.empty()) return bad_file(path, "header names " + in_quotes(repeated) + " twice");
+  if (!header.is_object())
+    return bad_file(path, "header is not a JSON object");
+  if (!repeated.empty())
+    return bad_file(path, "header names " + in_quotes(repeated) + " twice");
   std::vector<entry> entries;
   for (const auto& [name, value] : header.items()) {
     if (name == metadata_key) {
-      if (!value.is_object()) return bad_file(path, "__metadata__ is not a JSON object");
+      if (!value.is_object())
+        return bad_file(path, "__metadata__ is not a JSON object");
       for (const auto& [key, text_value] : value.items()) {
         if (!text_value.is_string())
           return bad_file(path, "__metadata__ value of " + in_quotes(key) + " is not a string");
@@ -224,7 +244,8 @@ expected<std::vector<entry>> parse_header(const std::string& path, const std::st
       continue;
     }
     expected<entry> e = parse_entry(path, name, value);
-    if (!e) return e.err();
+    if (!e)
+      return e.err();
     entries.push_back(std::move(*e));
   }
   std::stable_sort(entries.begin(), entries.end(), [](const entry& a, const entry& b) {
@@ -238,17 +259,17 @@ error check_layout(const std::string& path, const std::vector<entry>& entries, u
   uint64_t covered = 0;
   const entry* previous = nullptr;
   for (const entry& e : entries) {
-    std::string where = "tensor " + in_quotes(e.name) + " at data bytes [" +
-                        std::to_string(e.begin) + ", " + std::to_string(e.end) + ")";
+    std::string where = "tensor " + in_quotes(e.name) + " at data bytes [" + std::to_string(e.begin)
+                        + ", " + std::to_string(e.end) + ")";
     if (e.begin < covered)
-      return bad_file(path, where + " overlaps tensor " + in_quotes(previous->name) +
-                                " ending at " + std::to_string(covered));
+      return bad_file(path, where + " overlaps tensor " + in_quotes(previous->name) + " ending at "
+                                + std::to_string(covered));
     if (e.begin > covered)
       return bad_file(path,
                       "gap of " + std::to_string(e.begin - covered) + " bytes before " + where);
     if (e.end > data_size)
-      return bad_file(path, where + " points past the end of the file, which holds " +
-                                std::to_string(data_size) + " data bytes (truncated data)");
+      return bad_file(path, where + " points past the end of the file, which holds "
+                                + std::to_string(data_size) + " data bytes (truncated data)");
     covered = e.end;
     previous = &e;
   }
@@ -263,12 +284,15 @@ error check_layout(const std::string& path, const std::vector<entry>& entries, u
 error write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
                         const std::map<std::string, std::string>& metadata) {
   expected<std::string> header = make_header(tensors, metadata);
-  if (!header) return header.err();
+  if (!header)
+    return header.err();
   std::string tmp_path = path + ".tmp." + std::to_string(::getpid());
   file_descriptor fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) return io_failure("cannot create", tmp_path);
+  if (!fd.valid())
+    return io_failure("cannot create", tmp_path);
   error err = write_contents(fd.get(), tmp_path, *header, tensors);
-  if (!err && fd.close() != 0) err = io_failure("cannot close", tmp_path);
+  if (!err && fd.close() != 0)
+    err = io_failure("cannot close", tmp_path);
   if (!err && ::rename(tmp_path.c_str(), path.c_str()) != 0)
     err = io_failure("cannot rename " + in_quotes(tmp_path) + " to", path);
   if (err) {
@@ -286,31 +310,38 @@ error write_safetensors(const std::string& path, const std::vector<named_tensor>
 expected<std::vector<named_tensor>> read_safetensors(const std::string& path,
                                                      std::map<std::string, std::string>* metadata) {
   file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return io_failure("cannot open", path);
+  if (!fd.valid())
+    return io_failure("cannot open", path);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return io_failure("cannot stat", path);
-  if (!S_ISREG(st.st_mode)) return bad_file(path, "not a regular file");
+  if (::fstat(fd.get(), &st) != 0)
+    return io_failure("cannot stat", path);
+  if (!S_ISREG(st.st_mode))
+    return bad_file(path, "not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < 8)
-    return bad_file(path, "file is " + std::to_string(file_size) +
-                              " bytes, shorter than the 8-byte header length");
+    return bad_file(path, "file is " + std::to_string(file_size)
+                              + " bytes, shorter than the 8-byte header length");
   unsigned char length_bytes[8];
   if (!read_all(fd.get(), length_bytes, sizeof length_bytes, 0))
     return io_failure("cannot read", path);
   uint64_t header_size = 0;
-  for (int i = 0; i < 8; ++i) header_size |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    header_size |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
   if (header_size > file_size - 8)
-    return bad_file(path, "header length " + std::to_string(header_size) + " exceeds the " +
-                              std::to_string(file_size - 8) +
-                              " bytes after the length field (truncated file)");
+    return bad_file(path, "header length " + std::to_string(header_size) + " exceeds the "
+                              + std::to_string(file_size - 8)
+                              + " bytes after the length field (truncated file)");
   std::string text(header_size, '\0');
-  if (!read_all(fd.get(), text.data(), text.size(), 8)) return io_failure("cannot read", path);
+  if (!read_all(fd.get(), text.data(), text.size(), 8))
+    return io_failure("cannot read", path);
 
   std::map<std::string, std::string> found_metadata;
   expected<std::vector<entry>> entries = parse_header(path, text, found_metadata);
-  if (!entries) return entries.err();
+  if (!entries)
+    return entries.err();
   const uint64_t data_start = 8 + header_size;
-  if (error err = check_layout(path, *entries, file_size - data_start)) return err;
+  if (error err = check_layout(path, *entries, file_size - data_start))
+    return err;
 
   std::vector<named_tensor> tensors;
   tensors.reserve(entries->size());
@@ -320,7 +351,8 @@ expected<std::vector<named_tensor>> read_safetensors(const std::string& path,
       return io_failure("cannot read tensor " + in_quotes(e.name) + " from", path);
     tensors.push_back(std::move(t));
   }
-  if (metadata) *metadata = std::move(found_metadata);
+  if (metadata)
+    *metadata = std::move(found_metadata);
   return tensors;
 }
 

@@ -229,12 +229,12 @@ struct step_request {
 struct step_result {
   uint64_t step = 0;
   bool skipped = false;
-  double grad_norm = 0;   // global norm of the raw (unscaled) accumulated gradient
-  float clip_coef = 1;    // factor applied to the gradient (1 = not clipped)
-  float loss_scale = 1;   // scale used for this step
+  double grad_norm = 0;  // global norm of the raw (unscaled) accumulated gradient
+  float clip_coef = 1;   // factor applied to the gradient (1 = not clipped)
+  float loss_scale = 1;  // scale used for this step
   float next_loss_scale = 1;
   int32_t micros = 0;
-  int32_t ns_params = 0;  // Muon parameters this rank orthogonalized in this step
+  int32_t ns_params = 0;    // Muon parameters this rank orthogonalized in this step
   int64_t ns_matrices = 0;  // matrices (head blocks count one each) this rank orthogonalized
 };
 
@@ -246,10 +246,10 @@ typename Inspector::result_type inspect(Inspector& f, collective_tag& x) {
   return f(caf::meta::type_name("collective_tag"), x.kind, x.step, x.micro, x.index);
 }
 
-#define ZMUON_INSPECT(type, ...)                                                  \
-  template <class Inspector>                                                      \
-  typename Inspector::result_type inspect(Inspector& f, type& x) {                \
-    return f(caf::meta::type_name(#type), __VA_ARGS__);                           \
+#define ZMUON_INSPECT(type, ...)                                   \
+  template <class Inspector>                                       \
+  typename Inspector::result_type inspect(Inspector& f, type& x) { \
+    return f(caf::meta::type_name(#type), __VA_ARGS__);            \
   }
 
 ZMUON_INSPECT(float_view, x.size)
@@ -276,8 +276,7 @@ ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update)
 ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay)
 ZMUON_INSPECT(finish_step, x.step)
 ZMUON_INSPECT(load_params, x.step)
-ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq,
-              x.adam_steps)
+ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps)
 ZMUON_INSPECT(step_request, x.step, x.muon_lr, x.adam_lr)
 ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_scale,
               x.next_loss_scale, x.micros, x.ns_params, x.ns_matrices)
@@ -290,7 +289,7 @@ caf::error inspect(caf::serializer& f, peer_floats& x);
 caf::error inspect(caf::deserializer& f, peer_floats& x);
 template <class Inspector>
 std::enable_if_t<!std::is_base_of<caf::serializer, Inspector>::value
-                   && !std::is_base_of<caf::deserializer, Inspector>::value,
+                     && !std::is_base_of<caf::deserializer, Inspector>::value,
                  typename Inspector::result_type>
 inspect(Inspector& f, peer_floats& x) {
   auto bytes = static_cast<uint64_t>(x.data.size() * sizeof(float));

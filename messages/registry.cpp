@@ -10,11 +10,16 @@ namespace zmuon {
 
 std::string to_string(collective_kind kind) {
   switch (kind) {
-    case collective_kind::reduce_scatter: return "reduce_scatter";
-    case collective_kind::vote: return "vote";
-    case collective_kind::norm: return "norm";
-    case collective_kind::gather: return "gather";
-    case collective_kind::scatter: return "scatter";
+    case collective_kind::reduce_scatter:
+      return "reduce_scatter";
+    case collective_kind::vote:
+      return "vote";
+    case collective_kind::norm:
+      return "norm";
+    case collective_kind::gather:
+      return "gather";
+    case collective_kind::scatter:
+      return "scatter";
   }
   return "?";
 }
@@ -72,11 +77,11 @@ error from_caf_error(const caf::error& err) {
 }
 
 void register_messages(caf::actor_system_config& cfg) {
-  cfg.add_error_category(error_category(), [](uint8_t code, caf::atom_value,
-                                              const caf::message& ctx) -> std::string {
-    std::string msg = ctx.match_elements<std::string>() ? ctx.get_as<std::string>(0) : "";
-    return std::string("zmuon ") + to_string(static_cast<errc>(code)) + ": " + msg;
-  });
+  cfg.add_error_category(
+      error_category(), [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {
+        std::string msg = ctx.match_elements<std::string>() ? ctx.get_as<std::string>(0) : "";
+        return std::string("zmuon ") + to_string(static_cast<errc>(code)) + ": " + msg;
+      });
   // Types that cross process boundaries (the caf comm backend between processes).
   cfg.add_message_type<collective_tag>("zmuon::collective_tag");
   cfg.add_message_type<peer_floats>("zmuon::peer_floats");

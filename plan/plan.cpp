@@ -22,7 +22,7 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
   for (auto d : p.shape)
     if (d <= 0)
       return {errc::invalid_argument, "parameter '" + p.name + "' has a dimension of size "
-                                        + std::to_string(d) + " (zero-size parameter)"};
+                                          + std::to_string(d) + " (zero-size parameter)"};
   if (p.heads < 0)
     return {errc::invalid_argument, "parameter '" + p.name + "': heads must be >= 0"};
   if (p.heads > 0) {
@@ -30,9 +30,8 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
       return {errc::invalid_argument,
               "parameter '" + p.name + "': heads need a matrix (ndim >= 2)"};
     if (p.shape[0] % p.heads != 0)
-      return {errc::invalid_argument, "parameter '" + p.name + "': heads="
-                                        + std::to_string(p.heads) + " do not divide rows="
-                                        + std::to_string(p.shape[0])};
+      return {errc::invalid_argument, "parameter '" + p.name + "': heads=" + std::to_string(p.heads)
+                                          + " do not divide rows=" + std::to_string(p.shape[0])};
   }
   if (p.group == param_group::muon && p.shape.size() < 2)
     return {errc::invalid_argument,
@@ -51,8 +50,7 @@ void assign_owners(plan& pl) {
     auto& p = pl.params[i];
     return static_cast<double>(p.heads) * ns_cost(p.rows / p.heads, p.cols);
   };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return cost(a) > cost(b); });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return cost(a) > cost(b); });
   pl.owner_cost.assign(pl.world, 0.0);
   for (int i : order) {
     auto least = std::min_element(pl.owner_cost.begin(), pl.owner_cost.end());
@@ -65,7 +63,7 @@ void assign_owners(plan& pl) {
 
 int plan::muon_count() const {
   return static_cast<int>(
-    std::count_if(params.begin(), params.end(), [](const param_layout& p) { return p.muon; }));
+      std::count_if(params.begin(), params.end(), [](const param_layout& p) { return p.muon; }));
 }
 
 double ns_cost(int64_t rows, int64_t cols) {
@@ -73,8 +71,8 @@ double ns_cost(int64_t rows, int64_t cols) {
   return static_cast<double>(std::max(rows, cols)) * lo * lo;
 }
 
-expected<plan> make_plan(const std::vector<param_spec>& table, int world,
-                         int64_t bucket_elements, bool per_head) {
+expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_t bucket_elements,
+                         bool per_head) {
   if (world < 1)
     return error{errc::invalid_argument, "world size must be >= 1, got " + std::to_string(world)};
   if (bucket_elements < 1)
@@ -88,8 +86,8 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world,
     param_layout p;
     p.name = spec.name;
     p.shape = spec.shape;
-    p.numel = std::accumulate(spec.shape.begin(), spec.shape.end(), int64_t{1},
-                              std::multiplies<>());
+    p.numel =
+        std::accumulate(spec.shape.begin(), spec.shape.end(), int64_t{1}, std::multiplies<>());
     p.shard_len = (p.numel + world - 1) / world;
     p.shard_offset = pl.shard_total;
     pl.shard_total += p.shard_len;
@@ -132,8 +130,7 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world,
     auto& p = pl.params[i];
     if (!p.muon)
       continue;
-    bool fits = !pl.chunks.empty()
-                && pl.chunks.back().full_elements + p.numel <= bucket_elements;
+    bool fits = !pl.chunks.empty() && pl.chunks.back().full_elements + p.numel <= bucket_elements;
     if (!fits) {
       chunk_layout c;
       c.state_offset = p.state_offset;

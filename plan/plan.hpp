@@ -36,7 +36,7 @@ struct param_layout {
   int64_t state_offset = 0;  // offset in the rank's Muon-state or Adam-state flat buffer
   int bucket = 0;            // reduce bucket index
   // Muon only:
-  int64_t rows = 0;   // matrix view [rows, cols]: shape[0] x prod(shape[1:])
+  int64_t rows = 0;  // matrix view [rows, cols]: shape[0] x prod(shape[1:])
   int64_t cols = 0;
   int64_t heads = 1;  // independent [rows/heads, cols] blocks
   int owner = -1;     // rank that runs this matrix's Newton-Schulz
@@ -46,17 +46,17 @@ struct param_layout {
 /// Consecutive parameters reduced together: their shards are contiguous in every rank's buffer.
 struct bucket_layout {
   int first_param = 0;
-  int end_param = 0;          // one past the last
-  int64_t shard_offset = 0;   // start in the rank's flat shard buffers
-  int64_t shard_len = 0;      // elements of this bucket per rank
+  int end_param = 0;         // one past the last
+  int64_t shard_offset = 0;  // start in the rank's flat shard buffers
+  int64_t shard_len = 0;     // elements of this bucket per rank
 };
 
 /// Consecutive Muon parameters whose gather-NS-scatter runs together.
 struct chunk_layout {
-  std::vector<int> params;     // indices into plan::params, in table order
-  int64_t state_offset = 0;    // start in the rank's Muon-state buffer
-  int64_t shard_len = 0;       // Muon-state elements of this chunk per rank
-  int64_t full_elements = 0;   // sum of numel over the chunk's matrices
+  std::vector<int> params;    // indices into plan::params, in table order
+  int64_t state_offset = 0;   // start in the rank's Muon-state buffer
+  int64_t shard_len = 0;      // Muon-state elements of this chunk per rank
+  int64_t full_elements = 0;  // sum of numel over the chunk's matrices
 };
 
 struct plan {
@@ -64,10 +64,10 @@ struct plan {
   std::vector<param_layout> params;
   std::vector<bucket_layout> buckets;
   std::vector<chunk_layout> chunks;
-  int64_t shard_total = 0;       // per-rank elements of params / grads
-  int64_t muon_state_total = 0;  // per-rank elements of Muon momentum
-  int64_t adam_state_total = 0;  // per-rank elements of each Adam moment
-  std::vector<double> owner_cost;  // NS cost assigned to each rank
+  int64_t shard_total = 0;                     // per-rank elements of params / grads
+  int64_t muon_state_total = 0;                // per-rank elements of Muon momentum
+  int64_t adam_state_total = 0;                // per-rank elements of each Adam moment
+  std::vector<double> owner_cost;              // NS cost assigned to each rank
   std::unordered_map<std::string, int> index;  // name -> position in params
 
   int find(const std::string& name) const {
@@ -82,7 +82,7 @@ double ns_cost(int64_t rows, int64_t cols);
 
 /// Validates the table (names unique and non-empty, no zero-size shapes, heads dividing rows)
 /// and builds the plan. `per_head` false ignores the registered heads.
-expected<plan> make_plan(const std::vector<param_spec>& table, int world,
-                         int64_t bucket_elements, bool per_head = true);
+expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_t bucket_elements,
+                         bool per_head = true);
 
 }  // namespace zmuon

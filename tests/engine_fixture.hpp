@@ -54,7 +54,7 @@ inline tensor_map random_grads(const std::vector<param_spec>& table, uint64_t se
   tensor_map g;
   for (size_t i = 0; i < table.size(); ++i)
     g[table[i].name] = random_values(
-      numel(table[i]), ((seed * 131 + step) * 257 + rank) * 1031 + micro * 17 + i, stddev);
+        numel(table[i]), ((seed * 131 + step) * 257 + rank) * 1031 + micro * 17 + i, stddev);
   return g;
 }
 

@@ -73,7 +73,8 @@ std::vector<float> random_vector(int64_t n, float sigma = 1.0f) {
   std::normal_distribution<float> dist(0.0f, sigma);
   std::vector<float> v(static_cast<size_t>(n));
   for (float& x : v) {
-    do x = dist(rng());
+    do
+      x = dist(rng());
     while (x == 0.0f);
   }
   return v;
@@ -100,7 +101,8 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
   double diff = 0.0;
   double norm = 0.0;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (!std::isfinite(got[i])) return std::numeric_limits<double>::infinity();
+    if (!std::isfinite(got[i]))
+      return std::numeric_limits<double>::infinity();
     const double d = static_cast<double>(got[i]) - want[i];
     diff += d * d;
     norm += static_cast<double>(want[i]) * want[i];
@@ -111,18 +113,20 @@ double relative_error(const std::vector<float>& got, const std::vector<float>& w
 /// Elements that differ bit for bit (a NaN never matches); a count rather than Boost's
 /// element-by-element report, which would flood the log on a wrong kernel.
 int64_t mismatches(const std::vector<float>& got, const std::vector<float>& want) {
-  if (got.size() != want.size()) return static_cast<int64_t>(std::max(got.size(), want.size()));
+  if (got.size() != want.size())
+    return static_cast<int64_t>(std::max(got.size(), want.size()));
   int64_t count = 0;
-  for (size_t i = 0; i < got.size(); ++i) count += !(got[i] == want[i]);
+  for (size_t i = 0; i < got.size(); ++i)
+    count += !(got[i] == want[i]);
   return count;
 }
 
 /// One vector on both backends.
 struct mirrored {
   explicit mirrored(const std::vector<float>& values)
-    : size(static_cast<int64_t>(values.size())),
-      host(upload(*env().host, values)),
-      gpu(upload(*env().gpu, values)) {}
+      : size(static_cast<int64_t>(values.size())),
+        host(upload(*env().host, values)),
+        gpu(upload(*env().gpu, values)) {}
 
   std::vector<float> host_values() { return download(*env().host, host.data(), size); }
   std::vector<float> gpu_values() { return download(*env().gpu, gpu.data(), size); }
@@ -253,7 +257,8 @@ BOOST_AUTO_TEST_CASE(adamw) {
     mirrored p(random_vector(n));
     mirrored m(random_vector(n, 0.1f));
     std::vector<float> v_values = random_vector(n, 0.01f);
-    for (float& v : v_values) v = std::abs(v);  // a second moment is never negative
+    for (float& v : v_values)
+      v = std::abs(v);  // a second moment is never negative
     mirrored v(v_values);
     adamw_args args;
     args.lr = 3e-4f;
@@ -300,7 +305,8 @@ std::vector<float> bf16_reference(const std::vector<float>& input, const ns_case
   for (int64_t k = 0; k < c.batch; ++k) {
     const float* src = input.data() + k * m * n;
     double sum = 0.0;
-    for (int64_t i = 0; i < m * n; ++i) sum += static_cast<double>(src[i]) * src[i];
+    for (int64_t i = 0; i < m * n; ++i)
+      sum += static_cast<double>(src[i]) * src[i];
     const auto inv_norm = static_cast<float>(1.0 / (std::sqrt(sum) + ns.eps));
     std::vector<float> x(static_cast<size_t>(m * n));  // the wide X, row-major [m, n]
     for (int64_t i = 0; i < m; ++i) {
@@ -320,8 +326,8 @@ std::vector<float> bf16_reference(const std::vector<float>& input, const ns_case
         for (int64_t j = 0; j < m; ++j) {
           double dot = 0.0;
           for (int64_t l = 0; l < n; ++l)
-            dot += static_cast<double>(x[static_cast<size_t>(i * n + l)]) *
-                   x[static_cast<size_t>(j * n + l)];
+            dot += static_cast<double>(x[static_cast<size_t>(i * n + l)])
+                   * x[static_cast<size_t>(j * n + l)];
           a[static_cast<size_t>(i * m + j)] = round_bf16(static_cast<float>(dot));
         }
       }
@@ -329,8 +335,8 @@ std::vector<float> bf16_reference(const std::vector<float>& input, const ns_case
         for (int64_t j = 0; j < m; ++j) {
           double dot = 0.0;
           for (int64_t l = 0; l < m; ++l)
-            dot += static_cast<double>(a[static_cast<size_t>(i * m + l)]) *
-                   a[static_cast<size_t>(l * m + j)];
+            dot += static_cast<double>(a[static_cast<size_t>(i * m + l)])
+                   * a[static_cast<size_t>(l * m + j)];
           const size_t ij = static_cast<size_t>(i * m + j);
           b[ij] =
               round_bf16(static_cast<float>(abc[2] * dot + static_cast<double>(abc[1]) * a[ij]));
@@ -340,8 +346,8 @@ std::vector<float> bf16_reference(const std::vector<float>& input, const ns_case
         for (int64_t j = 0; j < n; ++j) {
           double dot = 0.0;
           for (int64_t l = 0; l < m; ++l)
-            dot += static_cast<double>(b[static_cast<size_t>(i * m + l)]) *
-                   x[static_cast<size_t>(l * n + j)];
+            dot += static_cast<double>(b[static_cast<size_t>(i * m + l)])
+                   * x[static_cast<size_t>(l * n + j)];
           const size_t ij = static_cast<size_t>(i * n + j);
           next[ij] = round_bf16(static_cast<float>(dot + static_cast<double>(abc[0]) * x[ij]));
         }
@@ -387,7 +393,8 @@ ns_errors run_newton_schulz(const ns_case& c, const ns_options& ns, bool with_bf
   BOOST_TEST(env().gpu->ns_matrix_count() == gpu_count + c.batch);
   const std::vector<float> gpu = x.gpu_values();
   ns_errors e{worst_matrix_error(gpu, x.host_values(), c), 0.0};
-  if (with_bf16_reference) e.to_bf16 = worst_matrix_error(gpu, bf16_reference(input, c, ns), c);
+  if (with_bf16_reference)
+    e.to_bf16 = worst_matrix_error(gpu, bf16_reference(input, c, ns), c);
   BOOST_TEST_MESSAGE("newton_schulz steps="
                      << ns.steps << " " << c.batch << " x [" << c.rows << ", " << c.cols
                      << "]: relative error to host fp32 " << e.to_host
@@ -491,7 +498,8 @@ BOOST_AUTO_TEST_CASE(scale_and_scan_past_two_to_the_31_elements) {
 
   const int64_t chunk = 7 * (int64_t{1} << 22);  // a multiple of the pattern's period
   std::vector<float> pattern(static_cast<size_t>(chunk));
-  for (int64_t i = 0; i < chunk; ++i) pattern[static_cast<size_t>(i)] = value_at(i);
+  for (int64_t i = 0; i < chunk; ++i)
+    pattern[static_cast<size_t>(i)] = value_at(i);
   for (int64_t at = 0; at < n; at += chunk) {
     const int64_t len = std::min(chunk, n - at);
     gpu.copy_from_host(x.data() + at, pattern.data(), len);

@@ -142,8 +142,7 @@ BOOST_AUTO_TEST_CASE(bad_input_is_named_and_changes_nothing) {
   g.erase("w9");
   g["w2"].pop_back();
   expect_error(eng->reduce(0, g), errc::shape_mismatch, "w2");
-  expect_error(eng->reduce(5, random_grads(table, 23, 1, 0, 0)), errc::invalid_argument,
-               "rank 5");
+  expect_error(eng->reduce(5, random_grads(table, 23, 1, 0, 0)), errc::invalid_argument, "rank 5");
   expect_error(eng->add_parameter({"late", {2, 2}}), errc::bad_state, "late");
   check_unchanged(before, capture(*eng), true);
 

@@ -261,8 +261,8 @@ BOOST_AUTO_TEST_CASE(one_muon_step_matches_a_double_precision_reference) {
   std::vector<double> u(rows * cols);
   for (size_t i = 0; i < u.size(); ++i) {
     double g = 0.5 * (static_cast<double>(g0["w"][i]) + g1["w"][i]);
-    double m = (1 - beta) * g;              // momentum from zero
-    u[i] = (1 - beta) * g + beta * m;       // Nesterov
+    double m = (1 - beta) * g;         // momentum from zero
+    u[i] = (1 - beta) * g + beta * m;  // Nesterov
   }
   auto ortho = ns5_reference(u, rows, cols);
   double scale = std::sqrt(std::max(1.0, static_cast<double>(rows) / cols));

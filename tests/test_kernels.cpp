@@ -33,7 +33,8 @@ std::vector<float> random_floats(int64_t n, uint32_t seed, float lo = -1.0f, flo
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(static_cast<size_t>(n));
   for (auto& x : v) {
-    do x = dist(gen);
+    do
+      x = dist(gen);
     while (x == 0.0f);
   }
   return v;
@@ -52,7 +53,9 @@ std::vector<float> download(compute_backend& be, const device_buffer& buf) {
   return host;
 }
 
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> to_double(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
 
 /// Checks |got - ref| <= rtol*|ref| + atol element-wise and reports the worst element.
 void check_close(const std::vector<float>& got, const std::vector<double>& ref, double rtol,
@@ -97,12 +100,15 @@ std::vector<double> ns_reference(const float* x, int64_t rows, int64_t cols, con
   const int64_t c = tall ? rows : cols;
   std::vector<double> X(static_cast<size_t>(r * c));
   for (int64_t i = 0; i < r; ++i) {
-    for (int64_t j = 0; j < c; ++j) X[i * c + j] = tall ? x[j * cols + i] : x[i * cols + j];
+    for (int64_t j = 0; j < c; ++j)
+      X[i * c + j] = tall ? x[j * cols + i] : x[i * cols + j];
   }
   double norm = 0.0;
-  for (double v : X) norm += v * v;
+  for (double v : X)
+    norm += v * v;
   norm = std::sqrt(norm) + static_cast<double>(ns.eps);
-  for (double& v : X) v /= norm;
+  for (double& v : X)
+    v /= norm;
 
   std::vector<double> A(static_cast<size_t>(r * r)), B(A.size()), next(X.size());
   for (int step = 0; step < ns.steps; ++step) {
@@ -111,21 +117,24 @@ std::vector<double> ns_reference(const float* x, int64_t rows, int64_t cols, con
     for (int64_t i = 0; i < r; ++i) {
       for (int64_t j = 0; j < r; ++j) {
         double s = 0.0;
-        for (int64_t k = 0; k < c; ++k) s += X[i * c + k] * X[j * c + k];
+        for (int64_t k = 0; k < c; ++k)
+          s += X[i * c + k] * X[j * c + k];
         A[i * r + j] = s;
       }
     }
     for (int64_t i = 0; i < r; ++i) {
       for (int64_t j = 0; j < r; ++j) {
         double s = 0.0;
-        for (int64_t k = 0; k < r; ++k) s += A[i * r + k] * A[k * r + j];
+        for (int64_t k = 0; k < r; ++k)
+          s += A[i * r + k] * A[k * r + j];
         B[i * r + j] = b * A[i * r + j] + cc * s;
       }
     }
     for (int64_t i = 0; i < r; ++i) {
       for (int64_t j = 0; j < c; ++j) {
         double s = 0.0;
-        for (int64_t k = 0; k < r; ++k) s += B[i * r + k] * X[k * c + j];
+        for (int64_t k = 0; k < r; ++k)
+          s += B[i * r + k] * X[k * c + j];
         next[i * c + j] = a * X[i * c + j] + s;
       }
     }
@@ -134,7 +143,8 @@ std::vector<double> ns_reference(const float* x, int64_t rows, int64_t cols, con
 
   std::vector<double> out(X.size());
   for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = tall ? X[j * c + i] : X[i * cols + j];
+    for (int64_t j = 0; j < cols; ++j)
+      out[i * cols + j] = tall ? X[j * c + i] : X[i * cols + j];
   }
   return out;
 }
@@ -165,13 +175,16 @@ std::vector<double> symmetric_eigenvalues(std::vector<double> a, int64_t n) {
   for (int sweep = 0; sweep < 100; ++sweep) {
     double off = 0.0;
     for (int64_t p = 0; p < n; ++p) {
-      for (int64_t q = p + 1; q < n; ++q) off += a[p * n + q] * a[p * n + q];
+      for (int64_t q = p + 1; q < n; ++q)
+        off += a[p * n + q] * a[p * n + q];
     }
-    if (off < 1e-22) break;
+    if (off < 1e-22)
+      break;
     for (int64_t p = 0; p < n; ++p) {
       for (int64_t q = p + 1; q < n; ++q) {
         const double apq = a[p * n + q];
-        if (std::fabs(apq) < 1e-300) continue;
+        if (std::fabs(apq) < 1e-300)
+          continue;
         const double theta = (a[q * n + q] - a[p * n + p]) / (2.0 * apq);
         const double t =
             (theta >= 0 ? 1.0 : -1.0) / (std::fabs(theta) + std::sqrt(theta * theta + 1));
@@ -190,7 +203,8 @@ std::vector<double> symmetric_eigenvalues(std::vector<double> a, int64_t n) {
     }
   }
   std::vector<double> eig(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) eig[i] = a[i * n + i];
+  for (int64_t i = 0; i < n; ++i)
+    eig[i] = a[i * n + i];
   return eig;
 }
 
@@ -248,7 +262,8 @@ BOOST_AUTO_TEST_CASE(add_matches_reference) {
   for (int64_t n : kSizes) {
     const auto dst = random_floats(n, 21), src = random_floats(n, 22);
     std::vector<double> ref(dst.size());
-    for (size_t i = 0; i < ref.size(); ++i) ref[i] = double(dst[i]) + double(src[i]);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ref[i] = double(dst[i]) + double(src[i]);
     auto d = upload(*be, dst), s = upload(*be, src);
     be->add(d.data(), s.data(), n);
     check_close(download(*be, d), ref, 1e-6, 1e-6, "add");
@@ -261,7 +276,8 @@ BOOST_AUTO_TEST_CASE(scale_matches_reference) {
   for (int64_t n : kSizes) {
     const auto x = random_floats(n, 31);
     std::vector<double> ref(x.size());
-    for (size_t i = 0; i < ref.size(); ++i) ref[i] = double(x[i]) * double(factor);
+    for (size_t i = 0; i < ref.size(); ++i)
+      ref[i] = double(x[i]) * double(factor);
     auto d = upload(*be, x);
     be->scale(d.data(), n, factor);
     check_close(download(*be, d), ref, 1e-6, 1e-6, "scale");
@@ -274,7 +290,8 @@ BOOST_AUTO_TEST_CASE(scan_and_norm_match_reference) {
   for (int64_t n : kSizes) {
     const auto x = random_floats(n, 41, -3.0f, 3.0f);
     double ref = 0.0;
-    for (float v : x) ref += double(v) * double(v);
+    for (float v : x)
+      ref += double(v) * double(v);
     auto d = upload(*be, x);
     const scan_result s = be->scan(d.data(), n);
     BOOST_TEST(!s.nonfinite);
@@ -365,8 +382,8 @@ BOOST_AUTO_TEST_CASE(adamw_matches_reference_over_three_steps) {
         v_ref[i] = b2 * v_ref[i] + (1 - b2) * double(g[i]) * g[i];
         const double m_hat = m_ref[i] / (1 - std::pow(b1, step));
         const double v_hat = v_ref[i] / (1 - std::pow(b2, step));
-        p_ref[i] = p_ref[i] * (1 - double(args.lr) * args.weight_decay) -
-                   double(args.lr) * m_hat / (std::sqrt(v_hat) + double(args.eps));
+        p_ref[i] = p_ref[i] * (1 - double(args.lr) * args.weight_decay)
+                   - double(args.lr) * m_hat / (std::sqrt(v_hat) + double(args.eps));
       }
       args.step = step;
       auto gd = upload(*be, g);
@@ -437,7 +454,8 @@ BOOST_AUTO_TEST_CASE(newton_schulz_singular_values_near_one) {
     for (int64_t i = 0; i < r; ++i) {
       for (int64_t j = 0; j < r; ++j) {
         double s = 0.0;
-        for (int64_t k = 0; k < c; ++k) s += at(i, k) * at(j, k);
+        for (int64_t k = 0; k < c; ++k)
+          s += at(i, k) * at(j, k);
         gram[i * r + j] = s;
       }
     }
@@ -476,7 +494,8 @@ BOOST_AUTO_TEST_CASE(newton_schulz_concurrent_instances_agree) {
   for (int rank = 0; rank < kRanks; ++rank) {
     threads.emplace_back([&, rank] {
       auto made = make_compute_backend("host");
-      if (!made) return;  // leaves results[rank] empty, which fails below
+      if (!made)
+        return;  // leaves results[rank] empty, which fails below
       auto& be = **made;
       auto buf = upload(be, input);
       for (int round = 0; round < 3; ++round) {
@@ -486,7 +505,8 @@ BOOST_AUTO_TEST_CASE(newton_schulz_concurrent_instances_agree) {
       results[rank] = download(be, buf);
     });
   }
-  for (auto& t : threads) t.join();
+  for (auto& t : threads)
+    t.join();
   for (int rank = 0; rank < kRanks; ++rank) {
     BOOST_REQUIRE_EQUAL(results[rank].size(), expect.size());
     const double err = relative_frobenius_error(results[rank], expect);

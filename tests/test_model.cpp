@@ -14,14 +14,17 @@ using namespace zmuon::example;
 namespace {
 
 /// A config small enough to check every gradient element.
-model_config small_config() { return {6, 8, 12, 5, 2}; }
+model_config small_config() {
+  return {6, 8, 12, 5, 2};
+}
 
 /// Non-zero biases, so that their effect on the ReLU pattern is exercised too.
 tensor_map perturbed_params(const model_config& cfg, uint64_t seed) {
   tensor_map params = init_params(cfg, seed);
   for (auto* name : {"mlp.fc1.bias", "head.bias"}) {
     std::vector<float>& b = params[name];
-    for (size_t i = 0; i < b.size(); ++i) b[i] = 0.1f * std::sin(1.7f * static_cast<float>(i));
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = 0.1f * std::sin(1.7f * static_cast<float>(i));
   }
   return params;
 }
@@ -122,7 +125,8 @@ BOOST_AUTO_TEST_CASE(a_few_sgd_steps_reduce_the_loss) {
   for (int64_t step = 0; step < 100; ++step) {
     loss_and_grads lg = forward_backward(cfg, params, make_batch(cfg, 4, step, 0, 32));
     for (auto& [name, p] : params)
-      for (size_t i = 0; i < p.size(); ++i) p[i] -= 0.05f * lg.grads[name][i];
+      for (size_t i = 0; i < p.size(); ++i)
+        p[i] -= 0.05f * lg.grads[name][i];
   }
   double after = evaluate(cfg, params, held_out);
   BOOST_TEST_MESSAGE("held-out loss " << before << " -> " << after << " after 100 SGD steps");
@@ -158,7 +162,8 @@ BOOST_AUTO_TEST_CASE(inputs_are_standard_normal_and_targets_vary_across_samples)
   BOOST_TEST(std::abs(mean) < 0.05);
   BOOST_TEST(std::abs(var - 1.0) < 0.05);
   double y_sq = 0;
-  for (float v : b.y) y_sq += static_cast<double>(v) * v;
+  for (float v : b.y)
+    y_sq += static_cast<double>(v) * v;
   BOOST_TEST_MESSAGE("mean y^2 " << y_sq / b.y.size());
   BOOST_TEST(y_sq / b.y.size() > 0.05);
   for (int i = 0; i < 16; ++i)
@@ -204,10 +209,12 @@ BOOST_AUTO_TEST_CASE(init_params_is_seeded_and_scaled_by_fan_in) {
   BOOST_TEST(init_params(cfg, 8) == params);
   BOOST_TEST(init_params(cfg, 9).at("mlp.fc1.weight") != params.at("mlp.fc1.weight"));
   for (const char* bias : {"mlp.fc1.bias", "head.bias"})
-    for (float v : params.at(bias)) BOOST_TEST(v == 0.0f);
+    for (float v : params.at(bias))
+      BOOST_TEST(v == 0.0f);
   const std::vector<float>& w = params.at("mlp.fc1.weight");
   double sum_sq = 0;
-  for (float v : w) sum_sq += static_cast<double>(v) * v;
+  for (float v : w)
+    sum_sq += static_cast<double>(v) * v;
   double var = sum_sq / w.size();
   BOOST_TEST(std::abs(var * cfg.hidden - 1.0) < 0.1, "variance x fan_in " << var * cfg.hidden);
 }

@@ -66,8 +66,8 @@ BOOST_AUTO_TEST_CASE(buckets_and_chunks_respect_the_size_and_never_drop_a_big_pa
 }
 
 BOOST_AUTO_TEST_CASE(owners_balance_ns_cost_longest_first) {
-  std::vector<param_spec> t{{"m1", {64, 64}}, {"m2", {32, 32}}, {"m3", {64, 64}},
-                            {"m4", {16, 16}}, {"m5", {32, 32}}};
+  std::vector<param_spec> t{
+      {"m1", {64, 64}}, {"m2", {32, 32}}, {"m3", {64, 64}}, {"m4", {16, 16}}, {"m5", {32, 32}}};
   auto pl = make(t, 2, 1 << 20);
   // LPT by hand: 64^3 -> r0, 64^3 -> r1, 32^3 -> r0, 32^3 -> r1, 16^3 -> r0.
   std::vector<int> owners;
@@ -82,11 +82,9 @@ BOOST_AUTO_TEST_CASE(owners_balance_ns_cost_longest_first) {
 }
 
 BOOST_AUTO_TEST_CASE(ownership_groups_same_shapes_for_batching) {
-  auto pl = make({{"q", {32, 16}, param_group::automatic, 4},
-                  {"x", {8, 16}},
-                  {"y", {16, 16}},
-                  {"z", {8, 16}}},
-                 1, 1 << 20);
+  auto pl = make(
+      {{"q", {32, 16}, param_group::automatic, 4}, {"x", {8, 16}}, {"y", {16, 16}}, {"z", {8, 16}}},
+      1, 1 << 20);
   auto own = make_ownership(pl, 0);
   BOOST_REQUIRE_EQUAL(own.size(), 1u);
   // q's head blocks are [8, 16], like x and z: one group of 4 + 1 + 1 blocks, then y.

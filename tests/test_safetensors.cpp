@@ -49,7 +49,8 @@ std::vector<named_tensor> sample_tensors() {
       {"empty", {0, 4}, {}},
       {"block.weight", {2, 2, 2}, {}},
   };
-  for (int i = 0; i < 5; ++i) tensors[1].data.push_back(std::sin(0.3f * i) * 1e-3f);
+  for (int i = 0; i < 5; ++i)
+    tensors[1].data.push_back(std::sin(0.3f * i) * 1e-3f);
   for (int i = 0; i < 8; ++i)
     tensors[4].data.push_back(std::numeric_limits<float>::max() / (i + 1));
   return tensors;
@@ -68,7 +69,8 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 /// A hand-made file: the length field, `header` as is, then `data_bytes` zero bytes.
 void write_raw(const std::string& path, const std::string& header, size_t data_bytes) {
   std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    bytes[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
   write_bytes(path, bytes + header + std::string(data_bytes, '\0'));
 }
 

@@ -57,7 +57,8 @@ std::vector<float> random_floats(size_t n, uint64_t seed) {
     state ^= state << 17;
     return static_cast<float>(state >> 40) / static_cast<float>(1 << 24);
   };
-  for (float& x : v) x = (next() + next() + next() - 1.5f) * 2.0f;
+  for (float& x : v)
+    x = (next() + next() + next() - 1.5f) * 2.0f;
   return v;
 }
 
@@ -102,7 +103,8 @@ ceilings measure_ceilings(cudaStream_t stream, int reps) {
     const size_t count = static_cast<size_t>(n) * n;
     const std::vector<float> host = random_floats(count, 1);
     std::vector<uint16_t> bits(count);
-    for (size_t i = 0; i < count; ++i) bits[i] = to_bf16_bits(host[i]);
+    for (size_t i = 0; i < count; ++i)
+      bits[i] = to_bf16_bits(host[i]);
     device_array<__nv_bfloat16> a(static_cast<int64_t>(count));
     device_array<__nv_bfloat16> b(static_cast<int64_t>(count));
     device_array<__nv_bfloat16> d(static_cast<int64_t>(count));
@@ -121,7 +123,8 @@ ceilings measure_ceilings(cudaStream_t stream, int reps) {
                                       d.data(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                                       CUBLAS_GEMM_DEFAULT));
     };
-    for (int i = 0; i < 3; ++i) gemm();
+    for (int i = 0; i < 3; ++i)
+      gemm();
     const double ms = median_ms(
         stream, reps, [] {}, gemm);
     c.gemm_tflops = 2.0 * n * static_cast<double>(n) * n / (ms * 1e-3) / 1e12;

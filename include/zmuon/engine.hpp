@@ -12,11 +12,11 @@
 #include <functional>
 #include <memory>
 
+#include "plan/plan.hpp"
 #include "zmuon/options.hpp"
 #include "zmuon/rank_state.hpp"
 #include "zmuon/status.hpp"
 #include "zmuon/tensor.hpp"
-#include "plan/plan.hpp"
 
 namespace zmuon {
 
@@ -29,8 +29,8 @@ struct step_info {
   float loss_scale = 1;       // scale the host used for this step
   float next_loss_scale = 1;  // scale for the next step
   int micro_batches = 0;
-  int ns_params = 0;          // Muon parameters orthogonalized, summed over ranks
-  int64_t ns_matrices = 0;    // NS matrices (head blocks count one each), summed over ranks
+  int ns_params = 0;        // Muon parameters orthogonalized, summed over ranks
+  int64_t ns_matrices = 0;  // NS matrices (head blocks count one each), summed over ranks
 };
 
 using lr_schedule = std::function<float(uint64_t step)>;

@@ -53,16 +53,16 @@ struct fp16_options {
 };
 
 struct engine_options {
-  int world = 4;                        // in-process ranks
-  float gradient_clipping = 0.0f;       // max global norm of the raw gradient; 0 = off
+  int world = 4;                             // in-process ranks
+  float gradient_clipping = 0.0f;            // max global norm of the raw gradient; 0 = off
   int64_t reduce_bucket_size = 500'000'000;  // elements per reduce bucket and per Muon chunk
-  bool per_head_muon = true;            // honour `heads` given at registration
+  bool per_head_muon = true;                 // honour `heads` given at registration
   fp16_options fp16;
   muon_options muon;
   adamw_options adamw;
-  std::string compute = "host";         // compute backend: host | cuda
-  std::string comm = "caf";             // communication backend: caf | nccl
-  int64_t timeout_ms = 60'000;          // a request not answered in this time is an error
+  std::string compute = "host";  // compute backend: host | cuda
+  std::string comm = "caf";      // communication backend: caf | nccl
+  int64_t timeout_ms = 60'000;   // a request not answered in this time is an error
 };
 
 }  // namespace zmuon

@@ -9,8 +9,8 @@ namespace {
 
 std::string where(const char* call, const char* file, int line) {
   const char* slash = std::strrchr(file, '/');
-  return std::string(slash != nullptr ? slash + 1 : file) + ":" + std::to_string(line) + ": " +
-         call + ": ";
+  return std::string(slash != nullptr ? slash + 1 : file) + ":" + std::to_string(line) + ": " + call
+         + ": ";
 }
 
 }  // namespace
@@ -19,7 +19,9 @@ std::string describe(cudaError_t code) {
   return std::string(cudaGetErrorName(code)) + " (" + cudaGetErrorString(code) + ")";
 }
 
-const char* describe(cublasStatus_t code) { return cublasGetStatusName(code); }
+const char* describe(cublasStatus_t code) {
+  return cublasGetStatusName(code);
+}
 
 void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
   // Clear a non-sticky error so that the next call does not report it again.
@@ -36,7 +38,8 @@ void throw_nccl_error(ncclResult_t code, const char* call, const char* file, int
 }
 
 error to_error(const std::exception& e) {
-  if (const auto* f = dynamic_cast<const failure*>(&e)) return f->err();
+  if (const auto* f = dynamic_cast<const failure*>(&e))
+    return f->err();
   return error(errc::internal, e.what());
 }
 

@@ -16,7 +16,8 @@ namespace {
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
 void release_device_floats(float* p) {
-  if (p != nullptr) (void)cudaFree(p);
+  if (p != nullptr)
+    (void)cudaFree(p);
 }
 
 int set_device(int device) {
@@ -33,12 +34,12 @@ int multiprocessor_count(int device) {
 }  // namespace
 
 cuda_compute::cuda_compute(int device)
-  : device_(set_device(device)),
-    cublas_workspace_(static_cast<int64_t>(kCublasWorkspaceBytes)),
-    partial_sums_(kMaxReduceBlocks),
-    partial_flags_(kMaxReduceBlocks),
-    result_(1),
-    ns_(cublas_.get()) {
+    : device_(set_device(device)),
+      cublas_workspace_(static_cast<int64_t>(kCublasWorkspaceBytes)),
+      partial_sums_(kMaxReduceBlocks),
+      partial_flags_(kMaxReduceBlocks),
+      result_(1),
+      ns_(cublas_.get()) {
   ctx_.stream = stream_.get();
   ctx_.sm_count = multiprocessor_count(device_);
   ZMUON_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
@@ -62,7 +63,8 @@ const launch_context& cuda_compute::activate() const {
 // -- memory --------------------------------------------------------------------------------------
 
 device_buffer cuda_compute::allocate(int64_t n) {
-  if (n <= 0) return device_buffer{};
+  if (n <= 0)
+    return device_buffer{};
   activate();
   float* data = nullptr;
   ZMUON_CUDA_CHECK(
@@ -75,7 +77,8 @@ device_buffer cuda_compute::allocate(int64_t n) {
 }
 
 void cuda_compute::copy_from_host(float* dst, const float* host_src, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyHostToDevice, ctx_.stream));
@@ -83,7 +86,8 @@ void cuda_compute::copy_from_host(float* dst, const float* host_src, int64_t n) 
 }
 
 void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
@@ -91,14 +95,16 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
 }
 
 void cuda_compute::copy(float* dst, const float* src, int64_t n) {
-  if (n <= 0 || dst == src) return;
+  if (n <= 0 || dst == src)
+    return;
   activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToDevice, ctx_.stream));
 }
 
 void cuda_compute::fill_zero(float* x, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   activate();
   ZMUON_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), ctx_.stream));
 }
@@ -114,7 +120,8 @@ void cuda_compute::scale(float* x, int64_t n, float factor) {
 }
 
 reduction cuda_compute::reduce(const float* x, int64_t n) {
-  if (n <= 0) return reduction{0.0, 0};
+  if (n <= 0)
+    return reduction{0.0, 0};
   const reduction_scratch scratch{partial_sums_.data(), partial_flags_.data(), result_.data()};
   launch_sum_squares(activate(), x, n, scratch);
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
@@ -154,7 +161,8 @@ void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
 
 void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
                                  const ns_options& ns) {
-  if (batch <= 0) return;
+  if (batch <= 0)
+    return;
   ns_.run(activate(), x, batch, rows, cols, ns);
   ns_matrices_ += batch;
 }
@@ -174,23 +182,23 @@ expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend(int device)
   if (status != cudaSuccess || count == 0) {
     (void)cudaGetLastError();
     return error(errc::invalid_argument,
-                 "compute backend 'cuda': no CUDA device: " +
-                     (status != cudaSuccess ? gpu::describe(status)
-                                            : std::string("cudaGetDeviceCount found none")));
+                 "compute backend 'cuda': no CUDA device: "
+                     + (status != cudaSuccess ? gpu::describe(status)
+                                              : std::string("cudaGetDeviceCount found none")));
   }
   if (device < 0 || device >= count) {
-    return error(errc::invalid_argument, "compute backend 'cuda': device " +
-                                             std::to_string(device) + " does not exist (" +
-                                             std::to_string(count) + " found)");
+    return error(errc::invalid_argument, "compute backend 'cuda': device " + std::to_string(device)
+                                             + " does not exist (" + std::to_string(count)
+                                             + " found)");
   }
   try {
     cudaDeviceProp prop{};
     ZMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     if (prop.major < 9) {
       return error(errc::invalid_argument,
-                   "compute backend 'cuda': device " + std::to_string(device) + " (" + prop.name +
-                       ") has compute capability " + std::to_string(prop.major) + "." +
-                       std::to_string(prop.minor) + "; zmuon is built for sm_90 (Hopper)");
+                   "compute backend 'cuda': device " + std::to_string(device) + " (" + prop.name
+                       + ") has compute capability " + std::to_string(prop.major) + "."
+                       + std::to_string(prop.minor) + "; zmuon is built for sm_90 (Hopper)");
     }
     auto backend = std::make_unique<gpu::cuda_compute>(device);
     // A first kernel: a missing kernel image or a broken context shows up here, not mid-step.

@@ -14,14 +14,18 @@ namespace {
 __device__ inline int64_t first_index() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
-__device__ inline int64_t grid_stride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
+__device__ inline int64_t grid_stride() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
 
 __global__ void add_kernel(float* __restrict__ dst, const float* __restrict__ src, int64_t n) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) dst[i] += src[i];
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    dst[i] += src[i];
 }
 
 __global__ void scale_kernel(float* __restrict__ x, int64_t n, float factor) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) x[i] *= factor;
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    x[i] *= factor;
 }
 
 __global__ void momentum_kernel(float* __restrict__ m, const float* __restrict__ g,
@@ -37,7 +41,8 @@ __global__ void momentum_kernel(float* __restrict__ m, const float* __restrict__
 
 __global__ void apply_update_kernel(float* __restrict__ p, const float* __restrict__ o, int64_t n,
                                     float decay, float step) {
-  for (int64_t i = first_index(); i < n; i += grid_stride()) p[i] = p[i] * decay - step * o[i];
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    p[i] = p[i] * decay - step * o[i];
 }
 
 struct adamw_factors {
@@ -69,7 +74,8 @@ __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t 
   for (; i + 3 * stride < n; i += 4 * stride) {
     float v[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = __ldg(x + i + k * stride);
+    for (int k = 0; k < 4; ++k)
+      v[k] = __ldg(x + i + k * stride);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       nonfinite |= !isfinite(v[k]);
@@ -110,13 +116,15 @@ __global__ void sum_squares_final_kernel(const double* __restrict__ partial_sums
 }  // namespace
 
 void launch_add(const launch_context& ctx, float* dst, const float* src, int64_t n) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   add_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(dst, src, n);
   ZMUON_LAUNCH_CHECK();
 }
 
 void launch_scale(const launch_context& ctx, float* x, int64_t n, float factor) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   scale_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(x, n, factor);
   ZMUON_LAUNCH_CHECK();
 }
@@ -134,14 +142,16 @@ void launch_sum_squares(const launch_context& ctx, const float* x, int64_t n,
 
 void launch_momentum(const launch_context& ctx, float* m, const float* g, float* u, int64_t n,
                      float beta, bool nesterov) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   momentum_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(m, g, u, n, beta, nesterov);
   ZMUON_LAUNCH_CHECK();
 }
 
 void launch_apply_update(const launch_context& ctx, float* p, const float* o, int64_t n, float lr,
                          float scale, float weight_decay) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   // The same float products as the host backend, formed once on the host.
   const float decay = 1.0f - lr * weight_decay;
   const float step = lr * scale;
@@ -151,7 +161,8 @@ void launch_apply_update(const launch_context& ctx, float* p, const float* o, in
 
 void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
                   int64_t n, const adamw_args& args) {
-  if (n <= 0) return;
+  if (n <= 0)
+    return;
   // torch.optim.AdamW's arrangement, with the bias corrections formed in double on the host
   // exactly as the host backend forms them.
   const double t = static_cast<double>(args.step < 1 ? 1 : args.step);

@@ -15,7 +15,8 @@ constexpr int64_t kWorkspaceBytes = int64_t{32} << 20;
 template <class Opaque, cublasStatus_t (*Destroy)(Opaque*)>
 struct lt_deleter {
   void operator()(Opaque* p) const {
-    if (p != nullptr) (void)Destroy(p);
+    if (p != nullptr)
+      (void)Destroy(p);
   }
 };
 using matmul_desc =
@@ -57,18 +58,20 @@ gemm_runner::gemm_runner(cublasHandle_t cublas) : cublas_(cublas), workspace_(kW
 
 gemm_runner::~gemm_runner() {
   plans_.clear();
-  if (lt_ != nullptr) (void)cublasLtDestroy(lt_);
+  if (lt_ != nullptr)
+    (void)cublasLtDestroy(lt_);
 }
 
 gemm_runner::key gemm_runner::key_of(const gemm_shape& g) {
-  return key{g.op_a, g.op_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.stride_a, g.stride_b,
-             g.stride_c, g.batch};
+  return key{g.op_a, g.op_b, g.m,        g.n,        g.k,        g.lda,
+             g.ldb,  g.ldc,  g.stride_a, g.stride_b, g.stride_c, g.batch};
 }
 
 const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g) {
   const key k = key_of(g);
   auto found = plans_.find(k);
-  if (found != plans_.end()) return found->second.get();
+  if (found != plans_.end())
+    return found->second.get();
 
   auto p = std::make_unique<plan>();
   cublasLtMatmulDesc_t desc = nullptr;
@@ -113,8 +116,10 @@ void gemm_runner::run(cudaStream_t stream, const gemm_shape& g, float alpha, con
     const cublasStatus_t status = cublasLtMatmul(
         lt_, p->desc.get(), &alpha, a, p->a.get(), b, p->b.get(), &beta, c, p->cd.get(), d,
         p->cd.get(), &p->algo, workspace_.data(), workspace_.bytes(), stream);
-    if (status == CUBLAS_STATUS_SUCCESS) return;
-    if (status != CUBLAS_STATUS_NOT_SUPPORTED) ZMUON_CUBLAS_CHECK(status);
+    if (status == CUBLAS_STATUS_SUCCESS)
+      return;
+    if (status != CUBLAS_STATUS_NOT_SUPPORTED)
+      ZMUON_CUBLAS_CHECK(status);
     // The heuristic's algorithm refused the call: this shape takes the fallback from now on.
     plans_[key_of(g)] = nullptr;
   }

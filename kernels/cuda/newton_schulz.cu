@@ -42,7 +42,8 @@ __global__ void matrix_inv_norm_kernel(const double* __restrict__ partial_sums, 
   for (int i = static_cast<int>(threadIdx.x); i < slices; i += static_cast<int>(blockDim.x))
     sum += parts[i];
   sum = block_sum(sum);
-  if (threadIdx.x == 0) inv_norms[blockIdx.x] = static_cast<float>(1.0 / (sqrt(sum) + eps));
+  if (threadIdx.x == 0)
+    inv_norms[blockIdx.x] = static_cast<float>(1.0 / (sqrt(sum) + eps));
 }
 
 __global__ void to_bf16_scaled_kernel(const float* __restrict__ x, int64_t numel,
@@ -79,19 +80,22 @@ int slices_for(int64_t batch, int64_t numel, int sm_count) {
 
 void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64_t rows,
                        int64_t cols, const ns_options& ns) {
-  if (batch <= 0 || rows <= 0 || cols <= 0) return;
+  if (batch <= 0 || rows <= 0 || cols <= 0)
+    return;
   // The wide view: X is [m, n] with m <= n, so that A = X X^T is the small Gram matrix.
   const bool tall = rows > cols;
   const int64_t m = tall ? cols : rows;
   const int64_t n = tall ? rows : cols;
-  if (n > INT_MAX || batch > INT_MAX) reject("matrix side or batch past cuBLAS's int range");
+  if (n > INT_MAX || batch > INT_MAX)
+    reject("matrix side or batch past cuBLAS's int range");
   const int64_t numel = m * n;
 
   bool moved = x_.reserve(batch * numel);
   moved |= x_next_.reserve(batch * numel);
   moved |= a_.reserve(batch * m * m);
   moved |= b_.reserve(batch * m * m);
-  if (moved) graphs_.clear();  // they point into the old buffers
+  if (moved)
+    graphs_.clear();  // they point into the old buffers
   const int slices = slices_for(batch, numel, ctx.sm_count);
   partial_sums_.reserve(batch * slices);
   inv_norms_.reserve(batch);
@@ -173,8 +177,10 @@ const graph_exec& ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
     }
   }
   const auto found = graphs_.find(key);
-  if (found != graphs_.end()) return found->second;
-  if (graphs_.size() >= kMaxGraphs) graphs_.clear();
+  if (found != graphs_.end())
+    return found->second;
+  if (graphs_.size() >= kMaxGraphs)
+    graphs_.clear();
 
   cudaGraph_t graph = nullptr;
   ZMUON_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));

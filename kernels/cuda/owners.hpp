@@ -24,7 +24,8 @@ class cuda_stream {
 public:
   cuda_stream() { ZMUON_CUDA_CHECK(cudaStreamCreateWithFlags(&handle_, cudaStreamNonBlocking)); }
   ~cuda_stream() {
-    if (handle_ != nullptr) (void)cudaStreamDestroy(handle_);
+    if (handle_ != nullptr)
+      (void)cudaStreamDestroy(handle_);
   }
   cuda_stream(cuda_stream&& other) noexcept : handle_(take(other.handle_)) {}
   cuda_stream& operator=(cuda_stream&&) = delete;
@@ -44,7 +45,8 @@ public:
     ZMUON_CUDA_CHECK(cudaEventCreateWithFlags(&handle_, flags));
   }
   ~cuda_event() {
-    if (handle_ != nullptr) (void)cudaEventDestroy(handle_);
+    if (handle_ != nullptr)
+      (void)cudaEventDestroy(handle_);
   }
   cuda_event(cuda_event&& other) noexcept : handle_(take(other.handle_)) {}
   cuda_event& operator=(cuda_event&&) = delete;
@@ -56,7 +58,8 @@ public:
   /// True once the work recorded before the event has finished (never blocks).
   bool done() const {
     const cudaError_t status = cudaEventQuery(handle_);
-    if (status == cudaErrorNotReady) return false;
+    if (status == cudaErrorNotReady)
+      return false;
     ZMUON_CUDA_CHECK(status);
     return true;
   }
@@ -69,7 +72,8 @@ class cublas_handle {
 public:
   cublas_handle() { ZMUON_CUBLAS_CHECK(cublasCreate(&handle_)); }
   ~cublas_handle() {
-    if (handle_ != nullptr) (void)cublasDestroy(handle_);
+    if (handle_ != nullptr)
+      (void)cublasDestroy(handle_);
   }
   cublas_handle(cublas_handle&& other) noexcept : handle_(take(other.handle_)) {}
   cublas_handle& operator=(cublas_handle&&) = delete;
@@ -90,7 +94,7 @@ public:
   explicit device_array(int64_t n) { reset(n); }
   ~device_array() { release(); }
   device_array(device_array&& other) noexcept
-    : data_(take(other.data_)), size_(take(other.size_)) {}
+      : data_(take(other.data_)), size_(take(other.size_)) {}
   device_array& operator=(device_array&& other) noexcept {
     if (this != &other) {
       release();
@@ -105,14 +109,16 @@ public:
   /// Frees the old memory and allocates room for n objects (contents undefined).
   void reset(int64_t n) {
     release();
-    if (n <= 0) return;
+    if (n <= 0)
+      return;
     ZMUON_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&data_), bytes_for(n)));
     size_ = n;
   }
   /// Grows to at least n objects; keeps the allocation when it is big enough already. True
   /// when it allocated anew (pointers into the old memory are gone).
   bool reserve(int64_t n) {
-    if (n <= size_) return false;
+    if (n <= size_)
+      return false;
     reset(n);
     return true;
   }
@@ -124,7 +130,8 @@ public:
 private:
   static size_t bytes_for(int64_t n) { return static_cast<size_t>(n) * sizeof(T); }
   void release() {
-    if (data_ != nullptr) (void)cudaFree(data_);
+    if (data_ != nullptr)
+      (void)cudaFree(data_);
     data_ = nullptr;
     size_ = 0;
   }
@@ -139,7 +146,8 @@ public:
   graph_exec() = default;
   explicit graph_exec(cudaGraphExec_t handle) : handle_(handle) {}
   ~graph_exec() {
-    if (handle_ != nullptr) (void)cudaGraphExecDestroy(handle_);
+    if (handle_ != nullptr)
+      (void)cudaGraphExecDestroy(handle_);
   }
   graph_exec(graph_exec&& other) noexcept : handle_(take(other.handle_)) {}
   graph_exec& operator=(graph_exec&&) = delete;
@@ -158,7 +166,8 @@ class pinned {
 public:
   pinned() { ZMUON_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data_), sizeof(T))); }
   ~pinned() {
-    if (data_ != nullptr) (void)cudaFreeHost(data_);
+    if (data_ != nullptr)
+      (void)cudaFreeHost(data_);
   }
   pinned(pinned&& other) noexcept : data_(take(other.data_)) {}
   pinned& operator=(pinned&&) = delete;

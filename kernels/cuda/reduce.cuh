@@ -14,7 +14,8 @@ __device__ inline double block_sum(double value) {
   const int warp = static_cast<int>(threadIdx.x) / 32;
   for (int offset = 16; offset > 0; offset /= 2)
     value += __shfl_down_sync(0xffffffffu, value, offset);
-  if (lane == 0) warp_sums[warp] = value;
+  if (lane == 0)
+    warp_sums[warp] = value;
   __syncthreads();
   if (warp == 0) {
     value = lane < kWarps ? warp_sums[lane] : 0.0;

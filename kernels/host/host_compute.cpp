@@ -11,7 +11,9 @@
 namespace zmuon {
 namespace {
 
-void release_host_floats(float* p) { delete[] p; }
+void release_host_floats(float* p) {
+  delete[] p;
+}
 
 /// Sum of squares in double. A float's square cannot overflow a double, nor can any realistic
 /// count of them, so the sum is non-finite exactly when some element is inf or NaN.
@@ -32,7 +34,8 @@ void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
     for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
       const int64_t c1 = std::min(cols, c0 + kTile);
       for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) dst[c * rows + r] = src[r * cols + c];
+        for (int64_t c = c0; c < c1; ++c)
+          dst[c * rows + r] = src[r * cols + c];
       }
     }
   }
@@ -43,7 +46,8 @@ void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
 // -- memory --------------------------------------------------------------------------------------
 
 device_buffer host_compute::allocate(int64_t n) {
-  if (n <= 0) return device_buffer{};
+  if (n <= 0)
+    return device_buffer{};
   return device_buffer(new float[static_cast<size_t>(n)](), n, &release_host_floats);
 }
 
@@ -56,21 +60,25 @@ void host_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
 }
 
 void host_compute::copy(float* dst, const float* src, int64_t n) {
-  if (n > 0 && dst != src) std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float));
+  if (n > 0 && dst != src)
+    std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
 void host_compute::fill_zero(float* x, int64_t n) {
-  if (n > 0) std::fill(x, x + n, 0.0f);
+  if (n > 0)
+    std::fill(x, x + n, 0.0f);
 }
 
 // -- element-wise --------------------------------------------------------------------------------
 
 void host_compute::add(float* dst, const float* src, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] += src[i];
 }
 
 void host_compute::scale(float* x, int64_t n, float factor) {
-  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+  for (int64_t i = 0; i < n; ++i)
+    x[i] *= factor;
 }
 
 scan_result host_compute::scan(const float* x, int64_t n) {
@@ -98,7 +106,8 @@ void host_compute::apply_update(float* p, const float* o, int64_t n, float lr, f
                                 float weight_decay) {
   const float decay = 1.0f - lr * weight_decay;
   const float step = lr * scale;
-  for (int64_t i = 0; i < n; ++i) p[i] = p[i] * decay - step * o[i];
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = p[i] * decay - step * o[i];
 }
 
 void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
@@ -127,10 +136,12 @@ void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
 
 void host_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
                                  const ns_options& ns) {
-  if (batch <= 0) return;
+  if (batch <= 0)
+    return;
   if (rows > 0 && cols > 0) {
     const int64_t numel = rows * cols;
-    for (int64_t k = 0; k < batch; ++k) newton_schulz_one(x + k * numel, rows, cols, ns);
+    for (int64_t k = 0; k < batch; ++k)
+      newton_schulz_one(x + k * numel, rows, cols, ns);
   }
   ns_matrices_ += batch;
 }
@@ -155,7 +166,8 @@ void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const
   }
 
   const double denom = std::sqrt(sum_of_squares(cur, r * c)) + static_cast<double>(ns.eps);
-  for (size_t i = 0; i < numel; ++i) cur[i] = static_cast<float>(cur[i] / denom);
+  for (size_t i = 0; i < numel; ++i)
+    cur[i] = static_cast<float>(cur[i] / denom);
 
   // BLAS dimensions are int: a matrix side past 2^31 (a >= 8 GiB matrix) is out of scope.
   const int ri = static_cast<int>(r);
@@ -168,7 +180,8 @@ void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const
     // A = X X^T: syrk fills the upper triangle; mirror it into the lower one.
     cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, ci, 1.0f, cur, ci, 0.0f, a, ri);
     for (int64_t i = 0; i < r; ++i) {
-      for (int64_t j = i + 1; j < r; ++j) a[j * r + i] = a[i * r + j];
+      for (int64_t j = i + 1; j < r; ++j)
+        a[j * r + i] = a[i * r + j];
     }
     // B = b*A + c*A*A: start from B = A and let sgemm's beta carry b.
     std::memcpy(b, a, static_cast<size_t>(r * r) * sizeof(float));

@@ -18,7 +18,7 @@ struct train_options {
   int gas = 1;
   int micro_batch = 8;  // samples per rank per micro-batch
   uint64_t seed = 1;
-  bool fp16 = false;    // scale the loss by the engine's loss scale, overflow past fp16's range
+  bool fp16 = false;  // scale the loss by the engine's loss scale, overflow past fp16's range
 };
 
 struct step_record {
@@ -32,8 +32,8 @@ error register_model(engine& eng, const train_options& opts);
 /// Runs `opts.steps` steps. Sample j of step s is the same whatever the world size and gas: rank
 /// r, micro-batch k holds samples [(r*gas + k)*micro_batch, +micro_batch) of the global batch.
 /// `on_step` (optional) sees each step as it finishes.
-expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
-                                         const std::function<void(const step_record&)>& on_step
-                                         = {});
+expected<std::vector<step_record>> train(
+    engine& eng, const train_options& opts,
+    const std::function<void(const step_record&)>& on_step = {});
 
 }  // namespace zmuon::example
