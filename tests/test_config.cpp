@@ -4,6 +4,8 @@
 #define BOOST_TEST_MODULE config
 #include <boost/test/unit_test.hpp>
 
+#include "tests/run_launch.hpp"
+
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -84,18 +86,6 @@ void require_same(const zmuon::engine_options& a, const zmuon::engine_options& b
   BOOST_TEST(a.compute == b.compute);
   BOOST_TEST(a.comm == b.comm);
   BOOST_TEST(a.timeout_ms == b.timeout_ms);
-}
-
-std::string run_launch(const std::string& args, int* status) {
-  std::string cmd = std::string(ZMUON_LAUNCH) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  BOOST_REQUIRE(pipe);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, pipe))
-    out.append(buf, n);
-  *status = pclose(pipe);
-  return out;
 }
 
 }  // namespace
@@ -361,7 +351,7 @@ BOOST_AUTO_TEST_CASE(launcher_rejects_a_bad_config) {
   for (const auto& c : cases) {
     BOOST_TEST_CONTEXT(c.config) {
       int status = 0;
-      auto out = run_launch(c.config + " --steps 1", &status);
+      auto out = zmuon::test::run_launch(c.config + " --steps 1", &status);
       BOOST_TEST(WIFEXITED(status));
       BOOST_TEST(WEXITSTATUS(status) == 2);
       BOOST_TEST(out.find(c.expected) != std::string::npos, "output: " << out);
@@ -372,7 +362,7 @@ BOOST_AUTO_TEST_CASE(launcher_rejects_a_bad_config) {
 
 BOOST_AUTO_TEST_CASE(launcher_flags_beat_set_beats_config) {
   int status = 0;
-  auto out = run_launch(std::string("--config ") + ZMUON_EXAMPLE_CONFIG
+  auto out = zmuon::test::run_launch(std::string("--config ") + ZMUON_EXAMPLE_CONFIG
                             + " --set zmuon.ranks=2 --set gradient_accumulation_steps=2"
                               " --set train_micro_batch_size_per_gpu=3 --ranks 3 --steps 1",
                         &status);

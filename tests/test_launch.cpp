@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE launch
 #include <boost/test/unit_test.hpp>
 
+#include "tests/run_launch.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -15,18 +17,6 @@
 #include "launch/safetensors.hpp"
 
 namespace {
-
-std::string run(const std::string& args, int* status) {
-  std::string cmd = std::string(ZMUON_LAUNCH) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  BOOST_REQUIRE(pipe);
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, pipe))
-    out.append(buf, n);
-  *status = pclose(pipe);
-  return out;
-}
 
 std::vector<double> losses(const std::string& out) {
   std::vector<double> v;
@@ -42,7 +32,7 @@ BOOST_AUTO_TEST_CASE(default_job_trains_and_saves_params) {
   std::string path = "test_launch_params.safetensors";
   std::remove(path.c_str());
   int status = 0;
-  auto out = run("--steps 30 --save-params " + path, &status);
+  auto out = zmuon::test::run_launch("--steps 30 --save-params " + path, &status);
   BOOST_TEST_MESSAGE(out);
   BOOST_REQUIRE_EQUAL(status, 0);
   auto l = losses(out);
@@ -85,10 +75,10 @@ BOOST_AUTO_TEST_CASE(default_job_trains_and_saves_params) {
 
 BOOST_AUTO_TEST_CASE(bad_flags_are_errors) {
   int status = 0;
-  auto out = run("--ranks 0", &status);
+  auto out = zmuon::test::run_launch("--ranks 0", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("--ranks") != std::string::npos);
-  out = run("--stepz 3", &status);
+  out = zmuon::test::run_launch("--stepz 3", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("stepz") != std::string::npos);
 }
