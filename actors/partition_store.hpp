@@ -14,6 +14,7 @@
 //   finish_step -> ack       (coordinator) zero the gradient after an applied step
 //   load_params -> ack       (host) set the parameter shard
 //   snapshot_atom -> store_snapshot  (host, tests) a copy of all state
+//   params_atom -> vector<float>     (host) a copy of the parameter shard
 #pragma once
 
 #include <memory>
@@ -32,7 +33,8 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<unscale_clip>::with<ack>, caf::replies_to<muon_momentum>::with<ack>,
     caf::replies_to<apply_muon>::with<ack>, caf::replies_to<adamw_step>::with<ack>,
     caf::replies_to<finish_step>::with<ack>, caf::replies_to<load_params>::with<ack>,
-    caf::replies_to<snapshot_atom>::with<store_snapshot>>;
+    caf::replies_to<snapshot_atom>::with<store_snapshot>,
+    caf::replies_to<params_atom>::with<std::vector<float>>>;
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
                                             int rank, std::shared_ptr<compute_backend> backend);

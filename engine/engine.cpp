@@ -283,13 +283,13 @@ expected<tensor_map> engine::parameters() {
   for (const auto& p : pl.params)
     out[p.name].resize(p.numel);
   for (int r = 0; r < pl.world; ++r) {
-    auto snap = snapshot(r);
-    if (!snap)
-      return snap.err();
+    auto shard = d.ask<std::vector<float>>(d.ranks[r].store, params_atom::value);
+    if (!shard)
+      return shard.err();
     for (const auto& p : pl.params) {
       int64_t n = valid_len(p, r);
       if (n > 0)
-        std::memcpy(out[p.name].data() + r * p.shard_len, snap->params.data() + p.shard_offset,
+        std::memcpy(out[p.name].data() + r * p.shard_len, shard->data() + p.shard_offset,
                     n * sizeof(float));
     }
   }

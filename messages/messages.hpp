@@ -22,6 +22,7 @@ namespace zmuon {
 // -- atoms ---------------------------------------------------------------------------------------
 using scale_atom = caf::atom_constant<caf::atom("scale")>;        // ask the loss scaler its scale
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;  // ask the store for its state
+using params_atom = caf::atom_constant<caf::atom("params")>;      // ask the store for its params
 
 // -- buffers -------------------------------------------------------------------------------------
 /// A view of floats owned by the sender, valid until the request it travels in is answered.
