@@ -6,6 +6,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/staging.hpp"
 #include "messages/errors.hpp"
 #include "plan/ownership.hpp"
 
@@ -33,9 +34,9 @@ struct chunk_work {
     applied
   };
   phase at = idle;
-  device_buffer u;       // this rank's shards of u (chunk.shard_len)
-  device_buffer full;    // whole matrices this rank owns (ownership.full_size)
-  device_buffer result;  // this rank's shards of the scaled update (chunk.shard_len)
+  staged_buffer u;       // this rank's shards of u (chunk.shard_len)
+  staged_buffer full;    // whole matrices this rank owns (ownership.full_size)
+  staged_buffer result;  // this rank's shards of the scaled update (chunk.shard_len)
 };
 
 // A slot in the fixed collective order G0 G1 S0 G2 S1 ...: the same on every rank.
@@ -61,6 +62,7 @@ struct coordinator_state {
   engine_options opts;
   coordinator_peers peers;
   std::shared_ptr<compute_backend> be;
+  bool comm_on_host = true;  // the comm backend moves host memory (staged_buffer)
   std::vector<chunk_ownership> own;
   std::optional<step_work> work;  // the step in progress
   static const char* name;
@@ -118,31 +120,33 @@ void gather(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  cw.full = st.be->allocate(st.own[c].full_size);
+  cw.full = staged_buffer(*st.be, st.own[c].full_size, st.comm_on_host);
   all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world)};
   for (int i : chunk.params) {  // my shard of every matrix goes to its owner
     const auto& p = pl.params[i];
-    add_segment(req.sends[p.owner], cw.u.data() + (p.state_offset - chunk.state_offset),
+    add_segment(req.sends[p.owner], cw.u.comm() + (p.state_offset - chunk.state_offset),
                 valid_len(p, st.rank));
   }
   for (const auto& m : st.own[c].owned) {  // every rank's shard of the matrices I own
     const auto& p = pl.params[m.param];
     for (int q = 0; q < pl.world; ++q)
-      add_segment(req.recvs[q], cw.full.data() + m.full_offset + q * p.shard_len, valid_len(p, q));
+      add_segment(req.recvs[q], cw.full.comm() + m.full_offset + q * p.shard_len, valid_len(p, q));
   }
   cw.at = chunk_work::gather_issued;
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
     auto& st = self->state;
     auto& cw = st.work->chunks[c];
-    cw.u = device_buffer{};
+    cw.u = staged_buffer{};
+    cw.full.to_compute(*st.be);
     const auto& muon = st.opts.muon;
     for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape, then scale
-      float* x = cw.full.data() + g.offset;
+      float* x = cw.full.compute() + g.offset;
       st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
       st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
       st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
+    cw.full.to_comm(*st.be);
     cw.at = chunk_work::ns_done;
     advance(self);
   });
@@ -154,27 +158,28 @@ void scatter(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  cw.result = st.be->allocate(chunk.shard_len);
+  cw.result = staged_buffer(*st.be, chunk.shard_len, st.comm_on_host);
   all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world)};
   for (const auto& m : st.own[c].owned) {  // each rank gets its shard of what I own
     const auto& p = pl.params[m.param];
     for (int q = 0; q < pl.world; ++q)
-      add_segment(req.sends[q], cw.full.data() + m.full_offset + q * p.shard_len, valid_len(p, q));
+      add_segment(req.sends[q], cw.full.comm() + m.full_offset + q * p.shard_len, valid_len(p, q));
   }
   for (int i : chunk.params) {  // my shard of every matrix comes from its owner
     const auto& p = pl.params[i];
-    add_segment(req.recvs[p.owner], cw.result.data() + (p.state_offset - chunk.state_offset),
+    add_segment(req.recvs[p.owner], cw.result.comm() + (p.state_offset - chunk.state_offset),
                 valid_len(p, st.rank));
   }
   cw.at = chunk_work::scatter_issued;
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
     auto& st = self->state;
     auto& cw = st.work->chunks[c];
-    cw.full = device_buffer{};
+    cw.full = staged_buffer{};
+    cw.result.to_compute(*st.be);
     const auto& muon = st.opts.muon;
     apply_muon msg{st.work->req.step, c, st.work->req.muon_lr, muon.weight_decay,
-                   float_view{cw.result.data(), cw.result.size()}};
+                   float_view{cw.result.compute(), cw.result.size()}};
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
       w.chunks[c] = chunk_work{};
@@ -194,13 +199,15 @@ void advance(coord_pointer self) {
     auto& cw = w.chunks[s.chunk];
     if (s.gather) {
       if (cw.at == chunk_work::idle) {
-        cw.u = st.be->allocate(st.pl->chunks[s.chunk].shard_len);
+        cw.u = staged_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.comm_on_host);
         cw.at = chunk_work::momentum_requested;
         const auto& muon = st.opts.muon;
         muon_momentum msg{w.req.step, s.chunk, muon.momentum, muon.nesterov,
-                          float_view{cw.u.data(), cw.u.size()}};
+                          float_view{cw.u.compute(), cw.u.size()}};
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
-          self->state.work->chunks[s.chunk].at = chunk_work::momentum_done;
+          auto& st = self->state;
+          st.work->chunks[s.chunk].u.to_comm(*st.be);
+          st.work->chunks[s.chunk].at = chunk_work::momentum_done;
           advance(self);
         });
         return;
@@ -312,6 +319,22 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.opts = std::move(opts);
   st.peers = std::move(peers);
   st.be = std::move(be);
+  st.comm_on_host = comm_on_host(st.opts.comm);
+  // A failure inside a handler (a CUDA error) or of a peer actor of this rank ends the step in
+  // progress with that error instead of leaving the host waiting.
+  self->set_exception_handler([=](std::exception_ptr& eptr) -> caf::error {
+    caf::error err = error_from_exception(eptr);
+    fail_step(self, err);
+    return err;
+  });
+  self->set_down_handler([=](caf::down_msg& down) {
+    fail_step(self, down.reason
+                        ? down.reason
+                        : make_caf_error(errc::bad_state, "a peer actor of rank "
+                                                              + std::to_string(rank) + " stopped"));
+  });
+  self->monitor(st.peers.store);
+  self->monitor(st.peers.reducer);
   return {
       [=](step_request& req) -> caf::result<step_result> {
         auto& st = self->state;

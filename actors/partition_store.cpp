@@ -58,6 +58,9 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   st.momentum = st.be->allocate(st.pl->muon_state_total);
   st.exp_avg = st.be->allocate(st.pl->adam_state_total);
   st.exp_avg_sq = st.be->allocate(st.pl->adam_state_total);
+  // A CUDA failure inside a handler ends the store with a device_failure naming the call; the
+  // coordinator monitors the store and fails the step with it.
+  self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
   return {
       [=](accumulate& msg) -> caf::result<ack> {
         auto& st = self->state;
@@ -68,7 +71,10 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
               errc::shape_mismatch,
               "accumulate: bucket " + std::to_string(msg.bucket) + " slice has the wrong size");
         auto& b = pl.buckets[msg.bucket];
-        st.be->add(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
+        if (msg.from_host)
+          st.be->add_from_host(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
+        else
+          st.be->add(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
         st.scan_valid = false;
         return ack{msg.step};
       },

@@ -2,26 +2,22 @@
 
 #include "caf/all.hpp"
 
+#include "actors/staging.hpp"
+
 namespace zmuon {
 
-expected<rank_actors> spawn_rank(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
-                                 const engine_options& opts, comm_actor comm) {
-  auto store_be = make_compute_backend(opts.compute);
-  if (!store_be)
-    return store_be.err();
-  auto coord_be = make_compute_backend(opts.compute);
-  if (!coord_be)
-    return coord_be.err();
+rank_actors spawn_rank(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
+                       const engine_options& opts, comm_actor comm,
+                       std::shared_ptr<compute_backend> backend) {
   rank_actors r;
   r.rank = rank;
-  r.store_backend = std::shared_ptr<compute_backend>(std::move(*store_be));
-  r.coordinator_backend = std::shared_ptr<compute_backend>(std::move(*coord_be));
-  r.store = spawn_partition_store(sys, pl, rank, r.store_backend);
-  r.reducer = spawn_reducer(sys, pl, rank, r.store, comm);
+  r.backend = std::move(backend);
+  r.store = spawn_partition_store(sys, pl, rank, r.backend);
+  r.reducer =
+      spawn_reducer(sys, pl, rank, r.store, comm, comm_on_host(opts.comm) ? nullptr : r.backend);
   r.scaler = spawn_loss_scaler(sys, opts.fp16, r.store, comm);
-  r.coordinator = spawn_muon_coordinator(sys, pl, rank, opts,
-                                         coordinator_peers{r.reducer, r.scaler, r.store, comm},
-                                         r.coordinator_backend);
+  r.coordinator = spawn_muon_coordinator(
+      sys, pl, rank, opts, coordinator_peers{r.reducer, r.scaler, r.store, comm}, r.backend);
   return r;
 }
 

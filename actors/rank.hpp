@@ -16,14 +16,15 @@ struct rank_actors {
   reducer_actor reducer;
   loss_scaler_actor scaler;
   muon_coordinator_actor coordinator;
-  std::shared_ptr<compute_backend> store_backend;
-  std::shared_ptr<compute_backend> coordinator_backend;
+  std::shared_ptr<compute_backend> backend;  // shared by the rank's actors (one GPU stream)
 };
 
-/// Spawns rank `rank`'s actors. The store and the coordinator get their own backend instances
-/// (made by `make_backend`), since they may run on different threads.
-expected<rank_actors> spawn_rank(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
-                                 const engine_options& opts, comm_actor comm);
+/// Spawns rank `rank`'s actors on `backend`. The actors share it: on CUDA that is one stream,
+/// so work that one actor enqueues before its reply runs before work that another enqueues after
+/// receiving it (the backend serializes concurrent calls).
+rank_actors spawn_rank(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
+                       const engine_options& opts, comm_actor comm,
+                       std::shared_ptr<compute_backend> backend);
 
 /// Sends every actor of the rank an exit message.
 void stop_rank(const rank_actors& r);

@@ -15,6 +15,7 @@ struct reducer_state {
   int rank = 0;
   store_accumulate_actor store;
   comm_actor comm;
+  std::shared_ptr<compute_backend> device;  // set when the comm moves device memory
   uint64_t step = 0;         // the step whose buckets are being reduced (0: none yet)
   int64_t in_flight = 0;     // buckets handed over and not yet landed
   std::set<int32_t> micros;  // micro-batches seen in this step
@@ -46,13 +47,46 @@ void record_failure(reducer_pointer self, caf::error err) {
     self->state.failure = std::move(err);
 }
 
+// One bucket's reduce-scatter buffers: in host memory (the host's staging itself, and a vector for
+// the result) or, for a device comm, copies in the backend's memory. Lives until the store has
+// added the result.
+struct bucket_buffers {
+  shared_floats staging;
+  std::vector<float> host_out;
+  device_buffer device_in;
+  device_buffer device_out;
+  const float* in = nullptr;
+  float* out = nullptr;
+};
+
+std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, shared_floats staging,
+                                             int64_t count) {
+  auto b = std::make_shared<bucket_buffers>();
+  b->staging = std::move(staging);
+  if (device == nullptr) {
+    b->host_out.assign(count, 0.0f);
+    b->in = b->staging->data();
+    b->out = b->host_out.data();
+  } else {
+    b->device_in = device->allocate(static_cast<int64_t>(b->staging->size()));
+    device->copy_from_host(b->device_in.data(), b->staging->data(), b->device_in.size());
+    b->device_out = device->allocate(count);
+    b->in = b->device_in.data();
+    b->out = b->device_out.data();
+  }
+  return b;
+}
+
 reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<const plan> pl,
-                                          int rank, store_accumulate_actor store, comm_actor comm) {
+                                          int rank, store_accumulate_actor store, comm_actor comm,
+                                          std::shared_ptr<compute_backend> device) {
   auto& st = self->state;
   st.pl = std::move(pl);
   st.rank = rank;
   st.store = std::move(store);
   st.comm = std::move(comm);
+  st.device = std::move(device);
+  self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
   return {
       [=](micro_grads& msg) {
         auto& st = self->state;
@@ -77,19 +111,21 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         st.micros.insert(msg.micro);
         ++st.in_flight;
         const auto& b = pl.buckets[msg.bucket];
-        auto out = std::make_shared<std::vector<float>>(b.shard_len);
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
-        auto data = msg.data;  // keeps the staging alive until the reduce-scatter is done
+        auto buf = make_buffers(st.device.get(), msg.data, b.shard_len);
         self->request(st.comm, caf::infinite,
-                      reduce_scatter_req{tag, data->data(), out->data(), b.shard_len})
+                      reduce_scatter_req{tag, buf->in, buf->out, b.shard_len})
             .then(
                 [=](comm_done&) {
-                  (void)data;
-                  accumulate acc{tag.step, tag.micro, tag.index, {out->data(), b.shard_len}};
+                  accumulate acc{tag.step,
+                                 tag.micro,
+                                 tag.index,
+                                 {buf->out, b.shard_len},
+                                 buf->device_out.data() == nullptr};
                   self->request(self->state.store, caf::infinite, acc)
                       .then(
                           [=](ack&) {
-                            (void)out;
+                            (void)buf;  // the buffers live until the store has added them
                             --self->state.in_flight;
                             answer_flush_if_done(self);
                           },
@@ -127,8 +163,10 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
 }  // namespace
 
 reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
-                            store_accumulate_actor store, comm_actor comm) {
-  return sys.spawn(reducer_impl, std::move(pl), rank, std::move(store), std::move(comm));
+                            store_accumulate_actor store, comm_actor comm,
+                            std::shared_ptr<compute_backend> device) {
+  return sys.spawn(reducer_impl, std::move(pl), rank, std::move(store), std::move(comm),
+                   std::move(device));
 }
 
 }  // namespace zmuon

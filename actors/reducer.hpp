@@ -17,6 +17,7 @@
 
 #include "actors/interfaces.hpp"
 #include "comm/comm.hpp"
+#include "kernels/compute.hpp"
 #include "plan/plan.hpp"
 
 namespace zmuon {
@@ -24,7 +25,11 @@ namespace zmuon {
 using reducer_actor =
     caf::typed_actor<caf::reacts_to<micro_grads>, caf::replies_to<flush>::with<flush_done>>;
 
+/// `device`: set when the comm backend moves device memory (nccl); each bucket is then copied
+/// into that backend's memory before its reduce-scatter, and the slice sent to the store is
+/// device memory too. Without it, both stay in host memory (the caf comm).
 reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
-                            store_accumulate_actor store, comm_actor comm);
+                            store_accumulate_actor store, comm_actor comm,
+                            std::shared_ptr<compute_backend> device = nullptr);
 
 }  // namespace zmuon

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The one command for every GPU check of the CUDA backend: test_cuda_kernels (each kernel against
-# the host backend), bench_ns (zmuon's NS5 against the GEMM ceiling) and bench/ns_torch.py
+# the host backend), test_engine_cuda (the whole engine on CUDA against the host backend, nccl and
+# caf comms), zmuon-launch --backend cuda, bench_ns (zmuon's NS5 against the GEMM ceiling) and bench/ns_torch.py
 # (PyTorch's NS5 eager / torch.compile / torch.optim.Muon, and the final table).
 #
 # The GPU machine has CUDA, CMake and PyTorch but no Boost or OpenBLAS, so the binaries are built
@@ -24,10 +25,14 @@ pack() {
   # the engine, so that a half-edited engine elsewhere in the tree cannot stop the check.
   cmake -S bench/cuda -B build-gpu-check -G Ninja >/dev/null
   ninja -C build-gpu-check -j"$jobs" test_cuda_kernels bench_ns
+  # The whole engine with the CUDA backend and the nccl comm (CAF comes along as libraries).
+  cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
+  ninja -C build-cuda -j"$jobs" test_engine_cuda zmuon-launch
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/bin" "$stage/lib"
   cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns "$stage/bin/"
+  cp build-cuda/tests/test_engine_cuda build-cuda/launch/exe/zmuon-launch "$stage/bin/"
   # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).
   ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
@@ -92,6 +97,24 @@ check() {
   echo "test_cuda_kernels: exit $rc"
   [[ $rc -ne 0 ]] && status=1
 
+  echo "== test_engine_cuda"
+  timeout 300 "$work/bin/test_engine_cuda" --log_level=message --report_level=short \
+    2>&1 | tee "$out/test_engine_cuda.log"
+  rc=${PIPESTATUS[0]}
+  echo "test_engine_cuda: exit $rc"
+  [[ $rc -ne 0 ]] && status=1
+
+  echo "== zmuon-launch on the GPU"
+  for comm in "nccl --ranks 1" "caf --ranks 4"; do
+    echo "-- zmuon-launch --backend cuda --comm $comm --steps 30"
+    # shellcheck disable=SC2086
+    timeout 120 "$work/bin/zmuon-launch" --backend cuda --comm $comm --steps 30 \
+      2>&1 | tee -a "$out/zmuon_launch.log" | sed -n '1,3p;$p'
+    rc=${PIPESTATUS[0]}
+    echo "exit $rc"
+    [[ $rc -ne 0 ]] && status=1
+  done
+
   echo "== bench_ns"
   timeout 240 "$bench" --json "$out/bench_ns.json" 2>&1 | tee "$out/bench_ns.log"
   rc=${PIPESTATUS[0]}
@@ -108,6 +131,7 @@ check() {
   echo "== summary"
   grep -E 'relative error|SKIPPED|failure|error:|No errors|Test module' "$out/test_cuda_kernels.log" |
     tail -n 60
+  grep -E 'relative|NS per|error|No errors|Test module' "$out/test_engine_cuda.log"
   [[ -f "$out/ns_table.md" ]] && cat "$out/ns_table.md"
   return $status
 }

@@ -7,6 +7,9 @@
 
 #include "actors/rank.hpp"
 #include "comm/caf_comm.hpp"
+#ifdef ZMUON_HAVE_NCCL
+#include "comm/nccl_comm.hpp"
+#endif
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 #include "plan/ownership.hpp"
@@ -48,8 +51,14 @@ error check_options(const engine_options& o) {
     return bad("fp16 loss_scale_window must be >= 1");
   if (f.enabled && !(f.min_loss_scale > 0))
     return bad("fp16 min_loss_scale must be > 0");
-  if (o.comm != "caf")
-    return bad("comm backend '" + o.comm + "' is not available in-process (use caf)");
+  if (o.comm != "caf" && o.comm != "nccl")
+    return bad("unknown comm backend '" + o.comm + "' (valid: caf, nccl)");
+  if (o.comm == "nccl" && o.compute != "cuda")
+    return bad("comm backend 'nccl' needs compute backend 'cuda' (got '" + o.compute + "')");
+#ifndef ZMUON_HAVE_NCCL
+  if (o.comm == "nccl")
+    return bad("comm backend 'nccl' is not built in (configure with -DZMUON_CUDA=ON)");
+#endif
   if (o.timeout_ms < 1)
     return bad("timeout_ms must be >= 1");
   return {};
@@ -64,7 +73,7 @@ struct engine::impl {
   std::vector<param_spec> table;
   std::vector<std::vector<float>> init;
   std::shared_ptr<const plan> pl;
-  std::vector<caf_comm_actor> comms;
+  std::vector<comm_actor> comms;
   std::vector<rank_actors> ranks;
   std::vector<int> micros;  // micro-batches handed over per rank in the open step
   uint64_t step = 0;        // last step number issued
@@ -87,7 +96,44 @@ struct engine::impl {
   }
 
   error start();
+  expected<std::vector<std::shared_ptr<compute_backend>>> make_backends() const;
+  error spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends);
 };
+
+// One compute backend per rank. On CUDA, rank r uses GPU r modulo the visible GPUs (caf comm:
+// several ranks may share one GPU; nccl: one GPU per rank).
+expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backends() const {
+  const int devices = compute_device_count(opts.compute);
+  if (opts.comm == "nccl" && devices < opts.world)
+    return error{errc::invalid_argument,
+                 "comm backend 'nccl' needs one GPU per rank: world " + std::to_string(opts.world)
+                     + " but " + std::to_string(devices)
+                     + " GPU(s) visible (use comm 'caf' to run several ranks on one GPU)"};
+  std::vector<std::shared_ptr<compute_backend>> out;
+  for (int r = 0; r < opts.world; ++r) {
+    auto be = make_compute_backend(opts.compute, devices > 0 ? r % devices : 0);
+    if (!be)
+      return be.err();
+    out.push_back(std::move(*be));
+  }
+  return out;
+}
+
+error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends) {
+  if (opts.comm == "nccl") {
+#ifdef ZMUON_HAVE_NCCL
+    auto group = spawn_nccl_comm_group(*sys, backends);
+    if (!group)
+      return group.err();
+    comms = std::move(*group);
+    return {};
+#endif
+  }
+  (void)backends;  // the caf comm moves host memory and needs no backend
+  for (auto& c : spawn_caf_comm_group(*sys, opts.world))
+    comms.push_back(c);
+  return {};
+}
 
 engine::engine() : impl_(std::make_unique<impl>()) {}
 
@@ -143,13 +189,13 @@ error engine::impl::start() {
   if (!made)
     return made.err();
   pl = std::make_shared<const plan>(std::move(*made));
-  comms = spawn_caf_comm_group(*sys, opts.world);
-  for (int r = 0; r < opts.world; ++r) {
-    auto spawned = spawn_rank(*sys, pl, r, opts, comms[r]);
-    if (!spawned)
-      return spawned.err();
-    ranks.push_back(std::move(*spawned));
-  }
+  auto backends = make_backends();
+  if (!backends)
+    return backends.err();
+  if (auto err = spawn_comms(*backends))
+    return err;
+  for (int r = 0; r < opts.world; ++r)
+    ranks.push_back(spawn_rank(*sys, pl, r, opts, comms[r], (*backends)[r]));
   // Each rank's initial shard of every parameter.
   for (int r = 0; r < opts.world; ++r) {
     auto shard = std::make_shared<std::vector<float>>(pl->shard_total, 0.0f);

@@ -51,6 +51,8 @@ public:
   virtual ~compute_backend() = default;
 
   virtual std::string name() const = 0;
+  /// True when this backend's buffers live in device memory (the host cannot dereference them).
+  virtual bool device_memory() const { return false; }
 
   // -- memory ----------------------------------------------------------------------------------
   /// A zero-filled buffer of n floats.
@@ -59,6 +61,15 @@ public:
   virtual void copy_to_host(float* host_dst, const float* src, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
+  /// dst (a buffer of this backend) += host_src (host memory): through a staging buffer when the
+  /// backend's memory is device memory.
+  void add_from_host(float* dst, const float* host_src, int64_t n) {
+    if (!device_memory())
+      return add(dst, host_src, n);
+    device_buffer staged = allocate(n);
+    copy_from_host(staged.data(), host_src, n);
+    add(dst, staged.data(), n);
+  }
 
   // -- element-wise ----------------------------------------------------------------------------
   /// dst += src
@@ -100,5 +111,10 @@ protected:
 /// The backend named `name` ("host", or "cuda" when built with CUDA), or an error naming the
 /// backends that exist.
 expected<std::unique_ptr<compute_backend>> make_compute_backend(const std::string& name);
+/// The same on device ordinal `device` (ignored by the host backend).
+expected<std::unique_ptr<compute_backend>> make_compute_backend(const std::string& name,
+                                                                int device);
+/// How many devices backend `name` can use: visible GPUs for cuda (0 without any), 1 for host.
+int compute_device_count(const std::string& name);
 
 }  // namespace zmuon

@@ -2,6 +2,7 @@
 // message. Handlers return these; the engine turns them back into zmuon::error.
 #pragma once
 
+#include <exception>
 #include <string>
 
 #include "caf/error.hpp"
@@ -27,6 +28,10 @@ inline caf::error make_caf_error(errc code, std::string message) {
 inline caf::error make_caf_error(const error& err) {
   return make_caf_error(err.code(), err.message());
 }
+
+/// The error for an exception that escaped a handler (a CUDA failure is a std::runtime_error
+/// whose what() names the call, file and line): errc::device_failure with that text.
+caf::error error_from_exception(const std::exception_ptr& eptr);
 
 /// A zmuon::error from any caf::error: ours keep code and message; CAF's own (timeouts, dead
 /// receivers) are mapped and rendered.

@@ -131,6 +131,7 @@ struct accumulate {
   int32_t micro = 0;
   int32_t bucket = 0;
   float_view slice;
+  bool from_host = true;  // slice is host memory (caf comm) or the store backend's (nccl)
 };
 
 struct ack {
@@ -263,7 +264,7 @@ ZMUON_INSPECT(peer_doubles, x.tag, x.src, x.data)
 ZMUON_INSPECT(micro_grads, x.step, x.micro, x.bucket)
 ZMUON_INSPECT(flush, x.step)
 ZMUON_INSPECT(flush_done, x.step, x.micros)
-ZMUON_INSPECT(accumulate, x.step, x.micro, x.bucket, x.slice)
+ZMUON_INSPECT(accumulate, x.step, x.micro, x.bucket, x.slice, x.from_host)
 ZMUON_INSPECT(ack, x.step)
 ZMUON_INSPECT(check_overflow, x.step)
 ZMUON_INSPECT(scan_grads, x.step)

@@ -58,6 +58,17 @@ caf::error inspect(caf::deserializer& f, peer_floats& x) {
   return f.end_sequence();
 }
 
+caf::error error_from_exception(const std::exception_ptr& eptr) {
+  try {
+    if (eptr)
+      std::rethrow_exception(eptr);
+  } catch (const std::exception& e) {
+    return make_caf_error(errc::device_failure, e.what());
+  } catch (...) {
+  }
+  return make_caf_error(errc::internal, "an unknown exception escaped an actor's handler");
+}
+
 error from_caf_error(const caf::error& err) {
   if (!err)
     return {};

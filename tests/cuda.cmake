@@ -7,3 +7,12 @@ if(TARGET zmuon_cuda)
     LABEL gpu)
   set_tests_properties(test_cuda_kernels PROPERTIES SKIP_RETURN_CODE 77)
 endif()
+
+# The whole engine on CUDA against the host backend, and the core contract's tests on CUDA.
+if(TARGET zmuon_cuda)
+  zmuon_add_test(test_engine_cuda
+    SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_cuda.cpp
+    LIBS zmuon_train
+    LABEL gpu)
+  set_tests_properties(test_engine_cuda PROPERTIES SKIP_RETURN_CODE 77)
+endif()

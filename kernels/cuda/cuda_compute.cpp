@@ -55,9 +55,10 @@ cuda_compute::~cuda_compute() {
   (void)cudaStreamSynchronize(stream_.get());
 }
 
-const launch_context& cuda_compute::activate() const {
+cuda_compute::launch_guard cuda_compute::activate() const {
+  launch_guard guard{std::unique_lock<std::mutex>(mutex_), ctx_};
   ZMUON_CUDA_CHECK(cudaSetDevice(device_));
-  return ctx_;
+  return guard;
 }
 
 // -- memory --------------------------------------------------------------------------------------
@@ -65,7 +66,7 @@ const launch_context& cuda_compute::activate() const {
 device_buffer cuda_compute::allocate(int64_t n) {
   if (n <= 0)
     return device_buffer{};
-  activate();
+  const launch_guard guard = activate();
   float* data = nullptr;
   ZMUON_CUDA_CHECK(
       cudaMalloc(reinterpret_cast<void**>(&data), static_cast<size_t>(n) * sizeof(float)));
@@ -79,7 +80,7 @@ device_buffer cuda_compute::allocate(int64_t n) {
 void cuda_compute::copy_from_host(float* dst, const float* host_src, int64_t n) {
   if (n <= 0)
     return;
-  activate();
+  const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyHostToDevice, ctx_.stream));
   stream_.synchronize();
@@ -88,7 +89,7 @@ void cuda_compute::copy_from_host(float* dst, const float* host_src, int64_t n) 
 void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
   if (n <= 0)
     return;
-  activate();
+  const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
   stream_.synchronize();
@@ -97,7 +98,7 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
 void cuda_compute::copy(float* dst, const float* src, int64_t n) {
   if (n <= 0 || dst == src)
     return;
-  activate();
+  const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToDevice, ctx_.stream));
 }
@@ -105,7 +106,7 @@ void cuda_compute::copy(float* dst, const float* src, int64_t n) {
 void cuda_compute::fill_zero(float* x, int64_t n) {
   if (n <= 0)
     return;
-  activate();
+  const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), ctx_.stream));
 }
 
@@ -123,7 +124,8 @@ reduction cuda_compute::reduce(const float* x, int64_t n) {
   if (n <= 0)
     return reduction{0.0, 0};
   const reduction_scratch scratch{partial_sums_.data(), partial_flags_.data(), result_.data()};
-  launch_sum_squares(activate(), x, n, scratch);
+  const launch_guard guard = activate();
+  launch_sum_squares(guard, x, n, scratch);
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
   stream_.synchronize();
@@ -168,7 +170,7 @@ void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t 
 }
 
 void cuda_compute::synchronize() {
-  activate();
+  const launch_guard guard = activate();
   stream_.synchronize();
 }
 
@@ -210,6 +212,15 @@ expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend(int device)
     error err = gpu::to_error(e);
     return error(err.code(), "compute backend 'cuda': " + err.message());
   }
+}
+
+int cuda_device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
 }
 
 expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend() {

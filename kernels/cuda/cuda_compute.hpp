@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "kernels/compute.hpp"
@@ -27,6 +28,7 @@ public:
   ~cuda_compute() override;
 
   std::string name() const override { return "cuda"; }
+  bool device_memory() const override { return true; }
 
   device_buffer allocate(int64_t n) override;
   /// Both host copies return once the host buffer may be reused or read: they wait.
@@ -60,11 +62,18 @@ public:
   void set_ns_graphs(bool use) { ns_.set_use_graphs(use); }
 
 private:
-  /// Makes this backend's device current on the calling thread (actors may move between
-  /// scheduler threads) and returns the launch context.
-  const launch_context& activate() const;
+  /// The launch context, usable while the guard lives: holds the backend's lock (the actors of
+  /// one rank share its backend and run on any scheduler thread, so calls are serialized; each
+  /// only enqueues, except the waits named above) with this backend's device current.
+  struct launch_guard {
+    std::unique_lock<std::mutex> lock;
+    const launch_context& ctx;
+    operator const launch_context&() const { return ctx; }
+  };
+  launch_guard activate() const;
   reduction reduce(const float* x, int64_t n);
 
+  mutable std::mutex mutex_;
   int device_;
   cuda_stream stream_;
   cublas_handle cublas_;
@@ -87,5 +96,7 @@ namespace zmuon {
 expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend();
 /// The same on device ordinal `device` (one rank per GPU under NCCL).
 expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend(int device);
+/// Visible CUDA devices (0 when there is no GPU or driver).
+int cuda_device_count();
 
 }  // namespace zmuon

@@ -95,6 +95,17 @@ int run(int argc, char** argv) {
            ->capture_default_str()
            ->check(CLI::PositiveNumber),
        "zero_optimization.reduce_bucket_size"},
+      {app.add_option("--backend", flags.engine.compute,
+                      "compute backend: host | cuda (zmuon.backend)")
+           ->capture_default_str()
+           ->check(CLI::IsMember({"host", "cuda"})),
+       "zmuon.backend"},
+      {app.add_option("--comm", flags.engine.comm,
+                      "communication backend: caf (any world, ranks may share a GPU) | nccl (one "
+                      "GPU per rank) (zmuon.comm)")
+           ->capture_default_str()
+           ->check(CLI::IsMember({"caf", "nccl"})),
+       "zmuon.comm"},
   };
   auto* fp16 = app.add_flag("--fp16", flags.engine.fp16.enabled,
                             "fp16 loss scaling on the host, DeepSpeed's dynamic rules "

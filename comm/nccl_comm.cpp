@@ -1,0 +1,360 @@
+#include "comm/nccl_comm.hpp"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <set>
+
+#include "caf/all.hpp"
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/owners.hpp"
+#include "messages/errors.hpp"
+
+namespace zmuon {
+
+namespace {
+
+using poll_atom = caf::atom_constant<caf::atom("ncclpoll")>;      // an all-reduce is pending
+using health_atom = caf::atom_constant<caf::atom("ncclhealth")>;  // periodic async-error check
+
+using nccl_comm_actor = comm_actor::extend<caf::reacts_to<poll_atom>, caf::reacts_to<health_atom>>;
+
+constexpr size_t kMaxValues = 64;  // doubles per all-reduce (the vote and the norm use one)
+constexpr auto kPendingPoll = std::chrono::microseconds(20);
+
+// Device and pinned host room for one all-reduce of doubles, and the event that says it is back.
+struct reduce_slot {
+  gpu::device_array<double> device{static_cast<int64_t>(kMaxValues)};
+  gpu::pinned<std::array<double, kMaxValues>> host;
+  gpu::cuda_event done{cudaEventDisableTiming};
+};
+
+struct pending_reduce {
+  all_reduce_result result;
+  caf::typed_response_promise<all_reduce_result> promise;
+  std::unique_ptr<reduce_slot> slot;
+};
+
+struct nccl_state {
+  int rank = 0;
+  int world = 1;
+  ncclComm_t comm = nullptr;
+  std::shared_ptr<compute_backend> be;  // keeps the stream alive while the communicator uses it
+  gpu::cuda_compute* cuda = nullptr;
+  std::chrono::milliseconds health_period{100};
+  std::deque<pending_reduce> pending;
+  std::vector<std::unique_ptr<reduce_slot>> free_slots;
+  bool polling = false;
+  bool aborted = false;
+
+  ~nccl_state() {
+    if (comm == nullptr)
+      return;
+    (void)cudaSetDevice(cuda->device());
+    if (aborted)
+      (void)ncclCommAbort(comm);
+    else
+      (void)ncclCommDestroy(comm);
+  }
+  static const char* name;
+};
+const char* nccl_state::name = "nccl_comm";
+
+using nccl_pointer = nccl_comm_actor::stateful_pointer<nccl_state>;
+
+std::string nccl_message(ncclComm_t comm, ncclResult_t code) {
+  std::string text = ncclGetErrorString(code);
+  if (comm != nullptr) {
+    const char* last = ncclGetLastError(comm);
+    if (last != nullptr && *last != '\0')
+      text += std::string(": ") + last;
+  }
+  return text;
+}
+
+// Aborts the communicator and answers everything pending with `err`.
+void abort_all(nccl_pointer self, const caf::error& err) {
+  auto& st = self->state;
+  if (!st.aborted && st.comm != nullptr) {
+    st.aborted = true;
+    (void)cudaSetDevice(st.cuda->device());
+    (void)ncclCommAbort(st.comm);
+    st.comm = nullptr;
+  }
+  for (auto& p : st.pending)
+    p.promise.deliver(err);
+  st.pending.clear();
+}
+
+// abort_all, then stops the actor with `err`.
+caf::error fail(nccl_pointer self, caf::error err) {
+  abort_all(self, err);
+  self->quit(err);
+  return err;
+}
+
+caf::error failure(nccl_pointer self, const std::string& what, ncclResult_t code) {
+  return make_caf_error(errc::comm_failure,
+                        "rank " + std::to_string(self->state.rank) + ": nccl " + what
+                            + " failed: " + nccl_message(self->state.comm, code));
+}
+
+// The error of a failed enqueue (and the actor stops), or none.
+caf::error check(nccl_pointer self, ncclResult_t code, const std::string& what) {
+  if (code == ncclSuccess)
+    return {};
+  return fail(self, failure(self, what, code));
+}
+
+caf::error usable(nccl_pointer self) {
+  auto& st = self->state;
+  if (st.comm == nullptr)
+    return make_caf_error(errc::comm_failure,
+                          "rank " + std::to_string(st.rank) + ": the nccl communicator is aborted");
+  ZMUON_CUDA_CHECK(cudaSetDevice(st.cuda->device()));
+  return {};
+}
+
+void check_async_error(nccl_pointer self) {
+  auto& st = self->state;
+  if (st.comm == nullptr)
+    return;
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t code = ncclCommGetAsyncError(st.comm, &async);
+  if (code != ncclSuccess)
+    fail(self, failure(self, "ncclCommGetAsyncError", code));
+  else if (async != ncclSuccess && async != ncclInProgress)
+    fail(self, failure(self, "communicator (asynchronous error)", async));
+}
+
+void deliver_finished(nccl_pointer self) {
+  auto& st = self->state;
+  while (!st.pending.empty() && st.pending.front().slot->done.done()) {
+    auto& p = st.pending.front();
+    auto n = p.result.values.size();
+    std::copy(p.slot->host.get()->begin(), p.slot->host.get()->begin() + n,
+              p.result.values.begin());
+    p.promise.deliver(std::move(p.result));
+    st.free_slots.push_back(std::move(p.slot));
+    st.pending.pop_front();
+  }
+}
+
+void schedule_poll(nccl_pointer self) {
+  auto& st = self->state;
+  if (st.polling || st.pending.empty())
+    return;
+  st.polling = true;
+  self->delayed_send(self, kPendingPoll, poll_atom::value);
+}
+
+int64_t total(const std::vector<std::vector<segment>>& lists) {
+  int64_t n = 0;
+  for (const auto& l : lists)
+    for (const auto& s : l)
+      n += s.size;
+  return n;
+}
+
+// A communicator handed to the actor at spawn (CAF cannot forward a pointer to an incomplete type).
+struct communicator {
+  ncclComm_t comm = nullptr;
+};
+
+nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world, communicator comm,
+                                         std::shared_ptr<compute_backend> be, int poll_ms) {
+  auto& st = self->state;
+  st.rank = rank;
+  st.world = world;
+  st.comm = comm.comm;
+  st.be = std::move(be);
+  st.cuda = dynamic_cast<gpu::cuda_compute*>(st.be.get());
+  st.health_period = std::chrono::milliseconds(poll_ms);
+  self->set_exception_handler([=](std::exception_ptr& eptr) -> caf::error {
+    caf::error err = error_from_exception(eptr);
+    abort_all(self, err);
+    return err;
+  });
+  self->delayed_send(self, st.health_period, health_atom::value);
+  return {
+      [=](reduce_scatter_req& req) -> caf::result<comm_done> {
+        if (auto err = usable(self))
+          return err;
+        auto& st = self->state;
+        if (req.count < 0 || (req.count > 0 && (req.in == nullptr || req.out == nullptr)))
+          return make_caf_error(errc::invalid_argument,
+                                "nccl reduce-scatter " + to_string(req.tag) + ": bad buffers");
+        if (auto err = check(self,
+                             ncclReduceScatter(req.in, req.out, static_cast<size_t>(req.count),
+                                               ncclFloat, ncclAvg, st.comm, st.cuda->stream()),
+                             "reduce-scatter " + to_string(req.tag)))
+          return err;
+        return comm_done{req.tag};
+      },
+      [=](all_to_all_req& req) -> caf::result<comm_done> {
+        if (auto err = usable(self))
+          return err;
+        auto& st = self->state;
+        if (static_cast<int>(req.sends.size()) != st.world
+            || static_cast<int>(req.recvs.size()) != st.world)
+          return make_caf_error(errc::invalid_argument,
+                                "nccl all-to-all " + to_string(req.tag) + ": needs one send and "
+                                    "one receive list per rank ("
+                                    + std::to_string(st.world) + ")");
+        if (total(req.sends) == 0 && total(req.recvs) == 0)
+          return comm_done{req.tag};
+        const std::string what = "all-to-all " + to_string(req.tag);
+        if (auto err = check(self, ncclGroupStart(), what))
+          return err;
+        ncclResult_t code = ncclSuccess;
+        for (int p = 0; p < st.world && code == ncclSuccess; ++p) {
+          for (const auto& s : req.sends[p])
+            if (code == ncclSuccess)
+              code = ncclSend(s.data, static_cast<size_t>(s.size), ncclFloat, p, st.comm,
+                              st.cuda->stream());
+          for (const auto& s : req.recvs[p])
+            if (code == ncclSuccess)
+              code = ncclRecv(s.data, static_cast<size_t>(s.size), ncclFloat, p, st.comm,
+                              st.cuda->stream());
+        }
+        ncclResult_t end = ncclGroupEnd();
+        if (auto err = check(self, code != ncclSuccess ? code : end, what))
+          return err;
+        return comm_done{req.tag};
+      },
+      [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
+        if (auto err = usable(self))
+          return err;
+        auto& st = self->state;
+        const size_t n = req.values.size();
+        if (n > kMaxValues)
+          return make_caf_error(errc::invalid_argument,
+                                "nccl all-reduce " + to_string(req.tag) + ": " + std::to_string(n)
+                                    + " values, at most " + std::to_string(kMaxValues));
+        if (n == 0)
+          return all_reduce_result{req.tag, {}};
+        std::unique_ptr<reduce_slot> slot;
+        if (st.free_slots.empty()) {
+          slot = std::make_unique<reduce_slot>();
+        } else {
+          slot = std::move(st.free_slots.back());
+          st.free_slots.pop_back();
+        }
+        std::copy(req.values.begin(), req.values.end(), slot->host.get()->begin());
+        cudaStream_t stream = st.cuda->stream();
+        const size_t bytes = n * sizeof(double);
+        ZMUON_CUDA_CHECK(cudaMemcpyAsync(slot->device.data(), slot->host.get()->data(), bytes,
+                                         cudaMemcpyHostToDevice, stream));
+        if (auto err =
+                check(self,
+                      ncclAllReduce(slot->device.data(), slot->device.data(), n, ncclDouble,
+                                    req.op == reduce_op::sum ? ncclSum : ncclMax, st.comm, stream),
+                      "all-reduce " + to_string(req.tag)))
+          return err;
+        ZMUON_CUDA_CHECK(cudaMemcpyAsync(slot->host.get()->data(), slot->device.data(), bytes,
+                                         cudaMemcpyDeviceToHost, stream));
+        slot->done.record(stream);
+        auto promise = self->make_response_promise<all_reduce_result>();
+        st.pending.push_back(pending_reduce{all_reduce_result{req.tag, std::move(req.values)},
+                                            promise, std::move(slot)});
+        schedule_poll(self);
+        return promise;
+      },
+      [=](poll_atom) {
+        auto& st = self->state;
+        st.polling = false;
+        check_async_error(self);
+        if (st.comm == nullptr)
+          return;
+        ZMUON_CUDA_CHECK(cudaSetDevice(st.cuda->device()));
+        deliver_finished(self);
+        schedule_poll(self);
+      },
+      [=](health_atom) {
+        check_async_error(self);
+        if (self->state.comm != nullptr)
+          self->delayed_send(self, self->state.health_period, health_atom::value);
+      },
+  };
+}
+
+expected<gpu::cuda_compute*> cuda_of(const std::shared_ptr<compute_backend>& be, int rank) {
+  auto* cuda = dynamic_cast<gpu::cuda_compute*>(be.get());
+  if (cuda == nullptr)
+    return error(errc::invalid_argument, "comm backend 'nccl' needs the cuda compute backend (rank "
+                                             + std::to_string(rank) + " has '"
+                                             + (be ? be->name() : std::string("none")) + "')");
+  return cuda;
+}
+
+}  // namespace
+
+expected<nccl_unique_id> make_nccl_unique_id() {
+  ncclUniqueId id;
+  ncclResult_t code = ncclGetUniqueId(&id);
+  if (code != ncclSuccess)
+    return error(errc::comm_failure,
+                 std::string("ncclGetUniqueId failed: ") + nccl_message(nullptr, code));
+  return nccl_unique_id(id.internal, id.internal + sizeof(id.internal));
+}
+
+expected<comm_actor> spawn_nccl_comm(caf::actor_system& sys, int rank, int world,
+                                     const nccl_unique_id& id,
+                                     std::shared_ptr<compute_backend> backend, int poll_ms) {
+  auto cuda = cuda_of(backend, rank);
+  if (!cuda)
+    return cuda.err();
+  ncclUniqueId uid;
+  if (id.size() != sizeof(uid.internal))
+    return error(errc::invalid_argument, "nccl unique id has " + std::to_string(id.size())
+                                             + " bytes, expected "
+                                             + std::to_string(sizeof(uid.internal)));
+  std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
+  if (cudaSetDevice((*cuda)->device()) != cudaSuccess)
+    return error(errc::device_failure, "rank " + std::to_string(rank) + ": cannot use device "
+                                           + std::to_string((*cuda)->device()));
+  ncclComm_t comm = nullptr;
+  ncclResult_t code = ncclCommInitRank(&comm, world, uid, rank);
+  if (code != ncclSuccess)
+    return error(errc::comm_failure, "rank " + std::to_string(rank) + ": ncclCommInitRank failed: "
+                                         + nccl_message(nullptr, code));
+  return comm_actor{
+      sys.spawn(nccl_impl, rank, world, communicator{comm}, std::move(backend), poll_ms)};
+}
+
+expected<std::vector<comm_actor>> spawn_nccl_comm_group(
+    caf::actor_system& sys, const std::vector<std::shared_ptr<compute_backend>>& backends,
+    int poll_ms) {
+  const int world = static_cast<int>(backends.size());
+  std::vector<int> devices;
+  std::set<int> distinct;
+  for (int r = 0; r < world; ++r) {
+    auto cuda = cuda_of(backends[r], r);
+    if (!cuda)
+      return cuda.err();
+    devices.push_back((*cuda)->device());
+    if (!distinct.insert(devices.back()).second)
+      return error(errc::invalid_argument,
+                   "comm backend 'nccl' needs one GPU per rank, but ranks share device "
+                       + std::to_string(devices.back())
+                       + " (use comm 'caf' to run several ranks on one GPU)");
+  }
+  std::vector<ncclComm_t> comms(world, nullptr);
+  ncclResult_t code = ncclCommInitAll(comms.data(), world, devices.data());
+  if (code != ncclSuccess)
+    return error(errc::comm_failure, "ncclCommInitAll over " + std::to_string(world)
+                                         + " GPUs failed: " + nccl_message(nullptr, code));
+  std::vector<comm_actor> out;
+  for (int r = 0; r < world; ++r)
+    out.push_back(
+        comm_actor{sys.spawn(nccl_impl, r, world, communicator{comms[r]}, backends[r], poll_ms)});
+  return out;
+}
+
+}  // namespace zmuon
