@@ -112,6 +112,28 @@ void add_segment(std::vector<segment>& list, float* data, int64_t size) {
 void finish(coord_pointer self);
 void advance(coord_pointer self);
 
+// A chunk's GPU work (and its copy to the host mirror) has finished: the chunk moves on.
+void on_gpu_done(coord_pointer self, const gpu_done& msg) {
+  if (!current(self, msg.step))
+    return;
+  auto& cw = self->state.work->chunks[msg.index];
+  cw.at = msg.what == gpu_event::u_on_host ? chunk_work::momentum_done : chunk_work::ns_done;
+  advance(self);
+}
+
+// Continues with on_gpu_done once the work enqueued so far has finished: through the backend's
+// completion callback when the comm needs the result in host memory (`wait`), else at once (the
+// comm's work is ordered after it on the rank's stream, or everything already ran on the host).
+void after_gpu(coord_pointer self, gpu_event what, int chunk, bool wait) {
+  gpu_done msg{self->state.work->req.step, what, chunk};
+  if (!wait) {
+    on_gpu_done(self, msg);
+    return;
+  }
+  auto handle = caf::actor_cast<muon_coordinator_actor>(self);
+  self->state.be->when_done([handle, msg] { caf::anon_send(handle, msg); });
+}
+
 // -- 5. the gather-NS-scatter pipeline ----------------------------------------------------------
 
 void gather(coord_pointer self, int c) {
@@ -147,8 +169,7 @@ void gather(coord_pointer self, int c) {
       st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
     cw.full.to_comm(*st.be);
-    cw.at = chunk_work::ns_done;
-    advance(self);
+    after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
   });
 }
 
@@ -206,9 +227,9 @@ void advance(coord_pointer self) {
                           float_view{cw.u.compute(), cw.u.size()}};
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
           auto& st = self->state;
-          st.work->chunks[s.chunk].u.to_comm(*st.be);
-          st.work->chunks[s.chunk].at = chunk_work::momentum_done;
-          advance(self);
+          auto& u = st.work->chunks[s.chunk].u;
+          u.to_comm(*st.be);
+          after_gpu(self, gpu_event::u_on_host, s.chunk, u.staged());
         });
         return;
       }
@@ -351,6 +372,7 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
         begin_step(self);
         return promise;
       },
+      [=](gpu_done& msg) { on_gpu_done(self, msg); },
   };
 }
 

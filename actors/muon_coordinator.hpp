@@ -13,6 +13,9 @@
 //        gather u shards to owners, Newton-Schulz on the owner, scatter result shards,
 //        apply_muon (store)
 //     6. adamw_step, finish_step (store), answer the result
+//   gpu_done  (the rank's compute backend, from its completion callback) a chunk's GPU work has
+//             finished: with the caf comm on a GPU, u and the NS result are copied to host
+//             mirrors first, and the chunk moves on only when this arrives; no thread waits.
 #pragma once
 
 #include <memory>
@@ -27,7 +30,8 @@
 
 namespace zmuon {
 
-using muon_coordinator_actor = caf::typed_actor<caf::replies_to<step_request>::with<step_result>>;
+using muon_coordinator_actor =
+    caf::typed_actor<caf::replies_to<step_request>::with<step_result>, caf::reacts_to<gpu_done>>;
 
 /// The peers a coordinator talks to.
 struct coordinator_peers {

@@ -1,5 +1,7 @@
 #include "actors/partition_store.hpp"
 
+#include <deque>
+
 #include "caf/all.hpp"
 
 #include "messages/errors.hpp"
@@ -18,14 +20,68 @@ struct store_state {
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
   int64_t adam_steps = 0;
-  // The scan of the current gradient, valid until the gradient changes.
+  // The scan of the current gradient, valid until the gradient changes (grads_version counts
+  // the changes; a scan that lands after one is not kept).
   bool scan_valid = false;
   grad_scan last_scan;
+  uint64_t grads_version = 0;
+  // Work on the backend whose completion comes back as gpu_done, oldest first.
+  struct pending_scan {
+    uint64_t step;
+    uint64_t version;
+    std::shared_ptr<scan_result> result;
+    caf::typed_response_promise<grad_scan> promise;
+  };
+  std::deque<pending_scan> scans;
+  std::deque<caf::typed_response_promise<ack>> finishing;
   static const char* name;
 };
 const char* store_state::name = "partition_store";
 
 using store_pointer = partition_store_actor::stateful_pointer<store_state>;
+
+void gradient_changed(store_pointer self) {
+  self->state.scan_valid = false;
+  ++self->state.grads_version;
+}
+
+// Sends gpu_done{step, what} to the store once the backend's queued work has finished.
+void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
+  auto handle = caf::actor_cast<partition_store_actor>(self);
+  gpu_done msg{step, what, 0};
+  self->state.be->when_done([handle, msg] { caf::anon_send(handle, msg); });
+}
+
+// The scan of the gradient for `step`: the kept one when `reuse` and still valid, else a new
+// scan whose result comes back with gpu_done (no thread waits for the GPU).
+caf::result<grad_scan> scan_for(store_pointer self, uint64_t step, bool reuse) {
+  auto& st = self->state;
+  if (reuse && st.scan_valid && st.last_scan.step == step)
+    return st.last_scan;
+  auto promise = self->make_response_promise<grad_scan>();
+  auto result = std::make_shared<scan_result>();
+  st.be->scan_async(st.grads.data(), st.grads.size(), result.get());
+  st.scans.push_back(store_state::pending_scan{step, st.grads_version, result, promise});
+  notify_when_done(self, step, gpu_event::scan_landed);
+  return promise;
+}
+
+void on_gpu_done(store_pointer self, const gpu_done& msg) {
+  auto& st = self->state;
+  if (msg.what == gpu_event::scan_landed && !st.scans.empty()) {
+    auto scan = std::move(st.scans.front());
+    st.scans.pop_front();
+    grad_scan reply{scan.step, scan.result->nonfinite, scan.result->sum_squares};
+    if (scan.version == st.grads_version) {
+      st.last_scan = reply;
+      st.scan_valid = true;
+    }
+    scan.promise.deliver(reply);
+  } else if (msg.what == gpu_event::step_done && !st.finishing.empty()) {
+    st.finishing.front().deliver(ack{msg.step});
+    st.finishing.pop_front();
+  }
+}
 
 std::vector<float> to_host(compute_backend& be, const device_buffer& buf) {
   std::vector<float> out(buf.size());
@@ -75,35 +131,21 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
           st.be->add_from_host(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
         else
           st.be->add(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
-        st.scan_valid = false;
+        gradient_changed(self);
         return ack{msg.step};
       },
-      [=](scan_grads& msg) -> grad_scan {
-        auto& st = self->state;
-        auto r = st.be->scan(st.grads.data(), st.grads.size());
-        st.last_scan = grad_scan{msg.step, r.nonfinite, r.sum_squares};
-        st.scan_valid = true;
-        return st.last_scan;
-      },
-      [=](local_sum_squares& msg) -> grad_scan {
-        auto& st = self->state;
-        if (!st.scan_valid || st.last_scan.step != msg.step) {
-          auto r = st.be->scan(st.grads.data(), st.grads.size());
-          st.last_scan = grad_scan{msg.step, r.nonfinite, r.sum_squares};
-          st.scan_valid = true;
-        }
-        return st.last_scan;
-      },
+      [=](scan_grads& msg) { return scan_for(self, msg.step, false); },
+      [=](local_sum_squares& msg) { return scan_for(self, msg.step, true); },
       [=](discard_grads& msg) -> ack {
         auto& st = self->state;
         st.be->fill_zero(st.grads.data(), st.grads.size());
-        st.scan_valid = false;
+        gradient_changed(self);
         return ack{msg.step};
       },
       [=](unscale_clip& msg) -> ack {
         auto& st = self->state;
         st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
-        st.scan_valid = false;
+        gradient_changed(self);
         return ack{msg.step};
       },
       [=](muon_momentum& msg) -> caf::result<ack> {
@@ -148,13 +190,18 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         }
         return ack{msg.step};
       },
-      [=](finish_step& msg) -> ack {
+      [=](finish_step& msg) -> caf::result<ack> {
+        // Answered once the step's kernels have finished (so that the host's step time is the
+        // GPU's), through gpu_done.
         auto& st = self->state;
         st.be->fill_zero(st.grads.data(), st.grads.size());
-        st.be->synchronize();
-        st.scan_valid = false;
-        return ack{msg.step};
+        gradient_changed(self);
+        st.finishing.push_back(self->make_response_promise<ack>());
+        auto promise = st.finishing.back();
+        notify_when_done(self, msg.step, gpu_event::step_done);
+        return promise;
       },
+      [=](gpu_done& msg) { on_gpu_done(self, msg); },
       [=](load_params& msg) -> caf::result<ack> {
         auto& st = self->state;
         if (!msg.shard || static_cast<int64_t>(msg.shard->size()) != st.params.size())

@@ -69,7 +69,8 @@ std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, shared_flo
     b->out = b->host_out.data();
   } else {
     b->device_in = device->allocate(static_cast<int64_t>(b->staging->size()));
-    device->copy_from_host(b->device_in.data(), b->staging->data(), b->device_in.size());
+    // Enqueued without waiting; the staging lives in `b` until the store has added the result.
+    device->copy_from_host_async(b->device_in.data(), b->staging->data(), b->device_in.size());
     b->device_out = device->allocate(count);
     b->in = b->device_in.data();
     b->out = b->device_out.data();

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include "kernels/compute.hpp"
 
@@ -21,33 +20,36 @@ inline bool comm_on_host(const std::string& comm) {
 class staged_buffer {
 public:
   staged_buffer() = default;
-  /// n zero floats; mirrored on the host when `comm_on_host` and the backend's memory is not.
+  /// n zero floats; mirrored in the backend's host memory (pinned on CUDA) when `comm_on_host`
+  /// and the backend's memory is not host memory.
   staged_buffer(compute_backend& be, int64_t n, bool comm_on_host)
       : compute_(be.allocate(n)), staged_(comm_on_host && be.device_memory()) {
     if (staged_)
-      host_.assign(n, 0.0f);
+      host_ = be.allocate_host(n);
   }
 
   int64_t size() const { return compute_.size(); }
+  /// True when the two sides are different memory (the copies below do something).
+  bool staged() const { return staged_; }
   /// Where kernels read and write.
   float* compute() { return compute_.data(); }
   /// What the comm backend sends from and receives into.
   float* comm() { return staged_ ? host_.data() : compute_.data(); }
 
-  /// Makes the comm side hold what the compute side holds (waits for the backend's queued work).
+  /// Enqueues the copy compute -> comm; it has landed once be.when_done() fires.
   void to_comm(compute_backend& be) {
     if (staged_ && size() > 0)
-      be.copy_to_host(host_.data(), compute_.data(), size());
+      be.copy_to_host_async(host_.data(), compute_.data(), size());
   }
-  /// Makes the compute side hold what the comm side received.
+  /// Enqueues the copy comm -> compute, ahead of the kernels enqueued after it.
   void to_compute(compute_backend& be) {
     if (staged_ && size() > 0)
-      be.copy_from_host(compute_.data(), host_.data(), size());
+      be.copy_from_host_async(compute_.data(), host_.data(), size());
   }
 
 private:
   device_buffer compute_;
-  std::vector<float> host_;
+  device_buffer host_;
   bool staged_ = false;
 };
 

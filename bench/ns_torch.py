@@ -102,6 +102,33 @@ def torch_gemm_tflops(reps):
     return 2 * n**3 / (median_ms(lambda: a @ b, reps) * 1e-3) / 1e12
 
 
+TABLES = {  # as bench_ns: (batch, rows, cols) groups of the Muon matrices
+    "gpt2-124m": [(48, 768, 768), (12, 3072, 768), (12, 768, 3072)],
+    "llama-1b": [(32, 2048, 2048), (32, 512, 2048), (32, 8192, 2048), (16, 2048, 8192)],
+}
+
+
+def time_table(groups, reps):
+    """PyTorch eager NS5 over a table: one call per matrix (as DeepSpeed and the reference
+    Muon run it) and one batched call per same-shape group (as Dion does)."""
+    xs = [torch.randn(b, r, c, device="cuda") for b, r, c in groups]
+
+    def per_matrix():
+        for x in xs:
+            for k in range(x.size(0)):
+                ns5_reference(x[k])
+
+    def batched():
+        for x in xs:
+            ns5_reference(x)
+
+    for _ in range(2):
+        per_matrix()
+        batched()
+    reps = max(3, reps // 4)
+    return median_ms(per_matrix, reps), median_ms(batched, reps)
+
+
 def fmt(value, spec):
     return "n/a" if value is None else format(value, spec)
 
@@ -174,6 +201,21 @@ def main():
             ratio = loop["ms"] / z["ms"]
             verdicts.append(f"{label}: batch {ratio:.2f}x the per-matrix loop (target >= 5x): "
                             f"{'met' if ratio >= 5 else 'BELOW'}")
+    lines.append("")
+    lines.append("Whole tables (all Muon matrices, NS5): zmuon batched by shape against PyTorch "
+                 "eager per matrix and batched by shape")
+    lines.append("")
+    lines.append("| table | matrices | zmuon ms | full-GEMM floor ms | torch per-matrix ms | "
+                 "x | torch batched ms | x |")
+    lines.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for name, groups in TABLES.items():
+        z = ours.get(f"{name} table")
+        if z is None:
+            continue
+        loop_ms, batched_ms = time_table(groups, args.reps)
+        lines.append(f"| {name} | {z['batch']} | {z['ms']:.3f} | {z['graph_ms']:.3f} | "
+                     f"{loop_ms:.3f} | {loop_ms / z['ms']:.2f} | {batched_ms:.3f} | "
+                     f"{batched_ms / z['ms']:.2f} |")
     lines.append("")
     lines.extend(verdicts)
     table = "\n".join(lines)

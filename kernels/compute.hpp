@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -61,13 +62,13 @@ public:
   virtual void copy_to_host(float* host_dst, const float* src, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
   virtual void fill_zero(float* x, int64_t n) = 0;
-  /// dst (a buffer of this backend) += host_src (host memory): through a staging buffer when the
-  /// backend's memory is device memory.
+  /// dst (a buffer of this backend) += host_src (pageable host memory, reusable on return):
+  /// through a staging buffer when the backend's memory is device memory.
   void add_from_host(float* dst, const float* host_src, int64_t n) {
     if (!device_memory())
       return add(dst, host_src, n);
     device_buffer staged = allocate(n);
-    copy_from_host(staged.data(), host_src, n);
+    copy_from_host_async(staged.data(), host_src, n);  // pageable: copied out before it returns
     add(dst, staged.data(), n);
   }
 
@@ -100,6 +101,24 @@ public:
 
   /// Waits until everything enqueued so far has finished.
   virtual void synchronize() = 0;
+
+  // -- completion without waiting (what the actors use, so that no scheduler thread waits) -------
+  /// Calls `done` once everything enqueued so far has finished, without waiting: at once on the
+  /// host backend; on CUDA from a host callback of the stream, on a driver thread, so `done` may
+  /// only send a message.
+  virtual void when_done(std::function<void()> done) { done(); }
+  /// scan() without waiting: `*out` holds the result when when_done's callback runs.
+  virtual void scan_async(const float* x, int64_t n, scan_result* out) { *out = scan(x, n); }
+  /// Zero-filled host memory that the async copies below may use (pinned on CUDA).
+  virtual device_buffer allocate_host(int64_t n) { return allocate(n); }
+  /// Copies between this backend's buffers and allocate_host() memory, enqueued without waiting
+  /// (on the host backend: done at once).
+  virtual void copy_to_host_async(float* host_dst, const float* src, int64_t n) {
+    copy_to_host(host_dst, src, n);
+  }
+  virtual void copy_from_host_async(float* dst, const float* host_src, int64_t n) {
+    copy_from_host(dst, host_src, n);
+  }
 
   /// Newton-Schulz matrices orthogonalized by this backend so far (for the once-per-step test).
   int64_t ns_matrix_count() const { return ns_matrices_; }

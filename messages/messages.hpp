@@ -221,6 +221,25 @@ struct load_params {
 /// The store's whole state, copied (tests, checkpoints, reading parameters back).
 using store_snapshot = rank_state;
 
+// -- a rank's GPU stream -> the actor that enqueued the work
+// -----------------------------------------
+/// Sent from the compute backend's completion callback (compute_backend::when_done): everything
+/// the actor enqueued before `what` (of `step`, chunk `index`) has finished. On the host backend
+/// it is sent at once. This is how GPU completion reaches an actor without a scheduler thread
+/// waiting on the GPU.
+enum class gpu_event : uint8_t {
+  u_on_host,    // coordinator: chunk's u copied to its host mirror (caf comm on a GPU)
+  ns_on_host,   // coordinator: chunk's NS done and copied to the host mirror
+  scan_landed,  // store: the oldest pending scan's result is on the host
+  step_done,    // store: the step's last kernels have finished
+};
+
+struct gpu_done {
+  uint64_t step = 0;
+  gpu_event what = gpu_event::step_done;
+  int32_t index = 0;
+};
+
 // -- host -> coordinator -------------------------------------------------------------------------
 struct step_request {
   uint64_t step = 0;
@@ -277,6 +296,7 @@ ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out)
 ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update)
 ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay)
 ZMUON_INSPECT(finish_step, x.step)
+ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
 ZMUON_INSPECT(load_params, x.step)
 ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps)
 ZMUON_INSPECT(step_request, x.step, x.muon_lr, x.adam_lr)

@@ -2,7 +2,9 @@
 //
 // Measures the bf16 GEMM ceiling (cuBLAS, 8192^3, random data) and the device-to-device copy
 // bandwidth, then times the backend's newton_schulz() on the shapes, the batch of
-// 48 x 768x768 and the same 48 matrices one call each. Each timing: input restored, stream
+// 48 x 768x768 and the same 48 matrices one call each, and the Muon matrices of a GPT-2 124M
+// and a Llama-style 1B table batched by shape ("TABLE table" rows: batch = matrices, "graph ms"
+// holds the full-GEMM floor at the measured ceiling). Each timing: input restored, stream
 // idle, events around the one call (so host launch overhead counts), median of --reps.
 // Prints a table and, with --json PATH, writes the figures for bench/ns_torch.py's final table.
 //
@@ -259,6 +261,54 @@ int main(int argc, char* argv[]) {
         backend.set_ns_graphs(false);
         results.push_back(l);
       }
+    }
+    // Whole parameter tables, one batched call per group of same-shape matrices (what the
+    // engine's owner runs): GPT-2 124M (12 layers: q, k, v, o 768x768, fc 3072x768, proj
+    // 768x3072: 72 matrices) and a Llama-style 1B (16 layers, hidden 2048, 8 KV heads of 64:
+    // q, o 2048x2048, k, v 512x2048, gate, up 8192x2048, down 2048x8192: 112 matrices).
+    struct table {
+      std::string label;
+      std::vector<shape> groups;
+    };
+    const std::vector<table> tables = {
+        {"gpt2-124m", {{"", 48, 768, 768}, {"", 12, 3072, 768}, {"", 12, 768, 3072}}},
+        {"llama-1b",
+         {{"", 32, 2048, 2048}, {"", 32, 512, 2048}, {"", 32, 8192, 2048}, {"", 16, 2048, 8192}}},
+    };
+    for (const table& t : tables) {
+      std::vector<device_array<float>> pristine, x;
+      double flops = 0;
+      int64_t matrices = 0;
+      for (const shape& g : t.groups) {
+        const int64_t numel = g.batch * g.rows * g.cols;
+        const std::vector<float> input = random_floats(static_cast<size_t>(numel), 11);
+        pristine.emplace_back(numel);
+        x.emplace_back(numel);
+        ZMUON_CUDA_CHECK(cudaMemcpy(pristine.back().data(), input.data(), pristine.back().bytes(),
+                                    cudaMemcpyHostToDevice));
+        flops += ns_flops(g, ns.steps);
+        matrices += g.batch;
+      }
+      const auto restore = [&] {
+        for (size_t i = 0; i < x.size(); ++i)
+          ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
+                                           cudaMemcpyDeviceToDevice, stream));
+      };
+      const auto run = [&] {
+        for (size_t i = 0; i < x.size(); ++i)
+          backend.newton_schulz(x[i].data(), t.groups[i].batch, t.groups[i].rows, t.groups[i].cols,
+                                ns);
+      };
+      for (int i = 0; i < 2; ++i) {
+        restore();
+        run();
+      }
+      result r{shape{t.label + " table", matrices, 0, 0}, 0, 0, 0, 0, 0};
+      r.ms = median_ms(stream, std::max(3, reps / 4), restore, run);
+      r.tflops = flops / (r.ms * 1e-3) / 1e12;
+      r.enqueue_ms = median_enqueue_ms(stream, std::max(3, reps / 4), run);
+      r.graph_ms = flops / (top.gemm_tflops * 1e12) * 1e3;  // the full-GEMM floor
+      results.push_back(r);
     }
     backend.synchronize();
 

@@ -4,7 +4,9 @@
 #include "kernels/cuda/cuda_compute.hpp"
 
 #include <cmath>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include "kernels/cuda/check.hpp"
@@ -71,9 +73,9 @@ device_buffer cuda_compute::allocate(int64_t n) {
   ZMUON_CUDA_CHECK(
       cudaMalloc(reinterpret_cast<void**>(&data), static_cast<size_t>(n) * sizeof(float)));
   device_buffer buffer(data, n, &release_device_floats);
+  // Stream-ordered: every user of this backend's buffers (its actors, the nccl comm) enqueues on
+  // the same stream, so the zeros land before any later use; nothing waits.
   ZMUON_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(n) * sizeof(float), ctx_.stream));
-  // Other streams (NCCL's) may touch the buffer first: it must be zero before it is handed out.
-  stream_.synchronize();
   return buffer;
 }
 
@@ -167,6 +169,86 @@ void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t 
     return;
   ns_.run(activate(), x, batch, rows, cols, ns);
   ns_matrices_ += batch;
+}
+
+// -- completion without waiting
+// --------------------------------------------------------------------
+
+namespace {
+
+void CUDART_CB run_callback(void* data) {
+  std::unique_ptr<std::function<void()>> done(static_cast<std::function<void()>*>(data));
+  (*done)();
+}
+
+void release_pinned_floats(float* p) {
+  if (p != nullptr)
+    (void)cudaFreeHost(p);
+}
+
+// A scan's result on its way to the caller's scan_result.
+struct scan_landing {
+  reduction* pinned;
+  scan_result* out;
+};
+
+void CUDART_CB land_scan(void* data) {
+  std::unique_ptr<scan_landing> landing(static_cast<scan_landing*>(data));
+  landing->out->sum_squares = landing->pinned->sum_squares;
+  landing->out->nonfinite =
+      landing->pinned->nonfinite != 0 || !std::isfinite(landing->pinned->sum_squares);
+}
+
+}  // namespace
+
+void cuda_compute::when_done(std::function<void()> done) {
+  const launch_guard guard = activate();
+  auto callback = std::make_unique<std::function<void()>>(std::move(done));
+  ZMUON_CUDA_CHECK(cudaLaunchHostFunc(ctx_.stream, run_callback, callback.get()));
+  callback.release();  // run_callback owns it now
+}
+
+void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
+  if (n <= 0) {
+    *out = scan_result{};
+    return;
+  }
+  const launch_guard guard = activate();
+  const reduction_scratch scratch{partial_sums_.data(), partial_flags_.data(), result_.data()};
+  launch_sum_squares(guard, x, n, scratch);
+  // The pinned landing place is reused by the next scan; the stream orders copy, then callback.
+  ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  auto landing = std::make_unique<scan_landing>(scan_landing{host_result_.get(), out});
+  ZMUON_CUDA_CHECK(cudaLaunchHostFunc(ctx_.stream, land_scan, landing.get()));
+  landing.release();
+}
+
+device_buffer cuda_compute::allocate_host(int64_t n) {
+  if (n <= 0)
+    return device_buffer{};
+  const launch_guard guard = activate();
+  float* data = nullptr;
+  ZMUON_CUDA_CHECK(
+      cudaMallocHost(reinterpret_cast<void**>(&data), static_cast<size_t>(n) * sizeof(float)));
+  std::memset(data, 0, static_cast<size_t>(n) * sizeof(float));
+  return device_buffer(data, n, &release_pinned_floats);
+}
+
+void cuda_compute::copy_to_host_async(float* host_dst, const float* src, int64_t n) {
+  if (n <= 0)
+    return;
+  const launch_guard guard = activate();
+  ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
+                                   cudaMemcpyDeviceToHost, ctx_.stream));
+}
+
+void cuda_compute::copy_from_host_async(float* dst, const float* host_src, int64_t n) {
+  if (n <= 0)
+    return;
+  const launch_guard guard = activate();
+  ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
+                                   cudaMemcpyHostToDevice, ctx_.stream));
 }
 
 void cuda_compute::synchronize() {

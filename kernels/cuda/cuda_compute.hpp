@@ -53,6 +53,12 @@ public:
 
   void synchronize() override;
 
+  void when_done(std::function<void()> done) override;
+  void scan_async(const float* x, int64_t n, scan_result* out) override;
+  device_buffer allocate_host(int64_t n) override;
+  void copy_to_host_async(float* host_dst, const float* src, int64_t n) override;
+  void copy_from_host_async(float* dst, const float* host_src, int64_t n) override;
+
   /// For the NCCL communication backend and for benchmarks: where this backend's work runs.
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_.get(); }
