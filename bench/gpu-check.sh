@@ -27,12 +27,13 @@ pack() {
   ninja -C build-gpu-check -j"$jobs" test_cuda_kernels bench_ns
   # The whole engine with the CUDA backend and the nccl comm (CAF comes along as libraries).
   cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
-  ninja -C build-cuda -j"$jobs" test_engine_cuda zmuon-launch
+  ninja -C build-cuda -j"$jobs" test_engine_cuda zmuon-launch zmuon-bench-step
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/bin" "$stage/lib"
   cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns "$stage/bin/"
-  cp build-cuda/tests/test_engine_cuda build-cuda/launch/exe/zmuon-launch "$stage/bin/"
+  cp build-cuda/tests/test_engine_cuda build-cuda/launch/exe/zmuon-launch \
+    build-cuda/bench/step/zmuon-bench-step "$stage/bin/"
   # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).
   ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
@@ -113,6 +114,16 @@ check() {
     rc=${PIPESTATUS[0]}
     echo "exit $rc"
     [[ $rc -ne 0 ]] && status=1
+  done
+
+  echo "== zmuon-bench-step (the whole step through the engine)"
+  for args in "gpt2-124m --world 1 --comm nccl --steps 6" "gpt2-124m --world 4 --comm caf --steps 3" \
+    "llama-1b --world 1 --comm nccl --steps 4"; do
+    # shellcheck disable=SC2086
+    timeout 240 "$work/bin/zmuon-bench-step" --table $args 2>&1 | tee -a "$out/bench_step.log" |
+      grep -v '^rank [1-9]'
+    rc=${PIPESTATUS[0]}
+    [[ $rc -ne 0 ]] && status=1 && echo "zmuon-bench-step: exit $rc"
   done
 
   echo "== bench_ns"
