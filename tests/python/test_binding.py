@@ -121,6 +121,13 @@ class FakeCudaTensor:
     def contiguous(self):
         return self.arr.copy()
 
+    @property
+    def data(self):
+        return self
+
+    def copy_(self, src):
+        np.copyto(self.arr, src)
+
 
 class BindingMatchesEngine(unittest.TestCase):
 
@@ -183,6 +190,23 @@ class BindingMatchesEngine(unittest.TestCase):
               f"AdamW update {rel(b - b0, b_ref - b0):.2e}")
         self.assertLess(rel(w - w0, w_ref - w0), 1e-4)
         self.assertLess(rel(b - b0, b_ref - b0), 1e-5)
+
+    def test_host_staging_of_cuda_tensors_matches_host_memory(self):
+        # host_staging=True copies CUDA tensors through host memory: the same result as a run
+        # on host arrays.
+        host = make_params(6)
+        cuda = {n: FakeCudaTensor(p.copy()) for n, p in host.items()}
+        opt_host, opt_cuda = zmuon.Muon(host), zmuon.Muon(cuda, host_staging=True)
+        for step in (1, 2):
+            g = make_grads(6, step, 0, 0)
+            opt_host.accumulate(g)
+            opt_host.step()
+            opt_cuda.accumulate({n: FakeCudaTensor(a) for n, a in g.items()})
+            opt_cuda.step()
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(cuda[n].arr, host[n]), n)
+        self.assertGreater(np.abs(host["blocks.0.mlp.fc"] - make_params(6)["blocks.0.mlp.fc"])
+                           .max(), 1e-3)
 
     def test_default_rule_and_user_groups(self):
         params = make_params(2)
