@@ -147,3 +147,40 @@ BOOST_AUTO_TEST_CASE(null_arguments_are_errors_not_crashes) {
   BOOST_TEST(std::strstr(zmuon_last_error(), "NULL name") != nullptr);
   zmuon_engine_destroy(eng);
 }
+
+// The C++ API's buffer calls (in libzmuon too): everything is checked before anything is
+// handed over or written; a subset of the parameters can be gathered.
+BOOST_AUTO_TEST_CASE(cpp_buffer_calls_check_everything_first) {
+  auto made = zmuon::engine::create_from_json(R"({"zmuon": {"ranks": 2}})");
+  BOOST_REQUIRE_MESSAGE(made, (made ? "" : made.err().to_string()));
+  auto& eng = **made;
+  std::vector<float> w0(24), b0(6);
+  for (size_t i = 0; i < w0.size(); ++i)
+    w0[i] = 0.01f * float(i);
+  for (size_t i = 0; i < b0.size(); ++i)
+    b0[i] = -0.5f * float(i);
+  BOOST_REQUIRE(!eng.add_parameter({"w", {4, 6}}, w0));
+  BOOST_REQUIRE(!eng.add_parameter({"b", {6}}, b0));
+  std::vector<float> g(24, 1.0f), b(6, 9.0f), wrong(5, 7.0f);
+  using views = std::vector<zmuon::tensor_view>;
+  auto err = eng.reduce(0, views{{"w", g.data(), 24}, {"w", g.data(), 24}});
+  BOOST_TEST(to_string(err.code()) == "invalid_argument");
+  BOOST_TEST(err.message().find("'w' is given twice") != std::string::npos);
+  err = eng.reduce(1, views{{"w", nullptr, 24}});
+  BOOST_TEST(err.message().find("null pointer") != std::string::npos);
+  // Nothing was handed over by the failed calls.
+  auto st = eng.step();
+  BOOST_REQUIRE(!st);
+  BOOST_TEST(st.err().message().find("before any gradient") != std::string::npos);
+
+  using spans = std::vector<zmuon::tensor_span>;
+  err = eng.gather_params(spans{{"b", b.data(), 6}, {"w", wrong.data(), 5}});
+  BOOST_TEST(to_string(err.code()) == "shape_mismatch");
+  BOOST_TEST(b == std::vector<float>(6, 9.0f));  // not written
+  err = eng.gather_params(spans{{"b", b.data(), 6, zmuon::memory_space::cuda, 1}});
+  BOOST_TEST(to_string(err.code()) == "unsupported");
+  BOOST_TEST(err.message().find("(device 1)") != std::string::npos);
+  err = eng.gather_params(spans{{"b", b.data(), 6}});  // a subset: b alone
+  BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+  BOOST_TEST(b == b0);
+}
