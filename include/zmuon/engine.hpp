@@ -8,9 +8,9 @@
 //   auto res = (*eng)->step();                        // expected<step_info>
 //   auto params = (*eng)->parameters();               // expected<tensor_map>
 //
-// The same without copies, through the caller's own buffers: create_from_json(), reduce(rank,
-// vector<tensor_view>) and gather_params(vector<tensor_span>). The C ABI (zmuon/zmuon.h) and the
-// Python binding sit on these.
+// From a JSON config and the caller's own buffers (no tensor_map in between):
+// create_from_json(), reduce(rank, vector<tensor_view>), gather_params(vector<tensor_span>).
+// The C ABI (zmuon/zmuon.h) and the Python binding sit on these.
 #pragma once
 
 #include <functional>

@@ -178,9 +178,11 @@ class Engine:
                                             ctypes.byref(handle)))
         self._handle = handle
 
-    def close(self):
+    def close(self, _destroy=_lib.zmuon_engine_destroy):
+        """Stops the engine's ranks; later calls raise BadState. (The destroy function is bound
+        at definition, so that closing at interpreter exit does not depend on module globals.)"""
         if getattr(self, "_handle", None):
-            _lib.zmuon_engine_destroy(self._handle)
+            _destroy(self._handle)
             self._handle = None
 
     def __del__(self):
