@@ -13,14 +13,16 @@ target_include_directories(test_c_api PRIVATE ${PROJECT_SOURCE_DIR})
 add_executable(embed_reference ${CMAKE_CURRENT_SOURCE_DIR}/embed_reference.cpp)
 target_link_libraries(embed_reference PRIVATE zmuon_core zmuon_example)
 
+# Debian's interpreter on purpose: the python3 first on PATH may be a separate build without numpy.
+find_program(ZMUON_TEST_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+
 add_test(NAME test_install_consumer
   COMMAND ${CMAKE_COMMAND} -DBUILD_DIR=${PROJECT_BINARY_DIR} -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
           -DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/install_consumer -DGENERATOR=${CMAKE_GENERATOR}
+          -DPYTHON=${ZMUON_TEST_PYTHON}
           -P ${CMAKE_CURRENT_SOURCE_DIR}/install_consumer.cmake)
 set_tests_properties(test_install_consumer PROPERTIES TIMEOUT 300 LABELS embed)
 
-# Debian's interpreter on purpose: the python3 first on PATH may be a separate build without numpy.
-find_program(ZMUON_TEST_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
 if(ZMUON_TEST_PYTHON)
   add_test(NAME test_python_binding
     COMMAND ${ZMUON_TEST_PYTHON} -m unittest -v test_binding

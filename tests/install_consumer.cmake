@@ -1,7 +1,8 @@
 # Run by ctest (cmake -P): installs this build into a fresh temporary prefix, then configures,
 # builds and runs examples/cpp_host_loop against it as an outside project would
 # (find_package(zmuon) -> zmuon::zmuon). Each example checks its own loss and exits 1 on failure.
-# Inputs: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR.
+# Inputs: BUILD_DIR, SOURCE_DIR, WORK_DIR, GENERATOR; PYTHON (optional): the installed Python
+# package must find the installed libzmuon by itself.
 foreach(var BUILD_DIR SOURCE_DIR WORK_DIR GENERATOR)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "install_consumer.cmake needs -D${var}=...")
@@ -40,3 +41,14 @@ run(${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples/cpp_host_loop" -B "${WORK_DIR}/b
 run(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
 run("${WORK_DIR}/build/cpp_host_loop")
 run("${WORK_DIR}/build/c_host_loop")
+if(PYTHON)
+  execute_process(
+    COMMAND ${CMAKE_COMMAND} -E env --unset=ZMUON_LIBRARY "PYTHONPATH=${prefix}/lib/zmuon/python"
+            ${PYTHON} -c "import zmuon, zmuon._capi as c; print(zmuon.version(), c._find_library())"
+    RESULT_VARIABLE rc OUTPUT_VARIABLE found OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT rc EQUAL 0 OR NOT found MATCHES "${prefix}/lib/libzmuon.so$")
+    message(FATAL_ERROR "the installed Python package did not load ${prefix}/lib/libzmuon.so "
+                        "(rc ${rc}, found '${found}')")
+  endif()
+  message(STATUS "installed Python package: zmuon ${found}")
+endif()

@@ -18,6 +18,11 @@ import numpy as np
 
 import zmuon
 
+try:  # PyTorch is optional: CI has none; where it is installed, the torch path is checked too
+    import torch
+except ImportError:
+    torch = None
+
 NS_ABC = (3.4445, -4.7750, 2.0315)
 
 
@@ -323,6 +328,28 @@ class BadArguments(unittest.TestCase):
             self.opt.step()
         for n, _ in TABLE:
             self.assertTrue(np.array_equal(self.params[n], before[n]))
+
+
+@unittest.skipIf(torch is None, "PyTorch is not installed")
+class TorchTensors(unittest.TestCase):
+
+    def test_torch_parameters_and_grads_match_numpy_arrays(self):
+        host = make_params(8)
+        model = {n: torch.nn.Parameter(torch.from_numpy(p.copy())) for n, p in host.items()}
+        opt_np, opt_torch = zmuon.Muon(host), zmuon.Muon(model.items())
+        for step in (1, 2):
+            g = make_grads(8, step, 0, 0)
+            opt_np.accumulate(g)
+            opt_np.step()
+            for n, p in model.items():
+                p.grad = torch.from_numpy(g[n].copy())
+            opt_torch.step()  # hands over the .grads itself
+            opt_torch.zero_grad()
+            self.assertTrue(all(p.grad is None for p in model.values()))
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(model[n].detach().numpy(), host[n]), n)
+        with self.assertRaises(TypeError):
+            zmuon.Muon([("w", torch.zeros(4, 4, dtype=torch.float64))])
 
 
 if __name__ == "__main__":
