@@ -215,6 +215,31 @@ error engine::impl::start() {
 }
 
 error engine::reduce(int rank, const tensor_map& grads) {
+  std::vector<tensor_view> views;
+  views.reserve(grads.size());
+  for (const auto& [name, data] : grads)
+    views.push_back({name, data.data(), static_cast<int64_t>(data.size())});
+  return reduce(rank, views);
+}
+
+namespace {
+
+// The device-buffer seam: the engine reads and writes host memory only, until a backend that
+// takes device pointers (the CUDA engine) handles memory_space::cuda here.
+template <class View>
+error check_host_buffer(const View& v, const engine_options& opts) {
+  if (v.space != memory_space::host)
+    return {errc::unsupported, "'" + v.name + "' is a CUDA device buffer (device "
+                                   + std::to_string(v.device)
+                                   + "), which this build/backend does not support (compute "
+                                     "backend '"
+                                   + opts.compute + "'): hand over host memory"};
+  return {};
+}
+
+}  // namespace
+
+error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
   auto& d = *impl_;
   if (rank < 0 || rank >= d.opts.world)
     return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside [0, "
@@ -222,15 +247,23 @@ error engine::reduce(int rank, const tensor_map& grads) {
   if (auto err = d.start())
     return err;
   const auto& pl = *d.pl;
-  for (const auto& [name, data] : grads) {  // check everything before anything is sent
-    int i = pl.find(name);
+  std::vector<const float*> source(pl.params.size(), nullptr);
+  for (const auto& g : grads) {  // check everything before anything is sent
+    int i = pl.find(g.name);
     if (i < 0)
       return {errc::unknown_parameter,
-              "gradient for '" + name + "', which is not a registered parameter"};
-    if (static_cast<int64_t>(data.size()) != pl.params[i].numel)
-      return {errc::shape_mismatch, "gradient of '" + name + "' has " + std::to_string(data.size())
+              "gradient for '" + g.name + "', which is not a registered parameter"};
+    if (g.size != pl.params[i].numel)
+      return {errc::shape_mismatch, "gradient of '" + g.name + "' has " + std::to_string(g.size)
                                         + " elements, expected "
                                         + std::to_string(pl.params[i].numel)};
+    if (auto err = check_host_buffer(g, d.opts))
+      return err;
+    if (!g.data)
+      return {errc::invalid_argument, "gradient of '" + g.name + "' is a null pointer"};
+    if (source[i])
+      return {errc::invalid_argument, "gradient of '" + g.name + "' is given twice"};
+    source[i] = g.data;
   }
   int micro = d.micros[rank]++;
   uint64_t step = d.step + 1;
@@ -240,15 +273,14 @@ error engine::reduce(int rank, const tensor_map& grads) {
     auto staging = std::make_shared<std::vector<float>>(bucket.shard_len * pl.world, 0.0f);
     for (int i = bucket.first_param; i < bucket.end_param; ++i) {
       const auto& p = pl.params[i];
-      auto it = grads.find(p.name);
-      if (it == grads.end())
+      if (!source[i])
         continue;
       for (int q = 0; q < pl.world; ++q) {
         int64_t n = valid_len(p, q);
         if (n > 0)
           std::memcpy(
               staging->data() + q * bucket.shard_len + (p.shard_offset - bucket.shard_offset),
-              it->second.data() + q * p.shard_len, n * sizeof(float));
+              source[i] + q * p.shard_len, n * sizeof(float));
       }
     }
     caf::anon_send(d.ranks[rank].reducer,
@@ -324,22 +356,53 @@ expected<tensor_map> engine::parameters() {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
-  const auto& pl = *d.pl;
   tensor_map out;
-  for (const auto& p : pl.params)
-    out[p.name].resize(p.numel);
+  std::vector<tensor_span> spans;
+  for (const auto& p : d.pl->params) {
+    auto& v = out[p.name];
+    v.resize(p.numel);
+    spans.push_back({p.name, v.data(), p.numel});
+  }
+  if (auto err = gather_params(spans))
+    return err;
+  return out;
+}
+
+error engine::gather_params(const std::vector<tensor_span>& out) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  const auto& pl = *d.pl;
+  std::vector<float*> target(pl.params.size(), nullptr);
+  for (const auto& o : out) {  // check everything before anything is written
+    int i = pl.find(o.name);
+    if (i < 0)
+      return {errc::unknown_parameter,
+              "buffer for '" + o.name + "', which is not a registered parameter"};
+    if (o.size != pl.params[i].numel)
+      return {errc::shape_mismatch, "buffer for '" + o.name + "' has " + std::to_string(o.size)
+                                        + " elements, expected "
+                                        + std::to_string(pl.params[i].numel)};
+    if (auto err = check_host_buffer(o, d.opts))
+      return err;
+    if (!o.data)
+      return {errc::invalid_argument, "buffer for '" + o.name + "' is a null pointer"};
+    if (target[i])
+      return {errc::invalid_argument, "buffer for '" + o.name + "' is given twice"};
+    target[i] = o.data;
+  }
   for (int r = 0; r < pl.world; ++r) {
     auto shard = d.ask<std::vector<float>>(d.ranks[r].store, params_atom::value);
     if (!shard)
       return shard.err();
-    for (const auto& p : pl.params) {
+    for (size_t i = 0; i < pl.params.size(); ++i) {
+      const auto& p = pl.params[i];
       int64_t n = valid_len(p, r);
-      if (n > 0)
-        std::memcpy(out[p.name].data() + r * p.shard_len, shard->data() + p.shard_offset,
-                    n * sizeof(float));
+      if (target[i] && n > 0)
+        std::memcpy(target[i] + r * p.shard_len, shard->data() + p.shard_offset, n * sizeof(float));
     }
   }
-  return out;
+  return {};
 }
 
 expected<float> engine::loss_scale() {

@@ -24,6 +24,8 @@ const char* to_string(errc code) {
       return "io_error";
     case errc::internal:
       return "internal";
+    case errc::unsupported:
+      return "unsupported";
     case errc::device_failure:
       return "device_failure";
   }

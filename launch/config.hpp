@@ -7,19 +7,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "zmuon/config.hpp"  // job_config
 #include "zmuon/options.hpp"
 #include "zmuon/status.hpp"
 
 namespace zmuon {
-
-/// Everything a config file sets: the engine's options and the host loop's batch shape.
-struct job_config {
-  engine_options engine;
-  int gas = 1;          // gradient_accumulation_steps
-  int micro_batch = 8;  // train_micro_batch_size_per_gpu
-  bool bf16 = false;    // bf16.enabled: the host computes in bf16 (excludes fp16.enabled)
-  std::string trace;    // zmuon.trace: a trace directory; stored, not used yet
-};
 
 /// Checks `j` against the schema and maps it onto a job_config; absent keys keep their defaults.
 /// Errors name the key's full path: an unknown key (with the nearest valid key), a wrong type or

@@ -9,21 +9,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "zmuon/param.hpp"
 #include "zmuon/status.hpp"
 
 namespace zmuon {
-
-/// Which optimizer a parameter uses. `automatic` applies the default rule: Muon when the logical
-/// shape has ndim >= 2 and the name contains neither "embed" nor "lm_head".
-enum class param_group : uint8_t { automatic, muon, adamw };
-
-/// What the host registers.
-struct param_spec {
-  std::string name;
-  std::vector<int64_t> shape;
-  param_group group = param_group::automatic;
-  int64_t heads = 0;  // > 0: Muon per head, rows = heads * head_dim
-};
 
 /// Where one parameter lives.
 struct param_layout {

@@ -7,13 +7,20 @@
 //   for (k in micro-batches) for (r in ranks) (*eng)->reduce(r, grads_of(r, k));
 //   auto res = (*eng)->step();                        // expected<step_info>
 //   auto params = (*eng)->parameters();               // expected<tensor_map>
+//
+// From a JSON config and the caller's own buffers (no tensor_map in between):
+// create_from_json(), reduce(rank, vector<tensor_view>), gather_params(vector<tensor_span>).
+// The C ABI (zmuon/zmuon.h) and the Python binding sit on these.
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
-#include "plan/plan.hpp"
+#include "zmuon/config.hpp"
 #include "zmuon/options.hpp"
+#include "zmuon/param.hpp"
 #include "zmuon/rank_state.hpp"
 #include "zmuon/status.hpp"
 #include "zmuon/tensor.hpp"
@@ -35,10 +42,24 @@ struct step_info {
 
 using lr_schedule = std::function<float(uint64_t step)>;
 
+struct plan;  // plan/plan.hpp (internal): where every parameter's shards live
+
 class engine {
 public:
   /// Checks the options (world size, NS schedule, backend names) and starts the actor system.
   static expected<std::unique_ptr<engine>> create(const engine_options& opts);
+
+  /// Creates an engine from a DeepSpeed-style JSON config given as text (empty: the defaults)
+  /// and "key.path=value" overrides (zmuon/config.hpp). `zmuon.ranks` in-process ranks.
+  /// (One rank of a multi-process job, joined through the launcher's rendezvous, is the
+  /// multi-process launch issue's to add here.)
+  static expected<std::unique_ptr<engine>> create_from_json(
+      const std::string& json_text, const std::vector<std::string>& overrides = {});
+
+  /// The same from the JSON file at `path`.
+  static expected<std::unique_ptr<engine>> create_from_file(
+      const std::string& path, const std::vector<std::string>& overrides = {});
+
   ~engine();
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -51,6 +72,11 @@ public:
   /// left out count as zero. Unknown names and wrong sizes are errors and change nothing.
   error reduce(int rank, const tensor_map& grads);
 
+  /// The same from the caller's buffers (read during the call, not kept). A name given twice, a
+  /// null pointer or a wrong size is an error that changes nothing; a device buffer is
+  /// errc::unsupported unless the build and backend support device buffers.
+  error reduce(int rank, const std::vector<tensor_view>& grads);
+
   /// One optimizer step over everything handed over since the last step. Every rank must have
   /// handed over the same number of micro-batches (at least one).
   expected<step_info> step();
@@ -58,8 +84,17 @@ public:
   /// The full fp32 parameters, gathered from the shards of all ranks.
   expected<tensor_map> parameters();
 
+  /// Gathers the full fp32 parameters named in `out` into the caller's buffers (for the forward
+  /// pass). Any subset of the registered parameters, each of its full size.
+  error gather_params(const std::vector<tensor_span>& out);
+
   /// A copy of one rank's shards.
   expected<rank_state> snapshot(int rank);
+
+  // Checkpoint hooks (the checkpoint issue adds them here, next to snapshot()): state_dict-style
+  // save(dir) / load(dir) of every rank's shards. The C ABI (zmuon_engine_save/_load) and the
+  // Python binding (Muon.state_dict / load_state_dict, which raise NotImplementedError until
+  // then) forward to them.
 
   /// The loss scale the host multiplies its next loss by (1 without fp16).
   expected<float> loss_scale();

@@ -20,6 +20,7 @@ enum class errc : uint8_t {
   timeout,              // a request was not answered in time
   io_error,             // a file could not be read or written
   internal,             // a broken invariant inside zmuon (a bug)
+  unsupported,          // valid, but not available in this build or backend (e.g. device buffers)
   device_failure,       // a CUDA, cuBLAS or NCCL call failed (the rank's GPU state is lost)
 };
 

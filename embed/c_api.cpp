@@ -1,0 +1,290 @@
+// The C ABI (zmuon/zmuon.h) over the C++ engine. Every entry point catches everything: errors
+// become a status code plus the thread's last-error message, never an exception across the ABI.
+#include "zmuon/zmuon.h"
+
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "zmuon/engine.hpp"
+
+struct zmuon_engine {
+  std::unique_ptr<zmuon::engine> eng;
+  std::map<std::string, bool> uses_muon;  // by registered name
+};
+
+namespace {
+
+using zmuon::errc;
+
+static_assert(ZMUON_INVALID_ARGUMENT == static_cast<int>(errc::invalid_argument));
+static_assert(ZMUON_SHAPE_MISMATCH == static_cast<int>(errc::shape_mismatch));
+static_assert(ZMUON_INTERNAL == static_cast<int>(errc::internal));
+static_assert(ZMUON_UNSUPPORTED == static_cast<int>(errc::unsupported));
+static_assert(ZMUON_DEVICE_FAILURE == static_cast<int>(errc::device_failure));
+
+thread_local std::string last_error;
+
+int fail(const zmuon::error& err) {
+  last_error = err.message();
+  return static_cast<int>(err.code());
+}
+
+int fail(errc code, std::string message) {
+  return fail(zmuon::error{code, std::move(message)});
+}
+
+/// Runs `body` (which returns a zmuon::error) with every exception turned into a status.
+template <class Body>
+int guarded(const char* fn, Body&& body) {
+  try {
+    zmuon::error err = body();
+    return err ? fail(err) : ZMUON_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(errc::internal, std::string(fn) + ": out of memory");
+  } catch (const std::exception& e) {
+    return fail(errc::internal, std::string(fn) + ": " + e.what());
+  } catch (...) {
+    return fail(errc::internal, std::string(fn) + ": unknown exception");
+  }
+}
+
+zmuon::error null_arg(const char* fn, const char* what) {
+  return {errc::invalid_argument, std::string(fn) + ": " + what + " is NULL"};
+}
+
+std::vector<std::string> override_list(const char* const* overrides, size_t n) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < n; ++i)
+    out.emplace_back(overrides[i] ? overrides[i] : "");
+  return out;
+}
+
+template <class View, class Ptr>
+zmuon::error views_of(const char* fn, const zmuon_tensor* t, size_t n, std::vector<View>& out) {
+  if (n > 0 && !t)
+    return null_arg(fn, "the tensor array");
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!t[i].name)
+      return {errc::invalid_argument,
+              std::string(fn) + ": tensor " + std::to_string(i) + " has a NULL name"};
+    View v;
+    v.name = t[i].name;
+    v.data = static_cast<Ptr>(t[i].data);
+    v.size = t[i].numel;
+    if (t[i].device != ZMUON_HOST) {
+      if (t[i].device < 0)
+        return {errc::invalid_argument, std::string(fn) + ": tensor '" + v.name + "' has device "
+                                            + std::to_string(t[i].device)
+                                            + " (ZMUON_HOST = -1 or a CUDA ordinal >= 0)"};
+      v.space = zmuon::memory_space::cuda;
+      v.device = t[i].device;
+    }
+    out.push_back(std::move(v));
+  }
+  return {};
+}
+
+int create(const char* fn, zmuon_engine** out,
+           const std::function<zmuon::expected<std::unique_ptr<zmuon::engine>>()>& make) {
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!out)
+      return null_arg(fn, "out");
+    *out = nullptr;
+    auto made = make();
+    if (!made)
+      return made.err();
+    auto handle = std::make_unique<zmuon_engine>();
+    handle->eng = std::move(*made);
+    *out = handle.release();
+    return {};
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* zmuon_last_error(void) {
+  return last_error.c_str();
+}
+
+const char* zmuon_version(void) {
+  return ZMUON_VERSION_STRING;
+}
+
+const char* zmuon_status_name(int status) {
+  if (status < 0 || status > ZMUON_DEVICE_FAILURE)
+    return "unknown";
+  return zmuon::to_string(static_cast<errc>(status));
+}
+
+int zmuon_engine_create(const char* config_json, const char* const* overrides, size_t n_overrides,
+                        zmuon_engine** out) {
+  if (n_overrides > 0 && !overrides)
+    return fail(null_arg("zmuon_engine_create", "overrides"));
+  return create("zmuon_engine_create", out, [&] {
+    return zmuon::engine::create_from_json(config_json ? config_json : "",
+                                           override_list(overrides, n_overrides));
+  });
+}
+
+int zmuon_engine_create_from_file(const char* path, const char* const* overrides,
+                                  size_t n_overrides, zmuon_engine** out) {
+  if (!path)
+    return fail(null_arg("zmuon_engine_create_from_file", "path"));
+  if (n_overrides > 0 && !overrides)
+    return fail(null_arg("zmuon_engine_create_from_file", "overrides"));
+  return create("zmuon_engine_create_from_file", out, [&] {
+    return zmuon::engine::create_from_file(path, override_list(overrides, n_overrides));
+  });
+}
+
+void zmuon_engine_destroy(zmuon_engine* eng) {
+  try {
+    delete eng;
+  } catch (...) {  // a destructor that throws must not cross the ABI
+  }
+}
+
+int zmuon_engine_world(const zmuon_engine* eng, int32_t* out) {
+  if (!eng || !out)
+    return fail(null_arg("zmuon_engine_world", eng ? "out" : "eng"));
+  *out = eng->eng->world();
+  return ZMUON_OK;
+}
+
+int zmuon_engine_add_parameter(zmuon_engine* eng, const char* name, const int64_t* shape,
+                               int32_t ndim, int32_t group, int64_t heads, const float* init,
+                               int64_t numel) {
+  const char* fn = "zmuon_engine_add_parameter";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!name)
+      return null_arg(fn, "name");
+    if (ndim < 1 || !shape)
+      return {errc::invalid_argument,
+              std::string("parameter '") + name + "' needs a shape (ndim >= 1, shape not NULL)"};
+    if (group < ZMUON_GROUP_AUTO || group > ZMUON_GROUP_ADAMW)
+      return {errc::invalid_argument, std::string("parameter '") + name + "': group "
+                                          + std::to_string(group)
+                                          + " is not ZMUON_GROUP_AUTO, _MUON or _ADAMW"};
+    zmuon::param_spec spec{name, std::vector<int64_t>(shape, shape + ndim),
+                           static_cast<zmuon::param_group>(group), heads};
+    // The group the plan gives it (the default rule for AUTO); the plan also checks the spec.
+    auto alone = zmuon::make_plan({spec}, 1, 1 << 30);
+    if (!alone)
+      return alone.err();
+    std::vector<float> values;
+    if (init) {
+      if (numel != alone->params[0].numel)
+        return {errc::shape_mismatch, std::string("initial values of '") + name + "' have "
+                                          + std::to_string(numel) + " elements, shape needs "
+                                          + std::to_string(alone->params[0].numel)};
+      values.assign(init, init + numel);
+    }
+    if (auto err = eng->eng->add_parameter(spec, values))
+      return err;
+    eng->uses_muon[name] = alone->params[0].muon;
+    return {};
+  });
+}
+
+int zmuon_engine_param_uses_muon(const zmuon_engine* eng, const char* name, int32_t* out) {
+  const char* fn = "zmuon_engine_param_uses_muon";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !name || !out)
+      return null_arg(fn, !eng ? "eng" : !name ? "name" : "out");
+    auto it = eng->uses_muon.find(name);
+    if (it == eng->uses_muon.end())
+      return {errc::unknown_parameter, std::string("'") + name + "' is not a registered parameter"};
+    *out = it->second ? 1 : 0;
+    return {};
+  });
+}
+
+int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads, size_t n) {
+  const char* fn = "zmuon_engine_reduce";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_view> views;
+    if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads, n, views))
+      return err;
+    return eng->eng->reduce(rank, views);
+  });
+}
+
+int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
+  const char* fn = "zmuon_engine_step";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    auto info = eng->eng->step();
+    if (!info)
+      return info.err();
+    if (out) {
+      out->step = info->step;
+      out->skipped = info->skipped ? 1 : 0;
+      out->grad_norm = info->grad_norm;
+      out->clip_coef = info->clip_coef;
+      out->loss_scale = info->loss_scale;
+      out->next_loss_scale = info->next_loss_scale;
+      out->micro_batches = info->micro_batches;
+      out->ns_params = info->ns_params;
+      out->ns_matrices = info->ns_matrices;
+    }
+    return {};
+  });
+}
+
+int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n) {
+  const char* fn = "zmuon_engine_gather_params";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_span> spans;
+    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
+      return err;
+    return eng->eng->gather_params(spans);
+  });
+}
+
+int zmuon_engine_loss_scale(zmuon_engine* eng, float* out) {
+  const char* fn = "zmuon_engine_loss_scale";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !out)
+      return null_arg(fn, eng ? "out" : "eng");
+    auto s = eng->eng->loss_scale();
+    if (!s)
+      return s.err();
+    *out = *s;
+    return {};
+  });
+}
+
+int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
+  const char* fn = "zmuon_engine_set_lr";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (muon_lr != muon_lr || adam_lr != adam_lr)
+      return {errc::invalid_argument, "learning rates must not be NaN"};
+    zmuon::lr_schedule m, a;
+    if (muon_lr >= 0)
+      m = [muon_lr](uint64_t) { return muon_lr; };
+    if (adam_lr >= 0)
+      a = [adam_lr](uint64_t) { return adam_lr; };
+    eng->eng->set_lr_schedules(std::move(m), std::move(a));
+    return {};
+  });
+}
+
+}  // extern "C"

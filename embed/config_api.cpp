@@ -1,0 +1,55 @@
+// The public config entry points (zmuon/config.hpp) and engine creation from a config, over the
+// strict schema of launch/config.cpp.
+#include <string>
+
+#include "launch/config.hpp"
+#include "zmuon/config.hpp"
+#include "zmuon/engine.hpp"
+
+namespace zmuon {
+
+expected<job_config> parse_config_text(const std::string& json_text,
+                                       const std::vector<std::string>& overrides) {
+  nlohmann::json j = nlohmann::json::object();
+  if (json_text.find_first_not_of(" \t\r\n") != std::string::npos) {
+    try {  // nlohmann::json reports a parse error's position only through its exception
+      j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/true,
+                                /*ignore_comments=*/true);
+    } catch (const nlohmann::json::parse_error& e) {
+      std::string what = e.what();
+      return error{errc::invalid_argument,
+                   "the config is not valid JSON: " + what.substr(what.find(']') + 2)};
+    }
+    if (auto checked = parse_config(j); !checked)
+      return checked.err();
+  }
+  for (const auto& o : overrides)
+    if (auto err = apply_override(j, o))
+      return err;
+  return parse_config(j);
+}
+
+expected<job_config> load_config_file(const std::string& path,
+                                      const std::vector<std::string>& overrides) {
+  if (path.empty())
+    return error{errc::invalid_argument, "config file path is empty"};
+  return load_config(path, overrides);
+}
+
+expected<std::unique_ptr<engine>> engine::create_from_json(
+    const std::string& json_text, const std::vector<std::string>& overrides) {
+  auto cfg = parse_config_text(json_text, overrides);
+  if (!cfg)
+    return cfg.err();
+  return create(cfg->engine);
+}
+
+expected<std::unique_ptr<engine>> engine::create_from_file(
+    const std::string& path, const std::vector<std::string>& overrides) {
+  auto cfg = load_config_file(path, overrides);
+  if (!cfg)
+    return cfg.err();
+  return create(cfg->engine);
+}
+
+}  // namespace zmuon

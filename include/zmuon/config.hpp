@@ -1,0 +1,32 @@
+// The job's configuration as the public API sees it: a DeepSpeed-style JSON config (text or a
+// file) plus "key.path=value" overrides, checked strictly (unknown or misspelled keys are errors
+// that name the key) and mapped onto engine_options. Keys and defaults: examples/zmuon_config.json.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "zmuon/options.hpp"
+#include "zmuon/status.hpp"
+
+namespace zmuon {
+
+/// Everything a config file sets: the engine's options and the host loop's batch shape.
+struct job_config {
+  engine_options engine;
+  int gas = 1;          // gradient_accumulation_steps
+  int micro_batch = 8;  // train_micro_batch_size_per_gpu
+  bool bf16 = false;    // bf16.enabled: the host computes in bf16 (excludes fp16.enabled)
+  std::string trace;    // zmuon.trace: a trace directory; stored, not used yet
+};
+
+/// Parses a JSON config given as text (empty: the defaults), then applies `overrides`
+/// ("key.path=value", in order). Errors name the key, the override or the JSON syntax error.
+expected<job_config> parse_config_text(const std::string& json_text,
+                                       const std::vector<std::string>& overrides = {});
+
+/// The same for the JSON file at `path`; errors also name the file.
+expected<job_config> load_config_file(const std::string& path,
+                                      const std::vector<std::string>& overrides = {});
+
+}  // namespace zmuon

@@ -1,0 +1,132 @@
+/* zmuon's C ABI: the engine (zmuon/engine.hpp) behind an opaque handle, for hosts in C, Python
+ * (ctypes), Rust, ... Every function returns a zmuon_status; on failure the thread's last error
+ * (zmuon_last_error) holds a message naming what is wrong, and no output is written. Nothing is
+ * thrown across this boundary. Buffers are fp32, row-major, and only read or written during the
+ * call.
+ *
+ *   zmuon_engine* eng;
+ *   zmuon_engine_create("{\"zmuon\": {\"ranks\": 1}}", NULL, 0, &eng);
+ *   int64_t shape[2] = {128, 64};
+ *   zmuon_engine_add_parameter(eng, "fc1.weight", shape, 2, ZMUON_GROUP_AUTO, 0, init, 128 * 64);
+ *   zmuon_tensor g = {"fc1.weight", grad, 128 * 64, ZMUON_HOST};
+ *   zmuon_engine_reduce(eng, 0, &g, 1);          // per rank, per micro-batch
+ *   zmuon_step_info info;
+ *   zmuon_engine_step(eng, &info);
+ *   zmuon_tensor p = {"fc1.weight", param, 128 * 64, ZMUON_HOST};
+ *   zmuon_engine_gather_params(eng, &p, 1);      // full parameters into the caller's buffers
+ *   zmuon_engine_destroy(eng);
+ */
+#ifndef ZMUON_ZMUON_H
+#define ZMUON_ZMUON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define ZMUON_API __attribute__((visibility("default")))
+#else
+#define ZMUON_API
+#endif
+
+/* The same codes as zmuon::errc. */
+typedef enum zmuon_status {
+  ZMUON_OK = 0,
+  ZMUON_INVALID_ARGUMENT = 1,    /* a value out of range, a null pointer, bad JSON, a bad key */
+  ZMUON_UNKNOWN_PARAMETER = 2,   /* a name that was never registered */
+  ZMUON_DUPLICATE_PARAMETER = 3, /* a name registered twice */
+  ZMUON_SHAPE_MISMATCH = 4,      /* a buffer of the wrong size */
+  ZMUON_BAD_STATE = 5,           /* a call out of order */
+  ZMUON_COMM_FAILURE = 6,        /* a peer died, a collective failed */
+  ZMUON_TIMEOUT = 7,             /* a request was not answered in time */
+  ZMUON_IO_ERROR = 8,            /* a file could not be read or written */
+  ZMUON_INTERNAL = 9,            /* a bug in zmuon */
+  ZMUON_UNSUPPORTED = 10,        /* not available in this build/backend (e.g. device buffers) */
+  ZMUON_DEVICE_FAILURE = 11      /* a CUDA, cuBLAS or NCCL call failed (the rank's GPU is lost) */
+} zmuon_status;
+
+/* Which optimizer a parameter uses; AUTO is the default rule (Muon for ndim >= 2 unless the
+ * name contains "embed" or "lm_head"). */
+typedef enum zmuon_group {
+  ZMUON_GROUP_AUTO = 0,
+  ZMUON_GROUP_MUON = 1,
+  ZMUON_GROUP_ADAMW = 2
+} zmuon_group;
+
+/* zmuon_tensor.device: ZMUON_HOST for host memory, else a CUDA device ordinal. */
+#define ZMUON_HOST (-1)
+
+typedef struct zmuon_tensor {
+  const char* name;
+  void* data; /* fp32 elements; read by reduce, written by gather_params */
+  int64_t numel;
+  int32_t device; /* ZMUON_HOST or a CUDA device ordinal */
+} zmuon_tensor;
+
+typedef struct zmuon_step_info {
+  uint64_t step;
+  int32_t skipped;  /* 1: a non-finite gradient somewhere, nothing was applied */
+  double grad_norm; /* global norm of the raw accumulated gradient */
+  float clip_coef;  /* 1 = not clipped */
+  float loss_scale; /* the scale the host used for this step */
+  float next_loss_scale;
+  int32_t micro_batches;
+  int32_t ns_params;   /* Muon parameters orthogonalized, summed over ranks */
+  int64_t ns_matrices; /* NS matrices (head blocks count one each), summed over ranks */
+} zmuon_step_info;
+
+typedef struct zmuon_engine zmuon_engine;
+
+/* The message of the last failed call on this thread ("" if none); valid until the next failing
+ * call on this thread. */
+ZMUON_API const char* zmuon_last_error(void);
+/* "0.1.0" */
+ZMUON_API const char* zmuon_version(void);
+/* The name of a status code ("invalid_argument"). */
+ZMUON_API const char* zmuon_status_name(int status);
+
+/* Creates an engine from a DeepSpeed-style JSON config (NULL or "": defaults) and
+ * `n_overrides` "key.path=value" overrides. */
+ZMUON_API int zmuon_engine_create(const char* config_json, const char* const* overrides,
+                                  size_t n_overrides, zmuon_engine** out);
+/* The same from a JSON file. */
+ZMUON_API int zmuon_engine_create_from_file(const char* path, const char* const* overrides,
+                                            size_t n_overrides, zmuon_engine** out);
+/* Stops the engine's ranks and frees the handle. NULL is fine. */
+ZMUON_API void zmuon_engine_destroy(zmuon_engine* eng);
+
+/* In-process ranks. */
+ZMUON_API int zmuon_engine_world(const zmuon_engine* eng, int32_t* out);
+
+/* Registers a parameter (before the first reduce or step). `init` (numel elements) may be NULL
+ * for zeros; `heads` > 0 makes Muon orthogonalize `heads` row blocks independently. */
+ZMUON_API int zmuon_engine_add_parameter(zmuon_engine* eng, const char* name, const int64_t* shape,
+                                         int32_t ndim, int32_t group, int64_t heads,
+                                         const float* init, int64_t numel);
+/* 1 when the registered parameter `name` uses Muon, 0 when it uses AdamW. */
+ZMUON_API int zmuon_engine_param_uses_muon(const zmuon_engine* eng, const char* name, int32_t* out);
+
+/* Hands over rank `rank`'s gradients of one micro-batch (parameters left out count as zero). */
+ZMUON_API int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
+                                  size_t n);
+/* One optimizer step over everything handed over since the last one. `out` may be NULL. */
+ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
+/* Writes the full parameters named in `params` into their buffers. */
+ZMUON_API int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n);
+/* The loss scale for the next step (1 without fp16). */
+ZMUON_API int zmuon_engine_loss_scale(zmuon_engine* eng, float* out);
+/* Constant learning rates from the next step on (a host-side schedule calls this each step).
+ * A negative value keeps that group's current schedule. */
+ZMUON_API int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr);
+
+/* Checkpoints (save/load of every rank's shards) are the checkpoint issue's to add here, as
+ * zmuon_engine_save(eng, dir) and zmuon_engine_load(eng, dir). */
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZMUON_ZMUON_H */

@@ -1,0 +1,15 @@
+"""zmuon: the Muon optimizer under ZeRO-3 sharding (a C++ actor engine), for Python hosts.
+
+zmuon.Muon is shaped like a torch.optim optimizer; zmuon.Engine is the C ABI one call per method.
+Neither needs PyTorch or numpy to import: buffers go over by data pointer.
+"""
+
+from ._capi import (HOST, BadState, CommFailure, DeviceFailure, DuplicateParameter, Engine,
+                    InternalError,
+                    InvalidArgument, IOFailure, ShapeMismatch, Timeout, UnknownParameter,
+                    Unsupported, ZmuonError, version)
+from .optim import Muon, buffer_of
+
+__all__ = ["Muon", "Engine", "buffer_of", "version", "HOST", "ZmuonError", "InvalidArgument",
+           "UnknownParameter", "DuplicateParameter", "ShapeMismatch", "BadState", "CommFailure",
+           "Timeout", "IOFailure", "InternalError", "Unsupported", "DeviceFailure"]

@@ -1,0 +1,235 @@
+"""ctypes binding of zmuon's C ABI (include/zmuon/zmuon.h) and the Python exceptions.
+
+The shared library is looked up, in order: $ZMUON_LIBRARY; libzmuon.so next to this package as
+installed by `cmake --install` (<prefix>/lib/zmuon/python/zmuon -> <prefix>/lib); the loader's
+search path (ctypes.util.find_library).
+"""
+
+import ctypes
+import ctypes.util
+import os
+
+HOST = -1  # zmuon_tensor.device for host memory
+
+GROUP_AUTO, GROUP_MUON, GROUP_ADAMW = 0, 1, 2
+
+
+class ZmuonError(Exception):
+    """An error reported by the zmuon engine; `code` is the C ABI status name."""
+
+    code = "internal"
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class InvalidArgument(ZmuonError, ValueError):
+    code = "invalid_argument"
+
+
+class UnknownParameter(ZmuonError, ValueError):
+    code = "unknown_parameter"
+
+
+class DuplicateParameter(ZmuonError, ValueError):
+    code = "duplicate_parameter"
+
+
+class ShapeMismatch(ZmuonError, ValueError):
+    code = "shape_mismatch"
+
+
+class BadState(ZmuonError, RuntimeError):
+    code = "bad_state"
+
+
+class CommFailure(ZmuonError, RuntimeError):
+    code = "comm_failure"
+
+
+class Timeout(ZmuonError, TimeoutError):
+    code = "timeout"
+
+
+class IOFailure(ZmuonError, OSError):
+    code = "io_error"
+
+
+class InternalError(ZmuonError, RuntimeError):
+    code = "internal"
+
+
+class Unsupported(ZmuonError, NotImplementedError):
+    """Valid, but not available in this build or backend (e.g. CUDA buffers on the CPU engine)."""
+
+    code = "unsupported"
+
+
+class DeviceFailure(ZmuonError, RuntimeError):
+    """A CUDA, cuBLAS or NCCL call failed; the rank's GPU state is lost."""
+
+    code = "device_failure"
+
+
+# Status code -> exception class, in the order of zmuon_status.
+_ERRORS = [None, InvalidArgument, UnknownParameter, DuplicateParameter, ShapeMismatch, BadState,
+           CommFailure, Timeout, IOFailure, InternalError, Unsupported, DeviceFailure]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.c_void_p), ("numel", ctypes.c_int64),
+                ("device", ctypes.c_int32)]
+
+
+class StepInfo(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_uint64), ("skipped", ctypes.c_int32),
+                ("grad_norm", ctypes.c_double), ("clip_coef", ctypes.c_float),
+                ("loss_scale", ctypes.c_float), ("next_loss_scale", ctypes.c_float),
+                ("micro_batches", ctypes.c_int32), ("ns_params", ctypes.c_int32),
+                ("ns_matrices", ctypes.c_int64)]
+
+    def as_dict(self):
+        return {name: (bool(getattr(self, name)) if name == "skipped" else getattr(self, name))
+                for name, _ in self._fields_}
+
+
+def _find_library():
+    env = os.environ.get("ZMUON_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "libzmuon.so"),
+                      os.path.join(here, "..", "..", "..", "libzmuon.so")):
+        if os.path.exists(candidate):
+            return os.path.normpath(candidate)
+    found = ctypes.util.find_library("zmuon")
+    if found:
+        return found
+    raise ImportError("zmuon: libzmuon.so not found; set ZMUON_LIBRARY to its path "
+                      "(build/embed/libzmuon.so in a build tree, <prefix>/lib/libzmuon.so "
+                      "after cmake --install)")
+
+
+def _load():
+    lib = ctypes.CDLL(_find_library())
+    c_int, c_i32, c_i64, c_f, c_size = (ctypes.c_int, ctypes.c_int32, ctypes.c_int64,
+                                        ctypes.c_float, ctypes.c_size_t)
+    eng_p = ctypes.c_void_p
+    signatures = {
+        "zmuon_last_error": (ctypes.c_char_p, []),
+        "zmuon_version": (ctypes.c_char_p, []),
+        "zmuon_status_name": (ctypes.c_char_p, [c_int]),
+        "zmuon_engine_create": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), c_size,
+                                        ctypes.POINTER(eng_p)]),
+        "zmuon_engine_create_from_file": (c_int, [ctypes.c_char_p,
+                                                  ctypes.POINTER(ctypes.c_char_p), c_size,
+                                                  ctypes.POINTER(eng_p)]),
+        "zmuon_engine_destroy": (None, [eng_p]),
+        "zmuon_engine_world": (c_int, [eng_p, ctypes.POINTER(c_i32)]),
+        "zmuon_engine_add_parameter": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(c_i64),
+                                               c_i32, c_i32, c_i64, ctypes.c_void_p, c_i64]),
+        "zmuon_engine_param_uses_muon": (c_int, [eng_p, ctypes.c_char_p,
+                                                 ctypes.POINTER(c_i32)]),
+        "zmuon_engine_reduce": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size]),
+        "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
+        "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
+        "zmuon_engine_loss_scale": (c_int, [eng_p, ctypes.POINTER(c_f)]),
+        "zmuon_engine_set_lr": (c_int, [eng_p, c_f, c_f]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+_lib = _load()
+
+
+def version():
+    return _lib.zmuon_version().decode()
+
+
+def _check(status):
+    if status == 0:
+        return
+    message = _lib.zmuon_last_error().decode(errors="replace")
+    cls = _ERRORS[status] if 0 < status < len(_ERRORS) else InternalError
+    raise cls(message)
+
+
+def _tensor_array(entries):
+    """entries: (name, data pointer, numel, device) tuples -> a ctypes array (names kept alive)."""
+    arr = (Tensor * max(len(entries), 1))()
+    for i, (name, ptr, numel, device) in enumerate(entries):
+        arr[i] = Tensor(name.encode(), ptr, numel, device)
+    return arr
+
+
+class Engine:
+    """The engine behind the C ABI, one method per C function. Buffers are given as
+    (name, data pointer, numel, device) tuples, device = HOST or a CUDA ordinal."""
+
+    def __init__(self, config_json="", overrides=(), config_file=None):
+        handle = ctypes.c_void_p()
+        ov = [o.encode() for o in overrides]
+        ov_arr = (ctypes.c_char_p * max(len(ov), 1))(*ov)
+        if config_file is not None:
+            _check(_lib.zmuon_engine_create_from_file(os.fsencode(config_file), ov_arr, len(ov),
+                                                      ctypes.byref(handle)))
+        else:
+            _check(_lib.zmuon_engine_create(config_json.encode(), ov_arr, len(ov),
+                                            ctypes.byref(handle)))
+        self._handle = handle
+
+    def close(self, _destroy=_lib.zmuon_engine_destroy):
+        """Stops the engine's ranks; later calls raise BadState. (The destroy function is bound
+        at definition, so that closing at interpreter exit does not depend on module globals.)"""
+        if getattr(self, "_handle", None):
+            _destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        self.close()
+
+    def _h(self):
+        if not self._handle:
+            raise BadState("the engine is closed")
+        return self._handle
+
+    @property
+    def world(self):
+        out = ctypes.c_int32()
+        _check(_lib.zmuon_engine_world(self._h(), ctypes.byref(out)))
+        return out.value
+
+    def add_parameter(self, name, shape, group=GROUP_AUTO, heads=0, init_ptr=None, numel=0):
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        _check(_lib.zmuon_engine_add_parameter(self._h(), name.encode(), dims, len(shape), group,
+                                               heads, init_ptr, numel))
+
+    def uses_muon(self, name):
+        out = ctypes.c_int32()
+        _check(_lib.zmuon_engine_param_uses_muon(self._h(), name.encode(), ctypes.byref(out)))
+        return bool(out.value)
+
+    def reduce(self, rank, entries):
+        _check(_lib.zmuon_engine_reduce(self._h(), rank, _tensor_array(entries), len(entries)))
+
+    def step(self):
+        info = StepInfo()
+        _check(_lib.zmuon_engine_step(self._h(), ctypes.byref(info)))
+        return info.as_dict()
+
+    def gather_params(self, entries):
+        _check(_lib.zmuon_engine_gather_params(self._h(), _tensor_array(entries), len(entries)))
+
+    def loss_scale(self):
+        out = ctypes.c_float()
+        _check(_lib.zmuon_engine_loss_scale(self._h(), ctypes.byref(out)))
+        return out.value
+
+    def set_lr(self, muon_lr=-1.0, adam_lr=-1.0):
+        _check(_lib.zmuon_engine_set_lr(self._h(), muon_lr, adam_lr))

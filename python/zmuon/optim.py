@@ -1,0 +1,291 @@
+"""zmuon.Muon: the zmuon engine in the shape of a torch.optim optimizer.
+
+    opt = zmuon.Muon(model.named_parameters(), {"optimizer": {"params": {"lr": 0.02}}})
+    for batch in data:
+        opt.zero_grad()
+        loss_fn(model(batch)).backward()
+        opt.step()                 # hands over p.grad, steps, writes the new values into p
+
+With gradient accumulation, hand over each micro-batch's gradients with `opt.accumulate()` after
+its backward pass (then zero the grads); `opt.step()` then steps on their mean.
+
+Parameters are float32 and contiguous: numpy arrays (gradients then come in through
+`accumulate(grads=...)`) or PyTorch tensors, both by data pointer (PyTorch is not imported).
+CUDA tensors go to the engine as device pointers; a build or backend without device buffers
+raises zmuon.Unsupported, unless `host_staging=True` copies them through host memory.
+"""
+
+import json
+import os
+
+from . import _capi
+from ._capi import HOST, BadState, InvalidArgument, Unsupported
+
+_GROUPS = {"auto": _capi.GROUP_AUTO, "muon": _capi.GROUP_MUON, "adamw": _capi.GROUP_ADAMW}
+
+
+def _is_torch(obj):
+    return hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda")
+
+
+def _c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def buffer_of(obj, what, writable=False):
+    """(data pointer, numel, device, shape) of a float32 contiguous numpy array or torch tensor."""
+    if _is_torch(obj):
+        if str(obj.dtype) != "torch.float32":
+            raise TypeError(f"{what}: zmuon takes float32 tensors, got {obj.dtype}")
+        if not obj.is_contiguous():
+            raise ValueError(f"{what}: the tensor is not contiguous (call .contiguous())")
+        device = HOST
+        if obj.is_cuda:
+            device = obj.device.index if obj.device.index is not None else 0
+        elif obj.device.type != "cpu":
+            raise TypeError(f"{what}: tensors on '{obj.device.type}' are not supported "
+                            "(cpu or cuda)")
+        return obj.data_ptr(), obj.numel(), device, tuple(obj.shape)
+    ai = getattr(obj, "__array_interface__", None)
+    if ai is None:
+        raise TypeError(f"{what}: expected a numpy array or a torch tensor, "
+                        f"got {type(obj).__name__}")
+    if ai["typestr"] != "<f4":
+        raise TypeError(f"{what}: zmuon takes float32 arrays, got dtype '{ai['typestr']}'")
+    shape = tuple(ai["shape"])
+    strides = ai.get("strides")
+    if strides is not None and tuple(strides) != _c_strides(shape, 4):
+        raise ValueError(f"{what}: the array is not C-contiguous "
+                         "(numpy.ascontiguousarray makes it so)")
+    ptr, readonly = ai["data"]
+    if writable and readonly:
+        raise ValueError(f"{what}: the array is read-only")
+    numel = 1
+    for d in shape:
+        numel *= d
+    return ptr, numel, HOST, shape
+
+
+def _lrs_of(config, overrides):
+    """The Muon and AdamW learning rates a config sets (the engine's defaults otherwise)."""
+    params = config.get("optimizer", {}).get("params", {}) if isinstance(config, dict) else {}
+    muon_lr = params.get("muon_lr", params.get("lr", 0.02))
+    adam_lr = params.get("adam_lr", 3e-4)
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if key in ("optimizer.params.lr", "optimizer.params.muon_lr", "muon_lr", "lr"):
+            muon_lr = value
+        elif key in ("optimizer.params.adam_lr", "adam_lr"):
+            adam_lr = value
+    try:
+        return float(muon_lr), float(adam_lr)
+    except (TypeError, ValueError):
+        return None, None  # the engine reports the bad value
+
+
+class Muon:
+    """Muon for 2-D hidden matrices and AdamW for the rest (DeepSpeed's default rule: a parameter
+    of ndim >= 2 whose name contains neither "embed" nor "lm_head"), run by the zmuon engine.
+
+    params:   (name, tensor) pairs, e.g. model.named_parameters(), or a dict name -> tensor.
+    config:   a DeepSpeed-style config: a dict, a path to a JSON file, or None (defaults).
+              Unknown or misspelled keys raise zmuon.InvalidArgument naming the key.
+    groups:   overrides the default rule: {name: "muon" | "adamw"}, or torch-style groups
+              [{"params": [names or tensors], "use_muon": bool}, ...]. A tensor's own `use_muon`
+              attribute (as DeepSpeed sets it) is honoured too.
+    heads:    {name: H}: orthogonalize H row blocks of that matrix independently (q/k/v).
+    overrides: "key.path=value" strings applied over the config.
+    ranks:    in-process ranks (default 1, or the config's zmuon.ranks); with more than one,
+              hand over every rank's gradients with accumulate(rank=r).
+    host_staging: copy CUDA tensors through host memory instead of handing over device pointers.
+    """
+
+    def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
+                 ranks=None, host_staging=False):
+        named = list(params.items()) if isinstance(params, dict) else list(params)
+        for item in named:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise TypeError("zmuon.Muon needs named parameters: model.named_parameters() or "
+                                "(name, tensor) pairs or a dict name -> tensor")
+        overrides = list(overrides)
+        config_file = None
+        if isinstance(config, (str, os.PathLike)):
+            config_file = os.fspath(config)
+            with open(config_file, encoding="utf-8") as f:
+                try:
+                    config_dict = json.load(f)
+                except ValueError:
+                    config_dict = {}  # the engine names the JSON error
+        elif config is None or isinstance(config, dict):
+            config_dict = config or {}
+        else:
+            raise TypeError(f"config: expected a dict, a path or None, got {type(config).__name__}")
+        has_ranks = isinstance(config_dict.get("zmuon"), dict) and "ranks" in config_dict["zmuon"]
+        if ranks is not None:
+            overrides.append(f"zmuon.ranks={int(ranks)}")
+        elif not has_ranks:
+            overrides.insert(0, "zmuon.ranks=1")
+        if config_file is not None:
+            self._engine = _capi.Engine(overrides=overrides, config_file=config_file)
+        else:
+            self._engine = _capi.Engine(json.dumps(config_dict), overrides)
+
+        self._host_staging = host_staging
+        self._params = []  # (name, tensor-or-array, shape)
+        self._staged = {}  # name -> host copy of a CUDA parameter (host_staging)
+        group_of = self._resolve_groups(named, groups)
+        heads = dict(heads or {})
+        for name, p in named:
+            ptr, numel, device, shape = buffer_of(p, f"parameter '{name}'", writable=True)
+            init = p
+            if device != HOST:  # registration copies the initial values from host memory
+                init = p.detach().to("cpu").contiguous()
+                if host_staging:
+                    self._staged[name] = init
+                ptr, numel, _, _ = buffer_of(init, f"parameter '{name}'")
+            self._engine.add_parameter(name, shape, group_of.get(name, _capi.GROUP_AUTO),
+                                       int(heads.pop(name, 0)), ptr, numel)
+            self._params.append((name, p, shape))
+        if heads:
+            raise InvalidArgument(f"heads given for {sorted(heads)}, which are not parameters")
+        self._micro = [0] * self._engine.world
+        muon_lr, adam_lr = _lrs_of(config_dict, overrides)
+        self._lrs = (muon_lr, adam_lr)
+        uses = {name: self._engine.uses_muon(name) for name, _, _ in self._params}
+        self.param_groups = [
+            {"params": [p for n, p, _ in self._params if uses[n]],
+             "names": [n for n, _, _ in self._params if uses[n]], "lr": muon_lr, "use_muon": True},
+            {"params": [p for n, p, _ in self._params if not uses[n]],
+             "names": [n for n, _, _ in self._params if not uses[n]], "lr": adam_lr,
+             "use_muon": False},
+        ]
+        self.last_step = None  # the engine's report of the last step (a dict)
+
+    @staticmethod
+    def _resolve_groups(named, groups):
+        by_id = {id(p): n for n, p in named}
+        out = {}
+        for name, p in named:  # DeepSpeed marks parameters with `use_muon`
+            flag = getattr(p, "use_muon", None)
+            if flag is not None:
+                out[name] = _capi.GROUP_MUON if flag else _capi.GROUP_ADAMW
+        if groups is None:
+            return out
+        if isinstance(groups, dict):
+            for name, g in groups.items():
+                if g not in _GROUPS:
+                    raise InvalidArgument(f"group of '{name}' is '{g}': use 'muon', 'adamw' or "
+                                          "'auto'")
+                out[name] = _GROUPS[g]
+            return out
+        for i, group in enumerate(groups):
+            if "params" not in group or "use_muon" not in group:
+                raise InvalidArgument(f"parameter group {i} needs 'params' and 'use_muon'")
+            for p in group["params"]:
+                name = p if isinstance(p, str) else by_id.get(id(p))
+                if name is None:
+                    raise InvalidArgument(f"parameter group {i} holds a tensor that is not among "
+                                          "the named parameters")
+                out[name] = _capi.GROUP_MUON if group["use_muon"] else _capi.GROUP_ADAMW
+        return out
+
+    # -- torch.optim-shaped API ---------------------------------------------------------------
+
+    @property
+    def world(self):
+        return self._engine.world
+
+    def uses_muon(self, name):
+        return self._engine.uses_muon(name)
+
+    def loss_scale(self):
+        """The scale to multiply the next loss by (1 without fp16)."""
+        return self._engine.loss_scale()
+
+    def zero_grad(self, set_to_none=True):
+        for _, p, _ in self._params:
+            if _is_torch(p) and p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+
+    def accumulate(self, grads=None, rank=0):
+        """Hands over one micro-batch's gradients of rank `rank`: by default each torch
+        parameter's .grad (None counts as zero); else `grads`, a dict name -> array/tensor or a
+        list in the order of the parameters."""
+        if grads is None:
+            missing = [n for n, p, _ in self._params if not _is_torch(p)]
+            if missing:
+                raise TypeError(f"'{missing[0]}' has no .grad (not a torch tensor): pass "
+                                "accumulate(grads={name: array, ...})")
+            items = [(n, p.grad) for n, p, _ in self._params]
+        elif isinstance(grads, dict):
+            items = list(grads.items())
+        else:
+            grads = list(grads)
+            if len(grads) != len(self._params):
+                raise InvalidArgument(f"{len(grads)} gradients for {len(self._params)} "
+                                      "parameters")
+            items = [(n, g) for (n, _, _), g in zip(self._params, grads)]
+        entries, keep = [], []
+        for name, g in items:
+            if g is None:
+                continue
+            if _is_torch(g) and (g.is_cuda and self._host_staging):
+                g = g.detach().to("cpu").contiguous()
+            keep.append(g)
+            ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
+            entries.append((name, ptr, numel, device))
+        self._engine.reduce(rank, entries)
+        if 0 <= rank < len(self._micro):
+            self._micro[rank] += 1
+
+    def step(self, closure=None):
+        """One optimizer step on everything handed over since the last one (if nothing was,
+        the parameters' current .grad first), then the new values into the parameters."""
+        loss = closure() if closure is not None else None
+        if not any(self._micro) and all(_is_torch(p) for _, p, _ in self._params) \
+                and any(p.grad is not None for _, p, _ in self._params):
+            self.accumulate()
+        lrs = (self.param_groups[0]["lr"], self.param_groups[1]["lr"])
+        if lrs != self._lrs:
+            self._engine.set_lr(float(lrs[0]), float(lrs[1]))
+            self._lrs = lrs
+        self._micro = [0] * len(self._micro)
+        self.last_step = self._engine.step()
+        self._write_back()
+        return loss
+
+    def _write_back(self):
+        entries = []
+        for name, p, _ in self._params:
+            target = self._staged.get(name, p)
+            ptr, numel, device, _ = buffer_of(target, f"parameter '{name}'", writable=True)
+            entries.append((name, ptr, numel, device))
+        self._engine.gather_params(entries)
+        for name, p, _ in self._params:
+            if name in self._staged:
+                p.data.copy_(self._staged[name])
+
+    def state_dict(self):
+        raise NotImplementedError("zmuon.Muon.state_dict: checkpoints are not in this build yet "
+                                  "(the engine's save/load hooks come with the checkpoint issue)")
+
+    def load_state_dict(self, state):
+        raise NotImplementedError("zmuon.Muon.load_state_dict: checkpoints are not in this build "
+                                  "yet (the engine's save/load hooks come with the checkpoint "
+                                  "issue)")
+
+    def close(self):
+        """Stops the engine (also done when the optimizer is garbage collected)."""
+        self._engine.close()
+
+    def __repr__(self):
+        muon = len(self.param_groups[0]["params"])
+        adam = len(self.param_groups[1]["params"])
+        return f"zmuon.Muon(muon: {muon} parameters, adamw: {adam} parameters, ranks: {self.world})"

@@ -1,0 +1,356 @@
+"""The Python binding (python/zmuon) on the CPU with numpy: a job through zmuon.Muon gives
+bit-identical parameters to the same job through the C++ engine (tests/embed_reference.cpp); one
+step matches a float64 numpy reference of the contract; bad arguments raise Python exceptions
+carrying the engine's message.
+
+Run by ctest with Debian's /usr/bin/python3, PYTHONPATH=python, ZMUON_LIBRARY=libzmuon.so and
+ZMUON_REFERENCE=embed_reference.
+"""
+
+import json
+import os
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+import zmuon
+
+try:  # PyTorch is optional: CI has none; where it is installed, the torch path is checked too
+    import torch
+except ImportError:
+    torch = None
+
+NS_ABC = (3.4445, -4.7750, 2.0315)
+
+
+def write_safetensors(path, tensors, metadata=None):
+    header, offset, blobs = {}, 0, []
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, arr in tensors:
+        blob = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = info["data_offsets"]
+        out[name] = np.frombuffer(data[8 + n + begin:8 + n + end], dtype="<f4").reshape(
+            info["shape"])
+    return out
+
+
+def ns5_float64(g):
+    x = g.astype(np.float64)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / (np.linalg.norm(x) + 1e-7)
+    a, b, c = NS_ABC
+    for _ in range(5):
+        m = x @ x.T
+        x = a * x + (b * m + c * m @ m) @ x
+    return x.T if tall else x
+
+
+def rel(a, b):
+    return float(np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b))
+
+
+# A small model's table: (name, shape). The default rule puts the two matrices of the block in
+# Muon and embed/lm_head/vectors in AdamW.
+TABLE = [("embed.weight", (20, 8)), ("blocks.0.attn.qkv", (12, 8)), ("blocks.0.mlp.fc", (16, 8)),
+         ("blocks.0.mlp.proj", (8, 16)), ("norm.weight", (8,)), ("lm_head.weight", (20, 8))]
+
+CONFIG = {"gradient_clipping": 1.0,
+          "optimizer": {"type": "Muon",
+                        "params": {"muon_lr": 0.02, "adam_lr": 0.001, "weight_decay": 0.1}},
+          "zmuon": {"ranks": 2}}
+
+
+def make_params(seed):
+    rng = np.random.default_rng(seed)
+    return {n: (0.1 * rng.standard_normal(s)).astype(np.float32) for n, s in TABLE}
+
+
+def make_grads(seed, step, rank, micro):
+    rng = np.random.default_rng([seed, step, rank, micro])
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in TABLE}
+
+
+class FakeCudaTensor:
+    """What the binding reads of a CUDA torch.Tensor (data_ptr, is_cuda, device, dtype, ...),
+    backed by host memory: enough to show that a CUDA buffer goes to the engine as a device
+    pointer and comes back as the engine's 'not supported' error."""
+
+    class _Device:
+        type, index = "cuda", 0
+
+    def __init__(self, arr):
+        self.arr, self.shape, self.dtype = arr, arr.shape, "torch.float32"
+        self.is_cuda, self.device, self.grad = True, self._Device(), None
+
+    def data_ptr(self):
+        return self.arr.__array_interface__["data"][0]
+
+    def is_contiguous(self):
+        return True
+
+    def numel(self):
+        return self.arr.size
+
+    def detach(self):
+        return self
+
+    def to(self, device):
+        assert device == "cpu"
+        return self
+
+    def contiguous(self):
+        return self.arr.copy()
+
+    @property
+    def data(self):
+        return self
+
+    def copy_(self, src):
+        np.copyto(self.arr, src)
+
+
+class BindingMatchesEngine(unittest.TestCase):
+
+    def test_job_matches_the_cpp_engine_bit_for_bit(self):
+        # 2 ranks, 2 micro-batches, 2 steps; per-head Muon on qkv; proj moved to AdamW.
+        params = make_params(1)
+        initial = {n: p.copy() for n, p in params.items()}
+        opt = zmuon.Muon(params, CONFIG, groups={"blocks.0.mlp.proj": "adamw"},
+                         heads={"blocks.0.attn.qkv": 3})
+        self.assertEqual(opt.world, 2)
+        grads = {}
+        for step in (1, 2):
+            for micro in (0, 1):
+                for rank in (0, 1):
+                    g = make_grads(7, step, rank, micro)
+                    grads[(step, rank, micro)] = g
+                    opt.accumulate(g, rank=rank)
+            opt.step()
+            self.assertEqual(opt.last_step["micro_batches"], 2)
+            self.assertEqual(opt.last_step["ns_matrices"], 3 + 1)  # qkv's 3 heads + fc
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg, src, dst = (os.path.join(tmp, f) for f in
+                             ("config.json", "in.safetensors", "out.safetensors"))
+            with open(cfg, "w") as f:
+                json.dump(CONFIG, f)
+            tensors = [(f"param/{n}", initial[n]) for n, _ in TABLE]
+            tensors += [(f"grad/{s}/{r}/{k}/{n}", a) for (s, r, k), g in grads.items()
+                        for n, a in g.items()]
+            write_safetensors(src, tensors, {"group/blocks.0.mlp.proj": "adamw",
+                                             "heads/blocks.0.attn.qkv": "3"})
+            subprocess.run([os.environ["ZMUON_REFERENCE"], cfg, src, dst], check=True)
+            ref = read_safetensors(dst)
+        for name, _ in TABLE:
+            with self.subTest(name=name):
+                self.assertTrue(np.array_equal(params[name].view(np.uint32),
+                                               ref[f"param/{name}"].view(np.uint32)),
+                                f"{name}: largest difference "
+                                f"{np.abs(params[name] - ref[f'param/{name}']).max()}")
+                self.assertGreater(np.abs(params[name] - initial[name]).max(), 1e-4)
+
+    def test_one_step_matches_a_float64_reference(self):
+        rng = np.random.default_rng(3)
+        w = (0.1 * rng.standard_normal((24, 10))).astype(np.float32)
+        b = (0.1 * rng.standard_normal(10)).astype(np.float32)
+        gw = rng.standard_normal(w.shape).astype(np.float32)
+        gb = rng.standard_normal(b.shape).astype(np.float32)
+        w0, b0 = w.astype(np.float64), b.astype(np.float64)
+        lr, adam_lr, wd, beta = 0.02, 0.001, 0.1, 0.95
+        opt = zmuon.Muon({"w": w, "b": b}, {"optimizer": {"params": {
+            "muon_lr": lr, "adam_lr": adam_lr, "weight_decay": wd}}})
+        opt.accumulate({"w": gw, "b": gb})
+        opt.step()
+        # Muon, Nesterov, EMA momentum from zero: u = (1-beta) g + beta (1-beta) g.
+        u = (1 - beta) * gw + beta * (1 - beta) * gw.astype(np.float64)
+        scale = max(1.0, 24 / 10) ** 0.5
+        w_ref = w0 * (1 - lr * wd) - lr * scale * ns5_float64(u)
+        # AdamW step 1, bias-corrected: the update is g / (|g| + eps).
+        b_ref = b0 * (1 - adam_lr * wd) - adam_lr * gb / (np.abs(gb) + 1e-10)
+        print(f"\none step vs float64: Muon update {rel(w - w0, w_ref - w0):.2e}, "
+              f"AdamW update {rel(b - b0, b_ref - b0):.2e}")
+        self.assertLess(rel(w - w0, w_ref - w0), 1e-4)
+        self.assertLess(rel(b - b0, b_ref - b0), 1e-5)
+
+    def test_host_staging_of_cuda_tensors_matches_host_memory(self):
+        # host_staging=True copies CUDA tensors through host memory: the same result as a run
+        # on host arrays.
+        host = make_params(6)
+        cuda = {n: FakeCudaTensor(p.copy()) for n, p in host.items()}
+        opt_host, opt_cuda = zmuon.Muon(host), zmuon.Muon(cuda, host_staging=True)
+        for step in (1, 2):
+            g = make_grads(6, step, 0, 0)
+            opt_host.accumulate(g)
+            opt_host.step()
+            opt_cuda.accumulate({n: FakeCudaTensor(a) for n, a in g.items()})
+            opt_cuda.step()
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(cuda[n].arr, host[n]), n)
+        self.assertGreater(np.abs(host["blocks.0.mlp.fc"] - make_params(6)["blocks.0.mlp.fc"])
+                           .max(), 1e-3)
+
+    def test_default_rule_and_user_groups(self):
+        params = make_params(2)
+        opt = zmuon.Muon(params)
+        muon = {n for n, _ in TABLE if opt.uses_muon(n)}
+        self.assertEqual(muon, {"blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.0.mlp.proj"})
+        self.assertEqual(opt.param_groups[0]["names"],
+                         ["blocks.0.attn.qkv", "blocks.0.mlp.fc", "blocks.0.mlp.proj"])
+        opt = zmuon.Muon(params, groups=[
+            {"params": [params["blocks.0.mlp.fc"], "blocks.0.mlp.proj"], "use_muon": False}])
+        muon = {n for n, _ in TABLE if opt.uses_muon(n)}
+        self.assertEqual(muon, {"blocks.0.attn.qkv"})
+
+    def test_lr_from_param_groups(self):
+        # Changing param_groups[i]["lr"] (what an LR schedule does) changes the step: lr 0 on
+        # both groups leaves the parameters as they were (weight decay 0).
+        params = make_params(4)
+        before = {n: p.copy() for n, p in params.items()}
+        opt = zmuon.Muon(params)
+        for group in opt.param_groups:
+            group["lr"] = 0.0
+        opt.accumulate(make_grads(4, 1, 0, 0))
+        opt.step()
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(params[n], before[n]), n)
+        opt.param_groups[0]["lr"] = 0.02
+        opt.accumulate(make_grads(4, 2, 0, 0))
+        opt.step()
+        self.assertGreater(np.abs(params["blocks.0.mlp.fc"] - before["blocks.0.mlp.fc"]).max(),
+                           1e-3)
+        self.assertTrue(np.array_equal(params["norm.weight"], before["norm.weight"]))
+
+
+class BadArguments(unittest.TestCase):
+
+    def setUp(self):
+        self.params = make_params(5)
+        self.opt = zmuon.Muon(self.params)
+
+    def test_wrong_gradient_size_is_the_engines_shape_error(self):
+        with self.assertRaises(zmuon.ShapeMismatch) as cm:
+            self.opt.accumulate({"blocks.0.mlp.fc": np.zeros(5, np.float32)})
+        self.assertIsInstance(cm.exception, ValueError)
+        self.assertEqual(str(cm.exception),
+                         "gradient of 'blocks.0.mlp.fc' has 5 elements, expected 128")
+
+    def test_unknown_gradient_name(self):
+        with self.assertRaises(zmuon.UnknownParameter) as cm:
+            self.opt.accumulate({"blocks.9.mlp.fc": np.zeros(128, np.float32)})
+        self.assertIn("'blocks.9.mlp.fc', which is not a registered parameter",
+                      str(cm.exception))
+
+    def test_misspelled_config_key_names_the_key(self):
+        with self.assertRaises(zmuon.InvalidArgument) as cm:
+            zmuon.Muon(self.params, {"optimizer": {"params": {"momentun": 0.9}}})
+        self.assertIn("unknown key 'optimizer.params.momentun' (did you mean 'momentum'?)",
+                      str(cm.exception))
+
+    def test_out_of_range_config_value(self):
+        with self.assertRaises(zmuon.InvalidArgument) as cm:
+            zmuon.Muon(self.params, {"optimizer": {"params": {"momentum": 1.5}}})
+        self.assertIn("optimizer.params.momentum", str(cm.exception))
+
+    def test_bad_json_file(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            f.write('{"zmuon": ')
+        try:
+            with self.assertRaises(zmuon.InvalidArgument) as cm:
+                zmuon.Muon(self.params, f.name)
+            self.assertIn("invalid JSON", str(cm.exception))
+        finally:
+            os.unlink(f.name)
+
+    def test_step_before_any_gradient(self):
+        with self.assertRaises(zmuon.BadState) as cm:
+            self.opt.step()
+        self.assertIn("step() before any gradient was handed over", str(cm.exception))
+
+    def test_heads_that_do_not_divide_rows(self):
+        with self.assertRaises(zmuon.InvalidArgument) as cm:
+            zmuon.Muon(self.params, heads={"blocks.0.attn.qkv": 5})
+        self.assertIn("heads=5 do not divide rows=12", str(cm.exception))
+
+    def test_duplicate_name(self):
+        with self.assertRaises(zmuon.DuplicateParameter) as cm:
+            zmuon.Muon([("w", self.params["blocks.0.mlp.fc"]),
+                        ("w", self.params["blocks.0.mlp.proj"])])
+        self.assertIn("'w' is registered twice", str(cm.exception))
+
+    def test_wrong_dtype_and_layout_are_caught_before_the_engine(self):
+        with self.assertRaises(TypeError):
+            self.opt.accumulate({"norm.weight": np.zeros(8, np.float64)})
+        with self.assertRaises(ValueError):
+            self.opt.accumulate({"blocks.0.mlp.fc": np.zeros((8, 16), np.float32).T})
+        with self.assertRaises(TypeError):
+            zmuon.Muon([self.params["norm.weight"]])  # no names
+
+    def test_cuda_buffers_get_the_engines_unsupported_error(self):
+        w = FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32))
+        opt = zmuon.Muon([("w", w)])
+        with self.assertRaises(zmuon.Unsupported) as cm:
+            opt.accumulate({"w": FakeCudaTensor(np.ones((8, 4), np.float32))})
+        self.assertIsInstance(cm.exception, NotImplementedError)
+        self.assertIn("'w' is a CUDA device buffer (device 0), which this build/backend does "
+                      "not support", str(cm.exception))
+
+    def test_a_failed_call_changes_nothing(self):
+        before = {n: p.copy() for n, p in self.params.items()}
+        with self.assertRaises(zmuon.ShapeMismatch):
+            self.opt.accumulate({"norm.weight": np.ones(8, np.float32),
+                                 "blocks.0.mlp.fc": np.ones(3, np.float32)})
+        # Nothing was handed over: a step now is still "before any gradient".
+        with self.assertRaises(zmuon.BadState):
+            self.opt.step()
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(self.params[n], before[n]))
+
+
+@unittest.skipIf(torch is None, "PyTorch is not installed")
+class TorchTensors(unittest.TestCase):
+
+    def test_torch_parameters_and_grads_match_numpy_arrays(self):
+        host = make_params(8)
+        model = {n: torch.nn.Parameter(torch.from_numpy(p.copy())) for n, p in host.items()}
+        opt_np, opt_torch = zmuon.Muon(host), zmuon.Muon(model.items())
+        for step in (1, 2):
+            g = make_grads(8, step, 0, 0)
+            opt_np.accumulate(g)
+            opt_np.step()
+            for n, p in model.items():
+                p.grad = torch.from_numpy(g[n].copy())
+            opt_torch.step()  # hands over the .grads itself
+            opt_torch.zero_grad()
+            self.assertTrue(all(p.grad is None for p in model.values()))
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(model[n].detach().numpy(), host[n]), n)
+        with self.assertRaises(TypeError):
+            zmuon.Muon([("w", torch.zeros(4, 4, dtype=torch.float64))])
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,186 @@
+// The C ABI (zmuon/zmuon.h), driven from C (c_api_checks.c, compiled as C99): a job of 3 steps,
+// 2 ranks, 2 micro-batches gives bit-identical parameters to the same job through the C++ API;
+// wrong calls return the right status and a message naming what is wrong. Links only the shared
+// libzmuon, so the C++ API is checked to be complete in it as well.
+#define BOOST_TEST_MODULE c_api
+#include <boost/test/unit_test.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "tests/c_api_data.h"
+#include "zmuon/engine.hpp"
+#include "zmuon/zmuon.h"
+
+extern "C" {
+int cjob_run(float* out, zmuon_step_info* last_info);
+struct cjob_outcome {
+  int status;
+  char message[512];
+};
+int cjob_bad_calls(cjob_outcome* o);
+}
+
+namespace {
+
+int64_t total_numel() {
+  int64_t n = 0;
+  for (int p = 0; p < CJOB_PARAMS; ++p)
+    n += cjob_numel(p);
+  return n;
+}
+
+// The same job through the C++ API, with the options set by hand (not from the JSON text).
+std::vector<float> run_cpp(zmuon::step_info& last) {
+  zmuon::engine_options o;
+  o.world = CJOB_WORLD;
+  o.gradient_clipping = 1.0f;
+  o.muon.lr = 0.02f;
+  o.adamw.lr = 0.001f;
+  o.muon.weight_decay = 0.1f;
+  o.adamw.weight_decay = 0.1f;
+  auto eng = zmuon::engine::create(o);
+  BOOST_REQUIRE_MESSAGE(eng, (eng ? "" : eng.err().to_string()));
+  for (int p = 0; p < CJOB_PARAMS; ++p) {
+    std::vector<float> init(cjob_numel(p));
+    for (int64_t i = 0; i < cjob_numel(p); ++i)
+      init[i] = cjob_init(p, i);
+    std::vector<int64_t> shape(cjob_shapes[p], cjob_shapes[p] + cjob_ndim[p]);
+    auto err = (*eng)->add_parameter(
+        {cjob_names[p], shape, zmuon::param_group::automatic, cjob_heads[p]}, init);
+    BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+  }
+  for (int s = 1; s <= CJOB_STEPS; ++s) {
+    for (int k = 0; k < CJOB_GAS; ++k)
+      for (int r = 0; r < CJOB_WORLD; ++r) {
+        zmuon::tensor_map g;
+        for (int p = 0; p < CJOB_PARAMS; ++p)
+          for (int64_t i = 0; i < cjob_numel(p); ++i)
+            g[cjob_names[p]].push_back(cjob_grad(s, r, k, p, i));
+        auto err = (*eng)->reduce(r, g);
+        BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+      }
+    auto info = (*eng)->step();
+    BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
+    last = *info;
+  }
+  auto params = (*eng)->parameters();
+  BOOST_REQUIRE(params);
+  std::vector<float> out;
+  for (int p = 0; p < CJOB_PARAMS; ++p)
+    out.insert(out.end(), (*params)[cjob_names[p]].begin(), (*params)[cjob_names[p]].end());
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(c_job_matches_cpp_job_bit_for_bit) {
+  std::vector<float> from_c(total_numel(), -7.0f);
+  zmuon_step_info c_info{};
+  int st = cjob_run(from_c.data(), &c_info);
+  BOOST_REQUIRE_MESSAGE(st == ZMUON_OK, zmuon_status_name(st) << ": " << zmuon_last_error());
+  zmuon::step_info cpp_info;
+  auto from_cpp = run_cpp(cpp_info);
+  BOOST_REQUIRE_EQUAL(from_c.size(), from_cpp.size());
+  BOOST_TEST(std::memcmp(from_c.data(), from_cpp.data(), from_c.size() * sizeof(float)) == 0);
+  // The steps did something: far from the initial values.
+  double moved = 0;
+  int64_t offset = 0;
+  for (int p = 0; p < CJOB_PARAMS; ++p)
+    for (int64_t i = 0; i < cjob_numel(p); ++i, ++offset)
+      moved = std::max(moved, double(std::abs(from_c[offset] - cjob_init(p, i))));
+  BOOST_TEST_MESSAGE("largest parameter change over 3 steps: " << moved);
+  BOOST_TEST(moved > 1e-3);
+  BOOST_TEST(c_info.step == cpp_info.step);
+  BOOST_TEST(c_info.grad_norm == cpp_info.grad_norm);
+  BOOST_TEST(c_info.clip_coef == cpp_info.clip_coef);
+  BOOST_TEST(c_info.clip_coef < 1.0f);  // clipping (max norm 1) was active
+  BOOST_TEST(c_info.ns_matrices == cpp_info.ns_matrices);
+  BOOST_TEST(c_info.ns_matrices == 3 + 1);  // qkv per head (3 blocks) + mlp
+  BOOST_TEST(c_info.micro_batches == CJOB_GAS);
+}
+
+BOOST_AUTO_TEST_CASE(wrong_calls_return_their_status_and_message) {
+  cjob_outcome o[9];
+  std::memset(o, 0, sizeof o);
+  int st = cjob_bad_calls(o);
+  BOOST_REQUIRE_MESSAGE(st == ZMUON_OK, zmuon_last_error());
+  struct expectation {
+    int status;
+    const char* says;
+  };
+  const expectation want[9] = {
+      {ZMUON_INVALID_ARGUMENT,
+       "unknown key 'optimizer.params.momentun' (did you mean 'momentum'?)"},
+      {ZMUON_INVALID_ARGUMENT, "not valid JSON"},
+      {ZMUON_INVALID_ARGUMENT, "zmuon.rank"},
+      {ZMUON_INVALID_ARGUMENT, "group 7"},
+      {ZMUON_DUPLICATE_PARAMETER, "'w' is registered twice"},
+      {ZMUON_SHAPE_MISMATCH, "gradient of 'w' has 5 elements, expected 24"},
+      {ZMUON_UNSUPPORTED, "does not support"},
+      {ZMUON_BAD_STATE, "step() before any gradient"},
+      {ZMUON_UNKNOWN_PARAMETER, "buffer for 'v', which is not a registered parameter"},
+  };
+  for (int i = 0; i < 9; ++i) {
+    BOOST_TEST_MESSAGE("call " << i << ": " << zmuon_status_name(o[i].status) << ": "
+                               << o[i].message);
+    BOOST_TEST(o[i].status == want[i].status, "call " << i);
+    BOOST_TEST(std::strstr(o[i].message, want[i].says) != nullptr,
+               "call " << i << " says '" << o[i].message << "'");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(null_arguments_are_errors_not_crashes) {
+  BOOST_TEST(zmuon_engine_create(nullptr, nullptr, 0, nullptr) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "out is NULL") != nullptr);
+  BOOST_TEST(zmuon_engine_step(nullptr, nullptr) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(zmuon_engine_reduce(nullptr, 0, nullptr, 0) == ZMUON_INVALID_ARGUMENT);
+  zmuon_engine_destroy(nullptr);
+  zmuon_engine* eng = nullptr;
+  BOOST_REQUIRE(zmuon_engine_create(nullptr, nullptr, 0, &eng) == ZMUON_OK);
+  int32_t world = 0;
+  BOOST_TEST(zmuon_engine_world(eng, &world) == ZMUON_OK);
+  BOOST_TEST(world == 4);  // the config's default zmuon.ranks
+  BOOST_TEST(zmuon_engine_reduce(eng, 0, nullptr, 1) == ZMUON_INVALID_ARGUMENT);
+  zmuon_tensor unnamed{nullptr, nullptr, 0, ZMUON_HOST};
+  BOOST_TEST(zmuon_engine_gather_params(eng, &unnamed, 1) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "NULL name") != nullptr);
+  zmuon_engine_destroy(eng);
+}
+
+// The C++ API's buffer calls (in libzmuon too): everything is checked before anything is
+// handed over or written; a subset of the parameters can be gathered.
+BOOST_AUTO_TEST_CASE(cpp_buffer_calls_check_everything_first) {
+  auto made = zmuon::engine::create_from_json(R"({"zmuon": {"ranks": 2}})");
+  BOOST_REQUIRE_MESSAGE(made, (made ? "" : made.err().to_string()));
+  auto& eng = **made;
+  std::vector<float> w0(24), b0(6);
+  for (size_t i = 0; i < w0.size(); ++i)
+    w0[i] = 0.01f * float(i);
+  for (size_t i = 0; i < b0.size(); ++i)
+    b0[i] = -0.5f * float(i);
+  BOOST_REQUIRE(!eng.add_parameter({"w", {4, 6}}, w0));
+  BOOST_REQUIRE(!eng.add_parameter({"b", {6}}, b0));
+  std::vector<float> g(24, 1.0f), b(6, 9.0f), wrong(5, 7.0f);
+  using views = std::vector<zmuon::tensor_view>;
+  auto err = eng.reduce(0, views{{"w", g.data(), 24}, {"w", g.data(), 24}});
+  BOOST_TEST(to_string(err.code()) == "invalid_argument");
+  BOOST_TEST(err.message().find("'w' is given twice") != std::string::npos);
+  err = eng.reduce(1, views{{"w", nullptr, 24}});
+  BOOST_TEST(err.message().find("null pointer") != std::string::npos);
+  // Nothing was handed over by the failed calls.
+  auto st = eng.step();
+  BOOST_REQUIRE(!st);
+  BOOST_TEST(st.err().message().find("before any gradient") != std::string::npos);
+
+  using spans = std::vector<zmuon::tensor_span>;
+  err = eng.gather_params(spans{{"b", b.data(), 6}, {"w", wrong.data(), 5}});
+  BOOST_TEST(to_string(err.code()) == "shape_mismatch");
+  BOOST_TEST(b == std::vector<float>(6, 9.0f));  // not written
+  err = eng.gather_params(spans{{"b", b.data(), 6, zmuon::memory_space::cuda, 1}});
+  BOOST_TEST(to_string(err.code()) == "unsupported");
+  BOOST_TEST(err.message().find("(device 1)") != std::string::npos);
+  err = eng.gather_params(spans{{"b", b.data(), 6}});  // a subset: b alone
+  BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+  BOOST_TEST(b == b0);
+}
