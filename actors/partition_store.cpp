@@ -3,6 +3,7 @@
 #include "caf/all.hpp"
 
 #include "messages/errors.hpp"
+#include "trace/trace.hpp"
 
 namespace zmuon {
 
@@ -21,6 +22,7 @@ struct store_state {
   // The scan of the current gradient, valid until the gradient changes.
   bool scan_valid = false;
   grad_scan last_scan;
+  trace::track tr;
   static const char* name;
 };
 const char* store_state::name = "partition_store";
@@ -47,9 +49,10 @@ caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, co
 }
 
 partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_ptr<const plan> pl,
-                                                int rank,
-                                                std::shared_ptr<compute_backend> backend) {
+                                                int rank, std::shared_ptr<compute_backend> backend,
+                                                std::shared_ptr<trace::recorder> tracer) {
   auto& st = self->state;
+  st.tr = trace::track(std::move(tracer), "partition_store");
   st.pl = std::move(pl);
   st.rank = rank;
   st.be = std::move(backend);
@@ -60,6 +63,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   st.exp_avg_sq = st.be->allocate(st.pl->adam_state_total);
   return {
       [=](accumulate& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
@@ -73,6 +77,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](scan_grads& msg) -> grad_scan {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         auto r = st.be->scan(st.grads.data(), st.grads.size());
         st.last_scan = grad_scan{msg.step, r.nonfinite, r.sum_squares};
@@ -80,6 +85,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return st.last_scan;
       },
       [=](local_sum_squares& msg) -> grad_scan {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         if (!st.scan_valid || st.last_scan.step != msg.step) {
           auto r = st.be->scan(st.grads.data(), st.grads.size());
@@ -89,18 +95,21 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return st.last_scan;
       },
       [=](discard_grads& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         st.be->fill_zero(st.grads.data(), st.grads.size());
         st.scan_valid = false;
         return ack{msg.step};
       },
       [=](unscale_clip& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
         st.scan_valid = false;
         return ack{msg.step};
       },
       [=](muon_momentum& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
@@ -115,6 +124,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](apply_muon& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
@@ -129,6 +139,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](adamw_step& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         ++st.adam_steps;
@@ -143,6 +154,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](finish_step& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         st.be->fill_zero(st.grads.data(), st.grads.size());
         st.be->synchronize();
@@ -150,6 +162,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](load_params& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         if (!msg.shard || static_cast<int64_t>(msg.shard->size()) != st.params.size())
           return make_caf_error(errc::shape_mismatch,
@@ -177,8 +190,9 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
 }  // namespace
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
-                                            int rank, std::shared_ptr<compute_backend> backend) {
-  return sys.spawn(store_impl, std::move(pl), rank, std::move(backend));
+                                            int rank, std::shared_ptr<compute_backend> backend,
+                                            std::shared_ptr<trace::recorder> tracer) {
+  return sys.spawn(store_impl, std::move(pl), rank, std::move(backend), std::move(tracer));
 }
 
 }  // namespace zmuon

@@ -21,9 +21,11 @@ struct rank_actors {
 };
 
 /// Spawns rank `rank`'s actors. The store and the coordinator get their own backend instances
-/// (made by `make_backend`), since they may run on different threads.
+/// (made by `make_backend`), since they may run on different threads. With a `tracer` every actor
+/// records its messages to the rank's trace file (trace/trace.hpp).
 expected<rank_actors> spawn_rank(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
-                                 const engine_options& opts, comm_actor comm);
+                                 const engine_options& opts, comm_actor comm,
+                                 std::shared_ptr<trace::recorder> tracer = nullptr);
 
 /// Sends every actor of the rank an exit message.
 void stop_rank(const rank_actors& r);

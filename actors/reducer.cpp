@@ -5,6 +5,7 @@
 #include "caf/all.hpp"
 
 #include "messages/errors.hpp"
+#include "trace/trace.hpp"
 
 namespace zmuon {
 
@@ -21,6 +22,7 @@ struct reducer_state {
   caf::error failure;        // first failure of this step
   caf::typed_response_promise<flush_done> pending_flush;
   bool flush_waiting = false;
+  trace::track tr;
   static const char* name;
 };
 const char* reducer_state::name = "reducer";
@@ -47,14 +49,17 @@ void record_failure(reducer_pointer self, caf::error err) {
 }
 
 reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<const plan> pl,
-                                          int rank, store_accumulate_actor store, comm_actor comm) {
+                                          int rank, store_accumulate_actor store, comm_actor comm,
+                                          std::shared_ptr<trace::recorder> tracer) {
   auto& st = self->state;
+  st.tr = trace::track(std::move(tracer), "reducer");
   st.pl = std::move(pl);
   st.rank = rank;
   st.store = std::move(store);
   st.comm = std::move(comm);
   return {
       [=](micro_grads& msg) {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (st.step != 0 && msg.step != st.step) {
@@ -80,13 +85,13 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         auto out = std::make_shared<std::vector<float>>(b.shard_len);
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
         auto data = msg.data;  // keeps the staging alive until the reduce-scatter is done
-        self->request(st.comm, caf::infinite,
-                      reduce_scatter_req{tag, data->data(), out->data(), b.shard_len})
+        trace::request(self, st.tr, st.comm,
+                       reduce_scatter_req{tag, data->data(), out->data(), b.shard_len})
             .then(
                 [=](comm_done&) {
                   (void)data;
                   accumulate acc{tag.step, tag.micro, tag.index, {out->data(), b.shard_len}};
-                  self->request(self->state.store, caf::infinite, acc)
+                  trace::request(self, self->state.tr, self->state.store, acc)
                       .then(
                           [=](ack&) {
                             (void)out;
@@ -106,6 +111,7 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                 });
       },
       [=](flush& msg) -> caf::result<flush_done> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         if (st.flush_waiting)
           return make_caf_error(errc::bad_state, "flush of step " + std::to_string(msg.step)
@@ -127,8 +133,10 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
 }  // namespace
 
 reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
-                            store_accumulate_actor store, comm_actor comm) {
-  return sys.spawn(reducer_impl, std::move(pl), rank, std::move(store), std::move(comm));
+                            store_accumulate_actor store, comm_actor comm,
+                            std::shared_ptr<trace::recorder> tracer) {
+  return sys.spawn(reducer_impl, std::move(pl), rank, std::move(store), std::move(comm),
+                   std::move(tracer));
 }
 
 }  // namespace zmuon

@@ -18,6 +18,7 @@
 #include "actors/interfaces.hpp"
 #include "comm/comm.hpp"
 #include "plan/plan.hpp"
+#include "trace/recorder.hpp"
 
 namespace zmuon {
 
@@ -25,6 +26,7 @@ using reducer_actor =
     caf::typed_actor<caf::reacts_to<micro_grads>, caf::replies_to<flush>::with<flush_done>>;
 
 reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
-                            store_accumulate_actor store, comm_actor comm);
+                            store_accumulate_actor store, comm_actor comm,
+                            std::shared_ptr<trace::recorder> tracer = nullptr);
 
 }  // namespace zmuon

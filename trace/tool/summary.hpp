@@ -1,0 +1,14 @@
+// `zmuon-trace summary`: per step, the time of each phase on each rank (sum of its spans) and the
+// slowest rank (by the host's step span, request to answer); then message counts and bytes by
+// type and by actor, and the trace's size per step.
+#pragma once
+
+#include <string>
+
+#include "trace/tool/reader.hpp"
+
+namespace zmuon::trace_tool {
+
+std::string summary(const trace_set& ts);
+
+}  // namespace zmuon::trace_tool
