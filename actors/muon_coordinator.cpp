@@ -139,7 +139,8 @@ void gather(coord_pointer self, int c) {
     auto& cw = st.work->chunks[c];
     cw.u = device_buffer{};
     const auto& muon = st.opts.muon;
-    trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c));
+    trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
+                   trace::span::per_param);
     for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape, then scale
       ns.add_params(g.params);
       ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));

@@ -167,9 +167,12 @@ void send(Self* self, const track& tr, const Dest& dest, Msg&& msg, int peer) {
 /// A compute phase on the current actor, recorded when it goes out of scope.
 class span {
 public:
-  span(const track& tr, const char* phase, fields f) {
+  /// `per_param`: a span of work on named parameters (add_params); none named, none recorded.
+  enum kind { plain, per_param };
+  span(const track& tr, const char* phase, fields f, kind k = plain) {
     if (!tr)
       return;
+    with_params_ = k == per_param;
     rec_ = tr.rec();
     actor_ = tr.actor();
     phase_ = phase;
@@ -183,11 +186,10 @@ public:
       rec_->span(actor_, phase_, t0_, now_ns() - t0_, f_, with_params_ ? &params_ : nullptr);
     rec_ = nullptr;
   }
-  /// Names the parameters the phase works on (a span that names none is not recorded).
+  /// Names parameters the phase works on (per_param spans).
   void add_params(const std::vector<int>& ps) {
     if (!rec_)
       return;
-    with_params_ = true;
     params_.insert(params_.end(), ps.begin(), ps.end());
   }
   void add_bytes(int64_t b) { f_.bytes += b; }
