@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +15,7 @@ namespace {
 
 // Appends `"key":value` members to a record body; names and ids are plain identifiers.
 struct body {
+  body() { s.reserve(256); }
   std::string s;
   body& str(const char* key, const char* v) {
     sep();
@@ -30,7 +32,9 @@ struct body {
     s += '"';
     s += key;
     s += "\":";
-    s += std::to_string(v);
+    char buf[24];
+    auto end = std::to_chars(buf, buf + sizeof buf, v).ptr;
+    s.append(buf, end);
     return *this;
   }
   body& boolean(const char* key, bool v) {
@@ -128,10 +132,13 @@ recorder::~recorder() {
 }
 
 void recorder::write(const std::string& body) {
+  char head[32] = "{\"seq\":";
   std::lock_guard<std::mutex> guard(mu_);
-  std::fprintf(file_, "{\"seq\":%llu,", static_cast<unsigned long long>(seq_++));
+  char* end = std::to_chars(head + 7, head + sizeof head - 1, seq_++).ptr;
+  *end++ = ',';
+  std::fwrite(head, 1, end - head, file_);
   std::fwrite(body.data(), 1, body.size(), file_);
-  std::fputs("}\n", file_);
+  std::fwrite("}\n", 1, 2, file_);
 }
 
 void recorder::flush() {

@@ -78,32 +78,33 @@ auto on_reply(F f, track tr, std::string id, int64_t t0, fields req,
 
 }  // namespace detail
 
-/// Records the handling of `msg` by the current actor: `recv` with the handler's duration.
+/// Records the handling of `msg` by the current actor: `recv` with the handler's duration. Off,
+/// it is a null pointer and one branch.
 class receiving {
 public:
   template <class Self, class Msg>
   receiving(Self* self, const track& tr, const Msg& msg) {
     if (!tr)
       return;
-    rec_ = tr.rec();
-    actor_ = tr.actor();
-    t0_ = now_ns();
-    f_ = describe(msg);
-    id_ = detail::received_id(self, msg, rec_->rank(), 0);
+    on_.reset(new pending{tr.rec(), tr.actor(), now_ns(), describe(msg), {}});
+    on_->id = detail::received_id(self, msg, on_->rec->rank(), 0);
   }
   ~receiving() {
-    if (rec_)
-      rec_->recv(actor_, t0_, now_ns() - t0_, f_, id_);
+    if (on_)
+      on_->rec->recv(on_->actor, on_->t0, now_ns() - on_->t0, on_->f, on_->id);
   }
   receiving(const receiving&) = delete;
   receiving& operator=(const receiving&) = delete;
 
 private:
-  recorder* rec_ = nullptr;
-  const char* actor_ = "";
-  int64_t t0_ = 0;
-  fields f_;
-  std::string id_;
+  struct pending {
+    recorder* rec;
+    const char* actor;
+    int64_t t0;
+    fields f;
+    std::string id;
+  };
+  std::unique_ptr<pending> on_;
 };
 
 #define ZMUON_TRACE_RECV(self, msg) \
