@@ -9,6 +9,8 @@
 // Each figure is the median of --reps runs.
 //
 //   bench_trace [--messages N] [--steps N] [--reps N] [--dir DIR]
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +36,18 @@ enum class mode { plain, off, on };
 const char* name(mode m) {
   return m == mode::plain ? "plain CAF (no trace helpers)"
                           : (m == mode::off ? "trace helpers, tracing off" : "tracing on");
+}
+
+// Wall time and the process's CPU time (all threads), in seconds.
+struct timing {
+  double wall = 0;
+  double cpu = 0;
+};
+
+double cpu_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // -- 1. two actors ------------------------------------------------------------------------------
@@ -106,7 +120,7 @@ struct bench_config : caf::actor_system_config {
 };
 
 // Seconds for `n` request/answer pairs.
-double ping_pong(mode m, uint64_t n, const std::string& dir) {
+timing ping_pong(mode m, uint64_t n, const std::string& dir) {
   bench_config cfg;
   caf::actor_system sys{cfg};
   std::shared_ptr<trace::recorder> rec;
@@ -122,23 +136,26 @@ double ping_pong(mode m, uint64_t n, const std::string& dir) {
   auto pi = sys.spawn(ping, po, rec, m);
   caf::scoped_actor self{sys};
   auto t0 = std::chrono::steady_clock::now();
+  double c0 = cpu_now();
   bool ok = false;
   self->request(pi, std::chrono::seconds(600), step_request{n})
       .receive([&](step_result&) { ok = true; }, [&](caf::error&) {});
   auto t1 = std::chrono::steady_clock::now();
+  double c1 = cpu_now();
   if (!ok) {
     std::fprintf(stderr, "bench_trace: ping-pong failed\n");
     std::exit(2);
   }
   self->send_exit(pi, caf::exit_reason::user_shutdown);
   self->send_exit(po, caf::exit_reason::user_shutdown);
-  return std::chrono::duration<double>(t1 - t0).count();
+  return {std::chrono::duration<double>(t1 - t0).count(), c1 - c0};
 }
 
 // -- 2. the default job -------------------------------------------------------------------------
 
 struct job_figures {
   double seconds = 0;
+  double cpu = 0;
   uint64_t trace_bytes = 0;
   uint64_t messages = 0;  // recv and reply records: messages and answers that arrived
 };
@@ -160,8 +177,10 @@ job_figures default_job(bool traced, int steps, const std::string& dir) {
       std::exit(2);
     }
     auto t0 = std::chrono::steady_clock::now();
+    double c0 = cpu_now();
     auto rec = example::train(**eng, t);
     f.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    f.cpu = cpu_now() - c0;
     if (!rec) {
       std::fprintf(stderr, "bench_trace: %s\n", rec.err().to_string().c_str());
       std::exit(2);
@@ -249,37 +268,45 @@ int main(int argc, char** argv) {
   // The modes take turns within each repetition, so that a slow spell of a shared machine hits
   // all of them alike; the table shows the median and the range.
   const mode modes[] = {mode::plain, mode::off, mode::on};
-  std::vector<double> rates[3];
+  std::vector<double> rates[3], cpu_rates[3];
   for (int r = 0; r < reps; ++r)
     for (int k = 0; k < 3; ++k) {
       mode m = modes[(k + r) % 3];
-      double s = ping_pong(m, messages, dir + "/pingpong");
-      rates[static_cast<int>(m)].push_back(2.0 * static_cast<double>(messages) / s);
+      auto t = ping_pong(m, messages, dir + "/pingpong");
+      rates[static_cast<int>(m)].push_back(2.0 * static_cast<double>(messages) / t.wall);
+      cpu_rates[static_cast<int>(m)].push_back(2.0 * static_cast<double>(messages) / t.cpu);
     }
   fs::remove_all(dir + "/pingpong");
-  std::printf("   %-30s %12s %10s %25s\n", "", "messages/s", "vs plain", "range (min .. max)");
+  std::printf("   %-30s %12s %9s %25s %16s %9s\n", "", "messages/s", "vs plain",
+              "range (min .. max)", "msgs/CPU-second", "vs plain");
   double plain = median_of(rates[0]);
+  double cpu_plain = median_of(cpu_rates[0]);
   for (mode m : modes) {
     auto& v = rates[static_cast<int>(m)];
     double med = median_of(v);
-    std::printf("   %-30s %12.0f %9.3fx %12.0f .. %-12.0f\n", name(m), med, med / plain,
-                *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
+    double cpu = median_of(cpu_rates[static_cast<int>(m)]);
+    std::printf("   %-30s %12.0f %8.3fx %12.0f .. %-12.0f %16.0f %8.3fx\n", name(m), med,
+                med / plain, *std::min_element(v.begin(), v.end()),
+                *std::max_element(v.begin(), v.end()), cpu, cpu / cpu_plain);
   }
 
   std::printf("\n2. default job (example model, 4 ranks, gas 1, micro-batch 8), %d steps\n", steps);
   job_figures on;
-  std::vector<double> off_s, on_s;
+  std::vector<double> off_s, on_s, off_cpu, on_cpu;
   for (int r = 0; r < reps; ++r) {
-    off_s.push_back(default_job(false, steps, dir + "/job").seconds);
+    auto off = default_job(false, steps, dir + "/job");
+    off_s.push_back(off.seconds);
+    off_cpu.push_back(off.cpu);
     on = default_job(true, steps, dir + "/job");
     on_s.push_back(on.seconds);
+    on_cpu.push_back(on.cpu);
   }
   double per_step = static_cast<double>(on.messages) / steps;
-  std::printf("   %-16s %10s %14s\n", "", "steps/s", "messages/s");
-  std::printf("   %-16s %10.1f %14.0f\n", "tracing off", steps / median_of(off_s),
-              per_step * steps / median_of(off_s));
-  std::printf("   %-16s %10.1f %14.0f\n", "tracing on", steps / median_of(on_s),
-              per_step * steps / median_of(on_s));
+  std::printf("   %-16s %10s %14s %18s\n", "", "steps/s", "messages/s", "CPU ms per step");
+  std::printf("   %-16s %10.1f %14.0f %18.3f\n", "tracing off", steps / median_of(off_s),
+              per_step * steps / median_of(off_s), 1e3 * median_of(off_cpu) / steps);
+  std::printf("   %-16s %10.1f %14.0f %18.3f\n", "tracing on", steps / median_of(on_s),
+              per_step * steps / median_of(on_s), 1e3 * median_of(on_cpu) / steps);
   std::printf("   messages and answers per step (all ranks): %.0f\n", per_step);
   std::printf("   trace size: %llu bytes for %d steps = %.0f bytes per step (all 4 ranks)\n",
               static_cast<unsigned long long>(on.trace_bytes), steps,
