@@ -101,7 +101,7 @@ struct engine::impl {
       rec.reply("host", t, trace::describe(*out), id);
     else
       rec.reply("host", t, {}, id, out.err().to_string());
-    rec.span("host", "step", sent, t - sent, f);
+    rec.span("host", "step", sent, t - sent, f, nullptr, true);
     rec.flush();
   }
 };

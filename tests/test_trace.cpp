@@ -293,14 +293,18 @@ BOOST_AUTO_TEST_CASE(perfetto_json_matches_the_records) {
 
   // Per rank, from the records: slices (send, recv, span), instants (reply), span phases.
   std::map<int, int> want_slices, want_instants, got_slices, got_instants;
+  std::map<int, int> want_waits, got_begins, got_ends;
   std::map<int, std::map<std::string, int>> want_phase, got_phase;
   std::map<std::string, int> recv_ids;  // ids of received messages (all ranks)
   std::vector<std::pair<int, std::string>> send_ids;
   for (int rank = 0; rank < world; ++rank)
     for (const auto& rec : read_jsonl(trace_file(r.dir, rank))) {
       std::string ev = rec["ev"];
-      if (ev == "send" || ev == "recv" || ev == "span")
+      bool wait = ev == "span" && rec.value("wait", false);
+      if (ev == "send" || ev == "recv" || (ev == "span" && !wait))
         ++want_slices[rank];
+      if (wait)
+        ++want_waits[rank];
       if (ev == "reply")
         ++want_instants[rank];
       if (ev == "span")
@@ -334,6 +338,12 @@ BOOST_AUTO_TEST_CASE(perfetto_json_matches_the_records) {
       BOOST_TEST(e.at("dur").get<double>() >= 0);
       if (e["cat"] == "phase")
         ++got_phase[pid][e["name"].get<std::string>()];
+    } else if (ph == "b") {
+      BOOST_TEST(e.at("cat") == "wait");
+      ++got_begins[pid];
+      ++got_phase[pid][e["name"].get<std::string>()];
+    } else if (ph == "e") {
+      ++got_ends[pid];
     } else if (ph == "i") {
       ++got_instants[pid];
     } else if (ph == "s") {
@@ -349,8 +359,11 @@ BOOST_AUTO_TEST_CASE(perfetto_json_matches_the_records) {
   for (int rank = 0; rank < world; ++rank) {
     BOOST_TEST(got_slices[rank] == want_slices[rank], "rank " << rank);
     BOOST_TEST(got_instants[rank] == want_instants[rank], "rank " << rank);
+    BOOST_TEST(got_begins[rank] == want_waits[rank], "rank " << rank);
+    BOOST_TEST(got_ends[rank] == want_waits[rank], "rank " << rank);
     BOOST_TEST(got_phase[rank] == want_phase[rank], "rank " << rank);
-    for (const char* p : {"reduce_scatter", "vote", "norm", "gather", "scatter", "apply", "step"})
+    for (const char* p :
+         {"reduce_scatter", "vote", "norm", "gather", "ns", "scatter", "apply", "step"})
       BOOST_TEST(got_phase[rank][p] > 0, "rank " << rank << " phase " << p);
   }
   BOOST_TEST(static_cast<int>(starts.size()) == want_flows);

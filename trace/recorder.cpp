@@ -179,7 +179,7 @@ void recorder::reply(const char* actor, int64_t t, const fields& answer, const s
 }
 
 void recorder::span(const char* actor, const char* phase, int64_t t, int64_t dur, const fields& f,
-                    const std::vector<int>* params) {
+                    const std::vector<int>* params, bool wait) {
   auto b = head("span", actor, t);
   b.num("dur", dur).str("phase", phase).num("step", static_cast<int64_t>(f.step));
   if (f.op)
@@ -191,6 +191,8 @@ void recorder::span(const char* actor, const char* phase, int64_t t, int64_t dur
   b.num("bytes", f.bytes);
   if (params)
     b.raw("params", nlohmann::json(*params).dump());
+  if (wait)
+    b.boolean("wait", true);
   write(b.s);
 }
 

@@ -9,7 +9,8 @@
 //   recv   an actor handled a message: `t` when its handler started, `dur` how long it ran
 //   reply  the answer to a request reached the requester (`type` of the answer, or `error`)
 //   span   a phase with its byte count: reduce_scatter, vote, norm, gather, ns, scatter, apply,
-//          momentum (the requester's wait from request to answer; ns is the compute itself)
+//          momentum, ... `wait: true` for a requester's wait from request to answer; ns (the
+//          compute itself) carries `params`, the Muon parameters it orthogonalized
 // Messages carry `type`, `step`, and where they apply `micro`, `index` (bucket or chunk), `op`
 // (collective kind), `bytes` (tensor data the message carries or lends), `peer` (rank), and `id`,
 // the correlation id shared by a send, its recv and its reply.
@@ -66,8 +67,10 @@ public:
   void recv(const char* actor, int64_t t, int64_t dur, const fields& f, const std::string& id);
   void reply(const char* actor, int64_t t, const fields& answer, const std::string& id,
              const std::string& error = {});
+  /// A phase; `wait`: the requester's wait from request to answer (it overlaps the actor's other
+  /// work), else work the actor itself did in that time.
   void span(const char* actor, const char* phase, int64_t t, int64_t dur, const fields& f,
-            const std::vector<int>* params = nullptr);
+            const std::vector<int>* params = nullptr, bool wait = false);
   /// The Muon parameters (plan order index, name) and the number of chunks.
   void plan(const std::vector<std::pair<int, std::string>>& muon_params, int chunks);
 

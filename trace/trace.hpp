@@ -71,7 +71,7 @@ auto on_reply(F f, track tr, std::string id, int64_t t0, fields req,
     auto t = now_ns();
     tr.rec()->reply(tr.actor(), t, describe(xs...), id);
     if (req.phase)
-      tr.rec()->span(tr.actor(), req.phase, t0, t - t0, req);
+      tr.rec()->span(tr.actor(), req.phase, t0, t - t0, req, nullptr, true);
     return f(std::forward<Ts>(xs)...);
   };
 }

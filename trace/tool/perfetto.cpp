@@ -79,6 +79,7 @@ json to_perfetto(const trace_set& ts) {
     std::string type;
   };
   std::map<std::string, end> receives;
+  int64_t async_id = 0;
   for (size_t i = 0; i < ts.ranks.size(); ++i) {
     const auto& rt = ts.ranks[i];
     for (const auto& r : rt.records) {
@@ -95,6 +96,18 @@ json to_perfetto(const trace_set& ts) {
         e["cat"] = "recv";
         e["dur"] = static_cast<double>(r.dur) / 1000.0;
         receives[ts.match_key(static_cast<int>(i), r)] = {rt.rank, tid, us(ts, r.t), r.type};
+      } else if (r.ev == "span" && r.wait) {
+        // Waits overlap each other and the actor's own slices: nestable async events, which
+        // Perfetto draws on their own tracks under the process.
+        ++async_id;
+        e["ph"] = "b";
+        e["name"] = r.phase;
+        e["cat"] = "wait";
+        e["id"] = async_id;
+        events.push_back(e);
+        e["ph"] = "e";
+        e["ts"] = us(ts, r.t + r.dur);
+        e.erase("args");
       } else if (r.ev == "span") {
         e["ph"] = "X";
         e["name"] = r.phase;

@@ -2,7 +2,9 @@
 // and chrome://tracing open. One process per rank (pid = rank), one track per actor (tid):
 //   send   "X" slice "send <type>" of 1 ns (so that a flow has a slice to start from)
 //   recv   "X" slice "<type>" for the handler's run time
-//   span   "X" slice "<phase>" (reduce_scatter, vote, norm, gather, ns, scatter, apply, ...)
+//   span   a wait for an answer (reduce_scatter, vote, norm, gather, scatter, apply, step, ...):
+//          nestable async "b"/"e" pair, cat "wait" (waits overlap); work (ns): "X" slice
+//          "<phase>", cat "phase"
 //   reply  "i" instant "reply <type>"
 //   flows  "s" at each send, "f" (binding to the enclosing slice) at its receive, one id each
 // Times are microseconds from the earliest record, on the aligned clock (trace/tool/reader.hpp).

@@ -39,6 +39,7 @@ struct record {
   int64_t bytes = 0;
   int peer = -1;
   bool req = false;
+  bool wait = false;             // span records: a wait for an answer
   std::optional<bool> overflow;  // overflow_report
   std::optional<bool> skipped;   // step_result
   std::vector<int> params;       // ns spans: the Muon parameters orthogonalized
