@@ -64,14 +64,22 @@ std::string received_id(caf::local_actor* self, const Msg&, int, long) {
   return request_id(me->sender->id(), me->mid);
 }
 
+// What a recorded request remembers until its answer: who asked, the id, when, what.
+struct pending_request {
+  track tr;
+  std::string id;
+  int64_t t0 = 0;
+  fields f;
+};
+
 template <class F, class R, class... Ts>
-auto on_reply(F f, track tr, std::string id, int64_t t0, fields req,
-              caf::detail::type_list<Ts...>) {
+auto on_reply(F f, std::shared_ptr<const pending_request> p, caf::detail::type_list<Ts...>) {
   return [=](Ts... xs) mutable -> R {
     auto t = now_ns();
-    tr.rec()->reply(tr.actor(), t, describe(xs...), id);
-    if (req.phase)
-      tr.rec()->span(tr.actor(), req.phase, t0, t - t0, req, nullptr, true);
+    auto* rec = p->tr.rec();
+    rec->reply(p->tr.actor(), t, describe(xs...), p->id);
+    if (p->f.phase)
+      rec->span(p->tr.actor(), p->f.phase, p->t0, t - p->t0, p->f, nullptr, true);
     return f(std::forward<Ts>(xs)...);
   };
 }
@@ -111,35 +119,32 @@ private:
   ::zmuon::trace::receiving zmuon_trace_receiving_((self), (self)->state.tr, (msg))
 
 /// A request whose answer is recorded: `then` wraps the handlers (same signatures, so CAF's typed
-/// response checks still apply) when tracing is on.
+/// response checks still apply) when tracing is on. Off, it holds a null pointer.
 template <class Handle>
 class traced_request {
 public:
-  traced_request(Handle h, const track& tr, std::string id, int64_t t0, fields f)
-      : h_(std::move(h)), tr_(tr), id_(std::move(id)), t0_(t0), f_(f) {}
+  traced_request(Handle h, std::shared_ptr<const detail::pending_request> p)
+      : h_(std::move(h)), p_(std::move(p)) {}
 
   template <class F, class G>
   void then(F f, G g) {
-    if (!tr_) {
+    if (!p_) {
       h_.then(std::move(f), std::move(g));
       return;
     }
     using trait = caf::detail::get_callable_trait<F>;
-    auto on_error = [tr = tr_, id = id_, g](caf::error& err) mutable {
-      tr.rec()->reply(tr.actor(), now_ns(), fields{}, id, caf::to_string(err));
+    auto on_error = [p = p_, g](caf::error& err) mutable {
+      p->tr.rec()->reply(p->tr.actor(), now_ns(), fields{}, p->id, caf::to_string(err));
       g(err);
     };
-    h_.then(detail::on_reply<F, typename trait::result_type>(std::move(f), tr_, id_, t0_, f_,
+    h_.then(detail::on_reply<F, typename trait::result_type>(std::move(f), p_,
                                                              typename trait::arg_types{}),
             std::move(on_error));
   }
 
 private:
   Handle h_;
-  track tr_;
-  std::string id_;
-  int64_t t0_ = 0;
-  fields f_;
+  std::shared_ptr<const detail::pending_request> p_;
 };
 
 /// `self->request(dest, caf::infinite, msg)`, recorded.
@@ -147,14 +152,16 @@ template <class Self, class Dest, class Msg>
 auto request(Self* self, const track& tr, const Dest& dest, Msg&& msg) {
   if (!tr) {
     auto h = self->request(dest, caf::infinite, std::forward<Msg>(msg));
-    return traced_request<decltype(h)>(std::move(h), tr, std::string(), 0, fields{});
+    return traced_request<decltype(h)>(std::move(h), nullptr);
   }
-  auto f = describe(msg);
-  auto t0 = now_ns();
+  auto p = std::make_shared<detail::pending_request>();
+  p->tr = tr;
+  p->f = describe(msg);
+  p->t0 = now_ns();
   auto h = self->request(dest, caf::infinite, std::forward<Msg>(msg));
-  auto id = request_id(self->id(), h.id());
-  tr.rec()->send(tr.actor(), t0, f, id, true);
-  return traced_request<decltype(h)>(std::move(h), tr, std::move(id), t0, f);
+  p->id = request_id(self->id(), h.id());
+  tr.rec()->send(tr.actor(), p->t0, p->f, p->id, true);
+  return traced_request<decltype(h)>(std::move(h), std::move(p));
 }
 
 /// `self->send(dest, msg)` of a one-way message with a content id, to rank `peer`, recorded.
