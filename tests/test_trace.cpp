@@ -11,6 +11,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <regex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -386,6 +387,22 @@ BOOST_AUTO_TEST_CASE(launcher_flag_and_environment_write_traces) {
   out = tool("summary " + dir, &status);
   BOOST_TEST(status == 0, out);
   BOOST_TEST(out.find("step 2 (applied)  slowest rank ") != std::string::npos, out);
+  // Its message table against the job: 2 steps x 2 ranks step requests; one bucket, gas 1, so as
+  // many micro_grads; each reduce-scatter sends the other rank one piece of 1/2 of the bucket.
+  std::smatch m;
+  BOOST_TEST(std::regex_search(out, m, std::regex(R"(\n  step_request\s+(\d+)\s+0\n)")), out);
+  if (!m.empty())
+    BOOST_TEST(std::stoi(m[1]) == 4);
+  BOOST_TEST(std::regex_search(out, m, std::regex(R"(\n  micro_grads\s+(\d+)\s+(\d+)\n)")), out);
+  if (!m.empty()) {
+    BOOST_TEST(std::stoi(m[1]) == 4);
+    // micro_grads carries the whole (padded) gradient packed for 2 ranks
+    int64_t numel = 0;
+    for (const auto& rec : read_jsonl(trace_file(dir, 0)))
+      if (is(rec, "send") && rec["type"] == "micro_grads")
+        numel = rec["bytes"].get<int64_t>() / 4;
+    BOOST_TEST(std::stoll(m[2]) == 4 * numel * 4);
+  }
 
   out = test::run_command("ZMUON_TRACE=" + env_dir + " " + ZMUON_LAUNCH + " --steps 1 --ranks 2",
                           &status);

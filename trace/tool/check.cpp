@@ -16,8 +16,17 @@ bool is_ns(const record& r) {
   return r.ev == "span" && r.phase == "ns";
 }
 
-bool is_gather(const record& r) {
-  return r.op == "gather" && (r.ev == "send" || r.ev == "span") && r.actor == "muon_coordinator";
+// Muon work the coordinator starts: momentum, gather, scatter, apply (its requests).
+const char* muon_request(const record& r) {
+  if (r.ev != "send" || r.actor != "muon_coordinator")
+    return nullptr;
+  if (r.type == "muon_momentum")
+    return "momentum";
+  if (r.type == "all_to_all_req")
+    return r.op == "gather" ? "gather" : "scatter";
+  if (r.type == "apply_muon")
+    return "apply";
+  return nullptr;
 }
 
 bool is_collective(const record& r) {
@@ -109,14 +118,14 @@ void after_report(const trace_set& ts, std::vector<violation>& out) {
         reported.insert(r.step);
         continue;
       }
-      if (!(is_ns(r) || is_gather(r)) || reported.count(r.step) || flagged.count(r.step))
+      if (!(is_ns(r) || muon_request(r)) || reported.count(r.step) || flagged.count(r.step))
         continue;
       flagged.insert(r.step);  // the first one of the step is enough
       const record* report = nullptr;
       for (const auto& q : rt.records)
         if (is_report(q) && q.step == r.step)
           report = &q;
-      std::string what = is_ns(r) ? "NS" : "gather";
+      std::string what = is_ns(r) ? "NS" : muon_request(r);
       std::vector<const record*> recs{&r};
       if (report)
         recs.push_back(report);

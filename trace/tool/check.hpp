@@ -1,6 +1,7 @@
 // The protocol checks of `zmuon-trace check` (DESIGN.md §6), over the traces of all ranks:
 //   ns_once        NS exactly once per Muon matrix per applied step, never on a skipped step
-//   after_report   no gather and no NS of a step before that rank's overflow report of the step
+//   after_report   nothing of Muon (momentum, gather, NS, scatter, apply) of a step before that
+//                  rank's overflow report of the step
 //   momentum       no momentum write (the store handling muon_momentum) on a skipped step
 //   collectives    the same sequence of collectives on every rank (the first divergence)
 //   answered       every request answered
