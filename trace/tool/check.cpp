@@ -150,37 +150,52 @@ void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vecto
                        {&r}});
 }
 
+// The first position where the ranks' sequences disagree; the expected collective there is the
+// one most ranks issued (ties: the lowest rank's), and every rank that issued another is reported.
 void collectives(const trace_set& ts, std::vector<violation>& out) {
   if (ts.ranks.size() < 2)
     return;
   std::vector<std::vector<const record*>> seq(ts.ranks.size());
-  for (size_t i = 0; i < ts.ranks.size(); ++i)
+  size_t longest = 0;
+  for (size_t i = 0; i < ts.ranks.size(); ++i) {
     for (const auto& r : ts.ranks[i].records)
       if (is_collective(r))
         seq[i].push_back(&r);
-  const auto& ref = seq[0];
-  auto key = [](const record* r) { return collective_name(*r); };
-  for (size_t i = 1; i < seq.size(); ++i) {
-    const auto& s = seq[i];
-    size_t n = std::max(ref.size(), s.size());
-    for (size_t k = 0; k < n; ++k) {
-      const record* want = k < ref.size() ? ref[k] : nullptr;
-      const record* got = k < s.size() ? s[k] : nullptr;
-      if (want && got && key(want) == key(got))
+    longest = std::max(longest, seq[i].size());
+  }
+  auto at = [&](size_t i, size_t k) {
+    return k < seq[i].size() ? collective_name(*seq[i][k]) : std::string("nothing");
+  };
+  for (size_t k = 0; k < longest; ++k) {
+    std::map<std::string, size_t> votes;  // op -> ranks that issued it here
+    for (size_t i = 0; i < seq.size(); ++i)
+      ++votes[at(i, k)];
+    if (votes.size() == 1)
+      continue;
+    std::string want = at(0, k);
+    for (size_t i = 0; i < seq.size(); ++i)
+      if (votes[at(i, k)] > votes[want])
+        want = at(i, k);
+    const record* want_rec = nullptr;
+    for (size_t i = 0; i < seq.size() && !want_rec; ++i)
+      if (at(i, k) == want && k < seq[i].size())
+        want_rec = seq[i][k];
+    for (size_t i = 0; i < seq.size(); ++i) {
+      if (at(i, k) == want)
         continue;
+      const record* got = k < seq[i].size() ? seq[i][k] : nullptr;
       std::vector<const record*> recs;
-      if (want)
-        recs.push_back(want);
+      if (want_rec)
+        recs.push_back(want_rec);
       if (got)
         recs.push_back(got);
-      out.push_back({"collectives", ts.ranks[i].rank, want ? want->step : got->step,
-                     "collective #" + std::to_string(k + 1) + " differs from rank "
-                         + std::to_string(ts.ranks[0].rank) + ": expected "
-                         + (want ? key(want) : "nothing") + ", found "
-                         + (got ? key(got) : "nothing"),
+      out.push_back({"collectives", ts.ranks[i].rank, want_rec ? want_rec->step : got->step,
+                     "collective #" + std::to_string(k + 1) + " differs from "
+                         + std::to_string(votes[want]) + " of " + std::to_string(seq.size())
+                         + " ranks: expected " + want + ", found " + at(i, k),
                      recs});
-      break;  // the first divergence of this rank
     }
+    return;  // the first divergence only: later positions are shifted by it
   }
 }
 

@@ -3,7 +3,8 @@
 //   after_report   nothing of Muon (momentum, gather, NS, scatter, apply) of a step before that
 //                  rank's overflow report of the step
 //   momentum       no momentum write (the store handling muon_momentum) on a skipped step
-//   collectives    the same sequence of collectives on every rank (the first divergence)
+//   collectives    the same sequence of collectives on every rank: at the first divergence,
+//                  each rank that differs from the majority (ties: the lowest rank)
 //   answered       every request answered
 // A step is skipped when an overflow report of that step says overflow on any rank.
 #pragma once
