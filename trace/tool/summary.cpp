@@ -19,9 +19,9 @@ std::string cell(const std::string& s, int width) {
   return s.size() >= static_cast<size_t>(width) ? s + " " : s + std::string(width - s.size(), ' ');
 }
 
-const char* const phase_order[] = {"step",    "reduce_scatter", "overflow_check", "vote",
-                                   "norm",    "momentum",       "gather",         "ns",
-                                   "scatter", "apply",          "adamw"};
+const char* const phase_order[] = {"step", "coordinator", "reduce_scatter", "overflow_check",
+                                   "vote", "norm",        "momentum",       "gather",
+                                   "ns",   "scatter",     "apply",          "adamw"};
 
 struct tally {
   int64_t count = 0;
@@ -35,6 +35,7 @@ std::string summary(const trace_set& ts) {
   // step -> phase -> rank -> ns
   std::map<uint64_t, std::map<std::string, std::map<int, int64_t>>> phases;
   std::map<uint64_t, bool> skipped;
+  std::map<uint64_t, std::map<int, int64_t>> step_start, step_end;
   std::map<std::string, tally> by_type;
   std::map<std::string, std::pair<tally, tally>> by_actor;  // sent, received
   uint64_t bytes = 0;
@@ -43,6 +44,11 @@ std::string summary(const trace_set& ts) {
     for (const auto& r : rt.records) {
       if (r.ev == "span")
         phases[r.step][r.phase][rt.rank] += r.dur;
+      // The coordinator's own step: from taking the request to its last answer of the step.
+      if (r.actor == "muon_coordinator" && r.ev == "recv" && r.type == "step_request")
+        step_start[r.step][rt.rank] = r.t;
+      if (r.actor == "muon_coordinator" && r.ev == "reply")
+        step_end[r.step][rt.rank] = std::max(step_end[r.step][rt.rank], r.t + r.dur);
       if (r.ev == "reply" && r.overflow)
         skipped[r.step] = skipped[r.step] || *r.overflow;
       if (r.ev == "send") {
@@ -57,6 +63,10 @@ std::string summary(const trace_set& ts) {
       }
     }
   }
+  for (const auto& [step, starts] : step_start)
+    for (const auto& [rank, t] : starts)
+      if (step_end[step].count(rank))
+        phases[step]["coordinator"][rank] = step_end[step][rank] - t;
   os << "zmuon-trace summary: " << ts.ranks.size() << " rank file(s), " << phases.size()
      << " step(s); times in ms\n";
   for (const auto& n : ts.notes)
@@ -68,10 +78,11 @@ std::string summary(const trace_set& ts) {
     os << "\nstep " << step;
     if (skipped.count(step))
       os << (skipped[step] ? " (skipped: overflow)" : " (applied)");
-    if (by_phase.count("step")) {
+    const char* total = by_phase.count("coordinator") ? "coordinator" : "step";
+    if (by_phase.count(total)) {
       int slow = -1;
       int64_t worst = -1;
-      for (const auto& [rank, ns] : by_phase["step"])
+      for (const auto& [rank, ns] : by_phase[total])
         if (ns > worst) {
           worst = ns;
           slow = rank;
