@@ -5,6 +5,8 @@
 
 #include "caf/all.hpp"
 
+#include "trace/trace.hpp"
+
 namespace zmuon {
 
 loss_scale_state::loss_scale_state(const fp16_options& opts)
@@ -41,6 +43,7 @@ struct scaler_state {
   loss_scale_state scale{fp16_options{}};
   store_scan_actor store;
   comm_actor comm;
+  trace::track tr;
   static const char* name;
 };
 const char* scaler_state::name = "loss_scaler";
@@ -48,21 +51,24 @@ const char* scaler_state::name = "loss_scaler";
 using scaler_pointer = loss_scaler_actor::stateful_pointer<scaler_state>;
 
 loss_scaler_actor::behavior_type scaler_impl(scaler_pointer self, fp16_options opts,
-                                             store_scan_actor store, comm_actor comm) {
+                                             store_scan_actor store, comm_actor comm,
+                                             std::shared_ptr<trace::recorder> tracer) {
+  self->state.tr = trace::track(std::move(tracer), "loss_scaler");
   self->state.scale = loss_scale_state(opts);
   self->state.store = std::move(store);
   self->state.comm = std::move(comm);
   return {
       [=](check_overflow& msg) -> caf::result<overflow_report> {
+        ZMUON_TRACE_RECV(self, msg);
         auto rp = self->make_response_promise<overflow_report>();
         auto step = msg.step;
-        self->request(self->state.store, caf::infinite, scan_grads{step})
+        trace::request(self, self->state.tr, self->state.store, scan_grads{step})
             .then(
                 [=](grad_scan& scan) mutable {
                   all_reduce_req vote{collective_tag{collective_kind::vote, step, 0, 0},
                                       reduce_op::max,
                                       {scan.nonfinite ? 1.0 : 0.0}};
-                  self->request(self->state.comm, caf::infinite, std::move(vote))
+                  trace::request(self, self->state.tr, self->state.comm, std::move(vote))
                       .then(
                           [=](all_reduce_result& res) mutable {
                             bool overflow = res.values.at(0) > 0;
@@ -82,8 +88,9 @@ loss_scaler_actor::behavior_type scaler_impl(scaler_pointer self, fp16_options o
 }  // namespace
 
 loss_scaler_actor spawn_loss_scaler(caf::actor_system& sys, const fp16_options& opts,
-                                    store_scan_actor store, comm_actor comm) {
-  return sys.spawn(scaler_impl, opts, std::move(store), std::move(comm));
+                                    store_scan_actor store, comm_actor comm,
+                                    std::shared_ptr<trace::recorder> tracer) {
+  return sys.spawn(scaler_impl, opts, std::move(store), std::move(comm), std::move(tracer));
 }
 
 }  // namespace zmuon

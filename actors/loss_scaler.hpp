@@ -14,6 +14,7 @@
 
 #include "actors/interfaces.hpp"
 #include "comm/comm.hpp"
+#include "trace/recorder.hpp"
 #include "zmuon/options.hpp"
 
 namespace zmuon {
@@ -38,6 +39,7 @@ private:
 };
 
 loss_scaler_actor spawn_loss_scaler(caf::actor_system& sys, const fp16_options& opts,
-                                    store_scan_actor store, comm_actor comm);
+                                    store_scan_actor store, comm_actor comm,
+                                    std::shared_ptr<trace::recorder> tracer = nullptr);
 
 }  // namespace zmuon

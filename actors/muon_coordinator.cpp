@@ -9,6 +9,7 @@
 #include "actors/staging.hpp"
 #include "messages/errors.hpp"
 #include "plan/ownership.hpp"
+#include "trace/trace.hpp"
 
 namespace zmuon {
 
@@ -65,6 +66,7 @@ struct coordinator_state {
   bool comm_on_host = true;  // the comm backend moves host memory (staged_buffer)
   std::vector<chunk_ownership> own;
   std::optional<step_work> work;  // the step in progress
+  trace::track tr;
   static const char* name;
 };
 const char* coordinator_state::name = "muon_coordinator";
@@ -88,7 +90,7 @@ void fail_step(coord_pointer self, caf::error err) {
 template <class Reply, class Dest, class Req, class F>
 void ask(coord_pointer self, const Dest& dest, Req req, F then) {
   uint64_t step = self->state.work->req.step;
-  self->request(dest, caf::infinite, std::move(req))
+  trace::request(self, self->state.tr, dest, std::move(req))
       .then(
           [=](Reply& reply) mutable {
             if (current(self, step))
@@ -162,12 +164,17 @@ void gather(coord_pointer self, int c) {
     cw.u = staged_buffer{};
     cw.full.to_compute(*st.be);
     const auto& muon = st.opts.muon;
+    trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
+                   trace::span::per_param);
     for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape, then scale
+      ns.add_params(g.params);
+      ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
       float* x = cw.full.compute() + g.offset;
       st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
       st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
       st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
+    ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
     cw.full.to_comm(*st.be);
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
   });
@@ -332,8 +339,10 @@ void begin_step(coord_pointer self) {
 muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
                                                        std::shared_ptr<const plan> pl, int rank,
                                                        engine_options opts, coordinator_peers peers,
-                                                       std::shared_ptr<compute_backend> be) {
+                                                       std::shared_ptr<compute_backend> be,
+                                                       std::shared_ptr<trace::recorder> tracer) {
   auto& st = self->state;
+  st.tr = trace::track(std::move(tracer), "muon_coordinator");
   st.own = make_ownership(*pl, rank);
   st.pl = std::move(pl);
   st.rank = rank;
@@ -358,6 +367,7 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   self->monitor(st.peers.reducer);
   return {
       [=](step_request& req) -> caf::result<step_result> {
+        ZMUON_TRACE_RECV(self, req);
         auto& st = self->state;
         if (st.work)
           return make_caf_error(errc::bad_state,
@@ -381,9 +391,10 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
 muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
                                               std::shared_ptr<const plan> pl, int rank,
                                               const engine_options& opts, coordinator_peers peers,
-                                              std::shared_ptr<compute_backend> backend) {
+                                              std::shared_ptr<compute_backend> backend,
+                                              std::shared_ptr<trace::recorder> tracer) {
   return sys.spawn(coordinator_impl, std::move(pl), rank, opts, std::move(peers),
-                   std::move(backend));
+                   std::move(backend), std::move(tracer));
 }
 
 }  // namespace zmuon

@@ -26,6 +26,7 @@
 #include "comm/comm.hpp"
 #include "kernels/compute.hpp"
 #include "plan/plan.hpp"
+#include "trace/recorder.hpp"
 #include "zmuon/options.hpp"
 
 namespace zmuon {
@@ -44,7 +45,8 @@ struct coordinator_peers {
 muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
                                               std::shared_ptr<const plan> pl, int rank,
                                               const engine_options& opts, coordinator_peers peers,
-                                              std::shared_ptr<compute_backend> backend);
+                                              std::shared_ptr<compute_backend> backend,
+                                              std::shared_ptr<trace::recorder> tracer = nullptr);
 
 /// Scale of the orthogonalized update of one [rows, cols] block (DESIGN.md §2).
 float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols);

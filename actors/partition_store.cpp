@@ -5,6 +5,7 @@
 #include "caf/all.hpp"
 
 #include "messages/errors.hpp"
+#include "trace/trace.hpp"
 
 namespace zmuon {
 
@@ -34,6 +35,7 @@ struct store_state {
   };
   std::deque<pending_scan> scans;
   std::deque<caf::typed_response_promise<ack>> finishing;
+  trace::track tr;
   static const char* name;
 };
 const char* store_state::name = "partition_store";
@@ -103,9 +105,10 @@ caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, co
 }
 
 partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_ptr<const plan> pl,
-                                                int rank,
-                                                std::shared_ptr<compute_backend> backend) {
+                                                int rank, std::shared_ptr<compute_backend> backend,
+                                                std::shared_ptr<trace::recorder> tracer) {
   auto& st = self->state;
+  st.tr = trace::track(std::move(tracer), "partition_store");
   st.pl = std::move(pl);
   st.rank = rank;
   st.be = std::move(backend);
@@ -119,6 +122,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
   return {
       [=](accumulate& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
@@ -134,21 +138,30 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         gradient_changed(self);
         return ack{msg.step};
       },
-      [=](scan_grads& msg) { return scan_for(self, msg.step, false); },
-      [=](local_sum_squares& msg) { return scan_for(self, msg.step, true); },
+      [=](scan_grads& msg) {
+        ZMUON_TRACE_RECV(self, msg);
+        return scan_for(self, msg.step, false);
+      },
+      [=](local_sum_squares& msg) {
+        ZMUON_TRACE_RECV(self, msg);
+        return scan_for(self, msg.step, true);
+      },
       [=](discard_grads& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         st.be->fill_zero(st.grads.data(), st.grads.size());
         gradient_changed(self);
         return ack{msg.step};
       },
       [=](unscale_clip& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
         gradient_changed(self);
         return ack{msg.step};
       },
       [=](muon_momentum& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
@@ -163,6 +176,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](apply_muon& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
@@ -177,6 +191,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](adamw_step& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         ++st.adam_steps;
@@ -193,6 +208,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       [=](finish_step& msg) -> caf::result<ack> {
         // Answered once the step's kernels have finished (so that the host's step time is the
         // GPU's), through gpu_done.
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         st.be->fill_zero(st.grads.data(), st.grads.size());
         gradient_changed(self);
@@ -203,6 +219,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](gpu_done& msg) { on_gpu_done(self, msg); },
       [=](load_params& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         if (!msg.shard || static_cast<int64_t>(msg.shard->size()) != st.params.size())
           return make_caf_error(errc::shape_mismatch,
@@ -230,8 +247,9 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
 }  // namespace
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
-                                            int rank, std::shared_ptr<compute_backend> backend) {
-  return sys.spawn(store_impl, std::move(pl), rank, std::move(backend));
+                                            int rank, std::shared_ptr<compute_backend> backend,
+                                            std::shared_ptr<trace::recorder> tracer) {
+  return sys.spawn(store_impl, std::move(pl), rank, std::move(backend), std::move(tracer));
 }
 
 }  // namespace zmuon

@@ -27,6 +27,7 @@
 #include "actors/interfaces.hpp"
 #include "kernels/compute.hpp"
 #include "plan/plan.hpp"
+#include "trace/recorder.hpp"
 
 namespace zmuon {
 
@@ -40,6 +41,7 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<params_atom>::with<std::vector<float>>, caf::reacts_to<gpu_done>>;
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
-                                            int rank, std::shared_ptr<compute_backend> backend);
+                                            int rank, std::shared_ptr<compute_backend> backend,
+                                            std::shared_ptr<trace::recorder> tracer = nullptr);
 
 }  // namespace zmuon

@@ -5,6 +5,7 @@
 #include "caf/all.hpp"
 
 #include "messages/errors.hpp"
+#include "trace/trace.hpp"
 
 namespace zmuon {
 
@@ -22,6 +23,7 @@ struct reducer_state {
   caf::error failure;        // first failure of this step
   caf::typed_response_promise<flush_done> pending_flush;
   bool flush_waiting = false;
+  trace::track tr;
   static const char* name;
 };
 const char* reducer_state::name = "reducer";
@@ -80,8 +82,10 @@ std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, shared_flo
 
 reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<const plan> pl,
                                           int rank, store_accumulate_actor store, comm_actor comm,
-                                          std::shared_ptr<compute_backend> device) {
+                                          std::shared_ptr<compute_backend> device,
+                                          std::shared_ptr<trace::recorder> tracer) {
   auto& st = self->state;
+  st.tr = trace::track(std::move(tracer), "reducer");
   st.pl = std::move(pl);
   st.rank = rank;
   st.store = std::move(store);
@@ -90,6 +94,7 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
   return {
       [=](micro_grads& msg) {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (st.step != 0 && msg.step != st.step) {
@@ -114,8 +119,8 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         const auto& b = pl.buckets[msg.bucket];
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
         auto buf = make_buffers(st.device.get(), msg.data, b.shard_len);
-        self->request(st.comm, caf::infinite,
-                      reduce_scatter_req{tag, buf->in, buf->out, b.shard_len})
+        trace::request(self, st.tr, st.comm,
+                       reduce_scatter_req{tag, buf->in, buf->out, b.shard_len})
             .then(
                 [=](comm_done&) {
                   accumulate acc{tag.step,
@@ -123,7 +128,7 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                                  tag.index,
                                  {buf->out, b.shard_len},
                                  buf->device_out.data() == nullptr};
-                  self->request(self->state.store, caf::infinite, acc)
+                  trace::request(self, self->state.tr, self->state.store, acc)
                       .then(
                           [=](ack&) {
                             (void)buf;  // the buffers live until the store has added them
@@ -143,6 +148,7 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                 });
       },
       [=](flush& msg) -> caf::result<flush_done> {
+        ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         if (st.flush_waiting)
           return make_caf_error(errc::bad_state, "flush of step " + std::to_string(msg.step)
@@ -165,9 +171,10 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
 
 reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
                             store_accumulate_actor store, comm_actor comm,
-                            std::shared_ptr<compute_backend> device) {
+                            std::shared_ptr<compute_backend> device,
+                            std::shared_ptr<trace::recorder> tracer) {
   return sys.spawn(reducer_impl, std::move(pl), rank, std::move(store), std::move(comm),
-                   std::move(device));
+                   std::move(device), std::move(tracer));
 }
 
 }  // namespace zmuon

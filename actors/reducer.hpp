@@ -19,6 +19,7 @@
 #include "comm/comm.hpp"
 #include "kernels/compute.hpp"
 #include "plan/plan.hpp"
+#include "trace/recorder.hpp"
 
 namespace zmuon {
 
@@ -30,6 +31,7 @@ using reducer_actor =
 /// device memory too. Without it, both stay in host memory (the caf comm).
 reducer_actor spawn_reducer(caf::actor_system& sys, std::shared_ptr<const plan> pl, int rank,
                             store_accumulate_actor store, comm_actor comm,
-                            std::shared_ptr<compute_backend> device = nullptr);
+                            std::shared_ptr<compute_backend> device = nullptr,
+                            std::shared_ptr<trace::recorder> tracer = nullptr);
 
 }  // namespace zmuon

@@ -6,6 +6,7 @@
 #include "caf/all.hpp"
 
 #include "messages/errors.hpp"
+#include "trace/trace.hpp"
 
 namespace zmuon {
 
@@ -32,6 +33,7 @@ struct comm_state {
   std::vector<caf_comm_actor> peers;
   caf::error failure;  // set once a peer died; every later collective fails with it
   std::map<collective_tag, pending_op> ops;
+  trace::track tr;
   static const char* name;
 };
 const char* comm_state::name = "caf_comm";
@@ -170,6 +172,7 @@ void try_complete(comm_state& st, const collective_tag& tag) {
 
 template <class Piece>
 void on_piece(comm_pointer self, Piece& piece) {
+  ZMUON_TRACE_RECV(self, piece);
   auto& st = self->state;
   if (st.failure)
     return;
@@ -201,7 +204,9 @@ void fail_all(comm_pointer self, const caf::error& err) {
   st.ops.clear();
 }
 
-caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int world) {
+caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int world,
+                                            std::shared_ptr<trace::recorder> tracer) {
+  self->state.tr = trace::track(std::move(tracer), "caf_comm");
   self->state.rank = rank;
   self->state.world = world;
   self->set_down_handler([=](const caf::down_msg& dm) {
@@ -224,14 +229,16 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
             self->monitor(st.peers[q]);
       },
       [=](reduce_scatter_req& req) -> caf::result<comm_done> {
+        ZMUON_TRACE_RECV(self, req);
         auto& st = self->state;
         if (auto err = not_ready(st, req.tag))
           return err;
         for (int q = 0; q < st.world; ++q)
           if (q != st.rank) {
             const float* first = req.in + static_cast<int64_t>(q) * req.count;
-            self->send(st.peers[q],
-                       peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count)});
+            trace::send(self, st.tr, st.peers[q],
+                        peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count)},
+                        q);
           }
         auto& op = op_for(st, req.tag);
         op.have_local = true;
@@ -242,12 +249,13 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
         return promise;
       },
       [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
+        ZMUON_TRACE_RECV(self, req);
         auto& st = self->state;
         if (auto err = not_ready(st, req.tag))
           return err;
         for (int q = 0; q < st.world; ++q)
           if (q != st.rank)
-            self->send(st.peers[q], peer_doubles{req.tag, st.rank, req.values});
+            trace::send(self, st.tr, st.peers[q], peer_doubles{req.tag, st.rank, req.values}, q);
         auto tag = req.tag;
         auto& op = op_for(st, tag);
         op.have_local = true;
@@ -258,6 +266,7 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
         return promise;
       },
       [=](all_to_all_req& req) -> caf::result<comm_done> {
+        ZMUON_TRACE_RECV(self, req);
         auto& st = self->state;
         if (auto err = not_ready(st, req.tag))
           return err;
@@ -273,7 +282,8 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
                                        + std::to_string(total(req.recvs[q])));
             copy_out(concat(req.sends[q]).data(), req.recvs[q]);
           } else {
-            self->send(st.peers[q], peer_floats{req.tag, st.rank, concat(req.sends[q])});
+            trace::send(self, st.tr, st.peers[q],
+                        peer_floats{req.tag, st.rank, concat(req.sends[q])}, q);
           }
         }
         auto tag = req.tag;
@@ -292,15 +302,18 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
 
 }  // namespace
 
-caf_comm_actor spawn_caf_comm(caf::actor_system& sys, int rank, int world) {
-  return sys.spawn(caf_comm_impl, rank, world);
+caf_comm_actor spawn_caf_comm(caf::actor_system& sys, int rank, int world,
+                              std::shared_ptr<trace::recorder> tracer) {
+  return sys.spawn(caf_comm_impl, rank, world, std::move(tracer));
 }
 
-std::vector<caf_comm_actor> spawn_caf_comm_group(caf::actor_system& sys, int world) {
+std::vector<caf_comm_actor> spawn_caf_comm_group(
+    caf::actor_system& sys, int world,
+    const std::vector<std::shared_ptr<trace::recorder>>& tracers) {
   std::vector<caf_comm_actor> group;
   std::vector<caf::actor> untyped;
   for (int r = 0; r < world; ++r) {
-    group.push_back(spawn_caf_comm(sys, r, world));
+    group.push_back(spawn_caf_comm(sys, r, world, tracers.empty() ? nullptr : tracers[r]));
     untyped.push_back(caf::actor_cast<caf::actor>(group.back()));
   }
   for (int r = 0; r < world; ++r)

@@ -16,6 +16,7 @@
 #include "caf/actor_system.hpp"
 
 #include "comm/comm.hpp"
+#include "trace/recorder.hpp"
 
 namespace zmuon {
 
@@ -34,9 +35,13 @@ using caf_comm_actor =
                        caf::reacts_to<peer_doubles>>;
 
 /// Spawns one rank's caf comm actor; connect all of them with connect_peers before use.
-caf_comm_actor spawn_caf_comm(caf::actor_system& sys, int rank, int world);
+caf_comm_actor spawn_caf_comm(caf::actor_system& sys, int rank, int world,
+                              std::shared_ptr<trace::recorder> tracer = nullptr);
 
-/// Spawns the comm actors of `world` in-process ranks and connects them.
-std::vector<caf_comm_actor> spawn_caf_comm_group(caf::actor_system& sys, int world);
+/// Spawns the comm actors of `world` in-process ranks and connects them; `tracers` (empty, or
+/// one per rank) records their messages.
+std::vector<caf_comm_actor> spawn_caf_comm_group(
+    caf::actor_system& sys, int world,
+    const std::vector<std::shared_ptr<trace::recorder>>& tracers = {});
 
 }  // namespace zmuon

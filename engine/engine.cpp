@@ -13,6 +13,7 @@
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 #include "plan/ownership.hpp"
+#include "trace/trace.hpp"
 
 namespace zmuon {
 
@@ -75,6 +76,7 @@ struct engine::impl {
   std::shared_ptr<const plan> pl;
   std::vector<comm_actor> comms;
   std::vector<rank_actors> ranks;
+  std::vector<std::shared_ptr<trace::recorder>> traces;  // one per rank when tracing, else empty
   std::vector<int> micros;  // micro-batches handed over per rank in the open step
   uint64_t step = 0;        // last step number issued
   lr_schedule muon_lr;
@@ -98,6 +100,21 @@ struct engine::impl {
   error start();
   expected<std::vector<std::shared_ptr<compute_backend>>> make_backends() const;
   error spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends);
+
+  // Host records of rank r's step request and its answer; flushes the rank's trace file.
+  void trace_step(int r, const step_request& req, const std::string& id, int64_t sent,
+                  const expected<step_result>& out) {
+    auto& rec = *traces[r];
+    auto f = trace::describe(req);
+    rec.send("host", sent, f, id, true);
+    auto t = trace::now_ns();
+    if (out)
+      rec.reply("host", t, trace::describe(*out), id);
+    else
+      rec.reply("host", t, {}, id, out.err().to_string());
+    rec.span("host", "step", sent, t - sent, f, nullptr, true);
+    rec.flush();
+  }
 };
 
 // One compute backend per rank. On CUDA, rank r uses GPU r modulo the visible GPUs (caf comm:
@@ -130,7 +147,7 @@ error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backen
 #endif
   }
   (void)backends;  // the caf comm moves host memory and needs no backend
-  for (auto& c : spawn_caf_comm_group(*sys, opts.world))
+  for (auto& c : spawn_caf_comm_group(*sys, opts.world, traces))
     comms.push_back(c);
   return {};
 }
@@ -153,6 +170,13 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
   eng->impl_->opts = opts;
   eng->impl_->sys = std::make_unique<caf::actor_system>(eng->impl_->cfg);
   eng->impl_->micros.assign(opts.world, 0);
+  std::string trace_dir = opts.trace_dir.empty() ? trace::env_dir() : opts.trace_dir;
+  for (int r = 0; !trace_dir.empty() && r < opts.world; ++r) {
+    auto rec = trace::recorder::open(trace_dir, 0, r, opts.world);
+    if (!rec)
+      return rec.err();
+    eng->impl_->traces.push_back(std::move(*rec));
+  }
   float muon_lr = opts.muon.lr;
   float adam_lr = opts.adamw.lr;
   eng->impl_->muon_lr = [muon_lr](uint64_t) { return muon_lr; };
@@ -189,13 +213,20 @@ error engine::impl::start() {
   if (!made)
     return made.err();
   pl = std::make_shared<const plan>(std::move(*made));
+  std::vector<std::pair<int, std::string>> muon_params;
+  for (size_t i = 0; i < pl->params.size(); ++i)
+    if (pl->params[i].muon)
+      muon_params.emplace_back(static_cast<int>(i), pl->params[i].name);
+  for (auto& rec : traces)
+    rec->plan(muon_params, static_cast<int>(pl->chunks.size()));
   auto backends = make_backends();
   if (!backends)
     return backends.err();
   if (auto err = spawn_comms(*backends))
     return err;
   for (int r = 0; r < opts.world; ++r)
-    ranks.push_back(spawn_rank(*sys, pl, r, opts, comms[r], (*backends)[r]));
+    ranks.push_back(spawn_rank(*sys, pl, r, opts, comms[r], (*backends)[r],
+                               traces.empty() ? nullptr : traces[r]));
   // Each rank's initial shard of every parameter.
   for (int r = 0; r < opts.world; ++r) {
     auto shard = std::make_shared<std::vector<float>>(pl->shard_total, 0.0f);
@@ -283,8 +314,11 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
               source[i] + q * p.shard_len, n * sizeof(float));
       }
     }
-    caf::anon_send(d.ranks[rank].reducer,
-                   micro_grads{step, micro, static_cast<int32_t>(b), std::move(staging)});
+    micro_grads msg{step, micro, static_cast<int32_t>(b), std::move(staging)};
+    if (!d.traces.empty())
+      d.traces[rank]->send("host", trace::now_ns(), trace::describe(msg),
+                           trace::async_id(msg, rank), false);
+    caf::anon_send(d.ranks[rank].reducer, std::move(msg));
   }
   return {};
 }
@@ -309,13 +343,20 @@ expected<step_info> engine::step() {
   caf::scoped_actor self{*d.sys};
   using handle = decltype(self->request(d.ranks[0].coordinator, d.timeout(), req));
   std::vector<handle> pending;
-  for (auto& r : d.ranks)
+  std::vector<int64_t> sent_at;  // traced: when each rank's request went out
+  for (auto& r : d.ranks) {
+    sent_at.push_back(trace::now_ns());
     pending.push_back(self->request(r.coordinator, d.timeout(), req));
+  }
   std::vector<expected<step_result>> results;
-  for (auto& h : pending) {
+  for (size_t r = 0; r < pending.size(); ++r) {
+    auto& h = pending[r];
     expected<step_result> out = error{errc::internal, "no reply"};
     h.receive([&](step_result& res) { out = std::move(res); },
               [&](caf::error& err) { out = from_caf_error(err); });
+    if (!d.traces.empty())
+      d.trace_step(static_cast<int>(r), req, trace::request_id(self->id(), h.id()), sent_at[r],
+                   out);
     results.push_back(std::move(out));
   }
   std::fill(d.micros.begin(), d.micros.end(), 0);

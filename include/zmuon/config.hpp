@@ -17,7 +17,7 @@ struct job_config {
   int gas = 1;          // gradient_accumulation_steps
   int micro_batch = 8;  // train_micro_batch_size_per_gpu
   bool bf16 = false;    // bf16.enabled: the host computes in bf16 (excludes fp16.enabled)
-  std::string trace;    // zmuon.trace: a trace directory; stored, not used yet
+  std::string trace;    // zmuon.trace: the message trace directory (zmuon-launch --trace)
 };
 
 /// Parses a JSON config given as text (empty: the defaults), then applies `overrides`

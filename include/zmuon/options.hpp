@@ -63,6 +63,8 @@ struct engine_options {
   std::string compute = "host";  // compute backend: host | cuda
   std::string comm = "caf";      // communication backend: caf | nccl
   int64_t timeout_ms = 60'000;   // a request not answered in this time is an error
+  std::string trace_dir;         // message trace (DESIGN.md §6) into this directory; empty: the
+                                 // environment's ZMUON_TRACE, else off
 };
 
 }  // namespace zmuon

@@ -117,6 +117,11 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--save-params", save_params,
                  "write the final full parameters (fp32, by name) to this safetensors file");
+  std::string trace_dir;
+  auto* trace = app.add_option("--trace", trace_dir,
+                               "record every message of every rank into DIR, one JSON Lines file "
+                               "per rank; read it with zmuon-trace (zmuon.trace)")
+                    ->type_name("DIR");
   CLI11_PARSE(app, argc, argv);
 
   // The flags given become the last overrides, so the config's checks apply to them too.
@@ -125,11 +130,14 @@ int run(int argc, char** argv) {
       sets.push_back(key + "=" + option->results().back());
   if (fp16->count() > 0)
     sets.push_back(flags.engine.fp16.enabled ? "fp16.enabled=true" : "fp16.enabled=false");
+  if (trace->count() > 0)
+    sets.push_back("zmuon.trace=" + nlohmann::json(trace_dir).dump());
   auto job = zmuon::load_config(config_path, sets, launcher_defaults());
   if (!job) {
     std::cerr << "zmuon-launch: config error: " << job.err().message() << "\n";
     return 2;
   }
+  job->engine.trace_dir = job->trace;
   const zmuon::engine_options& eopts = job->engine;
   topts.gas = job->gas;
   topts.micro_batch = job->micro_batch;

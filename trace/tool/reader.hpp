@@ -1,0 +1,78 @@
+// Reading a trace directory: every rank's JSON Lines file (trace/recorder.hpp), merged, with the
+// clocks of different processes aligned.
+//
+// Clock alignment: ranks of one process, and processes of one host, share steady_clock, so their
+// times are taken as they are. Files from another host (a different `host` in the meta line) are
+// shifted by the offset that matching send/receive pairs of peer messages give (NTP's estimate):
+// with d_ab = min(recv on B - send on A) and d_ba = min(recv on A - send on B) over the pairs
+// between the reference host (rank 0's) and host B, B's clock is ahead by (d_ab - d_ba) / 2.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "zmuon/status.hpp"
+
+namespace zmuon::trace_tool {
+
+struct record {
+  int rank = 0;      // of the file it came from
+  size_t line = 0;   // 1-based line in that file
+  uint64_t seq = 0;  // write order within the file
+  int64_t t = 0;     // ns, aligned to the reference host's clock
+  int64_t dur = 0;
+  std::string ev;  // send, recv, reply, span
+  std::string actor;
+  std::string type;
+  std::string op;     // collective kind
+  std::string phase;  // span records
+  std::string id;     // correlation id
+  std::string error;  // reply records: the error, if the answer was one
+  uint64_t step = 0;
+  int micro = -1;
+  int index = -1;
+  int64_t bytes = 0;
+  int peer = -1;
+  bool req = false;
+  bool wait = false;             // span records: a wait for an answer
+  std::optional<bool> overflow;  // overflow_report
+  std::optional<bool> skipped;   // step_result
+  std::vector<int> params;       // ns spans: the Muon parameters orthogonalized
+  std::string text;              // the line as written
+};
+
+struct rank_trace {
+  std::string file;  // path
+  int node = 0;
+  int rank = 0;
+  int world = 0;
+  std::string host;
+  int64_t pid = 0;
+  int64_t offset = 0;               // ns subtracted from this file's times
+  std::map<int, std::string> muon;  // Muon parameter index -> name (the plan record)
+  int chunks = 0;
+  std::vector<record> records;  // sorted by (t, seq)
+  uint64_t file_bytes = 0;
+};
+
+struct trace_set {
+  std::vector<rank_trace> ranks;   // sorted by rank
+  int64_t t0 = 0;                  // earliest aligned time
+  std::vector<std::string> notes;  // what the alignment did
+  std::string process_key(int rank_index) const;
+  /// The key that matches a send, its receive and its reply across files.
+  std::string match_key(int rank_index, const record& r) const;
+};
+
+/// Reads every trace-node*-rank*.jsonl of `dir`. Errors name the file and line.
+expected<trace_set> read_traces(const std::string& dir);
+
+/// "file:line" of a record.
+std::string where(const trace_set& ts, const record& r);
+
+}  // namespace zmuon::trace_tool
