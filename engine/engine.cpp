@@ -1,5 +1,6 @@
 #include "zmuon/engine.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -10,6 +11,7 @@
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 #include "plan/ownership.hpp"
+#include "zmuon/node_setup.hpp"
 
 namespace zmuon {
 
@@ -60,14 +62,19 @@ error check_options(const engine_options& o) {
 struct engine::impl {
   engine_options opts;
   engine_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<caf::actor_system> own_sys;  // null when running on a node's actor system
+  caf::actor_system* sys = nullptr;
+  int first_rank = 0;  // this process runs ranks [first_rank, first_rank + local)
+  int local = 0;
+  std::vector<int> node_first_ranks;  // set on a node of a multi-process job
+  int32_t host_collectives = 0;       // parameters()/sum_over_nodes() issued since the last step
   std::vector<param_spec> table;
   std::vector<std::vector<float>> init;
   std::shared_ptr<const plan> pl;
-  std::vector<caf_comm_actor> comms;
-  std::vector<rank_actors> ranks;
-  std::vector<int> micros;  // micro-batches handed over per rank in the open step
-  uint64_t step = 0;        // last step number issued
+  std::vector<comm_actor> comms;   // of this process's ranks
+  std::vector<rank_actors> ranks;  // this process's ranks, by local index
+  std::vector<int> micros;         // micro-batches handed over per local rank in the open step
+  uint64_t step = 0;               // last step number issued
   lr_schedule muon_lr;
   lr_schedule adam_lr;
 
@@ -87,6 +94,9 @@ struct engine::impl {
   }
 
   error start();
+  error check_local(int rank) const;
+  bool multi_node() const { return !node_first_ranks.empty(); }
+  expected<tensor_map> gather_between_nodes();
 };
 
 engine::engine() : impl_(std::make_unique<impl>()) {}
@@ -105,13 +115,52 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
     return be.err();
   std::unique_ptr<engine> eng(new engine());
   eng->impl_->opts = opts;
-  eng->impl_->sys = std::make_unique<caf::actor_system>(eng->impl_->cfg);
+  eng->impl_->own_sys = std::make_unique<caf::actor_system>(eng->impl_->cfg);
+  eng->impl_->sys = eng->impl_->own_sys.get();
+  eng->impl_->local = opts.world;
   eng->impl_->micros.assign(opts.world, 0);
   float muon_lr = opts.muon.lr;
   float adam_lr = opts.adamw.lr;
   eng->impl_->muon_lr = [muon_lr](uint64_t) { return muon_lr; };
   eng->impl_->adam_lr = [adam_lr](uint64_t) { return adam_lr; };
   return eng;
+}
+
+expected<std::unique_ptr<engine>> engine::create(const engine_options& opts,
+                                                 const node_setup& node) {
+  if (auto err = check_options(opts))
+    return err;
+  int local = static_cast<int>(node.comms.size());
+  if (!node.system || local < 1 || node.first_rank < 0 || node.first_rank + local > opts.world
+      || node.node_first_ranks.empty())
+    return error{errc::invalid_argument, "node setup: ranks [" + std::to_string(node.first_rank)
+                                             + ", " + std::to_string(node.first_rank + local)
+                                             + ") do not fit in world " + std::to_string(opts.world)
+                                             + " (or no actor system / node table)"};
+  if (auto be = make_compute_backend(opts.compute); !be)
+    return be.err();
+  std::unique_ptr<engine> eng(new engine());
+  auto& d = *eng->impl_;
+  d.opts = opts;
+  d.sys = node.system;
+  d.first_rank = node.first_rank;
+  d.local = local;
+  d.comms = node.comms;
+  d.node_first_ranks = node.node_first_ranks;
+  d.micros.assign(local, 0);
+  float muon_lr = opts.muon.lr;
+  float adam_lr = opts.adamw.lr;
+  d.muon_lr = [muon_lr](uint64_t) { return muon_lr; };
+  d.adam_lr = [adam_lr](uint64_t) { return adam_lr; };
+  return eng;
+}
+
+error engine::impl::check_local(int rank) const {
+  if (rank >= first_rank && rank < first_rank + local)
+    return {};
+  return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside ["
+                                      + std::to_string(first_rank) + ", "
+                                      + std::to_string(first_rank + local) + ")"};
 }
 
 error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
@@ -143,15 +192,18 @@ error engine::impl::start() {
   if (!made)
     return made.err();
   pl = std::make_shared<const plan>(std::move(*made));
-  comms = spawn_caf_comm_group(*sys, opts.world);
-  for (int r = 0; r < opts.world; ++r) {
-    auto spawned = spawn_rank(*sys, pl, r, opts, comms[r]);
+  if (comms.empty())
+    for (auto& c : spawn_caf_comm_group(*sys, opts.world))
+      comms.push_back(c);
+  for (int i = 0; i < local; ++i) {
+    auto spawned = spawn_rank(*sys, pl, first_rank + i, opts, comms[i]);
     if (!spawned)
       return spawned.err();
     ranks.push_back(std::move(*spawned));
   }
   // Each rank's initial shard of every parameter.
-  for (int r = 0; r < opts.world; ++r) {
+  for (int i = 0; i < local; ++i) {
+    int r = first_rank + i;
     auto shard = std::make_shared<std::vector<float>>(pl->shard_total, 0.0f);
     for (size_t i = 0; i < pl->params.size(); ++i) {
       const auto& p = pl->params[i];
@@ -160,7 +212,7 @@ error engine::impl::start() {
         std::memcpy(shard->data() + p.shard_offset, init[i].data() + r * p.shard_len,
                     n * sizeof(float));
     }
-    auto done = ask<ack>(ranks[r].store, load_params{0, shard});
+    auto done = ask<ack>(ranks[i].store, load_params{0, shard});
     if (!done)
       return done.err();
   }
@@ -170,9 +222,8 @@ error engine::impl::start() {
 
 error engine::reduce(int rank, const tensor_map& grads) {
   auto& d = *impl_;
-  if (rank < 0 || rank >= d.opts.world)
-    return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside [0, "
-                                        + std::to_string(d.opts.world) + ")"};
+  if (auto err = d.check_local(rank))
+    return err;
   if (auto err = d.start())
     return err;
   const auto& pl = *d.pl;
@@ -186,7 +237,7 @@ error engine::reduce(int rank, const tensor_map& grads) {
                                         + " elements, expected "
                                         + std::to_string(pl.params[i].numel)};
   }
-  int micro = d.micros[rank]++;
+  int micro = d.micros[rank - d.first_rank]++;
   uint64_t step = d.step + 1;
   for (size_t b = 0; b < pl.buckets.size(); ++b) {
     const auto& bucket = pl.buckets[b];
@@ -205,7 +256,7 @@ error engine::reduce(int rank, const tensor_map& grads) {
               it->second.data() + q * p.shard_len, n * sizeof(float));
       }
     }
-    caf::anon_send(d.ranks[rank].reducer,
+    caf::anon_send(d.ranks[rank - d.first_rank].reducer,
                    micro_grads{step, micro, static_cast<int32_t>(b), std::move(staging)});
   }
   return {};
@@ -215,16 +266,18 @@ expected<step_info> engine::step() {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
-  for (int r = 0; r < d.opts.world; ++r)
-    if (d.micros[r] != d.micros[0])
-      return error{errc::bad_state,
-                   "rank " + std::to_string(r) + " handed over " + std::to_string(d.micros[r])
-                       + " micro-batches but rank 0 handed over " + std::to_string(d.micros[0])};
+  for (int i = 0; i < d.local; ++i)
+    if (d.micros[i] != d.micros[0])
+      return error{errc::bad_state, "rank " + std::to_string(d.first_rank + i) + " handed over "
+                                        + std::to_string(d.micros[i]) + " micro-batches but rank "
+                                        + std::to_string(d.first_rank) + " handed over "
+                                        + std::to_string(d.micros[0])};
   if (d.micros[0] == 0)
     return error{errc::bad_state,
                  "step() before any gradient was handed over (call reduce() "
                  "for every rank first)"};
   uint64_t step = ++d.step;
+  d.host_collectives = 0;
   step_request req{step, d.muon_lr(step), d.adam_lr(step)};
   // Every coordinator gets its request before any reply is awaited: the step's collectives
   // need all ranks.
@@ -245,7 +298,7 @@ expected<step_info> engine::step() {
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])
       return error{results[r].err().code(),
-                   "rank " + std::to_string(r) + ": " + results[r].err().message()};
+                   "rank " + std::to_string(d.first_rank + r) + ": " + results[r].err().message()};
     const auto& res = *results[r];
     if (r == 0) {
       info.step = res.step;
@@ -266,18 +319,19 @@ expected<step_info> engine::step() {
 
 expected<rank_state> engine::snapshot(int rank) {
   auto& d = *impl_;
-  if (rank < 0 || rank >= d.opts.world)
-    return error{errc::invalid_argument, "rank " + std::to_string(rank) + " is outside [0, "
-                                             + std::to_string(d.opts.world) + ")"};
+  if (auto err = d.check_local(rank))
+    return err;
   if (auto err = d.start())
     return err;
-  return d.ask<rank_state>(d.ranks[rank].store, snapshot_atom::value);
+  return d.ask<rank_state>(d.ranks[rank - d.first_rank].store, snapshot_atom::value);
 }
 
 expected<tensor_map> engine::parameters() {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
+  if (d.multi_node())
+    return d.gather_between_nodes();
   const auto& pl = *d.pl;
   tensor_map out;
   for (const auto& p : pl.params)
@@ -296,6 +350,87 @@ expected<tensor_map> engine::parameters() {
   return out;
 }
 
+// Every rank sends its parameter shard to the first rank of every node (an all-to-all-v through
+// the comm actors); this process's first rank receives all shards, in place in the result.
+expected<tensor_map> engine::impl::gather_between_nodes() {
+  const auto& p = *pl;
+  std::vector<std::vector<float>> shards;
+  for (auto& r : ranks) {
+    auto shard = ask<std::vector<float>>(r.store, params_atom::value);
+    if (!shard)
+      return shard.err();
+    shards.push_back(std::move(*shard));
+  }
+  tensor_map out;
+  for (const auto& q : p.params)
+    out[q.name].resize(q.numel);
+  auto is_leader = [&](int rank) {
+    return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
+           != node_first_ranks.end();
+  };
+  collective_tag tag{collective_kind::params, step, 0, host_collectives++};
+  caf::scoped_actor self{*sys};
+  using handle = decltype(self->request(comms[0], timeout(), all_to_all_req{}));
+  std::vector<handle> pending;
+  for (int i = 0; i < local; ++i) {
+    all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
+                       std::vector<std::vector<segment>>(p.world)};
+    for (const auto& q : p.params)
+      for (int dst = 0; dst < p.world; ++dst) {
+        int64_t n = valid_len(q, first_rank + i);
+        if (n > 0 && is_leader(dst))
+          req.sends[dst].push_back(segment{shards[i].data() + q.shard_offset, n});
+        int64_t m = valid_len(q, dst);
+        if (m > 0 && i == 0)
+          req.recvs[dst].push_back(segment{out[q.name].data() + dst * q.shard_len, m});
+      }
+    pending.push_back(self->request(comms[i], timeout(), std::move(req)));
+  }
+  error failed;
+  for (auto& h : pending)
+    h.receive([](comm_done&) {},
+              [&](caf::error& err) {
+                if (!failed)
+                  failed = from_caf_error(err);
+              });
+  if (failed)
+    return failed;
+  return out;
+}
+
+expected<std::vector<double>> engine::sum_over_nodes(const std::vector<double>& values) {
+  auto& d = *impl_;
+  if (!d.multi_node())
+    return values;
+  if (auto err = d.start())
+    return err;
+  // The first local rank contributes the values, the others zeros.
+  collective_tag tag{collective_kind::host, d.step, 0, d.host_collectives++};
+  caf::scoped_actor self{*d.sys};
+  using handle = decltype(self->request(d.comms[0], d.timeout(), all_reduce_req{}));
+  std::vector<handle> pending;
+  for (int i = 0; i < d.local; ++i)
+    pending.push_back(
+        self->request(d.comms[i], d.timeout(),
+                      all_reduce_req{tag, reduce_op::sum,
+                                     i == 0 ? values : std::vector<double>(values.size(), 0.0)}));
+  std::vector<double> sum;
+  error failed;
+  for (size_t i = 0; i < pending.size(); ++i)
+    pending[i].receive(
+        [&](all_reduce_result& res) {
+          if (i == 0)
+            sum = std::move(res.values);
+        },
+        [&](caf::error& err) {
+          if (!failed)
+            failed = from_caf_error(err);
+        });
+  if (failed)
+    return failed;
+  return sum;
+}
+
 expected<float> engine::loss_scale() {
   auto& d = *impl_;
   if (auto err = d.start())
@@ -312,6 +447,14 @@ void engine::set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr) {
 
 int engine::world() const {
   return impl_->opts.world;
+}
+
+int engine::first_rank() const {
+  return impl_->first_rank;
+}
+
+int engine::local_ranks() const {
+  return impl_->local;
 }
 
 const plan* engine::layout() const {
