@@ -80,7 +80,7 @@ struct node::impl {
 expected<rendezvous_actor> node::impl::find_rendezvous() {
   auto where = opts.master_host + ":" + std::to_string(opts.master_port);
   if (opts.node_rank == 0) {
-    rendezvous = spawn_rendezvous(*sys, opts.nodes);
+    rendezvous = spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id);
     auto port = sys->middleman().publish(rendezvous, opts.master_port, opts.master_host.c_str(),
                                          /*reuse_addr=*/true);
     if (!port)
@@ -180,6 +180,7 @@ node_setup node::setup() const {
     s.comms.push_back(c);
   s.node_first_ranks.assign(impl_->reply.node_first_ranks.begin(),
                             impl_->reply.node_first_ranks.end());
+  s.nccl_unique_id = impl_->reply.nccl_unique_id;
   return s;
 }
 

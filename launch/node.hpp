@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct node_options {
   int64_t join_timeout_ms = 60'000;
   int64_t heartbeat_timeout_ms = 10'000;
   bool quiet = false;  // no "listening on" line
+  /// Node 0 only, for the nccl comm backend: makes the unique id (the bytes of ncclGetUniqueId)
+  /// that the rendezvous hands to every node (node_setup::nccl_unique_id).
+  std::function<std::string()> nccl_unique_id;
 };
 
 class node {

@@ -151,9 +151,12 @@ node_supervisor_actor::behavior_type supervisor_impl(supervisor_pointer self,
         st.watching = true;
       },
       [=](step_atom, uint64_t step) {
-        self->state.step = step;
-        if (self->state.watching)
-          self->state.step_of[self->state.opts.node] = step;
+        auto& st = self->state;
+        st.step = step;
+        if (st.watching && st.failure.empty()) {  // so that a loss names the step it was in
+          st.step_of[st.opts.node] = step;
+          broadcast(self, heartbeat{st.opts.node, step});
+        }
       },
       [=](heartbeat& hb) {
         auto& st = self->state;

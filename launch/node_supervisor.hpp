@@ -8,7 +8,8 @@
 // Interface:
 //   watch_nodes               from the node after the rendezvous: every node's supervisor and
 //                             ranks; starts the monitors and heartbeats
-//   (step_atom, step)         from the host loop: the step this node is in
+//   (step_atom, step)         from the host loop: the step this node is in (sent on to the
+//                             others at once, as a heartbeat)
 //   heartbeat, node_lost,     from the other nodes' supervisors
 //   node_done
 //   finish_atom -> bool       from the host loop at the end: the barrier; answered when every node

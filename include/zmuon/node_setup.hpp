@@ -3,6 +3,7 @@
 // connected to the other nodes' through CAF's network layer.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
@@ -18,6 +19,7 @@ struct node_setup {
   int first_rank = 0;                   // global rank of this node's first rank
   std::vector<comm_actor> comms;        // this node's ranks' comm actors, by local rank
   std::vector<int> node_first_ranks;    // first global rank of every node, by node rank
+  std::string nccl_unique_id;  // from node 0 when node_options::nccl_unique_id is set; else empty
 };
 
 }  // namespace zmuon

@@ -58,7 +58,8 @@ std::vector<std::string> table_lines(const zmuon::example::model_config& model) 
     std::string line = spec.name + " [";
     for (size_t i = 0; i < spec.shape.size(); ++i)
       line += (i ? ", " : "") + std::to_string(spec.shape[i]);
-    line += "] group " + std::to_string(static_cast<int>(spec.group)) + " heads "
+    const char* groups[] = {"automatic", "muon", "adamw"};
+    line += "] " + std::string(groups[static_cast<int>(spec.group)]) + ", heads "
             + std::to_string(spec.heads);
     lines.push_back(line);
   }
