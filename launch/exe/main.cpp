@@ -175,7 +175,10 @@ int run(int argc, char** argv) {
       "Precedence: the defaults shown < --config FILE < --set (in order) < the flags above, each "
       "a shorthand for the config key in its description.\nConfig keys: "
       "examples/zmuon_config.json (DeepSpeed's shape with the engine's defaults; unknown keys are "
-      "errors).");
+      "errors).\nTwo nodes: on host A `zmuon-launch --nodes 2 --node-rank 0 --master A:29500 "
+      "--ranks-per-node 2`, on host B the same with --node-rank 1; one machine: --local-nodes 2."
+      "\nExit codes: 0 done, 1 failed, 2 bad input (flags, config, nodes that disagree), 3 a node "
+      "of the job was lost (the message names it, its ranks and its step).");
   app.add_option("--config", config_path,
                  "DeepSpeed-style JSON config (see examples/zmuon_config.json)")
       ->type_name("FILE");
