@@ -43,6 +43,8 @@ struct rendezvous_state {
   std::function<std::string()> unique_id;
   std::map<int32_t, join_request> joined;  // by node rank
   std::map<int32_t, caf::typed_response_promise<join_reply>> waiting;
+  std::string failed;  // why the job cannot start (a node lost while the others join)
+  bool answered = false;
   static const char* name;
 };
 const char* rendezvous_state::name = "rendezvous";
@@ -52,6 +54,7 @@ using rendezvous_pointer = rendezvous_actor::stateful_pointer<rendezvous_state>;
 // All nodes are in: check them against node 0, then answer everyone.
 void complete(rendezvous_pointer self) {
   auto& st = self->state;
+  st.answered = true;
   const auto& base = st.joined.at(0);
   std::string diff;
   for (const auto& [node, req] : st.joined)
@@ -83,9 +86,28 @@ rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nod
                                                 std::function<std::string()> unique_id) {
   self->state.nodes = nodes;
   self->state.unique_id = std::move(unique_id);
+  // A node that dies while the others still join fails the join at once (not at the timeout).
+  self->set_down_handler([=](const caf::down_msg& dm) {
+    auto& st = self->state;
+    if (st.answered)
+      return;
+    for (const auto& [node, req] : st.joined)
+      if (req.supervisor.address() == dm.source) {
+        st.failed = node_name(req) + " was lost while the nodes were joining ("
+                    + to_string(dm.reason) + ")";
+        for (auto& [other, promise] : st.waiting)
+          if (other != node)
+            promise.deliver(make_caf_error(errc::comm_failure, st.failed));
+        st.waiting.clear();
+        st.answered = true;
+        return;
+      }
+  });
   return {
       [=](join_request& req) -> caf::result<join_reply> {
         auto& st = self->state;
+        if (!st.failed.empty())
+          return make_caf_error(errc::comm_failure, st.failed);
         if (req.node < 0 || req.node >= st.nodes)
           return make_caf_error(errc::invalid_argument,
                                 "node rank " + std::to_string(req.node) + " is outside [0, "
@@ -100,6 +122,7 @@ rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nod
                                 node_name(req) + " brings " + std::to_string(req.comms.size())
                                     + " comm actors for " + std::to_string(req.ranks) + " ranks");
         int32_t node = req.node;
+        self->monitor(req.supervisor);
         st.joined.emplace(node, std::move(req));
         auto promise = self->make_response_promise<join_reply>();
         st.waiting.emplace(node, promise);

@@ -8,7 +8,8 @@
 //     rank's comm actor, every node's supervisor, and the NCCL unique id when one is made.
 //     If some node's parameter table or config differs from node 0's, every joiner gets an
 //     invalid_argument error naming the first difference. A node rank out of range or one that
-//     joins twice is an error for that joiner only.
+//     joins twice is an error for that joiner only.  A node that dies before everyone has joined
+//     fails the join of the others at once (comm_failure naming it).
 #pragma once
 
 #include <functional>

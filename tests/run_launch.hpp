@@ -72,6 +72,17 @@ public:
   }
   int status() const { return status_; }
 
+  void signal(int sig) { ::kill(pid_, sig); }
+
+  /// SIGKILL, and wait for it.
+  void kill() {
+    if (running()) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status_, 0);
+      exited_ = true;
+    }
+  }
+
   /// Everything written so far.
   std::string output() const {
     std::ifstream in(log_);

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <regex>
+#include <thread>
 
 #include "launch/safetensors.hpp"
 
@@ -61,6 +63,23 @@ int pid_of_node(const std::string& out, int node) {
   return std::stoi(m[1]);
 }
 
+/// Starts node 0 of `nodes` on a free port; returns its HOST:PORT in `master`.
+std::unique_ptr<launch_process> start_node0(int nodes, const std::string& args,
+                                            std::string& master) {
+  std::remove("test_mn_rendezvous");
+  auto node0 = std::make_unique<launch_process>(
+      "--nodes " + std::to_string(nodes)
+          + " --node-rank 0 --master 127.0.0.1:0 --rendezvous-file test_mn_rendezvous " + args,
+      "test_mn_node0.log");
+  BOOST_REQUIRE_MESSAGE(node0->wait_for_output("rendezvous listening on", 20s), node0->output());
+  master.clear();
+  for (auto until = launch_process::clock::now() + 5s;
+       master.empty() && launch_process::clock::now() < until;)
+    std::getline(std::ifstream("test_mn_rendezvous") >> std::ws, master);
+  BOOST_REQUIRE(!master.empty());
+  return node0;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(two_processes_of_two_ranks_match_four_ranks_in_one) {
@@ -87,6 +106,29 @@ BOOST_AUTO_TEST_CASE(two_processes_of_two_ranks_match_four_ranks_in_one) {
     BOOST_TEST(std::fabs(l1[i] - l2[i]) <= 1e-6 * std::fabs(l1[i]));
   // And the weights moved: the comparison is not between two initial states.
   BOOST_TEST(l1.back() < 0.7 * l1.front());
+}
+
+BOOST_AUTO_TEST_CASE(nodes_with_different_rank_counts_match_one_process) {
+  // Node 0 runs rank 0, node 1 ranks 1-2: world 3, as --ranks 3 in one process.
+  const std::string common = "--steps 5 --bucket-size 5000 ";
+  int status = 0;
+  auto one = zmuon::test::run_launch(common + "--ranks 3 --save-params test_mn_three.safetensors",
+                                     &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), one);
+  std::string master;
+  auto node0 =
+      start_node0(2, common + "--ranks-per-node 1 --save-params test_mn_1p2.safetensors", master);
+  launch_process node1(
+      "--nodes 2 --node-rank 1 --master " + master + " --ranks-per-node 2 " + common,
+      "test_mn_node1.log");
+  BOOST_REQUIRE(node0->wait(60s));
+  BOOST_REQUIRE(node1.wait(60s));
+  BOOST_REQUIRE_MESSAGE(exited_with(node0->status(), 0), node0->output());
+  BOOST_REQUIRE_MESSAGE(exited_with(node1.status(), 0), node1.output());
+  BOOST_TEST(node1.output().find("node 1 (ranks 1-2) joined") != std::string::npos);
+  double diff = relative_difference("test_mn_1p2.safetensors", "test_mn_three.safetensors");
+  BOOST_TEST_MESSAGE("nodes of 1 + 2 ranks vs 3 ranks in one: max relative difference " << diff);
+  BOOST_TEST(diff <= 1e-6);
 }
 
 BOOST_AUTO_TEST_CASE(a_killed_node_ends_the_job_on_the_others) {
@@ -127,6 +169,29 @@ BOOST_AUTO_TEST_CASE(a_killed_node_ends_the_job_on_the_others) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(a_node_that_stops_answering_is_lost_after_the_heartbeat_timeout) {
+  // SIGSTOP: the process and its connections stay, only the heartbeats stop.
+  const std::string args =
+      "--steps 1000000 --ranks-per-node 1 --set zmuon.heartbeat_timeout_ms=1000";
+  std::string master;
+  auto node0 = start_node0(2, args, master);
+  launch_process node1("--nodes 2 --node-rank 1 --master " + master + " " + args,
+                       "test_mn_node1.log");
+  BOOST_REQUIRE_MESSAGE(node0->wait_for_output("step   20 ", 30s), node0->output());
+  node1.signal(SIGSTOP);
+  auto stopped = launch_process::clock::now();
+  bool ended = node0->wait(10s);
+  double seconds = std::chrono::duration<double>(launch_process::clock::now() - stopped).count();
+  node1.kill();
+  BOOST_REQUIRE_MESSAGE(ended, node0->output());
+  BOOST_TEST_MESSAGE("node 1 stopped: node 0 ended " << seconds << " s later (timeout 1 s)");
+  BOOST_TEST(seconds >= 0.75);  // heartbeats came at least every 200 ms before the stop
+  BOOST_TEST(exited_with(node0->status(), 3), node0->output());
+  std::regex lost(
+      R"(zmuon-launch\[node 0\]: node 1 \(rank 1\) lost in step \d+: no heartbeat for \d+ ms \(timeout 1000 ms)");
+  BOOST_TEST(std::regex_search(node0->output(), lost), node0->output());
+}
+
 BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
   struct mismatch {
     std::string node1_args;
@@ -145,17 +210,9 @@ BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
   };
   for (const auto& c : cases) {
     BOOST_TEST_CONTEXT(c.node1_args) {
-      std::remove("test_mn_rendezvous");
-      launch_process node0(
-          "--nodes 2 --node-rank 0 --master 127.0.0.1:0 --rendezvous-file test_mn_rendezvous "
-          "--ranks-per-node 2 --steps 3",
-          "test_mn_node0.log");
-      BOOST_REQUIRE_MESSAGE(node0.wait_for_output("rendezvous listening on", 20s), node0.output());
       std::string master;
-      for (auto until = launch_process::clock::now() + 5s;
-           master.empty() && launch_process::clock::now() < until;)
-        std::getline(std::ifstream("test_mn_rendezvous") >> std::ws, master);
-      BOOST_REQUIRE(!master.empty());
+      auto node0_ptr = start_node0(2, "--ranks-per-node 2 --steps 3", master);
+      auto& node0 = *node0_ptr;
       launch_process node1("--nodes 2 --node-rank 1 --master " + master
                                + " --ranks-per-node 1 --steps 3 " + c.node1_args,
                            "test_mn_node1.log");
@@ -168,6 +225,26 @@ BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
       }
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(a_node_lost_while_joining_fails_the_join_at_once) {
+  // Three nodes expected; node 1 joins, then dies before node 2 comes: node 0 does not wait for
+  // the join timeout (30 s here).
+  std::string master;
+  auto node0 = start_node0(3, "--steps 3 --set zmuon.timeout_ms=30000", master);
+  launch_process node1("--nodes 3 --node-rank 1 --master " + master + " --steps 3",
+                       "test_mn_node1.log");
+  std::this_thread::sleep_for(1s);  // node 1 joins and waits for node 2
+  BOOST_REQUIRE(node1.running());
+  node1.kill();
+  auto killed = launch_process::clock::now();
+  BOOST_REQUIRE_MESSAGE(node0->wait(10s), node0->output());
+  double seconds = std::chrono::duration<double>(launch_process::clock::now() - killed).count();
+  BOOST_TEST_MESSAGE("node 0 gave up " << seconds << " s after node 1 died while joining");
+  BOOST_TEST(exited_with(node0->status(), 3), node0->output());
+  BOOST_TEST(
+      node0->output().find("node 1 was lost while the nodes were joining") != std::string::npos,
+      node0->output());
 }
 
 BOOST_AUTO_TEST_CASE(bad_node_flags_and_a_missing_rendezvous_are_errors) {

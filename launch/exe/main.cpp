@@ -2,11 +2,13 @@
 // with N in-process ranks, or as one node of a multi-process job (--nodes, --node-rank, --master;
 // --local-nodes K runs K nodes on 127.0.0.1), and shows each step. Options: defaults < --config
 // FILE < --set key.path=value < flags (launch/config.hpp).
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -86,9 +88,11 @@ int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const s
   return 0;
 }
 
-/// One node of a multi-process job.
-int run_node(const zmuon::job_config& job, zmuon::example::train_options topts,
-             const node_flags& nf, const std::string& save_params) {
+/// One node of a multi-process job. The node and the engine are the caller's, so that it can
+/// guard their shutdown.
+int run_node_job(const zmuon::job_config& job, zmuon::example::train_options topts,
+                 const node_flags& nf, const std::string& save_params,
+                 std::unique_ptr<zmuon::node>& nd, std::unique_ptr<zmuon::engine>& eng) {
   std::string who = "zmuon-launch[node " + std::to_string(nf.node_rank) + "]: ";
   auto master = zmuon::parse_host_port(nf.master);
   if (!master) {
@@ -108,19 +112,24 @@ int run_node(const zmuon::job_config& job, zmuon::example::train_options topts,
   auto agreed = zmuon::config_json(job);
   agreed["zmuon"].erase("ranks");
   agreed["launch"] = {{"steps", topts.steps}, {"seed", topts.seed}};
-  auto nd = zmuon::node::join(nopts, table_lines(topts.model), agreed.dump());
-  if (!nd) {
-    std::cerr << who << nd.err().message() << "\n";
-    return nd.err().code() == zmuon::errc::invalid_argument ? exit_bad_input : 1;
+  auto joined = zmuon::node::join(nopts, table_lines(topts.model), agreed.dump());
+  if (!joined) {
+    std::cerr << who << joined.err().message() << "\n";
+    auto code = joined.err().code();
+    return code == zmuon::errc::invalid_argument ? exit_bad_input
+           : code == zmuon::errc::comm_failure   ? exit_node_lost
+                                                 : 1;
   }
+  nd = std::move(*joined);
   zmuon::engine_options eopts = job.engine;
-  eopts.world = (*nd)->world();
-  auto eng = zmuon::engine::create(eopts, (*nd)->setup());
-  if (!eng) {
-    std::cerr << who << eng.err().to_string() << "\n";
+  eopts.world = nd->world();
+  auto created = zmuon::engine::create(eopts, nd->setup());
+  if (!created) {
+    std::cerr << who << created.err().to_string() << "\n";
     return exit_bad_input;
   }
-  if (auto err = zmuon::example::register_model(**eng, topts)) {
+  eng = std::move(*created);
+  if (auto err = zmuon::example::register_model(*eng, topts)) {
     std::cerr << who << err.to_string() << "\n";
     return exit_bad_input;
   }
@@ -132,31 +141,49 @@ int run_node(const zmuon::job_config& job, zmuon::example::train_options topts,
         nf.nodes, eopts.world, topts.gas, topts.micro_batch,
         eopts.world * topts.gas * topts.micro_batch, topts.steps,
         topts.fp16 ? ", fp16 loss scaling" : "");
-  std::printf("zmuon-launch: %s joined\n", (*nd)->name().c_str());
+  std::printf("zmuon-launch: %s joined\n", nd->name().c_str());
   std::fflush(stdout);
   zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
   auto records = zmuon::example::train(
-      **eng, topts,
+      *eng, topts,
       [&](const auto& rec) {
         if (lead)
           show.step(rec);
       },
-      [&](int step) { (*nd)->step_started(step); });
+      [&](int step) { nd->step_started(step); });
   show.done();
-  int code = records ? save(**eng, topts, save_params, who) : 1;
+  int code = records ? save(*eng, topts, save_params, who) : 1;
   if (!records || code != 0) {
     std::string own = records ? "saving the parameters failed" : records.err().to_string();
-    std::string lost = (*nd)->explain_failure(own);
+    std::string lost = nd->explain_failure(own);
     if (!lost.empty())
       return exit_node_lost;  // the supervisor said which node, rank and step
     std::cerr << who << own << "\n";
     return 1;
   }
-  if (auto err = (*nd)->finish()) {
+  if (auto err = nd->finish()) {
     std::cerr << who << err.message() << "\n";
     return exit_node_lost;
   }
   return 0;
+}
+
+int run_node(const zmuon::job_config& job, const zmuon::example::train_options& topts,
+             const node_flags& nf, const std::string& save_params) {
+  std::unique_ptr<zmuon::node> nd;
+  std::unique_ptr<zmuon::engine> eng;
+  int code = run_node_job(job, topts, nf, save_params, nd, eng);
+  // Shutting down waits for every actor; should one not stop (a peer vanished mid-message),
+  // the process still ends, with the job's exit code.
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::fprintf(stderr, "zmuon-launch: shutdown did not finish within 10 s; exiting\n");
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }).detach();
+  eng.reset();  // before the node: the engine runs on the node's actor system
+  nd.reset();
+  return code;
 }
 
 int run(int argc, char** argv) {
