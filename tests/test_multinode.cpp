@@ -137,9 +137,15 @@ BOOST_AUTO_TEST_CASE(a_killed_node_ends_the_job_on_the_others) {
     BOOST_TEST_CONTEXT("killed node " << victim) {
       launch_process job("--local-nodes 3 --ranks-per-node 1 --steps 1000000", "test_mn_kill.log");
       // Node 0 prints the steps; at step 20 every node is well inside the job.
-      BOOST_REQUIRE_MESSAGE(job.wait_for_output("step   20 ", 30s), "no step 20 (exit status "
-                                                                        << job.status() << "):\n"
-                                                                        << job.output());
+      auto started = launch_process::clock::now();
+      bool stepping = job.wait_for_output("step   20 ", 30s);
+      BOOST_REQUIRE_MESSAGE(
+          stepping,
+          "no step 20 after "
+              << std::chrono::duration<double>(launch_process::clock::now() - started).count()
+              << " s (" << (job.running() ? "running" : "exited") << ", status " << job.status()
+              << "):\n"
+              << job.output());
       int pid = pid_of_node(job.output(), victim);
       BOOST_REQUIRE(::kill(pid, SIGKILL) == 0);
       auto killed = launch_process::clock::now();
