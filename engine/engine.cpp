@@ -93,6 +93,17 @@ struct engine::impl {
     return out;
   }
 
+  void configure(const engine_options& o, caf::actor_system* system, int first, int local_ranks) {
+    opts = o;
+    sys = system;
+    first_rank = first;
+    local = local_ranks;
+    micros.assign(local_ranks, 0);
+    float muon = o.muon.lr;
+    float adam = o.adamw.lr;
+    muon_lr = [muon](uint64_t) { return muon; };
+    adam_lr = [adam](uint64_t) { return adam; };
+  }
   error start();
   error check_local(int rank) const;
   bool multi_node() const { return !node_first_ranks.empty(); }
@@ -114,15 +125,9 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
   if (auto be = make_compute_backend(opts.compute); !be)
     return be.err();
   std::unique_ptr<engine> eng(new engine());
-  eng->impl_->opts = opts;
-  eng->impl_->own_sys = std::make_unique<caf::actor_system>(eng->impl_->cfg);
-  eng->impl_->sys = eng->impl_->own_sys.get();
-  eng->impl_->local = opts.world;
-  eng->impl_->micros.assign(opts.world, 0);
-  float muon_lr = opts.muon.lr;
-  float adam_lr = opts.adamw.lr;
-  eng->impl_->muon_lr = [muon_lr](uint64_t) { return muon_lr; };
-  eng->impl_->adam_lr = [adam_lr](uint64_t) { return adam_lr; };
+  auto& d = *eng->impl_;
+  d.own_sys = std::make_unique<caf::actor_system>(d.cfg);
+  d.configure(opts, d.own_sys.get(), 0, opts.world);
   return eng;
 }
 
@@ -141,17 +146,9 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts,
     return be.err();
   std::unique_ptr<engine> eng(new engine());
   auto& d = *eng->impl_;
-  d.opts = opts;
-  d.sys = node.system;
-  d.first_rank = node.first_rank;
-  d.local = local;
+  d.configure(opts, node.system, node.first_rank, local);
   d.comms = node.comms;
   d.node_first_ranks = node.node_first_ranks;
-  d.micros.assign(local, 0);
-  float muon_lr = opts.muon.lr;
-  float adam_lr = opts.adamw.lr;
-  d.muon_lr = [muon_lr](uint64_t) { return muon_lr; };
-  d.adam_lr = [adam_lr](uint64_t) { return adam_lr; };
   return eng;
 }
 
@@ -202,8 +199,8 @@ error engine::impl::start() {
     ranks.push_back(std::move(*spawned));
   }
   // Each rank's initial shard of every parameter.
-  for (int i = 0; i < local; ++i) {
-    int r = first_rank + i;
+  for (int k = 0; k < local; ++k) {
+    int r = first_rank + k;
     auto shard = std::make_shared<std::vector<float>>(pl->shard_total, 0.0f);
     for (size_t i = 0; i < pl->params.size(); ++i) {
       const auto& p = pl->params[i];
@@ -212,7 +209,7 @@ error engine::impl::start() {
         std::memcpy(shard->data() + p.shard_offset, init[i].data() + r * p.shard_len,
                     n * sizeof(float));
     }
-    auto done = ask<ack>(ranks[i].store, load_params{0, shard});
+    auto done = ask<ack>(ranks[k].store, load_params{0, shard});
     if (!done)
       return done.err();
   }
