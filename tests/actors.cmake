@@ -12,3 +12,6 @@ zmuon_add_test(test_multinode SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_multinode
   LIBS zmuon_example)
 target_compile_definitions(test_multinode PRIVATE ZMUON_LAUNCH="$<TARGET_FILE:zmuon-launch>")
 add_dependencies(test_multinode zmuon-launch)
+# The rendezvous actor alone (CAF's testing scheduler) and the launch's helpers.
+zmuon_add_test(test_rendezvous SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_rendezvous.cpp
+  LIBS zmuon_node LABEL actor_unit)
