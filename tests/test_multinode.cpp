@@ -109,12 +109,15 @@ BOOST_AUTO_TEST_CASE(two_processes_of_two_ranks_match_four_ranks_in_one) {
 }
 
 BOOST_AUTO_TEST_CASE(nodes_with_different_rank_counts_match_one_process) {
-  // Node 0 runs rank 0, node 1 ranks 1-2: world 3, as --ranks 3 in one process.
-  const std::string common = "--steps 5 --bucket-size 5000 ";
+  // Node 0 runs rank 0, node 1 ranks 1-2: world 3, as --ranks 3 in one process. With fp16
+  // (the first steps overflow: the vote crosses processes) and clipping (the norm does too).
+  const std::string common = "--steps 10 --gas 2 --fp16 --clip 1.0 --bucket-size 5000 ";
   int status = 0;
   auto one = zmuon::test::run_launch(common + "--ranks 3 --save-params test_mn_three.safetensors",
                                      &status);
   BOOST_REQUIRE_MESSAGE(exited_with(status, 0), one);
+  BOOST_TEST(one.find("skipped 1") != std::string::npos, one);
+  BOOST_TEST(one.find("skipped 0") != std::string::npos, one);
   std::string master;
   auto node0 =
       start_node0(2, common + "--ranks-per-node 1 --save-params test_mn_1p2.safetensors", master);
