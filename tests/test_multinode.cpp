@@ -262,6 +262,10 @@ BOOST_AUTO_TEST_CASE(bad_node_flags_and_a_missing_rendezvous_are_errors) {
   BOOST_TEST(exited_with(status, 2), out);
   BOOST_TEST(out.find("--master 'nohost': expected HOST:PORT") != std::string::npos, out);
 
+  out = zmuon::test::run_launch("--local-nodes 2 --master 127.0.0.1:5 --steps 1", &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("--master excludes --local-nodes") != std::string::npos, out);
+
   out = zmuon::test::run_launch("--nodes 2 --node-rank 2 --master 127.0.0.1:0 --steps 1", &status);
   BOOST_TEST(exited_with(status, 2), out);
   BOOST_TEST(out.find("--node-rank 2 is outside [0, 2)") != std::string::npos, out);

@@ -276,21 +276,28 @@ int run(int argc, char** argv) {
   auto* nodes = app.add_option("--nodes", nf.nodes, "nodes (processes) of the job")
                     ->capture_default_str()
                     ->check(CLI::Range(1, 4096));
-  app.add_option("--node-rank", nf.node_rank, "this node's rank in [0, --nodes)")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--master", nf.master,
-                 "HOST:PORT where node 0 publishes the rendezvous and the others find it "
-                 "(node 0 with port 0: a free port, printed)")
-      ->capture_default_str();
+  auto* node_rank = app.add_option("--node-rank", nf.node_rank, "this node's rank in [0, --nodes)")
+                        ->capture_default_str()
+                        ->check(CLI::NonNegativeNumber);
+  auto* master =
+      app.add_option("--master", nf.master,
+                     "HOST:PORT where node 0 publishes the rendezvous and the others find it "
+                     "(node 0 with port 0: a free port, printed)")
+          ->capture_default_str();
   app.add_option("--local-nodes", nf.local_nodes,
                  "run the job as this many node processes on 127.0.0.1 (each with the other "
                  "flags; --save-params goes to node 0)")
       ->check(CLI::Range(1, 64))
-      ->excludes(nodes);
+      ->excludes(nodes)
+      ->excludes(node_rank)
+      ->excludes(master);
   app.add_option("--rendezvous-file", nf.rendezvous_file)->group("");  // --local-nodes' own
   app.add_option("--model-hidden", topts.model.hidden)->group("");     // tests: another model
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : exit_bad_input;  // --help is 0; a bad flag is bad input
+  }
 
   // The flags given become the last overrides, so the config's checks apply to them too.
   for (const auto& [option, key] : flag_keys)
