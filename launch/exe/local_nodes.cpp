@@ -35,20 +35,22 @@ std::vector<std::string> without(const std::vector<std::string>& args, const std
   return out;
 }
 
+// vfork, not fork: fork runs OpenBLAS's pthread_atfork handler (it shuts the BLAS thread pool
+// down first), the suspected cause of one test run in which the launcher printed nothing for
+// 30 s. The child only sets its death signal and execs.
 pid_t spawn(const std::vector<std::string>& args) {
-  pid_t pid = ::fork();
-  if (pid != 0)
-    return pid;
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher dies: so do its nodes
+  static const char* self = "/proc/self/exe";
   std::vector<char*> argv;
-  std::string self = "/proc/self/exe";
-  argv.push_back(self.data());
+  argv.push_back(const_cast<char*>(self));
   for (auto& a : args)
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  ::execv(self.c_str(), argv.data());
-  std::perror("zmuon-launch: exec");
-  std::_Exit(127);
+  pid_t pid = ::vfork();
+  if (pid != 0)
+    return pid;
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher dies: so do its nodes
+  ::execv(self, argv.data());
+  ::_exit(127);
 }
 
 int exit_code(int status) {
