@@ -34,6 +34,10 @@ struct comm_state {
   caf::error failure;  // set once a peer died; every later collective fails with it
   std::map<collective_tag, pending_op> ops;
   trace::track tr;
+  // Pieces from remote peers that arrive before connect_peers (a node that finished the
+  // rendezvous first); replayed once connected.
+  std::vector<peer_floats> early_floats;
+  std::vector<peer_doubles> early_doubles;
   static const char* name;
 };
 const char* comm_state::name = "caf_comm";
@@ -77,6 +81,11 @@ void copy_out(const float* src, const std::vector<segment>& segs) {
   }
 }
 
+bool is_all_reduce(collective_kind kind) {
+  return kind == collective_kind::vote || kind == collective_kind::norm
+         || kind == collective_kind::host;
+}
+
 int64_t total(const std::vector<segment>& segs) {
   int64_t n = 0;
   for (auto& s : segs)
@@ -112,7 +121,8 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
       return {};
     }
     case collective_kind::vote:
-    case collective_kind::norm: {
+    case collective_kind::norm:
+    case collective_kind::host: {
       auto& vals = op.ar.values;
       for (int q = 0; q < st.world; ++q)
         if (q != st.rank && op.doubles[q].size() != vals.size())
@@ -132,7 +142,8 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
       return {};
     }
     case collective_kind::gather:
-    case collective_kind::scatter: {
+    case collective_kind::scatter:
+    case collective_kind::params: {
       for (int q = 0; q < st.world; ++q) {
         auto& segs = op.a2a.recvs[q];
         if (q == st.rank)
@@ -157,7 +168,7 @@ void try_complete(comm_state& st, const collective_tag& tag) {
   if (op.received < expected_pieces(st))
     return;
   auto err = complete(st, tag, op);
-  bool reduce = tag.kind == collective_kind::vote || tag.kind == collective_kind::norm;
+  bool reduce = is_all_reduce(tag.kind);
   if (err && reduce) {
     op.reduced.deliver(std::move(err));
   } else if (err) {
@@ -176,6 +187,13 @@ void on_piece(comm_pointer self, Piece& piece) {
   auto& st = self->state;
   if (st.failure)
     return;
+  if (st.peers.empty()) {
+    if constexpr (std::is_same<Piece, peer_floats>::value)
+      st.early_floats.push_back(std::move(piece));
+    else
+      st.early_doubles.push_back(std::move(piece));
+    return;
+  }
   if (piece.src < 0 || piece.src >= st.world || piece.src == st.rank)
     return;  // not from a peer of this group: ignore
   auto& op = op_for(st, piece.tag);
@@ -196,7 +214,7 @@ void fail_all(comm_pointer self, const caf::error& err) {
   for (auto& [tag, op] : st.ops) {
     if (!op.have_local)
       continue;
-    if (tag.kind == collective_kind::vote || tag.kind == collective_kind::norm)
+    if (is_all_reduce(tag.kind))
       op.reduced.deliver(err);
     else
       op.done.deliver(err);
@@ -221,12 +239,20 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
   return {
       [=](connect_peers& msg) {
         auto& st = self->state;
+        st.rank = msg.rank;  // a node's comm actors learn their rank and world only here
+        st.world = static_cast<int>(msg.peers.size());
         st.peers.clear();
         for (auto& p : msg.peers)
           st.peers.push_back(caf::actor_cast<caf_comm_actor>(p));
         for (int q = 0; q < st.world; ++q)
           if (q != st.rank)
             self->monitor(st.peers[q]);
+        auto floats = std::move(st.early_floats);
+        auto doubles = std::move(st.early_doubles);
+        for (auto& piece : floats)
+          on_piece(self, piece);
+        for (auto& piece : doubles)
+          on_piece(self, piece);
       },
       [=](reduce_scatter_req& req) -> caf::result<comm_done> {
         ZMUON_TRACE_RECV(self, req);
@@ -294,6 +320,10 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
         auto promise = op.done;
         try_complete(st, tag);
         return promise;
+      },
+      [=](comm_abort& msg) {
+        if (!self->state.failure)
+          fail_all(self, make_caf_error(errc::comm_failure, msg.reason));
       },
       [=](peer_floats& piece) { on_piece(self, piece); },
       [=](peer_doubles& piece) { on_piece(self, piece); },

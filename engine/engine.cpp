@@ -1,5 +1,6 @@
 #include "zmuon/engine.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -14,6 +15,7 @@
 #include "messages/registry.hpp"
 #include "plan/ownership.hpp"
 #include "trace/trace.hpp"
+#include "zmuon/node_setup.hpp"
 
 namespace zmuon {
 
@@ -70,14 +72,19 @@ error check_options(const engine_options& o) {
 struct engine::impl {
   engine_options opts;
   engine_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
+  std::unique_ptr<caf::actor_system> own_sys;  // null when running on a node's actor system
+  caf::actor_system* sys = nullptr;
+  int first_rank = 0;  // this process runs ranks [first_rank, first_rank + local)
+  int local = 0;
+  std::vector<int> node_first_ranks;  // set on a node of a multi-process job
+  int32_t host_collectives = 0;       // parameters()/sum_over_nodes() issued since the last step
   std::vector<param_spec> table;
   std::vector<std::vector<float>> init;
   std::shared_ptr<const plan> pl;
-  std::vector<comm_actor> comms;
-  std::vector<rank_actors> ranks;
-  std::vector<std::shared_ptr<trace::recorder>> traces;  // one per rank when tracing, else empty
-  std::vector<int> micros;  // micro-batches handed over per rank in the open step
+  std::vector<comm_actor> comms;                         // of this process's ranks
+  std::vector<rank_actors> ranks;                        // this process's ranks, by local index
+  std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
+  std::vector<int> micros;  // micro-batches handed over per local rank in the open step
   uint64_t step = 0;        // last step number issued
   lr_schedule muon_lr;
   lr_schedule adam_lr;
@@ -97,6 +104,28 @@ struct engine::impl {
     return out;
   }
 
+  // This process runs ranks [first, first + local_ranks) of `o.world`; opens their trace files
+  // when tracing (opts.trace_dir or ZMUON_TRACE).
+  error configure(const engine_options& o, caf::actor_system* system, int first, int local_ranks,
+                  int node = 0) {
+    opts = o;
+    sys = system;
+    first_rank = first;
+    local = local_ranks;
+    micros.assign(local_ranks, 0);
+    float muon = o.muon.lr;
+    float adam = o.adamw.lr;
+    muon_lr = [muon](uint64_t) { return muon; };
+    adam_lr = [adam](uint64_t) { return adam; };
+    std::string trace_dir = o.trace_dir.empty() ? trace::env_dir() : o.trace_dir;
+    for (int i = 0; !trace_dir.empty() && i < local_ranks; ++i) {
+      auto rec = trace::recorder::open(trace_dir, node, first + i, o.world);
+      if (!rec)
+        return rec.err();
+      traces.push_back(std::move(*rec));
+    }
+    return {};
+  }
   error start();
   expected<std::vector<std::shared_ptr<compute_backend>>> make_backends() const;
   error spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends);
@@ -115,20 +144,23 @@ struct engine::impl {
     rec.span("host", "step", sent, t - sent, f, nullptr, true);
     rec.flush();
   }
+  error check_local(int rank) const;
+  bool multi_node() const { return !node_first_ranks.empty(); }
+  expected<tensor_map> gather_between_nodes();
 };
 
 // One compute backend per rank. On CUDA, rank r uses GPU r modulo the visible GPUs (caf comm:
 // several ranks may share one GPU; nccl: one GPU per rank).
 expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backends() const {
   const int devices = compute_device_count(opts.compute);
-  if (opts.comm == "nccl" && devices < opts.world)
+  if (opts.comm == "nccl" && devices < local)
     return error{errc::invalid_argument,
-                 "comm backend 'nccl' needs one GPU per rank: world " + std::to_string(opts.world)
-                     + " but " + std::to_string(devices)
+                 "comm backend 'nccl' needs one GPU per rank: " + std::to_string(local)
+                     + " rank(s) in this process but " + std::to_string(devices)
                      + " GPU(s) visible (use comm 'caf' to run several ranks on one GPU)"};
   std::vector<std::shared_ptr<compute_backend>> out;
-  for (int r = 0; r < opts.world; ++r) {
-    auto be = make_compute_backend(opts.compute, devices > 0 ? r % devices : 0);
+  for (int i = 0; i < local; ++i) {  // local rank i on GPU i (modulo the visible GPUs)
+    auto be = make_compute_backend(opts.compute, devices > 0 ? i % devices : 0);
     if (!be)
       return be.err();
     out.push_back(std::move(*be));
@@ -137,6 +169,13 @@ expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backe
 }
 
 error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends) {
+  if (!comms.empty()) {  // a node of a multi-process job: the launcher connected its caf comms
+    if (opts.comm == "nccl")
+      return {errc::unsupported,
+              "comm backend 'nccl' across processes is not wired to the rendezvous yet (its "
+              "unique id): use comm 'caf'"};
+    return {};
+  }
   if (opts.comm == "nccl") {
 #ifdef ZMUON_HAVE_NCCL
     auto group = spawn_nccl_comm_group(*sys, backends);
@@ -167,21 +206,44 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
   if (auto be = make_compute_backend(opts.compute); !be)
     return be.err();
   std::unique_ptr<engine> eng(new engine());
-  eng->impl_->opts = opts;
-  eng->impl_->sys = std::make_unique<caf::actor_system>(eng->impl_->cfg);
-  eng->impl_->micros.assign(opts.world, 0);
-  std::string trace_dir = opts.trace_dir.empty() ? trace::env_dir() : opts.trace_dir;
-  for (int r = 0; !trace_dir.empty() && r < opts.world; ++r) {
-    auto rec = trace::recorder::open(trace_dir, 0, r, opts.world);
-    if (!rec)
-      return rec.err();
-    eng->impl_->traces.push_back(std::move(*rec));
-  }
-  float muon_lr = opts.muon.lr;
-  float adam_lr = opts.adamw.lr;
-  eng->impl_->muon_lr = [muon_lr](uint64_t) { return muon_lr; };
-  eng->impl_->adam_lr = [adam_lr](uint64_t) { return adam_lr; };
+  auto& d = *eng->impl_;
+  d.own_sys = std::make_unique<caf::actor_system>(d.cfg);
+  if (auto err = d.configure(opts, d.own_sys.get(), 0, opts.world))
+    return err;
   return eng;
+}
+
+expected<std::unique_ptr<engine>> engine::create(const engine_options& opts,
+                                                 const node_setup& node) {
+  if (auto err = check_options(opts))
+    return err;
+  int local = static_cast<int>(node.comms.size());
+  if (!node.system || local < 1 || node.first_rank < 0 || node.first_rank + local > opts.world
+      || node.node_first_ranks.empty())
+    return error{errc::invalid_argument, "node setup: ranks [" + std::to_string(node.first_rank)
+                                             + ", " + std::to_string(node.first_rank + local)
+                                             + ") do not fit in world " + std::to_string(opts.world)
+                                             + " (or no actor system / node table)"};
+  if (auto be = make_compute_backend(opts.compute); !be)
+    return be.err();
+  std::unique_ptr<engine> eng(new engine());
+  auto& d = *eng->impl_;
+  int node_index = static_cast<int>(
+      std::find(node.node_first_ranks.begin(), node.node_first_ranks.end(), node.first_rank)
+      - node.node_first_ranks.begin());
+  if (auto err = d.configure(opts, node.system, node.first_rank, local, node_index))
+    return err;
+  d.comms = node.comms;
+  d.node_first_ranks = node.node_first_ranks;
+  return eng;
+}
+
+error engine::impl::check_local(int rank) const {
+  if (rank >= first_rank && rank < first_rank + local)
+    return {};
+  return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside ["
+                                      + std::to_string(first_rank) + ", "
+                                      + std::to_string(first_rank + local) + ")"};
 }
 
 error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
@@ -224,11 +286,12 @@ error engine::impl::start() {
     return backends.err();
   if (auto err = spawn_comms(*backends))
     return err;
-  for (int r = 0; r < opts.world; ++r)
-    ranks.push_back(spawn_rank(*sys, pl, r, opts, comms[r], (*backends)[r],
-                               traces.empty() ? nullptr : traces[r]));
+  for (int i = 0; i < local; ++i)
+    ranks.push_back(spawn_rank(*sys, pl, first_rank + i, opts, comms[i], (*backends)[i],
+                               traces.empty() ? nullptr : traces[i]));
   // Each rank's initial shard of every parameter.
-  for (int r = 0; r < opts.world; ++r) {
+  for (int k = 0; k < local; ++k) {
+    int r = first_rank + k;
     auto shard = std::make_shared<std::vector<float>>(pl->shard_total, 0.0f);
     for (size_t i = 0; i < pl->params.size(); ++i) {
       const auto& p = pl->params[i];
@@ -237,7 +300,7 @@ error engine::impl::start() {
         std::memcpy(shard->data() + p.shard_offset, init[i].data() + r * p.shard_len,
                     n * sizeof(float));
     }
-    auto done = ask<ack>(ranks[r].store, load_params{0, shard});
+    auto done = ask<ack>(ranks[k].store, load_params{0, shard});
     if (!done)
       return done.err();
   }
@@ -272,9 +335,8 @@ error check_host_buffer(const View& v, const engine_options& opts) {
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
   auto& d = *impl_;
-  if (rank < 0 || rank >= d.opts.world)
-    return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside [0, "
-                                        + std::to_string(d.opts.world) + ")"};
+  if (auto err = d.check_local(rank))
+    return err;
   if (auto err = d.start())
     return err;
   const auto& pl = *d.pl;
@@ -296,7 +358,7 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
       return {errc::invalid_argument, "gradient of '" + g.name + "' is given twice"};
     source[i] = g.data;
   }
-  int micro = d.micros[rank]++;
+  int micro = d.micros[rank - d.first_rank]++;
   uint64_t step = d.step + 1;
   for (size_t b = 0; b < pl.buckets.size(); ++b) {
     const auto& bucket = pl.buckets[b];
@@ -316,9 +378,9 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
     }
     micro_grads msg{step, micro, static_cast<int32_t>(b), std::move(staging)};
     if (!d.traces.empty())
-      d.traces[rank]->send("host", trace::now_ns(), trace::describe(msg),
-                           trace::async_id(msg, rank), false);
-    caf::anon_send(d.ranks[rank].reducer, std::move(msg));
+      d.traces[rank - d.first_rank]->send("host", trace::now_ns(), trace::describe(msg),
+                                          trace::async_id(msg, rank), false);
+    caf::anon_send(d.ranks[rank - d.first_rank].reducer, std::move(msg));
   }
   return {};
 }
@@ -327,16 +389,18 @@ expected<step_info> engine::step() {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
-  for (int r = 0; r < d.opts.world; ++r)
-    if (d.micros[r] != d.micros[0])
-      return error{errc::bad_state,
-                   "rank " + std::to_string(r) + " handed over " + std::to_string(d.micros[r])
-                       + " micro-batches but rank 0 handed over " + std::to_string(d.micros[0])};
+  for (int i = 0; i < d.local; ++i)
+    if (d.micros[i] != d.micros[0])
+      return error{errc::bad_state, "rank " + std::to_string(d.first_rank + i) + " handed over "
+                                        + std::to_string(d.micros[i]) + " micro-batches but rank "
+                                        + std::to_string(d.first_rank) + " handed over "
+                                        + std::to_string(d.micros[0])};
   if (d.micros[0] == 0)
     return error{errc::bad_state,
                  "step() before any gradient was handed over (call reduce() "
                  "for every rank first)"};
   uint64_t step = ++d.step;
+  d.host_collectives = 0;
   step_request req{step, d.muon_lr(step), d.adam_lr(step)};
   // Every coordinator gets its request before any reply is awaited: the step's collectives
   // need all ranks.
@@ -364,7 +428,7 @@ expected<step_info> engine::step() {
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])
       return error{results[r].err().code(),
-                   "rank " + std::to_string(r) + ": " + results[r].err().message()};
+                   "rank " + std::to_string(d.first_rank + r) + ": " + results[r].err().message()};
     const auto& res = *results[r];
     if (r == 0) {
       info.step = res.step;
@@ -385,18 +449,20 @@ expected<step_info> engine::step() {
 
 expected<rank_state> engine::snapshot(int rank) {
   auto& d = *impl_;
-  if (rank < 0 || rank >= d.opts.world)
-    return error{errc::invalid_argument, "rank " + std::to_string(rank) + " is outside [0, "
-                                             + std::to_string(d.opts.world) + ")"};
+  if (auto err = d.check_local(rank))
+    return err;
   if (auto err = d.start())
     return err;
-  return d.ask<rank_state>(d.ranks[rank].store, snapshot_atom::value);
+  return d.ask<rank_state>(d.ranks[rank - d.first_rank].store, snapshot_atom::value);
 }
 
 expected<tensor_map> engine::parameters() {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
+  if (d.multi_node())
+    return d.gather_between_nodes();
+  const auto& pl = *d.pl;
   tensor_map out;
   std::vector<tensor_span> spans;
   for (const auto& p : d.pl->params) {
@@ -446,6 +512,87 @@ error engine::gather_params(const std::vector<tensor_span>& out) {
   return {};
 }
 
+// Every rank sends its parameter shard to the first rank of every node (an all-to-all-v through
+// the comm actors); this process's first rank receives all shards, in place in the result.
+expected<tensor_map> engine::impl::gather_between_nodes() {
+  const auto& p = *pl;
+  std::vector<std::vector<float>> shards;
+  for (auto& r : ranks) {
+    auto shard = ask<std::vector<float>>(r.store, params_atom::value);
+    if (!shard)
+      return shard.err();
+    shards.push_back(std::move(*shard));
+  }
+  tensor_map out;
+  for (const auto& q : p.params)
+    out[q.name].resize(q.numel);
+  auto is_leader = [&](int rank) {
+    return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
+           != node_first_ranks.end();
+  };
+  collective_tag tag{collective_kind::params, step, 0, host_collectives++};
+  caf::scoped_actor self{*sys};
+  using handle = decltype(self->request(comms[0], timeout(), all_to_all_req{}));
+  std::vector<handle> pending;
+  for (int i = 0; i < local; ++i) {
+    all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
+                       std::vector<std::vector<segment>>(p.world)};
+    for (const auto& q : p.params)
+      for (int dst = 0; dst < p.world; ++dst) {
+        int64_t n = valid_len(q, first_rank + i);
+        if (n > 0 && is_leader(dst))
+          req.sends[dst].push_back(segment{shards[i].data() + q.shard_offset, n});
+        int64_t m = valid_len(q, dst);
+        if (m > 0 && i == 0)
+          req.recvs[dst].push_back(segment{out[q.name].data() + dst * q.shard_len, m});
+      }
+    pending.push_back(self->request(comms[i], timeout(), std::move(req)));
+  }
+  error failed;
+  for (auto& h : pending)
+    h.receive([](comm_done&) {},
+              [&](caf::error& err) {
+                if (!failed)
+                  failed = from_caf_error(err);
+              });
+  if (failed)
+    return failed;
+  return out;
+}
+
+expected<std::vector<double>> engine::sum_over_nodes(const std::vector<double>& values) {
+  auto& d = *impl_;
+  if (!d.multi_node())
+    return values;
+  if (auto err = d.start())
+    return err;
+  // The first local rank contributes the values, the others zeros.
+  collective_tag tag{collective_kind::host, d.step, 0, d.host_collectives++};
+  caf::scoped_actor self{*d.sys};
+  using handle = decltype(self->request(d.comms[0], d.timeout(), all_reduce_req{}));
+  std::vector<handle> pending;
+  for (int i = 0; i < d.local; ++i)
+    pending.push_back(
+        self->request(d.comms[i], d.timeout(),
+                      all_reduce_req{tag, reduce_op::sum,
+                                     i == 0 ? values : std::vector<double>(values.size(), 0.0)}));
+  std::vector<double> sum;
+  error failed;
+  for (size_t i = 0; i < pending.size(); ++i)
+    pending[i].receive(
+        [&](all_reduce_result& res) {
+          if (i == 0)
+            sum = std::move(res.values);
+        },
+        [&](caf::error& err) {
+          if (!failed)
+            failed = from_caf_error(err);
+        });
+  if (failed)
+    return failed;
+  return sum;
+}
+
 expected<float> engine::loss_scale() {
   auto& d = *impl_;
   if (auto err = d.start())
@@ -462,6 +609,14 @@ void engine::set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr) {
 
 int engine::world() const {
   return impl_->opts.world;
+}
+
+int engine::first_rank() const {
+  return impl_->first_rank;
+}
+
+int engine::local_ranks() const {
+  return impl_->local;
 }
 
 const plan* engine::layout() const {

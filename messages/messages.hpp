@@ -42,7 +42,9 @@ struct segment {
 };
 
 // -- collectives ---------------------------------------------------------------------------------
-enum class collective_kind : uint8_t { reduce_scatter, vote, norm, gather, scatter };
+// params: the host's all-gather of the parameter shards between processes; host: an all-reduce of
+// the host's values (the loss) between processes. Both run only between steps.
+enum class collective_kind : uint8_t { reduce_scatter, vote, norm, gather, scatter, params, host };
 enum class reduce_op : uint8_t { sum, max };
 std::string to_string(collective_kind kind);
 std::string to_string(reduce_op op);

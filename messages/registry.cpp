@@ -20,6 +20,10 @@ std::string to_string(collective_kind kind) {
       return "gather";
     case collective_kind::scatter:
       return "scatter";
+    case collective_kind::params:
+      return "params";
+    case collective_kind::host:
+      return "host";
   }
   return "?";
 }

@@ -7,3 +7,11 @@ zmuon_add_test(test_engine_errors
 zmuon_add_test(test_launch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_launch.cpp LIBS zmuon_example)
 target_compile_definitions(test_launch PRIVATE ZMUON_LAUNCH="$<TARGET_FILE:zmuon-launch>")
 add_dependencies(test_launch zmuon-launch)
+# Several zmuon-launch processes on 127.0.0.1 (rendezvous, caf comm between processes, failures).
+zmuon_add_test(test_multinode SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_multinode.cpp
+  LIBS zmuon_example)
+target_compile_definitions(test_multinode PRIVATE ZMUON_LAUNCH="$<TARGET_FILE:zmuon-launch>")
+add_dependencies(test_multinode zmuon-launch)
+# The rendezvous actor alone (CAF's testing scheduler) and the launch's helpers.
+zmuon_add_test(test_rendezvous SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_rendezvous.cpp
+  LIBS zmuon_node LABEL actor_unit)

@@ -1,6 +1,6 @@
 // Three real caf comm actors (comm/caf_comm.hpp) under CAF's testing scheduler: collectives on
 // integer-valued data whose results are exactly predictable, pieces that arrive before the local
-// request, ranks that disagree on sizes, and a peer that dies.
+// request (or before connect_peers), ranks that disagree on sizes, a peer that dies, an abort.
 #define BOOST_TEST_MODULE caf_comm
 #include "actor_fixture.hpp"
 
@@ -247,6 +247,47 @@ BOOST_AUTO_TEST_CASE(killed_peer_fails_pending_and_later_collectives_naming_it) 
   check_error(aa, errc::comm_failure, "rank 2 is down");
 }
 
+BOOST_AUTO_TEST_CASE(comm_abort_fails_pending_and_later_collectives_with_its_reason) {
+  auto tag = tag_of(collective_kind::host, 3);
+  auto pending = ask<all_reduce_result>(ranks[0], all_reduce_req{tag, reduce_op::sum, {1.0}});
+  run();
+  BOOST_CHECK(!pending->done);
+  tell(ranks[0], comm_abort{"node 1 (rank 1) lost in step 3"});
+  run();
+  check_error(pending, errc::comm_failure, "node 1 (rank 1) lost in step 3");
+  auto later = ask<all_reduce_result>(
+      ranks[0], all_reduce_req{tag_of(collective_kind::host, 4), reduce_op::sum, {1.0}});
+  run();
+  check_error(later, errc::comm_failure, "node 1 (rank 1) lost in step 3");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
+
+// A node's comm actors are spawned before the rendezvous (rank and world unknown) and learn both
+// from connect_peers; pieces from a node that was connected first wait for it.
+BOOST_FIXTURE_TEST_CASE(pieces_before_connect_peers_wait_and_rank_comes_with_it, actor_fixture) {
+  std::vector<caf_comm_actor> comms;
+  std::vector<caf::actor> untyped;
+  for (int r = 0; r < 2; ++r) {
+    comms.push_back(keep(spawn_caf_comm(sys, 0, 1)));
+    untyped.push_back(caf::actor_cast<caf::actor>(comms.back()));
+  }
+  run();
+  tell(comms[1], connect_peers{1, untyped});  // rank 1 is connected, rank 0 not yet
+  run();
+  const int64_t count = 2;
+  std::vector<float> in0{1, 2, 3, 4}, in1{10, 20, 30, 40}, out0(count), out1(count);
+  auto tag = tag_of(collective_kind::reduce_scatter, 1);
+  auto r1 = ask<comm_done>(comms[1], reduce_scatter_req{tag, in1.data(), out1.data(), count});
+  run();  // rank 1's piece reaches rank 0 before rank 0 knows its rank and world
+  BOOST_CHECK(!r1->done);
+  tell(comms[0], connect_peers{0, untyped});
+  auto r0 = ask<comm_done>(comms[0], reduce_scatter_req{tag, in0.data(), out0.data(), count});
+  run();
+  value_of(r0);
+  value_of(r1);
+  BOOST_CHECK(out0 == (std::vector<float>{5.5f, 11.0f}));   // mean of chunk 0: (1+10)/2, (2+20)/2
+  BOOST_CHECK(out1 == (std::vector<float>{16.5f, 22.0f}));  // chunk 1: (3+30)/2, (4+40)/2
+}
 
 }  // namespace zmuon::test

@@ -336,7 +336,39 @@ BOOST_AUTO_TEST_CASE(missing_file_names_the_path) {
 
 BOOST_AUTO_TEST_CASE(launcher_rejects_a_bad_config) {
   auto bad = write_file("test_config_launch.json", R"({"optimizer": {"params": {"momentun": 1}}})");
+  // The malformed configs of issue 5, each as a file given to zmuon-launch --config.
+  auto file = [](const std::string& name, const std::string& text) {
+    return "--config " + write_file("test_config_launch_" + name + ".json", text);
+  };
+  const std::string prefix = "zmuon-launch: config error: test_config_launch_";
   const std::vector<case_t> cases = {
+      {file("unknown", R"({"zero_optimization": {"offload_param": {}}})"),
+       prefix
+           + "unknown.json: unknown key 'zero_optimization.offload_param' (valid keys under "
+             "'zero_optimization': stage, reduce_bucket_size)"},
+      {file("misspelled", R"({"gradient_acumulation_steps": 4})"),
+       prefix
+           + "misspelled.json: unknown key 'gradient_acumulation_steps' (did you mean "
+             "'gradient_accumulation_steps'?)"},
+      {file("wrong_type", R"({"fp16": {"enabled": "yes"}})"),
+       prefix + "wrong_type.json: fp16.enabled: expected true or false, got string \"yes\""},
+      {file("negative_bucket", R"({"zero_optimization": {"reduce_bucket_size": -5}})"),
+       prefix
+           + "negative_bucket.json: zero_optimization.reduce_bucket_size: expected an integer "
+             ">= 1, got -5"},
+      {file("stage", R"({"zero_optimization": {"stage": 2}})"),
+       prefix
+           + "stage.json: zero_optimization.stage: expected 3 (zmuon implements ZeRO stage 3), "
+             "got 2"},
+      {file("optimizer", R"({"optimizer": {"type": "AdamW"}})"),
+       prefix
+           + "optimizer.json: optimizer.type: expected \"Muon\" (any case; zmuon implements "
+             "only Muon), got string \"AdamW\""},
+      {file("empty", ""), prefix + "empty.json: the config file is empty"},
+      {file("invalid", "{\"fp16\": {\"enabled\": true,}}"),
+       prefix
+           + "invalid.json: invalid JSON: parse error at line 1, column 27: syntax error "
+             "while parsing object key"},
       {"--config " + bad, "zmuon-launch: config error: " + bad
                               + ": unknown key 'optimizer.params.momentun' (did you mean "
                                 "'momentum'?)"},

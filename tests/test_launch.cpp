@@ -1,9 +1,13 @@
-// zmuon-launch as a user runs it: the loss goes down, and --save-params writes a safetensors
-// file whose header a reader accepts.
+// zmuon-launch as a user runs it: the loss goes down, --save-params writes a safetensors file
+// whose header a reader accepts, and a terminal gets a progress line.
 #define BOOST_TEST_MODULE launch
 #include <boost/test/unit_test.hpp>
 
 #include "tests/run_launch.hpp"
+
+#include <pty.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstring>
@@ -81,4 +85,30 @@ BOOST_AUTO_TEST_CASE(bad_flags_are_errors) {
   out = zmuon::test::run_launch("--stepz 3", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("stepz") != std::string::npos);
+}
+
+// On a terminal the steps are one updating line (carriage return, erase line) with the step
+// count, loss, step time and ETA, not one line per step.
+BOOST_AUTO_TEST_CASE(progress_on_a_terminal_is_one_updating_line) {
+  int master = -1;
+  pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+  BOOST_REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl(ZMUON_LAUNCH, ZMUON_LAUNCH, "--steps", "5", static_cast<char*>(nullptr));
+    std::_Exit(127);
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(master, buf, sizeof buf)) > 0;)  // EIO once the child is gone
+    out.append(buf, static_cast<size_t>(n));
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(master);
+  BOOST_TEST_MESSAGE(out);
+  BOOST_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int s = 1; s <= 5; ++s)
+    BOOST_TEST(out.find("\r\033[Kstep " + std::to_string(s) + "/5  loss ") != std::string::npos);
+  BOOST_TEST(out.find("ms/step  ETA ") != std::string::npos);
+  BOOST_TEST(out.find("grad_norm") == std::string::npos);  // no plain lines
+  BOOST_TEST(losses(out).empty());
 }

@@ -18,6 +18,7 @@ struct job_config {
   int micro_batch = 8;  // train_micro_batch_size_per_gpu
   bool bf16 = false;    // bf16.enabled: the host computes in bf16 (excludes fp16.enabled)
   std::string trace;    // zmuon.trace: the message trace directory (zmuon-launch --trace)
+  int64_t heartbeat_timeout_ms = 10'000;  // zmuon.heartbeat_timeout_ms: a silent node is lost
 };
 
 /// Parses a JSON config given as text (empty: the defaults), then applies `overrides`

@@ -42,7 +42,8 @@ struct step_info {
 
 using lr_schedule = std::function<float(uint64_t step)>;
 
-struct plan;  // plan/plan.hpp (internal): where every parameter's shards live
+struct plan;        // plan/plan.hpp (internal): where every parameter's shards live
+struct node_setup;  // zmuon/node_setup.hpp
 
 class engine {
 public:
@@ -60,6 +61,11 @@ public:
   static expected<std::unique_ptr<engine>> create_from_file(
       const std::string& path, const std::vector<std::string>& overrides = {});
 
+  /// One node of a multi-process job: `opts.world` is the job's world and this process runs only
+  /// `node`'s ranks. reduce(), snapshot() take this node's global ranks; parameters() and
+  /// sum_over_nodes() are collectives that every node calls in the same order.
+  static expected<std::unique_ptr<engine>> create(const engine_options& opts,
+                                                  const node_setup& node);
   ~engine();
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -87,6 +93,9 @@ public:
   /// Gathers the full fp32 parameters named in `out` into the caller's buffers (for the forward
   /// pass). Any subset of the registered parameters, each of its full size.
   error gather_params(const std::vector<tensor_span>& out);
+  /// Sums host values (e.g. the loss) over the processes of a multi-process job, each passing
+  /// the sum over its own ranks; in one process, returns `values`.
+  expected<std::vector<double>> sum_over_nodes(const std::vector<double>& values);
 
   /// A copy of one rank's shards.
   expected<rank_state> snapshot(int rank);
@@ -103,6 +112,9 @@ public:
   void set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr);
 
   int world() const;
+  /// The ranks this process runs: [first_rank(), first_rank() + local_ranks()).
+  int first_rank() const;
+  int local_ranks() const;
   /// The partition plan once the engine has started (after the first reduce/step), else null.
   const plan* layout() const;
   const engine_options& options() const;

@@ -1,19 +1,27 @@
-// zmuon-launch: the main job. Trains the example model on synthetic data with N in-process
-// ranks on the CPU backend and prints one line per step. Options: defaults < --config FILE <
-// --set key.path=value < flags (launch/config.hpp).
+// zmuon-launch: the main job. Trains the example model on synthetic data on the CPU backend,
+// with N in-process ranks, or as one node of a multi-process job (--nodes, --node-rank, --master;
+// --local-nodes K runs K nodes on 127.0.0.1), and shows each step. Options: defaults < --config
+// FILE < --set key.path=value < flags (launch/config.hpp).
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
 #include <CLI/CLI.hpp>
 
 #include "launch/config.hpp"
+#include "launch/exe/local_nodes.hpp"
+#include "launch/exe/progress.hpp"
 #include "launch/exe/train.hpp"
+#include "launch/node.hpp"
 #include "launch/safetensors.hpp"
+#include "zmuon/node_setup.hpp"
 
 namespace {
 
@@ -31,6 +39,153 @@ const CLI::Validator non_negative(
     },
     "NONNEGATIVE");
 
+// Exit codes: 2 for bad input (flags, config, nodes that disagree), 3 when a node of the job was
+// lost, 1 for other failures.
+constexpr int exit_bad_input = 2;
+constexpr int exit_node_lost = 3;
+
+/// The multi-process flags.
+struct node_flags {
+  int nodes = 1;
+  int node_rank = 0;
+  std::string master = "127.0.0.1:29500";
+  int local_nodes = 0;
+  std::string rendezvous_file;
+};
+
+/// The parameter table as the rendezvous compares it: one line per parameter.
+std::vector<std::string> table_lines(const zmuon::example::model_config& model) {
+  std::vector<std::string> lines;
+  for (const auto& spec : zmuon::example::param_table(model)) {
+    std::string line = spec.name + " [";
+    for (size_t i = 0; i < spec.shape.size(); ++i)
+      line += (i ? ", " : "") + std::to_string(spec.shape[i]);
+    const char* groups[] = {"automatic", "muon", "adamw"};
+    line += "] " + std::string(groups[static_cast<int>(spec.group)]) + ", heads "
+            + std::to_string(spec.heads);
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const std::string& path,
+         const std::string& who) {
+  auto params = eng.parameters();  // a collective on a node: every node calls it
+  if (!params) {
+    std::cerr << who << params.err().to_string() << "\n";
+    return 1;
+  }
+  if (path.empty())
+    return 0;
+  std::vector<zmuon::named_tensor> tensors;
+  for (const auto& spec : zmuon::example::param_table(topts.model))
+    tensors.push_back({spec.name, spec.shape, params->at(spec.name)});
+  if (auto err = zmuon::write_safetensors(path, tensors, {{"producer", "zmuon-launch"}})) {
+    std::cerr << who << err.to_string() << "\n";
+    return 1;
+  }
+  std::printf("saved %zu parameters to %s\n", tensors.size(), path.c_str());
+  return 0;
+}
+
+/// One node of a multi-process job. The node and the engine are the caller's, so that it can
+/// guard their shutdown.
+int run_node_job(const zmuon::job_config& job, zmuon::example::train_options topts,
+                 const node_flags& nf, const std::string& save_params,
+                 std::unique_ptr<zmuon::node>& nd, std::unique_ptr<zmuon::engine>& eng) {
+  std::string who = "zmuon-launch[node " + std::to_string(nf.node_rank) + "]: ";
+  auto master = zmuon::parse_host_port(nf.master);
+  if (!master) {
+    std::cerr << who << master.err().message() << "\n";
+    return exit_bad_input;
+  }
+  zmuon::node_options nopts;
+  nopts.nodes = nf.nodes;
+  nopts.node_rank = nf.node_rank;
+  nopts.master_host = master->first;
+  nopts.master_port = master->second;
+  nopts.ranks = job.engine.world;
+  nopts.rendezvous_file = nf.rendezvous_file;
+  nopts.join_timeout_ms = job.engine.timeout_ms;
+  nopts.heartbeat_timeout_ms = job.heartbeat_timeout_ms;
+  // What every node must agree on: the config (but this node's rank count) and the host loop.
+  auto agreed = zmuon::config_json(job);
+  agreed["zmuon"].erase("ranks");
+  agreed["launch"] = {{"steps", topts.steps}, {"seed", topts.seed}};
+  auto joined = zmuon::node::join(nopts, table_lines(topts.model), agreed.dump());
+  if (!joined) {
+    std::cerr << who << joined.err().message() << "\n";
+    auto code = joined.err().code();
+    return code == zmuon::errc::invalid_argument ? exit_bad_input
+           : code == zmuon::errc::comm_failure   ? exit_node_lost
+                                                 : 1;
+  }
+  nd = std::move(*joined);
+  zmuon::engine_options eopts = job.engine;
+  eopts.world = nd->world();
+  auto created = zmuon::engine::create(eopts, nd->setup());
+  if (!created) {
+    std::cerr << who << created.err().to_string() << "\n";
+    return exit_bad_input;
+  }
+  eng = std::move(*created);
+  if (auto err = zmuon::example::register_model(*eng, topts)) {
+    std::cerr << who << err.to_string() << "\n";
+    return exit_bad_input;
+  }
+  bool lead = nf.node_rank == 0;
+  if (lead)
+    std::printf(
+        "zmuon-launch: %d nodes, %d ranks, gas %d, micro-batch %d, global batch %d, "
+        "%d steps%s\n",
+        nf.nodes, eopts.world, topts.gas, topts.micro_batch,
+        eopts.world * topts.gas * topts.micro_batch, topts.steps,
+        topts.fp16 ? ", fp16 loss scaling" : "");
+  std::printf("zmuon-launch: %s joined\n", nd->name().c_str());
+  std::fflush(stdout);
+  zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
+  auto records = zmuon::example::train(
+      *eng, topts,
+      [&](const auto& rec) {
+        if (lead)
+          show.step(rec);
+      },
+      [&](int step) { nd->step_started(step); });
+  show.done();
+  int code = records ? save(*eng, topts, save_params, who) : 1;
+  if (!records || code != 0) {
+    std::string own = records ? "saving the parameters failed" : records.err().to_string();
+    std::string lost = nd->explain_failure(own);
+    if (!lost.empty())
+      return exit_node_lost;  // the supervisor said which node, rank and step
+    std::cerr << who << own << "\n";
+    return 1;
+  }
+  if (auto err = nd->finish()) {
+    std::cerr << who << err.message() << "\n";
+    return exit_node_lost;
+  }
+  return 0;
+}
+
+int run_node(const zmuon::job_config& job, const zmuon::example::train_options& topts,
+             const node_flags& nf, const std::string& save_params) {
+  std::unique_ptr<zmuon::node> nd;
+  std::unique_ptr<zmuon::engine> eng;
+  int code = run_node_job(job, topts, nf, save_params, nd, eng);
+  // Shutting down waits for every actor; should one not stop (a peer vanished mid-message),
+  // the process still ends, with the job's exit code.
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::fprintf(stderr, "zmuon-launch: shutdown did not finish within 10 s; exiting\n");
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }).detach();
+  eng.reset();  // before the node: the engine runs on the node's actor system
+  nd.reset();
+  return code;
+}
+
 int run(int argc, char** argv) {
   // The flags write here (its values are the defaults --help shows); only those given are used.
   zmuon::job_config flags = *zmuon::parse_config(launcher_defaults());
@@ -39,12 +194,18 @@ int run(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> sets;
   std::string save_params;
-  CLI::App app{"zmuon-launch: train the example model with Muon under ZeRO-3 (in-process ranks)"};
+  node_flags nf;
+  CLI::App app{
+      "zmuon-launch: train the example model with Muon under ZeRO-3 (in-process ranks, "
+      "or one node of a multi-process job)"};
   app.footer(
       "Precedence: the defaults shown < --config FILE < --set (in order) < the flags above, each "
       "a shorthand for the config key in its description.\nConfig keys: "
       "examples/zmuon_config.json (DeepSpeed's shape with the engine's defaults; unknown keys are "
-      "errors).");
+      "errors).\nTwo nodes: on host A `zmuon-launch --nodes 2 --node-rank 0 --master A:29500 "
+      "--ranks-per-node 2`, on host B the same with --node-rank 1; one machine: --local-nodes 2."
+      "\nExit codes: 0 done, 1 failed, 2 bad input (flags, config, nodes that disagree), 3 a node "
+      "of the job was lost (the message names it, its ranks and its step).");
   app.add_option("--config", config_path,
                  "DeepSpeed-style JSON config (see examples/zmuon_config.json)")
       ->type_name("FILE");
@@ -54,10 +215,16 @@ int run(int argc, char** argv) {
       ->type_name("KEY.PATH=VALUE")
       ->allow_extra_args(false);
   // Each flag and the config key it sets.
+  auto* ranks =
+      app.add_option("--ranks", flags.engine.world, "number of ranks in this process (zmuon.ranks)")
+          ->capture_default_str()
+          ->check(CLI::Range(1, 1024));
   std::vector<std::pair<CLI::Option*, std::string>> flag_keys{
-      {app.add_option("--ranks", flags.engine.world, "number of ranks (zmuon.ranks)")
-           ->capture_default_str()
-           ->check(CLI::Range(1, 1024)),
+      {ranks, "zmuon.ranks"},
+      {app.add_option("--ranks-per-node", flags.engine.world,
+                      "ranks of this node (zmuon.ranks; the same as --ranks)")
+           ->check(CLI::Range(1, 1024))
+           ->excludes(ranks),
        "zmuon.ranks"},
       {app.add_option("--gas", flags.gas,
                       "gradient accumulation steps, micro-batches per step "
@@ -122,7 +289,31 @@ int run(int argc, char** argv) {
                                "record every message of every rank into DIR, one JSON Lines file "
                                "per rank; read it with zmuon-trace (zmuon.trace)")
                     ->type_name("DIR");
-  CLI11_PARSE(app, argc, argv);
+  auto* nodes = app.add_option("--nodes", nf.nodes, "nodes (processes) of the job")
+                    ->capture_default_str()
+                    ->check(CLI::Range(1, 4096));
+  auto* node_rank = app.add_option("--node-rank", nf.node_rank, "this node's rank in [0, --nodes)")
+                        ->capture_default_str()
+                        ->check(CLI::NonNegativeNumber);
+  auto* master =
+      app.add_option("--master", nf.master,
+                     "HOST:PORT where node 0 publishes the rendezvous and the others find it "
+                     "(node 0 with port 0: a free port, printed)")
+          ->capture_default_str();
+  app.add_option("--local-nodes", nf.local_nodes,
+                 "run the job as this many node processes on 127.0.0.1 (each with the other "
+                 "flags; --save-params goes to node 0)")
+      ->check(CLI::Range(1, 64))
+      ->excludes(nodes)
+      ->excludes(node_rank)
+      ->excludes(master);
+  app.add_option("--rendezvous-file", nf.rendezvous_file)->group("");  // --local-nodes' own
+  app.add_option("--model-hidden", topts.model.hidden)->group("");     // tests: another model
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : exit_bad_input;  // --help is 0; a bad flag is bad input
+  }
 
   // The flags given become the last overrides, so the config's checks apply to them too.
   for (const auto& [option, key] : flag_keys)
@@ -142,6 +333,17 @@ int run(int argc, char** argv) {
   topts.gas = job->gas;
   topts.micro_batch = job->micro_batch;
   topts.fp16 = eopts.fp16.enabled;
+  if (nf.local_nodes > 0)
+    return zmuon::example::run_local_nodes(nf.local_nodes,
+                                           zmuon::example::args_without_local_nodes(argc, argv),
+                                           eopts.timeout_ms, job->heartbeat_timeout_ms + 10'000);
+  if (nf.nodes > 1)
+    return run_node(*job, topts, nf, save_params);
+  if (nf.node_rank != 0) {
+    std::cerr << "zmuon-launch: --node-rank " << nf.node_rank << " needs --nodes > " << nf.node_rank
+              << "\n";
+    return exit_bad_input;
+  }
   auto eng = zmuon::engine::create(eopts);
   if (!eng) {
     std::cerr << "zmuon-launch: " << eng.err().to_string() << "\n";
@@ -155,32 +357,14 @@ int run(int argc, char** argv) {
               eopts.world, topts.gas, topts.micro_batch,
               eopts.world * topts.gas * topts.micro_batch, topts.steps,
               topts.fp16 ? ", fp16 loss scaling" : "");
-  auto records = zmuon::example::train(**eng, topts, [](const auto& rec) {
-    std::printf("step %4llu  loss %.6f  grad_norm %.6f  loss_scale %g  skipped %d\n",
-                static_cast<unsigned long long>(rec.info.step), rec.loss, rec.info.grad_norm,
-                rec.info.loss_scale, rec.info.skipped ? 1 : 0);
-    std::fflush(stdout);
-  });
+  zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
+  auto records = zmuon::example::train(**eng, topts, [&](const auto& rec) { show.step(rec); });
+  show.done();
   if (!records) {
     std::cerr << "zmuon-launch: " << records.err().to_string() << "\n";
     return 1;
   }
-  if (!save_params.empty()) {
-    auto params = (*eng)->parameters();
-    if (!params) {
-      std::cerr << "zmuon-launch: " << params.err().to_string() << "\n";
-      return 1;
-    }
-    std::vector<zmuon::named_tensor> tensors;
-    for (const auto& spec : zmuon::example::param_table(topts.model))
-      tensors.push_back({spec.name, spec.shape, params->at(spec.name)});
-    if (auto err = zmuon::write_safetensors(save_params, tensors, {{"producer", "zmuon-launch"}})) {
-      std::cerr << "zmuon-launch: " << err.to_string() << "\n";
-      return 1;
-    }
-    std::printf("saved %zu parameters to %s\n", tensors.size(), save_params.c_str());
-  }
-  return 0;
+  return save_params.empty() ? 0 : save(**eng, topts, save_params, "zmuon-launch: ");
 }
 
 }  // namespace

@@ -33,12 +33,15 @@ error register_model(engine& eng, const train_options& opts) {
 }
 
 expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
-                                         const std::function<void(const step_record&)>& on_step) {
+                                         const std::function<void(const step_record&)>& on_step,
+                                         const std::function<void(int)>& on_step_start) {
   if (opts.steps < 0 || opts.gas < 1 || opts.micro_batch < 1)
     return error{errc::invalid_argument, "steps >= 0, gas >= 1 and micro_batch >= 1 needed"};
   std::vector<step_record> records;
   int world = eng.world();
   for (int s = 1; s <= opts.steps; ++s) {
+    if (on_step_start)
+      on_step_start(s);
     auto params = eng.parameters();
     if (!params)
       return params.err();
@@ -50,8 +53,8 @@ expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
       scale = *current;
     }
     double loss = 0;
-    for (int k = 0; k < opts.gas; ++k)
-      for (int r = 0; r < world; ++r) {
+    for (int k = 0; k < opts.gas; ++k)  // this process's ranks (all of them in one process)
+      for (int r = eng.first_rank(); r < eng.first_rank() + eng.local_ranks(); ++r) {
         int64_t first = static_cast<int64_t>(r * opts.gas + k) * opts.micro_batch;
         auto b = make_batch(opts.model, opts.seed, s, first, opts.micro_batch);
         auto lg = forward_backward(opts.model, *params, b);
@@ -64,7 +67,10 @@ expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
     auto info = eng.step();
     if (!info)
       return info.err();
-    step_record rec{*info, loss / (world * opts.gas)};
+    auto total = eng.sum_over_nodes({loss});  // the other processes' ranks, if any
+    if (!total)
+      return total.err();
+    step_record rec{*info, total->at(0) / (world * opts.gas)};
     records.push_back(rec);
     if (on_step)
       on_step(rec);

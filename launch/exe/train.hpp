@@ -31,9 +31,12 @@ error register_model(engine& eng, const train_options& opts);
 
 /// Runs `opts.steps` steps. Sample j of step s is the same whatever the world size and gas: rank
 /// r, micro-batch k holds samples [(r*gas + k)*micro_batch, +micro_batch) of the global batch.
-/// `on_step` (optional) sees each step as it finishes.
+/// `on_step` (optional) sees each step as it finishes, `on_step_start` each step as it begins.
+/// On a node of a multi-process job it drives only this process's ranks; the loss is the
+/// job's.
 expected<std::vector<step_record>> train(
     engine& eng, const train_options& opts,
-    const std::function<void(const step_record&)>& on_step = {});
+    const std::function<void(const step_record&)>& on_step = {},
+    const std::function<void(int step)>& on_step_start = {});
 
 }  // namespace zmuon::example

@@ -1,0 +1,238 @@
+#include "launch/node.hpp"
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include <unistd.h>
+
+#include "caf/all.hpp"
+#include "caf/io/all.hpp"
+
+#include "comm/caf_comm.hpp"
+#include "launch/node_supervisor.hpp"
+#include "launch/rendezvous.hpp"
+#include "messages/errors.hpp"
+#include "messages/registry.hpp"
+
+namespace zmuon {
+
+void register_node_messages(caf::actor_system_config& cfg) {
+  cfg.add_message_type<join_request>("zmuon::join_request");
+  cfg.add_message_type<join_reply>("zmuon::join_reply");
+  cfg.add_message_type<heartbeat>("zmuon::heartbeat");
+  cfg.add_message_type<node_lost>("zmuon::node_lost");
+  cfg.add_message_type<node_done>("zmuon::node_done");
+}
+
+namespace {
+
+struct node_config : caf::actor_system_config {
+  node_config() {
+    register_messages(*this);
+    register_node_messages(*this);
+    load<caf::io::middleman>();
+    set("logger.verbosity", caf::atom("quiet"));
+    // No automatic connections: nodes other than 0 reach each other through node 0. With them
+    // on, the switch from the route through node 0 to a direct connection sometimes killed the
+    // proxies of a live node ("lost in step 1: remote_link_unreachable", 1 run in ~50 of
+    // test_multinode with 3 nodes).
+    set("middleman.enable-automatic-connections", false);
+    // Two threads more than cores, so that the supervisor's heartbeats find a thread while the
+    // ranks compute inside their handlers.
+    set("scheduler.max-threads", static_cast<size_t>(std::thread::hardware_concurrency() + 2));
+  }
+};
+
+// Writes `text` to `path` atomically (a reader never sees half of it).
+error write_file_atomically(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out)
+      return {errc::io_error, "cannot write '" + tmp + "': " + std::strerror(errno)};
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return {errc::io_error,
+            "cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno)};
+  return {};
+}
+
+}  // namespace
+
+struct node::impl {
+  node_options opts;
+  node_config cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  std::vector<caf_comm_actor> comms;
+  rendezvous_actor rendezvous;  // node 0 only
+  node_supervisor_actor supervisor;
+  join_reply reply;
+
+  std::chrono::milliseconds join_timeout() const {
+    return std::chrono::milliseconds(opts.join_timeout_ms);
+  }
+
+  expected<rendezvous_actor> find_rendezvous();
+};
+
+expected<rendezvous_actor> node::impl::find_rendezvous() {
+  auto where = opts.master_host + ":" + std::to_string(opts.master_port);
+  if (opts.node_rank == 0) {
+    rendezvous = spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id);
+    auto port = sys->middleman().publish(rendezvous, opts.master_port, opts.master_host.c_str(),
+                                         /*reuse_addr=*/true);
+    if (!port)
+      return error{errc::comm_failure,
+                   "node 0 cannot listen on " + where + ": " + sys->render(port.error())};
+    std::string actual = opts.master_host + ":" + std::to_string(*port);
+    if (!opts.quiet)
+      std::printf("zmuon-launch[node 0]: rendezvous listening on %s\n", actual.c_str());
+    std::fflush(stdout);
+    if (!opts.rendezvous_file.empty())
+      if (auto err = write_file_atomically(opts.rendezvous_file, actual + "\n"))
+        return err;
+    return rendezvous;
+  }
+  // Node 0 may not listen yet: retry until the join timeout.
+  auto deadline = std::chrono::steady_clock::now() + join_timeout();
+  for (;;) {
+    auto found =
+        sys->middleman().remote_actor<rendezvous_actor>(opts.master_host, opts.master_port);
+    if (found)
+      return *found;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return error{errc::timeout, "node " + std::to_string(opts.node_rank)
+                                      + " found no rendezvous at " + where + " within "
+                                      + std::to_string(opts.join_timeout_ms)
+                                      + " ms (zmuon.timeout_ms): " + sys->render(found.error())};
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+node::node() : impl_(std::make_unique<impl>()) {}
+
+node::~node() {
+  auto& d = *impl_;
+  if (!d.sys)
+    return;
+  caf::anon_send_exit(d.supervisor, caf::exit_reason::user_shutdown);
+  if (d.rendezvous)
+    caf::anon_send_exit(d.rendezvous, caf::exit_reason::user_shutdown);
+  for (auto& c : d.comms)
+    caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
+}
+
+expected<std::unique_ptr<node>> node::join(const node_options& opts,
+                                           const std::vector<std::string>& table,
+                                           const std::string& job) {
+  if (opts.nodes < 1 || opts.node_rank < 0 || opts.node_rank >= opts.nodes)
+    return error{errc::invalid_argument, "--node-rank " + std::to_string(opts.node_rank)
+                                             + " is outside [0, " + std::to_string(opts.nodes)
+                                             + ")"};
+  if (opts.ranks < 1)
+    return error{errc::invalid_argument, "a node needs at least one rank"};
+  std::unique_ptr<node> n(new node());
+  auto& d = *n->impl_;
+  d.opts = opts;
+  d.sys = std::make_unique<caf::actor_system>(d.cfg);
+  join_request req{opts.node_rank, opts.ranks, table, job, {}, {}};
+  for (int i = 0; i < opts.ranks; ++i) {
+    d.comms.push_back(spawn_caf_comm(*d.sys, 0, 1));  // rank and world come with connect_peers
+    req.comms.push_back(caf::actor_cast<caf::actor>(d.comms.back()));
+  }
+  supervisor_options sopts;
+  sopts.node = opts.node_rank;
+  sopts.heartbeat_timeout = std::chrono::milliseconds(opts.heartbeat_timeout_ms);
+  sopts.comms = d.comms;
+  d.supervisor = spawn_node_supervisor(*d.sys, sopts);
+  req.supervisor = caf::actor_cast<caf::actor>(d.supervisor);
+
+  auto rdv = d.find_rendezvous();
+  if (!rdv)
+    return rdv.err();
+  error failed;
+  caf::scoped_actor self{*d.sys};
+  self->request(*rdv, d.join_timeout(), std::move(req))
+      .receive([&](join_reply& reply) { d.reply = std::move(reply); },
+               [&](caf::error& err) {
+                 failed = from_caf_error(err);
+                 if (failed.code() == errc::timeout)
+                   failed = {errc::timeout, "not every node joined within "
+                                                + std::to_string(opts.join_timeout_ms)
+                                                + " ms (zmuon.timeout_ms)"};
+               });
+  if (failed)
+    return failed;
+  for (int i = 0; i < opts.ranks; ++i)
+    caf::anon_send(d.comms[i], connect_peers{d.reply.first_rank + i, d.reply.comms});
+  caf::anon_send(d.supervisor,
+                 watch_nodes{d.reply.supervisors, d.reply.node_first_ranks, d.reply.world});
+  return n;
+}
+
+node_setup node::setup() const {
+  node_setup s;
+  s.system = impl_->sys.get();
+  s.first_rank = impl_->reply.first_rank;
+  for (auto& c : impl_->comms)
+    s.comms.push_back(c);
+  s.node_first_ranks.assign(impl_->reply.node_first_ranks.begin(),
+                            impl_->reply.node_first_ranks.end());
+  s.nccl_unique_id = impl_->reply.nccl_unique_id;
+  return s;
+}
+
+int node::world() const {
+  return impl_->reply.world;
+}
+
+std::string node::name() const {
+  return describe_node(impl_->opts.node_rank, impl_->reply.node_first_ranks, impl_->reply.world);
+}
+
+void node::step_started(uint64_t step) {
+  caf::anon_send(impl_->supervisor, step_atom::value, step);
+}
+
+std::string node::explain_failure(const std::string& own_error) {
+  auto& d = *impl_;
+  std::string lost;
+  caf::scoped_actor self{*d.sys};
+  self->request(d.supervisor, std::chrono::seconds(10), failure_atom::value)
+      .receive([&](std::string& what) { lost = std::move(what); }, [](caf::error&) {});
+  if (lost.empty())
+    caf::anon_send(d.supervisor, fail_atom::value, own_error);
+  return lost;
+}
+
+error node::finish() {
+  auto& d = *impl_;
+  error failed;
+  caf::scoped_actor self{*d.sys};
+  self->request(d.supervisor, d.join_timeout(), finish_atom::value)
+      .receive([](bool) {}, [&](caf::error& err) { failed = from_caf_error(err); });
+  return failed;
+}
+
+expected<std::pair<std::string, uint16_t>> parse_host_port(const std::string& text) {
+  auto colon = text.rfind(':');
+  auto bad = [&](const std::string& why) {
+    return error{errc::invalid_argument, "--master '" + text + "': " + why};
+  };
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    return bad("expected HOST:PORT");
+  std::string port_text = text.substr(colon + 1);
+  if (port_text.find_first_not_of("0123456789") != std::string::npos || port_text.size() > 5)
+    return bad("the port must be a number in [0, 65535]");
+  long port = std::stol(port_text);
+  if (port > 65535)
+    return bad("the port must be a number in [0, 65535]");
+  return std::make_pair(text.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+}  // namespace zmuon

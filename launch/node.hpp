@@ -1,0 +1,76 @@
+// One node of a multi-process job (zmuon-launch --nodes N --node-rank R --master HOST:PORT): the
+// node's actor system with CAF's middleman, its ranks' comm actors, the rendezvous (node 0
+// publishes it, every node joins it) and the node supervisor. What comes out is a node_setup for
+// engine::create: this node's ranks, connected to every other node's.
+//
+//   auto n = node::join(opts, table_lines, job_json);   // blocks until every node has joined
+//   auto eng = engine::create(engine_opts_with((*n)->world()), (*n)->setup());
+//   ... each step: (*n)->step_started(s); ...
+//   (*n)->finish();                                      // barrier: every node is done
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zmuon/node_setup.hpp"
+#include "zmuon/status.hpp"
+
+namespace zmuon {
+
+struct node_options {
+  int nodes = 1;
+  int node_rank = 0;
+  std::string master_host = "127.0.0.1";
+  uint16_t master_port = 0;     // node 0 with port 0: a free port, printed and written to the file
+  int ranks = 1;                // ranks this node runs
+  std::string rendezvous_file;  // node 0 writes "HOST:PORT" here once it listens (--local-nodes)
+  int64_t join_timeout_ms = 60'000;
+  int64_t heartbeat_timeout_ms = 10'000;
+  bool quiet = false;  // no "listening on" line
+  /// Node 0 only, for the nccl comm backend: makes the unique id (the bytes of ncclGetUniqueId)
+  /// that the rendezvous hands to every node (node_setup::nccl_unique_id).
+  std::function<std::string()> nccl_unique_id;
+};
+
+class node {
+public:
+  /// Starts the actor system, publishes the rendezvous (node 0), joins it with this node's
+  /// parameter table (one line per parameter) and job config (JSON, equal on every node) and
+  /// starts the supervisor. Errors: the rendezvous cannot be published or reached in time, or
+  /// the nodes disagree (the message names the first difference).
+  static expected<std::unique_ptr<node>> join(const node_options& opts,
+                                              const std::vector<std::string>& table,
+                                              const std::string& job);
+  ~node();
+  node(const node&) = delete;
+  node& operator=(const node&) = delete;
+
+  node_setup setup() const;
+  int world() const;
+  /// "node 1 (ranks 2-3)"
+  std::string name() const;
+
+  /// Tells the supervisor (and, through heartbeats, the other nodes) the step this node is in.
+  void step_started(uint64_t step);
+
+  /// After an error of the host loop: the loss of another node that caused it (waiting a moment
+  /// for it to be noticed); otherwise "" and the other nodes are told that this node failed.
+  std::string explain_failure(const std::string& own_error);
+
+  /// The end-of-job barrier: returns once every node has called it, or with the error of a lost
+  /// node.
+  error finish();
+
+private:
+  node();
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+/// "HOST:PORT" -> host and port (0..65535); an error names what is wrong.
+expected<std::pair<std::string, uint16_t>> parse_host_port(const std::string& text);
+
+}  // namespace zmuon

@@ -1,0 +1,183 @@
+#include "launch/rendezvous.hpp"
+
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "caf/all.hpp"
+
+#include "messages/errors.hpp"
+
+namespace zmuon {
+
+namespace {
+
+using json = nlohmann::json;
+
+/// Every leaf of `j` by its dotted path (JSON objects iterate in key order).
+void flatten(const json& j, const std::string& prefix, std::map<std::string, std::string>& out) {
+  if (j.is_object() && !j.empty()) {
+    for (const auto& [key, value] : j.items())
+      flatten(value, prefix.empty() ? key : prefix + "." + key, out);
+    return;
+  }
+  out[prefix] = j.dump();
+}
+
+std::map<std::string, std::string> leaves(const std::string& text) {
+  std::map<std::string, std::string> out;
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    out["(config)"] = "unreadable JSON";
+  else
+    flatten(j, "", out);
+  return out;
+}
+
+std::string node_name(const join_request& r) {
+  return "node " + std::to_string(r.node);
+}
+
+struct rendezvous_state {
+  int nodes = 0;
+  std::function<std::string()> unique_id;
+  std::map<int32_t, join_request> joined;  // by node rank
+  std::map<int32_t, caf::typed_response_promise<join_reply>> waiting;
+  std::string failed;  // why the job cannot start (a node lost while the others join)
+  bool answered = false;
+  static const char* name;
+};
+const char* rendezvous_state::name = "rendezvous";
+
+using rendezvous_pointer = rendezvous_actor::stateful_pointer<rendezvous_state>;
+
+// All nodes are in: check them against node 0, then answer everyone.
+void complete(rendezvous_pointer self) {
+  auto& st = self->state;
+  st.answered = true;
+  const auto& base = st.joined.at(0);
+  std::string diff;
+  for (const auto& [node, req] : st.joined)
+    if (diff.empty() && node != 0)
+      diff = first_difference(base, req);
+  if (!diff.empty()) {
+    for (auto& [node, promise] : st.waiting)
+      promise.deliver(make_caf_error(errc::invalid_argument, diff));
+    st.waiting.clear();
+    return;
+  }
+  join_reply reply;
+  for (const auto& [node, req] : st.joined) {
+    reply.node_first_ranks.push_back(reply.world);
+    reply.world += req.ranks;
+    reply.comms.insert(reply.comms.end(), req.comms.begin(), req.comms.end());
+    reply.supervisors.push_back(req.supervisor);
+  }
+  if (st.unique_id)
+    reply.nccl_unique_id = st.unique_id();
+  for (auto& [node, promise] : st.waiting) {
+    reply.first_rank = reply.node_first_ranks[node];
+    promise.deliver(reply);
+  }
+  st.waiting.clear();
+}
+
+rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nodes,
+                                                std::function<std::string()> unique_id) {
+  self->state.nodes = nodes;
+  self->state.unique_id = std::move(unique_id);
+  // A node that dies while the others still join fails the join at once (not at the timeout).
+  self->set_down_handler([=](const caf::down_msg& dm) {
+    auto& st = self->state;
+    if (st.answered)
+      return;
+    for (const auto& [node, req] : st.joined)
+      if (req.supervisor.address() == dm.source) {
+        st.failed = node_name(req) + " was lost while the nodes were joining ("
+                    + to_string(dm.reason) + ")";
+        for (auto& [other, promise] : st.waiting)
+          if (other != node)
+            promise.deliver(make_caf_error(errc::comm_failure, st.failed));
+        st.waiting.clear();
+        st.answered = true;
+        return;
+      }
+  });
+  return {
+      [=](join_request& req) -> caf::result<join_reply> {
+        auto& st = self->state;
+        if (!st.failed.empty())
+          return make_caf_error(errc::comm_failure, st.failed);
+        if (req.node < 0 || req.node >= st.nodes)
+          return make_caf_error(errc::invalid_argument,
+                                "node rank " + std::to_string(req.node) + " is outside [0, "
+                                    + std::to_string(st.nodes) + ") (--nodes "
+                                    + std::to_string(st.nodes) + " on node 0)");
+        if (st.joined.count(req.node))
+          return make_caf_error(errc::invalid_argument,
+                                "node rank " + std::to_string(req.node)
+                                    + " joined twice (two processes with the same --node-rank)");
+        if (req.ranks < 1 || static_cast<int32_t>(req.comms.size()) != req.ranks)
+          return make_caf_error(errc::invalid_argument,
+                                node_name(req) + " brings " + std::to_string(req.comms.size())
+                                    + " comm actors for " + std::to_string(req.ranks) + " ranks");
+        int32_t node = req.node;
+        self->monitor(req.supervisor);
+        st.joined.emplace(node, std::move(req));
+        auto promise = self->make_response_promise<join_reply>();
+        st.waiting.emplace(node, promise);
+        if (static_cast<int>(st.joined.size()) == st.nodes)
+          complete(self);
+        return promise;
+      },
+  };
+}
+
+}  // namespace
+
+rendezvous_actor spawn_rendezvous(caf::actor_system& sys, int nodes,
+                                  std::function<std::string()> unique_id) {
+  return sys.spawn(rendezvous_impl, nodes, std::move(unique_id));
+}
+
+std::string first_difference(const join_request& base, const join_request& other) {
+  auto who = [&](const std::string& what) {
+    return what + " of " + node_name(other) + " differs from " + node_name(base) + "'s";
+  };
+  size_t n = std::min(base.table.size(), other.table.size());
+  for (size_t i = 0; i < n; ++i)
+    if (base.table[i] != other.table[i])
+      return who("the parameter table") + " at entry " + std::to_string(i) + ": " + node_name(base)
+             + " has '" + base.table[i] + "', " + node_name(other) + " has '" + other.table[i]
+             + "'";
+  if (base.table.size() != other.table.size())
+    return who("the parameter table") + ": " + node_name(base) + " has "
+           + std::to_string(base.table.size()) + " parameters, " + node_name(other) + " has "
+           + std::to_string(other.table.size());
+  auto a = leaves(base.job);
+  auto b = leaves(other.job);
+  auto ia = a.begin();
+  auto ib = b.begin();
+  auto value = [](const std::map<std::string, std::string>& m, const std::string& key) {
+    auto it = m.find(key);
+    return it == m.end() ? std::string("nothing") : it->second;
+  };
+  while (ia != a.end() || ib != b.end()) {
+    std::string key;
+    if (ib == b.end() || (ia != a.end() && ia->first < ib->first))
+      key = ia->first;
+    else
+      key = ib->first;
+    std::string va = value(a, key), vb = value(b, key);
+    if (va != vb)
+      return who("the config") + " at '" + key + "': " + node_name(base) + " has " + va + ", "
+             + node_name(other) + " has " + vb;
+    if (ia != a.end() && ia->first == key)
+      ++ia;
+    if (ib != b.end() && ib->first == key)
+      ++ib;
+  }
+  return {};
+}
+
+}  // namespace zmuon

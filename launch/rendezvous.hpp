@@ -1,0 +1,37 @@
+// The rendezvous: one actor on node 0, published through CAF's middleman at --master HOST:PORT.
+// Every node (node 0 too) joins it once; it assigns global ranks, checks that every node brings
+// the same parameter table and config, and hands out the handles the nodes need (DESIGN.md §7).
+//
+// Interface:
+//   join_request -> join_reply   from each node's launcher. Answered when all `nodes` have joined:
+//     ranks in node-rank order (node n's first rank is the sum of the ranks of nodes < n), every
+//     rank's comm actor, every node's supervisor, and the NCCL unique id when one is made.
+//     If some node's parameter table or config differs from node 0's, every joiner gets an
+//     invalid_argument error naming the first difference. A node rank out of range or one that
+//     joins twice is an error for that joiner only.  A node that dies before everyone has joined
+//     fails the join of the others at once (comm_failure naming it).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "caf/actor_system.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
+
+#include "launch/node_messages.hpp"
+
+namespace zmuon {
+
+using rendezvous_actor = caf::typed_actor<caf::replies_to<join_request>::with<join_reply>>;
+
+/// `unique_id`, when set, is called once every node has joined; its bytes go to every node as
+/// join_reply::nccl_unique_id (the nccl comm backend's ncclGetUniqueId).
+rendezvous_actor spawn_rendezvous(caf::actor_system& sys, int nodes,
+                                  std::function<std::string()> unique_id = {});
+
+/// The first difference between node `base`'s and node `other`'s request: parameter table first,
+/// then the config key by key. Empty when they agree.
+std::string first_difference(const join_request& base, const join_request& other);
+
+}  // namespace zmuon

@@ -1,0 +1,283 @@
+// zmuon-launch as several processes on 127.0.0.1 (real processes, CAF's network layer, free
+// ports): the same weights as one process, a killed node ends the job on the others with a
+// message naming it, nodes that disagree are reported, and a node without a rendezvous gives
+// up in time.
+#define BOOST_TEST_MODULE multinode
+#include <boost/test/unit_test.hpp>
+
+#include "tests/run_launch.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include "launch/safetensors.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using zmuon::test::launch_process;
+
+bool exited_with(int status, int code) {
+  return WIFEXITED(status) && WEXITSTATUS(status) == code;
+}
+
+std::vector<double> losses(const std::string& out) {
+  std::vector<double> v;
+  std::regex line(R"(step\s+\d+\s+loss\s+([0-9.eE+-]+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+    v.push_back(std::stod((*it)[1]));
+  return v;
+}
+
+/// max |a - b| / max |b| over every tensor of two safetensors files with the same names.
+double relative_difference(const std::string& a_path, const std::string& b_path) {
+  auto a = zmuon::read_safetensors(a_path);
+  auto b = zmuon::read_safetensors(b_path);
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(b);
+  BOOST_REQUIRE_EQUAL(a->size(), b->size());
+  double worst = 0;
+  for (size_t i = 0; i < a->size(); ++i) {
+    const auto& x = (*a)[i];
+    const auto& y = (*b)[i];
+    BOOST_REQUIRE_EQUAL(x.name, y.name);
+    BOOST_REQUIRE_EQUAL(x.data.size(), y.data.size());
+    double diff = 0, scale = 0;
+    for (size_t k = 0; k < x.data.size(); ++k) {
+      diff = std::max(diff, std::fabs(double(x.data[k]) - y.data[k]));
+      scale = std::max(scale, std::fabs(double(y.data[k])));
+    }
+    worst = std::max(worst, diff / std::max(scale, 1e-30));
+  }
+  return worst;
+}
+
+int pid_of_node(const std::string& out, int node) {
+  std::smatch m;
+  std::regex line("zmuon-launch: node " + std::to_string(node) + " pid (\\d+)");
+  BOOST_REQUIRE_MESSAGE(std::regex_search(out, m, line), "no pid for node " << node << ":\n"
+                                                                            << out);
+  return std::stoi(m[1]);
+}
+
+/// Starts node 0 of `nodes` on a free port; returns its HOST:PORT in `master`.
+std::unique_ptr<launch_process> start_node0(int nodes, const std::string& args,
+                                            std::string& master) {
+  std::remove("test_mn_rendezvous");
+  auto node0 = std::make_unique<launch_process>(
+      "--nodes " + std::to_string(nodes)
+          + " --node-rank 0 --master 127.0.0.1:0 --rendezvous-file test_mn_rendezvous " + args,
+      "test_mn_node0.log");
+  BOOST_REQUIRE_MESSAGE(node0->wait_for_output("rendezvous listening on", 20s), node0->output());
+  master.clear();
+  for (auto until = launch_process::clock::now() + 5s;
+       master.empty() && launch_process::clock::now() < until;)
+    std::getline(std::ifstream("test_mn_rendezvous") >> std::ws, master);
+  BOOST_REQUIRE(!master.empty());
+  return node0;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(two_processes_of_two_ranks_match_four_ranks_in_one) {
+  // gas 2 and small buckets/chunks: several reduce-scatters and Muon chunks cross processes.
+  const std::string common = "--steps 8 --gas 2 --micro-batch 4 --bucket-size 3000 ";
+  int status = 0;
+  auto one =
+      zmuon::test::run_launch(common + "--ranks 4 --save-params test_mn_one.safetensors", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), one);
+  auto two = zmuon::test::run_launch(
+      common + "--local-nodes 2 --ranks-per-node 2 --save-params test_mn_two.safetensors", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), two);
+  BOOST_TEST(two.find("2 nodes, 4 ranks") != std::string::npos, two);
+
+  double diff = relative_difference("test_mn_two.safetensors", "test_mn_one.safetensors");
+  BOOST_TEST_MESSAGE("2 processes x 2 ranks vs 4 ranks in one: max relative weight difference "
+                     << diff);
+  BOOST_TEST(diff <= 1e-6);
+  // The loss each process reports is the job's (summed over the processes).
+  auto l1 = losses(one), l2 = losses(two);
+  BOOST_REQUIRE_EQUAL(l1.size(), 8u);
+  BOOST_REQUIRE_EQUAL(l2.size(), 8u);
+  for (size_t i = 0; i < l1.size(); ++i)
+    BOOST_TEST(std::fabs(l1[i] - l2[i]) <= 1e-6 * std::fabs(l1[i]));
+  // And the weights moved: the comparison is not between two initial states.
+  BOOST_TEST(l1.back() < 0.7 * l1.front());
+}
+
+BOOST_AUTO_TEST_CASE(nodes_with_different_rank_counts_match_one_process) {
+  // Node 0 runs rank 0, node 1 ranks 1-2: world 3, as --ranks 3 in one process. With fp16
+  // (the first steps overflow: the vote crosses processes) and clipping (the norm does too).
+  const std::string common = "--steps 10 --gas 2 --fp16 --clip 1.0 --bucket-size 5000 ";
+  int status = 0;
+  auto one = zmuon::test::run_launch(common + "--ranks 3 --save-params test_mn_three.safetensors",
+                                     &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), one);
+  BOOST_TEST(one.find("skipped 1") != std::string::npos, one);
+  BOOST_TEST(one.find("skipped 0") != std::string::npos, one);
+  std::string master;
+  auto node0 =
+      start_node0(2, common + "--ranks-per-node 1 --save-params test_mn_1p2.safetensors", master);
+  launch_process node1(
+      "--nodes 2 --node-rank 1 --master " + master + " --ranks-per-node 2 " + common,
+      "test_mn_node1.log");
+  BOOST_REQUIRE(node0->wait(60s));
+  BOOST_REQUIRE(node1.wait(60s));
+  BOOST_REQUIRE_MESSAGE(exited_with(node0->status(), 0), node0->output());
+  BOOST_REQUIRE_MESSAGE(exited_with(node1.status(), 0), node1.output());
+  BOOST_TEST(node1.output().find("node 1 (ranks 1-2) joined") != std::string::npos);
+  double diff = relative_difference("test_mn_1p2.safetensors", "test_mn_three.safetensors");
+  BOOST_TEST_MESSAGE("nodes of 1 + 2 ranks vs 3 ranks in one: max relative difference " << diff);
+  BOOST_TEST(diff <= 1e-6);
+}
+
+BOOST_AUTO_TEST_CASE(a_killed_node_ends_the_job_on_the_others) {
+  // Three nodes of one rank; each repetition kills another node (node 0 holds the rendezvous).
+  for (int victim : {1, 0, 2, 1}) {
+    BOOST_TEST_CONTEXT("killed node " << victim) {
+      launch_process job("--local-nodes 3 --ranks-per-node 1 --steps 1000000", "test_mn_kill.log");
+      // Node 0 prints the steps; at step 20 every node is well inside the job.
+      auto started = launch_process::clock::now();
+      bool stepping = job.wait_for_output("step   20 ", 30s);
+      BOOST_REQUIRE_MESSAGE(
+          stepping,
+          "no step 20 after "
+              << std::chrono::duration<double>(launch_process::clock::now() - started).count()
+              << " s (" << (job.running() ? "running" : "exited") << ", status " << job.status()
+              << "):\n"
+              << job.output());
+      int pid = pid_of_node(job.output(), victim);
+      BOOST_REQUIRE(::kill(pid, SIGKILL) == 0);
+      auto killed = launch_process::clock::now();
+      bool ended = job.wait(10s);
+      double seconds = std::chrono::duration<double>(launch_process::clock::now() - killed).count();
+      auto out = job.output();
+      BOOST_REQUIRE_MESSAGE(ended, "the job still runs 10 s after node " << victim
+                                                                         << " was killed:\n"
+                                                                         << out);
+      BOOST_TEST_MESSAGE("node " << victim << " killed: the job ended " << seconds << " s later");
+      BOOST_TEST(!exited_with(job.status(), 0));
+      for (int survivor = 0; survivor < 3; ++survivor) {
+        if (survivor == victim)
+          continue;
+        // e.g. "zmuon-launch[node 0]: node 1 (rank 1) lost in step 57: its process or ..."
+        std::regex lost("zmuon-launch\\[node " + std::to_string(survivor) + "\\]: node "
+                        + std::to_string(victim) + " \\(rank " + std::to_string(victim)
+                        + "\\) lost in step \\d+: ");
+        BOOST_TEST(std::regex_search(out, lost), "node " << survivor << " did not name node "
+                                                         << victim << ":\n"
+                                                         << out);
+        BOOST_TEST(out.find("zmuon-launch: node " + std::to_string(survivor) + " exited with 3")
+                       != std::string::npos,
+                   out);
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_node_that_stops_answering_is_lost_after_the_heartbeat_timeout) {
+  // SIGSTOP: the process and its connections stay, only the heartbeats stop.
+  const std::string args =
+      "--steps 1000000 --ranks-per-node 1 --set zmuon.heartbeat_timeout_ms=1000";
+  std::string master;
+  auto node0 = start_node0(2, args, master);
+  launch_process node1("--nodes 2 --node-rank 1 --master " + master + " " + args,
+                       "test_mn_node1.log");
+  BOOST_REQUIRE_MESSAGE(node0->wait_for_output("step   20 ", 30s), node0->output());
+  node1.signal(SIGSTOP);
+  auto stopped = launch_process::clock::now();
+  bool ended = node0->wait(10s);
+  double seconds = std::chrono::duration<double>(launch_process::clock::now() - stopped).count();
+  node1.kill();
+  BOOST_REQUIRE_MESSAGE(ended, node0->output());
+  BOOST_TEST_MESSAGE("node 1 stopped: node 0 ended " << seconds << " s later (timeout 1 s)");
+  BOOST_TEST(seconds >= 0.75);  // heartbeats came at least every 200 ms before the stop
+  BOOST_TEST(exited_with(node0->status(), 3), node0->output());
+  std::regex lost(
+      R"(zmuon-launch\[node 0\]: node 1 \(rank 1\) lost in step \d+: no heartbeat for \d+ ms \(timeout 1000 ms)");
+  BOOST_TEST(std::regex_search(node0->output(), lost), node0->output());
+}
+
+BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
+  struct mismatch {
+    std::string node1_args;
+    std::string expected;
+  };
+  const std::vector<mismatch> cases = {
+      // A hidden flag changes the model on node 1 only.
+      {"--model-hidden 48",
+       "the parameter table of node 1 differs from node 0's at entry 0: node 0 has "
+       "'embed.weight [64, 32] automatic, heads 0', node 1 has 'embed.weight [48, 32] "
+       "automatic, heads 0'"},
+      {"--set optimizer.params.momentum=0.9",
+       "the config of node 1 differs from node 0's at 'optimizer.params.momentum': node 0 has "
+       "0.95, node 1 has 0.9"},
+      {"--seed 7", "the config of node 1 differs from node 0's at 'launch.seed'"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.node1_args) {
+      std::string master;
+      auto node0_ptr = start_node0(2, "--ranks-per-node 2 --steps 3", master);
+      auto& node0 = *node0_ptr;
+      launch_process node1("--nodes 2 --node-rank 1 --master " + master
+                               + " --ranks-per-node 1 --steps 3 " + c.node1_args,
+                           "test_mn_node1.log");
+      BOOST_REQUIRE(node0.wait(20s));
+      BOOST_REQUIRE(node1.wait(20s));
+      for (auto* n : {&node0, &node1}) {
+        BOOST_TEST(exited_with(n->status(), 2), n->output());
+        BOOST_TEST(n->output().find(c.expected) != std::string::npos, n->output());
+        BOOST_TEST(n->output().find("step ") == std::string::npos);  // nothing ran
+      }
+    }
+  }
+}
+
+BOOST_AUTO_TEST_CASE(a_node_lost_while_joining_fails_the_join_at_once) {
+  // Three nodes expected; node 1 joins, then dies before node 2 comes: node 0 does not wait for
+  // the join timeout (30 s here).
+  std::string master;
+  auto node0 = start_node0(3, "--steps 3 --set zmuon.timeout_ms=30000", master);
+  launch_process node1("--nodes 3 --node-rank 1 --master " + master + " --steps 3",
+                       "test_mn_node1.log");
+  std::this_thread::sleep_for(1s);  // node 1 joins and waits for node 2
+  BOOST_REQUIRE(node1.running());
+  node1.kill();
+  auto killed = launch_process::clock::now();
+  BOOST_REQUIRE_MESSAGE(node0->wait(10s), node0->output());
+  double seconds = std::chrono::duration<double>(launch_process::clock::now() - killed).count();
+  BOOST_TEST_MESSAGE("node 0 gave up " << seconds << " s after node 1 died while joining");
+  BOOST_TEST(exited_with(node0->status(), 3), node0->output());
+  BOOST_TEST(
+      node0->output().find("node 1 was lost while the nodes were joining") != std::string::npos,
+      node0->output());
+}
+
+BOOST_AUTO_TEST_CASE(bad_node_flags_and_a_missing_rendezvous_are_errors) {
+  int status = 0;
+  auto out = zmuon::test::run_launch("--nodes 2 --node-rank 1 --master nohost --steps 1", &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("--master 'nohost': expected HOST:PORT") != std::string::npos, out);
+
+  out = zmuon::test::run_launch("--local-nodes 2 --master 127.0.0.1:5 --steps 1", &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("--master excludes --local-nodes") != std::string::npos, out);
+
+  out = zmuon::test::run_launch("--nodes 2 --node-rank 2 --master 127.0.0.1:0 --steps 1", &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("--node-rank 2 is outside [0, 2)") != std::string::npos, out);
+
+  // Nobody listens on port 1: the node gives up after zmuon.timeout_ms.
+  auto start = launch_process::clock::now();
+  out = zmuon::test::run_launch(
+      "--nodes 2 --node-rank 1 --master 127.0.0.1:1 --set zmuon.timeout_ms=500 --steps 1", &status);
+  double seconds = std::chrono::duration<double>(launch_process::clock::now() - start).count();
+  BOOST_TEST(!exited_with(status, 0), out);
+  BOOST_TEST(
+      out.find("node 1 found no rendezvous at 127.0.0.1:1 within 500 ms") != std::string::npos,
+      out);
+  BOOST_TEST(seconds < 10);
+}

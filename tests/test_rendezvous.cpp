@@ -1,0 +1,162 @@
+// The rendezvous actor alone, under CAF's testing scheduler: ranks in node-rank order whatever
+// the join order, no answer before every node is in, the first difference between nodes named to
+// all of them, bad joins refused one by one, a node dying while others join, the NCCL id hook.
+// Plus the small pure helpers of the launch (describe_node, parse_host_port).
+#define BOOST_TEST_MODULE rendezvous
+#include <boost/test/unit_test.hpp>
+
+#include "tests/actor_fixture.hpp"
+
+#include "launch/node.hpp"
+#include "launch/node_supervisor.hpp"
+#include "launch/rendezvous.hpp"
+
+namespace {
+
+using zmuon::join_reply;
+using zmuon::join_request;
+using zmuon::test::actor_fixture;
+
+const std::vector<std::string> table{"a [4, 4] automatic, heads 0", "b [4] automatic, heads 0"};
+const std::string job = R"({"optimizer": {"params": {"momentum": 0.95}}, "launch": {"seed": 1}})";
+
+struct fixture : actor_fixture {
+  /// An actor that does nothing: a stand-in for a supervisor or a comm actor.
+  caf::actor idle() {
+    return keep(sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+  }
+
+  join_request request(int node, int ranks) {
+    join_request req{node, ranks, table, job, idle(), {}};
+    for (int i = 0; i < ranks; ++i)
+      req.comms.push_back(idle());
+    return req;
+  }
+};
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_CASE(ranks_follow_node_ranks_whatever_the_join_order, fixture) {
+  auto rdv = keep(zmuon::spawn_rendezvous(sys, 3));
+  auto r2 = request(2, 3), r0 = request(0, 2), r1 = request(1, 1);
+  auto a2 = ask<join_reply>(rdv, r2);
+  auto a0 = ask<join_reply>(rdv, r0);
+  run();
+  BOOST_TEST(!a2->done);  // no answer before every node is in
+  BOOST_TEST(!a0->done);
+  auto a1 = ask<join_reply>(rdv, r1);
+  run();
+  std::vector<caf::actor> comms;
+  for (auto* r : {&r0, &r1, &r2})
+    comms.insert(comms.end(), r->comms.begin(), r->comms.end());
+  int node = 0;
+  for (auto* a : {&a0, &a1, &a2}) {
+    const auto& reply = zmuon::test::value_of(*a);
+    BOOST_TEST(reply.world == 6);
+    BOOST_TEST(reply.node_first_ranks == (std::vector<int32_t>{0, 2, 3}));
+    BOOST_TEST(reply.first_rank == reply.node_first_ranks[node]);
+    BOOST_TEST((reply.comms == comms));
+    BOOST_TEST((reply.supervisors
+                == std::vector<caf::actor>{r0.supervisor, r1.supervisor, r2.supervisor}));
+    BOOST_TEST(reply.nccl_unique_id.empty());
+    ++node;
+  }
+}
+
+BOOST_FIXTURE_TEST_CASE(every_node_hears_the_first_difference, fixture) {
+  struct case_t {
+    std::function<void(join_request&)> change;  // applied to node 1's request
+    std::string expected;
+  };
+  const std::vector<case_t> cases = {
+      {[](join_request& r) { r.table[1] = "b [5] automatic, heads 0"; },
+       "the parameter table of node 1 differs from node 0's at entry 1: node 0 has 'b [4] "
+       "automatic, heads 0', node 1 has 'b [5] automatic, heads 0'"},
+      {[](join_request& r) { r.table.pop_back(); },
+       "the parameter table of node 1 differs from node 0's: node 0 has 2 parameters, node 1 has "
+       "1"},
+      {[](join_request& r) {
+         r.job = R"({"optimizer": {"params": {"momentum": 0.9}}, "launch": {"seed": 1}})";
+       },
+       "the config of node 1 differs from node 0's at 'optimizer.params.momentum': node 0 has "
+       "0.95, node 1 has 0.9"},
+      {[](join_request& r) { r.job = R"({"optimizer": {"params": {"momentum": 0.95}}})"; },
+       "the config of node 1 differs from node 0's at 'launch.seed': node 0 has 1, node 1 has "
+       "nothing"},
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT(c.expected) {
+      auto rdv = keep(zmuon::spawn_rendezvous(sys, 2));
+      auto r1 = request(1, 1);
+      c.change(r1);
+      auto a0 = ask<join_reply>(rdv, request(0, 1));
+      auto a1 = ask<join_reply>(rdv, r1);
+      run();
+      zmuon::test::check_error(a0, zmuon::errc::invalid_argument, c.expected);
+      zmuon::test::check_error(a1, zmuon::errc::invalid_argument, c.expected);
+      BOOST_TEST(zmuon::first_difference(r1, r1).empty());
+    }
+  }
+}
+
+BOOST_FIXTURE_TEST_CASE(bad_joins_are_refused_one_by_one, fixture) {
+  auto rdv = keep(zmuon::spawn_rendezvous(sys, 2));
+  auto a0 = ask<join_reply>(rdv, request(0, 1));
+  auto out_of_range = ask<join_reply>(rdv, request(2, 1));
+  auto again = ask<join_reply>(rdv, request(0, 1));
+  auto no_comms = request(1, 2);
+  no_comms.comms.pop_back();
+  auto short_of_comms = ask<join_reply>(rdv, no_comms);
+  run();
+  zmuon::test::check_error(out_of_range, zmuon::errc::invalid_argument,
+                           "node rank 2 is outside [0, 2)");
+  zmuon::test::check_error(again, zmuon::errc::invalid_argument, "node rank 0 joined twice");
+  zmuon::test::check_error(short_of_comms, zmuon::errc::invalid_argument,
+                           "node 1 brings 1 comm actors for 2 ranks");
+  BOOST_TEST(!a0->done);  // the good join still waits, and completes with node 1
+  auto a1 = ask<join_reply>(rdv, request(1, 1));
+  run();
+  BOOST_TEST(zmuon::test::value_of(a0).world == 2);
+  BOOST_TEST(zmuon::test::value_of(a1).first_rank == 1);
+}
+
+BOOST_FIXTURE_TEST_CASE(a_node_lost_while_joining_fails_the_others_at_once, fixture) {
+  auto rdv = keep(zmuon::spawn_rendezvous(sys, 3));
+  auto r1 = request(1, 1);
+  auto a0 = ask<join_reply>(rdv, request(0, 1));
+  auto a1 = ask<join_reply>(rdv, r1);
+  run();
+  caf::anon_send_exit(r1.supervisor, caf::exit_reason::kill);
+  run();
+  zmuon::test::check_error(a0, zmuon::errc::comm_failure,
+                           "node 1 was lost while the nodes were joining");
+  auto a2 = ask<join_reply>(rdv, request(2, 1));  // a late node hears it too
+  run();
+  zmuon::test::check_error(a2, zmuon::errc::comm_failure, "node 1 was lost");
+}
+
+BOOST_FIXTURE_TEST_CASE(the_nccl_unique_id_goes_to_every_node, fixture) {
+  int made = 0;
+  auto rdv = keep(zmuon::spawn_rendezvous(sys, 2, [&made] {
+    ++made;
+    return std::string("\x01\x00\x02", 3);
+  }));
+  auto a0 = ask<join_reply>(rdv, request(0, 1));
+  auto a1 = ask<join_reply>(rdv, request(1, 1));
+  run();
+  BOOST_TEST(made == 1);
+  BOOST_TEST(zmuon::test::value_of(a0).nccl_unique_id == std::string("\x01\x00\x02", 3));
+  BOOST_TEST(zmuon::test::value_of(a1).nccl_unique_id == std::string("\x01\x00\x02", 3));
+}
+
+BOOST_AUTO_TEST_CASE(helpers) {
+  BOOST_TEST(zmuon::describe_node(1, {0, 2, 3}, 6) == "node 1 (rank 2)");
+  BOOST_TEST(zmuon::describe_node(2, {0, 2, 3}, 6) == "node 2 (ranks 3-5)");
+  BOOST_TEST(zmuon::describe_node(0, {0, 2, 3}, 6) == "node 0 (ranks 0-1)");
+  auto hp = zmuon::parse_host_port("node0.cluster:29500");
+  BOOST_REQUIRE(hp);
+  BOOST_TEST(hp->first == "node0.cluster");
+  BOOST_TEST(hp->second == 29500);
+  for (const char* bad : {"host", "host:", ":80", "host:65536", "host:8o"})
+    BOOST_TEST(!zmuon::parse_host_port(bad), bad);
+}
