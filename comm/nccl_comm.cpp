@@ -304,38 +304,18 @@ expected<nccl_unique_id> make_nccl_unique_id() {
   return nccl_unique_id(id.internal, id.internal + sizeof(id.internal));
 }
 
-expected<comm_actor> spawn_nccl_comm(caf::actor_system& sys, int rank, int world,
-                                     const nccl_unique_id& id,
-                                     std::shared_ptr<compute_backend> backend, int poll_ms) {
-  auto cuda = cuda_of(backend, rank);
-  if (!cuda)
-    return cuda.err();
-  ncclUniqueId uid;
-  if (id.size() != sizeof(uid.internal))
-    return error(errc::invalid_argument, "nccl unique id has " + std::to_string(id.size())
-                                             + " bytes, expected "
-                                             + std::to_string(sizeof(uid.internal)));
-  std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
-  if (cudaSetDevice((*cuda)->device()) != cudaSuccess)
-    return error(errc::device_failure, "rank " + std::to_string(rank) + ": cannot use device "
-                                           + std::to_string((*cuda)->device()));
-  ncclComm_t comm = nullptr;
-  ncclResult_t code = ncclCommInitRank(&comm, world, uid, rank);
-  if (code != ncclSuccess)
-    return error(errc::comm_failure, "rank " + std::to_string(rank) + ": ncclCommInitRank failed: "
-                                         + nccl_message(nullptr, code));
-  return comm_actor{
-      sys.spawn(nccl_impl, rank, world, communicator{comm}, std::move(backend), poll_ms)};
-}
+namespace {
 
-expected<std::vector<comm_actor>> spawn_nccl_comm_group(
-    caf::actor_system& sys, const std::vector<std::shared_ptr<compute_backend>>& backends,
-    int poll_ms) {
-  const int world = static_cast<int>(backends.size());
+// The communicators of ranks [first, first + backends.size()) of `world`, on the backends'
+// devices, joined through `id`; grouped, so that one thread can initialize several ranks.
+expected<std::vector<comm_actor>> spawn_ranks(
+    caf::actor_system& sys, int first, int world, const ncclUniqueId& id,
+    const std::vector<std::shared_ptr<compute_backend>>& backends, int poll_ms) {
+  const int local = static_cast<int>(backends.size());
   std::vector<int> devices;
   std::set<int> distinct;
-  for (int r = 0; r < world; ++r) {
-    auto cuda = cuda_of(backends[r], r);
+  for (int i = 0; i < local; ++i) {
+    auto cuda = cuda_of(backends[i], first + i);
     if (!cuda)
       return cuda.err();
     devices.push_back((*cuda)->device());
@@ -345,16 +325,50 @@ expected<std::vector<comm_actor>> spawn_nccl_comm_group(
                        + std::to_string(devices.back())
                        + " (use comm 'caf' to run several ranks on one GPU)");
   }
-  std::vector<ncclComm_t> comms(world, nullptr);
-  ncclResult_t code = ncclCommInitAll(comms.data(), world, devices.data());
+  std::vector<ncclComm_t> comms(local, nullptr);
+  ncclResult_t code = ncclGroupStart();
+  for (int i = 0; i < local && code == ncclSuccess; ++i) {
+    if (cudaSetDevice(devices[i]) != cudaSuccess)
+      return error(errc::device_failure, "rank " + std::to_string(first + i)
+                                             + ": cannot use device " + std::to_string(devices[i]));
+    code = ncclCommInitRank(&comms[i], world, id, first + i);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  if (code == ncclSuccess)
+    code = end;
   if (code != ncclSuccess)
-    return error(errc::comm_failure, "ncclCommInitAll over " + std::to_string(world)
-                                         + " GPUs failed: " + nccl_message(nullptr, code));
+    return error(errc::comm_failure,
+                 "ranks " + std::to_string(first) + ".." + std::to_string(first + local - 1)
+                     + " of " + std::to_string(world)
+                     + ": ncclCommInitRank failed: " + nccl_message(nullptr, code));
   std::vector<comm_actor> out;
-  for (int r = 0; r < world; ++r)
-    out.push_back(
-        comm_actor{sys.spawn(nccl_impl, r, world, communicator{comms[r]}, backends[r], poll_ms)});
+  for (int i = 0; i < local; ++i)
+    out.push_back(comm_actor{
+        sys.spawn(nccl_impl, first + i, world, communicator{comms[i]}, backends[i], poll_ms)});
   return out;
+}
+
+}  // namespace
+
+expected<std::vector<comm_actor>> spawn_nccl_comms(
+    caf::actor_system& sys, int first_rank, int world, const nccl_unique_id& id,
+    const std::vector<std::shared_ptr<compute_backend>>& backends, int poll_ms) {
+  ncclUniqueId uid;
+  if (id.size() != sizeof(uid.internal))
+    return error(errc::invalid_argument, "nccl unique id has " + std::to_string(id.size())
+                                             + " bytes, expected "
+                                             + std::to_string(sizeof(uid.internal)));
+  std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
+  return spawn_ranks(sys, first_rank, world, uid, backends, poll_ms);
+}
+
+expected<std::vector<comm_actor>> spawn_nccl_comm_group(
+    caf::actor_system& sys, const std::vector<std::shared_ptr<compute_backend>>& backends,
+    int poll_ms) {
+  auto id = make_nccl_unique_id();
+  if (!id)
+    return id.err();
+  return spawn_nccl_comms(sys, 0, static_cast<int>(backends.size()), *id, backends, poll_ms);
 }
 
 }  // namespace zmuon

@@ -30,16 +30,17 @@ namespace zmuon {
 
 /// The opaque NCCL unique id (ncclUniqueId's bytes): made by rank 0, handed to every rank by the
 /// launcher's rendezvous.
-using nccl_unique_id = std::vector<char>;
+using nccl_unique_id = std::string;
 
 /// A new unique id, or an error naming why NCCL cannot make one.
 expected<nccl_unique_id> make_nccl_unique_id();
 
-/// One rank of a job whose ranks live in several processes: joins the communicator of `id`
-/// (blocks until all `world` ranks have joined). `backend` must be the rank's CUDA backend.
-expected<comm_actor> spawn_nccl_comm(caf::actor_system& sys, int rank, int world,
-                                     const nccl_unique_id& id,
-                                     std::shared_ptr<compute_backend> backend, int poll_ms = 100);
+/// Ranks [first_rank, first_rank + backends.size()) of a job of `world` ranks that may live in
+/// several processes: joins the communicator of `id` (blocks until all `world` ranks have
+/// joined). backends[i] is rank first_rank + i's CUDA backend; their devices must be distinct.
+expected<std::vector<comm_actor>> spawn_nccl_comms(
+    caf::actor_system& sys, int first_rank, int world, const nccl_unique_id& id,
+    const std::vector<std::shared_ptr<compute_backend>>& backends, int poll_ms = 100);
 
 /// In-process ranks, one GPU each: backends[r] is rank r's CUDA backend; their devices must be
 /// distinct (NCCL rejects two ranks on one GPU: use the caf comm to share a GPU).

@@ -81,8 +81,10 @@ struct engine::impl {
   std::vector<param_spec> table;
   std::vector<std::vector<float>> init;
   std::shared_ptr<const plan> pl;
-  std::vector<comm_actor> comms;                         // of this process's ranks
-  std::vector<rank_actors> ranks;                        // this process's ranks, by local index
+  std::vector<comm_actor> comms;       // of this process's ranks (host collectives use these too)
+  std::vector<comm_actor> rank_comms;  // nccl across processes: the ranks' own; else empty
+  std::string nccl_id;                 // from the rendezvous (multi-process nccl)
+  std::vector<rank_actors> ranks;      // this process's ranks, by local index
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;  // micro-batches handed over per local rank in the open step
   uint64_t step = 0;        // last step number issued
@@ -170,11 +172,19 @@ expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backe
 
 error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends) {
   if (!comms.empty()) {  // a node of a multi-process job: the launcher connected its caf comms
-    if (opts.comm == "nccl")
-      return {errc::unsupported,
-              "comm backend 'nccl' across processes is not wired to the rendezvous yet (its "
-              "unique id): use comm 'caf'"};
+    if (opts.comm != "nccl")
+      return {};
+#ifdef ZMUON_HAVE_NCCL
+    // The ranks' collectives run on NCCL; the caf comms stay for the host's own collectives.
+    if (nccl_id.empty())
+      return {errc::invalid_argument,
+              "comm backend 'nccl': the rendezvous handed out no NCCL unique id"};
+    auto joined = spawn_nccl_comms(*sys, first_rank, opts.world, nccl_id, backends);
+    if (!joined)
+      return joined.err();
+    rank_comms = std::move(*joined);
     return {};
+#endif
   }
   if (opts.comm == "nccl") {
 #ifdef ZMUON_HAVE_NCCL
@@ -196,6 +206,8 @@ engine::engine() : impl_(std::make_unique<impl>()) {}
 engine::~engine() {
   for (auto& r : impl_->ranks)
     stop_rank(r);
+  for (auto& c : impl_->rank_comms)
+    caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
   for (auto& c : impl_->comms)
     caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
 }
@@ -234,6 +246,7 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts,
   if (auto err = d.configure(opts, node.system, node.first_rank, local, node_index))
     return err;
   d.comms = node.comms;
+  d.nccl_id = node.nccl_unique_id;
   d.node_first_ranks = node.node_first_ranks;
   return eng;
 }
@@ -287,7 +300,8 @@ error engine::impl::start() {
   if (auto err = spawn_comms(*backends))
     return err;
   for (int i = 0; i < local; ++i)
-    ranks.push_back(spawn_rank(*sys, pl, first_rank + i, opts, comms[i], (*backends)[i],
+    ranks.push_back(spawn_rank(*sys, pl, first_rank + i, opts,
+                               rank_comms.empty() ? comms[i] : rank_comms[i], (*backends)[i],
                                traces.empty() ? nullptr : traces[i]));
   // Each rank's initial shard of every parameter.
   for (int k = 0; k < local; ++k) {

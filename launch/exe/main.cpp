@@ -22,6 +22,9 @@
 #include "launch/node.hpp"
 #include "launch/safetensors.hpp"
 #include "zmuon/node_setup.hpp"
+#ifdef ZMUON_HAVE_NCCL
+#include "comm/nccl_comm.hpp"
+#endif
 
 namespace {
 
@@ -108,6 +111,13 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   nopts.rendezvous_file = nf.rendezvous_file;
   nopts.join_timeout_ms = job.engine.timeout_ms;
   nopts.heartbeat_timeout_ms = job.heartbeat_timeout_ms;
+#ifdef ZMUON_HAVE_NCCL
+  if (job.engine.comm == "nccl")  // node 0 makes the id, the rendezvous hands it to every node
+    nopts.nccl_unique_id = [] {
+      auto id = zmuon::make_nccl_unique_id();
+      return id ? *id : std::string();
+    };
+#endif
   // What every node must agree on: the config (but this node's rank count) and the host loop.
   auto agreed = zmuon::config_json(job);
   agreed["zmuon"].erase("ranks");
