@@ -126,6 +126,16 @@ check() {
     [[ $rc -ne 0 ]] && status=1 && echo "zmuon-bench-step: exit $rc"
   done
 
+  echo "== zmuon-launch, 2 node processes, nccl (the rendezvous hands out the NCCL id)"
+  # With one GPU, NCCL must refuse two ranks on it: both nodes exit non-zero, naming it, no hang.
+  timeout 120 "$work/bin/zmuon-launch" --local-nodes 2 --ranks-per-node 1 --backend cuda \
+    --comm nccl --steps 3 2>&1 | tail -n 6
+  echo "exit ${PIPESTATUS[0]} (with one GPU: non-zero expected)"
+
+  if [[ -n "${SKIP_NS:-}" ]]; then
+    echo "== bench_ns and ns_torch.py skipped (SKIP_NS set)"
+    return $status
+  fi
   echo "== bench_ns"
   timeout 240 "$bench" --json "$out/bench_ns.json" 2>&1 | tee "$out/bench_ns.log"
   rc=${PIPESTATUS[0]}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # examples/torch_train.py on the GPU machine, which has PyTorch but neither CAF nor OpenBLAS:
-# libzmuon.so and the libraries it needs beyond glibc/libstdc++ (and CUDA's) are built here and
-# carried.
+# libzmuon.so (with the CUDA backend) and the libraries it needs beyond glibc/libstdc++ (and
+# CUDA's) are built here and carried.
 #
 #   examples/torch_train_gpu.sh pack     # here: build libzmuon (build/), pack .carry/embed/
 #   examples/torch_train_gpu.sh          # there, from the repository root, .carry carried:
@@ -18,13 +18,14 @@ bundle=.carry/embed/libzmuon.tar.gz
 
 pack() {
   set -e
-  cmake -S . -B build -G Ninja >/dev/null
-  ninja -C build -j"${JOBS:-2}" zmuon
+  # With the CUDA backend built in (zmuon's cuda compute backend on the GPU machine).
+  cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
+  ninja -C build-cuda -j"${JOBS:-2}" zmuon
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/lib"
-  cp -L build/embed/libzmuon.so "$stage/lib/libzmuon.so"
-  ldd build/embed/libzmuon.so | awk '/=> \// {print $3}' | sort -u |
+  cp -L build-cuda/embed/libzmuon.so "$stage/lib/libzmuon.so"
+  ldd build-cuda/embed/libzmuon.so | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
     grep -Ev '/(libcudart|libcublas|libcublasLt|libnccl)\.so' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
@@ -46,8 +47,11 @@ run() {
   python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' &&
     devices=(cuda cpu)
   for dev in "${devices[@]}"; do
-    echo "== examples/torch_train.py --steps ${STEPS:-200} --device $dev"
-    python3 examples/torch_train.py --steps "${STEPS:-200}" --device "$dev" >"$out/torch_train_$dev.log" 2>&1 || rc=1
+    echo "== examples/torch_train.py --steps ${STEPS:-200} --device $dev (zmuon backend: cuda on cuda)"
+    local backend=host
+    [[ $dev == cuda ]] && backend=cuda  # zmuon's own CUDA backend beside PyTorch's
+    python3 examples/torch_train.py --steps "${STEPS:-200}" --device "$dev" \
+      --zmuon-backend "$backend" >"$out/torch_train_$dev.log" 2>&1 || rc=1
     grep '^#' "$out/torch_train_$dev.log"
     tail -3 "$out/torch_train_$dev.log"
   done
