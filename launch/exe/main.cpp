@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include "kernels/compute.hpp"
 #include "launch/config.hpp"
 #include "launch/exe/local_nodes.hpp"
 #include "launch/exe/progress.hpp"
@@ -27,6 +29,20 @@
 #endif
 
 namespace {
+
+// Whether the rank count was chosen: a --ranks/--ranks-per-node flag or --set (both arrive as
+// zmuon.ranks overrides) or zmuon.ranks in the config file.
+bool ranks_given(const std::string& config_path, const std::vector<std::string>& sets) {
+  for (const auto& s : sets)
+    if (s.rfind("zmuon.ranks=", 0) == 0)
+      return true;
+  if (config_path.empty())
+    return false;
+  std::ifstream in(config_path);
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
+  return j.is_object() && j.contains("zmuon") && j["zmuon"].is_object()
+         && j["zmuon"].contains("ranks");
+}
 
 // The launcher's own defaults, over job_config's and under any config file: the example model
 // trains with AdamW lr 3e-3 (docs/NOTES.md; the engine's default is 3e-4).
@@ -231,8 +247,10 @@ int run(int argc, char** argv) {
           ->check(CLI::Range(1, 1024));
   std::vector<std::pair<CLI::Option*, std::string>> flag_keys{
       {ranks, "zmuon.ranks"},
-      {app.add_option("--ranks-per-node", flags.engine.world,
-                      "ranks of this node (zmuon.ranks; the same as --ranks)")
+      {app.add_option(
+              "--ranks-per-node", flags.engine.world,
+              "ranks of this node (zmuon.ranks; the same as --ranks; with --backend cuda the "
+              "default is one rank per visible GPU)")
            ->check(CLI::Range(1, 1024))
            ->excludes(ranks),
        "zmuon.ranks"},
@@ -339,6 +357,11 @@ int run(int argc, char** argv) {
     return 2;
   }
   job->engine.trace_dir = job->trace;
+  if (job->engine.compute == "cuda" && !ranks_given(config_path, sets)) {
+    // On GPUs, one rank per visible GPU unless --ranks, --ranks-per-node or zmuon.ranks says.
+    int gpus = zmuon::compute_device_count("cuda");
+    job->engine.world = gpus > 0 ? gpus : 1;
+  }
   const zmuon::engine_options& eopts = job->engine;
   topts.gas = job->gas;
   topts.micro_batch = job->micro_batch;
