@@ -236,6 +236,10 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                               to_host(be, st.momentum),   to_host(be, st.exp_avg),
                               to_host(be, st.exp_avg_sq), st.adam_steps};
       },
+      [=](params_view_atom) -> float_view {
+        auto& st = self->state;
+        return float_view{st.params.data(), st.params.size()};
+      },
       [=](params_atom) -> std::vector<float> {
         auto& st = self->state;
         st.be->synchronize();

@@ -15,6 +15,8 @@
 //   load_params -> ack       (host) set the parameter shard
 //   snapshot_atom -> store_snapshot  (host, tests) a copy of all state
 //   params_atom -> vector<float>     (host) a copy of the parameter shard
+//   params_view_atom -> float_view   (host, between steps) the parameter shard's buffer itself,
+//                                    for copies into the caller's device buffers
 //   gpu_done                (its compute backend's completion callback) a scan's result has
 //                           landed on the host, or the step's kernels have finished: the
 //                           waiting scan_grads / local_sum_squares / finish_step is answered
@@ -38,7 +40,8 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<apply_muon>::with<ack>, caf::replies_to<adamw_step>::with<ack>,
     caf::replies_to<finish_step>::with<ack>, caf::replies_to<load_params>::with<ack>,
     caf::replies_to<snapshot_atom>::with<store_snapshot>,
-    caf::replies_to<params_atom>::with<std::vector<float>>, caf::reacts_to<gpu_done>>;
+    caf::replies_to<params_atom>::with<std::vector<float>>,
+    caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>>;
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
                                             int rank, std::shared_ptr<compute_backend> backend,

@@ -56,16 +56,22 @@ struct bucket_buffers {
   shared_floats staging;
   std::vector<float> host_out;
   device_buffer device_in;
+  std::shared_ptr<device_buffer> device_in_shared;
   device_buffer device_out;
   const float* in = nullptr;
   float* out = nullptr;
 };
 
-std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, shared_floats staging,
+std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, const micro_grads& msg,
                                              int64_t count) {
   auto b = std::make_shared<bucket_buffers>();
-  b->staging = std::move(staging);
-  if (device == nullptr) {
+  b->staging = msg.data;
+  if (msg.device_data) {  // packed in the backend's memory by the host already
+    b->device_in_shared = msg.device_data;
+    b->device_out = device->allocate(count);
+    b->in = msg.device_data->data();
+    b->out = b->device_out.data();
+  } else if (device == nullptr) {
     b->host_out.assign(count, 0.0f);
     b->in = b->staging->data();
     b->out = b->host_out.data();
@@ -104,9 +110,9 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                                                         + std::to_string(st.step) + " is open"));
           return;
         }
-        if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size()) || !msg.data
-            || static_cast<int64_t>(msg.data->size())
-                   != pl.buckets[msg.bucket].shard_len * pl.world) {
+        if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
+            || (!msg.data && !msg.device_data) || (msg.device_data && !st.device)
+            || msg.size() != pl.buckets[msg.bucket].shard_len * pl.world) {
           record_failure(self, make_caf_error(errc::shape_mismatch,
                                               "bucket " + std::to_string(msg.bucket) + " of step "
                                                   + std::to_string(msg.step)
@@ -118,7 +124,7 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         ++st.in_flight;
         const auto& b = pl.buckets[msg.bucket];
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
-        auto buf = make_buffers(st.device.get(), msg.data, b.shard_len);
+        auto buf = make_buffers(st.device.get(), msg, b.shard_len);
         trace::request(self, st.tr, st.comm,
                        reduce_scatter_req{tag, buf->in, buf->out, b.shard_len})
             .then(

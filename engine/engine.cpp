@@ -7,6 +7,7 @@
 #include "caf/all.hpp"
 
 #include "actors/rank.hpp"
+#include "actors/staging.hpp"
 #include "comm/caf_comm.hpp"
 #ifdef ZMUON_HAVE_NCCL
 #include "comm/nccl_comm.hpp"
@@ -332,16 +333,17 @@ error engine::reduce(int rank, const tensor_map& grads) {
 
 namespace {
 
-// The device-buffer seam: the engine reads and writes host memory only, until a backend that
-// takes device pointers (the CUDA engine) handles memory_space::cuda here.
+// Device buffers (memory_space::cuda) need the cuda compute backend; the engine then copies
+// from and to them on the rank's stream. The caller must have finished writing a gradient (e.g.
+// torch.cuda.synchronize()) before reduce(), and the parameters are written when gather_params
+// returns.
 template <class View>
-error check_host_buffer(const View& v, const engine_options& opts) {
-  if (v.space != memory_space::host)
+error check_buffer(const View& v, const engine_options& opts) {
+  if (v.space != memory_space::host && opts.compute != "cuda")
     return {errc::unsupported, "'" + v.name + "' is a CUDA device buffer (device "
-                                   + std::to_string(v.device)
-                                   + "), which this build/backend does not support (compute "
-                                     "backend '"
-                                   + opts.compute + "'): hand over host memory"};
+                                   + std::to_string(v.device) + "), which compute backend '"
+                                   + opts.compute
+                                   + "' cannot read: hand over host memory or use 'cuda'"};
   return {};
 }
 
@@ -355,6 +357,7 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
     return err;
   const auto& pl = *d.pl;
   std::vector<const float*> source(pl.params.size(), nullptr);
+  std::vector<bool> on_device(pl.params.size(), false);
   for (const auto& g : grads) {  // check everything before anything is sent
     int i = pl.find(g.name);
     if (i < 0)
@@ -364,33 +367,55 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
       return {errc::shape_mismatch, "gradient of '" + g.name + "' has " + std::to_string(g.size)
                                         + " elements, expected "
                                         + std::to_string(pl.params[i].numel)};
-    if (auto err = check_host_buffer(g, d.opts))
+    if (auto err = check_buffer(g, d.opts))
       return err;
     if (!g.data)
       return {errc::invalid_argument, "gradient of '" + g.name + "' is a null pointer"};
     if (source[i])
       return {errc::invalid_argument, "gradient of '" + g.name + "' is given twice"};
     source[i] = g.data;
+    on_device[i] = g.space != memory_space::host;
   }
+  const bool any_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
+  compute_backend& be = *d.ranks[rank - d.first_rank].backend;
   int micro = d.micros[rank - d.first_rank]++;
   uint64_t step = d.step + 1;
   for (size_t b = 0; b < pl.buckets.size(); ++b) {
     const auto& bucket = pl.buckets[b];
     // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
-    auto staging = std::make_shared<std::vector<float>>(bucket.shard_len * pl.world, 0.0f);
+    const int64_t size = bucket.shard_len * pl.world;
+    micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
+    // Device gradients under the nccl comm are packed on the device (the rank's stream orders
+    // the copies before the reduce-scatter); everything else is packed in host memory.
+    const bool pack_on_device = any_device && !comm_on_host(d.opts.comm);
+    std::shared_ptr<std::vector<float>> host;
+    if (pack_on_device) {
+      msg.device_data = std::make_shared<device_buffer>(be.allocate(size));
+      msg.device_size = size;
+    } else {
+      host = std::make_shared<std::vector<float>>(size, 0.0f);
+    }
     for (int i = bucket.first_param; i < bucket.end_param; ++i) {
       const auto& p = pl.params[i];
       if (!source[i])
         continue;
       for (int q = 0; q < pl.world; ++q) {
         int64_t n = valid_len(p, q);
-        if (n > 0)
-          std::memcpy(
-              staging->data() + q * bucket.shard_len + (p.shard_offset - bucket.shard_offset),
-              source[i] + q * p.shard_len, n * sizeof(float));
+        if (n <= 0)
+          continue;
+        const int64_t at = q * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
+        const float* src = source[i] + q * p.shard_len;
+        if (pack_on_device && on_device[i])
+          be.copy(msg.device_data->data() + at, src, n);
+        else if (pack_on_device)
+          be.copy_from_host_async(msg.device_data->data() + at, src, n);
+        else if (on_device[i])
+          be.copy_to_host(host->data() + at, src, n);
+        else
+          std::memcpy(host->data() + at, src, n * sizeof(float));
       }
     }
-    micro_grads msg{step, micro, static_cast<int32_t>(b), std::move(staging)};
+    msg.data = std::move(host);
     if (!d.traces.empty())
       d.traces[rank - d.first_rank]->send("host", trace::now_ns(), trace::describe(msg),
                                           trace::async_id(msg, rank), false);
@@ -476,7 +501,6 @@ expected<tensor_map> engine::parameters() {
     return err;
   if (d.multi_node())
     return d.gather_between_nodes();
-  const auto& pl = *d.pl;
   tensor_map out;
   std::vector<tensor_span> spans;
   for (const auto& p : d.pl->params) {
@@ -495,6 +519,7 @@ error engine::gather_params(const std::vector<tensor_span>& out) {
     return err;
   const auto& pl = *d.pl;
   std::vector<float*> target(pl.params.size(), nullptr);
+  std::vector<bool> on_device(pl.params.size(), false);
   for (const auto& o : out) {  // check everything before anything is written
     int i = pl.find(o.name);
     if (i < 0)
@@ -504,24 +529,42 @@ error engine::gather_params(const std::vector<tensor_span>& out) {
       return {errc::shape_mismatch, "buffer for '" + o.name + "' has " + std::to_string(o.size)
                                         + " elements, expected "
                                         + std::to_string(pl.params[i].numel)};
-    if (auto err = check_host_buffer(o, d.opts))
+    if (auto err = check_buffer(o, d.opts))
       return err;
     if (!o.data)
       return {errc::invalid_argument, "buffer for '" + o.name + "' is a null pointer"};
     if (target[i])
       return {errc::invalid_argument, "buffer for '" + o.name + "' is given twice"};
     target[i] = o.data;
+    on_device[i] = o.space != memory_space::host;
   }
   for (int r = 0; r < pl.world; ++r) {
-    auto shard = d.ask<std::vector<float>>(d.ranks[r].store, params_atom::value);
-    if (!shard)
-      return shard.err();
+    std::vector<float> shard;
+    float_view device_shard;  // the store's own buffer, when a device buffer is asked for
+    if (std::find(on_device.begin(), on_device.end(), true) != on_device.end()) {
+      auto view = d.ask<float_view>(d.ranks[r].store, params_view_atom::value);
+      if (!view)
+        return view.err();
+      device_shard = *view;
+    }
+    if (std::find(on_device.begin(), on_device.end(), false) != on_device.end()) {
+      auto host = d.ask<std::vector<float>>(d.ranks[r].store, params_atom::value);
+      if (!host)
+        return host.err();
+      shard = std::move(*host);
+    }
+    compute_backend& be = *d.ranks[r].backend;
     for (size_t i = 0; i < pl.params.size(); ++i) {
       const auto& p = pl.params[i];
       int64_t n = valid_len(p, r);
-      if (target[i] && n > 0)
-        std::memcpy(target[i] + r * p.shard_len, shard->data() + p.shard_offset, n * sizeof(float));
+      if (!target[i] || n <= 0)
+        continue;
+      if (on_device[i])
+        be.copy(target[i] + r * p.shard_len, device_shard.data + p.shard_offset, n);
+      else
+        std::memcpy(target[i] + r * p.shard_len, shard.data() + p.shard_offset, n * sizeof(float));
     }
+    be.synchronize();  // the caller may use its buffers when this returns
   }
   return {};
 }

@@ -19,10 +19,13 @@
 
 namespace zmuon {
 
+class device_buffer;  // kernels/compute.hpp
+
 // -- atoms ---------------------------------------------------------------------------------------
 using scale_atom = caf::atom_constant<caf::atom("scale")>;        // ask the loss scaler its scale
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;  // ask the store for its state
 using params_atom = caf::atom_constant<caf::atom("params")>;      // ask the store for its params
+using params_view_atom = caf::atom_constant<caf::atom("paramview")>;  // its params buffer itself
 
 // -- buffers -------------------------------------------------------------------------------------
 /// A view of floats owned by the sender, valid until the request it travels in is answered.
@@ -114,7 +117,11 @@ struct micro_grads {
   uint64_t step = 0;
   int32_t micro = 0;
   int32_t bucket = 0;
-  shared_floats data;
+  shared_floats data;  // in host memory, or (device gradients under the nccl comm) in the rank's
+  std::shared_ptr<device_buffer> device_data = nullptr;  // backend's memory, device_size floats
+  int64_t device_size = 0;
+
+  int64_t size() const { return data ? static_cast<int64_t>(data->size()) : device_size; }
 };
 
 /// All buckets of `step` handed over so far must land before the reply.

@@ -117,7 +117,7 @@ BOOST_AUTO_TEST_CASE(wrong_calls_return_their_status_and_message) {
       {ZMUON_INVALID_ARGUMENT, "group 7"},
       {ZMUON_DUPLICATE_PARAMETER, "'w' is registered twice"},
       {ZMUON_SHAPE_MISMATCH, "gradient of 'w' has 5 elements, expected 24"},
-      {ZMUON_UNSUPPORTED, "does not support"},
+      {ZMUON_UNSUPPORTED, "cannot read"},
       {ZMUON_BAD_STATE, "step() before any gradient"},
       {ZMUON_UNKNOWN_PARAMETER, "buffer for 'v', which is not a registered parameter"},
   };

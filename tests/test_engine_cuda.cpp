@@ -12,6 +12,8 @@
 #define BOOST_TEST_ALTERNATIVE_INIT_API
 #include "tests/engine_fixture.hpp"
 
+#include <cuda_runtime.h>
+
 #include <iostream>
 #include <limits>
 
@@ -159,6 +161,74 @@ BOOST_AUTO_TEST_CASE(fp16_scale_and_overflow_on_cuda) {
                                                                 << d_skip);
   BOOST_TEST(d_scale <= 1e-6);
   BOOST_TEST(d_skip <= 1e-6);
+}
+
+// Gradients handed over as device pointers (as a PyTorch user does with CUDA tensors) give the
+// same weights as the same values from host memory, and gather_params into device buffers
+// equals parameters(): nccl world 1 packs on the device, caf world 4 through host memory.
+BOOST_AUTO_TEST_CASE(device_buffers_equal_host_buffers) {
+  const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
+  for (const auto& [world, comm] : {std::pair<int, std::string>{1, "nccl"}, {4, "caf"}}) {
+    auto run = [&, world = world, comm = comm](bool device) {
+      auto eng = make_engine(gpu_options(world, comm));
+      register_table(*eng, table, 9);
+      std::vector<float*> device_grads;
+      for (int s = 1; s <= 3; ++s)
+        for (int r = 0; r < world; ++r) {
+          auto g = random_grads(table, 9, s, r, 0);
+          std::vector<tensor_view> views;
+          for (auto& [name, v] : g) {
+            const float* data = v.data();
+            if (device) {
+              float* d = nullptr;
+              BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float))
+                            == cudaSuccess);
+              BOOST_REQUIRE(
+                  cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice)
+                  == cudaSuccess);
+              device_grads.push_back(d);
+              data = d;
+            }
+            views.push_back({name, data, static_cast<int64_t>(v.size()),
+                             device ? memory_space::cuda : memory_space::host, 0});
+          }
+          BOOST_REQUIRE(!eng->reduce(r, views));
+          if (r == world - 1)
+            step_ok(*eng);
+        }
+      auto host_params = params_of(*eng);
+      if (device) {  // gather into device buffers and compare with the host read-back
+        std::vector<tensor_span> spans;
+        std::vector<float*> out;
+        for (auto& [name, v] : host_params) {
+          float* d = nullptr;
+          BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float))
+                        == cudaSuccess);
+          BOOST_REQUIRE(cudaMemset(d, 0xff, v.size() * sizeof(float)) == cudaSuccess);  // NaN
+          out.push_back(d);
+          spans.push_back({name, d, static_cast<int64_t>(v.size()), memory_space::cuda, 0});
+        }
+        BOOST_REQUIRE(!eng->gather_params(spans));
+        for (size_t i = 0; i < spans.size(); ++i) {
+          std::vector<float> back(spans[i].size);
+          BOOST_REQUIRE(
+              cudaMemcpy(back.data(), out[i], back.size() * sizeof(float), cudaMemcpyDeviceToHost)
+              == cudaSuccess);
+          BOOST_TEST(same_bits(back, host_params.at(spans[i].name)), spans[i].name);
+          cudaFree(out[i]);
+        }
+      }
+      for (float* d : device_grads)
+        cudaFree(d);
+      return host_params;
+    };
+    auto from_host = run(false);
+    auto from_device = run(true);
+    double d = rel_diff(from_device, from_host);
+    BOOST_TEST_MESSAGE("cuda+" << comm << " world " << world
+                               << ": device-pointer gradients vs host gradients, 3 steps: " << d);
+    BOOST_TEST(d == 0.0);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(nccl_with_more_ranks_than_gpus_is_named) {

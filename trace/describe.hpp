@@ -22,6 +22,10 @@ inline const char* op_name(collective_kind k) {
       return "gather";
     case collective_kind::scatter:
       return "scatter";
+    case collective_kind::params:
+      return "params";
+    case collective_kind::host:
+      return "host";
   }
   return "?";
 }
@@ -97,7 +101,7 @@ inline fields describe(const peer_doubles& m) {
 // -- the rank's actors ---------------------------------------------------------------------------
 inline fields describe(const micro_grads& m) {
   return stepped("micro_grads", m.step, m.micro, m.bucket,
-                 m.data ? floats(static_cast<int64_t>(m.data->size())) : 0);
+                 floats(m.size()));
 }
 inline fields describe(const flush& m) {
   return stepped("flush", m.step);

@@ -11,11 +11,13 @@ its backward pass (then zero the grads); `opt.step()` then steps on their mean.
 
 Parameters are float32 and contiguous: numpy arrays (gradients then come in through
 `accumulate(grads=...)`) or PyTorch tensors, both by data pointer (PyTorch is not imported).
-CUDA tensors go to the engine as device pointers; a build or backend without device buffers
+CUDA tensors go to the engine as device pointers (the cuda compute backend reads and writes them
+on the GPU; PyTorch's stream is synchronized first); a backend without device buffers (host)
 raises zmuon.Unsupported, unless `host_staging=True` copies them through host memory.
 """
 
 import json
+import sys
 import os
 
 from . import _capi
@@ -34,6 +36,14 @@ def _c_strides(shape, itemsize):
         strides.append(step)
         step *= d
     return tuple(reversed(strides))
+
+
+def _synchronize_torch(tensors):
+    """Waits for PyTorch's queued CUDA work when any of `tensors` is a torch CUDA tensor (then
+    torch is imported), so that the engine reads finished gradients."""
+    torch = sys.modules.get("torch")
+    if torch is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
+        torch.cuda.synchronize()
 
 
 def buffer_of(obj, what, writable=False):
@@ -241,6 +251,8 @@ class Muon:
             keep.append(g)
             ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
             entries.append((name, ptr, numel, device))
+        if any(device != HOST for _, _, _, device in entries):
+            _synchronize_torch(keep)  # the gradients must be written before the engine reads them
         self._engine.reduce(rank, entries)
         if 0 <= rank < len(self._micro):
             self._micro[rank] += 1

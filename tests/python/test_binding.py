@@ -315,8 +315,8 @@ class BadArguments(unittest.TestCase):
         with self.assertRaises(zmuon.Unsupported) as cm:
             opt.accumulate({"w": FakeCudaTensor(np.ones((8, 4), np.float32))})
         self.assertIsInstance(cm.exception, NotImplementedError)
-        self.assertIn("'w' is a CUDA device buffer (device 0), which this build/backend does "
-                      "not support", str(cm.exception))
+        self.assertIn("'w' is a CUDA device buffer (device 0), which compute backend 'host' "
+                      "cannot read", str(cm.exception))
 
     def test_a_failed_call_changes_nothing(self):
         before = {n: p.copy() for n, p in self.params.items()}
