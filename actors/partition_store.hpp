@@ -13,6 +13,8 @@
 //   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards
 //   finish_step -> ack       (coordinator) zero the gradient after an applied step
 //   load_params -> ack       (host) set the parameter shard
+//   load_state -> ack        (host, checkpoint load) set params, momentum, Adam moments and the
+//                            AdamW step count; zero the gradient
 //   snapshot_atom -> store_snapshot  (host, tests) a copy of all state
 //   params_atom -> vector<float>     (host) a copy of the parameter shard
 #pragma once
@@ -33,7 +35,7 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<unscale_clip>::with<ack>, caf::replies_to<muon_momentum>::with<ack>,
     caf::replies_to<apply_muon>::with<ack>, caf::replies_to<adamw_step>::with<ack>,
     caf::replies_to<finish_step>::with<ack>, caf::replies_to<load_params>::with<ack>,
-    caf::replies_to<snapshot_atom>::with<store_snapshot>,
+    caf::replies_to<load_state>::with<ack>, caf::replies_to<snapshot_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>>;
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,

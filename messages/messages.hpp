@@ -23,6 +23,7 @@ namespace zmuon {
 using scale_atom = caf::atom_constant<caf::atom("scale")>;        // ask the loss scaler its scale
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;  // ask the store for its state
 using params_atom = caf::atom_constant<caf::atom("params")>;      // ask the store for its params
+using scaler_state_atom = caf::atom_constant<caf::atom("scalerst")>;  // the loss scaler's counters
 
 // -- buffers -------------------------------------------------------------------------------------
 /// A view of floats owned by the sender, valid until the request it travels in is answered.
@@ -220,6 +221,20 @@ struct load_params {
 /// The store's whole state, copied (tests, checkpoints, reading parameters back).
 using store_snapshot = rank_state;
 
+/// Host -> store: replace the whole optimizer state (a checkpoint being loaded); the gradient is
+/// zeroed. Sizes must match the rank's buffers.
+struct load_state {
+  uint64_t step = 0;  // the checkpoint's step
+  std::shared_ptr<const rank_state> state;
+};
+
+// -- host -> loss scaler (checkpoints) -----------------------------------------------------------
+/// Host -> loss scaler: continue from a saved state.
+struct restore_scaler {
+  uint64_t step = 0;
+  loss_scale_snapshot state;
+};
+
 // -- host -> coordinator -------------------------------------------------------------------------
 struct step_request {
   uint64_t step = 0;
@@ -278,6 +293,9 @@ ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay)
 ZMUON_INSPECT(finish_step, x.step)
 ZMUON_INSPECT(load_params, x.step)
 ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps)
+ZMUON_INSPECT(load_state, x.step)
+ZMUON_INSPECT(loss_scale_snapshot, x.scale, x.iter, x.last_overflow_iter, x.hysteresis_left)
+ZMUON_INSPECT(restore_scaler, x.step, x.state)
 ZMUON_INSPECT(step_request, x.step, x.muon_lr, x.adam_lr)
 ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_scale,
               x.next_loss_scale, x.micros, x.ns_params, x.ns_matrices)

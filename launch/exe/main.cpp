@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "launch/config.hpp"
+#include "launch/exe/faults.hpp"
 #include "launch/exe/train.hpp"
 #include "launch/safetensors.hpp"
 
@@ -106,6 +107,22 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--save-params", save_params,
                  "write the final full parameters (fp32, by name) to this safetensors file");
+  auto* save_ckpt =
+      app.add_option("--save-checkpoint", topts.checkpoint_dir,
+                     "save a checkpoint under DIR every --every steps (DIR/latest names the "
+                     "newest; the two newest are kept)")
+          ->type_name("DIR");
+  app.add_option("--every", topts.checkpoint_every, "steps between checkpoints")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber)
+      ->needs(save_ckpt);
+  std::string resume;
+  app.add_option("--resume", resume,
+                 "continue from the checkpoint in DIR (its `latest`, or DIR itself) up to --steps; "
+                 "the world size may differ from the one that saved")
+      ->type_name("DIR");
+  zmuon::example::fault_flags faults;
+  zmuon::example::add_fault_flags(app, faults);
   CLI11_PARSE(app, argc, argv);
 
   // The flags given become the last overrides, so the config's checks apply to them too.
@@ -119,7 +136,11 @@ int run(int argc, char** argv) {
     std::cerr << "zmuon-launch: config error: " << job.err().message() << "\n";
     return 2;
   }
-  const zmuon::engine_options& eopts = job->engine;
+  zmuon::engine_options eopts = job->engine;
+  if (auto err = zmuon::example::apply_fault_flags(faults, eopts.faults)) {
+    std::cerr << "zmuon-launch: " << err.message() << "\n";
+    return 2;
+  }
   topts.gas = job->gas;
   topts.micro_batch = job->micro_batch;
   topts.fp16 = eopts.fp16.enabled;
@@ -132,6 +153,17 @@ int run(int argc, char** argv) {
     std::cerr << "zmuon-launch: " << err.to_string() << "\n";
     return 2;
   }
+  if (!resume.empty()) {
+    auto info = (*eng)->load_checkpoint(resume);
+    if (!info) {
+      std::cerr << "zmuon-launch: cannot resume: " << info.err().to_string() << "\n";
+      return 1;
+    }
+    std::printf("resumed from %s at step %llu (saved by %d ranks)\n", info->path.c_str(),
+                static_cast<unsigned long long>(info->step), info->world);
+  }
+  topts.checkpoint_config =
+      nlohmann::json{{"config", zmuon::config_json(*job)}, {"seed", topts.seed}}.dump();
   std::printf("zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s\n",
               eopts.world, topts.gas, topts.micro_batch,
               eopts.world * topts.gas * topts.micro_batch, topts.steps,
