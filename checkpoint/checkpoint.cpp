@@ -177,7 +177,7 @@ std::string manifest_text(const checkpoint_manifest& m) {
       {"config", m.config},
       {"files", files},
   };
-  return j.dump(1) + "\n";
+  return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 expected<checkpoint_manifest> parse_manifest(const std::string& text, const std::string& path) {

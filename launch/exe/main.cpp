@@ -163,7 +163,8 @@ int run(int argc, char** argv) {
                 static_cast<unsigned long long>(info->step), info->world);
   }
   topts.checkpoint_config =
-      nlohmann::json{{"config", zmuon::config_json(*job)}, {"seed", topts.seed}}.dump();
+      nlohmann::json{{"config", zmuon::config_json(*job)}, {"seed", topts.seed}}.dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::printf("zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s\n",
               eopts.world, topts.gas, topts.micro_batch,
               eopts.world * topts.gas * topts.micro_batch, topts.steps,
