@@ -11,8 +11,10 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
+#include <type_traits>
 
 #include "launch/safetensors.hpp"
 
@@ -119,6 +121,17 @@ error get(const json& obj, const std::string& key, T& out, const std::string& pa
   auto it = obj.find(key);
   if (it == obj.end())
     return bad(path, "manifest lacks " + in_quotes(key));
+  // Integers must be JSON integers in T's range (nlohmann would truncate 1.5 or wrap -1).
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    bool fits = false;
+    if (it->is_number_unsigned())
+      fits = it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+    else if (it->is_number_integer() && std::is_signed_v<T>)
+      fits = it->get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min());
+    if (!fits)
+      return bad(path,
+                 "manifest key " + in_quotes(key) + " is not an integer in range: " + it->dump());
+  }
   try {
     out = it->get<T>();
   } catch (const json::exception&) {
