@@ -153,6 +153,18 @@ BOOST_AUTO_TEST_CASE(a_run_killed_at_a_step_resumes_from_its_last_checkpoint) {
   require_bit_identical(resumed, params);
 }
 
+BOOST_AUTO_TEST_CASE(injected_nonfinite_gradients_skip_exactly_their_steps) {
+  auto out = launch_ok(
+      "--steps 5 --gas 2 --inject-nonfinite 2:1:mlp.fc1.weight:1 "
+      "--inject-nonfinite 4:3:head.bias:0:-inf");
+  std::regex line(R"(step\s+(\d+)\s+loss[^\n]*skipped (\d))");
+  std::vector<int> skipped;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+    if ((*it)[2] == "1")
+      skipped.push_back(std::stoi((*it)[1]));
+  BOOST_TEST(skipped == (std::vector<int>{2, 4}), out);
+}
+
 BOOST_AUTO_TEST_CASE(bad_fault_and_checkpoint_flags_are_errors) {
   int status = 0;
   auto out = zmuon::test::run_launch("--inject-nonfinite 3:0:fc1.weight", &status);
@@ -161,6 +173,9 @@ BOOST_AUTO_TEST_CASE(bad_fault_and_checkpoint_flags_are_errors) {
   out = zmuon::test::run_launch("--every 5", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("--save-checkpoint") != std::string::npos, out);
+  out = zmuon::test::run_launch("--save-checkpoint " + path_of("x"), &status);
+  BOOST_TEST(status != 0);
+  BOOST_TEST(out.find("--every") != std::string::npos, out);
   out = zmuon::test::run_launch("--resume " + path_of("no_such_dir"), &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("no checkpoint in") != std::string::npos, out);

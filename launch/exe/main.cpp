@@ -112,10 +112,10 @@ int run(int argc, char** argv) {
                      "save a checkpoint under DIR every --every steps (DIR/latest names the "
                      "newest; the two newest are kept)")
           ->type_name("DIR");
-  app.add_option("--every", topts.checkpoint_every, "steps between checkpoints")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber)
-      ->needs(save_ckpt);
+  auto* every = app.add_option("--every", topts.checkpoint_every, "steps between checkpoints")
+                    ->check(CLI::PositiveNumber)
+                    ->needs(save_ckpt);
+  save_ckpt->needs(every);
   std::string resume;
   app.add_option("--resume", resume,
                  "continue from the checkpoint in DIR (its `latest`, or DIR itself) up to --steps; "
