@@ -5,6 +5,7 @@
 
 #include "caf/all.hpp"
 
+#include "messages/errors.hpp"
 #include "trace/trace.hpp"
 
 namespace zmuon {
@@ -35,6 +36,17 @@ float loss_scale_state::update(bool overflow) {
   }
   ++iter_;
   return scale_;
+}
+
+loss_scale_snapshot loss_scale_state::save() const {
+  return {scale_, iter_, last_overflow_iter_, hysteresis_left_};
+}
+
+void loss_scale_state::restore(const loss_scale_snapshot& s) {
+  scale_ = s.scale;
+  iter_ = s.iter;
+  last_overflow_iter_ = s.last_overflow_iter;
+  hysteresis_left_ = s.hysteresis_left;
 }
 
 namespace {
@@ -82,6 +94,17 @@ loss_scaler_actor::behavior_type scaler_impl(scaler_pointer self, fp16_options o
         return rp;
       },
       [=](scale_atom) -> float { return self->state.scale.scale(); },
+      [=](scaler_state_atom) -> loss_scale_snapshot { return self->state.scale.save(); },
+      [=](restore_scaler& msg) -> caf::result<ack> {
+        const auto& s = msg.state;
+        if (!(s.scale > 0) || !std::isfinite(s.scale) || s.iter < 0 || s.hysteresis_left < 1)
+          return make_caf_error(errc::invalid_argument,
+                                "restore_scaler: scale " + std::to_string(s.scale) + ", iteration "
+                                    + std::to_string(s.iter) + ", hysteresis "
+                                    + std::to_string(s.hysteresis_left) + " is not a valid state");
+        self->state.scale.restore(s);
+        return ack{msg.step};
+      },
   };
 }
 

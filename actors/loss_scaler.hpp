@@ -6,6 +6,8 @@
 //                                      (max) the non-finite flag over ranks, update the scale;
 //                                      the report carries the scale used and the next one
 //   scale_atom -> float                (host) the scale to multiply the next loss by
+//   scaler_state_atom -> loss_scale_snapshot  (host, checkpoint save) the scale and its counters
+//   restore_scaler -> ack              (host, checkpoint load) continue from a saved state
 // Without fp16 the scale stays 1 and a non-finite gradient is still reported as an overflow,
 // so the step is skipped (DESIGN.md §2).
 #pragma once
@@ -19,8 +21,11 @@
 
 namespace zmuon {
 
-using loss_scaler_actor = caf::typed_actor<caf::replies_to<check_overflow>::with<overflow_report>,
-                                           caf::replies_to<scale_atom>::with<float>>;
+using loss_scaler_actor =
+    caf::typed_actor<caf::replies_to<check_overflow>::with<overflow_report>,
+                     caf::replies_to<scale_atom>::with<float>,
+                     caf::replies_to<scaler_state_atom>::with<loss_scale_snapshot>,
+                     caf::replies_to<restore_scaler>::with<ack>>;
 
 /// The scale arithmetic alone, a plain value type (the actor wraps one).
 class loss_scale_state {
@@ -29,6 +34,9 @@ public:
   float scale() const { return scale_; }
   /// Applies one step's vote; returns the scale for the next step.
   float update(bool overflow);
+  /// The counters, for checkpoints; restore() continues from them.
+  loss_scale_snapshot save() const;
+  void restore(const loss_scale_snapshot& s);
 
 private:
   fp16_options opts_;

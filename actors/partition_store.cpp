@@ -104,6 +104,28 @@ caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, co
   return {};
 }
 
+/// A state to load must fit this rank's buffers exactly.
+caf::error check_state(const store_state& st, const rank_state* in) {
+  auto fits = [](const char* what, size_t got, int64_t need) -> std::string {
+    if (static_cast<int64_t>(got) == need)
+      return {};
+    return std::string(what) + " has " + std::to_string(got) + " floats, the store holds "
+           + std::to_string(need);
+  };
+  if (in == nullptr)
+    return make_caf_error(errc::invalid_argument, "load_state: no state");
+  for (auto msg : {fits("params", in->params.size(), st.params.size()),
+                   fits("momentum", in->momentum.size(), st.momentum.size()),
+                   fits("exp_avg", in->exp_avg.size(), st.exp_avg.size()),
+                   fits("exp_avg_sq", in->exp_avg_sq.size(), st.exp_avg_sq.size())})
+    if (!msg.empty())
+      return make_caf_error(errc::shape_mismatch,
+                            "load_state: rank " + std::to_string(st.rank) + ": " + msg);
+  if (in->adam_steps < 0)
+    return make_caf_error(errc::invalid_argument, "load_state: negative AdamW step count");
+  return {};
+}
+
 partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_ptr<const plan> pl,
                                                 int rank, std::shared_ptr<compute_backend> backend,
                                                 std::shared_ptr<trace::recorder> tracer) {
@@ -226,6 +248,22 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                                 "load_params: rank " + std::to_string(st.rank) + " needs "
                                     + std::to_string(st.params.size()) + " floats");
         st.be->copy_from_host(st.params.data(), msg.shard->data(), st.params.size());
+        return ack{msg.step};
+      },
+      [=](load_state& msg) -> caf::result<ack> {
+        auto& st = self->state;
+        if (auto err = check_state(st, msg.state.get()))
+          return err;
+        const rank_state& in = *msg.state;
+        auto& be = *st.be;
+        be.copy_from_host(st.params.data(), in.params.data(), in.params.size());
+        be.copy_from_host(st.momentum.data(), in.momentum.data(), in.momentum.size());
+        be.copy_from_host(st.exp_avg.data(), in.exp_avg.data(), in.exp_avg.size());
+        be.copy_from_host(st.exp_avg_sq.data(), in.exp_avg_sq.data(), in.exp_avg_sq.size());
+        be.fill_zero(st.grads.data(), st.grads.size());
+        be.synchronize();
+        st.adam_steps = in.adam_steps;
+        st.scan_valid = false;
         return ack{msg.step};
       },
       [=](snapshot_atom) -> store_snapshot {

@@ -13,6 +13,8 @@
 //   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards
 //   finish_step -> ack       (coordinator) zero the gradient after an applied step
 //   load_params -> ack       (host) set the parameter shard
+//   load_state -> ack        (host, checkpoint load) set params, momentum, Adam moments and the
+//                            AdamW step count; zero the gradient
 //   snapshot_atom -> store_snapshot  (host, tests) a copy of all state
 //   params_atom -> vector<float>     (host) a copy of the parameter shard
 //   params_view_atom -> float_view   (host, between steps) the parameter shard's buffer itself,
@@ -39,7 +41,7 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<unscale_clip>::with<ack>, caf::replies_to<muon_momentum>::with<ack>,
     caf::replies_to<apply_muon>::with<ack>, caf::replies_to<adamw_step>::with<ack>,
     caf::replies_to<finish_step>::with<ack>, caf::replies_to<load_params>::with<ack>,
-    caf::replies_to<snapshot_atom>::with<store_snapshot>,
+    caf::replies_to<load_state>::with<ack>, caf::replies_to<snapshot_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>,
     caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>>;
 

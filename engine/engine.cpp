@@ -2,12 +2,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstring>
+
+#include <nlohmann/json.hpp>
 
 #include "caf/all.hpp"
 
 #include "actors/rank.hpp"
 #include "actors/staging.hpp"
+#include "checkpoint/checkpoint.hpp"
 #include "comm/caf_comm.hpp"
 #ifdef ZMUON_HAVE_NCCL
 #include "comm/nccl_comm.hpp"
@@ -66,6 +70,19 @@ error check_options(const engine_options& o) {
   if (o.timeout_ms < 1)
     return bad("timeout_ms must be >= 1");
   return {};
+}
+
+/// Fault injection: poison element 0 of a parameter's gradient (it lives in rank 0's part of the
+/// bucket's rank-major staging).
+void inject_nonfinite(const fault_options& faults, const plan& pl, const bucket_layout& bucket,
+                      uint64_t step, int rank, int micro, std::vector<float>& staging) {
+  for (const auto& f : faults.nonfinite) {
+    if (f.step != step || f.rank != rank || f.micro != micro)
+      continue;
+    int i = pl.find(f.param);
+    if (i >= bucket.first_param && i < bucket.end_param)
+      staging[pl.params[i].shard_offset - bucket.shard_offset] = f.value;
+  }
 }
 
 }  // namespace
@@ -288,6 +305,11 @@ error engine::impl::start() {
   auto made = make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon);
   if (!made)
     return made.err();
+  for (const auto& f : opts.faults.nonfinite)
+    if (made->find(f.param) < 0 || f.rank < 0 || f.rank >= opts.world)
+      return {errc::invalid_argument, "fault injection names parameter '" + f.param + "' on rank "
+                                          + std::to_string(f.rank)
+                                          + ", which is not a registered parameter or rank"};
   pl = std::make_shared<const plan>(std::move(*made));
   std::vector<std::pair<int, std::string>> muon_params;
   for (size_t i = 0; i < pl->params.size(); ++i)
@@ -415,6 +437,8 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
           std::memcpy(host->data() + at, src, n * sizeof(float));
       }
     }
+    if (host)  // fault injection (tests) acts on host-packed gradients
+      inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
     msg.data = std::move(host);
     if (!d.traces.empty())
       d.traces[rank - d.first_rank]->send("host", trace::now_ns(), trace::describe(msg),
@@ -440,6 +464,8 @@ expected<step_info> engine::step() {
                  "for every rank first)"};
   uint64_t step = ++d.step;
   d.host_collectives = 0;
+  if (d.opts.faults.kill_at_step == step)
+    std::raise(SIGKILL);  // fault injection: the process dies as this step begins
   step_request req{step, d.muon_lr(step), d.adam_lr(step)};
   // Every coordinator gets its request before any reply is awaited: the step's collectives
   // need all ranks.
@@ -648,6 +674,78 @@ expected<std::vector<double>> engine::sum_over_nodes(const std::vector<double>& 
   if (failed)
     return failed;
   return sum;
+}
+
+error engine::save_checkpoint(const std::string& dir, const std::string& config_json) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  if (d.multi_node())
+    return {errc::unsupported, "save_checkpoint in a multi-process job is not supported yet"};
+  if (d.micros[0] != 0)
+    return {errc::bad_state, "save_checkpoint with micro-batches of step "
+                                 + std::to_string(d.step + 1)
+                                 + " handed over (save between steps)"};
+  checkpoint_manifest meta;
+  meta.config = nlohmann::json::parse(config_json, nullptr, false);
+  if (meta.config.is_discarded())
+    return {errc::invalid_argument, "save_checkpoint: the config is not valid JSON"};
+  meta.step = d.step;
+  std::vector<rank_state> states;
+  for (int r = 0; r < d.opts.world; ++r) {
+    auto st = d.ask<rank_state>(d.ranks[r].store, snapshot_atom::value);
+    if (!st)
+      return st.err();
+    auto sc = d.ask<loss_scale_snapshot>(d.ranks[r].scaler, scaler_state_atom::value);
+    if (!sc)
+      return sc.err();
+    if (r == 0) {
+      meta.adam_steps = st->adam_steps;
+      meta.scaler = *sc;
+    } else if (st->adam_steps != meta.adam_steps || sc->scale != meta.scaler.scale
+               || sc->iter != meta.scaler.iter) {
+      return {errc::internal, "rank " + std::to_string(r) + " disagrees with rank 0 on the AdamW "
+                                  "step count or the loss scale"};
+    }
+    states.push_back(std::move(*st));
+  }
+  const auto& f = d.opts.faults;
+  after_shard_file hook;
+  if (f.kill_in_save_at_step != 0 && f.kill_in_save_at_step == d.step)
+    hook = [after = f.kill_in_save_after_files](int written) {
+      if (written >= after)
+        std::raise(SIGKILL);  // fault injection: the process dies in the middle of the save
+    };
+  auto written = write_checkpoint(dir, *d.pl, states, std::move(meta), hook);
+  return written ? error{} : written.err();
+}
+
+expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  if (d.multi_node())
+    return error{errc::unsupported, "load_checkpoint in a multi-process job is not supported yet"};
+  if (d.micros[0] != 0)
+    return error{errc::bad_state, "load_checkpoint with micro-batches of step "
+                                      + std::to_string(d.step + 1) + " handed over"};
+  auto loaded = read_checkpoint(dir, *d.pl);
+  if (!loaded)
+    return loaded.err();
+  const auto& m = loaded->manifest;
+  for (int r = 0; r < d.opts.world; ++r) {
+    auto state = std::make_shared<const rank_state>(std::move(loaded->states[r]));
+    if (auto done = d.ask<ack>(d.ranks[r].store, load_state{m.step, state}); !done)
+      return done.err();
+    if (auto done = d.ask<ack>(d.ranks[r].scaler, restore_scaler{m.step, m.scaler}); !done)
+      return done.err();
+  }
+  d.step = m.step;
+  return checkpoint_info{loaded->path, m.step, m.world, m.config.dump()};
+}
+
+uint64_t engine::last_step() const {
+  return impl_->step;
 }
 
 expected<float> engine::loss_scale() {

@@ -25,7 +25,9 @@ using json = nlohmann::json;
 std::string describe(const json& v) {
   if (v.is_null())
     return "null";
-  std::string text = v.dump();
+  // A --set value that is not JSON becomes a string as given, possibly invalid UTF-8 (found by
+  // tests/fuzz/fuzz_config): print such bytes as U+FFFD instead of throwing.
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 40)
     text = text.substr(0, 37) + "...";
   return v.is_number() ? text : std::string(v.type_name()) + " " + text;
@@ -417,9 +419,9 @@ expected<job_config> parse_config(const json& j) {
   const json* lr = find(j, "optimizer.params.lr");
   const json* muon_lr = find(j, "optimizer.params.muon_lr");
   if (lr && muon_lr && *lr != *muon_lr)
-    return error{errc::invalid_argument, "optimizer.params.lr (" + lr->dump()
-                                             + ") and optimizer.params.muon_lr (" + muon_lr->dump()
-                                             + ") differ; lr is an alias of muon_lr: give one"};
+    return error{errc::invalid_argument,
+                 "optimizer.params.lr (" + describe(*lr) + ") and optimizer.params.muon_lr ("
+                     + describe(*muon_lr) + ") differ; lr is an alias of muon_lr: give one"};
   if (cfg.engine.fp16.enabled && cfg.bf16)
     return error{errc::invalid_argument, "fp16.enabled and bf16.enabled are both true; pick one"};
   return cfg;

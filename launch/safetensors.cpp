@@ -279,18 +279,16 @@ error check_layout(const std::string& path, const std::vector<entry>& entries, u
   return {};
 }
 
-}  // namespace
-
-error write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
-  expected<std::string> header = make_header(tensors, metadata);
-  if (!header)
-    return header.err();
+/// Writes `path` through `path + ".tmp.<pid>"`: `fill` writes and fsyncs the temporary file,
+/// which is then renamed over `path`, and the directory fsynced, so `path` holds either the old
+/// file or the complete new one. The temporary file is removed on failure.
+template <class Fill>
+error write_atomically(const std::string& path, Fill&& fill) {
   std::string tmp_path = path + ".tmp." + std::to_string(::getpid());
   file_descriptor fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd.valid())
     return io_failure("cannot create", tmp_path);
-  error err = write_contents(fd.get(), tmp_path, *header, tensors);
+  error err = fill(fd.get(), tmp_path);
   if (!err && fd.close() != 0)
     err = io_failure("cannot close", tmp_path);
   if (!err && ::rename(tmp_path.c_str(), path.c_str()) != 0)
@@ -307,36 +305,50 @@ error write_safetensors(const std::string& path, const std::vector<named_tensor>
   return {};
 }
 
-expected<std::vector<named_tensor>> read_safetensors(const std::string& path,
-                                                     std::map<std::string, std::string>* metadata) {
-  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid())
-    return io_failure("cannot open", path);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0)
-    return io_failure("cannot stat", path);
-  if (!S_ISREG(st.st_mode))
-    return bad_file(path, "not a regular file");
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+}  // namespace
+
+error write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  expected<std::string> header = make_header(tensors, metadata);
+  if (!header)
+    return header.err();
+  return write_atomically(path, [&](int fd, const std::string& tmp_path) {
+    return write_contents(fd, tmp_path, *header, tensors);
+  });
+}
+
+expected<std::string> encode_safetensors(const std::vector<named_tensor>& tensors,
+                                         const std::map<std::string, std::string>& metadata) {
+  expected<std::string> header = make_header(tensors, metadata);
+  if (!header)
+    return header.err();
+  uint64_t length = header->size();
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    bytes[i] = static_cast<char>(length >> (8 * i));
+  bytes += *header;
+  for (const named_tensor& t : tensors)
+    bytes.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
+  return bytes;
+}
+
+expected<std::vector<named_tensor>> parse_safetensors(
+    const std::string& bytes, const std::string& path,
+    std::map<std::string, std::string>* metadata) {
+  const uint64_t file_size = bytes.size();
   if (file_size < 8)
     return bad_file(path, "file is " + std::to_string(file_size)
                               + " bytes, shorter than the 8-byte header length");
-  unsigned char length_bytes[8];
-  if (!read_all(fd.get(), length_bytes, sizeof length_bytes, 0))
-    return io_failure("cannot read", path);
   uint64_t header_size = 0;
   for (int i = 0; i < 8; ++i)
-    header_size |= static_cast<uint64_t>(length_bytes[i]) << (8 * i);
+    header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   if (header_size > file_size - 8)
     return bad_file(path, "header length " + std::to_string(header_size) + " exceeds the "
                               + std::to_string(file_size - 8)
                               + " bytes after the length field (truncated file)");
-  std::string text(header_size, '\0');
-  if (!read_all(fd.get(), text.data(), text.size(), 8))
-    return io_failure("cannot read", path);
-
   std::map<std::string, std::string> found_metadata;
-  expected<std::vector<entry>> entries = parse_header(path, text, found_metadata);
+  expected<std::vector<entry>> entries =
+      parse_header(path, bytes.substr(8, header_size), found_metadata);
   if (!entries)
     return entries.err();
   const uint64_t data_start = 8 + header_size;
@@ -347,13 +359,46 @@ expected<std::vector<named_tensor>> read_safetensors(const std::string& path,
   tensors.reserve(entries->size());
   for (const entry& e : *entries) {
     named_tensor t{e.name, e.shape, std::vector<float>((e.end - e.begin) / sizeof(float))};
-    if (!read_all(fd.get(), t.data.data(), e.end - e.begin, data_start + e.begin))
-      return io_failure("cannot read tensor " + in_quotes(e.name) + " from", path);
+    if (e.end > e.begin)
+      std::memcpy(t.data.data(), bytes.data() + data_start + e.begin, e.end - e.begin);
     tensors.push_back(std::move(t));
   }
   if (metadata)
     *metadata = std::move(found_metadata);
   return tensors;
+}
+
+expected<std::string> read_file(const std::string& path) {
+  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid())
+    return io_failure("cannot open", path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    return io_failure("cannot stat", path);
+  if (!S_ISREG(st.st_mode))
+    return bad_file(path, "not a regular file");
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  if (!read_all(fd.get(), bytes.data(), bytes.size(), 0))
+    return io_failure("cannot read", path);
+  return bytes;
+}
+
+expected<std::vector<named_tensor>> read_safetensors(const std::string& path,
+                                                     std::map<std::string, std::string>* metadata) {
+  expected<std::string> bytes = read_file(path);
+  if (!bytes)
+    return bytes.err();
+  return parse_safetensors(*bytes, path, metadata);
+}
+
+error write_file_atomically(const std::string& path, const std::string& bytes) {
+  return write_atomically(path, [&](int fd, const std::string& tmp_path) -> error {
+    if (!write_all(fd, bytes.data(), bytes.size()))
+      return io_failure("cannot write", tmp_path);
+    if (::fsync(fd) != 0)
+      return io_failure("cannot fsync", tmp_path);
+    return {};
+  });
 }
 
 }  // namespace zmuon

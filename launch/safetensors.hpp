@@ -30,4 +30,20 @@ error write_safetensors(const std::string& path, const std::vector<named_tensor>
 expected<std::vector<named_tensor>> read_safetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 
+/// The same checks on a file's bytes already in memory (checkpoints verify a checksum first; the
+/// fuzz target feeds arbitrary bytes). `path` only names the file in error messages.
+expected<std::vector<named_tensor>> parse_safetensors(
+    const std::string& bytes, const std::string& path,
+    std::map<std::string, std::string>* metadata = nullptr);
+
+/// The bytes write_safetensors would write (the same checks), for callers that checksum them.
+expected<std::string> encode_safetensors(const std::vector<named_tensor>& tensors,
+                                         const std::map<std::string, std::string>& metadata = {});
+
+/// The whole content of a regular file (io_error naming the file otherwise).
+expected<std::string> read_file(const std::string& path);
+
+/// Writes `bytes` to `path` atomically, as write_safetensors does.
+error write_file_atomically(const std::string& path, const std::string& bytes);
+
 }  // namespace zmuon

@@ -26,6 +26,7 @@ using scale_atom = caf::atom_constant<caf::atom("scale")>;        // ask the los
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;  // ask the store for its state
 using params_atom = caf::atom_constant<caf::atom("params")>;      // ask the store for its params
 using params_view_atom = caf::atom_constant<caf::atom("paramview")>;  // its params buffer itself
+using scaler_state_atom = caf::atom_constant<caf::atom("scalerst")>;  // the loss scaler's counters
 
 // -- buffers -------------------------------------------------------------------------------------
 /// A view of floats owned by the sender, valid until the request it travels in is answered.
@@ -249,6 +250,20 @@ struct gpu_done {
   int32_t index = 0;
 };
 
+/// Host -> store: replace the whole optimizer state (a checkpoint being loaded); the gradient is
+/// zeroed. Sizes must match the rank's buffers.
+struct load_state {
+  uint64_t step = 0;  // the checkpoint's step
+  std::shared_ptr<const rank_state> state;
+};
+
+// -- host -> loss scaler (checkpoints) -----------------------------------------------------------
+/// Host -> loss scaler: continue from a saved state.
+struct restore_scaler {
+  uint64_t step = 0;
+  loss_scale_snapshot state;
+};
+
 // -- host -> coordinator -------------------------------------------------------------------------
 struct step_request {
   uint64_t step = 0;
@@ -308,6 +323,9 @@ ZMUON_INSPECT(finish_step, x.step)
 ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
 ZMUON_INSPECT(load_params, x.step)
 ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps)
+ZMUON_INSPECT(load_state, x.step)
+ZMUON_INSPECT(loss_scale_snapshot, x.scale, x.iter, x.last_overflow_iter, x.hysteresis_left)
+ZMUON_INSPECT(restore_scaler, x.step, x.state)
 ZMUON_INSPECT(step_request, x.step, x.muon_lr, x.adam_lr)
 ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_scale,
               x.next_loss_scale, x.micros, x.ns_params, x.ns_matrices)

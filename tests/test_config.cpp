@@ -403,3 +403,12 @@ BOOST_AUTO_TEST_CASE(launcher_flags_beat_set_beats_config) {
       out.find("3 ranks, gas 2, micro-batch 3, global batch 18, 1 steps") != std::string::npos,
       out);
 }
+
+// Found by tests/fuzz/fuzz_config: a --set value that is not JSON is kept as a string as given;
+// invalid UTF-8 in it made the error message's JSON dump throw.
+BOOST_AUTO_TEST_CASE(an_override_with_invalid_utf8_is_an_error_not_a_crash) {
+  auto cfg = zmuon::load_config("", {"optimizer.params.momentum=0\xff\xff"});
+  BOOST_REQUIRE(!cfg);
+  BOOST_TEST(cfg.err().message().find("optimizer.params.momentum") != std::string::npos,
+             cfg.err().message());
+}

@@ -45,6 +45,14 @@ using lr_schedule = std::function<float(uint64_t step)>;
 struct plan;        // plan/plan.hpp (internal): where every parameter's shards live
 struct node_setup;  // zmuon/node_setup.hpp
 
+/// What load_checkpoint found.
+struct checkpoint_info {
+  std::string path;    // the checkpoint's directory
+  uint64_t step = 0;   // steps done when it was saved; the next step() is step + 1
+  int world = 0;       // the world size that saved it
+  std::string config;  // the config JSON given to save_checkpoint ("null" when none)
+};
+
 class engine {
 public:
   /// Checks the options (world size, NS schedule, backend names) and starts the actor system.
@@ -100,10 +108,19 @@ public:
   /// A copy of one rank's shards.
   expected<rank_state> snapshot(int rank);
 
-  // Checkpoint hooks (the checkpoint issue adds them here, next to snapshot()): state_dict-style
-  // save(dir) / load(dir) of every rank's shards. The C ABI (zmuon_engine_save/_load) and the
-  // Python binding (Muon.state_dict / load_state_dict, which raise NotImplementedError until
-  // then) forward to them.
+  /// Saves every rank's state (parameters, momentum, Adam moments, AdamW and loss-scaler
+  /// counters, the step) under `dir` (checkpoint/checkpoint.hpp: per-rank safetensors, a
+  /// manifest with a CRC-32 per file, atomic writes). `config_json` (JSON text) is stored in the
+  /// manifest. Only between steps (no micro-batch handed over).
+  error save_checkpoint(const std::string& dir, const std::string& config_json = "null");
+
+  /// Restores the state saved under `dir` (a checkpoint directory, or one holding `latest`),
+  /// resharding when it was saved with another world size. The same parameters (names, shapes,
+  /// Muon or AdamW) must be registered. Only between steps. Errors name what is wrong.
+  expected<checkpoint_info> load_checkpoint(const std::string& dir);
+
+  /// Steps done so far (0 for a fresh engine, the checkpoint's step after load_checkpoint).
+  uint64_t last_step() const;
 
   /// The loss scale the host multiplies its next loss by (1 without fp16).
   expected<float> loss_scale();

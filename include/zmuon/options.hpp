@@ -52,6 +52,22 @@ struct fp16_options {
   float scale_factor = 2.0f;
 };
 
+/// Fault injection, for tests of the reliability paths. Nothing is injected by default.
+struct nonfinite_fault {
+  uint64_t step = 0;                 // the step whose micro-batch is poisoned
+  int rank = 0;                      // the rank handing the gradient over
+  std::string param;                 // the parameter whose gradient (element 0) is poisoned
+  int micro = 0;                     // the micro-batch (0-based) within the step
+  float value = __builtin_nanf("");  // NaN by default; +-inf works too
+};
+
+struct fault_options {
+  std::vector<nonfinite_fault> nonfinite;  // engine::reduce writes `value` into these gradients
+  uint64_t kill_at_step = 0;          // the process SIGKILLs itself as step() of this step begins
+  uint64_t kill_in_save_at_step = 0;  // the process SIGKILLs itself in the checkpoint save of
+  int kill_in_save_after_files = 1;   // this step, after this many shard files are written
+};
+
 struct engine_options {
   int world = 4;                             // in-process ranks
   float gradient_clipping = 0.0f;            // max global norm of the raw gradient; 0 = off
@@ -65,6 +81,7 @@ struct engine_options {
   int64_t timeout_ms = 60'000;   // a request not answered in this time is an error
   std::string trace_dir;         // message trace (DESIGN.md §6) into this directory; empty: the
                                  // environment's ZMUON_TRACE, else off
+  fault_options faults;          // tests only
 };
 
 }  // namespace zmuon

@@ -1,4 +1,5 @@
-// One rank's shards, copied out of its partition store (tests, checkpoints, reading back).
+// One rank's shards, copied out of its partition store (tests, checkpoints, reading back), and
+// the loss scaler's counters.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,14 @@ struct rank_state {
   std::vector<float> exp_avg;     // Adam first moment
   std::vector<float> exp_avg_sq;  // Adam second moment
   int64_t adam_steps = 0;         // AdamW steps applied
+};
+
+/// The dynamic loss scaler's whole state (DeepSpeed's counters), as checkpoints keep it.
+struct loss_scale_snapshot {
+  float scale = 1;
+  int64_t iter = 0;
+  int64_t last_overflow_iter = -1;
+  int32_t hysteresis_left = 1;
 };
 
 }  // namespace zmuon

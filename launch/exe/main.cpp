@@ -18,6 +18,7 @@
 
 #include "kernels/compute.hpp"
 #include "launch/config.hpp"
+#include "launch/exe/faults.hpp"
 #include "launch/exe/local_nodes.hpp"
 #include "launch/exe/progress.hpp"
 #include "launch/exe/train.hpp"
@@ -337,6 +338,22 @@ int run(int argc, char** argv) {
       ->excludes(master);
   app.add_option("--rendezvous-file", nf.rendezvous_file)->group("");  // --local-nodes' own
   app.add_option("--model-hidden", topts.model.hidden)->group("");     // tests: another model
+  auto* save_ckpt =
+      app.add_option("--save-checkpoint", topts.checkpoint_dir,
+                     "save a checkpoint under DIR every --every steps (DIR/latest names the "
+                     "newest; the two newest are kept)")
+          ->type_name("DIR");
+  auto* every = app.add_option("--every", topts.checkpoint_every, "steps between checkpoints")
+                    ->check(CLI::PositiveNumber)
+                    ->needs(save_ckpt);
+  save_ckpt->needs(every);
+  std::string resume;
+  app.add_option("--resume", resume,
+                 "continue from the checkpoint in DIR (its `latest`, or DIR itself) up to --steps; "
+                 "the world size may differ from the one that saved")
+      ->type_name("DIR");
+  zmuon::example::fault_flags faults;
+  zmuon::example::add_fault_flags(app, faults);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -362,7 +379,11 @@ int run(int argc, char** argv) {
     int gpus = zmuon::compute_device_count("cuda");
     job->engine.world = gpus > 0 ? gpus : 1;
   }
-  const zmuon::engine_options& eopts = job->engine;
+  zmuon::engine_options eopts = job->engine;
+  if (auto err = zmuon::example::apply_fault_flags(faults, eopts.faults)) {
+    std::cerr << "zmuon-launch: " << err.message() << "\n";
+    return exit_bad_input;
+  }
   topts.gas = job->gas;
   topts.micro_batch = job->micro_batch;
   topts.fp16 = eopts.fp16.enabled;
@@ -386,6 +407,18 @@ int run(int argc, char** argv) {
     std::cerr << "zmuon-launch: " << err.to_string() << "\n";
     return 2;
   }
+  if (!resume.empty()) {
+    auto info = (*eng)->load_checkpoint(resume);
+    if (!info) {
+      std::cerr << "zmuon-launch: cannot resume: " << info.err().to_string() << "\n";
+      return 1;
+    }
+    std::printf("resumed from %s at step %llu (saved by %d ranks)\n", info->path.c_str(),
+                static_cast<unsigned long long>(info->step), info->world);
+  }
+  topts.checkpoint_config =
+      nlohmann::json{{"config", zmuon::config_json(*job)}, {"seed", topts.seed}}.dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::printf("zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s\n",
               eopts.world, topts.gas, topts.micro_batch,
               eopts.world * topts.gas * topts.micro_batch, topts.steps,

@@ -39,7 +39,9 @@ expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
     return error{errc::invalid_argument, "steps >= 0, gas >= 1 and micro_batch >= 1 needed"};
   std::vector<step_record> records;
   int world = eng.world();
-  for (int s = 1; s <= opts.steps; ++s) {
+  if (opts.checkpoint_every < 0)
+    return error{errc::invalid_argument, "checkpoint_every must be >= 0"};
+  for (int s = static_cast<int>(eng.last_step()) + 1; s <= opts.steps; ++s) {
     if (on_step_start)
       on_step_start(s);
     auto params = eng.parameters();
@@ -74,6 +76,9 @@ expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
     records.push_back(rec);
     if (on_step)
       on_step(rec);
+    if (!opts.checkpoint_dir.empty() && opts.checkpoint_every > 0 && s % opts.checkpoint_every == 0)
+      if (auto err = eng.save_checkpoint(opts.checkpoint_dir, opts.checkpoint_config))
+        return err;
   }
   return records;
 }

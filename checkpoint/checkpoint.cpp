@@ -1,0 +1,516 @@
+// Checkpoint files: per-rank safetensors shards, a manifest with a CRC-32 per file, resharding.
+#include "checkpoint/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <type_traits>
+
+#include "launch/safetensors.hpp"
+
+namespace zmuon {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* const manifest_name = "manifest.json";
+const char* const latest_name = "latest";
+const char* const format_name = "zmuon-checkpoint";
+constexpr int format_version = 1;
+
+std::string in_quotes(const std::string& s) {
+  return "'" + s + "'";
+}
+
+error bad(const std::string& path, const std::string& what) {
+  return {errc::io_error, in_quotes(path) + ": " + what};
+}
+
+std::string shard_file_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);
+  return buf;
+}
+
+std::string step_dir_name(uint64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "step_%08llu", static_cast<unsigned long long>(step));
+  return buf;
+}
+
+/// step_NNNNNNNN or step_NNNNNNNN_K: the only names `latest` may hold (no paths).
+bool is_step_dir_name(const std::string& s) {
+  if (s.size() < 13 || s.compare(0, 5, "step_") != 0)
+    return false;
+  for (size_t i = 5; i < s.size(); ++i)
+    if (!(std::isdigit(static_cast<unsigned char>(s[i])) || (s[i] == '_' && i == 13)))
+      return false;
+  return s.size() == 13 || (s.size() > 14 && s[13] == '_');
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+/// Shard length and the real elements of rank r's shard for `numel` split over `world`.
+int64_t shard_len_of(int64_t numel, int world) {
+  return (numel + world - 1) / world;
+}
+int64_t valid_of(int64_t numel, int world, int r) {
+  int64_t len = shard_len_of(numel, world);
+  int64_t v = numel - static_cast<int64_t>(r) * len;
+  return std::clamp<int64_t>(v, 0, len);
+}
+
+error fsync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0)
+    return {errc::io_error,
+            "cannot open directory " + in_quotes(dir) + ": " + std::strerror(errno)};
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0)
+    return {errc::io_error,
+            "cannot fsync directory " + in_quotes(dir) + ": " + std::strerror(errno)};
+  return {};
+}
+
+// The kinds of state a parameter has in a shard file.
+struct state_kind {
+  const char* prefix;
+  std::vector<float> rank_state::*buffer;
+  bool for_muon;  // momentum for Muon parameters; Adam moments for the others
+  bool always;    // params: every parameter
+};
+const state_kind state_kinds[] = {
+    {"param/", &rank_state::params, false, true},
+    {"momentum/", &rank_state::momentum, true, false},
+    {"exp_avg/", &rank_state::exp_avg, false, false},
+    {"exp_avg_sq/", &rank_state::exp_avg_sq, false, false},
+};
+
+bool has_kind(const state_kind& k, bool muon) {
+  return k.always || k.for_muon == muon;
+}
+
+int64_t offset_in(const state_kind& k, const param_layout& p) {
+  return k.always ? p.shard_offset : p.state_offset;
+}
+
+// -- manifest JSON ----------------------------------------------------------------------------
+
+using json = nlohmann::json;
+
+/// Reads `obj[key]` as T with a message naming the key; checks the set of keys separately.
+template <class T>
+error get(const json& obj, const std::string& key, T& out, const std::string& path) {
+  auto it = obj.find(key);
+  if (it == obj.end())
+    return bad(path, "manifest lacks " + in_quotes(key));
+  // Integers must be JSON integers in T's range (nlohmann would truncate 1.5 or wrap -1).
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    bool fits = false;
+    if (it->is_number_unsigned())
+      fits = it->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+    else if (it->is_number_integer() && std::is_signed_v<T>)
+      fits = it->get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min());
+    if (!fits)
+      return bad(path,
+                 "manifest key " + in_quotes(key) + " is not an integer in range: " + it->dump());
+  }
+  try {
+    out = it->get<T>();
+  } catch (const json::exception&) {
+    return bad(path, "manifest key " + in_quotes(key) + " has the wrong type: " + it->dump());
+  }
+  return {};
+}
+
+error exact_keys(const json& obj, const std::set<std::string>& keys, const std::string& where,
+                 const std::string& path) {
+  if (!obj.is_object())
+    return bad(path, where + " is not a JSON object");
+  for (const auto& [key, value] : obj.items())
+    if (!keys.count(key))
+      return bad(path, where + " has an unknown key " + in_quotes(key));
+  for (const auto& key : keys)
+    if (!obj.contains(key))
+      return bad(path, where + " lacks " + in_quotes(key));
+  return {};
+}
+
+}  // namespace
+
+uint32_t crc32_of(const std::string& bytes) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const auto* p = reinterpret_cast<const Bytef*>(bytes.data());
+  size_t left = bytes.size();
+  while (left > 0) {
+    uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
+    crc = ::crc32(crc, p, n);
+    p += n;
+    left -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string manifest_text(const checkpoint_manifest& m) {
+  json params = json::array();
+  for (const auto& p : m.params)
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"muon", p.muon}});
+  json files = json::array();
+  for (const auto& f : m.files)
+    files.push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"crc32", f.crc32}});
+  json j = {
+      {"format", format_name},
+      {"version", format_version},
+      {"world", m.world},
+      {"step", m.step},
+      {"adam_steps", m.adam_steps},
+      {"loss_scaler",
+       {{"scale", m.scaler.scale},
+        {"iter", m.scaler.iter},
+        {"last_overflow_iter", m.scaler.last_overflow_iter},
+        {"hysteresis_left", m.scaler.hysteresis_left}}},
+      {"parameters", params},
+      {"config", m.config},
+      {"files", files},
+  };
+  return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+expected<checkpoint_manifest> parse_manifest(const std::string& text, const std::string& path) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded())
+    return bad(path, "manifest is not valid JSON");
+  if (auto err = exact_keys(j,
+                            {"format", "version", "world", "step", "adam_steps", "loss_scaler",
+                             "parameters", "config", "files"},
+                            "manifest", path))
+    return err;
+  checkpoint_manifest m;
+  std::string format;
+  int version = 0;
+  if (auto err = get(j, "format", format, path))
+    return err;
+  if (format != format_name)
+    return bad(path, "manifest format is " + in_quotes(format) + ", not " + in_quotes(format_name));
+  if (auto err = get(j, "version", version, path))
+    return err;
+  if (version != format_version)
+    return bad(path, "manifest version " + std::to_string(version) + " is not supported (only "
+                         + std::to_string(format_version) + ")");
+  if (auto err = get(j, "world", m.world, path))
+    return err;
+  if (auto err = get(j, "step", m.step, path))
+    return err;
+  if (auto err = get(j, "adam_steps", m.adam_steps, path))
+    return err;
+  if (m.world < 1 || m.world > (1 << 20))
+    return bad(path, "manifest world " + std::to_string(m.world) + " is not a world size");
+  if (m.adam_steps < 0 || static_cast<uint64_t>(m.adam_steps) > m.step)
+    return bad(path,
+               "manifest adam_steps " + std::to_string(m.adam_steps) + " is not in [0, step]");
+  const json& ls = j["loss_scaler"];
+  if (auto err = exact_keys(ls, {"scale", "iter", "last_overflow_iter", "hysteresis_left"},
+                            "manifest loss_scaler", path))
+    return err;
+  if (auto err = get(ls, "scale", m.scaler.scale, path))
+    return err;
+  if (auto err = get(ls, "iter", m.scaler.iter, path))
+    return err;
+  if (auto err = get(ls, "last_overflow_iter", m.scaler.last_overflow_iter, path))
+    return err;
+  if (auto err = get(ls, "hysteresis_left", m.scaler.hysteresis_left, path))
+    return err;
+  if (!(m.scaler.scale > 0) || !std::isfinite(m.scaler.scale) || m.scaler.iter < 0
+      || m.scaler.hysteresis_left < 1 || m.scaler.last_overflow_iter < -1)
+    return bad(path, "manifest loss_scaler " + ls.dump() + " is not a valid scaler state");
+  m.config = j["config"];
+
+  const json& params = j["parameters"];
+  if (!params.is_array())
+    return bad(path, "manifest parameters is not an array");
+  std::set<std::string> names;
+  for (const json& p : params) {
+    if (auto err = exact_keys(p, {"name", "shape", "muon"}, "manifest parameter entry", path))
+      return err;
+    checkpoint_param cp;
+    if (auto err = get(p, "name", cp.name, path))
+      return err;
+    if (auto err = get(p, "shape", cp.shape, path))
+      return err;
+    if (auto err = get(p, "muon", cp.muon, path))
+      return err;
+    if (cp.name.empty() || !names.insert(cp.name).second)
+      return bad(path, "manifest parameter name " + in_quotes(cp.name) + " is empty or repeated");
+    int64_t numel = 1;
+    for (int64_t d : cp.shape)
+      if (d < 1 || __builtin_mul_overflow(numel, d, &numel) || numel > (int64_t{1} << 40))
+        return bad(path, "manifest parameter " + in_quotes(cp.name) + " has shape "
+                             + shape_text(cp.shape) + ", which is not a tensor shape");
+    m.params.push_back(std::move(cp));
+  }
+
+  const json& files = j["files"];
+  if (!files.is_array())
+    return bad(path, "manifest files is not an array");
+  for (const json& f : files) {
+    if (auto err = exact_keys(f, {"name", "rank", "bytes", "crc32"}, "manifest file entry", path))
+      return err;
+    checkpoint_file cf;
+    if (auto err = get(f, "name", cf.name, path))
+      return err;
+    if (auto err = get(f, "rank", cf.rank, path))
+      return err;
+    if (auto err = get(f, "bytes", cf.bytes, path))
+      return err;
+    if (auto err = get(f, "crc32", cf.crc32, path))
+      return err;
+    int expected_rank = static_cast<int>(m.files.size());
+    if (cf.rank != expected_rank || cf.name != shard_file_name(expected_rank))
+      return bad(path, "manifest file entry " + std::to_string(expected_rank) + " is "
+                           + in_quotes(cf.name) + " of rank " + std::to_string(cf.rank)
+                           + ", expected " + in_quotes(shard_file_name(expected_rank)));
+    m.files.push_back(std::move(cf));
+  }
+  if (static_cast<int>(m.files.size()) != m.world)
+    return bad(path, "manifest says world " + std::to_string(m.world) + " but lists "
+                         + std::to_string(m.files.size()) + " shard files");
+  return m;
+}
+
+expected<std::string> write_checkpoint(const std::string& dir, const plan& pl,
+                                       const std::vector<rank_state>& states,
+                                       checkpoint_manifest meta,
+                                       const after_shard_file& after_file) {
+  if (static_cast<int>(states.size()) != pl.world)
+    return error{errc::internal, "write_checkpoint: " + std::to_string(states.size())
+                                     + " rank states for world " + std::to_string(pl.world)};
+  for (const auto& s : states)
+    if (static_cast<int64_t>(s.params.size()) != pl.shard_total
+        || static_cast<int64_t>(s.momentum.size()) != pl.muon_state_total
+        || static_cast<int64_t>(s.exp_avg.size()) != pl.adam_state_total
+        || static_cast<int64_t>(s.exp_avg_sq.size()) != pl.adam_state_total)
+      return error{errc::internal, "write_checkpoint: a rank state does not fit the plan"};
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return error{errc::io_error,
+                 "cannot create checkpoint directory " + in_quotes(dir) + ": " + ec.message()};
+  // A fresh directory for this checkpoint: never overwrite one `latest` may name.
+  std::string name = step_dir_name(meta.step);
+  for (int k = 1; fs::exists(fs::path(dir) / name, ec); ++k)
+    name = step_dir_name(meta.step) + "_" + std::to_string(k);
+  const std::string out = (fs::path(dir) / name).string();
+  fs::create_directory(out, ec);
+  if (ec)
+    return error{errc::io_error, "cannot create " + in_quotes(out) + ": " + ec.message()};
+
+  meta.world = pl.world;
+  meta.params.clear();
+  for (const auto& p : pl.params)
+    meta.params.push_back({p.name, p.shape, p.muon});
+  meta.files.clear();
+  for (int r = 0; r < pl.world; ++r) {
+    const rank_state& st = states[r];
+    std::vector<named_tensor> tensors;
+    for (const auto& p : pl.params) {
+      int64_t n = valid_of(p.numel, pl.world, r);
+      for (const auto& k : state_kinds) {
+        if (!has_kind(k, p.muon))
+          continue;
+        const float* src = (st.*k.buffer).data() + offset_in(k, p);
+        tensors.push_back({k.prefix + p.name, {n}, std::vector<float>(src, src + n)});
+      }
+    }
+    auto bytes = encode_safetensors(tensors, {{"format", "zmuon-shard"},
+                                              {"rank", std::to_string(r)},
+                                              {"world", std::to_string(pl.world)},
+                                              {"step", std::to_string(meta.step)}});
+    if (!bytes)
+      return bytes.err();
+    std::string file = shard_file_name(r);
+    if (auto err = write_file_atomically((fs::path(out) / file).string(), *bytes))
+      return err;
+    meta.files.push_back({file, r, bytes->size(), crc32_of(*bytes)});
+    if (after_file)
+      after_file(r + 1);
+  }
+  if (auto err =
+          write_file_atomically((fs::path(out) / manifest_name).string(), manifest_text(meta)))
+    return err;
+  if (auto err = fsync_directory(dir))
+    return err;
+
+  // Point `latest` at the new checkpoint, then keep it and the one before.
+  const std::string latest = (fs::path(dir) / latest_name).string();
+  std::string previous;
+  if (auto old = read_file(latest)) {
+    previous = *old;
+    while (!previous.empty() && (previous.back() == '\n' || previous.back() == ' '))
+      previous.pop_back();
+  }
+  if (auto err = write_file_atomically(latest, name + "\n"))
+    return err;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    std::string entry_name = entry.path().filename().string();
+    bool stale_step = is_step_dir_name(entry_name) && entry_name != name && entry_name != previous;
+    bool stale_tmp = entry_name.rfind(std::string(latest_name) + ".tmp.", 0) == 0;
+    if (stale_step || stale_tmp) {
+      std::error_code ignored;
+      fs::remove_all(entry.path(), ignored);
+    }
+  }
+  return out;
+}
+
+expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& target) {
+  loaded_checkpoint out;
+  // A checkpoint directory, or a directory whose `latest` names one.
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / manifest_name, ec)) {
+    out.path = dir;
+  } else {
+    const std::string latest = (fs::path(dir) / latest_name).string();
+    if (!fs::exists(latest, ec))
+      return error{errc::io_error, "no checkpoint in " + in_quotes(dir) + ": it has neither "
+                                       + manifest_name + " nor " + latest_name};
+    auto text = read_file(latest);
+    if (!text)
+      return text.err();
+    std::string name = *text;
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' '))
+      name.pop_back();
+    if (!is_step_dir_name(name))
+      return bad(latest, "does not name a checkpoint (step_NNNNNNNN), it holds "
+                             + in_quotes(name.substr(0, 64)));
+    out.path = (fs::path(dir) / name).string();
+  }
+  const std::string manifest_path = (fs::path(out.path) / manifest_name).string();
+  if (!fs::exists(manifest_path, ec))
+    return error{errc::io_error,
+                 "missing manifest " + in_quotes(manifest_path) + " (the save did not complete)"};
+  auto text = read_file(manifest_path);
+  if (!text)
+    return text.err();
+  auto parsed = parse_manifest(*text, manifest_path);
+  if (!parsed)
+    return parsed.err();
+  out.manifest = std::move(*parsed);
+  const checkpoint_manifest& m = out.manifest;
+
+  // The parameter table must be the one the target registered.
+  if (m.params.size() != target.params.size())
+    return error{errc::shape_mismatch,
+                 "parameter table mismatch: the checkpoint has " + std::to_string(m.params.size())
+                     + " parameters, the engine " + std::to_string(target.params.size())};
+  for (size_t i = 0; i < m.params.size(); ++i) {
+    const auto& c = m.params[i];
+    const auto& t = target.params[i];
+    if (c.name != t.name || c.shape != t.shape || c.muon != t.muon)
+      return error{errc::shape_mismatch, "parameter table mismatch at entry " + std::to_string(i)
+                                             + ": the checkpoint has " + in_quotes(c.name) + " "
+                                             + shape_text(c.shape) + (c.muon ? " muon" : " adamw")
+                                             + ", the engine " + in_quotes(t.name) + " "
+                                             + shape_text(t.shape) + (t.muon ? " muon" : " adamw")};
+  }
+
+  // Full tensors of every kind, put together from the shards of all ranks.
+  std::vector<std::map<const state_kind*, std::vector<float>>> full(target.params.size());
+  for (size_t i = 0; i < target.params.size(); ++i)
+    for (const auto& k : state_kinds)
+      if (has_kind(k, target.params[i].muon))
+        full[i][&k].resize(target.params[i].numel);
+  const std::string expected_step = std::to_string(m.step);
+  for (const auto& f : m.files) {
+    const std::string path = (fs::path(out.path) / f.name).string();
+    if (!fs::exists(path, ec))
+      return error{errc::io_error, "missing shard file " + in_quotes(path) + " (rank "
+                                       + std::to_string(f.rank) + " of world "
+                                       + std::to_string(m.world) + ")"};
+    auto bytes = read_file(path);
+    if (!bytes)
+      return bytes.err();
+    if (bytes->size() != f.bytes)
+      return bad(path, "file is " + std::to_string(bytes->size()) + " bytes, the manifest says "
+                           + std::to_string(f.bytes) + " (truncated or overwritten)");
+    uint32_t crc = crc32_of(*bytes);
+    if (crc != f.crc32)
+      return bad(path, "checksum mismatch: CRC-32 " + std::to_string(crc) + ", the manifest says "
+                           + std::to_string(f.crc32) + " (corrupted file)");
+    std::map<std::string, std::string> meta;
+    auto tensors = parse_safetensors(*bytes, path, &meta);
+    if (!tensors)
+      return tensors.err();
+    if (meta["format"] != "zmuon-shard" || meta["rank"] != std::to_string(f.rank)
+        || meta["world"] != std::to_string(m.world) || meta["step"] != expected_step)
+      return bad(path, "shard file was written for rank " + meta["rank"] + " of world "
+                           + meta["world"] + " at step " + meta["step"]
+                           + ", the manifest says rank " + std::to_string(f.rank) + " of world "
+                           + std::to_string(m.world) + " at step " + expected_step);
+    std::map<std::string, const named_tensor*> by_name;
+    for (const auto& t : *tensors)
+      by_name[t.name] = &t;
+    size_t used = 0;
+    for (size_t i = 0; i < target.params.size(); ++i) {
+      const auto& p = target.params[i];
+      int64_t n = valid_of(p.numel, m.world, f.rank);
+      int64_t begin = static_cast<int64_t>(f.rank) * shard_len_of(p.numel, m.world);
+      for (auto& [kind, values] : full[i]) {
+        std::string tname = kind->prefix + p.name;
+        auto it = by_name.find(tname);
+        if (it == by_name.end())
+          return bad(path, "shard file lacks tensor " + in_quotes(tname));
+        if (static_cast<int64_t>(it->second->data.size()) != n)
+          return bad(path, "tensor " + in_quotes(tname) + " has "
+                               + std::to_string(it->second->data.size()) + " values, rank "
+                               + std::to_string(f.rank) + " of world " + std::to_string(m.world)
+                               + " holds " + std::to_string(n));
+        if (n > 0)
+          std::memcpy(values.data() + begin, it->second->data.data(), n * sizeof(float));
+        ++used;
+      }
+    }
+    if (used != tensors->size())
+      return bad(path, "shard file holds " + std::to_string(tensors->size() - used)
+                           + " tensors that belong to no parameter of the table");
+  }
+
+  // Split for the target world.
+  out.states.resize(target.world);
+  for (int r = 0; r < target.world; ++r) {
+    rank_state& st = out.states[r];
+    st.params.assign(target.shard_total, 0.0f);
+    st.momentum.assign(target.muon_state_total, 0.0f);
+    st.exp_avg.assign(target.adam_state_total, 0.0f);
+    st.exp_avg_sq.assign(target.adam_state_total, 0.0f);
+    st.adam_steps = m.adam_steps;
+    for (size_t i = 0; i < target.params.size(); ++i) {
+      const auto& p = target.params[i];
+      int64_t n = valid_of(p.numel, target.world, r);
+      int64_t begin = static_cast<int64_t>(r) * p.shard_len;
+      for (auto& [kind, values] : full[i])
+        if (n > 0)
+          std::memcpy((st.*kind->buffer).data() + offset_in(*kind, p), values.data() + begin,
+                      n * sizeof(float));
+    }
+  }
+  return out;
+}
+
+}  // namespace zmuon

@@ -1,0 +1,28 @@
+// zmuon-launch's fault-injection flags (tests of checkpoints and non-finite handling): they fill
+// engine_options::faults (include/zmuon/options.hpp).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "zmuon/options.hpp"
+#include "zmuon/status.hpp"
+
+namespace zmuon::example {
+
+struct fault_flags {
+  std::vector<std::string> nonfinite;  // STEP:RANK:PARAM:MICRO[:VALUE]
+  uint64_t kill_at_step = 0;
+  std::string kill_in_save;  // STEP[:FILES]
+};
+
+/// Adds --inject-nonfinite, --kill-at-step and --kill-in-save to `app`, in a "Fault injection"
+/// group.
+void add_fault_flags(CLI::App& app, fault_flags& flags);
+
+/// Parses the flags into `out`; errors name the flag and the text.
+error apply_fault_flags(const fault_flags& flags, fault_options& out);
+
+}  // namespace zmuon::example
