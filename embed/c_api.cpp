@@ -287,4 +287,31 @@ int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
   });
 }
 
+int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir) {
+  const char* fn = "zmuon_engine_save_checkpoint";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!dir)
+      return null_arg(fn, "dir");
+    return eng->eng->save_checkpoint(dir);
+  });
+}
+
+int zmuon_engine_load_checkpoint(zmuon_engine* eng, const char* dir, uint64_t* step_out) {
+  const char* fn = "zmuon_engine_load_checkpoint";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!dir)
+      return null_arg(fn, "dir");
+    auto info = eng->eng->load_checkpoint(dir);
+    if (!info)
+      return info.err();
+    if (step_out)
+      *step_out = info->step;
+    return {};
+  });
+}
+
 }  // extern "C"

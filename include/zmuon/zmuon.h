@@ -122,8 +122,12 @@ ZMUON_API int zmuon_engine_loss_scale(zmuon_engine* eng, float* out);
  * A negative value keeps that group's current schedule. */
 ZMUON_API int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr);
 
-/* Checkpoints (save/load of every rank's shards) are the checkpoint issue's to add here, as
- * zmuon_engine_save(eng, dir) and zmuon_engine_load(eng, dir). */
+/* Checkpoints (engine::save_checkpoint / load_checkpoint): every rank's shards of parameters,
+ * momentum and Adam moments plus a manifest, written atomically under `dir`; loading reshards
+ * onto this engine's world size. Only between steps. `step_out` (may be NULL) gets the step the
+ * checkpoint was saved at; the next step() is that step + 1. */
+ZMUON_API int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir);
+ZMUON_API int zmuon_engine_load_checkpoint(zmuon_engine* eng, const char* dir, uint64_t* step_out);
 
 #ifdef __cplusplus
 }

@@ -137,6 +137,9 @@ def _load():
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_loss_scale": (c_int, [eng_p, ctypes.POINTER(c_f)]),
         "zmuon_engine_set_lr": (c_int, [eng_p, c_f, c_f]),
+        "zmuon_engine_save_checkpoint": (c_int, [eng_p, ctypes.c_char_p]),
+        "zmuon_engine_load_checkpoint": (c_int, [eng_p, ctypes.c_char_p,
+                                                 ctypes.POINTER(ctypes.c_uint64)]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -233,3 +236,13 @@ class Engine:
 
     def set_lr(self, muon_lr=-1.0, adam_lr=-1.0):
         _check(_lib.zmuon_engine_set_lr(self._h(), muon_lr, adam_lr))
+
+    def save_checkpoint(self, directory):
+        _check(_lib.zmuon_engine_save_checkpoint(self._h(), os.fsencode(directory)))
+
+    def load_checkpoint(self, directory):
+        """Returns the step the checkpoint was saved at."""
+        step = ctypes.c_uint64()
+        _check(_lib.zmuon_engine_load_checkpoint(self._h(), os.fsencode(directory),
+                                                 ctypes.byref(step)))
+        return step.value

@@ -284,14 +284,24 @@ class Muon:
             if name in self._staged:
                 p.data.copy_(self._staged[name])
 
+    def save_checkpoint(self, directory):
+        """Saves the optimizer state (parameters, momentum, Adam moments, step, loss scale) as a
+        zmuon checkpoint under `directory` (between steps)."""
+        self._engine.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory):
+        """Restores a checkpoint saved by save_checkpoint (also one saved with another rank
+        count) and writes its parameters into the tensors; returns the step it was saved at."""
+        step = self._engine.load_checkpoint(directory)
+        self._write_back()
+        return step
+
     def state_dict(self):
-        raise NotImplementedError("zmuon.Muon.state_dict: checkpoints are not in this build yet "
-                                  "(the engine's save/load hooks come with the checkpoint issue)")
+        raise NotImplementedError("zmuon.Muon.state_dict: the state lives sharded in the engine; "
+                                  "use save_checkpoint(directory) / load_checkpoint(directory)")
 
     def load_state_dict(self, state):
-        raise NotImplementedError("zmuon.Muon.load_state_dict: checkpoints are not in this build "
-                                  "yet (the engine's save/load hooks come with the checkpoint "
-                                  "issue)")
+        raise NotImplementedError("zmuon.Muon.load_state_dict: use load_checkpoint(directory)")
 
     def close(self):
         """Stops the engine (also done when the optimizer is garbage collected)."""

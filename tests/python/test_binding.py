@@ -213,6 +213,35 @@ class BindingMatchesEngine(unittest.TestCase):
         self.assertGreater(np.abs(host["blocks.0.mlp.fc"] - make_params(6)["blocks.0.mlp.fc"])
                            .max(), 1e-3)
 
+    def test_checkpoint_resume_is_bit_identical(self):
+        # 4 steps straight vs 2 steps, save, a new optimizer on other initial values, load,
+        # 2 more steps: the same parameters bit for bit (checkpoint through the C ABI).
+        straight = make_params(8)
+        opt = zmuon.Muon(straight)
+        for step in (1, 2, 3, 4):
+            opt.accumulate(make_grads(8, step, 0, 0))
+            opt.step()
+        with tempfile.TemporaryDirectory() as tmp:
+            first = make_params(8)
+            opt = zmuon.Muon(first)
+            for step in (1, 2):
+                opt.accumulate(make_grads(8, step, 0, 0))
+                opt.step()
+            opt.save_checkpoint(tmp)
+            resumed = make_params(9)  # other values: the load must overwrite them
+            opt2 = zmuon.Muon(resumed)
+            self.assertEqual(opt2.load_checkpoint(tmp), 2)
+            for n, _ in TABLE:
+                self.assertTrue(np.array_equal(resumed[n], first[n]), n)
+            for step in (3, 4):
+                opt2.accumulate(make_grads(8, step, 0, 0))
+                opt2.step()
+            for n, _ in TABLE:
+                self.assertTrue(np.array_equal(resumed[n], straight[n]), n)
+            with self.assertRaises(zmuon.IOFailure) as cm:
+                opt2.load_checkpoint(os.path.join(tmp, "missing"))
+            self.assertIn("missing", str(cm.exception))
+
     def test_default_rule_and_user_groups(self):
         params = make_params(2)
         opt = zmuon.Muon(params)
