@@ -1,17 +1,17 @@
 #include "zmuon/engine.hpp"
 
+#include "engine/impl.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
 
-#include <nlohmann/json.hpp>
 
 #include "caf/all.hpp"
 
 #include "actors/rank.hpp"
 #include "actors/staging.hpp"
-#include "checkpoint/checkpoint.hpp"
 #include "comm/caf_comm.hpp"
 #ifdef ZMUON_HAVE_NCCL
 #include "comm/nccl_comm.hpp"
@@ -25,13 +25,6 @@
 namespace zmuon {
 
 namespace {
-
-struct engine_config : caf::actor_system_config {
-  engine_config() {
-    register_messages(*this);
-    set("logger.verbosity", caf::atom("quiet"));
-  }
-};
 
 error check_options(const engine_options& o) {
   auto bad = [](const std::string& what) { return error{errc::invalid_argument, what}; };
@@ -86,88 +79,6 @@ void inject_nonfinite(const fault_options& faults, const plan& pl, const bucket_
 }
 
 }  // namespace
-
-struct engine::impl {
-  engine_options opts;
-  engine_config cfg;
-  std::unique_ptr<caf::actor_system> own_sys;  // null when running on a node's actor system
-  caf::actor_system* sys = nullptr;
-  int first_rank = 0;  // this process runs ranks [first_rank, first_rank + local)
-  int local = 0;
-  std::vector<int> node_first_ranks;  // set on a node of a multi-process job
-  int32_t host_collectives = 0;       // parameters()/sum_over_nodes() issued since the last step
-  std::vector<param_spec> table;
-  std::vector<std::vector<float>> init;
-  std::shared_ptr<const plan> pl;
-  std::vector<comm_actor> comms;       // of this process's ranks (host collectives use these too)
-  std::vector<comm_actor> rank_comms;  // nccl across processes: the ranks' own; else empty
-  std::string nccl_id;                 // from the rendezvous (multi-process nccl)
-  std::vector<rank_actors> ranks;      // this process's ranks, by local index
-  std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
-  std::vector<int> micros;  // micro-batches handed over per local rank in the open step
-  uint64_t step = 0;        // last step number issued
-  lr_schedule muon_lr;
-  lr_schedule adam_lr;
-
-  caf::duration timeout() const {
-    return caf::duration{std::chrono::milliseconds(opts.timeout_ms)};
-  }
-
-  // Blocking request from the host thread; errors come back as zmuon::error.
-  template <class Reply, class Handle, class Msg>
-  expected<Reply> ask(const Handle& h, Msg msg) {
-    caf::scoped_actor self{*sys};
-    expected<Reply> out = error{errc::internal, "no reply"};
-    self->request(h, timeout(), std::move(msg))
-        .receive([&](Reply& r) { out = std::move(r); },
-                 [&](caf::error& err) { out = from_caf_error(err); });
-    return out;
-  }
-
-  // This process runs ranks [first, first + local_ranks) of `o.world`; opens their trace files
-  // when tracing (opts.trace_dir or ZMUON_TRACE).
-  error configure(const engine_options& o, caf::actor_system* system, int first, int local_ranks,
-                  int node = 0) {
-    opts = o;
-    sys = system;
-    first_rank = first;
-    local = local_ranks;
-    micros.assign(local_ranks, 0);
-    float muon = o.muon.lr;
-    float adam = o.adamw.lr;
-    muon_lr = [muon](uint64_t) { return muon; };
-    adam_lr = [adam](uint64_t) { return adam; };
-    std::string trace_dir = o.trace_dir.empty() ? trace::env_dir() : o.trace_dir;
-    for (int i = 0; !trace_dir.empty() && i < local_ranks; ++i) {
-      auto rec = trace::recorder::open(trace_dir, node, first + i, o.world);
-      if (!rec)
-        return rec.err();
-      traces.push_back(std::move(*rec));
-    }
-    return {};
-  }
-  error start();
-  expected<std::vector<std::shared_ptr<compute_backend>>> make_backends() const;
-  error spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends);
-
-  // Host records of rank r's step request and its answer; flushes the rank's trace file.
-  void trace_step(int r, const step_request& req, const std::string& id, int64_t sent,
-                  const expected<step_result>& out) {
-    auto& rec = *traces[r];
-    auto f = trace::describe(req);
-    rec.send("host", sent, f, id, true);
-    auto t = trace::now_ns();
-    if (out)
-      rec.reply("host", t, trace::describe(*out), id);
-    else
-      rec.reply("host", t, {}, id, out.err().to_string());
-    rec.span("host", "step", sent, t - sent, f, nullptr, true);
-    rec.flush();
-  }
-  error check_local(int rank) const;
-  bool multi_node() const { return !node_first_ranks.empty(); }
-  expected<tensor_map> gather_between_nodes();
-};
 
 // One compute backend per rank. On CUDA, rank r uses GPU r modulo the visible GPUs (caf comm:
 // several ranks may share one GPU; nccl: one GPU per rank).
@@ -593,159 +504,6 @@ error engine::gather_params(const std::vector<tensor_span>& out) {
     be.synchronize();  // the caller may use its buffers when this returns
   }
   return {};
-}
-
-// Every rank sends its parameter shard to the first rank of every node (an all-to-all-v through
-// the comm actors); this process's first rank receives all shards, in place in the result.
-expected<tensor_map> engine::impl::gather_between_nodes() {
-  const auto& p = *pl;
-  std::vector<std::vector<float>> shards;
-  for (auto& r : ranks) {
-    auto shard = ask<std::vector<float>>(r.store, params_atom::value);
-    if (!shard)
-      return shard.err();
-    shards.push_back(std::move(*shard));
-  }
-  tensor_map out;
-  for (const auto& q : p.params)
-    out[q.name].resize(q.numel);
-  auto is_leader = [&](int rank) {
-    return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
-           != node_first_ranks.end();
-  };
-  collective_tag tag{collective_kind::params, step, 0, host_collectives++};
-  caf::scoped_actor self{*sys};
-  using handle = decltype(self->request(comms[0], timeout(), all_to_all_req{}));
-  std::vector<handle> pending;
-  for (int i = 0; i < local; ++i) {
-    all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
-                       std::vector<std::vector<segment>>(p.world)};
-    for (const auto& q : p.params)
-      for (int dst = 0; dst < p.world; ++dst) {
-        int64_t n = valid_len(q, first_rank + i);
-        if (n > 0 && is_leader(dst))
-          req.sends[dst].push_back(segment{shards[i].data() + q.shard_offset, n});
-        int64_t m = valid_len(q, dst);
-        if (m > 0 && i == 0)
-          req.recvs[dst].push_back(segment{out[q.name].data() + dst * q.shard_len, m});
-      }
-    pending.push_back(self->request(comms[i], timeout(), std::move(req)));
-  }
-  error failed;
-  for (auto& h : pending)
-    h.receive([](comm_done&) {},
-              [&](caf::error& err) {
-                if (!failed)
-                  failed = from_caf_error(err);
-              });
-  if (failed)
-    return failed;
-  return out;
-}
-
-expected<std::vector<double>> engine::sum_over_nodes(const std::vector<double>& values) {
-  auto& d = *impl_;
-  if (!d.multi_node())
-    return values;
-  if (auto err = d.start())
-    return err;
-  // The first local rank contributes the values, the others zeros.
-  collective_tag tag{collective_kind::host, d.step, 0, d.host_collectives++};
-  caf::scoped_actor self{*d.sys};
-  using handle = decltype(self->request(d.comms[0], d.timeout(), all_reduce_req{}));
-  std::vector<handle> pending;
-  for (int i = 0; i < d.local; ++i)
-    pending.push_back(
-        self->request(d.comms[i], d.timeout(),
-                      all_reduce_req{tag, reduce_op::sum,
-                                     i == 0 ? values : std::vector<double>(values.size(), 0.0)}));
-  std::vector<double> sum;
-  error failed;
-  for (size_t i = 0; i < pending.size(); ++i)
-    pending[i].receive(
-        [&](all_reduce_result& res) {
-          if (i == 0)
-            sum = std::move(res.values);
-        },
-        [&](caf::error& err) {
-          if (!failed)
-            failed = from_caf_error(err);
-        });
-  if (failed)
-    return failed;
-  return sum;
-}
-
-error engine::save_checkpoint(const std::string& dir, const std::string& config_json) {
-  auto& d = *impl_;
-  if (auto err = d.start())
-    return err;
-  if (d.multi_node())
-    return {errc::unsupported, "save_checkpoint in a multi-process job is not supported yet"};
-  if (d.micros[0] != 0)
-    return {errc::bad_state, "save_checkpoint with micro-batches of step "
-                                 + std::to_string(d.step + 1)
-                                 + " handed over (save between steps)"};
-  checkpoint_manifest meta;
-  meta.config = nlohmann::json::parse(config_json, nullptr, false);
-  if (meta.config.is_discarded())
-    return {errc::invalid_argument, "save_checkpoint: the config is not valid JSON"};
-  meta.step = d.step;
-  std::vector<rank_state> states;
-  for (int r = 0; r < d.opts.world; ++r) {
-    auto st = d.ask<rank_state>(d.ranks[r].store, snapshot_atom::value);
-    if (!st)
-      return st.err();
-    auto sc = d.ask<loss_scale_snapshot>(d.ranks[r].scaler, scaler_state_atom::value);
-    if (!sc)
-      return sc.err();
-    if (r == 0) {
-      meta.adam_steps = st->adam_steps;
-      meta.scaler = *sc;
-    } else if (st->adam_steps != meta.adam_steps || sc->scale != meta.scaler.scale
-               || sc->iter != meta.scaler.iter) {
-      return {errc::internal, "rank " + std::to_string(r) + " disagrees with rank 0 on the AdamW "
-                                  "step count or the loss scale"};
-    }
-    states.push_back(std::move(*st));
-  }
-  const auto& f = d.opts.faults;
-  after_shard_file hook;
-  if (f.kill_in_save_at_step != 0 && f.kill_in_save_at_step == d.step)
-    hook = [after = f.kill_in_save_after_files](int written) {
-      if (written >= after)
-        std::raise(SIGKILL);  // fault injection: the process dies in the middle of the save
-    };
-  auto written = write_checkpoint(dir, *d.pl, states, std::move(meta), hook);
-  return written ? error{} : written.err();
-}
-
-expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
-  auto& d = *impl_;
-  if (auto err = d.start())
-    return err;
-  if (d.multi_node())
-    return error{errc::unsupported, "load_checkpoint in a multi-process job is not supported yet"};
-  if (d.micros[0] != 0)
-    return error{errc::bad_state, "load_checkpoint with micro-batches of step "
-                                      + std::to_string(d.step + 1) + " handed over"};
-  auto loaded = read_checkpoint(dir, *d.pl);
-  if (!loaded)
-    return loaded.err();
-  const auto& m = loaded->manifest;
-  for (int r = 0; r < d.opts.world; ++r) {
-    auto state = std::make_shared<const rank_state>(std::move(loaded->states[r]));
-    if (auto done = d.ask<ack>(d.ranks[r].store, load_state{m.step, state}); !done)
-      return done.err();
-    if (auto done = d.ask<ack>(d.ranks[r].scaler, restore_scaler{m.step, m.scaler}); !done)
-      return done.err();
-  }
-  d.step = m.step;
-  return checkpoint_info{loaded->path, m.step, m.world, m.config.dump()};
-}
-
-uint64_t engine::last_step() const {
-  return impl_->step;
 }
 
 expected<float> engine::loss_scale() {

@@ -50,6 +50,8 @@ struct segment {
 // the host's values (the loss) between processes. Both run only between steps.
 enum class collective_kind : uint8_t { reduce_scatter, vote, norm, gather, scatter, params, host };
 enum class reduce_op : uint8_t { sum, max };
+/// "reduce_scatter", "vote", ... (a static string).
+const char* kind_name(collective_kind kind);
 std::string to_string(collective_kind kind);
 std::string to_string(reduce_op op);
 

@@ -8,7 +8,7 @@
 
 namespace zmuon {
 
-std::string to_string(collective_kind kind) {
+const char* kind_name(collective_kind kind) {
   switch (kind) {
     case collective_kind::reduce_scatter:
       return "reduce_scatter";
@@ -26,6 +26,10 @@ std::string to_string(collective_kind kind) {
       return "host";
   }
   return "?";
+}
+
+std::string to_string(collective_kind kind) {
+  return kind_name(kind);
 }
 
 std::string to_string(reduce_op op) {

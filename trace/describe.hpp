@@ -10,31 +10,11 @@
 
 namespace zmuon::trace {
 
-inline const char* op_name(collective_kind k) {
-  switch (k) {
-    case collective_kind::reduce_scatter:
-      return "reduce_scatter";
-    case collective_kind::vote:
-      return "vote";
-    case collective_kind::norm:
-      return "norm";
-    case collective_kind::gather:
-      return "gather";
-    case collective_kind::scatter:
-      return "scatter";
-    case collective_kind::params:
-      return "params";
-    case collective_kind::host:
-      return "host";
-  }
-  return "?";
-}
-
 inline fields tagged(const char* type, const collective_tag& t, int64_t bytes) {
   fields f;
   f.type = type;
   f.step = t.step;
-  f.op = op_name(t.kind);
+  f.op = kind_name(t.kind);
   f.phase = f.op;
   if (t.kind == collective_kind::reduce_scatter)
     f.micro = t.micro;
@@ -100,8 +80,7 @@ inline fields describe(const peer_doubles& m) {
 
 // -- the rank's actors ---------------------------------------------------------------------------
 inline fields describe(const micro_grads& m) {
-  return stepped("micro_grads", m.step, m.micro, m.bucket,
-                 floats(m.size()));
+  return stepped("micro_grads", m.step, m.micro, m.bucket, floats(m.size()));
 }
 inline fields describe(const flush& m) {
   return stepped("flush", m.step);
@@ -183,7 +162,7 @@ inline std::string async_id(const micro_grads& m, int /*dst*/) {
 }
 template <class Piece>
 std::string peer_id(const Piece& m, int dst) {
-  return std::string("p") + op_name(m.tag.kind) + "." + std::to_string(m.tag.step) + "."
+  return std::string("p") + kind_name(m.tag.kind) + "." + std::to_string(m.tag.step) + "."
          + std::to_string(m.tag.micro) + "." + std::to_string(m.tag.index) + "."
          + std::to_string(m.src) + ">" + std::to_string(dst);
 }

@@ -1,0 +1,91 @@
+// The host's collectives between the processes of a multi-process job (engine::impl's
+// gather_between_nodes behind parameters(), and sum_over_nodes), over the ranks' caf comms.
+#include <cstring>
+
+#include "engine/impl.hpp"
+#include "plan/ownership.hpp"
+
+namespace zmuon {
+
+// Every rank sends its parameter shard to the first rank of every node (an all-to-all-v through
+// the comm actors); this process's first rank receives all shards, in place in the result.
+expected<tensor_map> engine::impl::gather_between_nodes() {
+  const auto& p = *pl;
+  std::vector<std::vector<float>> shards;
+  for (auto& r : ranks) {
+    auto shard = ask<std::vector<float>>(r.store, params_atom::value);
+    if (!shard)
+      return shard.err();
+    shards.push_back(std::move(*shard));
+  }
+  tensor_map out;
+  for (const auto& q : p.params)
+    out[q.name].resize(q.numel);
+  auto is_leader = [&](int rank) {
+    return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
+           != node_first_ranks.end();
+  };
+  collective_tag tag{collective_kind::params, step, 0, host_collectives++};
+  caf::scoped_actor self{*sys};
+  using handle = decltype(self->request(comms[0], timeout(), all_to_all_req{}));
+  std::vector<handle> pending;
+  for (int i = 0; i < local; ++i) {
+    all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
+                       std::vector<std::vector<segment>>(p.world)};
+    for (const auto& q : p.params)
+      for (int dst = 0; dst < p.world; ++dst) {
+        int64_t n = valid_len(q, first_rank + i);
+        if (n > 0 && is_leader(dst))
+          req.sends[dst].push_back(segment{shards[i].data() + q.shard_offset, n});
+        int64_t m = valid_len(q, dst);
+        if (m > 0 && i == 0)
+          req.recvs[dst].push_back(segment{out[q.name].data() + dst * q.shard_len, m});
+      }
+    pending.push_back(self->request(comms[i], timeout(), std::move(req)));
+  }
+  error failed;
+  for (auto& h : pending)
+    h.receive([](comm_done&) {},
+              [&](caf::error& err) {
+                if (!failed)
+                  failed = from_caf_error(err);
+              });
+  if (failed)
+    return failed;
+  return out;
+}
+
+expected<std::vector<double>> engine::sum_over_nodes(const std::vector<double>& values) {
+  auto& d = *impl_;
+  if (!d.multi_node())
+    return values;
+  if (auto err = d.start())
+    return err;
+  // The first local rank contributes the values, the others zeros.
+  collective_tag tag{collective_kind::host, d.step, 0, d.host_collectives++};
+  caf::scoped_actor self{*d.sys};
+  using handle = decltype(self->request(d.comms[0], d.timeout(), all_reduce_req{}));
+  std::vector<handle> pending;
+  for (int i = 0; i < d.local; ++i)
+    pending.push_back(
+        self->request(d.comms[i], d.timeout(),
+                      all_reduce_req{tag, reduce_op::sum,
+                                     i == 0 ? values : std::vector<double>(values.size(), 0.0)}));
+  std::vector<double> sum;
+  error failed;
+  for (size_t i = 0; i < pending.size(); ++i)
+    pending[i].receive(
+        [&](all_reduce_result& res) {
+          if (i == 0)
+            sum = std::move(res.values);
+        },
+        [&](caf::error& err) {
+          if (!failed)
+            failed = from_caf_error(err);
+        });
+  if (failed)
+    return failed;
+  return sum;
+}
+
+}  // namespace zmuon

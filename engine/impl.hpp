@@ -1,0 +1,110 @@
+// engine::impl: the engine's state, shared by engine.cpp (create, reduce, step, parameters),
+// engine_nodes.cpp (the host's collectives between processes) and engine_checkpoint.cpp.
+// Internal: not installed.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "caf/all.hpp"
+
+#include "actors/rank.hpp"
+#include "messages/errors.hpp"
+#include "messages/registry.hpp"
+#include "trace/trace.hpp"
+#include "zmuon/engine.hpp"
+
+namespace zmuon {
+
+struct engine_config : caf::actor_system_config {
+  engine_config() {
+    register_messages(*this);
+    set("logger.verbosity", caf::atom("quiet"));
+  }
+};
+
+struct engine::impl {
+  engine_options opts;
+  engine_config cfg;
+  std::unique_ptr<caf::actor_system> own_sys;  // null when running on a node's actor system
+  caf::actor_system* sys = nullptr;
+  int first_rank = 0;  // this process runs ranks [first_rank, first_rank + local)
+  int local = 0;
+  std::vector<int> node_first_ranks;  // set on a node of a multi-process job
+  int32_t host_collectives = 0;       // parameters()/sum_over_nodes() issued since the last step
+  std::vector<param_spec> table;
+  std::vector<std::vector<float>> init;
+  std::shared_ptr<const plan> pl;
+  std::vector<comm_actor> comms;       // of this process's ranks (host collectives use these too)
+  std::vector<comm_actor> rank_comms;  // nccl across processes: the ranks' own; else empty
+  std::string nccl_id;                 // from the rendezvous (multi-process nccl)
+  std::vector<rank_actors> ranks;      // this process's ranks, by local index
+  std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
+  std::vector<int> micros;  // micro-batches handed over per local rank in the open step
+  uint64_t step = 0;        // last step number issued
+  lr_schedule muon_lr;
+  lr_schedule adam_lr;
+
+  caf::duration timeout() const {
+    return caf::duration{std::chrono::milliseconds(opts.timeout_ms)};
+  }
+
+  // Blocking request from the host thread; errors come back as zmuon::error.
+  template <class Reply, class Handle, class Msg>
+  expected<Reply> ask(const Handle& h, Msg msg) {
+    caf::scoped_actor self{*sys};
+    expected<Reply> out = error{errc::internal, "no reply"};
+    self->request(h, timeout(), std::move(msg))
+        .receive([&](Reply& r) { out = std::move(r); },
+                 [&](caf::error& err) { out = from_caf_error(err); });
+    return out;
+  }
+
+  // This process runs ranks [first, first + local_ranks) of `o.world`; opens their trace files
+  // when tracing (opts.trace_dir or ZMUON_TRACE).
+  error configure(const engine_options& o, caf::actor_system* system, int first, int local_ranks,
+                  int node = 0) {
+    opts = o;
+    sys = system;
+    first_rank = first;
+    local = local_ranks;
+    micros.assign(local_ranks, 0);
+    float muon = o.muon.lr;
+    float adam = o.adamw.lr;
+    muon_lr = [muon](uint64_t) { return muon; };
+    adam_lr = [adam](uint64_t) { return adam; };
+    std::string trace_dir = o.trace_dir.empty() ? trace::env_dir() : o.trace_dir;
+    for (int i = 0; !trace_dir.empty() && i < local_ranks; ++i) {
+      auto rec = trace::recorder::open(trace_dir, node, first + i, o.world);
+      if (!rec)
+        return rec.err();
+      traces.push_back(std::move(*rec));
+    }
+    return {};
+  }
+  error start();
+  expected<std::vector<std::shared_ptr<compute_backend>>> make_backends() const;
+  error spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends);
+
+  // Host records of rank r's step request and its answer; flushes the rank's trace file.
+  void trace_step(int r, const step_request& req, const std::string& id, int64_t sent,
+                  const expected<step_result>& out) {
+    auto& rec = *traces[r];
+    auto f = trace::describe(req);
+    rec.send("host", sent, f, id, true);
+    auto t = trace::now_ns();
+    if (out)
+      rec.reply("host", t, trace::describe(*out), id);
+    else
+      rec.reply("host", t, {}, id, out.err().to_string());
+    rec.span("host", "step", sent, t - sent, f, nullptr, true);
+    rec.flush();
+  }
+  error check_local(int rank) const;
+  bool multi_node() const { return !node_first_ranks.empty(); }
+  expected<tensor_map> gather_between_nodes();
+};
+
+}  // namespace zmuon
