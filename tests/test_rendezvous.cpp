@@ -23,7 +23,9 @@ const std::string job = R"({"optimizer": {"params": {"momentum": 0.95}}, "launch
 struct fixture : actor_fixture {
   /// An actor that does nothing: a stand-in for a supervisor or a comm actor.
   caf::actor idle() {
-    return keep(sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](int) {}}; }));
+    // One spawn argument: CAF 0.17 dereferences a null argument tuple when there is none (UBSan).
+    return keep(
+        sys.spawn([](caf::event_based_actor*, int) -> caf::behavior { return {[](int) {}}; }, 0));
   }
 
   join_request request(int node, int ranks) {
