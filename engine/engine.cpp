@@ -7,7 +7,6 @@
 #include <csignal>
 #include <cstring>
 
-
 #include "caf/all.hpp"
 
 #include "actors/rank.hpp"
