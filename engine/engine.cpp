@@ -308,18 +308,20 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
     source[i] = g.data;
     on_device[i] = g.space != memory_space::host;
   }
-  const bool any_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
-  compute_backend& be = *d.ranks[rank - d.first_rank].backend;
-  int micro = d.micros[rank - d.first_rank]++;
+  // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
+  // copies before the reduce-scatter); everything else is packed in host memory.
+  const bool pack_on_device =
+      !comm_on_host(d.opts.comm)
+      && std::find(on_device.begin(), on_device.end(), true) != on_device.end();
+  const int local = rank - d.first_rank;
+  compute_backend& be = *d.ranks[local].backend;
+  int micro = d.micros[local]++;
   uint64_t step = d.step + 1;
   for (size_t b = 0; b < pl.buckets.size(); ++b) {
     const auto& bucket = pl.buckets[b];
     // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
     const int64_t size = bucket.shard_len * pl.world;
     micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
-    // Device gradients under the nccl comm are packed on the device (the rank's stream orders
-    // the copies before the reduce-scatter); everything else is packed in host memory.
-    const bool pack_on_device = any_device && !comm_on_host(d.opts.comm);
     std::shared_ptr<std::vector<float>> host;
     if (pack_on_device) {
       msg.device_data = std::make_shared<device_buffer>(be.allocate(size));
@@ -351,9 +353,9 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
       inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
     msg.data = std::move(host);
     if (!d.traces.empty())
-      d.traces[rank - d.first_rank]->send("host", trace::now_ns(), trace::describe(msg),
-                                          trace::async_id(msg, rank), false);
-    caf::anon_send(d.ranks[rank - d.first_rank].reducer, std::move(msg));
+      d.traces[local]->send("host", trace::now_ns(), trace::describe(msg),
+                            trace::async_id(msg, rank), false);
+    caf::anon_send(d.ranks[local].reducer, std::move(msg));
   }
   return {};
 }
