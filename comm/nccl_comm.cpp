@@ -327,13 +327,18 @@ expected<std::vector<comm_actor>> spawn_ranks(
   }
   std::vector<ncclComm_t> comms(local, nullptr);
   ncclResult_t code = ncclGroupStart();
-  for (int i = 0; i < local && code == ncclSuccess; ++i) {
+  int bad_device = -1;
+  for (int i = 0; i < local && code == ncclSuccess && bad_device < 0; ++i) {
     if (cudaSetDevice(devices[i]) != cudaSuccess)
-      return error(errc::device_failure, "rank " + std::to_string(first + i)
-                                             + ": cannot use device " + std::to_string(devices[i]));
-    code = ncclCommInitRank(&comms[i], world, id, first + i);
+      bad_device = i;
+    else
+      code = ncclCommInitRank(&comms[i], world, id, first + i);
   }
-  ncclResult_t end = ncclGroupEnd();
+  ncclResult_t end = ncclGroupEnd();  // closes the group on every path
+  if (bad_device >= 0)
+    return error(errc::device_failure, "rank " + std::to_string(first + bad_device)
+                                           + ": cannot use device "
+                                           + std::to_string(devices[bad_device]));
   if (code == ncclSuccess)
     code = end;
   if (code != ncclSuccess)
