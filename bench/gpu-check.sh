@@ -141,7 +141,7 @@ check() {
   rc=${PIPESTATUS[0]}
   [[ $rc -ne 0 ]] && status=1 && echo "bench_ns: exit $rc"
 
-  if [[ -f "$out/bench_ns.json" ]]; then
+  if [[ -f "$out/bench_ns.json" && -z "${SKIP_TORCH:-}" ]]; then
     echo "== ns_torch.py"
     timeout 420 python3 bench/ns_torch.py --zmuon "$out/bench_ns.json" --out "$out/ns_table.md" \
       2>&1 | tee "$out/ns_torch.log" | grep -v -E '^\s*$|Warning|warn\(' 

@@ -3,6 +3,8 @@
 // call order; `synchronize()` waits for all of them. The host backend runs each call to the end.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -14,20 +16,50 @@
 
 namespace zmuon {
 
-/// A buffer of floats owned by a backend; freed by the backend that made it.
+/// A buffer of floats owned by a backend; freed by the backend that made it (the release
+/// function may hold what it needs, e.g. the stream a stream-ordered free goes to).
 class device_buffer {
 public:
+  using release_fn = std::function<void(float*)>;
   device_buffer() = default;
-  device_buffer(float* data, int64_t size, void (*release)(float*))
-      : data_(data, release), size_(size) {}
+  device_buffer(float* data, int64_t size, release_fn release)
+      : data_(data, std::move(release)), size_(size) {}
 
   float* data() { return data_.get(); }
   const float* data() const { return data_.get(); }
   int64_t size() const { return size_; }
 
 private:
-  std::unique_ptr<float, void (*)(float*)> data_{nullptr, [](float*) {}};
+  std::unique_ptr<float, release_fn> data_{nullptr, [](float*) {}};
   int64_t size_ = 0;
+};
+
+/// Bytes of the buffers a backend's allocate() handed out and that are not yet released, and
+/// the most there were at once since the last reset_peak(); `workspace` is the backend's own
+/// scratch (the Newton-Schulz workspace), kept across steps and counted apart.
+struct memory_stats {
+  int64_t in_use = 0;
+  int64_t peak = 0;
+  int64_t workspace = 0;
+};
+
+/// Thread-safe counters behind memory_stats, shared by a backend and its buffers' release
+/// functions (a buffer may be released on any thread, and after its backend is gone).
+class memory_meter {
+public:
+  void allocated(int64_t bytes) {
+    const int64_t now = in_use_.fetch_add(bytes) + bytes;
+    int64_t seen = peak_.load();
+    while (now > seen && !peak_.compare_exchange_weak(seen, now)) {
+    }
+  }
+  void released(int64_t bytes) { in_use_.fetch_sub(bytes); }
+  void reset_peak() { peak_.store(in_use_.load()); }
+  memory_stats read() const { return memory_stats{in_use_.load(), peak_.load(), 0}; }
+
+private:
+  std::atomic<int64_t> in_use_{0};
+  std::atomic<int64_t> peak_{0};
 };
 
 /// Result of the fused non-finite scan: whether any element is inf/NaN and the sum of squares
@@ -123,8 +155,14 @@ public:
   /// Newton-Schulz matrices orthogonalized by this backend so far (for the once-per-step test).
   int64_t ns_matrix_count() const { return ns_matrices_; }
 
+  // -- memory accounting (benchmarks: peak transient memory of a step) -------------------------
+  virtual memory_stats memory() const { return meter_->read(); }
+  /// Starts a new peak from what is in use now (e.g. the persistent state, before a step).
+  void reset_peak_memory() { meter_->reset_peak(); }
+
 protected:
   int64_t ns_matrices_ = 0;
+  std::shared_ptr<memory_meter> meter_ = std::make_shared<memory_meter>();
 };
 
 /// The backend named `name` ("host", or "cuda" when built with CUDA), or an error naming the

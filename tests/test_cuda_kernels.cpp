@@ -461,17 +461,18 @@ BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
   for (const ns_case& c : {ns_case{1, 300, 129}, ns_case{4, 129, 300}}) {
     const int64_t numel = c.batch * c.rows * c.cols;
     const std::vector<float> input = random_vector(numel);
+    cuda.set_ns_graphs(gpu::graph_mode::off);
     device_buffer direct = upload(cuda, input);
     cuda.newton_schulz(direct.data(), c.batch, c.rows, c.cols, ns);
     const std::vector<float> want = download(cuda, direct.data(), numel);
 
-    cuda.set_ns_graphs(true);
-    for (int replay = 0; replay < 2; ++replay) {  // the capture, then a replay from the cache
+    cuda.set_ns_graphs(gpu::graph_mode::on);
+    for (int call = 0; call < 3; ++call) {  // first sight (direct), the capture, a replay
       device_buffer graphed = upload(cuda, input);
       cuda.newton_schulz(graphed.data(), c.batch, c.rows, c.cols, ns);
       BOOST_TEST(mismatches(download(cuda, graphed.data(), numel), want) == 0);
     }
-    cuda.set_ns_graphs(false);
+    cuda.set_ns_graphs(gpu::graph_mode::automatic);
 
     cuda.set_ns_gemm_path(gpu::gemm_path::copy_then_gemm);
     device_buffer fallback = upload(cuda, input);
@@ -484,6 +485,51 @@ BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
                                                       << "reference " << error);
     BOOST_TEST(error <= kNs5ToBf16Reference);
   }
+}
+
+// Symmetric products (only the lower blocks of A = X X^T and A*A computed, the upper ones
+// mirrored): against the bf16 reference at every block count up to 16, wide and tall, batched;
+// against the full products; and replayed from a graph bit for bit. Blocks of 32 make small
+// matrices take the path.
+BOOST_AUTO_TEST_CASE(symmetric_products) {
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
+  const ns_options ns;
+  cuda.set_ns_symmetric_block(32);
+  const ns_case cases[] = {{1, 128, 128}, {2, 192, 200},  {3, 200, 192}, {2, 128, 300},
+                           {8, 256, 256}, {1, 512, 1024}, {9, 480, 160}};
+  for (const ns_case& c : cases) {
+    const int64_t m = std::min(c.rows, c.cols);
+    const int64_t blocks = cuda.ns_symmetric_blocks(m, c.batch);
+    BOOST_TEST_MESSAGE("symmetric products: " << blocks << " blocks per side");
+    BOOST_TEST(blocks > 1);  // the path really runs
+    const ns_errors e = run_newton_schulz(c, ns, true);
+    BOOST_TEST(e.to_bf16 <= kNs5ToBf16Reference);
+    BOOST_TEST(e.to_host <= kNs5ToHost);
+
+    const int64_t numel = c.batch * c.rows * c.cols;
+    const std::vector<float> input = random_vector(numel);
+    cuda.set_ns_graphs(gpu::graph_mode::off);
+    device_buffer blocked = upload(cuda, input);
+    cuda.newton_schulz(blocked.data(), c.batch, c.rows, c.cols, ns);
+    const std::vector<float> want = download(cuda, blocked.data(), numel);
+    cuda.set_ns_graphs(gpu::graph_mode::on);
+    for (int call = 0; call < 3; ++call) {  // first sight (direct), the capture, a replay
+      device_buffer graphed = upload(cuda, input);
+      cuda.newton_schulz(graphed.data(), c.batch, c.rows, c.cols, ns);
+      BOOST_TEST(mismatches(download(cuda, graphed.data(), numel), want) == 0);
+    }
+    cuda.set_ns_graphs(gpu::graph_mode::automatic);
+
+    cuda.set_ns_symmetric_block(0);
+    BOOST_TEST(cuda.ns_symmetric_blocks(m, c.batch) == 1);
+    device_buffer full = upload(cuda, input);
+    cuda.newton_schulz(full.data(), c.batch, c.rows, c.cols, ns);
+    const double to_full = worst_matrix_error(want, download(cuda, full.data(), numel), c);
+    BOOST_TEST_MESSAGE("  vs full products: " << to_full);
+    BOOST_TEST(to_full <= kNs5ToBf16Reference);
+    cuda.set_ns_symmetric_block(32);
+  }
+  cuda.set_ns_symmetric_block(gpu::ns_workspace::kDefaultSymmetricBlock);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -7,8 +7,10 @@
 // holds the full-GEMM floor at the measured ceiling). Each timing: input restored, stream
 // idle, events around the one call (so host launch overhead counts), median of --reps.
 // Prints a table and, with --json PATH, writes the figures for bench/ns_torch.py's final table.
+// Then the symmetric products' sweep: every shape and table again at each smallest block side
+// of --sym (0: full products), direct and replayed from graphs, with the blocks per side used.
 //
-//   bench_ns [--reps N] [--json PATH]
+//   bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -177,14 +179,24 @@ double median_enqueue_ms(cudaStream_t stream, int reps, const std::function<void
 int main(int argc, char* argv[]) {
   int reps = 20;
   std::string json_path;
+  std::vector<int64_t> sym_sides = {0, 256, 512, 1024};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--reps" && i + 1 < argc) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--json" && i + 1 < argc) {
       json_path = argv[++i];
+    } else if (arg == "--sym" && i + 1 < argc) {
+      sym_sides.clear();
+      const std::string list = argv[++i];
+      for (size_t at = 0; at <= list.size();) {
+        const size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at)
+          sym_sides.push_back(std::atoll(list.substr(at, comma - at).c_str()));
+        at = comma + 1;
+      }
     } else {
-      std::fprintf(stderr, "usage: bench_ns [--reps N] [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]\n");
       return 2;
     }
   }
@@ -241,9 +253,9 @@ int main(int argc, char* argv[]) {
       r.ms = measure(run);
       r.tflops = flops(r.ms);
       r.enqueue_ms = median_enqueue_ms(stream, reps, run);
-      backend.set_ns_graphs(true);
+      backend.set_ns_graphs(zmuon::gpu::graph_mode::on);
       r.graph_ms = measure(run);
-      backend.set_ns_graphs(false);
+      backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
       results.push_back(r);
 
       if (s.batch > 1) {  // the same matrices, one call each
@@ -256,9 +268,9 @@ int main(int argc, char* argv[]) {
         l.ms = measure(loop);
         l.tflops = flops(l.ms);
         l.enqueue_ms = median_enqueue_ms(stream, reps, loop);
-        backend.set_ns_graphs(true);
+        backend.set_ns_graphs(zmuon::gpu::graph_mode::on);
         l.graph_ms = measure(loop);
-        backend.set_ns_graphs(false);
+        backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
         results.push_back(l);
       }
     }
@@ -311,6 +323,74 @@ int main(int argc, char* argv[]) {
       results.push_back(r);
     }
     backend.synchronize();
+
+    // The symmetric products' sweep: each shape (as one batched call) and each table (one call
+    // per group) at every smallest block side, direct and from graphs.
+    std::printf(
+        "\nsymmetric products: ms per smallest block side (blocks per side of the "
+        "largest group in brackets), direct / graph; then the defaults with cuBLASLt's "
+        "first algorithm and with the timed choice\n");
+    std::vector<table> sweep = tables;
+    for (const shape& s : shapes)
+      sweep.push_back(table{s.label, {s}});
+    for (const table& t : sweep) {
+      std::vector<device_array<float>> pristine, x;
+      for (const shape& g : t.groups) {
+        const int64_t numel = g.batch * g.rows * g.cols;
+        const std::vector<float> input = random_floats(static_cast<size_t>(numel), 13);
+        pristine.emplace_back(numel);
+        x.emplace_back(numel);
+        ZMUON_CUDA_CHECK(cudaMemcpy(pristine.back().data(), input.data(), pristine.back().bytes(),
+                                    cudaMemcpyHostToDevice));
+      }
+      const auto restore = [&] {
+        for (size_t i = 0; i < x.size(); ++i)
+          ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
+                                           cudaMemcpyDeviceToDevice, stream));
+      };
+      const auto run = [&] {
+        for (size_t i = 0; i < x.size(); ++i)
+          backend.newton_schulz(x[i].data(), t.groups[i].batch, t.groups[i].rows, t.groups[i].cols,
+                                ns);
+      };
+      std::printf("SYM %-12s", t.label.c_str());
+      for (const int64_t side : sym_sides) {
+        backend.set_ns_symmetric_block(side);
+        int64_t blocks = 1;
+        for (const shape& g : t.groups)
+          blocks = std::max(blocks, backend.ns_symmetric_blocks(std::min(g.rows, g.cols), g.batch));
+        double ms[2];
+        for (int graphs = 0; graphs < 2; ++graphs) {
+          backend.set_ns_graphs(graphs == 1 ? zmuon::gpu::graph_mode::on
+                                            : zmuon::gpu::graph_mode::off);
+          for (int i = 0; i < 2; ++i) {
+            restore();
+            run();
+          }
+          ms[graphs] = median_ms(stream, std::max(3, reps / 2), restore, run);
+        }
+        backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
+        std::printf("  %5lld[%2lld] %8.3f / %8.3f", static_cast<long long>(side),
+                    static_cast<long long>(blocks), ms[0], ms[1]);
+      }
+      // The engine's defaults, with cuBLASLt's first algorithm instead of the timed choice.
+      backend.set_ns_symmetric_block(zmuon::gpu::ns_workspace::kDefaultSymmetricBlock);
+      backend.set_ns_autotune(false);
+      for (int i = 0; i < 2; ++i) {
+        restore();
+        run();
+      }
+      const double heuristic_ms = median_ms(stream, std::max(3, reps / 2), restore, run);
+      backend.set_ns_autotune(true);
+      for (int i = 0; i < 2; ++i) {
+        restore();
+        run();
+      }
+      const double tuned_ms = median_ms(stream, std::max(3, reps / 2), restore, run);
+      std::printf("  default: heuristic %8.3f tuned %8.3f\n", heuristic_ms, tuned_ms);
+      std::fflush(stdout);
+    }
+    backend.set_ns_symmetric_block(zmuon::gpu::ns_workspace::kDefaultSymmetricBlock);
 
     std::printf("\nzmuon NS5 (cuda backend, bf16 GEMMs, fp32 in/out), median of %d\n", reps);
     std::printf(

@@ -4,9 +4,11 @@
 #include "kernels/cuda/cuda_compute.hpp"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <map>
 #include <string>
 
 #include "kernels/cuda/check.hpp"
@@ -17,10 +19,8 @@ namespace {
 /// cuBLAS's own recommendation on Hopper; given explicitly so that no GEMM allocates.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
-void release_device_floats(float* p) {
-  if (p != nullptr)
-    (void)cudaFree(p);
-}
+/// Pinned host memory kept for reuse, at most this much (more is freed at once).
+constexpr size_t kMaxCachedPinnedBytes = size_t{4} << 30;
 
 int set_device(int device) {
   ZMUON_CUDA_CHECK(cudaSetDevice(device));
@@ -33,18 +33,92 @@ int multiprocessor_count(int device) {
   return count;
 }
 
+/// Device memory comes from the device's default stream-ordered pool (cudaMallocAsync /
+/// cudaFreeAsync on the rank's stream): a buffer released while work that uses it is still
+/// queued goes back to the pool only when the stream gets there, and nothing synchronizes the
+/// device (cudaFree does). The pool keeps what it got instead of returning it at every
+/// synchronization, so a steady step allocates from the pool, not from the driver.
+void keep_pool_memory(int device) {
+  cudaMemPool_t pool = nullptr;
+  ZMUON_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
+  uint64_t threshold = UINT64_MAX;
+  ZMUON_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
 }  // namespace
+
+/// Page-locked host blocks kept for reuse by exact size: cudaFreeHost synchronizes the device,
+/// which would stall a step that releases its staging mirrors. A released block returns to the
+/// cache only when the stream reaches the release (a host function), so async copies still
+/// reading or writing it finish first.
+class pinned_cache {
+public:
+  ~pinned_cache() {
+    for (auto& [bytes, p] : free_)
+      (void)cudaFreeHost(p);
+  }
+
+  /// A cached block of exactly `bytes`, or nullptr.
+  void* take(size_t bytes) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const auto found = free_.find(bytes);
+    if (found == free_.end())
+      return nullptr;
+    void* p = found->second;
+    free_.erase(found);
+    held_ -= bytes;
+    return p;
+  }
+
+  /// Releases `p` once `stream` has done everything enqueued so far: into the cache, or (when
+  /// the cache is full, or the host function cannot be enqueued) with cudaFreeHost at once.
+  static void release(const std::shared_ptr<pinned_cache>& cache, cudaStream_t stream, void* p,
+                      size_t bytes) {
+    {
+      const std::lock_guard<std::mutex> lock(cache->mutex_);
+      if (cache->held_ + bytes <= kMaxCachedPinnedBytes) {
+        cache->held_ += bytes;  // reserved now; the block lands when the stream gets there
+        auto landing = std::make_unique<returning>(returning{cache, p, bytes});
+        if (cudaLaunchHostFunc(stream, land, landing.get()) == cudaSuccess) {
+          landing.release();
+          return;
+        }
+        cache->held_ -= bytes;
+      }
+    }
+    (void)cudaFreeHost(p);
+  }
+
+private:
+  struct returning {
+    std::shared_ptr<pinned_cache> cache;
+    void* p;
+    size_t bytes;
+  };
+  static void CUDART_CB land(void* data) {  // no CUDA calls allowed here
+    std::unique_ptr<returning> r(static_cast<returning*>(data));
+    const std::lock_guard<std::mutex> lock(r->cache->mutex_);
+    r->cache->free_.emplace(r->bytes, r->p);
+  }
+
+  std::mutex mutex_;
+  std::multimap<size_t, void*> free_;
+  size_t held_ = 0;  // cached bytes, and those on their way back
+};
 
 cuda_compute::cuda_compute(int device)
     : device_(set_device(device)),
+      stream_(std::make_shared<cuda_stream>()),
+      pinned_cache_(std::make_shared<pinned_cache>()),
       cublas_workspace_(static_cast<int64_t>(kCublasWorkspaceBytes)),
       partial_sums_(kMaxReduceBlocks),
       partial_flags_(kMaxReduceBlocks),
       result_(1),
       ns_(cublas_.get()) {
-  ctx_.stream = stream_.get();
+  ctx_.stream = stream_->get();
   ctx_.sm_count = multiprocessor_count(device_);
-  ZMUON_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
+  keep_pool_memory(device_);
+  ZMUON_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_->get()));
   ZMUON_CUBLAS_CHECK(
       cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(), cublas_workspace_.bytes()));
   // Only the explicit compute type of each GEMM decides its precision (bf16 in, fp32 sums).
@@ -54,7 +128,7 @@ cuda_compute::cuda_compute(int device)
 cuda_compute::~cuda_compute() {
   // Work still queued may use the workspace that the members free next.
   (void)cudaSetDevice(device_);
-  (void)cudaStreamSynchronize(stream_.get());
+  (void)cudaStreamSynchronize(stream_->get());
 }
 
 cuda_compute::launch_guard cuda_compute::activate() const {
@@ -69,13 +143,20 @@ device_buffer cuda_compute::allocate(int64_t n) {
   if (n <= 0)
     return device_buffer{};
   const launch_guard guard = activate();
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   float* data = nullptr;
-  ZMUON_CUDA_CHECK(
-      cudaMalloc(reinterpret_cast<void**>(&data), static_cast<size_t>(n) * sizeof(float)));
-  device_buffer buffer(data, n, &release_device_floats);
+  ZMUON_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data), bytes, ctx_.stream));
+  meter_->allocated(static_cast<int64_t>(bytes));
+  // Released on the same stream (see keep_pool_memory), from whichever thread drops it last.
+  device_buffer buffer(data, n,
+                       [stream = stream_, device = device_, meter = meter_, bytes](float* p) {
+                         (void)cudaSetDevice(device);
+                         (void)cudaFreeAsync(p, stream->get());
+                         meter->released(static_cast<int64_t>(bytes));
+                       });
   // Stream-ordered: every user of this backend's buffers (its actors, the nccl comm) enqueues on
   // the same stream, so the zeros land before any later use; nothing waits.
-  ZMUON_CUDA_CHECK(cudaMemsetAsync(data, 0, static_cast<size_t>(n) * sizeof(float), ctx_.stream));
+  ZMUON_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, ctx_.stream));
   return buffer;
 }
 
@@ -85,7 +166,7 @@ void cuda_compute::copy_from_host(float* dst, const float* host_src, int64_t n) 
   const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyHostToDevice, ctx_.stream));
-  stream_.synchronize();
+  stream_->synchronize();
 }
 
 void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
@@ -94,7 +175,7 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
   const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  stream_.synchronize();
+  stream_->synchronize();
 }
 
 void cuda_compute::copy(float* dst, const float* src, int64_t n) {
@@ -130,7 +211,7 @@ reduction cuda_compute::reduce(const float* x, int64_t n) {
   launch_sum_squares(guard, x, n, scratch);
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  stream_.synchronize();
+  stream_->synchronize();
   return *host_result_.get();
 }
 
@@ -181,11 +262,6 @@ void CUDART_CB run_callback(void* data) {
   (*done)();
 }
 
-void release_pinned_floats(float* p) {
-  if (p != nullptr)
-    (void)cudaFreeHost(p);
-}
-
 // A scan's result on its way to the caller's scan_result.
 struct scan_landing {
   reduction* pinned;
@@ -228,11 +304,14 @@ device_buffer cuda_compute::allocate_host(int64_t n) {
   if (n <= 0)
     return device_buffer{};
   const launch_guard guard = activate();
-  float* data = nullptr;
-  ZMUON_CUDA_CHECK(
-      cudaMallocHost(reinterpret_cast<void**>(&data), static_cast<size_t>(n) * sizeof(float)));
-  std::memset(data, 0, static_cast<size_t>(n) * sizeof(float));
-  return device_buffer(data, n, &release_pinned_floats);
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  auto* data = static_cast<float*>(pinned_cache_->take(bytes));
+  if (data == nullptr)
+    ZMUON_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data), bytes));
+  std::memset(data, 0, bytes);
+  return device_buffer(data, n, [cache = pinned_cache_, stream = stream_, bytes](float* p) {
+    pinned_cache::release(cache, stream->get(), p, bytes);
+  });
 }
 
 void cuda_compute::copy_to_host_async(float* host_dst, const float* src, int64_t n) {
@@ -251,9 +330,16 @@ void cuda_compute::copy_from_host_async(float* dst, const float* host_src, int64
                                    cudaMemcpyHostToDevice, ctx_.stream));
 }
 
+memory_stats cuda_compute::memory() const {
+  memory_stats stats = meter_->read();
+  const std::lock_guard<std::mutex> lock(mutex_);
+  stats.workspace = ns_.bytes();
+  return stats;
+}
+
 void cuda_compute::synchronize() {
   const launch_guard guard = activate();
-  stream_.synchronize();
+  stream_->synchronize();
 }
 
 }  // namespace zmuon::gpu

@@ -21,6 +21,8 @@
 
 namespace zmuon::gpu {
 
+class pinned_cache;
+
 class cuda_compute final : public compute_backend {
 public:
   /// A backend on `device` (an ordinal); throws gpu::failure when that device is unusable.
@@ -59,13 +61,24 @@ public:
   void copy_to_host_async(float* host_dst, const float* src, int64_t n) override;
   void copy_from_host_async(float* dst, const float* host_src, int64_t n) override;
 
+  /// allocate()'s buffers, and the Newton-Schulz workspace as `workspace`.
+  memory_stats memory() const override;
+
   /// For the NCCL communication backend and for benchmarks: where this backend's work runs.
   int device() const { return device_; }
-  cudaStream_t stream() const { return stream_.get(); }
+  cudaStream_t stream() const { return stream_->get(); }
   /// For benchmarks: how Newton-Schulz runs its GEMMs (gemm.hpp).
   void set_ns_gemm_path(gemm_path path) { ns_.set_gemm_path(path); }
-  /// For benchmarks: replay Newton-Schulz's GEMMs from CUDA graphs (newton_schulz.hpp).
-  void set_ns_graphs(bool use) { ns_.set_use_graphs(use); }
+  void set_ns_autotune(bool on) { ns_.set_autotune(on); }
+  /// For benchmarks: replay Newton-Schulz's GEMMs from CUDA graphs always or never (the
+  /// default: for launch-bound calls only; newton_schulz.hpp).
+  void set_ns_graphs(graph_mode mode) { ns_.set_graph_mode(mode); }
+  /// For tests and benchmarks: the smallest block side of the symmetric products (0: off), and
+  /// the blocks per side they use for an m×m Gram matrix (newton_schulz.hpp).
+  void set_ns_symmetric_block(int64_t min_side) { ns_.set_symmetric_block(min_side); }
+  int64_t ns_symmetric_blocks(int64_t m, int64_t batch) const {
+    return ns_.symmetric_blocks(m, batch);
+  }
 
 private:
   /// The launch context, usable while the guard lives: holds the backend's lock (the actors of
@@ -81,7 +94,10 @@ private:
 
   mutable std::mutex mutex_;
   int device_;
-  cuda_stream stream_;
+  /// Shared with the release functions of the buffers handed out: a buffer freed after its
+  /// backend is gone still has its stream.
+  std::shared_ptr<cuda_stream> stream_;
+  std::shared_ptr<pinned_cache> pinned_cache_;
   cublas_handle cublas_;
   device_array<unsigned char> cublas_workspace_;
   launch_context ctx_;

@@ -4,7 +4,12 @@
 
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/owners.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -62,12 +67,17 @@ gemm_runner::~gemm_runner() {
     (void)cublasLtDestroy(lt_);
 }
 
+void gemm_runner::set_autotune(bool on) {
+  autotune_ = on;
+  plans_.clear();
+}
+
 gemm_runner::key gemm_runner::key_of(const gemm_shape& g) {
   return key{g.op_a, g.op_b, g.m,        g.n,        g.k,        g.lda,
              g.ldb,  g.ldc,  g.stride_a, g.stride_b, g.stride_c, g.batch};
 }
 
-const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g) {
+const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g, const operands& x) {
   const key k = key_of(g);
   auto found = plans_.find(k);
   if (found != plans_.end())
@@ -95,23 +105,82 @@ const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g) {
   ZMUON_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &workspace_bytes, sizeof workspace_bytes));
-  cublasLtMatmulHeuristicResult_t result{};
+  std::array<cublasLtMatmulHeuristicResult_t, kCandidates> results{};
   int found_count = 0;
-  const cublasStatus_t status =
-      cublasLtMatmulAlgoGetHeuristic(lt_, desc, p->a.get(), p->b.get(), p->cd.get(), p->cd.get(),
-                                     raw_pref, 1, &result, &found_count);
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      lt_, desc, p->a.get(), p->b.get(), p->cd.get(), p->cd.get(), raw_pref,
+      autotune_ ? kCandidates : 1, results.data(), &found_count);
   if (status != CUBLAS_STATUS_SUCCESS || found_count == 0) {
     plans_.emplace(k, nullptr);  // remembered: the fallback path, without asking again
     return nullptr;
   }
-  p->algo = result.algo;
+  p->algo = results[0].algo;
+  if (found_count > 1 && can_repeat(x)) {
+    // One choice per shape and device for the whole process, so that every rank's backend
+    // runs the same algorithm and results do not depend on which backend timed what.
+    static std::mutex chosen_mutex;
+    static std::map<std::pair<int, key>, cublasLtMatmulAlgo_t> chosen;
+    int device = 0;
+    ZMUON_CUDA_CHECK(cudaGetDevice(&device));
+    const std::lock_guard<std::mutex> lock(chosen_mutex);
+    const auto earlier = chosen.find({device, k});
+    p->algo = earlier != chosen.end()
+                  ? earlier->second
+                  : (chosen[{device, k}] = fastest(*p, x, results.data(), found_count));
+  }
   return plans_.emplace(k, std::move(p)).first->second.get();
+}
+
+bool gemm_runner::can_repeat(const operands& x) const {
+  // Timing runs the GEMM several times: only when that leaves D as one run would (C is not D,
+  // or beta is 0), and never while the stream is being captured into a graph.
+  if (x.c == x.d && x.beta != 0.0f)
+    return false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  ZMUON_CUDA_CHECK(cudaStreamIsCapturing(x.stream, &capture));
+  return capture == cudaStreamCaptureStatusNone;
+}
+
+cublasLtMatmulAlgo_t gemm_runner::fastest(const plan& p, const operands& x,
+                                          const cublasLtMatmulHeuristicResult_t* candidates,
+                                          int count) {
+  constexpr int kWarmups = 1;
+  constexpr int kReps = 3;
+  cuda_event start;
+  cuda_event stop;
+  cublasLtMatmulAlgo_t best = candidates[0].algo;
+  float best_ms = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    const auto once = [&] {
+      return cublasLtMatmul(lt_, p.desc.get(), &x.alpha, x.a, p.a.get(), x.b, p.b.get(), &x.beta,
+                            x.c, p.cd.get(), x.d, p.cd.get(), &candidates[i].algo,
+                            workspace_.data(), workspace_.bytes(), x.stream);
+    };
+    bool usable = true;
+    for (int w = 0; w < kWarmups && usable; ++w)
+      usable = once() == CUBLAS_STATUS_SUCCESS;
+    if (!usable)
+      continue;
+    start.record(x.stream);
+    for (int r = 0; r < kReps; ++r)
+      ZMUON_CUBLAS_CHECK(once());
+    stop.record(x.stream);
+    ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    if (i == 0 || ms < best_ms) {
+      best_ms = ms;
+      best = candidates[i].algo;
+    }
+  }
+  return best;
 }
 
 void gemm_runner::run(cudaStream_t stream, const gemm_shape& g, float alpha, const __nv_bfloat16* a,
                       const __nv_bfloat16* b, float beta, const __nv_bfloat16* c,
                       __nv_bfloat16* d) {
-  const plan* p = path_ == gemm_path::lt ? find_plan(g) : nullptr;
+  const plan* p =
+      path_ == gemm_path::lt ? find_plan(g, operands{stream, alpha, a, b, beta, c, d}) : nullptr;
   if (p != nullptr) {
     const cublasStatus_t status = cublasLtMatmul(
         lt_, p->desc.get(), &alpha, a, p->a.get(), b, p->b.get(), &beta, c, p->cd.get(), d,
@@ -133,6 +202,15 @@ void gemm_runner::run(cudaStream_t stream, const gemm_shape& g, float alpha, con
       cublas_, g.op_a, g.op_b, g.m, g.n, g.k, &alpha, a, CUDA_R_16BF, g.lda, g.stride_a, b,
       CUDA_R_16BF, g.ldb, g.stride_b, &beta, d, CUDA_R_16BF, g.ldc, g.stride_c, g.batch,
       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void gemm_runner::run_pointers(cudaStream_t stream, const gemm_shape& g, float alpha,
+                               const void* const* a, const void* const* b, float beta,
+                               void* const* c, int count) {
+  (void)stream;  // cublas_ is bound to it already (see the constructor's contract)
+  ZMUON_CUBLAS_CHECK(cublasGemmBatchedEx(
+      cublas_, g.op_a, g.op_b, g.m, g.n, g.k, &alpha, a, CUDA_R_16BF, g.lda, b, CUDA_R_16BF, g.ldb,
+      &beta, c, CUDA_R_16BF, g.ldc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace zmuon::gpu

@@ -1,7 +1,9 @@
 // Strided-batched bf16 GEMMs with fp32 accumulation, D = alpha * op(A) op(B) + beta * C, where
 // C and D may be different buffers. cuBLASLt does that in one call (its epilogue reads C and
 // writes D), which lets Newton-Schulz fold b*A and a*X into the GEMMs without copying A or X
-// first. Plans (descriptors and the heuristic's algorithm) are cached per shape. When cuBLASLt
+// first. Plans (descriptors and an algorithm) are cached per shape: the first call of a shape
+// times the heuristic's first kCandidates algorithms on its own operands and keeps the fastest
+// (cuBLASLt's first choice is often not, for the odd sizes NS runs). When cuBLASLt
 // offers no algorithm, or the copy path is asked for, D = C is copied and
 // cublasGemmStridedBatchedEx runs with beta on D.
 #pragma once
@@ -44,22 +46,45 @@ public:
   gemm_runner& operator=(const gemm_runner&) = delete;
 
   void set_path(gemm_path path) { path_ = path; }
+  /// Time the candidates (default) or take cuBLASLt's first choice; applies to new shapes.
+  void set_autotune(bool on);
 
   /// D = alpha * op(A) op(B) + beta * C on `stream`; C may equal D; throws gpu::failure.
   void run(cudaStream_t stream, const gemm_shape& g, float alpha, const __nv_bfloat16* a,
            const __nv_bfloat16* b, float beta, const __nv_bfloat16* c, __nv_bfloat16* d);
 
+  /// C[i] = alpha * op(A[i]) op(B[i]) + beta * C[i] for `count` same-shape GEMMs anywhere in
+  /// memory: a, b and c are device arrays of `count` pointers (cublasGemmBatchedEx); the
+  /// shape's strides and batch are ignored.
+  void run_pointers(cudaStream_t stream, const gemm_shape& g, float alpha, const void* const* a,
+                    const void* const* b, float beta, void* const* c, int count);
+
 private:
   struct plan;
+  /// One call's operands (what timing the candidates runs on).
+  struct operands {
+    cudaStream_t stream;
+    float alpha;
+    const __nv_bfloat16* a;
+    const __nv_bfloat16* b;
+    float beta;
+    const __nv_bfloat16* c;
+    __nv_bfloat16* d;
+  };
+  static constexpr int kCandidates = 8;
   using key = std::array<int64_t, 12>;
   static key key_of(const gemm_shape& g);
   /// The cached plan for g, or nullptr when cuBLASLt has no algorithm for it.
-  const plan* find_plan(const gemm_shape& g);
+  const plan* find_plan(const gemm_shape& g, const operands& x);
+  bool can_repeat(const operands& x) const;
+  cublasLtMatmulAlgo_t fastest(const plan& p, const operands& x,
+                               const cublasLtMatmulHeuristicResult_t* candidates, int count);
 
   cublasHandle_t cublas_;
   cublasLtHandle_t lt_ = nullptr;
   device_array<unsigned char> workspace_;
   gemm_path path_ = gemm_path::lt;
+  bool autotune_ = true;
   std::map<key, std::unique_ptr<plan>> plans_;
 };
 

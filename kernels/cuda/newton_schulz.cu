@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/reduce.cuh"
@@ -64,6 +65,38 @@ __global__ void from_bf16_kernel(const __nv_bfloat16* __restrict__ in, int64_t n
     out[i] = __bfloat162float(in[i]);
 }
 
+constexpr int kTile = 32;     // side of the mirror kernel's tiles (blocks are multiples of it)
+constexpr int kTileRows = 8;  // rows of threads per tile; each thread moves kTile / kTileRows
+
+/// For each of the column-major m×m matrices at a (gridDim.z of them, m*m apart), whose lower
+/// blocks (side s, a multiple of kTile) hold a symmetric matrix: fills every upper block from
+/// the transposed lower one, and, when `lower_to` is given, copies the lower and diagonal
+/// blocks there too. One kTile×kTile tile per thread block, transposed through shared memory
+/// so that reads and writes are both coalesced.
+__global__ void mirror_blocks_kernel(__nv_bfloat16* __restrict__ a, int64_t m, int64_t s,
+                                     __nv_bfloat16* __restrict__ lower_to) {
+  __shared__ __nv_bfloat16 tile[kTile][kTile + 1];
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t offset = static_cast<int64_t>(blockIdx.z) * m * m;
+  __nv_bfloat16* am = a + offset;
+  if (row0 / s >= col0 / s) {  // a lower or diagonal block: computed by the GEMMs
+    if (lower_to == nullptr)
+      return;
+    for (int y = static_cast<int>(threadIdx.y); y < kTile; y += kTileRows) {
+      const int64_t at = (col0 + y) * m + row0 + threadIdx.x;
+      lower_to[offset + at] = am[at];
+    }
+    return;
+  }
+  // Upper tile (rows row0.., cols col0..) = transpose of the lower tile (rows col0.., cols row0..).
+  for (int y = static_cast<int>(threadIdx.y); y < kTile; y += kTileRows)
+    tile[y][threadIdx.x] = am[(row0 + y) * m + col0 + threadIdx.x];
+  __syncthreads();
+  for (int y = static_cast<int>(threadIdx.y); y < kTile; y += kTileRows)
+    am[(col0 + y) * m + row0 + threadIdx.x] = tile[threadIdx.x][y];
+}
+
 /// Slices per matrix: enough blocks in all to fill the device a few times, at least one
 /// block's worth of elements per slice, within gridDim.y's limit.
 int slices_for(int64_t batch, int64_t numel, int sm_count) {
@@ -77,6 +110,90 @@ int slices_for(int64_t batch, int64_t numel, int sm_count) {
 }
 
 }  // namespace
+
+int64_t ns_workspace::bytes() const {
+  int64_t total = static_cast<int64_t>(x_.bytes() + x_next_.bytes() + a_.bytes() + b_.bytes()
+                                       + partial_sums_.bytes() + inv_norms_.bytes());
+  for (const auto& [key, pointers] : block_pointers_)
+    total += static_cast<int64_t>(pointers.bytes());
+  return total;
+}
+
+bool ns_workspace::graphs_wanted(int64_t batch, int64_t m, int64_t n) const {
+  if (graphs_mode_ != graph_mode::automatic)
+    return graphs_mode_ == graph_mode::on;
+  // Where launches cost as much as the GEMMs: one NS5 of a 768x3072 matrix is 40 GFLOP.
+  constexpr double kLaunchBoundFlops = 2e11;
+  const auto md = static_cast<double>(m);
+  const auto nd = static_cast<double>(n);
+  return 5.0 * static_cast<double>(batch) * (4.0 * md * md * nd + 2.0 * md * md * md)
+         <= kLaunchBoundFlops;
+}
+
+int64_t ns_workspace::symmetric_blocks(int64_t m, int64_t batch) const {
+  // Measured on the H200 (docs/NOTES.md): block GEMMs of side 256 win for batches of 2048-sided
+  // Gram matrices, a single matrix needs blocks of 512 to fill the device, and below 4 blocks'
+  // worth (768: 0.159 -> 0.216 ms at k = 3) the mirror copies and the smaller GEMMs cost more
+  // than the FLOPs they save.
+  constexpr int64_t kSmallBatch = 8;
+  const int64_t min_side = batch < kSmallBatch ? 2 * symmetric_min_side_ : symmetric_min_side_;
+  if (symmetric_min_side_ <= 0 || m < 4 * symmetric_min_side_)
+    return 1;
+  constexpr int64_t kMaxBlocks = 16;
+  for (int64_t k = std::min(kMaxBlocks, m / min_side); k > 1; --k) {
+    if (m % k == 0 && (m / k) % kTile == 0)
+      return k;
+  }
+  return 1;
+}
+
+// Layout of the pointer arrays, P = batch * k(k+1)/2 block GEMMs per product, block (i, j),
+// i >= j, of matrix q at index q * k(k+1)/2 + (i(i+1)/2 + j) within each run of P:
+//   [0, 2P)   A = X X^T, operands X_i, X_j with X = x_     (cur is x_)
+//   [2P, 4P)  the same with X = x_next_                       (cur is x_next_)
+//   [4P, 5P)  A's block (i, j)                               (output of both)
+//   [5P, 7P)  A*A's operands: A's row block i, column block j
+//   [7P, 8P)  B's block (i, j)                               (output, beta * A's block in it)
+void* const* ns_workspace::block_pointers(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
+                                          bool tall, int64_t k) {
+  std::vector<int64_t> key{batch, m, n, tall ? 1 : 0, k};
+  auto found = block_pointers_.find(key);
+  if (found != block_pointers_.end())
+    return found->second.data();
+  const int64_t per_matrix = k * (k + 1) / 2;
+  const int64_t count = batch * per_matrix;
+  const int64_t side = m / k;
+  std::vector<void*> host(static_cast<size_t>(8 * count));
+  auto at = [&](int64_t run, int64_t index) -> void*& {
+    return host[static_cast<size_t>(run * count + index)];
+  };
+  for (int64_t q = 0; q < batch; ++q) {
+    int64_t index = q * per_matrix;
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t j = 0; j <= i; ++j, ++index) {
+        // Wide: block row i of X is column block i of Xc ([n, m], ld n); tall: row block i of
+        // X ([m, n], ld m).
+        const int64_t xi = q * m * n + (tall ? i * side : i * side * n);
+        const int64_t xj = q * m * n + (tall ? j * side : j * side * n);
+        for (int parity = 0; parity < 2; ++parity) {
+          __nv_bfloat16* x = parity == 0 ? x_.data() : x_next_.data();
+          at(2 * parity, index) = x + xi;
+          at(2 * parity + 1, index) = x + xj;
+        }
+        const int64_t gram = q * m * m;
+        at(4, index) = a_.data() + gram + j * side * m + i * side;
+        at(5, index) = a_.data() + gram + i * side;      // row block i: [side, m], ld m
+        at(6, index) = a_.data() + gram + j * side * m;  // column block j: [m, side], ld m
+        at(7, index) = b_.data() + gram + j * side * m + i * side;
+      }
+    }
+  }
+  device_array<void*> pointers(static_cast<int64_t>(host.size()));
+  ZMUON_CUDA_CHECK(cudaMemcpyAsync(pointers.data(), host.data(), host.size() * sizeof(void*),
+                                   cudaMemcpyHostToDevice, stream));
+  ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));  // once per shape: `host` goes out of scope
+  return block_pointers_.emplace(std::move(key), std::move(pointers)).first->second.data();
+}
 
 void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64_t rows,
                        int64_t cols, const ns_options& ns) {
@@ -94,8 +211,10 @@ void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64
   moved |= x_next_.reserve(batch * numel);
   moved |= a_.reserve(batch * m * m);
   moved |= b_.reserve(batch * m * m);
-  if (moved)
-    graphs_.clear();  // they point into the old buffers
+  if (moved) {  // these point into the old buffers
+    graphs_.clear();
+    block_pointers_.clear();
+  }
   const int slices = slices_for(batch, numel, ctx.sm_count);
   partial_sums_.reserve(batch * slices);
   inv_norms_.reserve(batch);
@@ -110,9 +229,17 @@ void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64
   to_bf16_scaled_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, inv_norms_.data(), x_.data());
   ZMUON_LAUNCH_CHECK();
 
+  // Outside any graph capture: the symmetric products' pointer arrays for this shape.
+  const int64_t blocks = symmetric_blocks(m, batch);
+  if (blocks > 1 && ns.steps > 0)
+    block_pointers(ctx.stream, batch, m, n, tall, blocks);
+
+  const graph_exec* graph = ns.steps > 0 && graphs_wanted(batch, m, n)
+                                ? graph_for(ctx.stream, batch, m, n, tall, ns)
+                                : nullptr;
   __nv_bfloat16* result = nullptr;
-  if (use_graphs_ && ns.steps > 0) {
-    graph_for(ctx.stream, batch, m, n, tall, ns).launch(ctx.stream);
+  if (graph != nullptr) {
+    graph->launch(ctx.stream);
     result = ns.steps % 2 == 0 ? x_.data() : x_next_.data();
   } else {
     result = iterate(ctx.stream, batch, m, n, tall, ns);
@@ -144,6 +271,19 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
   const gemm_shape update_shape =
       tall ? gemm_shape{CUBLAS_OP_N, CUBLAS_OP_N, mi, ni, mi, mi, mi, mi, gram, numel, numel, bi}
            : gemm_shape{CUBLAS_OP_N, CUBLAS_OP_T, ni, mi, mi, ni, mi, ni, numel, gram, numel, bi};
+  // The symmetric products' block GEMMs: one pointer-array batched call per product.
+  const int64_t k = symmetric_blocks(m, batch);
+  void* const* pointers = k > 1 ? block_pointers(stream, batch, m, n, tall, k) : nullptr;
+  const int count = static_cast<int>(batch * k * (k + 1) / 2);
+  const int side = static_cast<int>(m / k);
+  const gemm_shape gram_block{gram_a, gram_b, side, side, ni, ld_x, ld_x, mi, 0, 0, 0, count};
+  const gemm_shape square_block{CUBLAS_OP_N, CUBLAS_OP_N, side, side, mi, mi,
+                                mi,          mi,          0,    0,    0,  count};
+  const dim3 tiles(static_cast<unsigned>(m / kTile), static_cast<unsigned>(m / kTile),
+                   static_cast<unsigned>(batch));
+  const dim3 tile_threads(kTile, kTileRows);
+  auto run_of = [&](int run) { return pointers + static_cast<int64_t>(run) * count; };
+
   __nv_bfloat16* cur = x_.data();
   __nv_bfloat16* next = x_next_.data();
   for (int step = 0; step < ns.steps; ++step) {
@@ -151,8 +291,21 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
     const auto& abc = ns.schedule.empty()
                           ? ns.coefficients
                           : ns.schedule[static_cast<size_t>(step) % ns.schedule.size()];
-    gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, a_.data(), a_.data());
-    gemm_.run(stream, square_shape, abc[2], a_.data(), a_.data(), abc[1], a_.data(), b_.data());
+    if (k > 1) {
+      const int parity = cur == x_.data() ? 0 : 1;
+      gemm_.run_pointers(stream, gram_block, 1.0f, run_of(2 * parity), run_of(2 * parity + 1), 0.0f,
+                         run_of(4), count);
+      // A's upper blocks, and A's lower blocks into B (the beta * A term of B's GEMM).
+      mirror_blocks_kernel<<<tiles, tile_threads, 0, stream>>>(a_.data(), m, side, b_.data());
+      ZMUON_LAUNCH_CHECK();
+      gemm_.run_pointers(stream, square_block, abc[2], run_of(5), run_of(6), abc[1], run_of(7),
+                         count);
+      mirror_blocks_kernel<<<tiles, tile_threads, 0, stream>>>(b_.data(), m, side, nullptr);
+      ZMUON_LAUNCH_CHECK();
+    } else {
+      gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, a_.data(), a_.data());
+      gemm_.run(stream, square_shape, abc[2], a_.data(), a_.data(), abc[1], a_.data(), b_.data());
+    }
     if (tall) {
       gemm_.run(stream, update_shape, 1.0f, b_.data(), cur, abc[0], cur, next);
     } else {
@@ -163,9 +316,9 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
   return cur;
 }
 
-const graph_exec& ns_workspace::graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
+const graph_exec* ns_workspace::graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
                                           bool tall, const ns_options& ns) {
-  std::vector<int64_t> key{batch, m, n, tall ? 1 : 0, ns.steps};
+  std::vector<int64_t> key{batch, m, n, tall ? 1 : 0, ns.steps, symmetric_blocks(m, batch)};
   for (int step = 0; step < ns.steps; ++step) {
     const auto& abc = ns.schedule.empty()
                           ? ns.coefficients
@@ -177,10 +330,17 @@ const graph_exec& ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
     }
   }
   const auto found = graphs_.find(key);
-  if (found != graphs_.end())
-    return found->second;
-  if (graphs_.size() >= kMaxGraphs)
-    graphs_.clear();
+  if (found == graphs_.end()) {
+    // First sight: run directly (which also times the GEMMs' candidate algorithms, impossible
+    // while capturing); the second call captures.
+    if (graphs_.size() >= kMaxGraphs)
+      graphs_.clear();
+    graphs_.emplace(std::move(key), graph_exec());
+    return nullptr;
+  }
+  if (!found->second.empty())
+    return &found->second;
+  graphs_.erase(found);
 
   cudaGraph_t graph = nullptr;
   ZMUON_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
@@ -196,7 +356,7 @@ const graph_exec& ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   (void)cudaGraphDestroy(graph);
   ZMUON_CUDA_CHECK(status);
-  return graphs_.emplace(std::move(key), graph_exec(exec)).first->second;
+  return &graphs_.emplace(std::move(key), graph_exec(exec)).first->second;
 }
 
 }  // namespace zmuon::gpu

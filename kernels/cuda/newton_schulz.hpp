@@ -2,6 +2,11 @@
 // product over all `batch` same-shape matrices (gemm.hpp), with b*A and a*X carried by the GEMMs'
 // beta: per iteration, A = X X^T; B = c*A*A + b*A; X' = B*X + a*X, three GEMMs and nothing else.
 //
+// Symmetric products: A and B are symmetric, so when the Gram side m splits into k blocks (each
+// a multiple of 32, at least the configured side) only the k(k+1)/2 lower blocks of A and of
+// A*A are computed, all of a batch in one pointer-array batched GEMM, and a transposing copy
+// fills the upper blocks: (k+1)/(2k) of the two products' FLOPs (2/3 at k = 3, 9/16 at k = 8).
+//
 // X is kept in bf16 between iterations (as the published PyTorch reference does); only the
 // input (fp32, normalized per matrix on the device) and the output (back to fp32, in place) are
 // converted. Tall matrices are not copied into a transposed buffer: a row-major tall [rows, cols]
@@ -22,10 +27,16 @@
 
 namespace zmuon::gpu {
 
+/// When Newton-Schulz replays its iterations from CUDA graphs (ns_workspace::set_graph_mode).
+enum class graph_mode : uint8_t { off, on, automatic };
+
 /// Buffers kept across calls so that a step of a steady shape allocates nothing: the iterate X
 /// and its successor (ping-pong), A = X X^T, B = b*A + c*A*A, and the per-matrix norms.
 class ns_workspace {
 public:
+  /// The default smallest block side of the symmetric products.
+  static constexpr int64_t kDefaultSymmetricBlock = 256;
+
   /// `cublas` must be bound to the stream of every later run() (it serves the fallback path).
   explicit ns_workspace(cublasHandle_t cublas) : gemm_(cublas) {}
 
@@ -34,24 +45,51 @@ public:
   void run(const launch_context& ctx, float* x, int64_t batch, int64_t rows, int64_t cols,
            const ns_options& ns);
 
+  /// Time the GEMMs' candidate algorithms per shape (default), or take cuBLASLt's first.
+  void set_autotune(bool on) {
+    gemm_.set_autotune(on);
+    graphs_.clear();
+  }
   void set_gemm_path(gemm_path path) {
     gemm_.set_path(path);
     graphs_.clear();
   }
   /// Replay the iterations' GEMMs from a CUDA graph captured once per shape and coefficients
-  /// (the kernels that touch x stay outside it, so x may change from call to call).
-  void set_use_graphs(bool use) { use_graphs_ = use; }
+  /// (the kernels that touch x stay outside it, so x may change from call to call): always,
+  /// never, or (the default) only for calls small enough to be bound by launches. A shape is
+  /// captured at its second call; the first runs directly.
+  void set_graph_mode(graph_mode mode) { graphs_mode_ = mode; }
+
+  /// Symmetric products (see above) for Gram sides that split into blocks of at least
+  /// `min_side`; 0 turns them off.
+  void set_symmetric_block(int64_t min_side) {
+    symmetric_min_side_ = min_side;
+    graphs_.clear();
+  }
+  /// The blocks per side the symmetric products use for `batch` m×m Gram matrices (1: none).
+  int64_t symmetric_blocks(int64_t m, int64_t batch) const;
+
+  /// Device memory the workspace holds now (buffers kept across calls).
+  int64_t bytes() const;
 
 private:
   /// Enqueues the `ns.steps` iterations on the workspace's buffers; returns the final X.
   __nv_bfloat16* iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
                          const ns_options& ns);
-  const graph_exec& graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
+  /// The graph for this call, or nullptr the first time a shape is seen.
+  const graph_exec* graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
                               const ns_options& ns);
+  bool graphs_wanted(int64_t batch, int64_t m, int64_t n) const;
+  /// The pointer arrays of the symmetric products' block GEMMs for this shape (built once per
+  /// shape and workspace; see block_pointers in newton_schulz.cu for the layout).
+  void* const* block_pointers(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
+                              int64_t k);
 
   gemm_runner gemm_;
-  bool use_graphs_ = false;
+  graph_mode graphs_mode_ = graph_mode::automatic;
+  int64_t symmetric_min_side_ = kDefaultSymmetricBlock;
   std::map<std::vector<int64_t>, graph_exec> graphs_;
+  std::map<std::vector<int64_t>, device_array<void*>> block_pointers_;
   device_array<__nv_bfloat16> x_;
   device_array<__nv_bfloat16> x_next_;
   device_array<__nv_bfloat16> a_;

@@ -155,6 +155,7 @@ public:
   graph_exec& operator=(const graph_exec&) = delete;
 
   void launch(cudaStream_t s) const { ZMUON_CUDA_CHECK(cudaGraphLaunch(handle_, s)); }
+  bool empty() const { return handle_ == nullptr; }
 
 private:
   cudaGraphExec_t handle_ = nullptr;

@@ -11,10 +11,6 @@
 namespace zmuon {
 namespace {
 
-void release_host_floats(float* p) {
-  delete[] p;
-}
-
 /// Sum of squares in double. A float's square cannot overflow a double, nor can any realistic
 /// count of them, so the sum is non-finite exactly when some element is inf or NaN.
 double sum_of_squares(const float* x, int64_t n) {
@@ -48,7 +44,19 @@ void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
 device_buffer host_compute::allocate(int64_t n) {
   if (n <= 0)
     return device_buffer{};
-  return device_buffer(new float[static_cast<size_t>(n)](), n, &release_host_floats);
+  const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+  meter_->allocated(bytes);
+  return device_buffer(new float[static_cast<size_t>(n)](), n, [meter = meter_, bytes](float* p) {
+    delete[] p;
+    meter->released(bytes);
+  });
+}
+
+memory_stats host_compute::memory() const {
+  memory_stats stats = meter_->read();
+  for (const auto* v : {&x_, &x_next_, &a_, &b_})
+    stats.workspace += static_cast<int64_t>(v->capacity() * sizeof(float));
+  return stats;
 }
 
 void host_compute::copy_from_host(float* dst, const float* host_src, int64_t n) {

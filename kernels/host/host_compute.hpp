@@ -41,6 +41,8 @@ public:
 
   void synchronize() override {}
 
+  memory_stats memory() const override;
+
 private:
   /// Orthogonalizes one row-major [rows, cols] matrix in place.
   void newton_schulz_one(float* x, int64_t rows, int64_t cols, const ns_options& ns);
