@@ -521,6 +521,21 @@ void engine::set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr) {
     impl_->adam_lr = std::move(adam_lr);
 }
 
+expected<memory_stats> engine::memory(int rank) const {
+  const auto& d = *impl_;
+  if (auto err = d.check_local(rank))
+    return err;
+  const int local = rank - d.first_rank;
+  if (static_cast<size_t>(local) >= d.ranks.size())
+    return error{errc::bad_state, "memory(): the engine has not started (no reduce() or step())"};
+  return d.ranks[local].backend->memory();
+}
+
+void engine::reset_peak_memory() {
+  for (auto& r : impl_->ranks)
+    r.backend->reset_peak_memory();
+}
+
 int engine::world() const {
   return impl_->opts.world;
 }

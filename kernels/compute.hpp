@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 
+#include "zmuon/memory.hpp"
 #include "zmuon/options.hpp"
 #include "zmuon/status.hpp"
 
@@ -32,15 +33,6 @@ public:
 private:
   std::unique_ptr<float, release_fn> data_{nullptr, [](float*) {}};
   int64_t size_ = 0;
-};
-
-/// Bytes of the buffers a backend's allocate() handed out and that are not yet released, and
-/// the most there were at once since the last reset_peak(); `workspace` is the backend's own
-/// scratch (the Newton-Schulz workspace), kept across steps and counted apart.
-struct memory_stats {
-  int64_t in_use = 0;
-  int64_t peak = 0;
-  int64_t workspace = 0;
 };
 
 /// Thread-safe counters behind memory_stats, shared by a backend and its buffers' release

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "zmuon/config.hpp"
+#include "zmuon/memory.hpp"
 #include "zmuon/options.hpp"
 #include "zmuon/param.hpp"
 #include "zmuon/rank_state.hpp"
@@ -127,6 +128,11 @@ public:
 
   /// Learning-rate schedules (default: the constant lr of the options).
   void set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr);
+
+  /// Memory held by local rank `rank`'s compute backend (zmuon/memory.hpp); the peak counts
+  /// from the last reset_peak_memory() (benchmarks: the transient memory of a step).
+  expected<memory_stats> memory(int rank) const;
+  void reset_peak_memory();
 
   int world() const;
   /// The ranks this process runs: [first_rank(), first_rank() + local_ranks()).
