@@ -106,34 +106,43 @@ private:
   size_t held_ = 0;  // cached bytes, and those on their way back
 };
 
+cuda_compute::ns_lane::ns_lane(cudaStream_t stream)
+    : cublas_workspace(static_cast<int64_t>(kCublasWorkspaceBytes)), ns(cublas.get()) {
+  ZMUON_CUBLAS_CHECK(cublasSetStream(cublas.get(), stream));
+  ZMUON_CUBLAS_CHECK(
+      cublasSetWorkspace(cublas.get(), cublas_workspace.data(), cublas_workspace.bytes()));
+  // Only the explicit compute type of each GEMM decides its precision (bf16 in, fp32 sums).
+  ZMUON_CUBLAS_CHECK(cublasSetMathMode(cublas.get(), CUBLAS_DEFAULT_MATH));
+}
+
 cuda_compute::cuda_compute(int device)
     : device_(set_device(device)),
-      stream_(std::make_shared<cuda_stream>()),
+      streams_(std::make_shared<stream_set>()),
       pinned_cache_(std::make_shared<pinned_cache>()),
-      cublas_workspace_(static_cast<int64_t>(kCublasWorkspaceBytes)),
       partial_sums_(kMaxReduceBlocks),
       partial_flags_(kMaxReduceBlocks),
-      result_(1),
-      ns_(cublas_.get()) {
-  ctx_.stream = stream_->get();
+      result_(1) {
+  ctx_.stream = streams_->main();
   ctx_.sm_count = multiprocessor_count(device_);
   keep_pool_memory(device_);
-  ZMUON_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_->get()));
-  ZMUON_CUBLAS_CHECK(
-      cublasSetWorkspace(cublas_.get(), cublas_workspace_.data(), cublas_workspace_.bytes()));
-  // Only the explicit compute type of each GEMM decides its precision (bf16 in, fp32 sums).
-  ZMUON_CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
+  for (int i = 0; i < stream_set::kLanes; ++i)
+    lanes_[i] = std::make_unique<ns_lane>(streams_->lane_stream(i));
 }
 
 cuda_compute::~cuda_compute() {
-  // Work still queued may use the workspace that the members free next.
+  // Work still queued may use the workspaces that the members free next.
   (void)cudaSetDevice(device_);
-  (void)cudaStreamSynchronize(stream_->get());
+  try {
+    streams_->synchronize();
+  } catch (const failure&) {  // a broken context: nothing left to wait for
+  }
 }
 
-cuda_compute::launch_guard cuda_compute::activate() const {
+cuda_compute::launch_guard cuda_compute::activate(bool join) const {
   launch_guard guard{std::unique_lock<std::mutex>(mutex_), ctx_};
   ZMUON_CUDA_CHECK(cudaSetDevice(device_));
+  if (join)
+    streams_->join();
   return guard;
 }
 
@@ -149,9 +158,12 @@ device_buffer cuda_compute::allocate(int64_t n) {
   meter_->allocated(static_cast<int64_t>(bytes));
   // Released on the same stream (see keep_pool_memory), from whichever thread drops it last.
   device_buffer buffer(data, n,
-                       [stream = stream_, device = device_, meter = meter_, bytes](float* p) {
+                       [streams = streams_, device = device_, meter = meter_, bytes](float* p) {
                          (void)cudaSetDevice(device);
-                         (void)cudaFreeAsync(p, stream->get());
+                         try {  // after any lane work that may still use p
+                           (void)cudaFreeAsync(p, streams->joined());
+                         } catch (const failure&) {  // a broken context: the memory is gone
+                         }
                          meter->released(static_cast<int64_t>(bytes));
                        });
   // Stream-ordered: every user of this backend's buffers (its actors, the nccl comm) enqueues on
@@ -166,7 +178,7 @@ void cuda_compute::copy_from_host(float* dst, const float* host_src, int64_t n) 
   const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyHostToDevice, ctx_.stream));
-  stream_->synchronize();
+  streams_->synchronize();
 }
 
 void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
@@ -175,7 +187,7 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
   const launch_guard guard = activate();
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  stream_->synchronize();
+  streams_->synchronize();
 }
 
 void cuda_compute::copy(float* dst, const float* src, int64_t n) {
@@ -211,7 +223,7 @@ reduction cuda_compute::reduce(const float* x, int64_t n) {
   launch_sum_squares(guard, x, n, scratch);
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
-  stream_->synchronize();
+  streams_->synchronize();
   return *host_result_.get();
 }
 
@@ -248,7 +260,13 @@ void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t 
                                  const ns_options& ns) {
   if (batch <= 0)
     return;
-  ns_.run(activate(), x, batch, rows, cols, ns);
+  // On the next lane, concurrently with the NS calls just before it (stream_set.hpp).
+  const launch_guard guard = activate(false);
+  int lane = 0;
+  launch_context on_lane = ctx_;
+  on_lane.stream = streams_->fork(lane);
+  lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
+  streams_->lane_done(lane);
   ns_matrices_ += batch;
 }
 
@@ -309,8 +327,16 @@ device_buffer cuda_compute::allocate_host(int64_t n) {
   if (data == nullptr)
     ZMUON_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data), bytes));
   std::memset(data, 0, bytes);
-  return device_buffer(data, n, [cache = pinned_cache_, stream = stream_, bytes](float* p) {
-    pinned_cache::release(cache, stream->get(), p, bytes);
+  return device_buffer(data, n, [cache = pinned_cache_, streams = streams_, bytes](float* p) {
+    cudaStream_t stream = nullptr;
+    try {
+      stream = streams->joined();
+    } catch (const failure&) {  // a broken context: free at once below
+    }
+    if (stream != nullptr)
+      pinned_cache::release(cache, stream, p, bytes);
+    else
+      (void)cudaFreeHost(p);
   });
 }
 
@@ -333,13 +359,14 @@ void cuda_compute::copy_from_host_async(float* dst, const float* host_src, int64
 memory_stats cuda_compute::memory() const {
   memory_stats stats = meter_->read();
   const std::lock_guard<std::mutex> lock(mutex_);
-  stats.workspace = ns_.bytes();
+  for (const auto& lane : lanes_)
+    stats.workspace += lane->ns.bytes() + static_cast<int64_t>(lane->cublas_workspace.bytes());
   return stats;
 }
 
 void cuda_compute::synchronize() {
   const launch_guard guard = activate();
-  stream_->synchronize();
+  streams_->synchronize();
 }
 
 }  // namespace zmuon::gpu

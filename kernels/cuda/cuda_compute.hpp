@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/newton_schulz.hpp"
 #include "kernels/cuda/owners.hpp"
+#include "kernels/cuda/stream_set.hpp"
 
 namespace zmuon::gpu {
 
@@ -66,18 +68,27 @@ public:
 
   /// For the NCCL communication backend and for benchmarks: where this backend's work runs.
   int device() const { return device_; }
-  cudaStream_t stream() const { return stream_->get(); }
+  /// (Newton-Schulz calls still running on their lanes are joined first: see stream_set.hpp.)
+  cudaStream_t stream() const { return streams_->joined(); }
   /// For benchmarks: how Newton-Schulz runs its GEMMs (gemm.hpp).
-  void set_ns_gemm_path(gemm_path path) { ns_.set_gemm_path(path); }
-  void set_ns_autotune(bool on) { ns_.set_autotune(on); }
+  void set_ns_gemm_path(gemm_path path) {
+    for_each_lane([&](ns_workspace& ns) { ns.set_gemm_path(path); });
+  }
+  void set_ns_autotune(bool on) {
+    for_each_lane([&](ns_workspace& ns) { ns.set_autotune(on); });
+  }
   /// For benchmarks: replay Newton-Schulz's GEMMs from CUDA graphs always or never (the
   /// default: for launch-bound calls only; newton_schulz.hpp).
-  void set_ns_graphs(graph_mode mode) { ns_.set_graph_mode(mode); }
+  void set_ns_graphs(graph_mode mode) {
+    for_each_lane([&](ns_workspace& ns) { ns.set_graph_mode(mode); });
+  }
   /// For tests and benchmarks: the smallest block side of the symmetric products (0: off), and
   /// the blocks per side they use for an m×m Gram matrix (newton_schulz.hpp).
-  void set_ns_symmetric_block(int64_t min_side) { ns_.set_symmetric_block(min_side); }
+  void set_ns_symmetric_block(int64_t min_side) {
+    for_each_lane([&](ns_workspace& ns) { ns.set_symmetric_block(min_side); });
+  }
   int64_t ns_symmetric_blocks(int64_t m, int64_t batch) const {
-    return ns_.symmetric_blocks(m, batch);
+    return lanes_[0]->ns.symmetric_blocks(m, batch);
   }
 
 private:
@@ -89,23 +100,36 @@ private:
     const launch_context& ctx;
     operator const launch_context&() const { return ctx; }
   };
-  launch_guard activate() const;
+  /// `join`: order the main stream after the NS lanes first (every call but newton_schulz).
+  launch_guard activate(bool join = true) const;
   reduction reduce(const float* x, int64_t n);
 
   mutable std::mutex mutex_;
   int device_;
   /// Shared with the release functions of the buffers handed out: a buffer freed after its
   /// backend is gone still has its stream.
-  std::shared_ptr<cuda_stream> stream_;
+  std::shared_ptr<stream_set> streams_;
   std::shared_ptr<pinned_cache> pinned_cache_;
-  cublas_handle cublas_;
-  device_array<unsigned char> cublas_workspace_;
   launch_context ctx_;
   device_array<double> partial_sums_;
   device_array<int> partial_flags_;
   device_array<reduction> result_;
   pinned<reduction> host_result_;
-  ns_workspace ns_;
+  /// What Newton-Schulz needs on each of the stream set's lanes: a cuBLAS handle bound to the
+  /// lane's stream, with its own workspace, and the NS buffers (concurrent calls share none).
+  struct ns_lane {
+    explicit ns_lane(cudaStream_t stream);
+    cublas_handle cublas;
+    device_array<unsigned char> cublas_workspace;
+    ns_workspace ns;
+  };
+  std::array<std::unique_ptr<ns_lane>, stream_set::kLanes> lanes_;
+  template <class F>
+  void for_each_lane(F f) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& lane : lanes_)
+      f(lane->ns);
+  }
 };
 
 }  // namespace zmuon::gpu
