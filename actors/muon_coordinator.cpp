@@ -382,7 +382,10 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
         begin_step(self);
         return promise;
       },
-      [=](gpu_done& msg) { on_gpu_done(self, msg); },
+      [=](gpu_done& msg) {
+        ZMUON_TRACE_RECV(self, msg);
+        on_gpu_done(self, msg);
+      },
   };
 }
 
