@@ -11,7 +11,8 @@
 //          `dur`: how long the requester's continuation ran (recorded when it returns)
 //   span   a phase with its byte count: reduce_scatter, vote, norm, gather, ns, scatter, apply,
 //          momentum, ... `wait: true` for a requester's wait from request to answer; ns (the
-//          compute itself) carries `params`, the Muon parameters it orthogonalized
+//          compute itself) carries `params`, the Muon parameters it orthogonalized; `buffers`
+//          is buffer work inside a handler (allocation, staging copies, release, packing)
 // Messages carry `type`, `step`, and where they apply `micro`, `index` (bucket or chunk), `op`
 // (collective kind), `bytes` (tensor data the message carries or lends), `peer` (rank), and `id`,
 // the correlation id shared by a send, its recv and its reply.

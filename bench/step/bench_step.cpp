@@ -24,8 +24,9 @@
 //   nothing, so under nccl only the plan's count is printed. Beside them, what DeepSpeed's ZeRO-3
 //   Muon scheme sends (by formula: 4 all-gathers of (W-1)/W of every Muon matrix) and the ratio.
 // - actor plumbing: host time in the handlers and reply continuations of muon_coordinator,
-//   loss_scaler and reducer, minus the compute spans inside them (partition_store's and the
-//   comm's handlers are backend and copy work, not plumbing), less the trace's own cost (records
+//   loss_scaler and reducer, minus the backend work inside them (the `ns` and `buffers` spans:
+//   NS, buffer allocation, staging copies, bucket packing; partition_store's and the comm's
+//   handlers are backend and copy work, not plumbing), less the trace's own cost (records
 //   written inside them x the cost of one record, measured at start-up: `record_ns`). As a
 //   fraction of the step's wall time (first record of the step, i.e. reduce()'s start, to
 //   step()'s answer): the largest rank's share (`plumbing max rank`) and all ranks together
@@ -226,7 +227,7 @@ int main(int argc, char* argv[]) {
 
   // Phases of the critical rank, medians over steps; the window and the step's wall time.
   std::map<std::string, std::vector<double>> phase;
-  std::vector<double> window, wall, plumb_max, plumb_all, plumb_raw_all, overhead_all;
+  std::vector<double> window, wall, plumb_max, plumb_all, plumb_raw_all, overhead_all, records;
   std::set<std::string> names;
   for (const auto& s : figures)
     for (const auto& r : s.ranks)
@@ -259,6 +260,10 @@ int main(int argc, char* argv[]) {
     plumb_max.push_back(s.wall_ns > 0 ? mx / ms(s.wall_ns) : 0);
     plumb_all.push_back(s.wall_ns > 0 ? all / ms(s.wall_ns) : 0);
     plumb_raw_all.push_back(raw);
+    int64_t n = 0;
+    for (const auto& r : s.ranks)
+      n += r.records;
+    records.push_back(static_cast<double>(n));
     overhead_all.push_back(over);
   }
 
@@ -294,6 +299,26 @@ int main(int argc, char* argv[]) {
       "(CPU/wall); raw %.3f ms/step all ranks, trace cost taken out %.3f ms (%lld ns a record)\n",
       100 * median(plumb_max), 100 * median(plumb_all), median(plumb_raw_all), median(overhead_all),
       static_cast<long long>(record_ns));
+  {  // where the plumbing time goes: the largest activation kinds, all ranks, all timed steps
+    std::map<std::string, int64_t> by;
+    for (const auto& s : figures)
+      for (const auto& r : s.ranks)
+        for (const auto& [k, ns] : r.plumbing_by)
+          by[k] += ns;
+    std::vector<std::pair<int64_t, std::string>> top;
+    for (const auto& [k, ns] : by)
+      top.emplace_back(ns, k);
+    std::sort(top.rbegin(), top.rend());
+    std::printf("  largest plumbing activations (ms per step, all ranks, trace cost included):");
+    for (size_t i = 0; i < top.size() && i < 5; ++i)
+      std::printf("%s %s %.3f", i ? ";" : "", top[i].second.c_str(),
+                  ms(top[i].first) / static_cast<double>(figures.size()));
+    std::printf("\n");
+  }
+  std::printf(
+      "trace cost: %.0f records per step (all ranks) x %lld ns = %.3f ms of host time per step "
+      "(inside the timings above)\n",
+      median(records), static_cast<long long>(record_ns), median(records) * record_ns / 1e6);
   std::printf("peak transient device memory: [NOT MEASURED YET: backend memory accounting]\n");
 
   // Bytes: trace against plan, by rank and kind (the last step's; every step sends the same).
@@ -384,6 +409,7 @@ int main(int argc, char* argv[]) {
     j["plumbing_raw_ms_all_ranks"] = median(plumb_raw_all);
     j["trace_cost_ms_all_ranks"] = median(overhead_all);
     j["record_ns"] = record_ns;
+    j["records_per_step"] = median(records);
     j["bytes_from_trace"] = traced_bytes;
     j["ranks"] = jranks;
     j["peak_transient_device_bytes"] = nullptr;  // placeholder: backend memory accounting

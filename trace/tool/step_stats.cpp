@@ -99,6 +99,7 @@ std::vector<step_figures> step_stats(const trace_set& ts) {
         const auto& r = rs[i];
         if (r.step != step)
           continue;
+        ++out.records;
         if (r.ev == "span" && r.actor != "host") {
           int64_t b = std::max(r.t, w.first), e = std::min(r.t + r.dur, w.second);
           if (e > b)
@@ -129,6 +130,8 @@ std::vector<step_figures> step_stats(const trace_set& ts) {
               compute += k->dur;
           }
           out.plumbing_ns += std::max<int64_t>(0, r.dur - compute);
+          out.plumbing_by[r.actor + " " + r.ev + " " + r.type] +=
+              std::max<int64_t>(0, r.dur - compute);
           out.plumbing_records += written;
           ++out.activations;
         }

@@ -22,7 +22,9 @@
 //          element size). The nccl comm records nothing, so under nccl this is empty.
 // plumbing activations of the actors that only route work (muon_coordinator, loss_scaler,
 //          reducer): every handler (`recv`, t..t+dur) and reply continuation (`reply`,
-//          t..t+dur), minus the compute spans (non-wait spans: `ns`) nested in them. The
+//          t..t+dur), minus the backend-work spans (non-wait spans: `ns`, and `buffers`: the
+//          allocation, staging copies and release of the coordinator's chunk buffers and the
+//          reducer's packing of a bucket) nested in them. The
 //          handlers of partition_store (backend calls: momentum, apply, AdamW, accumulate, the
 //          scans) and of the caf comm (copies and reductions of pieces) are work, not plumbing,
 //          and so is the host thread. Message transit time (a mailbox, a scheduler hand-off)
@@ -50,6 +52,9 @@ struct rank_step {
   int64_t plumbing_ns = 0;                       // raw, as measured (trace cost included)
   int64_t plumbing_records = 0;                  // records written inside those activations
   int64_t activations = 0;                       // handlers and continuations counted
+  int64_t records = 0;                           // all records of the step on this rank
+  /// plumbing_ns by "actor recv|reply type" (a reply's type is the answer's).
+  std::map<std::string, int64_t> plumbing_by;
   /// plumbing_ns less `record_cost_ns` per record written inside it (never below 0).
   int64_t plumbing_net_ns(int64_t record_cost_ns) const;
 };
