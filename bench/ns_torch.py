@@ -151,8 +151,8 @@ def step_table(paths, zmuon_ns, reps):
              "",
              "| table | world, comm | zmuon step ms | zmuon NS phase ms | zmuon NS kernels ms | "
              "torch batched NS ms | torch per-matrix NS ms | plumbing % | Muon-phase MB zmuon "
-             "/ DeepSpeed |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "/ DeepSpeed | peak transient device MB |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
     for path in paths:
         with open(path) as f:
             z = json.load(f)
@@ -166,19 +166,24 @@ def step_table(paths, zmuon_ns, reps):
         ns_phase = z["phase_ms"].get("ns")
         enq = " (enqueue)" if z.get("phases_are_enqueue_times") else ""
         r0 = z["ranks"][0]
+        peak = z.get("peak_transient_device_bytes")  # null until the backends account memory
+        peak = "NOT MEASURED YET" if peak is None else f"{peak / 1e6:.1f}"
         lines.append(
             f"| {name} | {z['world']}, {z['comm']} | {z['step_ms']:.2f} | "
             f"{fmt(ns_phase, '.2f')}{enq} | {fmt(kernels, '.2f')} | {batched_ms:.2f} | "
             f"{loop_ms:.2f} | {100 * z['plumbing_fraction_max_rank']:.2f} | "
-            f"{r0['zmuon_muon_bytes'] / 1e6:.1f} / {r0['deepspeed_muon_bytes'] / 1e6:.1f} |")
+            f"{r0['zmuon_muon_bytes'] / 1e6:.1f} / {r0['deepspeed_muon_bytes'] / 1e6:.1f} | "
+            f"{peak} |")
     lines.append("")
     lines.append("zmuon step ms: step() (vote, norm, momentum, gather/NS/scatter, apply, AdamW; "
-                 "reduce() hand-over not included). NS phase: the trace's ns spans on the "
-                 "slowest rank (on CUDA only the enqueue; the GPU time is in 'other'). plumbing: "
+                 "reduce() hand-over not included). NS phase: the trace's ns phase of the slowest "
+                 "rank in the median step (on CUDA only the enqueue; the GPU time is in 'other')."
+                 " plumbing: "
                  "host time in the coordinator's, loss scaler's and reducer's handlers outside "
                  "compute, trace cost taken out, over the step's wall time (largest rank; target "
                  "<= 2 % for llama-1b). Muon-phase bytes: rank 0's gather + scatter against "
-                 "DeepSpeed's 4 all-gathers. Peak transient device memory: NOT MEASURED YET.")
+                 "DeepSpeed's 4 all-gathers. Peak transient device memory: from the backends' "
+                 "memory accounting once it exists (null in the JSON until then).")
     return "\n".join(lines)
 
 
