@@ -299,6 +299,9 @@ int main(int argc, char* argv[]) {
       "(CPU/wall); raw %.3f ms/step all ranks, trace cost taken out %.3f ms (%lld ns a record)\n",
       100 * median(plumb_max), 100 * median(plumb_all), median(plumb_raw_all), median(overhead_all),
       static_cast<long long>(record_ns));
+  if (table_name == "llama-1b")
+    std::printf("  issue 8's target for llama-1b, <= 2 %% (largest rank): %s\n",
+                median(plumb_max) <= 0.02 ? "met" : "NOT met");
   {  // where the plumbing time goes: the largest activation kinds, all ranks, all timed steps
     std::map<std::string, int64_t> by;
     for (const auto& s : figures)
