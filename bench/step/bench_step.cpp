@@ -144,6 +144,16 @@ int main(int argc, char* argv[]) {
   CLI11_PARSE(app, argc, argv);
 
   bool temp_trace = trace_dir.empty();
+  if (!temp_trace && fs::is_directory(trace_dir)) {  // stale files of another run would be read
+    for (const auto& e : fs::directory_iterator(trace_dir))
+      if (e.path().filename().string().rfind("trace-node", 0) == 0) {
+        std::fprintf(stderr,
+                     "zmuon-bench-step: --trace %s already holds trace files (%s); give an empty "
+                     "or new directory\n",
+                     trace_dir.c_str(), e.path().filename().c_str());
+        return 2;
+      }
+  }
   if (temp_trace) {
     std::string tmpl = (fs::temp_directory_path() / "zmuon-bench-step-XXXXXX").string();
     if (!mkdtemp(tmpl.data())) {
