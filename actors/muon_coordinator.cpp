@@ -114,6 +114,15 @@ void add_segment(std::vector<segment>& list, float* data, int64_t size) {
 void finish(coord_pointer self);
 void advance(coord_pointer self);
 
+// Buffer work of chunk c (allocation, staging copies, release): backend calls, recorded as a
+// `buffers` span so that bench/step does not count them as actor plumbing.
+template <class F>
+void buffers(coord_pointer self, int c, F f) {
+  trace::span s(self->state.tr, "buffers",
+                trace::stepped("buffers", self->state.work->req.step, -1, c));
+  f();
+}
+
 // A chunk's GPU work (and its copy to the host mirror) has finished: the chunk moves on.
 void on_gpu_done(coord_pointer self, const gpu_done& msg) {
   if (!current(self, msg.step))
@@ -144,7 +153,7 @@ void gather(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  cw.full = staged_buffer(*st.be, st.own[c].full_size, st.comm_on_host);
+  buffers(self, c, [&] { cw.full = staged_buffer(*st.be, st.own[c].full_size, st.comm_on_host); });
   all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world)};
   for (int i : chunk.params) {  // my shard of every matrix goes to its owner
@@ -161,8 +170,10 @@ void gather(coord_pointer self, int c) {
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
     auto& st = self->state;
     auto& cw = st.work->chunks[c];
-    cw.u = staged_buffer{};
-    cw.full.to_compute(*st.be);
+    buffers(self, c, [&] {
+      cw.u = staged_buffer{};
+      cw.full.to_compute(*st.be);
+    });
     const auto& muon = st.opts.muon;
     trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                    trace::span::per_param);
@@ -175,7 +186,7 @@ void gather(coord_pointer self, int c) {
       st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
-    cw.full.to_comm(*st.be);
+    buffers(self, c, [&] { cw.full.to_comm(*st.be); });
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
   });
 }
@@ -186,7 +197,7 @@ void scatter(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  cw.result = staged_buffer(*st.be, chunk.shard_len, st.comm_on_host);
+  buffers(self, c, [&] { cw.result = staged_buffer(*st.be, chunk.shard_len, st.comm_on_host); });
   all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world)};
   for (const auto& m : st.own[c].owned) {  // each rank gets its shard of what I own
@@ -203,14 +214,16 @@ void scatter(coord_pointer self, int c) {
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
     auto& st = self->state;
     auto& cw = st.work->chunks[c];
-    cw.full = staged_buffer{};
-    cw.result.to_compute(*st.be);
+    buffers(self, c, [&] {
+      cw.full = staged_buffer{};
+      cw.result.to_compute(*st.be);
+    });
     const auto& muon = st.opts.muon;
     apply_muon msg{st.work->req.step, c, st.work->req.muon_lr, muon.weight_decay,
                    float_view{cw.result.compute(), cw.result.size()}};
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
-      w.chunks[c] = chunk_work{};
+      buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
       w.chunks[c].at = chunk_work::applied;
       if (++w.applied == w.chunks.size())
         finish(self);
@@ -227,7 +240,9 @@ void advance(coord_pointer self) {
     auto& cw = w.chunks[s.chunk];
     if (s.gather) {
       if (cw.at == chunk_work::idle) {
-        cw.u = staged_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.comm_on_host);
+        buffers(self, s.chunk, [&] {
+          cw.u = staged_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.comm_on_host);
+        });
         cw.at = chunk_work::momentum_requested;
         const auto& muon = st.opts.muon;
         muon_momentum msg{w.req.step, s.chunk, muon.momentum, muon.nesterov,
@@ -235,7 +250,7 @@ void advance(coord_pointer self) {
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
           auto& st = self->state;
           auto& u = st.work->chunks[s.chunk].u;
-          u.to_comm(*st.be);
+          buffers(self, s.chunk, [&] { u.to_comm(*st.be); });
           after_gpu(self, gpu_event::u_on_host, s.chunk, u.staged());
         });
         return;
@@ -382,7 +397,10 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
         begin_step(self);
         return promise;
       },
-      [=](gpu_done& msg) { on_gpu_done(self, msg); },
+      [=](gpu_done& msg) {
+        ZMUON_TRACE_RECV(self, msg);
+        on_gpu_done(self, msg);
+      },
   };
 }
 

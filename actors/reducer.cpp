@@ -124,7 +124,11 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         ++st.in_flight;
         const auto& b = pl.buckets[msg.bucket];
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
-        auto buf = make_buffers(st.device.get(), msg, b.shard_len);
+        auto buf = [&] {  // packing and staging: backend work, not plumbing (bench/step)
+          trace::span s(st.tr, "buffers",
+                        trace::stepped("buffers", msg.step, msg.micro, msg.bucket));
+          return make_buffers(st.device.get(), msg, b.shard_len);
+        }();
         trace::request(self, st.tr, st.comm,
                        reduce_scatter_req{tag, buf->in, buf->out, b.shard_len})
             .then(

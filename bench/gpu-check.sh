@@ -2,7 +2,9 @@
 # The one command for every GPU check of the CUDA backend: test_cuda_kernels (each kernel against
 # the host backend), test_engine_cuda (the whole engine on CUDA against the host backend, nccl and
 # caf comms), zmuon-launch --backend cuda, bench_ns (zmuon's NS5 against the GEMM ceiling) and bench/ns_torch.py
-# (PyTorch's NS5 eager / torch.compile / torch.optim.Muon, and the final table).
+# (PyTorch's NS5 eager / torch.compile / torch.optim.Muon, and the final table), and the whole
+# step traced (zmuon-bench-step --json: phases, bytes, plumbing) beside PyTorch's NS batched by
+# shape (ns_torch.py --step-json: the step table, $OUT/step_table.md).
 #
 # The GPU machine has CUDA, CMake and PyTorch but no Boost or OpenBLAS, so the binaries are built
 # on a development machine and carried:
@@ -10,6 +12,8 @@
 #   bench/gpu-check.sh pack      # here: build (build-gpu-check/) and pack .carry/gpu/
 #   bench/gpu-check.sh           # there, from the repository root, with .carry carried:
 #                                # runs everything, logs and tables to $OUT (default ./out)
+#   ONLY_STEP=1 bench/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
+#   SKIP_NS=1 bench/gpu-check.sh     # everything but bench_ns and the NS table
 #
 # With the device tool: run(command="bash bench/gpu-check.sh", carry=[".carry"]).
 set -uo pipefail
@@ -90,70 +94,93 @@ check() {
       bench="$work/build/bench_ns"
   fi
 
-  local status=0
-  echo "== test_cuda_kernels"
-  timeout 300 "$work/bin/test_cuda_kernels" --log_level=message --report_level=short \
-    2>&1 | tee "$out/test_cuda_kernels.log"
-  local rc=${PIPESTATUS[0]}
-  echo "test_cuda_kernels: exit $rc"
-  [[ $rc -ne 0 ]] && status=1
-
-  echo "== test_engine_cuda"
-  timeout 300 "$work/bin/test_engine_cuda" --log_level=message --report_level=short \
-    2>&1 | tee "$out/test_engine_cuda.log"
-  rc=${PIPESTATUS[0]}
-  echo "test_engine_cuda: exit $rc"
-  [[ $rc -ne 0 ]] && status=1
-
-  echo "== zmuon-launch on the GPU"
-  for comm in "nccl --ranks 1" "caf --ranks 4"; do
-    echo "-- zmuon-launch --backend cuda --comm $comm --steps 30"
-    # shellcheck disable=SC2086
-    timeout 120 "$work/bin/zmuon-launch" --backend cuda --comm $comm --steps 30 \
-      2>&1 | tee -a "$out/zmuon_launch.log" | sed -n '1,3p;$p'
+  local status=0 rc
+  if [[ -z "${ONLY_STEP:-}" ]]; then
+    echo "== test_cuda_kernels"
+    timeout 300 "$work/bin/test_cuda_kernels" --log_level=message --report_level=short \
+      2>&1 | tee "$out/test_cuda_kernels.log"
     rc=${PIPESTATUS[0]}
-    echo "exit $rc"
+    echo "test_cuda_kernels: exit $rc"
     [[ $rc -ne 0 ]] && status=1
-  done
 
-  echo "== zmuon-bench-step (the whole step through the engine)"
-  for args in "gpt2-124m --world 1 --comm nccl --steps 6" "gpt2-124m --world 4 --comm caf --steps 3" \
-    "llama-1b --world 1 --comm nccl --steps 4"; do
-    # shellcheck disable=SC2086
-    timeout 240 "$work/bin/zmuon-bench-step" --table $args 2>&1 | tee -a "$out/bench_step.log" |
-      grep -v '^rank [1-9]'
+    echo "== test_engine_cuda"
+    timeout 300 "$work/bin/test_engine_cuda" --log_level=message --report_level=short \
+      2>&1 | tee "$out/test_engine_cuda.log"
+    rc=${PIPESTATUS[0]}
+    echo "test_engine_cuda: exit $rc"
+    [[ $rc -ne 0 ]] && status=1
+
+    echo "== zmuon-launch on the GPU"
+    for comm in "nccl --ranks 1" "caf --ranks 4"; do
+      echo "-- zmuon-launch --backend cuda --comm $comm --steps 30"
+      # shellcheck disable=SC2086
+      timeout 120 "$work/bin/zmuon-launch" --backend cuda --comm $comm --steps 30 \
+        2>&1 | tee -a "$out/zmuon_launch.log" | sed -n '1,3p;$p'
+      rc=${PIPESTATUS[0]}
+      echo "exit $rc"
+      [[ $rc -ne 0 ]] && status=1
+    done
+  fi
+
+  echo "== zmuon-bench-step (the whole step through the engine, traced; issue 8)"
+  # Each run prints its phases, bytes (trace against plan, and DeepSpeed's scheme) and plumbing
+  # share, and writes $out/step_<table>_w<world>.json for the table after bench_ns.
+  local step_jsons=()
+  for args in "gpt2-124m 1 nccl 6" "gpt2-124m 4 caf 3" "llama-1b 1 nccl 4"; do
+    local table world comm steps
+    read -r table world comm steps <<<"$args"
+    local json="$out/step_${table}_w${world}.json"
+    echo "-- zmuon-bench-step --table $table --world $world --comm $comm --steps $steps"
+    timeout 420 "$work/bin/zmuon-bench-step" --table "$table" --world "$world" --comm "$comm" \
+      --steps "$steps" --device-grads --json "$json" 2>&1 | tee -a "$out/bench_step.log" | grep -v '^rank [1-9]'
     rc=${PIPESTATUS[0]}
     [[ $rc -ne 0 ]] && status=1 && echo "zmuon-bench-step: exit $rc"
+    [[ -f "$json" ]] && step_jsons+=("$json")
   done
 
-  echo "== zmuon-launch, 2 node processes, nccl (the rendezvous hands out the NCCL id)"
-  # With one GPU, NCCL must refuse two ranks on it: both nodes exit non-zero, naming it, no hang.
-  timeout 120 "$work/bin/zmuon-launch" --local-nodes 2 --ranks-per-node 1 --backend cuda \
-    --comm nccl --steps 3 2>&1 | tail -n 6
-  echo "exit ${PIPESTATUS[0]} (with one GPU: non-zero expected)"
+  if [[ -z "${ONLY_STEP:-}" ]]; then
+    echo "== zmuon-launch, 2 node processes, nccl (the rendezvous hands out the NCCL id)"
+    # With one GPU, NCCL must refuse two ranks on it: both nodes exit non-zero, naming it, no hang.
+    timeout 120 "$work/bin/zmuon-launch" --local-nodes 2 --ranks-per-node 1 --backend cuda \
+      --comm nccl --steps 3 2>&1 | tail -n 6
+    echo "exit ${PIPESTATUS[0]} (with one GPU: non-zero expected)"
+  fi
 
   if [[ -n "${SKIP_NS:-}" ]]; then
-    echo "== bench_ns and ns_torch.py skipped (SKIP_NS set)"
-    return $status
-  fi
-  echo "== bench_ns"
-  timeout 240 "$bench" --json "$out/bench_ns.json" 2>&1 | tee "$out/bench_ns.log"
-  rc=${PIPESTATUS[0]}
-  [[ $rc -ne 0 ]] && status=1 && echo "bench_ns: exit $rc"
-
-  if [[ -f "$out/bench_ns.json" && -z "${SKIP_TORCH:-}" ]]; then
-    echo "== ns_torch.py"
-    timeout 420 python3 bench/ns_torch.py --zmuon "$out/bench_ns.json" --out "$out/ns_table.md" \
-      2>&1 | tee "$out/ns_torch.log" | grep -v -E '^\s*$|Warning|warn\(' 
+    echo "== bench_ns and the NS table skipped (SKIP_NS set)"
+  else
+    echo "== bench_ns"
+    timeout 240 "$bench" --json "$out/bench_ns.json" 2>&1 | tee "$out/bench_ns.log"
     rc=${PIPESTATUS[0]}
-    [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py: exit $rc"
+    [[ $rc -ne 0 ]] && status=1 && echo "bench_ns: exit $rc"
+
+    if [[ -f "$out/bench_ns.json" && -z "${SKIP_TORCH:-}" ]]; then
+      echo "== ns_torch.py"
+      timeout 420 python3 bench/ns_torch.py --zmuon "$out/bench_ns.json" --out "$out/ns_table.md" \
+        2>&1 | tee "$out/ns_torch.log" | grep -v -E '^\s*$|Warning|warn\(' 
+      rc=${PIPESTATUS[0]}
+      [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py: exit $rc"
+    fi
+  fi
+
+  if [[ ${#step_jsons[@]} -gt 0 ]]; then
+    echo "== the whole step: zmuon beside PyTorch's NS batched by shape (ns_torch.py --step-json)"
+    local with_ns=()
+    [[ -f "$out/bench_ns.json" ]] && with_ns=(--zmuon "$out/bench_ns.json")
+    timeout 300 python3 bench/ns_torch.py --step-json "${step_jsons[@]}" "${with_ns[@]}" \
+      --out "$out/step_table.md" 2>&1 | tee "$out/step_torch.log" | grep -v -E '^\s*$|Warning|warn\('
+    rc=${PIPESTATUS[0]}
+    [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py --step-json: exit $rc"
   fi
 
   echo "== summary"
-  grep -E 'relative error|SKIPPED|failure|error:|No errors|Test module' "$out/test_cuda_kernels.log" |
-    tail -n 60
-  grep -E 'relative|NS per|error|No errors|Test module' "$out/test_engine_cuda.log"
+  if [[ -z "${ONLY_STEP:-}" ]]; then
+    grep -E 'relative error|SKIPPED|failure|error:|No errors|Test module' \
+      "$out/test_cuda_kernels.log" | tail -n 60
+    grep -E 'relative|NS per|error|No errors|Test module' "$out/test_engine_cuda.log"
+  fi
   [[ -f "$out/ns_table.md" ]] && cat "$out/ns_table.md"
+  [[ -f "$out/step_table.md" ]] && cat "$out/step_table.md"
   return $status
 }
 

@@ -9,6 +9,15 @@ prints one table: ms, TFLOP/s counting full-GEMM FLOPs, fraction of the GEMM cei
 zmuon's speed-up over each PyTorch variant, with the issue's targets checked.
 
     bench/ns_torch.py --zmuon OUT/bench_ns.json [--reps 20] [--out OUT/ns_table.md]
+
+With --step-json (zmuon-bench-step --json outputs, issue 8), it prints instead the whole-step
+table: per table and world/comm, zmuon's step() time, its NS phase from the trace (on CUDA the
+time to enqueue NS), zmuon's NS kernel time for the whole table from bench_ns (--zmuon, CUDA
+events; optional), PyTorch's NS5 over the same table batched by shape (as Dion runs it, the
+strongest PyTorch baseline) and per matrix, timed here in the same run, and the step's actor
+plumbing share and Muon-phase bytes against DeepSpeed's ZeRO-3 scheme.
+
+    bench/ns_torch.py --step-json OUT/step_*.json [--zmuon OUT/bench_ns.json] [--out FILE]
 """
 
 import argparse
@@ -133,12 +142,75 @@ def fmt(value, spec):
     return "n/a" if value is None else format(value, spec)
 
 
+def step_table(paths, zmuon_ns, reps):
+    """The whole-step table from zmuon-bench-step --json files, PyTorch timed here."""
+    torch_ms = {}
+    lines = [f"device: {torch.cuda.get_device_name()} (torch {torch.__version__}); zmuon: "
+             "medians of the steps after a warm-up, tracing on; torch NS5 eager, bf16, "
+             f"median of {max(3, reps // 4)}",
+             "",
+             "| table | world, comm | zmuon step ms | zmuon NS phase ms | zmuon NS kernels ms | "
+             "torch batched NS ms | torch per-matrix NS ms | plumbing % | Muon-phase MB zmuon "
+             "/ DeepSpeed | peak transient device MB |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for path in paths:
+        with open(path) as f:
+            z = json.load(f)
+        name = z["table"]
+        if name not in TABLES:
+            continue
+        if name not in torch_ms:
+            torch_ms[name] = time_table(TABLES[name], reps)
+        loop_ms, batched_ms = torch_ms[name]
+        kernels = zmuon_ns.get(f"{name} table", {}).get("ms") if zmuon_ns else None
+        ns_phase = z["phase_ms"].get("ns")
+        enq = " (enqueue)" if z.get("phases_are_enqueue_times") else ""
+        r0 = z["ranks"][0]
+        peak = z.get("peak_transient_device_bytes")
+        chunk = z.get("chunk_bytes") or 0
+        peak = "n/a" if peak is None else (
+            f"{peak / 1e6:.1f} ({peak / chunk:.2f} chunks)" if chunk else f"{peak / 1e6:.1f}")
+        lines.append(
+            f"| {name} | {z['world']}, {z['comm']} | {z['step_ms']:.2f} | "
+            f"{fmt(ns_phase, '.2f')}{enq} | {fmt(kernels, '.2f')} | {batched_ms:.2f} | "
+            f"{loop_ms:.2f} | {100 * z['plumbing_fraction_max_rank']:.2f} | "
+            f"{r0['zmuon_muon_bytes'] / 1e6:.1f} / {r0['deepspeed_muon_bytes'] / 1e6:.1f} | "
+            f"{peak} |")
+    lines.append("")
+    lines.append("zmuon step ms: step() (vote, norm, momentum, gather/NS/scatter, apply, AdamW; "
+                 "reduce() hand-over not included). NS phase: the trace's ns phase of the slowest "
+                 "rank in the median step (on CUDA only the enqueue; the GPU time is in 'other')."
+                 " plumbing: "
+                 "host time in the coordinator's, loss scaler's and reducer's handlers outside "
+                 "compute, trace cost taken out, over the step's wall time (largest rank; target "
+                 "<= 2 % for llama-1b). Muon-phase bytes: rank 0's gather + scatter against "
+                 "DeepSpeed's 4 all-gathers. Peak transient memory: the most a rank's backend "
+                 "held during a step above its state between steps (engine::memory), in chunks "
+                 "of that rank's largest chunk.")
+    return "\n".join(lines)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--zmuon", required=True, help="bench_ns --json output")
+    parser.add_argument("--zmuon", help="bench_ns --json output")
+    parser.add_argument("--step-json", nargs="+", help="zmuon-bench-step --json outputs")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", help="also write the table (markdown) here")
     args = parser.parse_args()
+
+    if args.step_json:
+        zmuon_ns = None
+        if args.zmuon:
+            with open(args.zmuon) as f:
+                zmuon_ns = {r["label"]: r for r in json.load(f)["ns"]}
+        table = step_table(args.step_json, zmuon_ns, args.reps)
+        print("\n" + table)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(table + "\n")
+        return
+    if not args.zmuon:
+        parser.error("--zmuon or --step-json is needed")
 
     with open(args.zmuon) as f:
         zmuon = json.load(f)

@@ -83,7 +83,9 @@ inline fields describe(const micro_grads& m) {
   return stepped("micro_grads", m.step, m.micro, m.bucket, floats(m.size()));
 }
 inline fields describe(const flush& m) {
-  return stepped("flush", m.step);
+  auto f = stepped("flush", m.step);
+  f.phase = "flush";
+  return f;
 }
 inline fields describe(const flush_done& m) {
   return stepped("flush_done", m.step);
@@ -112,13 +114,19 @@ inline fields describe(const overflow_report& m) {
   return f;
 }
 inline fields describe(const discard_grads& m) {
-  return stepped("discard_grads", m.step);
+  auto f = stepped("discard_grads", m.step);
+  f.phase = "discard";
+  return f;
 }
 inline fields describe(const local_sum_squares& m) {
-  return stepped("local_sum_squares", m.step);
+  auto f = stepped("local_sum_squares", m.step);
+  f.phase = "sum_squares";
+  return f;
 }
 inline fields describe(const unscale_clip& m) {
-  return stepped("unscale_clip", m.step);
+  auto f = stepped("unscale_clip", m.step);
+  f.phase = "unscale_clip";
+  return f;
 }
 inline fields describe(const muon_momentum& m) {
   auto f = stepped("muon_momentum", m.step, -1, m.chunk, floats(m.out.size));
@@ -136,11 +144,16 @@ inline fields describe(const adamw_step& m) {
   return f;
 }
 inline fields describe(const finish_step& m) {
-  return stepped("finish_step", m.step);
+  auto f = stepped("finish_step", m.step);
+  f.phase = "finish";
+  return f;
 }
 inline fields describe(const load_params& m) {
   return stepped("load_params", m.step, -1, -1,
                  m.shard ? floats(static_cast<int64_t>(m.shard->size())) : 0);
+}
+inline fields describe(const gpu_done& m) {
+  return stepped("gpu_done", m.step, -1, m.index);
 }
 inline fields describe(const step_request& m) {
   auto f = stepped("step_request", m.step);

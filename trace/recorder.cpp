@@ -168,8 +168,10 @@ void recorder::recv(const char* actor, int64_t t, int64_t dur, const fields& f,
 }
 
 void recorder::reply(const char* actor, int64_t t, const fields& answer, const std::string& id,
-                     const std::string& error) {
+                     const std::string& error, int64_t dur) {
   auto b = head("reply", actor, t);
+  if (dur >= 0)
+    b.num("dur", dur);
   if (error.empty())
     message_fields(b, answer);
   else

@@ -7,10 +7,12 @@
 //   plan   the Muon parameters (index, name) and chunk count, once the engine has its plan
 //   send   an actor sent a message; `req` true when it expects an answer
 //   recv   an actor handled a message: `t` when its handler started, `dur` how long it ran
-//   reply  the answer to a request reached the requester (`type` of the answer, or `error`)
+//   reply  the answer to a request reached the requester (`type` of the answer, or `error`);
+//          `dur`: how long the requester's continuation ran (recorded when it returns)
 //   span   a phase with its byte count: reduce_scatter, vote, norm, gather, ns, scatter, apply,
 //          momentum, ... `wait: true` for a requester's wait from request to answer; ns (the
-//          compute itself) carries `params`, the Muon parameters it orthogonalized
+//          compute itself) carries `params`, the Muon parameters it orthogonalized; `buffers`
+//          is buffer work inside a handler (allocation, staging copies, release, packing)
 // Messages carry `type`, `step`, and where they apply `micro`, `index` (bucket or chunk), `op`
 // (collective kind), `bytes` (tensor data the message carries or lends), `peer` (rank), and `id`,
 // the correlation id shared by a send, its recv and its reply.
@@ -65,8 +67,9 @@ public:
   void send(const char* actor, int64_t t, const fields& f, const std::string& id, bool request,
             int peer = -1);
   void recv(const char* actor, int64_t t, int64_t dur, const fields& f, const std::string& id);
+  /// `dur` >= 0: how long the requester's continuation ran (written as `dur`).
   void reply(const char* actor, int64_t t, const fields& answer, const std::string& id,
-             const std::string& error = {});
+             const std::string& error = {}, int64_t dur = -1);
   /// A phase; `wait`: the requester's wait from request to answer (it overlaps the actor's other
   /// work), else work the actor itself did in that time.
   void span(const char* actor, const char* phase, int64_t t, int64_t dur, const fields& f,

@@ -75,11 +75,16 @@ struct pending_request {
 template <class F, class R, class... Ts>
 auto on_reply(F f, std::shared_ptr<const pending_request> p, caf::detail::type_list<Ts...>) {
   return [=](Ts... xs) mutable -> R {
-    auto t = now_ns();
-    auto* rec = p->tr.rec();
-    rec->reply(p->tr.actor(), t, describe(xs...), p->id);
+    // The `reply` record is written when the continuation returns, with its run time as `dur`
+    // (bench/step's plumbing figure reads it); `t` is when the answer was taken.
+    struct on_exit {
+      const pending_request& p;
+      int64_t t;
+      fields answer;
+      ~on_exit() { p.tr.rec()->reply(p.tr.actor(), t, answer, p.id, {}, now_ns() - t); }
+    } guard{*p, now_ns(), describe(xs...)};
     if (p->f.phase)
-      rec->span(p->tr.actor(), p->f.phase, p->t0, t - p->t0, p->f, nullptr, true);
+      p->tr.rec()->span(p->tr.actor(), p->f.phase, p->t0, guard.t - p->t0, p->f, nullptr, true);
     return f(std::forward<Ts>(xs)...);
   };
 }

@@ -1,0 +1,34 @@
+// zmuon-bench-step's parameter tables and the bytes the plan says each rank sends per step
+// (shared with tests/test_bench_step.cpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "zmuon/param.hpp"
+
+namespace zmuon::bench {
+
+/// gpt2-124m, llama-1b or tiny (shapes only); empty for another name.
+std::vector<param_spec> make_table(const std::string& name);
+
+/// Deterministic values in [-scale/2, scale/2).
+std::vector<float> random_floats(int64_t n, uint64_t seed, float scale);
+
+/// Bytes rank `rank` sends to its peers per step with the caf comm, by collective kind, counted
+/// from the plan with `elem` bytes per float element (4: fp32 transport): reduce_scatter (every
+/// bucket's padded shard to each other rank, per micro-batch), vote and norm (one double to each
+/// other rank), gather (my valid shard of each matrix another rank owns) and scatter (the owner's
+/// valid shards of its matrices to each other rank). Kinds with no bytes are left out.
+std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int elem = 4);
+
+/// What DeepSpeed's ZeRO-3 Muon scheme (the seed PR's) sends per rank per step in its Muon phase:
+/// all-gathers of each Muon matrix's gradient and momentum before the round-robin NS and of the
+/// updates and momenta after it: 4 ring all-gathers, each sending (W-1)/W of every Muon matrix.
+/// Its reduce-scatter of the gradients is the same as zmuon's.
+double deepspeed_muon_bytes(const plan& pl, int elem = 4);
+
+}  // namespace zmuon::bench
