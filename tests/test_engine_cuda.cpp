@@ -27,11 +27,12 @@ namespace {
 
 constexpr double kParityBound = 1e-2;  // CUDA (bf16 NS) vs host (fp32 NS), 5 steps
 constexpr double kGasBound = 5e-3;     // the seed PR's criterion
-// bf16 vs fp32 transport on CUDA, 5 steps: the CUDA NS rounds its normalized input to bf16 and
-// returns bf16, so the transport adds one rounding of u (before normalization) and nothing on the
-// way back (the owner sends NS's output unscaled); the host's bound for bf16 vs fp32 transport,
-// where both roundings add error (tests/test_muon_transport.cpp), holds a fortiori.
-constexpr double kTransportBound = 1e-3;
+// bf16 vs fp32 transport on CUDA, 5 steps: the scatter adds nothing (the owner sends NS's bf16
+// output unscaled, so its rounding is exact); the gather rounds u before NS rounds u/||u|| again,
+// on another grid, so NS's input moves by up to 2^-8 relative and NS5 amplifies that in the
+// gradient's null space as on the host: the host's bound for bf16 vs fp32 transport (1.9e-3
+// measured, bound 5e-3, tests/test_muon_transport.cpp) applies.
+constexpr double kTransportBound = 5e-3;
 
 engine_options gpu_options(int world, const std::string& comm) {
   auto o = options(world);
