@@ -21,6 +21,18 @@ float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols) {
   return static_cast<float>(std::sqrt(std::max(1.0, r / c)));
 }
 
+wire_type muon_wire_type(const engine_options& opts) {
+  switch (opts.muon.transport) {
+    case muon_transport::bf16:
+      return wire_type::bf16;
+    case muon_transport::fp32:
+      return wire_type::fp32;
+    case muon_transport::automatic:
+      break;
+  }
+  return opts.compute == "cuda" ? wire_type::bf16 : wire_type::fp32;
+}
+
 namespace {
 
 // One Muon chunk moving through the pipeline.
@@ -35,9 +47,9 @@ struct chunk_work {
     applied
   };
   phase at = idle;
-  staged_buffer u;       // this rank's shards of u (chunk.shard_len)
-  staged_buffer full;    // whole matrices this rank owns (ownership.full_size)
-  staged_buffer result;  // this rank's shards of the scaled update (chunk.shard_len)
+  wire_buffer u;       // this rank's shards of u (chunk.shard_len)
+  wire_buffer full;    // whole matrices this rank owns (ownership.full_size)
+  wire_buffer result;  // this rank's shards of the update (chunk.shard_len)
 };
 
 // A slot in the fixed collective order G0 G1 S0 G2 S1 ...: the same on every rank.
@@ -63,7 +75,12 @@ struct coordinator_state {
   engine_options opts;
   coordinator_peers peers;
   std::shared_ptr<compute_backend> be;
-  bool comm_on_host = true;  // the comm backend moves host memory (staged_buffer)
+  bool comm_on_host = true;          // the comm backend moves host memory (staged_buffer)
+  wire_type wire = wire_type::fp32;  // what the gather and the scatter carry
+  // Per chunk, each parameter's update scale, applied by the receiving rank's store when the
+  // scatter carries bf16 (the owner sends NS's output unscaled: on CUDA, its exact bf16 bits);
+  // empty for fp32, where the owner scales before the scatter.
+  std::vector<std::vector<float>> receiver_scales;
   std::vector<chunk_ownership> own;
   std::optional<step_work> work;  // the step in progress
   trace::track tr;
@@ -106,9 +123,9 @@ std::vector<std::vector<segment>> per_rank(int world) {
   return std::vector<std::vector<segment>>(world);
 }
 
-void add_segment(std::vector<segment>& list, float* data, int64_t size) {
+void add_segment(std::vector<segment>& list, wire_buffer& buf, int64_t offset, int64_t size) {
   if (size > 0)
-    list.push_back(segment{data, size});
+    list.push_back(buf.at(offset, size));
 }
 
 void finish(coord_pointer self);
@@ -153,26 +170,27 @@ void gather(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  buffers(self, c, [&] { cw.full = staged_buffer(*st.be, st.own[c].full_size, st.comm_on_host); });
+  buffers(self, c,
+          [&] { cw.full = wire_buffer(*st.be, st.own[c].full_size, st.wire, st.comm_on_host); });
   all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
-                     per_rank(pl.world)};
+                     per_rank(pl.world), st.wire};
   for (int i : chunk.params) {  // my shard of every matrix goes to its owner
     const auto& p = pl.params[i];
-    add_segment(req.sends[p.owner], cw.u.comm() + (p.state_offset - chunk.state_offset),
+    add_segment(req.sends[p.owner], cw.u, p.state_offset - chunk.state_offset,
                 valid_len(p, st.rank));
   }
   for (const auto& m : st.own[c].owned) {  // every rank's shard of the matrices I own
     const auto& p = pl.params[m.param];
     for (int q = 0; q < pl.world; ++q)
-      add_segment(req.recvs[q], cw.full.comm() + m.full_offset + q * p.shard_len, valid_len(p, q));
+      add_segment(req.recvs[q], cw.full, m.full_offset + q * p.shard_len, valid_len(p, q));
   }
   cw.at = chunk_work::gather_issued;
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
     auto& st = self->state;
     auto& cw = st.work->chunks[c];
     buffers(self, c, [&] {
-      cw.u = staged_buffer{};
-      cw.full.to_compute(*st.be);
+      cw.u = wire_buffer{};
+      cw.full.from_wire(*st.be);
     });
     const auto& muon = st.opts.muon;
     trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
@@ -182,11 +200,12 @@ void gather(coord_pointer self, int c) {
       ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
       float* x = cw.full.compute() + g.offset;
       st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
-      st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
+      if (st.wire == wire_type::fp32)
+        st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
       st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
-    buffers(self, c, [&] { cw.full.to_comm(*st.be); });
+    buffers(self, c, [&] { cw.full.to_wire(*st.be); });
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
   });
 }
@@ -197,17 +216,18 @@ void scatter(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  buffers(self, c, [&] { cw.result = staged_buffer(*st.be, chunk.shard_len, st.comm_on_host); });
+  buffers(self, c,
+          [&] { cw.result = wire_buffer(*st.be, chunk.shard_len, st.wire, st.comm_on_host); });
   all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
-                     per_rank(pl.world)};
+                     per_rank(pl.world), st.wire};
   for (const auto& m : st.own[c].owned) {  // each rank gets its shard of what I own
     const auto& p = pl.params[m.param];
     for (int q = 0; q < pl.world; ++q)
-      add_segment(req.sends[q], cw.full.comm() + m.full_offset + q * p.shard_len, valid_len(p, q));
+      add_segment(req.sends[q], cw.full, m.full_offset + q * p.shard_len, valid_len(p, q));
   }
   for (int i : chunk.params) {  // my shard of every matrix comes from its owner
     const auto& p = pl.params[i];
-    add_segment(req.recvs[p.owner], cw.result.comm() + (p.state_offset - chunk.state_offset),
+    add_segment(req.recvs[p.owner], cw.result, p.state_offset - chunk.state_offset,
                 valid_len(p, st.rank));
   }
   cw.at = chunk_work::scatter_issued;
@@ -215,12 +235,16 @@ void scatter(coord_pointer self, int c) {
     auto& st = self->state;
     auto& cw = st.work->chunks[c];
     buffers(self, c, [&] {
-      cw.full = staged_buffer{};
-      cw.result.to_compute(*st.be);
+      cw.full = wire_buffer{};
+      cw.result.from_wire(*st.be);
     });
     const auto& muon = st.opts.muon;
-    apply_muon msg{st.work->req.step, c, st.work->req.muon_lr, muon.weight_decay,
-                   float_view{cw.result.compute(), cw.result.size()}};
+    apply_muon msg{st.work->req.step,
+                   c,
+                   st.work->req.muon_lr,
+                   muon.weight_decay,
+                   float_view{cw.result.compute(), cw.result.size()},
+                   st.receiver_scales[c]};
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
       buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
@@ -241,7 +265,7 @@ void advance(coord_pointer self) {
     if (s.gather) {
       if (cw.at == chunk_work::idle) {
         buffers(self, s.chunk, [&] {
-          cw.u = staged_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.comm_on_host);
+          cw.u = wire_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.wire, st.comm_on_host);
         });
         cw.at = chunk_work::momentum_requested;
         const auto& muon = st.opts.muon;
@@ -250,7 +274,7 @@ void advance(coord_pointer self) {
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
           auto& st = self->state;
           auto& u = st.work->chunks[s.chunk].u;
-          buffers(self, s.chunk, [&] { u.to_comm(*st.be); });
+          buffers(self, s.chunk, [&] { u.to_wire(*st.be); });
           after_gpu(self, gpu_event::u_on_host, s.chunk, u.staged());
         });
         return;
@@ -365,6 +389,15 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.peers = std::move(peers);
   st.be = std::move(be);
   st.comm_on_host = comm_on_host(st.opts.comm);
+  st.wire = muon_wire_type(st.opts);
+  st.receiver_scales.resize(st.pl->chunks.size());
+  if (st.wire == wire_type::bf16)
+    for (size_t c = 0; c < st.pl->chunks.size(); ++c)
+      for (int i : st.pl->chunks[c].params) {
+        const auto& p = st.pl->params[i];
+        st.receiver_scales[c].push_back(
+            update_scale(st.opts.muon.adjust_lr, p.rows / p.heads, p.cols));
+      }
   // A failure inside a handler (a CUDA error) or of a peer actor of this rank ends the step in
   // progress with that error instead of leaving the host waiting.
   self->set_exception_handler([=](std::exception_ptr& eptr) -> caf::error {

@@ -11,7 +11,9 @@
 //     4. unscale_clip    store: gradient *= clip / (loss scale * micro-batches)
 //     5. per Muon chunk, in the fixed order G0 G1 S0 G2 S1 ... : muon_momentum (store),
 //        gather u shards to owners, Newton-Schulz on the owner, scatter result shards,
-//        apply_muon (store)
+//        apply_muon (store); gather and scatter carry fp32 or bf16 (muon_wire_type): with
+//        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
+//        moves from the owner to the receiving store so that NS's output travels unscaled
 //     6. adamw_step, finish_step (store), answer the result
 //   gpu_done  (the rank's compute backend, from its completion callback) a chunk's GPU work has
 //             finished: with the caf comm on a GPU, u and the NS result are copied to host
@@ -47,6 +49,10 @@ muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
                                               const engine_options& opts, coordinator_peers peers,
                                               std::shared_ptr<compute_backend> backend,
                                               std::shared_ptr<trace::recorder> tracer = nullptr);
+
+/// What the gather and the scatter carry under `opts` (muon.transport; "auto" is NS's own
+/// precision: bf16 on the cuda backend, fp32 on host).
+wire_type muon_wire_type(const engine_options& opts);
 
 /// Scale of the orthogonalized update of one [rows, cols] block (DESIGN.md §2).
 float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols);

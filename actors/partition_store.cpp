@@ -204,11 +204,16 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
           return err;
         const auto& c = pl.chunks[msg.chunk];
-        for (int i : c.params) {
-          const auto& p = pl.params[i];
+        if (!msg.scales.empty() && msg.scales.size() != c.params.size())
+          return make_caf_error(errc::shape_mismatch,
+                                "apply_muon: chunk " + std::to_string(msg.chunk) + " has "
+                                    + std::to_string(c.params.size()) + " parameters, got "
+                                    + std::to_string(msg.scales.size()) + " scales");
+        for (size_t k = 0; k < c.params.size(); ++k) {
+          const auto& p = pl.params[c.params[k]];
           st.be->apply_update(st.params.data() + p.shard_offset,
                               msg.update.data + (p.state_offset - c.state_offset), p.shard_len,
-                              msg.lr, 1.0f, msg.weight_decay);
+                              msg.lr, msg.scales.empty() ? 1.0f : msg.scales[k], msg.weight_decay);
         }
         return ack{msg.step};
       },

@@ -9,7 +9,8 @@
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
 //   unscale_clip -> ack      (coordinator) gradient *= clip / (scale * micro-batches)
 //   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`
-//   apply_muon -> ack        (coordinator) p = p*(1 - lr*wd) - lr*o for one chunk
+//   apply_muon -> ack        (coordinator) p = p*(1 - lr*wd) - lr*scale*o for one chunk (each
+//                            parameter's scale from the message; 1 when it carries none)
 //   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards
 //   finish_step -> ack       (coordinator) zero the gradient after an applied step
 //   load_params -> ack       (host) set the parameter shard

@@ -21,7 +21,8 @@ struct pending_op {
   all_to_all_req a2a;
   caf::typed_response_promise<comm_done> done;
   caf::typed_response_promise<all_reduce_result> reduced;
-  std::vector<std::vector<float>> floats;  // by source rank
+  std::vector<std::vector<float>> floats;   // by source rank
+  std::vector<std::vector<uint16_t>> bf16;  // by source rank (an all-to-all of bf16)
   std::vector<std::vector<double>> doubles;
   std::vector<bool> arrived;
   int received = 0;
@@ -49,6 +50,7 @@ pending_op& op_for(comm_state& st, const collective_tag& tag) {
   if (op.arrived.empty()) {
     op.arrived.assign(st.world, false);
     op.floats.resize(st.world);
+    op.bf16.resize(st.world);
     op.doubles.resize(st.world);
   }
   return op;
@@ -67,18 +69,44 @@ caf::error not_ready(const comm_state& st, const collective_tag& tag) {
   return {};
 }
 
-std::vector<float> concat(const std::vector<segment>& segs) {
-  std::vector<float> out;
+// A segment's elements as T: its fp32 data (float) or its bf16 bits (uint16_t).
+template <class T>
+T* elements(const segment& s) {
+  if constexpr (std::is_same<T, float>::value)
+    return s.data;
+  else
+    return s.bf16;
+}
+
+template <class T = float>
+std::vector<T> concat(const std::vector<segment>& segs) {
+  std::vector<T> out;
   for (auto& s : segs)
-    out.insert(out.end(), s.data, s.data + s.size);
+    out.insert(out.end(), elements<T>(s), elements<T>(s) + s.size);
   return out;
 }
 
-void copy_out(const float* src, const std::vector<segment>& segs) {
+template <class T>
+void copy_out(const T* src, const std::vector<segment>& segs) {
   for (auto& s : segs) {
-    std::copy(src, src + s.size, s.data);
+    std::copy(src, src + s.size, elements<T>(s));
     src += s.size;
   }
+}
+
+// The first non-empty segment without a buffer of the request's element type, if any.
+caf::error check_segments(const all_to_all_req& req) {
+  for (const auto* lists : {&req.sends, &req.recvs})
+    for (size_t q = 0; q < lists->size(); ++q)
+      for (const auto& s : (*lists)[q]) {
+        bool missing = req.elem == wire_type::bf16 ? s.bf16 == nullptr : s.data == nullptr;
+        if (s.size < 0 || (s.size > 0 && missing))
+          return fail(req.tag, std::string("a ") + (lists == &req.sends ? "send" : "receive")
+                                   + " segment for rank " + std::to_string(q) + " has no "
+                                   + wire_name(req.elem) + " buffer of its "
+                                   + std::to_string(s.size) + " elements");
+      }
+  return {};
 }
 
 bool is_all_reduce(collective_kind kind) {
@@ -144,15 +172,24 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
     case collective_kind::gather:
     case collective_kind::scatter:
     case collective_kind::params: {
+      const bool bf16 = op.a2a.elem == wire_type::bf16;
       for (int q = 0; q < st.world; ++q) {
         auto& segs = op.a2a.recvs[q];
         if (q == st.rank)
           continue;
-        if (static_cast<int64_t>(op.floats[q].size()) != total(segs))
-          return fail(tag, "rank " + std::to_string(q) + " sent "
-                               + std::to_string(op.floats[q].size()) + " floats, expected "
-                               + std::to_string(total(segs)));
-        copy_out(op.floats[q].data(), segs);
+        // A piece of the other element type counts as that many of the wrong elements.
+        auto got = static_cast<int64_t>(bf16 ? op.bf16[q].size() : op.floats[q].size());
+        auto other = static_cast<int64_t>(bf16 ? op.floats[q].size() : op.bf16[q].size());
+        if (got != total(segs) || other != 0)
+          return fail(tag, "rank " + std::to_string(q) + " sent " + std::to_string(got) + " "
+                               + wire_name(op.a2a.elem) + " and " + std::to_string(other) + " "
+                               + wire_name(bf16 ? wire_type::fp32 : wire_type::bf16)
+                               + " elements, expected " + std::to_string(total(segs)) + " "
+                               + wire_name(op.a2a.elem));
+        if (bf16)
+          copy_out(op.bf16[q].data(), segs);
+        else
+          copy_out(op.floats[q].data(), segs);
       }
       return {};
     }
@@ -201,9 +238,10 @@ void on_piece(comm_pointer self, Piece& piece) {
     return;  // duplicate: the first one counts
   op.arrived[piece.src] = true;
   ++op.received;
-  if constexpr (std::is_same<Piece, peer_floats>::value)
+  if constexpr (std::is_same<Piece, peer_floats>::value) {
     op.floats[piece.src] = std::move(piece.data);
-  else
+    op.bf16[piece.src] = std::move(piece.bf16);
+  } else
     op.doubles[piece.src] = std::move(piece.data);
   try_complete(st, piece.tag);
 }
@@ -262,9 +300,9 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
         for (int q = 0; q < st.world; ++q)
           if (q != st.rank) {
             const float* first = req.in + static_cast<int64_t>(q) * req.count;
-            trace::send(self, st.tr, st.peers[q],
-                        peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count)},
-                        q);
+            trace::send(
+                self, st.tr, st.peers[q],
+                peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count), {}}, q);
           }
         auto& op = op_for(st, req.tag);
         op.have_local = true;
@@ -299,17 +337,26 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
         if (static_cast<int>(req.sends.size()) != st.world
             || static_cast<int>(req.recvs.size()) != st.world)
           return fail(req.tag, "send and receive lists need one entry per rank");
+        if (auto err = check_segments(req))
+          return err;
+        const bool bf16 = req.elem == wire_type::bf16;
         for (int q = 0; q < st.world; ++q) {
           int64_t n = total(req.sends[q]);
           if (q == st.rank) {
             if (n != total(req.recvs[q]))
               return fail(req.tag, "rank " + std::to_string(q) + " sends itself "
-                                       + std::to_string(n) + " floats but expects "
+                                       + std::to_string(n) + " elements but expects "
                                        + std::to_string(total(req.recvs[q])));
-            copy_out(concat(req.sends[q]).data(), req.recvs[q]);
+            if (bf16)
+              copy_out(concat<uint16_t>(req.sends[q]).data(), req.recvs[q]);
+            else
+              copy_out(concat(req.sends[q]).data(), req.recvs[q]);
+          } else if (bf16) {
+            trace::send(self, st.tr, st.peers[q],
+                        peer_floats{req.tag, st.rank, {}, concat<uint16_t>(req.sends[q])}, q);
           } else {
             trace::send(self, st.tr, st.peers[q],
-                        peer_floats{req.tag, st.rank, concat(req.sends[q])}, q);
+                        peer_floats{req.tag, st.rank, concat(req.sends[q]), {}}, q);
           }
         }
         auto tag = req.tag;

@@ -210,17 +210,29 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
         if (total(req.sends) == 0 && total(req.recvs) == 0)
           return comm_done{req.tag};
         const std::string what = "all-to-all " + to_string(req.tag);
+        const bool bf16 = req.elem == wire_type::bf16;
+        const ncclDataType_t type = bf16 ? ncclBfloat16 : ncclFloat;
+        auto buffer = [bf16](const segment& s) -> void* {
+          return bf16 ? static_cast<void*>(s.bf16) : static_cast<void*>(s.data);
+        };
+        for (const auto* lists : {&req.sends, &req.recvs})
+          for (const auto& l : *lists)
+            for (const auto& s : l)
+              if (s.size < 0 || (s.size > 0 && buffer(s) == nullptr))
+                return make_caf_error(errc::invalid_argument,
+                                      "nccl " + what + ": a segment of " + std::to_string(s.size)
+                                          + " elements has no " + wire_name(req.elem) + " buffer");
         if (auto err = check(self, ncclGroupStart(), what))
           return err;
         ncclResult_t code = ncclSuccess;
         for (int p = 0; p < st.world && code == ncclSuccess; ++p) {
           for (const auto& s : req.sends[p])
             if (code == ncclSuccess)
-              code = ncclSend(s.data, static_cast<size_t>(s.size), ncclFloat, p, st.comm,
+              code = ncclSend(buffer(s), static_cast<size_t>(s.size), type, p, st.comm,
                               st.cuda->stream());
           for (const auto& s : req.recvs[p])
             if (code == ncclSuccess)
-              code = ncclRecv(s.data, static_cast<size_t>(s.size), ncclFloat, p, st.comm,
+              code = ncclRecv(buffer(s), static_cast<size_t>(s.size), type, p, st.comm,
                               st.cuda->stream());
         }
         ncclResult_t end = ncclGroupEnd();

@@ -4,6 +4,7 @@
 // Interface: comm_actor (comm/comm.hpp), on device memory:
 //   reduce_scatter_req -> comm_done          ncclReduceScatter with ncclAvg
 //   all_to_all_req     -> comm_done          ncclSend / ncclRecv per segment in one group
+//                                            (ncclFloat, or ncclBfloat16 when elem is bf16)
 //   all_reduce_req     -> all_reduce_result  the doubles go through the device and back
 // comm_done is answered as soon as the collective is enqueued: the rank's actors share one CUDA
 // stream, so whatever they enqueue after the reply runs after the collective. all_reduce_result

@@ -116,6 +116,12 @@ public:
   virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n,
                      const adamw_args& args) = 0;
 
+  // -- bf16 transport (the Muon phase's gather and scatter, kernels/bf16.hpp) -------------------
+  /// dst[i] = bf16 bits of src[i], rounded to nearest even (NaN stays NaN, no flush to zero).
+  virtual void to_bf16(uint16_t* dst, const float* src, int64_t n) = 0;
+  /// dst[i] = src[i] as fp32 (exact).
+  virtual void from_bf16(float* dst, const uint16_t* src, int64_t n) = 0;
+
   // -- Newton-Schulz ---------------------------------------------------------------------------
   /// Orthogonalizes `batch` row-major [rows, cols] matrices stored back to back in x, in place:
   /// tall matrices are transposed to wide, each is divided by (||X||_F + eps), then

@@ -39,10 +39,19 @@ struct float_view {
 /// Gradient staging handed over by the host: immutable once sent, freed with its last reference.
 using shared_floats = std::shared_ptr<const std::vector<float>>;
 
-/// A run of floats inside a collective's send or receive list.
+/// The element type an all-to-all moves (the Muon phase's gather and scatter may move bf16).
+enum class wire_type : uint8_t { fp32, bf16 };
+const char* wire_name(wire_type type);
+inline int64_t element_bytes(wire_type type) {
+  return type == wire_type::bf16 ? 2 : 4;
+}
+
+/// A run of `size` elements inside a collective's send or receive list: fp32 at `data`, or, in
+/// an all-to-all of wire_type::bf16, bf16 bits at `bf16`.
 struct segment {
   float* data = nullptr;
   int64_t size = 0;
+  uint16_t* bf16 = nullptr;
 };
 
 // -- collectives ---------------------------------------------------------------------------------
@@ -85,11 +94,12 @@ struct all_reduce_req {
 };
 
 /// Grouped send/recv (all-to-all-v): sends[p] go to rank p, recvs[p] come from rank p, each
-/// list in the order both sides derive from the plan.
+/// list in the order both sides derive from the plan; every segment holds `elem` elements.
 struct all_to_all_req {
   collective_tag tag;
   std::vector<std::vector<segment>> sends;
   std::vector<std::vector<segment>> recvs;
+  wire_type elem = wire_type::fp32;
 };
 
 struct comm_done {
@@ -101,11 +111,13 @@ struct all_reduce_result {
   std::vector<double> values;
 };
 
-/// caf comm backend, between the comm actors of two ranks: one rank's contribution.
+/// caf comm backend, between the comm actors of two ranks: one rank's contribution, in fp32
+/// (`data`) or, for an all-to-all of wire_type::bf16, as bf16 bits (`bf16`).
 struct peer_floats {
   collective_tag tag;
   int32_t src = 0;
   std::vector<float> data;
+  std::vector<uint16_t> bf16 = {};
 };
 
 struct peer_doubles {
@@ -200,13 +212,15 @@ struct muon_momentum {
   float_view out;
 };
 
-/// Apply one chunk's scaled orthogonalized update: p = p*(1 - lr*wd) - lr*o.
+/// Apply one chunk's orthogonalized update: p = p*(1 - lr*wd) - lr*scale*o, where `scales`
+/// holds each parameter's update scale in chunk order, or is empty when o is already scaled.
 struct apply_muon {
   uint64_t step = 0;
   int32_t chunk = 0;
   float lr = 0;
   float weight_decay = 0;
   float_view update;
+  std::vector<float> scales = {};
 };
 
 /// AdamW on every non-Muon shard.
@@ -334,7 +348,7 @@ ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_s
 
 #undef ZMUON_INSPECT
 
-// peer_floats crosses processes with the caf backend: its payload is written as one raw block
+// peer_floats crosses processes with the caf backend: its payloads are written as raw blocks
 // (CAF 0.17 would otherwise serialize floats one by one, ~30 MB/s; see CAF-0.17-NOTES.md).
 caf::error inspect(caf::serializer& f, peer_floats& x);
 caf::error inspect(caf::deserializer& f, peer_floats& x);
@@ -343,7 +357,7 @@ std::enable_if_t<!std::is_base_of<caf::serializer, Inspector>::value
                      && !std::is_base_of<caf::deserializer, Inspector>::value,
                  typename Inspector::result_type>
 inspect(Inspector& f, peer_floats& x) {
-  auto bytes = static_cast<uint64_t>(x.data.size() * sizeof(float));
+  auto bytes = static_cast<uint64_t>(x.data.size() * sizeof(float) + x.bf16.size() * 2);
   return f(caf::meta::type_name("peer_floats"), x.tag, x.src, bytes);
 }
 

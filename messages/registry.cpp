@@ -41,29 +41,52 @@ std::string to_string(const collective_tag& tag) {
          + std::to_string(tag.micro) + ", index " + std::to_string(tag.index) + ")";
 }
 
-caf::error inspect(caf::serializer& f, peer_floats& x) {
-  auto n = x.data.size();
-  if (auto err = f(caf::meta::type_name("peer_floats"), x.tag, x.src))
-    return err;
+const char* wire_name(wire_type type) {
+  return type == wire_type::bf16 ? "bf16" : "fp32";
+}
+
+namespace {
+
+// A vector of plain numbers as a sequence size and one raw block.
+template <class T>
+caf::error write_raw(caf::serializer& f, std::vector<T>& v) {
+  auto n = v.size();
   if (auto err = f.begin_sequence(n))
     return err;
   if (n > 0)
-    if (auto err = f.apply_raw(n * sizeof(float), x.data.data()))
+    if (auto err = f.apply_raw(n * sizeof(T), v.data()))
       return err;
   return f.end_sequence();
 }
 
-caf::error inspect(caf::deserializer& f, peer_floats& x) {
+template <class T>
+caf::error read_raw(caf::deserializer& f, std::vector<T>& v) {
   size_t n = 0;
-  if (auto err = f(caf::meta::type_name("peer_floats"), x.tag, x.src))
-    return err;
   if (auto err = f.begin_sequence(n))
     return err;
-  x.data.resize(n);
+  v.resize(n);
   if (n > 0)
-    if (auto err = f.apply_raw(n * sizeof(float), x.data.data()))
+    if (auto err = f.apply_raw(n * sizeof(T), v.data()))
       return err;
   return f.end_sequence();
+}
+
+}  // namespace
+
+caf::error inspect(caf::serializer& f, peer_floats& x) {
+  if (auto err = f(caf::meta::type_name("peer_floats"), x.tag, x.src))
+    return err;
+  if (auto err = write_raw(f, x.data))
+    return err;
+  return write_raw(f, x.bf16);
+}
+
+caf::error inspect(caf::deserializer& f, peer_floats& x) {
+  if (auto err = f(caf::meta::type_name("peer_floats"), x.tag, x.src))
+    return err;
+  if (auto err = read_raw(f, x.data))
+    return err;
+  return read_raw(f, x.bf16);
 }
 
 caf::error error_from_exception(const std::exception_ptr& eptr) {

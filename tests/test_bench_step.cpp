@@ -39,11 +39,13 @@ struct traced_run {
 
 // The tiny table on `world` ranks (host backend, caf comm), `steps` steps of `gas` micro-batches,
 // traced into a fresh directory; the engine is gone (its files complete) when the trace is read.
-traced_run run_tiny(int world, int gas, int steps) {
+traced_run run_tiny(int world, int gas, int steps,
+                    muon_transport transport = muon_transport::automatic) {
   const std::string dir = "test_bench_step_w" + std::to_string(world);
   fs::remove_all(dir);
   auto o = test::options(world);
   o.comm = "caf";
+  o.muon.transport = transport;
   o.trace_dir = dir;
   o.reduce_bucket_size = 20'000;  // several buckets and chunks
   const auto table = bench::make_table("tiny");
@@ -75,15 +77,16 @@ traced_run run_tiny(int world, int gas, int steps) {
   return out;
 }
 
-void bytes_match_plan(int world) {
+void bytes_match_plan(int world, muon_transport transport = muon_transport::fp32) {
   const int gas = 2;
-  auto run = run_tiny(world, gas, 3);
+  const int muon_elem = transport == muon_transport::bf16 ? 2 : 4;
+  auto run = run_tiny(world, gas, 3, transport);
   BOOST_REQUIRE_GT(run.pl.chunks.size(), 1u);
   BOOST_REQUIRE_GT(run.pl.buckets.size(), 1u);
   for (const auto& s : run.steps) {
     BOOST_REQUIRE_EQUAL(s.ranks.size(), static_cast<size_t>(world));
     for (const auto& r : s.ranks) {
-      auto want = bench::plan_bytes(run.pl, r.rank, gas);
+      auto want = bench::plan_bytes(run.pl, r.rank, gas, muon_elem);
       BOOST_TEST_CONTEXT("world " << world << " step " << s.step << " rank " << r.rank) {
         BOOST_TEST(want.at("reduce_scatter") > 0);
         BOOST_TEST(want.count("gather") + want.count("scatter") > 0u);
@@ -104,6 +107,10 @@ BOOST_AUTO_TEST_CASE(trace_bytes_equal_plan_bytes_world_2) {
 
 BOOST_AUTO_TEST_CASE(trace_bytes_equal_plan_bytes_world_4) {
   bytes_match_plan(4);
+}
+
+BOOST_AUTO_TEST_CASE(trace_bytes_equal_plan_bytes_world_4_bf16_transport) {
+  bytes_match_plan(4, muon_transport::bf16);
 }
 
 BOOST_AUTO_TEST_CASE(phases_are_non_negative_and_fit_the_step) {

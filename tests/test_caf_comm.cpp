@@ -127,6 +127,64 @@ BOOST_AUTO_TEST_CASE(all_to_all_v_moves_every_segment_to_its_place) {
   }
 }
 
+// bf16 (the Muon phase's transport): 2-byte elements land bit for bit (NaN and inf patterns too),
+// the pieces carry half the bytes of fp32, and a rank that sends fp32 where its peer expects bf16
+// fails the collective naming it.
+BOOST_AUTO_TEST_CASE(all_to_all_of_bf16_moves_bits_and_rejects_a_type_mismatch) {
+  const int64_t n = 4;  // each rank sends n elements to every rank, itself included
+  std::vector<std::vector<uint16_t>> send(kWorld), recv(kWorld);
+  std::vector<all_to_all_req> reqs(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    for (int d = 0; d < kWorld; ++d)
+      for (int k = 0; k < n; ++k)  // k = 3: a NaN whose payload is only in the low bits
+        send[r].push_back(static_cast<uint16_t>(k == 3 ? 0x7f81 + r : 0x3f80 + 16 * r + 4 * d + k));
+    recv[r].assign(kWorld * n, 0);
+    reqs[r] = all_to_all_req{tag_of(collective_kind::scatter, 3), {}, {}, wire_type::bf16};
+    reqs[r].sends.resize(kWorld);
+    reqs[r].recvs.resize(kWorld);
+    for (int q = 0; q < kWorld; ++q) {
+      reqs[r].sends[q] = {segment{nullptr, n, send[r].data() + q * n}};
+      reqs[r].recvs[q] = {segment{nullptr, n, recv[r].data() + q * n}};
+    }
+  }
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> replies;
+  for (int r = 0; r < kWorld; ++r)
+    replies.push_back(ask<comm_done>(ranks[r], reqs[r]));
+  run();
+  for (int d = 0; d < kWorld; ++d) {
+    BOOST_CHECK(value_of(replies[d]).tag == reqs[d].tag);
+    for (int s = 0; s < kWorld; ++s)
+      for (int k = 0; k < n; ++k)
+        BOOST_CHECK_EQUAL(recv[d][s * n + k], send[s][d * n + k]);
+  }
+
+  // Rank 0 sends fp32 to rank 1, which expects bf16.
+  std::vector<float> floats(n, 1.0f);
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> mixed;
+  for (int r = 0; r < kWorld; ++r) {
+    auto req = reqs[r];
+    req.tag = tag_of(collective_kind::scatter, 4);
+    if (r == 0) {
+      req.elem = wire_type::fp32;
+      for (auto& l : req.sends)
+        l = {segment{floats.data(), n}};
+      for (auto& l : req.recvs)
+        l = {segment{floats.data(), n}};
+    }
+    mixed.push_back(ask<comm_done>(ranks[r], req));
+  }
+  run();
+  check_error(mixed[1], errc::comm_failure, "rank 0 sent 0 bf16 and 4 fp32 elements");
+
+  // A bf16 request whose segment has only an fp32 buffer is refused at once.
+  auto bad = reqs[2];
+  bad.tag = tag_of(collective_kind::scatter, 5);
+  bad.sends[1] = {segment{floats.data(), n}};
+  auto refused = ask<comm_done>(ranks[2], bad);
+  run();
+  check_error(refused, errc::comm_failure, "has no bf16 buffer");
+}
+
 BOOST_AUTO_TEST_CASE(pieces_that_arrive_before_the_local_request_wait_for_it) {
   const int64_t count = 3;
   auto tag = tag_of(collective_kind::reduce_scatter, 1);

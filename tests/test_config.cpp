@@ -73,6 +73,7 @@ void require_same(const zmuon::engine_options& a, const zmuon::engine_options& b
   BOOST_TEST(a.muon.nesterov == b.muon.nesterov);
   BOOST_TEST(a.muon.weight_decay == b.muon.weight_decay);
   BOOST_TEST((a.muon.adjust_lr == b.muon.adjust_lr));
+  BOOST_TEST((a.muon.transport == b.muon.transport));
   BOOST_TEST(a.muon.ns.steps == b.muon.ns.steps);
   for (int i = 0; i < 3; ++i)
     BOOST_TEST(a.muon.ns.coefficients[i] == b.muon.ns.coefficients[i]);
@@ -111,7 +112,8 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   for (const char* o : {"optimizer.params.momentum=0.9", "optimizer.params.betas=[0.8,0.99]",
                         "optimizer.params.adjust_lr=match_rms_adamw", "zmuon.trace=/tmp/t",
                         "fp16.enabled=true", "zero_optimization.reduce_bucket_size=12345",
-                        "optimizer.params.ns_coefficients=[3,-3.2,1.2]", "zmuon.ranks=7"})
+                        "optimizer.params.ns_coefficients=[3,-3.2,1.2]", "zmuon.ranks=7",
+                        "zmuon.muon_transport=bf16"})
     BOOST_REQUIRE(!zmuon::apply_override(j, o));
   auto cfg = zmuon::parse_config(j);
   BOOST_REQUIRE_MESSAGE(cfg, why(cfg));
@@ -179,6 +181,9 @@ BOOST_AUTO_TEST_CASE(wrong_types_name_the_key_and_what_is_expected) {
       {R"({"zmuon": {"backend": "gpu"}})",
        "zmuon.backend: expected one of \"host\", \"cuda\", got string \"gpu\""},
       {R"({"zmuon": {"comm": "mpi"}})", "zmuon.comm: expected one of \"caf\", \"nccl\""},
+      {R"({"zmuon": {"muon_transport": "fp16"}})",
+       "zmuon.muon_transport: expected one of \"auto\", \"bf16\", \"fp32\", got string "
+       "\"fp16\" (did you mean \"bf16\"?)"},
       {R"({"zmuon": {"trace": 5}})", "zmuon.trace: expected a string, got 5"},
       {R"({"zmuon": {"ranks": null}})", "zmuon.ranks: expected an integer in [1, 1024], got null"},
   });
@@ -227,7 +232,7 @@ BOOST_AUTO_TEST_CASE(accepted_spellings) {
       "zero_optimization": {"stage": 3.0, "reduce_bucket_size": 5e8},
       "optimizer": {"type": "muon", "params": {"lr": 0.01, "weight_decay": 0.1,
                                                "momentum": 0, "adjust_lr": "match_rms_adamw"}},
-      "zmuon": {"backend": "CUDA"}})"));
+      "zmuon": {"backend": "CUDA", "muon_transport": "FP32"}})"));
   BOOST_REQUIRE_MESSAGE(cfg, why(cfg));
   BOOST_TEST(cfg->engine.reduce_bucket_size == 500'000'000);
   BOOST_TEST(cfg->engine.muon.lr == 0.01f);  // lr is muon_lr
@@ -237,6 +242,7 @@ BOOST_AUTO_TEST_CASE(accepted_spellings) {
   BOOST_TEST(cfg->engine.muon.momentum == 0.0f);
   BOOST_TEST((cfg->engine.muon.adjust_lr == zmuon::adjust_lr_rule::match_rms_adamw));
   BOOST_TEST(cfg->engine.compute == "cuda");  // choices in any case, stored canonically
+  BOOST_TEST((cfg->engine.muon.transport == zmuon::muon_transport::fp32));
 }
 
 BOOST_AUTO_TEST_CASE(set_overrides) {

@@ -24,6 +24,7 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "tests/bf16_reference.hpp"
 
 namespace zmuon {
 namespace {
@@ -564,6 +565,52 @@ BOOST_AUTO_TEST_CASE(back_to_back_calls_on_lanes) {
                          ns);
     BOOST_TEST(mismatches(download(cuda, x.data(), total), alone) == 0);
   }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(bf16_transport)
+
+// The Muon transport's conversions: the CUDA kernels give the host backend's bits exactly
+// (both use kernels/bf16.hpp; the host is checked against an arithmetic reference in
+// test_kernels): every tie and its neighbours, inf/NaN, subnormals, 10^6 random bit patterns;
+// bf16 -> fp32 for all 65536 patterns. The buffers start at an odd bf16 offset.
+BOOST_AUTO_TEST_CASE(bf16_conversion_equals_host_bit_for_bit) {
+  compute_backend& gpu = *env().gpu;
+  compute_backend& host = *env().host;
+  const std::vector<float> in = test::bf16_test_inputs(1'000'000, 20261203);
+  const auto n = static_cast<int64_t>(in.size());
+  std::vector<uint16_t> want(in.size());
+  host.to_bf16(want.data(), in.data(), n);
+
+  device_buffer src = upload(gpu, in);
+  device_buffer bits = gpu.allocate(n / 2 + 2);  // n + 1 bf16 of storage
+  auto* dst = reinterpret_cast<uint16_t*>(bits.data()) + 1;
+  gpu.to_bf16(dst, src.data(), n);
+  std::vector<float> storage = download(gpu, bits.data(), bits.size());
+  std::vector<uint16_t> got(in.size());
+  std::memcpy(got.data(), reinterpret_cast<const uint16_t*>(storage.data()) + 1,
+              got.size() * sizeof(uint16_t));
+  int64_t wrong = 0;
+  for (size_t i = 0; i < in.size(); ++i)
+    wrong += got[i] != want[i];
+  BOOST_TEST(wrong == 0, wrong << " of " << n << " conversions differ from the host's");
+
+  std::vector<uint16_t> all(65537);
+  for (uint32_t b = 0; b < 65536; ++b)
+    all[b + 1] = static_cast<uint16_t>(b);
+  std::vector<float> packed((all.size() + 1) / 2);
+  std::memcpy(packed.data(), all.data(), all.size() * sizeof(uint16_t));
+  device_buffer all_gpu = upload(gpu, packed);
+  device_buffer wide = gpu.allocate(65536);
+  gpu.from_bf16(wide.data(), reinterpret_cast<const uint16_t*>(all_gpu.data()) + 1, 65536);
+  std::vector<float> wide_gpu = download(gpu, wide.data(), 65536);
+  std::vector<float> wide_host(65536);
+  host.from_bf16(wide_host.data(), all.data() + 1, 65536);
+  int64_t wrong_wide = 0;
+  for (size_t i = 0; i < wide_host.size(); ++i)
+    wrong_wide += std::memcmp(&wide_gpu[i], &wide_host[i], sizeof(float)) != 0;
+  BOOST_TEST(wrong_wide == 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

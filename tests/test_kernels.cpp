@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/compute.hpp"
+#include "tests/bf16_reference.hpp"
 
 namespace zmuon {
 namespace {
@@ -546,6 +547,51 @@ BOOST_AUTO_TEST_CASE(ns_matrix_count_counts_matrices) {
   BOOST_TEST(be->ns_matrix_count() == 4);
   be->newton_schulz(buf.data(), 0, 8, 5, ns_options{});
   BOOST_TEST(be->ns_matrix_count() == 4);
+}
+
+// fp32 -> bf16 against the arithmetic reference (tests/bf16_reference.hpp), exactly: every
+// tie and its neighbours at every exponent (subnormals included), overflow to inf, inf, NaNs
+// (whose payload sits only in the low bits too: they must stay NaN, not become inf), 10^6
+// random bit patterns; bf16 -> fp32 for all 65536 bit patterns.
+BOOST_AUTO_TEST_CASE(bf16_conversion_matches_reference_rounding) {
+  auto be = host_backend();
+  const auto in = test::bf16_test_inputs(1'000'000, 20261203);
+  const auto n = static_cast<int64_t>(in.size());
+  std::vector<uint16_t> out(in.size());
+  be->to_bf16(out.data(), in.data(), n);
+  int64_t wrong = 0, ties = 0, nans = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const uint32_t u = test::bits_of_float(in[i]);
+    bool ok;
+    if (std::isnan(in[i])) {
+      ++nans;
+      ok = test::is_bf16_nan(out[i]) && (out[i] >> 15) == (u >> 31);
+    } else {
+      ties += (u & 0xffff) == 0x8000;
+      ok = out[i] == test::reference_bf16(in[i]);
+    }
+    if (!ok && ++wrong <= 5)
+      BOOST_ERROR("to_bf16(bits 0x" << std::hex << u << ") = 0x" << out[i] << ", expected 0x"
+                                    << test::reference_bf16(in[i]) << std::dec);
+  }
+  BOOST_TEST_MESSAGE(in.size() << " inputs (" << ties << " ties, " << nans << " NaNs)");
+  BOOST_TEST(wrong == 0);
+  BOOST_TEST(ties > 60000);  // the inputs hold every tie
+  // Spot checks of the reference itself, by hand: ties go to the even neighbour.
+  BOOST_TEST(test::reference_bf16(test::float_of_bits(0x3f808000u)) == 0x3f80);  // 1 + 2^-8
+  BOOST_TEST(test::reference_bf16(test::float_of_bits(0x3f818000u)) == 0x3f82);  // 1 + 3*2^-8
+  BOOST_TEST(test::reference_bf16(test::float_of_bits(0x7f7f8000u)) == 0x7f80);  // to inf
+  BOOST_TEST(test::reference_bf16(test::float_of_bits(0x00018000u)) == 0x0002);  // subnormal
+
+  std::vector<uint16_t> all(65536);
+  for (uint32_t b = 0; b < 65536; ++b)
+    all[b] = static_cast<uint16_t>(b);
+  std::vector<float> wide(all.size());
+  be->from_bf16(wide.data(), all.data(), static_cast<int64_t>(all.size()));
+  int64_t wrong_wide = 0;
+  for (uint32_t b = 0; b < 65536; ++b)
+    wrong_wide += test::bits_of_float(wide[b]) != b << 16;
+  BOOST_TEST(wrong_wide == 0);
 }
 
 }  // namespace zmuon

@@ -39,12 +39,14 @@ inline int64_t floats(int64_t n) {
   return n * static_cast<int64_t>(sizeof(float));
 }
 
-inline int64_t segment_bytes(const std::vector<std::vector<segment>>& lists) {
+/// The payload of segment lists of `elem` elements (2 bytes each for bf16, 4 for fp32).
+inline int64_t segment_bytes(const std::vector<std::vector<segment>>& lists,
+                             wire_type elem = wire_type::fp32) {
   int64_t n = 0;
   for (const auto& l : lists)
     for (const auto& s : l)
       n += s.size;
-  return floats(n);
+  return n * element_bytes(elem);
 }
 
 // -- collectives ---------------------------------------------------------------------------------
@@ -55,7 +57,7 @@ inline fields describe(const all_reduce_req& m) {
   return tagged("all_reduce_req", m.tag, static_cast<int64_t>(m.values.size() * sizeof(double)));
 }
 inline fields describe(const all_to_all_req& m) {
-  return tagged("all_to_all_req", m.tag, segment_bytes(m.sends));
+  return tagged("all_to_all_req", m.tag, segment_bytes(m.sends, m.elem));
 }
 inline fields describe(const comm_done& m) {
   auto f = tagged("comm_done", m.tag, 0);
@@ -68,7 +70,9 @@ inline fields describe(const all_reduce_result& m) {
   return f;
 }
 inline fields describe(const peer_floats& m) {
-  auto f = tagged("peer_floats", m.tag, floats(static_cast<int64_t>(m.data.size())));
+  auto f = tagged("peer_floats", m.tag,
+                  floats(static_cast<int64_t>(m.data.size()))
+                      + static_cast<int64_t>(m.bf16.size()) * element_bytes(wire_type::bf16));
   f.phase = nullptr;
   return f;
 }

@@ -5,6 +5,9 @@
 // nccl-tests' conventions: size = bytes of each rank's input; algbw = size / time;
 // busbw = algbw * (n-1)/n (reduce-scatter), which is also what each rank sends per second.
 //
+// The all-to-all runs twice: fp32, and bf16 on the same elements (the Muon transport's
+// zmuon.muon_transport=bf16); "size" is the fp32 input, the bandwidths count the bytes moved.
+//
 //   bench_caf_comm [--sizes-mb 1,16,64] [--reps 5]
 #include <algorithm>
 #include <chrono>
@@ -80,24 +83,35 @@ result reduce_scatter(caf::actor_system& sys, const zmuon::node_setup& s, int wo
   return res;
 }
 
-// Each rank sends bytes/world to every other rank (the gather/scatter of the Muon pipeline).
+zmuon::segment segment_of(float* data, int64_t n) {
+  return {data, n};
+}
+zmuon::segment segment_of(uint16_t* data, int64_t n) {
+  return {nullptr, n, data};
+}
+
+// Each rank sends bytes/world of fp32 elements to every other rank (the gather/scatter of the
+// Muon pipeline); with `bf16`, the same elements as bf16 (T = uint16_t: half the bytes).
+template <class T = float>
 result all_to_all(caf::actor_system& sys, const zmuon::node_setup& s, int world, int64_t bytes,
                   int reps, int32_t index) {
+  constexpr bool bf16 = std::is_same<T, uint16_t>::value;
   int rank = s.first_rank;
   int64_t count = bytes / static_cast<int64_t>(sizeof(float)) / world;
-  std::vector<float> in(count * world), out(count * world);
+  std::vector<T> in(count * world), out(count * world);
   for (int64_t i = 0; i < count * world; ++i)
-    in[i] = static_cast<float>(rank * 1000 + i % 997);
+    in[i] = static_cast<T>(rank * 1000 + i % 997);
   std::vector<double> times;
   result res;
   for (int rep = 0; rep <= reps; ++rep) {
     zmuon::all_to_all_req req{
         {zmuon::collective_kind::gather, static_cast<uint64_t>(rep), 0, index},
         std::vector<std::vector<zmuon::segment>>(world),
-        std::vector<std::vector<zmuon::segment>>(world)};
+        std::vector<std::vector<zmuon::segment>>(world),
+        bf16 ? zmuon::wire_type::bf16 : zmuon::wire_type::fp32};
     for (int q = 0; q < world; ++q) {
-      req.sends[q].push_back({in.data() + q * count, count});
-      req.recvs[q].push_back({out.data() + q * count, count});
+      req.sends[q].push_back(segment_of(in.data() + q * count, count));
+      req.recvs[q].push_back(segment_of(out.data() + q * count, count));
     }
     auto t0 = clock_type::now();
     if (!run_once(sys, s.comms[0], req))
@@ -107,7 +121,7 @@ result all_to_all(caf::actor_system& sys, const zmuon::node_setup& s, int world,
   }
   for (int q = 0; q < world; ++q)  // from rank q: its block for this rank
     for (int64_t i = 0; i < count; ++i)
-      if (out[q * count + i] != static_cast<float>(q * 1000 + (rank * count + i) % 997))
+      if (out[q * count + i] != static_cast<T>(q * 1000 + (rank * count + i) % 997))
         res.correct = false;
   std::sort(times.begin(), times.end());
   res.seconds = times[times.size() / 2];
@@ -182,15 +196,17 @@ int main(int argc, char** argv) {
   int32_t index = 0;
   for (int mb : sizes_mb) {
     int64_t bytes = static_cast<int64_t>(mb) << 20;
-    for (int which = 0; which < 2; ++which) {
-      auto r = which == 0 ? reduce_scatter(sys, setup, world, bytes, reps, index++)
-                          : all_to_all(sys, setup, world, bytes, reps, index++);
-      double algbw = bytes / r.seconds / 1e6;
+    for (int which = 0; which < 3; ++which) {
+      auto r = which == 0   ? reduce_scatter(sys, setup, world, bytes, reps, index++)
+               : which == 1 ? all_to_all(sys, setup, world, bytes, reps, index++)
+                            : all_to_all<uint16_t>(sys, setup, world, bytes, reps, index++);
+      int64_t moved = which == 2 ? bytes / 2 : bytes;  // bf16: the same elements, half the bytes
+      double algbw = moved / r.seconds / 1e6;
       double busbw = algbw * (world - 1) / world;
+      const char* names[] = {"reduce-scatter", "all-to-all", "all-to-all bf16 (same elements)"};
       if (node_rank == 0)
-        std::printf("| %s | %d | %.1f | %.0f | %.0f | %s |\n",
-                    which == 0 ? "reduce-scatter" : "all-to-all", mb, r.seconds * 1e3, algbw, busbw,
-                    r.correct ? "yes" : "NO");
+        std::printf("| %s | %d | %.1f | %.0f | %.0f | %s |\n", names[which], mb, r.seconds * 1e3,
+                    algbw, busbw, r.correct ? "yes" : "NO");
       std::fflush(stdout);
       if (!r.correct)
         return 1;

@@ -436,10 +436,14 @@ int main(int argc, char* argv[]) {
 
   // Bytes: trace against plan, by rank and kind (the last step's; every step sends the same).
   const bool traced_bytes = opts.comm == "caf";
+  const bool bf16_wire =
+      opts.muon.transport == zmuon::muon_transport::bf16
+      || (opts.muon.transport == zmuon::muon_transport::automatic && opts.compute == "cuda");
+  const int muon_elem = bf16_wire ? 2 : 4;
   bool mismatch = false;
   nlohmann::json jranks = nlohmann::json::array();
   for (int r = 0; r < opts.world; ++r) {
-    auto want = zmuon::bench::plan_bytes(pl, r, gas);
+    auto want = zmuon::bench::plan_bytes(pl, r, gas, muon_elem);
     std::map<std::string, int64_t> got;
     for (const auto& rs : figures.back().ranks)
       if (rs.rank == r)
@@ -458,13 +462,13 @@ int main(int argc, char* argv[]) {
         plan_muon += p;
         trace_muon += t;
       }
-      // fp32 transport (the only one today): the trace's payload bytes must be the plan's.
+      // The trace's payload bytes must be the plan's (at the transport's element size).
       if (traced_bytes && p != t) {
         mismatch = true;
         std::fprintf(stderr,
                      "zmuon-bench-step: rank %d %s: the trace says %lld bytes sent, the plan "
-                     "%lld (fp32)\n",
-                     r, k.c_str(), static_cast<long long>(t), static_cast<long long>(p));
+                     "%lld (%d bytes per Muon element)\n",
+                     r, k.c_str(), static_cast<long long>(t), static_cast<long long>(p), muon_elem);
       }
     }
     const double ds_muon = zmuon::bench::deepspeed_muon_bytes(pl);

@@ -60,7 +60,7 @@ std::vector<float> random_floats(int64_t n, uint64_t seed, float scale) {
   return v;
 }
 
-std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int elem) {
+std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int muon_elem) {
   const int w = pl.world;
   std::map<std::string, int64_t> out;
   if (w == 1)
@@ -79,13 +79,13 @@ std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int
           scatter += valid_len(p, q);
     }
   }
-  out["reduce_scatter"] = int64_t{gas} * reduce * elem;
+  out["reduce_scatter"] = int64_t{gas} * reduce * static_cast<int64_t>(sizeof(float));
   out["vote"] = (w - 1) * static_cast<int64_t>(sizeof(double));
   out["norm"] = (w - 1) * static_cast<int64_t>(sizeof(double));
   if (gather > 0)
-    out["gather"] = gather * elem;
+    out["gather"] = gather * muon_elem;
   if (scatter > 0)
-    out["scatter"] = scatter * elem;
+    out["scatter"] = scatter * muon_elem;
   return out;
 }
 

@@ -19,11 +19,12 @@ std::vector<param_spec> make_table(const std::string& name);
 std::vector<float> random_floats(int64_t n, uint64_t seed, float scale);
 
 /// Bytes rank `rank` sends to its peers per step with the caf comm, by collective kind, counted
-/// from the plan with `elem` bytes per float element (4: fp32 transport): reduce_scatter (every
-/// bucket's padded shard to each other rank, per micro-batch), vote and norm (one double to each
-/// other rank), gather (my valid shard of each matrix another rank owns) and scatter (the owner's
-/// valid shards of its matrices to each other rank). Kinds with no bytes are left out.
-std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int elem = 4);
+/// from the plan: reduce_scatter (every bucket's padded fp32 shard to each other rank, per
+/// micro-batch), vote and norm (one double to each other rank), gather (my valid shard of each
+/// matrix another rank owns) and scatter (the owner's valid shards of its matrices to each other
+/// rank), those two at `muon_elem` bytes per element (4: fp32 transport, 2: bf16). Kinds with no
+/// bytes are left out.
+std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int muon_elem = 4);
 
 /// What DeepSpeed's ZeRO-3 Muon scheme (the seed PR's) sends per rank per step in its Muon phase:
 /// all-gathers of each Muon matrix's gradient and momentum before the round-robin NS and of the

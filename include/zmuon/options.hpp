@@ -14,6 +14,13 @@ enum class adjust_lr_rule : uint8_t {
   match_rms_adamw,  // 0.2 * sqrt(max(rows, cols))
 };
 
+/// What the Muon phase's gather (u) and scatter (the orthogonalized update) carry.
+enum class muon_transport : uint8_t {
+  automatic,  // NS's own precision: bf16 with the cuda backend (bf16 NS), fp32 with host
+  bf16,       // 2 bytes per element, rounded to nearest even, on every rank and backend
+  fp32,       // 4 bytes per element: the exact reference
+};
+
 /// Newton-Schulz iteration parameters.
 struct ns_options {
   int steps = 5;
@@ -31,6 +38,7 @@ struct muon_options {
   float weight_decay = 0.0f;
   adjust_lr_rule adjust_lr = adjust_lr_rule::original;
   ns_options ns;
+  muon_transport transport = muon_transport::automatic;  // gather / scatter element type
 };
 
 struct adamw_options {

@@ -215,6 +215,14 @@ void cuda_compute::scale(float* x, int64_t n, float factor) {
   launch_scale(activate(), x, n, factor);
 }
 
+void cuda_compute::to_bf16(uint16_t* dst, const float* src, int64_t n) {
+  launch_to_bf16(activate(), dst, src, n);
+}
+
+void cuda_compute::from_bf16(float* dst, const uint16_t* src, int64_t n) {
+  launch_from_bf16(activate(), dst, src, n);
+}
+
 reduction cuda_compute::reduce(const float* x, int64_t n) {
   if (n <= 0)
     return reduction{0.0, 0};

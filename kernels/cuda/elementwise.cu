@@ -1,7 +1,9 @@
-// The element-wise kernels (add, scale, momentum, Muon update, AdamW) and the fused non-finite
-// scan with sum of squares. One element per thread (grid-striding only past 2^38 elements),
-// 64-bit indices throughout, arithmetic in the same order as the host backend's loops.
+// The element-wise kernels (add, scale, momentum, Muon update, AdamW, fp32 <-> bf16) and the
+// fused non-finite scan with sum of squares. One element per thread (grid-striding only past
+// 2^38 elements), 64-bit indices throughout, arithmetic in the same order as the host backend's
+// loops.
 
+#include "kernels/bf16.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/reduce.cuh"
@@ -43,6 +45,18 @@ __global__ void apply_update_kernel(float* __restrict__ p, const float* __restri
                                     float decay, float step) {
   for (int64_t i = first_index(); i < n; i += grid_stride())
     p[i] = p[i] * decay - step * o[i];
+}
+
+__global__ void to_bf16_kernel(uint16_t* __restrict__ dst, const float* __restrict__ src,
+                               int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    dst[i] = to_bf16(src[i]);
+}
+
+__global__ void from_bf16_kernel(float* __restrict__ dst, const uint16_t* __restrict__ src,
+                                 int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride())
+    dst[i] = from_bf16(src[i]);
 }
 
 struct adamw_factors {
@@ -156,6 +170,20 @@ void launch_apply_update(const launch_context& ctx, float* p, const float* o, in
   const float decay = 1.0f - lr * weight_decay;
   const float step = lr * scale;
   apply_update_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, o, n, decay, step);
+  ZMUON_LAUNCH_CHECK();
+}
+
+void launch_to_bf16(const launch_context& ctx, uint16_t* dst, const float* src, int64_t n) {
+  if (n <= 0)
+    return;
+  to_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(dst, src, n);
+  ZMUON_LAUNCH_CHECK();
+}
+
+void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src, int64_t n) {
+  if (n <= 0)
+    return;
+  from_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(dst, src, n);
   ZMUON_LAUNCH_CHECK();
 }
 

@@ -34,6 +34,9 @@ void launch_momentum(const launch_context& ctx, float* m, const float* g, float*
                      float beta, bool nesterov);
 void launch_apply_update(const launch_context& ctx, float* p, const float* o, int64_t n, float lr,
                          float scale, float weight_decay);
+/// fp32 -> bf16 bits and back, with kernels/bf16.hpp's functions (the host backend's bits).
+void launch_to_bf16(const launch_context& ctx, uint16_t* dst, const float* src, int64_t n);
+void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src, int64_t n);
 void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
                   int64_t n, const adamw_args& args);
 

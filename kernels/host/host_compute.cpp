@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/bf16.hpp"
+
 namespace zmuon {
 namespace {
 
@@ -116,6 +118,16 @@ void host_compute::apply_update(float* p, const float* o, int64_t n, float lr, f
   const float step = lr * scale;
   for (int64_t i = 0; i < n; ++i)
     p[i] = p[i] * decay - step * o[i];
+}
+
+void host_compute::to_bf16(uint16_t* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = zmuon::to_bf16(src[i]);
+}
+
+void host_compute::from_bf16(float* dst, const uint16_t* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = zmuon::from_bf16(src[i]);
 }
 
 void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,

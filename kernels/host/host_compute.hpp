@@ -36,6 +36,9 @@ public:
   void adamw(float* p, const float* g, float* m, float* v, int64_t n,
              const adamw_args& args) override;
 
+  void to_bf16(uint16_t* dst, const float* src, int64_t n) override;
+  void from_bf16(float* dst, const uint16_t* src, int64_t n) override;
+
   void newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
                      const ns_options& ns) override;
 
