@@ -41,6 +41,9 @@ error check_options(const engine_options& o) {
   if (!m.ns.schedule.empty() && static_cast<int>(m.ns.schedule.size()) != m.ns.steps)
     return bad("ns coefficient schedule has " + std::to_string(m.ns.schedule.size())
                + " entries but ns_steps is " + std::to_string(m.ns.steps));
+  if (m.ns.gram_restart < 0)
+    return bad("ns_gram_restart must be >= 0 (0 = never restart), got "
+               + std::to_string(m.ns.gram_restart));
   const auto& a = o.adamw;
   if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
     return bad("adamw betas must be in [0, 1)");

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/ns_variants.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -41,7 +42,8 @@ cuda_compute::cuda_compute(int device)
       partial_sums_(kMaxReduceBlocks),
       partial_flags_(kMaxReduceBlocks),
       result_(1),
-      ns_(cublas_.get()) {
+      ns_(cublas_.get()),
+      gram_ns_(cublas_.get()) {
   ctx_.stream = stream_.get();
   ctx_.sm_count = multiprocessor_count(device_);
   ZMUON_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
@@ -167,7 +169,11 @@ void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t 
                                  const ns_options& ns) {
   if (batch <= 0)
     return;
-  ns_.run(activate(), x, batch, rows, cols, ns);
+  if (ns_uses_gram(ns, rows, cols)) {
+    gram_ns_.run(activate(), x, batch, rows, cols, ns);
+  } else {
+    ns_.run(activate(), x, batch, rows, cols, ns);
+  }
   ns_matrices_ += batch;
 }
 

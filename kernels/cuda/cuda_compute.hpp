@@ -16,6 +16,7 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/gram_newton_schulz.hpp"
 #include "kernels/cuda/newton_schulz.hpp"
 #include "kernels/cuda/owners.hpp"
 
@@ -63,7 +64,10 @@ public:
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_.get(); }
   /// For benchmarks: how Newton-Schulz runs its GEMMs (gemm.hpp).
-  void set_ns_gemm_path(gemm_path path) { ns_.set_gemm_path(path); }
+  void set_ns_gemm_path(gemm_path path) {
+    ns_.set_gemm_path(path);
+    gram_ns_.set_gemm_path(path);
+  }
   /// For benchmarks: replay Newton-Schulz's GEMMs from CUDA graphs (newton_schulz.hpp).
   void set_ns_graphs(bool use) { ns_.set_use_graphs(use); }
 
@@ -90,6 +94,7 @@ private:
   device_array<reduction> result_;
   pinned<reduction> host_result_;
   ns_workspace ns_;
+  gram_ns_workspace gram_ns_;  // ns_variant::gram (kernels/ns_variants.hpp)
 };
 
 }  // namespace zmuon::gpu
