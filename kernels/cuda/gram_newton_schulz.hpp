@@ -5,6 +5,8 @@
 // the standard path; restarts every ns.gram_restart steps (the Polar Express paper's remedy for
 // Q's conditioning in low precision) recompute R from X.
 //
+// Not replayed from CUDA graphs (cuda_compute::set_ns_graphs applies to the standard path only).
+//
 // Layout as in newton_schulz.hpp: a row-major tall [rows, cols] matrix is the column-major wide
 // X; a row-major wide one is X^T column-major; only the GEMMs' transpose flags differ.
 #pragma once
