@@ -9,7 +9,7 @@ polar factor (numpy SVD, float64) for NS5 and Polar Express (PE), standard and G
 restarts every 1/2/3 steps or never, on a Gaussian input and on inputs with singular values
 log-spaced over [1e-3, 1] and [1e-6, 1]. Debian's python3-numpy (no other dependency):
 
-    /usr/bin/python3.11 bench/ns_variants_bf16.py [--m 256] [--n 1024] [--seed 1]
+    /usr/bin/python3.11 bench/ns_variants_bf16.py [--m 256] [--n 1024] [--seed 1] [--gpu-cases]
 """
 
 import argparse
@@ -40,9 +40,14 @@ def pe_schedule(steps):
     return out
 
 
+ROUND = True  # False: plain float32 throughout (the host backend's arithmetic)
+
+
 def bf16(x):
     """Round float32 to the nearest bf16 (ties to even), kept as float32."""
     x = np.asarray(x, dtype=np.float32)
+    if not ROUND:
+        return x
     bits = x.view(np.uint32).astype(np.uint64)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     return bits.astype(np.uint32).view(np.float32)
@@ -100,11 +105,38 @@ def errors(o, p):
     return orth, np.linalg.norm(o - p) / np.linalg.norm(p)
 
 
+def fp32(fn, *args):
+    """fn's result in plain float32 arithmetic."""
+    global ROUND
+    ROUND = False
+    try:
+        return fn(*args)
+    finally:
+        ROUND = True
+
+
+def gpu_test_cases(rng):
+    """What test_cuda_kernels' gram_against_standard_and_host checks, on Gaussian inputs: the
+    worst relative difference of bf16 Gram (restart 3) to bf16 standard and to fp32 Gram."""
+    print("\n| shape | schedule | bf16 Gram vs bf16 standard | bf16 Gram vs fp32 Gram |")
+    print("|---|---|---|---|")
+    for m, n in ((128, 512), (768, 3072), (64, 200)):
+        x = rng.standard_normal((m, n)).astype(np.float32)
+        for sname, coeffs in (("NS5", [NS5] * 5), ("PE", pe_schedule(5))):
+            g = gram(x, coeffs, 3).astype(np.float64)
+            s = standard(x, coeffs).astype(np.float64)
+            f = fp32(gram, x, coeffs, 3).astype(np.float64)
+            print(f"| {m}x{n} | {sname} | {np.linalg.norm(g - s) / np.linalg.norm(s):.3g} "
+                  f"| {np.linalg.norm(g - f) / np.linalg.norm(f):.3g} |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--m", type=int, default=256)
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--gpu-cases", action="store_true",
+                    help="also the shapes of test_cuda_kernels' gram_against_standard_and_host")
     args = ap.parse_args()
     rng = np.random.default_rng(args.seed)
     m, n = args.m, args.n
@@ -127,6 +159,8 @@ def main():
                 orth, dist = errors(o, p)
                 diff = np.linalg.norm(o.astype(np.float64) - ref) / np.linalg.norm(ref.astype(np.float64))
                 print(f"| {name} | {label} | {orth:.4g} | {dist:.4g} | {diff:.3g} |")
+    if args.gpu_cases:
+        gpu_test_cases(rng)
 
 
 if __name__ == "__main__":

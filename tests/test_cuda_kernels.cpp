@@ -2,7 +2,9 @@
 // are no multiple of the block size, plus one buffer past 2^31 elements (8.6 GB) for the 64-bit
 // index math. Tolerances (‖gpu − host‖ / ‖host‖, see the constants below): fp32 element-wise
 // ≤ 1e-6; one Newton-Schulz iteration (bf16 GEMMs) against the fp32 host in [1e-3, 1e-2]; NS5
-// within 1e-2 of a host emulation of the same bf16 arithmetic and 3e-2 of fp32 NS5. Without a
+// within 1e-2 of a host emulation of the same bf16 arithmetic and 3e-2 of fp32 NS5; the Gram
+// variant within 5e-2 of the standard path and of fp32 Gram, Polar Express beating NS5's
+// orthogonality error (bounds where they are checked). Without a
 // usable GPU the executable exits with 77 before Boost.Test starts, which ctest reports as
 // "Skipped" (tests/cuda.cmake).
 
@@ -500,10 +502,11 @@ BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
 // inputs (Polar Express on singular values over [1e-3, 1]: orthogonality error 1.3e3), hence the
 // default of 3.
 
-/// Gram (restart 3) against the standard bf16 path, Gaussian inputs (emulated: <= 3.3e-2).
-constexpr double kGramToStandard = 6e-2;
-/// Gram on the GPU against Gram in fp32 on the host: bf16's own error plus the above.
-constexpr double kGramToHost = 8e-2;
+/// Gram (restart 3) on the GPU against the standard bf16 path and against Gram in fp32 on the
+/// host, Gaussian inputs of gram_against_standard_and_host's shapes: emulated (`bench/
+/// ns_variants_bf16.py --gpu-cases`) 1.4e-2..2.1e-2 and 1.3e-2..1.7e-2.
+constexpr double kGramToStandard = 5e-2;
+constexpr double kGramToHost = 5e-2;
 
 ns_options polar_express_ns(int steps = 5) {
   ns_options ns;
