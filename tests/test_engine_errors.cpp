@@ -165,6 +165,11 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   BOOST_REQUIRE(!e);
   expect_error(e.err(), errc::invalid_argument, "schedule");
   o = options(2);
+  o.muon.ns.gram_restart = -1;
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "ns_gram_restart must be >= 0");
+  o = options(2);
   o.compute = "tpu";
   e = engine::create(o);
   BOOST_REQUIRE(!e);
