@@ -74,6 +74,13 @@ inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols) {
          && static_cast<double>(n) > kGramMinAspect * static_cast<double>(m);
 }
 
+/// The longest Gram block (restart interval) that bf16 arithmetic survives: measured with
+/// bench/ns_variants_bf16.py (256x1024, singular values over [1e-3, 1] and [1e-6, 1]), blocks of
+/// up to 3 steps match the standard bf16 iteration's accuracy; 4 steps of Polar Express reach an
+/// orthogonality error of 7-19 and 5 steps diverge for NS5 too. The engine refuses longer blocks
+/// (and 0, one block of all steps) on the cuda backend.
+inline constexpr int kGramMaxBlockBf16 = 3;
+
 /// Steps of one Gram block: the restart interval, or all of the remaining steps when 0.
 inline int gram_block_steps(const ns_options& ns, int remaining) {
   return ns.gram_restart > 0 ? std::min(ns.gram_restart, remaining) : remaining;

@@ -34,7 +34,8 @@ struct ns_options {
   ns_variant variant = ns_variant::standard;
   /// Gram variant only: the Gram matrix is recomputed from X every this many steps (0: never),
   /// the remedy of the Polar Express paper (arXiv:2505.16932, Appendix J) for the accumulated
-  /// product Q growing ill-conditioned in low precision; 1 is the standard iteration.
+  /// product Q growing ill-conditioned in low precision; 1 is the standard iteration. The cuda
+  /// backend (bf16) takes 1..3 (kGramMaxBlockBf16, kernels/ns_variants.hpp).
   int gram_restart = 3;
 };
 
