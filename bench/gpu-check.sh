@@ -154,6 +154,14 @@ check() {
     rc=${PIPESTATUS[0]}
     [[ $rc -ne 0 ]] && status=1 && echo "bench_ns: exit $rc"
 
+    echo "== bench_ns: NS variants (standard vs gram, NS5 and Polar Express; issue 8)"
+    for args in "--schedule ns5" "--schedule polar_express" "--schedule polar_express --gram-restart 0"; do
+      # shellcheck disable=SC2086
+      timeout 120 "$bench" --reps 10 $args 2>&1 | tee -a "$out/bench_ns.log"
+      rc=${PIPESTATUS[0]}
+      [[ $rc -ne 0 ]] && status=1 && echo "bench_ns $args: exit $rc"
+    done
+
     if [[ -f "$out/bench_ns.json" && -z "${SKIP_TORCH:-}" ]]; then
       echo "== ns_torch.py"
       timeout 420 python3 bench/ns_torch.py --zmuon "$out/bench_ns.json" --out "$out/ns_table.md" \

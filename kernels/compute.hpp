@@ -123,9 +123,9 @@ public:
   virtual void from_bf16(float* dst, const uint16_t* src, int64_t n) = 0;
 
   // -- Newton-Schulz ---------------------------------------------------------------------------
-  /// Orthogonalizes `batch` row-major [rows, cols] matrices stored back to back in x, in place:
-  /// tall matrices are transposed to wide, each is divided by (||X||_F + eps), then
-  /// `ns.steps` times A = X X^T; B = b*A + c*A*A; X = a*X + B*X. Counts one call per matrix.
+  /// Orthogonalizes `batch` row-major [rows, cols] matrices (back to back in x) in place: tall
+  /// ones as wide, each over (||X||_F + eps), then `ns.steps` times A = X X^T; B = b*A + c*A*A;
+  /// X = a*X + B*X (or its Gram form, ns.variant: kernels/ns_variants.hpp). One count a matrix.
   virtual void newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
                              const ns_options& ns) = 0;
 

@@ -15,6 +15,8 @@
 #include <sstream>
 #include <type_traits>
 
+#include "kernels/ns_variants.hpp"
+
 namespace zmuon {
 namespace {
 
@@ -244,6 +246,55 @@ field fixed(std::string path, json only, std::string wanted) {
   return {path, read, [only](job_config) { return only; }};
 }
 
+/// The per-step NS coefficients: "none" (ns_coefficients every step), a named preset
+/// ("polar_express", kernels/ns_variants.hpp) of ns_steps steps, or one [a, b, c] per step.
+/// Read after ns_steps, whose value it needs; written back as the preset's name when it is one.
+field ns_schedule(std::string path) {
+  const std::string wanted = "\"none\", \"polar_express\" or an array of ns_steps [a, b, c]";
+  auto read = [=](const json& v, job_config& c) -> error {
+    auto& ns = c.engine.muon.ns;
+    if (v.is_string()) {
+      auto name = read_as<std::string>(v, path, {}, {"none", "polar_express"});
+      if (!name)
+        return name.err();
+      ns.schedule = *name == "none" ? decltype(ns.schedule){} : polar_express_schedule(ns.steps);
+      return {};
+    }
+    if (!v.is_array())
+      return bad(path, wanted, v);
+    if (v.size() != static_cast<size_t>(ns.steps))
+      return bad(path, "an array of " + std::to_string(ns.steps) + " [a, b, c] (one per ns_steps)",
+                 v);
+    ns.schedule.clear();
+    for (size_t t = 0; t < v.size(); ++t) {
+      const std::string at = path + "[" + std::to_string(t) + "]";
+      if (!v[t].is_array() || v[t].size() != 3)
+        return bad(at, "an array of 3 numbers", v[t]);
+      std::array<float, 3> abc{};
+      for (size_t i = 0; i < 3; ++i) {
+        auto x = read_as<float>(v[t][i], at + "[" + std::to_string(i) + "]", {}, {});
+        if (!x)
+          return x.err();
+        abc[i] = *x;
+      }
+      ns.schedule.push_back(abc);
+    }
+    return {};
+  };
+  auto write = [](job_config c) -> json {
+    const auto& ns = c.engine.muon.ns;
+    if (ns.schedule.empty())
+      return "none";
+    if (ns.schedule == polar_express_schedule(ns.steps))
+      return "polar_express";
+    json out = json::array();
+    for (const auto& abc : ns.schedule)
+      out.push_back({float_json(abc[0]), float_json(abc[1]), float_json(abc[2])});
+    return out;
+  };
+  return {path, read, write};
+}
+
 // clang-format off
 #define ZMUON_SLOT(member) [](job_config& c) -> auto& { return c.member; }
 // clang-format on
@@ -291,6 +342,10 @@ const std::vector<field>& schema() {
         numbers(p + "ns_coefficients", {ZMUON_SLOT(engine.muon.ns.coefficients[0]),
                                         ZMUON_SLOT(engine.muon.ns.coefficients[1]),
                                         ZMUON_SLOT(engine.muon.ns.coefficients[2])}),
+        ns_schedule(p + "ns_schedule"),
+        make<ns_variant>(p + "ns_variant", ZMUON_SLOT(engine.muon.ns.variant), {},
+                         {"standard", "gram"}),
+        make<int>(p + "ns_gram_restart", ZMUON_SLOT(engine.muon.ns.gram_restart), r::at_least(0)),
         make<adjust_lr_rule>(p + "adjust_lr", ZMUON_SLOT(engine.muon.adjust_lr), {},
                              {"original", "match_rms_adamw"}),
         make<bool>("per_head_muon", ZMUON_SLOT(engine.per_head_muon)),

@@ -6,11 +6,13 @@
 
 #include "tests/run_launch.hpp"
 
+#include <array>
 #include <cstdio>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "kernels/ns_variants.hpp"
 #include "launch/config.hpp"
 
 namespace {
@@ -77,8 +79,10 @@ void require_same(const zmuon::engine_options& a, const zmuon::engine_options& b
   BOOST_TEST(a.muon.ns.steps == b.muon.ns.steps);
   for (int i = 0; i < 3; ++i)
     BOOST_TEST(a.muon.ns.coefficients[i] == b.muon.ns.coefficients[i]);
-  BOOST_TEST(a.muon.ns.schedule.size() == b.muon.ns.schedule.size());
+  BOOST_TEST((a.muon.ns.schedule == b.muon.ns.schedule));
   BOOST_TEST(a.muon.ns.eps == b.muon.ns.eps);
+  BOOST_TEST((a.muon.ns.variant == b.muon.ns.variant));
+  BOOST_TEST(a.muon.ns.gram_restart == b.muon.ns.gram_restart);
   BOOST_TEST(a.adamw.lr == b.adamw.lr);
   BOOST_TEST(a.adamw.beta1 == b.adamw.beta1);
   BOOST_TEST(a.adamw.beta2 == b.adamw.beta2);
@@ -121,6 +125,62 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
   auto again = zmuon::parse_config(zmuon::config_json(*cfg));
   BOOST_REQUIRE(again);
   require_same(again->engine, cfg->engine);
+}
+
+BOOST_AUTO_TEST_CASE(ns_schedule_presets_and_lists) {
+  // "polar_express" is the paper's schedule for ns_steps steps (kernels/ns_variants.hpp) and
+  // writes back by name; an explicit list is taken entry by entry and writes back as a list.
+  auto cfg = zmuon::parse_config(json::parse(
+      R"({"optimizer": {"params": {"ns_steps": 7, "ns_schedule": "Polar_Express",
+                                   "ns_variant": "gram", "ns_gram_restart": 0}}})"));
+  BOOST_REQUIRE_MESSAGE(cfg, why(cfg));
+  const auto& ns = cfg->engine.muon.ns;
+  BOOST_TEST((ns.schedule == zmuon::polar_express_schedule(7)));
+  BOOST_REQUIRE(ns.schedule.size() == 7u);
+  // Step 1 is the published second polynomial over the safety factor 1.01: a / 1.01.
+  BOOST_TEST(ns.schedule[1][0] == static_cast<float>(4.107059111542203 / 1.01));
+  BOOST_TEST((ns.variant == zmuon::ns_variant::gram));
+  BOOST_TEST(ns.gram_restart == 0);
+  BOOST_TEST((zmuon::config_json(*cfg)["optimizer"]["params"]["ns_schedule"] == "polar_express"));
+  auto again = zmuon::parse_config(zmuon::config_json(*cfg));
+  BOOST_REQUIRE(again);
+  require_same(again->engine, cfg->engine);
+
+  auto listed = zmuon::parse_config(json::parse(
+      R"({"optimizer": {"params": {"ns_steps": 2, "ns_schedule": [[3, -3.2, 1.2], [2, -1.5, 0.5]]}}})"));
+  BOOST_REQUIRE_MESSAGE(listed, why(listed));
+  const std::vector<std::array<float, 3>> want = {{3.0f, -3.2f, 1.2f}, {2.0f, -1.5f, 0.5f}};
+  BOOST_TEST((listed->engine.muon.ns.schedule == want));
+  const json written = zmuon::config_json(*listed)["optimizer"]["params"]["ns_schedule"];
+  BOOST_TEST((written == json::parse("[[3, -3.2, 1.2], [2, -1.5, 0.5]]")), written.dump());
+
+  // "none" (the default) empties a schedule set before it.
+  json j = json::parse(R"({"optimizer": {"params": {"ns_schedule": "polar_express"}}})");
+  BOOST_REQUIRE(!zmuon::apply_override(j, "optimizer.params.ns_schedule=none"));
+  auto none = zmuon::parse_config(j);
+  BOOST_REQUIRE_MESSAGE(none, why(none));
+  BOOST_TEST(none->engine.muon.ns.schedule.empty());
+
+  check_errors({
+      {R"({"optimizer": {"params": {"ns_schedule": "polar"}}})",
+       "optimizer.params.ns_schedule: expected one of \"none\", \"polar_express\", got string "
+       "\"polar\""},
+      {R"({"optimizer": {"params": {"ns_schedule": 5}}})",
+       "optimizer.params.ns_schedule: expected \"none\", \"polar_express\" or an array of "
+       "ns_steps [a, b, c], got 5"},
+      {R"({"optimizer": {"params": {"ns_schedule": [[1, 2, 3]]}}})",
+       "optimizer.params.ns_schedule: expected an array of 5 [a, b, c] (one per ns_steps), got "
+       "array [[1,2,3]]"},
+      {R"({"optimizer": {"params": {"ns_steps": 1, "ns_schedule": [[1, 2]]}}})",
+       "optimizer.params.ns_schedule[0]: expected an array of 3 numbers, got array [1,2]"},
+      {R"({"optimizer": {"params": {"ns_steps": 1, "ns_schedule": [[1, 2, "x"]]}}})",
+       "optimizer.params.ns_schedule[0][2]: expected a number, got string \"x\""},
+      {R"({"optimizer": {"params": {"ns_variant": "grams"}}})",
+       "optimizer.params.ns_variant: expected one of \"standard\", \"gram\", got string "
+       "\"grams\" (did you mean \"gram\"?)"},
+      {R"({"optimizer": {"params": {"ns_gram_restart": -1}}})",
+       "optimizer.params.ns_gram_restart: expected an integer >= 0, got -1"},
+  });
 }
 
 BOOST_AUTO_TEST_CASE(misspelled_keys_name_the_path_and_the_nearest_key) {

@@ -165,6 +165,22 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   BOOST_REQUIRE(!e);
   expect_error(e.err(), errc::invalid_argument, "schedule");
   o = options(2);
+  o.muon.ns.gram_restart = -1;
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "ns_gram_restart must be >= 0");
+  for (const int restart : {0, 4}) {  // checked before any backend starts, so no GPU needed
+    o = options(2);
+    o.compute = "cuda";
+    o.muon.ns.variant = ns_variant::gram;
+    o.muon.ns.gram_restart = restart;
+    e = engine::create(o);
+    BOOST_REQUIRE(!e);
+    expect_error(
+        e.err(), errc::invalid_argument,
+        "ns_gram_restart " + std::to_string(restart) + " with ns_variant gram on the cuda backend");
+  }
+  o = options(2);
   o.compute = "tpu";
   e = engine::create(o);
   BOOST_REQUIRE(!e);

@@ -7,6 +7,7 @@
 
 #include "actors/muon_coordinator.hpp"
 #include "kernels/compute.hpp"
+#include "kernels/ns_variants.hpp"
 #include "launch/exe/train.hpp"
 #include "plan/ownership.hpp"
 
@@ -15,8 +16,8 @@ using namespace zmuon::test;
 
 namespace {
 
-tensor_map train_model(int world, int gas, int micro_batch, int steps) {
-  auto eng = make_engine(options(world));
+tensor_map train_model(const engine_options& o, int gas, int micro_batch, int steps) {
+  auto eng = make_engine(o);
   example::train_options t;
   t.steps = steps;
   t.gas = gas;
@@ -26,6 +27,10 @@ tensor_map train_model(int world, int gas, int micro_batch, int steps) {
   auto rec = example::train(*eng, t);
   BOOST_REQUIRE_MESSAGE(rec, (rec ? "" : rec.err().to_string()));
   return params_of(*eng);
+}
+
+tensor_map train_model(int world, int gas, int micro_batch, int steps) {
+  return train_model(options(world), gas, micro_batch, steps);
 }
 
 // Double-precision Newton-Schulz of one row-major [rows, cols] matrix, written independently of
@@ -116,6 +121,33 @@ BOOST_AUTO_TEST_CASE(world_1_2_4_give_the_same_weights) {
   BOOST_TEST_MESSAGE("world 2 vs 1: " << d2 << ", world 4 vs 1: " << d4 << " (5 steps)");
   BOOST_TEST(d2 <= 1e-5);
   BOOST_TEST(d4 <= 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(ns_variants_reach_every_owner) {
+  // Polar Express and the Gram variant set in engine_options reach the owners' NS: PE's weights
+  // differ from NS5's (measured 5.6e-3 relative after 3 steps; bound >= 1e-3); Gram(PE) matches
+  // PE (same polynomial in fp32: 5.9e-7; bound 1e-4) at world 1 and at world 4 (4.1e-7; 1e-5, as
+  // world_1_2_4_give_the_same_weights). The example model has Gram-path blocks: fc1 [128, 64]
+  // and q_proj's per-head [16, 128].
+  auto with = [](int world, bool polar_express, bool gram) {
+    engine_options o = options(world);
+    if (polar_express)
+      o.muon.ns.schedule = polar_express_schedule(o.muon.ns.steps);
+    if (gram)
+      o.muon.ns.variant = ns_variant::gram;
+    return o;
+  };
+  const auto ns5 = train_model(with(1, false, false), 1, 32, 3);
+  const auto pe = train_model(with(1, true, false), 1, 32, 3);
+  const auto gram1 = train_model(with(1, true, true), 1, 32, 3);
+  const auto gram4 = train_model(with(4, true, true), 1, 8, 3);
+  const double d_pe = rel_diff(pe, ns5), d_gram = rel_diff(gram1, pe);
+  const double d_world = rel_diff(gram4, gram1);
+  BOOST_TEST_MESSAGE("PE vs NS5: " << d_pe << "; Gram(PE) vs PE: " << d_gram
+                                   << "; Gram(PE) world 4 vs 1: " << d_world << " (3 steps)");
+  BOOST_TEST(d_pe >= 1e-3);
+  BOOST_TEST(d_gram <= 1e-4);
+  BOOST_TEST(d_world <= 1e-5);
 }
 
 BOOST_AUTO_TEST_CASE(fp16_loss_scale_does_not_change_the_result) {

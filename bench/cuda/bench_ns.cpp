@@ -11,6 +11,11 @@
 // of --sym (0: full products), direct and replayed from graphs, with the blocks per side used.
 //
 //   bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]
+//
+// With --variant standard|gram|both (default both), --schedule ns5|polar_express (default ns5),
+// --gram-restart N (default 3) or --steps N (default 5), it times the NS variants instead, on
+// 768x768, 768x3072, 2048x8192, 4096x4096, 4096x11008 and 11008x4096, and prints each result's
+// orthogonality error ||O O^T - I||_F / sqrt(m) (fp32 cuBLAS Gram matrix, double sum).
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -18,6 +23,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +37,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/owners.hpp"
+#include "kernels/ns_variants.hpp"
 
 namespace {
 
@@ -174,19 +181,107 @@ double median_enqueue_ms(cudaStream_t stream, int reps, const std::function<void
   return times[times.size() / 2];
 }
 
+// -- --variant / --schedule: the NS variants per shape (issue 8) ----------------------------------
+
+/// ||O O^T - I||_F / sqrt(m) of the wide view of the row-major [rows, cols] fp32 `o` on the
+/// device: the Gram matrix by an fp32 cuBLAS GEMM, the norm summed on the host in double.
+double orthogonality_error(cudaStream_t stream, const float* o, int64_t rows, int64_t cols) {
+  const int m = static_cast<int>(std::min(rows, cols));
+  const int n = static_cast<int>(std::max(rows, cols));
+  zmuon::gpu::cublas_handle cublas;
+  ZMUON_CUBLAS_CHECK(cublasSetStream(cublas.get(), stream));
+  device_array<float> g(int64_t{m} * m);
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  // Column-major: a row-major wide [m, n] o is O^T ([n, m], ld n); a tall one is O ([m, n], ld m).
+  const bool tall = rows > cols;
+  ZMUON_CUBLAS_CHECK(cublasSgemm(cublas.get(), tall ? CUBLAS_OP_N : CUBLAS_OP_T,
+                                 tall ? CUBLAS_OP_T : CUBLAS_OP_N, m, m, n, &one, o, tall ? m : n,
+                                 o, tall ? m : n, &zero, g.data(), m));
+  std::vector<float> host(static_cast<size_t>(m) * m);
+  ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ZMUON_CUDA_CHECK(cudaMemcpy(host.data(), g.data(), g.bytes(), cudaMemcpyDeviceToHost));
+  double sum = 0.0;
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < m; ++j) {
+      const double d = host[static_cast<size_t>(i) * m + j] - (i == j ? 1.0 : 0.0);
+      sum += d * d;
+    }
+  }
+  return std::sqrt(sum / m);
+}
+
+/// For each of the issue's shapes and each variant asked for: the median time of one call and
+/// the orthogonality error of its result, on the same random input.
+int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_options& base,
+                 const std::vector<zmuon::ns_variant>& variants, const std::string& schedule) {
+  const cudaStream_t stream = backend.stream();
+  const std::vector<shape> shapes = {
+      {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
+      {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"11008x4096", 1, 11008, 4096}};
+  std::printf("NS variants, schedule %s, %d steps, gram restart %d, median of %d\n",
+              schedule.c_str(), base.steps, base.gram_restart, reps);
+  std::printf("(gram runs on shapes whose long side > %.1f x the short one; others: standard)\n",
+              zmuon::kGramMinAspect);
+  std::printf("%-12s %-9s %10s %10s %14s\n", "shape", "variant", "ms", "vs first", "orthogonality");
+  for (const shape& s : shapes) {
+    const int64_t numel = s.batch * s.rows * s.cols;
+    const std::vector<float> input = random_floats(static_cast<size_t>(numel), 7);
+    device_array<float> pristine(numel);
+    device_array<float> x(numel);
+    ZMUON_CUDA_CHECK(
+        cudaMemcpy(pristine.data(), input.data(), pristine.bytes(), cudaMemcpyHostToDevice));
+    const auto restore = [&] {
+      ZMUON_CUDA_CHECK(
+          cudaMemcpyAsync(x.data(), pristine.data(), x.bytes(), cudaMemcpyDeviceToDevice, stream));
+    };
+    double first_ms = 0.0;
+    for (const zmuon::ns_variant v : variants) {
+      zmuon::ns_options ns = base;
+      ns.variant = v;
+      const auto run = [&] { backend.newton_schulz(x.data(), s.batch, s.rows, s.cols, ns); };
+      for (int i = 0; i < 3; ++i) {
+        restore();
+        run();
+      }
+      const double ms = median_ms(stream, reps, restore, run);
+      restore();
+      run();
+      const double orth = orthogonality_error(stream, x.data(), s.rows, s.cols);
+      if (first_ms == 0.0)
+        first_ms = ms;
+      const bool gram = zmuon::ns_uses_gram(ns, s.rows, s.cols);
+      std::printf("%-12s %-9s %10.3f %9.2fx %14.4g\n", s.label.c_str(),
+                  v == zmuon::ns_variant::gram ? (gram ? "gram" : "gram(std)") : "standard", ms,
+                  first_ms / ms, orth);
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
   int reps = 20;
   std::string json_path;
   std::vector<int64_t> sym_sides = {0, 256, 512, 1024};
+  // --variant / --schedule / --gram-restart / --steps: the variants table instead (issue 8).
+  bool variants_mode = false;
+  std::vector<zmuon::ns_variant> variants = {zmuon::ns_variant::standard, zmuon::ns_variant::gram};
+  std::string schedule = "ns5";
+  zmuon::ns_options variant_ns;
+  const char* usage =
+      "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]\n"
+      "       bench_ns [--reps N] [--variant standard|gram|both] [--schedule ns5|polar_express]\n"
+      "                [--gram-restart N] [--steps N]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--reps" && i + 1 < argc) {
+    const bool has_value = i + 1 < argc;
+    if (arg == "--reps" && has_value) {
       reps = std::max(1, std::atoi(argv[++i]));
-    } else if (arg == "--json" && i + 1 < argc) {
+    } else if (arg == "--json" && has_value) {
       json_path = argv[++i];
-    } else if (arg == "--sym" && i + 1 < argc) {
+    } else if (arg == "--sym" && has_value) {
       sym_sides.clear();
       const std::string list = argv[++i];
       for (size_t at = 0; at <= list.size();) {
@@ -195,11 +290,39 @@ int main(int argc, char* argv[]) {
           sym_sides.push_back(std::atoll(list.substr(at, comma - at).c_str()));
         at = comma + 1;
       }
+    } else if (arg == "--variant" && has_value) {
+      variants_mode = true;
+      const std::string v = argv[++i];
+      if (v == "standard") {
+        variants = {zmuon::ns_variant::standard};
+      } else if (v == "gram") {
+        variants = {zmuon::ns_variant::gram};
+      } else if (v != "both") {
+        std::fprintf(stderr, "bench_ns: --variant %s: expected standard, gram or both\n%s",
+                     v.c_str(), usage);
+        return 2;
+      }
+    } else if (arg == "--schedule" && has_value) {
+      variants_mode = true;
+      schedule = argv[++i];
+      if (schedule != "ns5" && schedule != "polar_express") {
+        std::fprintf(stderr, "bench_ns: --schedule %s: expected ns5 or polar_express\n%s",
+                     schedule.c_str(), usage);
+        return 2;
+      }
+    } else if (arg == "--gram-restart" && has_value) {
+      variants_mode = true;
+      variant_ns.gram_restart = std::max(0, std::atoi(argv[++i]));
+    } else if (arg == "--steps" && has_value) {
+      variants_mode = true;
+      variant_ns.steps = std::max(1, std::atoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]\n");
+      std::fprintf(stderr, "%s", usage);
       return 2;
     }
   }
+  if (schedule == "polar_express")
+    variant_ns.schedule = zmuon::polar_express_schedule(variant_ns.steps);
 
   auto made = zmuon::make_cuda_compute_backend();
   if (!made) {
@@ -208,6 +331,8 @@ int main(int argc, char* argv[]) {
   }
   try {
     auto& backend = dynamic_cast<zmuon::gpu::cuda_compute&>(**made);
+    if (variants_mode)
+      return run_variants(backend, reps, variant_ns, variants, schedule);
     const cudaStream_t stream = backend.stream();
     cudaDeviceProp prop{};
     ZMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, backend.device()));

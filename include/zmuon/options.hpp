@@ -21,14 +21,29 @@ enum class muon_transport : uint8_t {
   fp32,       // 4 bytes per element: the exact reference
 };
 
+/// How Newton-Schulz is evaluated (both compute the same polynomial of X, DESIGN.md §2).
+enum class ns_variant : uint8_t {
+  standard,  // per step A = X X^T; B = b*A + c*A*A; X = a*X + B*X
+  gram,      // iterate on the small Gram matrix R = X X^T and apply the product Q of the
+             // steps' polynomials to X once at the end (kernels/ns_variants.hpp); matrices
+             // whose long side is below kGramMinAspect times the short one run `standard`
+};
+
 /// Newton-Schulz iteration parameters.
 struct ns_options {
   int steps = 5;
   std::array<float, 3> coefficients{3.4445f, -4.7750f, 2.0315f};  // (a, b, c) of NS5
-  /// Optional per-iteration coefficients (e.g. Polar Express); when non-empty its size must
-  /// equal `steps` and it replaces `coefficients`.
+  /// Optional per-iteration coefficients (e.g. Polar Express, polar_express_schedule() in
+  /// kernels/ns_variants.hpp); when non-empty its size must equal `steps` and it replaces
+  /// `coefficients`.
   std::vector<std::array<float, 3>> schedule;
   float eps = 1e-7f;
+  ns_variant variant = ns_variant::standard;
+  /// Gram variant only: the Gram matrix is recomputed from X every this many steps (0: never),
+  /// the remedy of the Polar Express paper (arXiv:2505.16932, Appendix J) for the accumulated
+  /// product Q growing ill-conditioned in low precision; 1 is the standard iteration. The cuda
+  /// backend (bf16) takes 1..3 (kGramMaxBlockBf16, kernels/ns_variants.hpp).
+  int gram_restart = 3;
 };
 
 struct muon_options {

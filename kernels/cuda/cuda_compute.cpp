@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/ns_variants.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -107,7 +108,9 @@ private:
 };
 
 cuda_compute::ns_lane::ns_lane(cudaStream_t stream)
-    : cublas_workspace(static_cast<int64_t>(kCublasWorkspaceBytes)), ns(cublas.get()) {
+    : cublas_workspace(static_cast<int64_t>(kCublasWorkspaceBytes)),
+      ns(cublas.get()),
+      gram_ns(cublas.get()) {
   ZMUON_CUBLAS_CHECK(cublasSetStream(cublas.get(), stream));
   ZMUON_CUBLAS_CHECK(
       cublasSetWorkspace(cublas.get(), cublas_workspace.data(), cublas_workspace.bytes()));
@@ -273,7 +276,10 @@ void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t 
   int lane = 0;
   launch_context on_lane = ctx_;
   on_lane.stream = streams_->fork(lane);
-  lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
+  if (ns_uses_gram(ns, rows, cols))
+    lanes_[lane]->gram_ns.run(on_lane, x, batch, rows, cols, ns);
+  else
+    lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
   streams_->lane_done(lane);
   ns_matrices_ += batch;
 }

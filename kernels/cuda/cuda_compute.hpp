@@ -17,6 +17,7 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/elementwise.cuh"
+#include "kernels/cuda/gram_newton_schulz.hpp"
 #include "kernels/cuda/newton_schulz.hpp"
 #include "kernels/cuda/owners.hpp"
 #include "kernels/cuda/stream_set.hpp"
@@ -75,20 +76,23 @@ public:
   cudaStream_t stream() const { return streams_->joined(); }
   /// For benchmarks: how Newton-Schulz runs its GEMMs (gemm.hpp).
   void set_ns_gemm_path(gemm_path path) {
-    for_each_lane([&](ns_workspace& ns) { ns.set_gemm_path(path); });
+    for_each_lane([&](ns_lane& lane) {
+      lane.ns.set_gemm_path(path);
+      lane.gram_ns.set_gemm_path(path);
+    });
   }
   void set_ns_autotune(bool on) {
-    for_each_lane([&](ns_workspace& ns) { ns.set_autotune(on); });
+    for_each_lane([&](ns_lane& lane) { lane.ns.set_autotune(on); });
   }
   /// For benchmarks: replay Newton-Schulz's GEMMs from CUDA graphs always or never (the
   /// default: for launch-bound calls only; newton_schulz.hpp).
   void set_ns_graphs(graph_mode mode) {
-    for_each_lane([&](ns_workspace& ns) { ns.set_graph_mode(mode); });
+    for_each_lane([&](ns_lane& lane) { lane.ns.set_graph_mode(mode); });
   }
   /// For tests and benchmarks: the smallest block side of the symmetric products (0: off), and
   /// the blocks per side they use for an m×m Gram matrix (newton_schulz.hpp).
   void set_ns_symmetric_block(int64_t min_side) {
-    for_each_lane([&](ns_workspace& ns) { ns.set_symmetric_block(min_side); });
+    for_each_lane([&](ns_lane& lane) { lane.ns.set_symmetric_block(min_side); });
   }
   int64_t ns_symmetric_blocks(int64_t m, int64_t batch) const {
     return lanes_[0]->ns.symmetric_blocks(m, batch);
@@ -119,19 +123,21 @@ private:
   device_array<reduction> result_;
   pinned<reduction> host_result_;
   /// What Newton-Schulz needs on each of the stream set's lanes: a cuBLAS handle bound to the
-  /// lane's stream, with its own workspace, and the NS buffers (concurrent calls share none).
+  /// lane's stream, with its own workspace, and the NS buffers (concurrent calls share none):
+  /// the standard iteration's and the Gram variant's (ns_variant::gram, kernels/ns_variants.hpp).
   struct ns_lane {
     explicit ns_lane(cudaStream_t stream);
     cublas_handle cublas;
     device_array<unsigned char> cublas_workspace;
     ns_workspace ns;
+    gram_ns_workspace gram_ns;
   };
   std::array<std::unique_ptr<ns_lane>, stream_set::kLanes> lanes_;
   template <class F>
   void for_each_lane(F f) {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (auto& lane : lanes_)
-      f(lane->ns);
+      f(*lane);
   }
 };
 

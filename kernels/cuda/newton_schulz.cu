@@ -360,3 +360,34 @@ const graph_exec* ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
 }
 
 }  // namespace zmuon::gpu
+
+// -- shared with the other NS evaluations (ns_normalize.hpp) -------------------------------------
+
+#include "kernels/cuda/ns_normalize.hpp"  // here, so that this addition stays one block
+
+namespace zmuon::gpu {
+
+int normalize_slices(int64_t batch, int64_t numel, int sm_count) {
+  return slices_for(batch, numel, sm_count);
+}
+
+void launch_normalize_to_bf16(const launch_context& ctx, const float* x, int64_t batch,
+                              int64_t numel, double eps, double* partial_sums, float* inv_norms,
+                              __nv_bfloat16* out) {
+  const int slices = slices_for(batch, numel, ctx.sm_count);
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
+  matrix_sum_squares_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, partial_sums);
+  ZMUON_LAUNCH_CHECK();
+  matrix_inv_norm_kernel<<<static_cast<unsigned>(batch), kThreads, 0, ctx.stream>>>(
+      partial_sums, slices, eps, inv_norms);
+  ZMUON_LAUNCH_CHECK();
+  to_bf16_scaled_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, inv_norms, out);
+  ZMUON_LAUNCH_CHECK();
+}
+
+void launch_from_bf16(const launch_context& ctx, const __nv_bfloat16* in, int64_t n, float* out) {
+  from_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(in, n, out);
+  ZMUON_LAUNCH_CHECK();
+}
+
+}  // namespace zmuon::gpu

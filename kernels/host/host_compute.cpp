@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "kernels/bf16.hpp"
+#include "kernels/ns_variants.hpp"
 
 namespace zmuon {
 namespace {
@@ -189,29 +190,18 @@ void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const
   for (size_t i = 0; i < numel; ++i)
     cur[i] = static_cast<float>(cur[i] / denom);
 
-  // BLAS dimensions are int: a matrix side past 2^31 (a >= 8 GiB matrix) is out of scope.
-  const int ri = static_cast<int>(r);
-  const int ci = static_cast<int>(c);
-  float* a = a_.data();
-  float* b = b_.data();
-  for (int step = 0; step < ns.steps; ++step) {
-    const auto& abc =
-        ns.schedule.empty() ? ns.coefficients : ns.schedule[step % ns.schedule.size()];
-    // A = X X^T: syrk fills the upper triangle; mirror it into the lower one.
-    cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, ci, 1.0f, cur, ci, 0.0f, a, ri);
-    for (int64_t i = 0; i < r; ++i) {
-      for (int64_t j = i + 1; j < r; ++j)
-        a[j * r + i] = a[i * r + j];
+  if (ns_uses_gram(ns, rows, cols)) {
+    for (int step = 0; step < ns.steps;) {
+      const int block = gram_block_steps(ns, ns.steps - step);
+      gram_block(cur, next, r, c, ns, step, block);
+      std::swap(cur, next);
+      step += block;
     }
-    // B = b*A + c*A*A: start from B = A and let sgemm's beta carry b.
-    std::memcpy(b, a, static_cast<size_t>(r * r) * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, abc[2], a, ri, a, ri, abc[1],
-                b, ri);
-    // X' = a*X + B*X: start from X' = X and let sgemm's beta carry a.
-    std::memcpy(next, cur, numel * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ci, ri, 1.0f, b, ri, cur, ci, abc[0],
-                next, ci);
-    std::swap(cur, next);
+  } else {
+    for (int step = 0; step < ns.steps; ++step) {
+      standard_step(cur, next, r, c, ns_coefficients_at(ns, step));
+      std::swap(cur, next);
+    }
   }
 
   if (tall) {
@@ -219,6 +209,84 @@ void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const
   } else {
     std::memcpy(x, cur, numel * sizeof(float));
   }
+}
+
+// BLAS dimensions are int: a matrix side past 2^31 (a >= 8 GiB matrix) is out of scope.
+
+void host_compute::gram(const float* x, int64_t r, int64_t c, float* out) {
+  // out = X X^T: syrk fills the upper triangle; mirror it into the lower one.
+  const int ri = static_cast<int>(r);
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, static_cast<int>(c), 1.0f, x,
+              static_cast<int>(c), 0.0f, out, ri);
+  for (int64_t i = 0; i < r; ++i) {
+    for (int64_t j = i + 1; j < r; ++j)
+      out[j * r + i] = out[i * r + j];
+  }
+}
+
+void host_compute::standard_step(const float* cur, float* next, int64_t r, int64_t c,
+                                 const std::array<float, 3>& abc) {
+  const int ri = static_cast<int>(r);
+  const int ci = static_cast<int>(c);
+  float* a = a_.data();
+  float* b = b_.data();
+  gram(cur, r, c, a);
+  // B = b*A + c*A*A: start from B = A and let sgemm's beta carry b.
+  std::memcpy(b, a, static_cast<size_t>(r * r) * sizeof(float));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, abc[2], a, ri, a, ri, abc[1],
+              b, ri);
+  // X' = a*X + B*X: start from X' = X and let sgemm's beta carry a.
+  std::memcpy(next, cur, static_cast<size_t>(r * c) * sizeof(float));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ci, ri, 1.0f, b, ri, cur, ci, abc[0],
+              next, ci);
+}
+
+void host_compute::gram_block(const float* cur, float* next, int64_t r, int64_t c,
+                              const ns_options& ns, int first, int count) {
+  // Steps first..first+count-1 of X_{t+1} = P_t X_t, P_t = a I + b R_t + c R_t^2, R_t = X_t X_t^T,
+  // without touching X inside the block: with Z_t = b R_t + c R_t^2, the product
+  // Q = P_{count-1}...P_0 accumulates as Q <- a Q + Z Q, and since P_t is a polynomial of R_t,
+  // R_{t+1} = P_t R_t P_t = T P_t with T = a R_t + Z_t R_t. At the end X' = Q X.
+  const int ri = static_cast<int>(r);
+  const auto gram_bytes = static_cast<size_t>(r * r) * sizeof(float);
+  q_.resize(static_cast<size_t>(r * r));
+  q_next_.resize(q_.size());
+  t_.resize(q_.size());
+  float* rm = a_.data();  // R
+  float* z = b_.data();   // Z
+  float* q = q_.data();
+  float* q_next = q_next_.data();
+  float* t = t_.data();
+  gram(cur, r, c, rm);
+  for (int j = 0; j < count; ++j) {
+    const auto& abc = ns_coefficients_at(ns, first + j);
+    // Z = b*R + c*R*R.
+    std::memcpy(z, rm, gram_bytes);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, abc[2], rm, ri, rm, ri,
+                abc[1], z, ri);
+    if (j == 0) {  // Q = a I + Z
+      std::memcpy(q, z, gram_bytes);
+      for (int64_t i = 0; i < r; ++i)
+        q[i * r + i] += abc[0];
+    } else {  // Q = a Q + Z Q
+      std::memcpy(q_next, q, gram_bytes);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, 1.0f, z, ri, q, ri, abc[0],
+                  q_next, ri);
+      std::swap(q, q_next);
+    }
+    if (j + 1 < count) {
+      // T = a R + Z R; R = a T + T Z.
+      std::memcpy(t, rm, gram_bytes);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, 1.0f, z, ri, rm, ri,
+                  abc[0], t, ri);
+      std::memcpy(rm, t, gram_bytes);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, 1.0f, t, ri, z, ri, abc[0],
+                  rm, ri);
+    }
+  }
+  // X' = Q X.
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, static_cast<int>(c), ri, 1.0f, q, ri,
+              cur, static_cast<int>(c), 0.0f, next, static_cast<int>(c));
 }
 
 }  // namespace zmuon

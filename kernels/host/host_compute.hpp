@@ -2,6 +2,7 @@
 // for Newton-Schulz. It is the reference implementation that CI runs (DESIGN.md §4).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -49,13 +50,25 @@ public:
 private:
   /// Orthogonalizes one row-major [rows, cols] matrix in place.
   void newton_schulz_one(float* x, int64_t rows, int64_t cols, const ns_options& ns);
+  /// out = X X^T of the wide [r, c] X.
+  static void gram(const float* x, int64_t r, int64_t c, float* out);
+  /// One standard iteration on the wide [r, c] X: next = a*cur + (b*A + c*A*A)*cur.
+  void standard_step(const float* cur, float* next, int64_t r, int64_t c,
+                     const std::array<float, 3>& abc);
+  /// Steps first..first+count-1 of the Gram variant (ns_variant::gram): next = Q cur.
+  void gram_block(const float* cur, float* next, int64_t r, int64_t c, const ns_options& ns,
+                  int first, int count);
 
   // Newton-Schulz workspace, kept across calls so that a step reallocates nothing: the wide
-  // iterate X and its successor (ping-pong), A = X X^T and B = b*A + c*A*A.
+  // iterate X and its successor (ping-pong), A = X X^T and B = b*A + c*A*A (the Gram variant's
+  // R and Z), and the Gram variant's Q (ping-pong) and T = a R + Z R.
   std::vector<float> x_;
   std::vector<float> x_next_;
   std::vector<float> a_;
   std::vector<float> b_;
+  std::vector<float> q_;
+  std::vector<float> q_next_;
+  std::vector<float> t_;
 };
 
 }  // namespace zmuon

@@ -1,0 +1,127 @@
+// The Gram variant of Newton-Schulz with cuBLAS (see gram_newton_schulz.hpp), and its one small
+// kernel: Q = a*I + Z.
+
+#include "kernels/cuda/gram_newton_schulz.hpp"
+
+#include <climits>
+#include <string>
+#include <utility>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/ns_normalize.hpp"
+#include "kernels/ns_variants.hpp"
+
+namespace zmuon::gpu {
+namespace {
+
+/// q = z + a*I for `batch` column-major [m, m] matrices stored back to back.
+__global__ void plus_identity_kernel(const __nv_bfloat16* __restrict__ z, int64_t m, int64_t n,
+                                     float a, __nv_bfloat16* __restrict__ q) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t within = i % (m * m);
+    const float v = __bfloat162float(z[i]) + (within / m == within % m ? a : 0.0f);
+    q[i] = __float2bfloat16_rn(v);
+  }
+}
+
+[[noreturn]] void reject(const std::string& what) {
+  throw failure(error(errc::invalid_argument, "newton_schulz (gram): " + what));
+}
+
+}  // namespace
+
+void gram_ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64_t rows,
+                            int64_t cols, const ns_options& ns) {
+  if (batch <= 0 || rows <= 0 || cols <= 0)
+    return;
+  const bool tall = rows > cols;
+  const int64_t m = tall ? cols : rows;
+  const int64_t n = tall ? rows : cols;
+  if (n > INT_MAX || batch > INT_MAX)
+    reject("matrix side or batch past cuBLAS's int range");
+  const int64_t numel = m * n;
+  const int64_t gram = m * m;
+  x_.reserve(batch * numel);
+  x_next_.reserve(batch * numel);
+  for (auto* a : {&r_, &z_, &t_, &q_, &q_next_})
+    a->reserve(batch * gram);
+  partial_sums_.reserve(batch * normalize_slices(batch, numel, ctx.sm_count));
+  inv_norms_.reserve(batch);
+
+  launch_normalize_to_bf16(ctx, x, batch, numel, static_cast<double>(ns.eps), partial_sums_.data(),
+                           inv_norms_.data(), x_.data());
+  __nv_bfloat16* cur = x_.data();
+  __nv_bfloat16* next = x_next_.data();
+  for (int step = 0; step < ns.steps;) {
+    const int count = gram_block_steps(ns, ns.steps - step);
+    block(ctx.stream, batch, m, n, tall, ns, step, count, cur, next);
+    std::swap(cur, next);
+    step += count;
+  }
+  launch_from_bf16(ctx, cur, batch * numel, x);
+}
+
+void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
+                              const ns_options& ns, int first, int count, const __nv_bfloat16* cur,
+                              __nv_bfloat16* next) {
+  // cuBLAS column-major terms, as ns_workspace::iterate: the wide X is Xc = X^T ([n, m], ld n)
+  // for a wide row-major input and X itself ([m, n], ld m) for a tall one. The [m, m] matrices
+  // are column-major; R, Z, T and Q are polynomials of one R, so they commute.
+  const int mi = static_cast<int>(m);
+  const int ni = static_cast<int>(n);
+  const int bi = static_cast<int>(batch);
+  const int ld_x = tall ? mi : ni;
+  const int64_t numel = m * n;
+  const int64_t gram = m * m;
+  // R = X X^T.
+  const gemm_shape gram_shape{tall ? CUBLAS_OP_N : CUBLAS_OP_T,
+                              tall ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              mi,
+                              mi,
+                              ni,
+                              ld_x,
+                              ld_x,
+                              mi,
+                              numel,
+                              numel,
+                              gram,
+                              bi};
+  // [m, m] times [m, m].
+  const gemm_shape square{CUBLAS_OP_N, CUBLAS_OP_N, mi, mi, mi, mi, mi, mi, gram, gram, gram, bi};
+  // X' = Q X (wide: Xc' = Xc Q^T; tall: X' = Q X).
+  const gemm_shape apply =
+      tall ? gemm_shape{CUBLAS_OP_N, CUBLAS_OP_N, mi, ni, mi, mi, mi, mi, gram, numel, numel, bi}
+           : gemm_shape{CUBLAS_OP_N, CUBLAS_OP_T, ni, mi, mi, ni, mi, ni, numel, gram, numel, bi};
+
+  __nv_bfloat16* r = r_.data();
+  __nv_bfloat16* z = z_.data();
+  __nv_bfloat16* t = t_.data();
+  __nv_bfloat16* q = q_.data();
+  __nv_bfloat16* q_next = q_next_.data();
+  gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, r, r);
+  for (int j = 0; j < count; ++j) {
+    const auto& abc = ns_coefficients_at(ns, first + j);
+    gemm_.run(stream, square, abc[2], r, r, abc[1], r, z);  // Z = c*R*R + b*R
+    if (j == 0) {                                           // Q = a*I + Z
+      plus_identity_kernel<<<grid_for(batch * gram), kThreads, 0, stream>>>(z, m, batch * gram,
+                                                                            abc[0], q);
+      ZMUON_LAUNCH_CHECK();
+    } else {  // Q = Z*Q + a*Q
+      gemm_.run(stream, square, 1.0f, z, q, abc[0], q, q_next);
+      std::swap(q, q_next);
+    }
+    if (j + 1 < count) {
+      gemm_.run(stream, square, 1.0f, z, r, abc[0], r, t);  // T = Z*R + a*R
+      gemm_.run(stream, square, 1.0f, t, z, abc[0], t, r);  // R = T*Z + a*T
+    }
+  }
+  if (tall) {
+    gemm_.run(stream, apply, 1.0f, q, cur, 0.0f, next, next);
+  } else {
+    gemm_.run(stream, apply, 1.0f, cur, q, 0.0f, next, next);
+  }
+}
+
+}  // namespace zmuon::gpu
