@@ -80,9 +80,17 @@ uint16_t to_bf16_bits(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+/// The backend's main stream, looked up at every use: the backend's stream() joins the
+/// Newton-Schulz lanes first (kernels/cuda/stream_set.hpp), so an event recorded or a copy
+/// enqueued on it comes after every NS call made before.
+struct main_stream {
+  const zmuon::gpu::cuda_compute* backend;
+  operator cudaStream_t() const { return backend->stream(); }
+};
+
 /// Median milliseconds of `reps` runs of `body`, each between two events on `stream`, after
 /// `before` (not timed) and a synchronize.
-double median_ms(cudaStream_t stream, int reps, const std::function<void()>& before,
+double median_ms(const main_stream& stream, int reps, const std::function<void()>& before,
                  const std::function<void()>& body) {
   cuda_event start;
   cuda_event stop;
@@ -107,7 +115,7 @@ struct ceilings {
   double copy_tbps;
 };
 
-ceilings measure_ceilings(cudaStream_t stream, int reps) {
+ceilings measure_ceilings(const main_stream& stream, int reps) {
   ceilings c{};
   {
     const int n = 8192;
@@ -167,7 +175,7 @@ struct result {
 };
 
 /// Median host milliseconds that `body` takes to return (it only enqueues).
-double median_enqueue_ms(cudaStream_t stream, int reps, const std::function<void()>& body) {
+double median_enqueue_ms(const main_stream& stream, int reps, const std::function<void()>& body) {
   std::vector<double> times;
   for (int r = 0; r < reps; ++r) {
     ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -185,7 +193,7 @@ double median_enqueue_ms(cudaStream_t stream, int reps, const std::function<void
 
 /// ||O O^T - I||_F / sqrt(m) of the wide view of the row-major [rows, cols] fp32 `o` on the
 /// device: the Gram matrix by an fp32 cuBLAS GEMM, the norm summed on the host in double.
-double orthogonality_error(cudaStream_t stream, const float* o, int64_t rows, int64_t cols) {
+double orthogonality_error(const main_stream& stream, const float* o, int64_t rows, int64_t cols) {
   const int m = static_cast<int>(std::min(rows, cols));
   const int n = static_cast<int>(std::max(rows, cols));
   zmuon::gpu::cublas_handle cublas;
@@ -215,7 +223,7 @@ double orthogonality_error(cudaStream_t stream, const float* o, int64_t rows, in
 /// the orthogonality error of its result, on the same random input.
 int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_options& base,
                  const std::vector<zmuon::ns_variant>& variants, const std::string& schedule) {
-  const cudaStream_t stream = backend.stream();
+  const main_stream stream{&backend};
   const std::vector<shape> shapes = {
       {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
       {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"11008x4096", 1, 11008, 4096}};
@@ -333,7 +341,7 @@ int main(int argc, char* argv[]) {
     auto& backend = dynamic_cast<zmuon::gpu::cuda_compute&>(**made);
     if (variants_mode)
       return run_variants(backend, reps, variant_ns, variants, schedule);
-    const cudaStream_t stream = backend.stream();
+    const main_stream stream{&backend};
     cudaDeviceProp prop{};
     ZMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, backend.device()));
 

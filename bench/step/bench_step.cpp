@@ -32,11 +32,12 @@
 //   step()'s answer): the largest rank's share (`plumbing max rank`) and all ranks together
 //   (`plumbing all ranks`, CPU time over wall time). Target (issue 8): <= 2 % for llama-1b.
 //
-// - peak transient memory: per rank, the most the compute backend held during a step (reduce()
-//   hand-over included) above what it held before it (engine::memory, zmuon/memory.hpp), the
-//   largest over ranks (median over steps), beside one chunk's buffers on that rank (its u and
-//   result shards and the matrices it owns) and the NS workspace. Target (issue 8): <= 2 chunks
-//   + the largest matrix's NS workspace.
+// - peak transient memory: per rank, the most the compute backend held during step() above
+//   what it held when step() started (engine::memory, zmuon/memory.hpp), the largest over ranks
+//   (median over steps), beside one chunk's buffers on that rank (its u and result shards and
+//   the matrices it owns) and the NS workspace; target (issue 8): <= 2 chunks + the largest
+//   matrix's NS workspace. Apart: the reduce() hand-over's peak above the state between steps
+//   (its reduce buckets).
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
@@ -262,7 +263,7 @@ int main(int argc, char* argv[]) {
                         : eng->reduce(r, grads);
   };
 
-  std::vector<double> reduce_ms, step_ms, transient_bytes;
+  std::vector<double> reduce_ms, step_ms, transient_bytes, handover_bytes;
   std::vector<zmuon::memory_stats> last_memory(static_cast<size_t>(opts.world));
   int64_t ns_matrices = 0;
   for (int s = 0; s < steps; ++s) {
@@ -279,6 +280,17 @@ int main(int argc, char* argv[]) {
           return 1;
         }
     const auto t1 = std::chrono::steady_clock::now();
+    // The hand-over's own peak, then the step's from what is held when it starts.
+    std::vector<int64_t> handed(static_cast<size_t>(opts.world), 0);
+    double handover_most = 0;
+    for (int r = 0; s > 0 && r < opts.world; ++r) {
+      const zmuon::memory_stats m = *eng->memory(r);
+      handed[static_cast<size_t>(r)] = m.in_use;
+      handover_most =
+          std::max(handover_most, static_cast<double>(m.peak - before[static_cast<size_t>(r)]));
+    }
+    if (s > 0)
+      eng->reset_peak_memory();
     auto info = eng->step();
     const auto t2 = std::chrono::steady_clock::now();
     if (!info) {
@@ -293,9 +305,10 @@ int main(int argc, char* argv[]) {
       for (int r = 0; r < opts.world; ++r) {
         last_memory[static_cast<size_t>(r)] = *eng->memory(r);
         most = std::max(most, static_cast<double>(last_memory[static_cast<size_t>(r)].peak
-                                                  - before[static_cast<size_t>(r)]));
+                                                  - handed[static_cast<size_t>(r)]));
       }
       transient_bytes.push_back(most);
+      handover_bytes.push_back(handover_most);
     }
   }
   // The plan outlives the engine (the trace files are complete only once its actors are gone).
@@ -427,11 +440,14 @@ int main(int argc, char* argv[]) {
   for (const auto& m : last_memory)
     workspace = std::max(workspace, static_cast<double>(m.workspace));
   const double transient = median(transient_bytes);
+  const double handover = median(handover_bytes);
   std::printf(
-      "peak transient memory (largest rank, above the state it holds between steps): %s = %.2f "
-      "chunks of %s (%zu chunks, bucket %lld elements); NS workspace %s; state %s\n",
+      "peak transient memory (largest rank): step() %s above what it holds when step() starts "
+      "= %.2f chunks of %s (%zu chunks, bucket %lld elements); NS workspace %s; the reduce() "
+      "hand-over %s above the state between steps (= %.2f chunks); state %s\n",
       human(transient).c_str(), transient / std::max(chunk_bytes, 1.0), human(chunk_bytes).c_str(),
       pl.chunks.size(), static_cast<long long>(opts.reduce_bucket_size), human(workspace).c_str(),
+      human(handover).c_str(), handover / std::max(chunk_bytes, 1.0),
       human(static_cast<double>(last_memory[0].in_use)).c_str());
 
   // Bytes: trace against plan, by rank and kind (the last step's; every step sends the same).
@@ -530,6 +546,7 @@ int main(int argc, char* argv[]) {
     j["bytes_from_trace"] = traced_bytes;
     j["ranks"] = jranks;
     j["peak_transient_device_bytes"] = transient;
+    j["handover_transient_device_bytes"] = handover;
     j["chunk_bytes"] = chunk_bytes;
     j["ns_workspace_bytes"] = workspace;
     j["device_grads"] = device_grads;
