@@ -75,7 +75,10 @@ std::string summary(const trace_set& ts) {
   std::vector<int> ranks;
   for (const auto& rt : ts.ranks)
     ranks.push_back(rt.rank);
-  for (auto& [step, by_phase] : phases) {
+  for (auto& step_phases : phases) {
+    // Not a structured binding: the lambda below uses by_phase, which C++17 (clang) forbids.
+    const auto& step = step_phases.first;
+    auto& by_phase = step_phases.second;
     os << "\nstep " << step;
     if (skipped.count(step))
       os << (skipped[step] ? " (skipped: overflow)" : " (applied)");
