@@ -186,8 +186,11 @@ BOOST_AUTO_TEST_CASE(world_4_matches_world_1_under_bf16) {
 // summed over ranks, a step's gather and scatter move 2 x 2 bytes per Muon parameter.
 BOOST_AUTO_TEST_CASE(trace_bytes_of_gather_and_scatter_are_two_per_element) {
   const int world = 3, steps = 2;
-  for (auto [transport, per_element] :
+  for (const auto& wire :
        {std::pair<muon_transport, int64_t>{muon_transport::bf16, 2}, {muon_transport::fp32, 4}}) {
+    // Named copies, not a structured binding: lambdas below capture them (C++17).
+    const muon_transport transport = wire.first;
+    const int64_t per_element = wire.second;
     const std::string dir = "test_muon_transport_trace_" + std::to_string(per_element);
     fs::remove_all(dir);
     auto o = transport_options(world, transport);
