@@ -267,6 +267,46 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
   return 0;
 }
 
+/// Same-shape groups run one newton_schulz call each, as an owner runs a chunk.
+struct table {
+  std::string label;
+  std::vector<shape> groups;
+};
+
+/// A table's groups on the device: random inputs kept pristine, and the buffers NS runs on.
+struct table_buffers {
+  table_buffers(const table& t, uint64_t seed) : groups(t.groups) {
+    for (const shape& g : groups) {
+      const int64_t numel = g.batch * g.rows * g.cols;
+      const std::vector<float> input = random_floats(static_cast<size_t>(numel), seed);
+      pristine.emplace_back(numel);
+      x.emplace_back(numel);
+      ZMUON_CUDA_CHECK(cudaMemcpy(pristine.back().data(), input.data(), pristine.back().bytes(),
+                                  cudaMemcpyHostToDevice));
+    }
+  }
+  void restore(cudaStream_t stream) {
+    for (size_t i = 0; i < x.size(); ++i)
+      ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
+                                       cudaMemcpyDeviceToDevice, stream));
+  }
+  void run(zmuon::compute_backend& backend, const zmuon::ns_options& ns) {
+    for (size_t i = 0; i < x.size(); ++i)
+      backend.newton_schulz(x[i].data(), groups[i].batch, groups[i].rows, groups[i].cols, ns);
+  }
+
+  std::vector<shape> groups;
+  std::vector<device_array<float>> pristine, x;
+};
+
+/// Two untimed runs first (algorithm timing, graph capture).
+void warm_up(const std::function<void()>& restore, const std::function<void()>& run) {
+  for (int i = 0; i < 2; ++i) {
+    restore();
+    run();
+  }
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -411,43 +451,22 @@ int main(int argc, char* argv[]) {
     // engine's owner runs): GPT-2 124M (12 layers: q, k, v, o 768x768, fc 3072x768, proj
     // 768x3072: 72 matrices) and a Llama-style 1B (16 layers, hidden 2048, 8 KV heads of 64:
     // q, o 2048x2048, k, v 512x2048, gate, up 8192x2048, down 2048x8192: 112 matrices).
-    struct table {
-      std::string label;
-      std::vector<shape> groups;
-    };
     const std::vector<table> tables = {
         {"gpt2-124m", {{"", 48, 768, 768}, {"", 12, 3072, 768}, {"", 12, 768, 3072}}},
         {"llama-1b",
          {{"", 32, 2048, 2048}, {"", 32, 512, 2048}, {"", 32, 8192, 2048}, {"", 16, 2048, 8192}}},
     };
     for (const table& t : tables) {
-      std::vector<device_array<float>> pristine, x;
       double flops = 0;
       int64_t matrices = 0;
       for (const shape& g : t.groups) {
-        const int64_t numel = g.batch * g.rows * g.cols;
-        const std::vector<float> input = random_floats(static_cast<size_t>(numel), 11);
-        pristine.emplace_back(numel);
-        x.emplace_back(numel);
-        ZMUON_CUDA_CHECK(cudaMemcpy(pristine.back().data(), input.data(), pristine.back().bytes(),
-                                    cudaMemcpyHostToDevice));
         flops += ns_flops(g, ns.steps);
         matrices += g.batch;
       }
-      const auto restore = [&] {
-        for (size_t i = 0; i < x.size(); ++i)
-          ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
-                                           cudaMemcpyDeviceToDevice, stream));
-      };
-      const auto run = [&] {
-        for (size_t i = 0; i < x.size(); ++i)
-          backend.newton_schulz(x[i].data(), t.groups[i].batch, t.groups[i].rows, t.groups[i].cols,
-                                ns);
-      };
-      for (int i = 0; i < 2; ++i) {
-        restore();
-        run();
-      }
+      table_buffers buffers(t, 11);
+      const auto restore = [&] { buffers.restore(stream); };
+      const auto run = [&] { buffers.run(backend, ns); };
+      warm_up(restore, run);
       result r{shape{t.label + " table", matrices, 0, 0}, 0, 0, 0, 0, 0};
       r.ms = median_ms(stream, std::max(3, reps / 4), restore, run);
       r.tflops = flops / (r.ms * 1e-3) / 1e12;
@@ -467,25 +486,9 @@ int main(int argc, char* argv[]) {
     for (const shape& s : shapes)
       sweep.push_back(table{s.label, {s}});
     for (const table& t : sweep) {
-      std::vector<device_array<float>> pristine, x;
-      for (const shape& g : t.groups) {
-        const int64_t numel = g.batch * g.rows * g.cols;
-        const std::vector<float> input = random_floats(static_cast<size_t>(numel), 13);
-        pristine.emplace_back(numel);
-        x.emplace_back(numel);
-        ZMUON_CUDA_CHECK(cudaMemcpy(pristine.back().data(), input.data(), pristine.back().bytes(),
-                                    cudaMemcpyHostToDevice));
-      }
-      const auto restore = [&] {
-        for (size_t i = 0; i < x.size(); ++i)
-          ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
-                                           cudaMemcpyDeviceToDevice, stream));
-      };
-      const auto run = [&] {
-        for (size_t i = 0; i < x.size(); ++i)
-          backend.newton_schulz(x[i].data(), t.groups[i].batch, t.groups[i].rows, t.groups[i].cols,
-                                ns);
-      };
+      table_buffers buffers(t, 13);
+      const auto restore = [&] { buffers.restore(stream); };
+      const auto run = [&] { buffers.run(backend, ns); };
       std::printf("SYM %-12s", t.label.c_str());
       for (const int64_t side : sym_sides) {
         backend.set_ns_symmetric_block(side);
@@ -496,10 +499,7 @@ int main(int argc, char* argv[]) {
         for (int graphs = 0; graphs < 2; ++graphs) {
           backend.set_ns_graphs(graphs == 1 ? zmuon::gpu::graph_mode::on
                                             : zmuon::gpu::graph_mode::off);
-          for (int i = 0; i < 2; ++i) {
-            restore();
-            run();
-          }
+          warm_up(restore, run);
           ms[graphs] = median_ms(stream, std::max(3, reps / 2), restore, run);
         }
         backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
@@ -509,16 +509,10 @@ int main(int argc, char* argv[]) {
       // The engine's defaults, with cuBLASLt's first algorithm instead of the timed choice.
       backend.set_ns_symmetric_block(zmuon::gpu::ns_workspace::kDefaultSymmetricBlock);
       backend.set_ns_autotune(false);
-      for (int i = 0; i < 2; ++i) {
-        restore();
-        run();
-      }
+      warm_up(restore, run);
       const double heuristic_ms = median_ms(stream, std::max(3, reps / 2), restore, run);
       backend.set_ns_autotune(true);
-      for (int i = 0; i < 2; ++i) {
-        restore();
-        run();
-      }
+      warm_up(restore, run);
       const double tuned_ms = median_ms(stream, std::max(3, reps / 2), restore, run);
       std::printf("  default: heuristic %8.3f tuned %8.3f\n", heuristic_ms, tuned_ms);
       std::fflush(stdout);
