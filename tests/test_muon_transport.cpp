@@ -21,6 +21,7 @@
 //   1.2e-4, bound 1e-3, and at least 5x closer than bf16 vs fp32 transport at world 1.
 #define BOOST_TEST_MODULE muon_transport
 #include "tests/engine_fixture.hpp"
+#include "tests/trace_files.hpp"
 
 #include <filesystem>
 #include <fstream>
@@ -84,17 +85,6 @@ tensor_map muon_update(muon_transport transport) {
       u.push_back((before[p.name][i] - after[p.name][i]) / o.muon.lr);
   }
   return update;
-}
-
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  BOOST_REQUIRE_MESSAGE(in, "cannot read " << path);
-  std::vector<json> out;
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty())
-      out.push_back(json::parse(line));
-  return out;
 }
 
 }  // namespace
@@ -223,7 +213,7 @@ BOOST_AUTO_TEST_CASE(trace_bytes_of_gather_and_scatter_are_two_per_element) {
             n += pl->params[m.param].numel;
         return n * per_element;
       };
-      auto recs = read_jsonl(dir + "/trace-node0-rank" + std::to_string(r) + ".jsonl");
+      auto recs = read_jsonl(trace_file(dir, r));
       std::map<std::string, int64_t> peer_bytes;  // op -> bytes of the caf comm's peer pieces
       for (const auto& rec : recs) {
         const std::string type = rec.value("type", ""), ev = rec.value("ev", "");

@@ -20,11 +20,14 @@
 
 #include "plan/plan.hpp"
 #include "tests/run_launch.hpp"
+#include "tests/trace_files.hpp"
 #include "trace/tool/reader.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace zmuon;
+using test::read_jsonl;
+using test::trace_file;
 
 namespace {
 
@@ -39,21 +42,6 @@ std::vector<param_spec> table() {
           {"b.weight", {16, 24}},
           {"c.weight", {12, 12}},
           {"embed.weight", {10, 8}}};
-}
-
-std::string trace_file(const std::string& dir, int rank) {
-  return dir + "/trace-node0-rank" + std::to_string(rank) + ".jsonl";
-}
-
-std::vector<json> read_jsonl(const std::string& path) {
-  std::ifstream in(path);
-  BOOST_REQUIRE_MESSAGE(in, "cannot read " << path);
-  std::vector<json> out;
-  std::string line;
-  while (std::getline(in, line))
-    if (!line.empty())
-      out.push_back(json::parse(line));
-  return out;
 }
 
 void write_jsonl(const std::string& path, const std::vector<json>& recs) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/ns_normalize.hpp"
 #include "kernels/cuda/reduce.cuh"
 
 namespace zmuon::gpu {
@@ -215,19 +216,12 @@ void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64
     graphs_.clear();
     block_pointers_.clear();
   }
-  const int slices = slices_for(batch, numel, ctx.sm_count);
-  partial_sums_.reserve(batch * slices);
+  partial_sums_.reserve(batch * slices_for(batch, numel, ctx.sm_count));
   inv_norms_.reserve(batch);
 
   // X = x / (||x||_F + eps), per matrix, in bf16.
-  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
-  matrix_sum_squares_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, partial_sums_.data());
-  ZMUON_LAUNCH_CHECK();
-  matrix_inv_norm_kernel<<<static_cast<unsigned>(batch), kThreads, 0, ctx.stream>>>(
-      partial_sums_.data(), slices, static_cast<double>(ns.eps), inv_norms_.data());
-  ZMUON_LAUNCH_CHECK();
-  to_bf16_scaled_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, inv_norms_.data(), x_.data());
-  ZMUON_LAUNCH_CHECK();
+  launch_normalize_to_bf16(ctx, x, batch, numel, static_cast<double>(ns.eps), partial_sums_.data(),
+                           inv_norms_.data(), x_.data());
 
   // Outside any graph capture: the symmetric products' pointer arrays for this shape.
   const int64_t blocks = symmetric_blocks(m, batch);
@@ -246,8 +240,7 @@ void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64
   }
 
   // Back to fp32, in place; the layout never changed.
-  from_bf16_kernel<<<grid_for(batch * numel), kThreads, 0, ctx.stream>>>(result, batch * numel, x);
-  ZMUON_LAUNCH_CHECK();
+  launch_from_bf16(ctx, result, batch * numel, x);
 }
 
 __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
@@ -359,13 +352,7 @@ const graph_exec* ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
   return &graphs_.emplace(std::move(key), graph_exec(exec)).first->second;
 }
 
-}  // namespace zmuon::gpu
-
 // -- shared with the other NS evaluations (ns_normalize.hpp) -------------------------------------
-
-#include "kernels/cuda/ns_normalize.hpp"  // here, so that this addition stays one block
-
-namespace zmuon::gpu {
 
 int normalize_slices(int64_t batch, int64_t numel, int sm_count) {
   return slices_for(batch, numel, sm_count);
