@@ -458,6 +458,26 @@ BOOST_AUTO_TEST_CASE(schedule_and_zero_steps) {
   BOOST_TEST(e.to_bf16 <= 1e-6);
 }
 
+/// NS of `input` with graphs off, then three calls with graphs on (the first sight runs
+/// directly, then the capture, then a replay), each checked bit for bit against it; returns the
+/// direct result.
+std::vector<float> direct_and_graphed(gpu::cuda_compute& cuda, const std::vector<float>& input,
+                                      const ns_case& c, const ns_options& ns) {
+  const auto numel = static_cast<int64_t>(input.size());
+  cuda.set_ns_graphs(gpu::graph_mode::off);
+  device_buffer direct = upload(cuda, input);
+  cuda.newton_schulz(direct.data(), c.batch, c.rows, c.cols, ns);
+  const std::vector<float> want = download(cuda, direct.data(), numel);
+  cuda.set_ns_graphs(gpu::graph_mode::on);
+  for (int call = 0; call < 3; ++call) {
+    device_buffer graphed = upload(cuda, input);
+    cuda.newton_schulz(graphed.data(), c.batch, c.rows, c.cols, ns);
+    BOOST_TEST(mismatches(download(cuda, graphed.data(), numel), want) == 0);
+  }
+  cuda.set_ns_graphs(gpu::graph_mode::automatic);
+  return want;
+}
+
 // The two other ways the backend can run the iterations: GEMMs replayed from a CUDA graph
 // (bit-identical to direct launches) and the copy-then-cublasGemmStridedBatchedEx fallback.
 BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
@@ -466,18 +486,7 @@ BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
   for (const ns_case& c : {ns_case{1, 300, 129}, ns_case{4, 129, 300}}) {
     const int64_t numel = c.batch * c.rows * c.cols;
     const std::vector<float> input = random_vector(numel);
-    cuda.set_ns_graphs(gpu::graph_mode::off);
-    device_buffer direct = upload(cuda, input);
-    cuda.newton_schulz(direct.data(), c.batch, c.rows, c.cols, ns);
-    const std::vector<float> want = download(cuda, direct.data(), numel);
-
-    cuda.set_ns_graphs(gpu::graph_mode::on);
-    for (int call = 0; call < 3; ++call) {  // first sight (direct), the capture, a replay
-      device_buffer graphed = upload(cuda, input);
-      cuda.newton_schulz(graphed.data(), c.batch, c.rows, c.cols, ns);
-      BOOST_TEST(mismatches(download(cuda, graphed.data(), numel), want) == 0);
-    }
-    cuda.set_ns_graphs(gpu::graph_mode::automatic);
+    const std::vector<float> want = direct_and_graphed(cuda, input, c, ns);
 
     cuda.set_ns_gemm_path(gpu::gemm_path::copy_then_gemm);
     device_buffer fallback = upload(cuda, input);
@@ -513,17 +522,7 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
 
     const int64_t numel = c.batch * c.rows * c.cols;
     const std::vector<float> input = random_vector(numel);
-    cuda.set_ns_graphs(gpu::graph_mode::off);
-    device_buffer blocked = upload(cuda, input);
-    cuda.newton_schulz(blocked.data(), c.batch, c.rows, c.cols, ns);
-    const std::vector<float> want = download(cuda, blocked.data(), numel);
-    cuda.set_ns_graphs(gpu::graph_mode::on);
-    for (int call = 0; call < 3; ++call) {  // first sight (direct), the capture, a replay
-      device_buffer graphed = upload(cuda, input);
-      cuda.newton_schulz(graphed.data(), c.batch, c.rows, c.cols, ns);
-      BOOST_TEST(mismatches(download(cuda, graphed.data(), numel), want) == 0);
-    }
-    cuda.set_ns_graphs(gpu::graph_mode::automatic);
+    const std::vector<float> want = direct_and_graphed(cuda, input, c, ns);
 
     cuda.set_ns_symmetric_block(0);
     BOOST_TEST(cuda.ns_symmetric_blocks(m, c.batch) == 1);
