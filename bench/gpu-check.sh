@@ -14,6 +14,8 @@
 #                                # runs everything, logs and tables to $OUT (default ./out)
 #   ONLY_STEP=1 bench/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
 #   SKIP_NS=1 bench/gpu-check.sh     # everything but bench_ns and the NS table
+#   TABLES_CANDIDATES="8 32" bench/gpu-check.sh   # only bench_ns --tables, once per count of
+#                                    # cuBLASLt algorithms timed per shape
 #
 # With the device tool: run(command="bash bench/gpu-check.sh", carry=[".carry"]).
 set -uo pipefail
@@ -95,6 +97,16 @@ check() {
   fi
 
   local status=0 rc
+  if [[ -n "${TABLES_CANDIDATES:-}" ]]; then
+    # Only the parameter tables, group by group, once per cuBLASLt candidate count asked for.
+    for c in $TABLES_CANDIDATES; do
+      echo "== bench_ns --tables, ZMUON_GEMM_CANDIDATES=$c"
+      ZMUON_GEMM_CANDIDATES="$c" timeout 120 "$bench" --tables --reps 30 2>&1 |
+        tee -a "$out/bench_tables.log"
+      [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1
+    done
+    return $status
+  fi
   if [[ -z "${ONLY_STEP:-}" ]]; then
     echo "== test_cuda_kernels"
     timeout 300 "$work/bin/test_cuda_kernels" --log_level=message --report_level=short \

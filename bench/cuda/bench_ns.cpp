@@ -11,6 +11,8 @@
 // of --sym (0: full products), direct and replayed from graphs, with the blocks per side used.
 //
 //   bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]
+//   bench_ns [--reps N] --tables     # the tables only, group by group (ZMUON_GEMM_CANDIDATES=N
+//                                    # times N cuBLASLt algorithms per shape instead of 8)
 //
 // With --variant standard|gram|both (default both), --schedule ns5|polar_express (default ns5),
 // --gram-restart N (default 3) or --steps N (default 5), it times the NS variants instead, on
@@ -299,12 +301,60 @@ struct table_buffers {
   std::vector<device_array<float>> pristine, x;
 };
 
+/// Whole parameter tables, one batched call per group of same-shape matrices (what the engine's
+/// owner runs): GPT-2 124M (12 layers: q, k, v, o 768x768, fc 3072x768, proj 768x3072: 72
+/// matrices) and a Llama-style 1B (16 layers, hidden 2048, 8 KV heads of 64: q, o 2048x2048,
+/// k, v 512x2048, gate, up 8192x2048, down 2048x8192: 112 matrices).
+std::vector<table> parameter_tables() {
+  return {
+      {"gpt2-124m", {{"", 48, 768, 768}, {"", 12, 3072, 768}, {"", 12, 768, 3072}}},
+      {"llama-1b",
+       {{"", 32, 2048, 2048}, {"", 32, 512, 2048}, {"", 32, 8192, 2048}, {"", 16, 2048, 8192}}},
+  };
+}
+
 /// Two untimed runs first (algorithm timing, graph capture).
 void warm_up(const std::function<void()>& restore, const std::function<void()>& run) {
   for (int i = 0; i < 2; ++i) {
     restore();
     run();
   }
+}
+
+/// --tables: each table's groups timed alone and together (the lanes run consecutive calls side
+/// by side), against the full-GEMM floor; and GPT-2's table with its tall group laid out wide
+/// (one group of 24 768x3072), to see what one group per (short, long) shape would buy.
+int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) {
+  const main_stream stream{&backend};
+  const zmuon::ns_options ns;
+  std::vector<table> tables = parameter_tables();
+  tables.push_back({"gpt2-124m wide", {{"", 48, 768, 768}, {"", 24, 768, 3072}}});
+  std::printf("tables (NS5, median of %d; GEMM candidates timed per shape: %d)\n", reps,
+              zmuon::gpu::gemm_runner::candidates());
+  std::printf("%-24s %10s %10s %9s\n", "table / group", "ms", "floor ms", "of floor");
+  for (const table& t : tables) {
+    std::vector<table> parts;
+    for (const shape& g : t.groups)
+      parts.push_back(
+          {std::to_string(g.batch) + "x" + std::to_string(g.rows) + "x" + std::to_string(g.cols),
+           {g}});
+    parts.push_back({t.label, t.groups});
+    for (const table& part : parts) {
+      double flops = 0;
+      for (const shape& g : part.groups)
+        flops += ns_flops(g, ns.steps);
+      table_buffers buffers(part, 11);
+      const auto restore = [&] { buffers.restore(stream); };
+      const auto run = [&] { buffers.run(backend, ns); };
+      warm_up(restore, run);
+      const double ms = median_ms(stream, reps, restore, run);
+      const double floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
+      std::printf("%-24s %10.3f %10.3f %8.0f%%\n",
+                  (part.label == t.label ? part.label : "  " + part.label).c_str(), ms, floor_ms,
+                  100.0 * floor_ms / ms);
+    }
+  }
+  return 0;
 }
 
 }  // namespace
@@ -315,11 +365,13 @@ int main(int argc, char* argv[]) {
   std::vector<int64_t> sym_sides = {0, 256, 512, 1024};
   // --variant / --schedule / --gram-restart / --steps: the variants table instead (issue 8).
   bool variants_mode = false;
+  bool tables_mode = false;  // --tables: only the tables, group by group
   std::vector<zmuon::ns_variant> variants = {zmuon::ns_variant::standard, zmuon::ns_variant::gram};
   std::string schedule = "ns5";
   zmuon::ns_options variant_ns;
   const char* usage =
       "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]\n"
+      "       bench_ns [--reps N] --tables\n"
       "       bench_ns [--reps N] [--variant standard|gram|both] [--schedule ns5|polar_express]\n"
       "                [--gram-restart N] [--steps N]\n";
   for (int i = 1; i < argc; ++i) {
@@ -327,6 +379,8 @@ int main(int argc, char* argv[]) {
     const bool has_value = i + 1 < argc;
     if (arg == "--reps" && has_value) {
       reps = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--tables") {
+      tables_mode = true;
     } else if (arg == "--json" && has_value) {
       json_path = argv[++i];
     } else if (arg == "--sym" && has_value) {
@@ -391,6 +445,8 @@ int main(int argc, char* argv[]) {
         "ceiling: bf16 GEMM 8192^3 (cuBLAS) %.1f TFLOP/s; device copy %.2f TB/s "
         "(read + write)\n",
         top.gemm_tflops, top.copy_tbps);
+    if (tables_mode)
+      return run_tables(backend, reps, top.gemm_tflops);
 
     const zmuon::ns_options ns;  // NS5, (3.4445, -4.7750, 2.0315)
     const std::vector<shape> shapes = {
@@ -447,15 +503,7 @@ int main(int argc, char* argv[]) {
         results.push_back(l);
       }
     }
-    // Whole parameter tables, one batched call per group of same-shape matrices (what the
-    // engine's owner runs): GPT-2 124M (12 layers: q, k, v, o 768x768, fc 3072x768, proj
-    // 768x3072: 72 matrices) and a Llama-style 1B (16 layers, hidden 2048, 8 KV heads of 64:
-    // q, o 2048x2048, k, v 512x2048, gate, up 8192x2048, down 2048x8192: 112 matrices).
-    const std::vector<table> tables = {
-        {"gpt2-124m", {{"", 48, 768, 768}, {"", 12, 3072, 768}, {"", 12, 768, 3072}}},
-        {"llama-1b",
-         {{"", 32, 2048, 2048}, {"", 32, 512, 2048}, {"", 32, 8192, 2048}, {"", 16, 2048, 8192}}},
-    };
+    const std::vector<table> tables = parameter_tables();
     for (const table& t : tables) {
       double flops = 0;
       int64_t matrices = 0;

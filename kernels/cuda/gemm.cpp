@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -105,11 +106,11 @@ const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g, const opera
   ZMUON_CUBLAS_CHECK(
       cublasLtMatmulPreferenceSetAttribute(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                            &workspace_bytes, sizeof workspace_bytes));
-  std::array<cublasLtMatmulHeuristicResult_t, kCandidates> results{};
+  std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> results{};
   int found_count = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       lt_, desc, p->a.get(), p->b.get(), p->cd.get(), p->cd.get(), raw_pref,
-      autotune_ ? kCandidates : 1, results.data(), &found_count);
+      autotune_ ? candidates() : 1, results.data(), &found_count);
   if (status != CUBLAS_STATUS_SUCCESS || found_count == 0) {
     plans_.emplace(k, nullptr);  // remembered: the fallback path, without asking again
     return nullptr;
@@ -129,6 +130,15 @@ const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g, const opera
                   : (chosen[{device, k}] = fastest(*p, x, results.data(), found_count));
   }
   return plans_.emplace(k, std::move(p)).first->second.get();
+}
+
+int gemm_runner::candidates() {
+  static const int count = [] {
+    const char* env = std::getenv("ZMUON_GEMM_CANDIDATES");
+    const int asked = env != nullptr ? std::atoi(env) : 0;
+    return asked >= 1 && asked <= kMaxCandidates ? asked : 8;
+  }();
+  return count;
 }
 
 bool gemm_runner::can_repeat(const operands& x) const {

@@ -2,7 +2,7 @@
 // C and D may be different buffers. cuBLASLt does that in one call (its epilogue reads C and
 // writes D), which lets Newton-Schulz fold b*A and a*X into the GEMMs without copying A or X
 // first. Plans (descriptors and an algorithm) are cached per shape: the first call of a shape
-// times the heuristic's first kCandidates algorithms on its own operands and keeps the fastest
+// times the heuristic's first candidates() algorithms on its own operands and keeps the fastest
 // (cuBLASLt's first choice is often not, for the odd sizes NS runs). When cuBLASLt
 // offers no algorithm, or the copy path is asked for, D = C is copied and
 // cublasGemmStridedBatchedEx runs with beta on D.
@@ -45,6 +45,10 @@ public:
   gemm_runner(const gemm_runner&) = delete;
   gemm_runner& operator=(const gemm_runner&) = delete;
 
+  /// How many of the heuristic's algorithms are timed per shape: 8, or the environment's
+  /// ZMUON_GEMM_CANDIDATES (1..64), read once per process.
+  static int candidates();
+
   void set_path(gemm_path path) { path_ = path; }
   /// Time the candidates (default) or take cuBLASLt's first choice; applies to new shapes.
   void set_autotune(bool on);
@@ -71,7 +75,7 @@ private:
     const __nv_bfloat16* c;
     __nv_bfloat16* d;
   };
-  static constexpr int kCandidates = 8;
+  static constexpr int kMaxCandidates = 64;
   using key = std::array<int64_t, 12>;
   static key key_of(const gemm_shape& g);
   /// The cached plan for g, or nullptr when cuBLASLt has no algorithm for it.
