@@ -14,6 +14,7 @@
 #                                # runs everything, logs and tables to $OUT (default ./out)
 #   ONLY_STEP=1 bench/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
 #   SKIP_NS=1 bench/gpu-check.sh     # everything but bench_ns and the NS table
+#   bench/gpu-check.sh exec zmuon-bench-step --table llama-1b ...   # one carried binary
 #   TABLES_CANDIDATES="8 32" bench/gpu-check.sh   # only bench_ns --tables, once per count of
 #                                    # cuBLASLt algorithms timed per shape
 #
@@ -80,6 +81,12 @@ check() {
   fi
   tar -C "$work" -xzf "$bundle"
   export LD_LIBRARY_PATH="$work/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [[ $# -gt 0 ]]; then  # exec: one carried binary with its arguments
+    local bin="$1"
+    shift
+    "$work/bin/$bin" "$@"
+    return
+  fi
 
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem,temperature.gpu \
     --format=csv >"$out/nvidia-smi.csv" 2>&1
@@ -207,5 +214,6 @@ check() {
 case "${1:-check}" in
   pack) pack ;;
   check) check ;;
-  *) echo "usage: bench/gpu-check.sh [pack|check]" >&2; exit 2 ;;
+  exec) shift && check "$@" ;;
+  *) echo "usage: bench/gpu-check.sh [pack|check|exec BINARY ARGS...]" >&2; exit 2 ;;
 esac

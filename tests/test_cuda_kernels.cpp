@@ -645,6 +645,23 @@ BOOST_AUTO_TEST_CASE(gram_against_standard_and_host) {
   BOOST_TEST(worst_matrix_error(fallback, lt, c) <= kNs5ToBf16Reference);
 }
 
+// The Gram variant's buffers count in memory().workspace (zmuon/memory.hpp): a batch of 2
+// [1024, 4096] matrices, larger than any Gram shape of the other cases, grows the lane's
+// X, X' ([m, n] each) and R, Z, T, Q, Q' ([m, m] each) in bf16; the workspace grows by at least
+// that, less what the largest earlier Gram shape (1 x [768, 3072]) may have held already.
+BOOST_AUTO_TEST_CASE(gram_workspace_is_counted) {
+  const ns_case c{2, 1024, 4096};
+  const int64_t before = env().gpu->memory().workspace;
+  (void)gpu_newton_schulz(random_vector(c.batch * c.rows * c.cols), c, gram_ns(ns_options{}));
+  const int64_t after = env().gpu->memory().workspace;
+  const int64_t bf16 = 2;
+  const int64_t grown = 2 * bf16 * (c.batch * c.rows * c.cols - 768 * 3072)
+                        + 5 * bf16 * (c.batch * c.rows * c.rows - 768 * 768);
+  BOOST_TEST_MESSAGE("gram workspace: " << before << " -> " << after << " B (at least " << grown
+                                        << " B more expected)");
+  BOOST_TEST(after - before >= grown);
+}
+
 // Orthogonality error ||O O^T - I||_F / sqrt(m) and distance to the exact polar factor on the
 // GPU (bf16), as the host's ns_variants_accuracy (test_kernels.cpp) in fp32. Emulated in bf16
 // (bench/ns_variants_bf16.py, 256x1024): PE / NS5 = 0.61 (Gaussian), 0.70 (sv 1e-3), 0.92

@@ -323,35 +323,43 @@ void warm_up(const std::function<void()>& restore, const std::function<void()>& 
 
 /// --tables: each table's groups timed alone and together (the lanes run consecutive calls side
 /// by side), against the full-GEMM floor; and GPT-2's table with its tall group laid out wide
-/// (one group of 24 768x3072), to see what one group per (short, long) shape would buy.
+/// (one group of 24 768x3072), to see what one group per (short, long) shape would buy. Then
+/// the same with the Gram variant (floors stay those of the standard iteration's FLOPs).
 int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) {
   const main_stream stream{&backend};
-  const zmuon::ns_options ns;
   std::vector<table> tables = parameter_tables();
   tables.push_back({"gpt2-124m wide", {{"", 48, 768, 768}, {"", 24, 768, 3072}}});
   std::printf("tables (NS5, median of %d; GEMM candidates timed per shape: %d)\n", reps,
               zmuon::gpu::gemm_runner::candidates());
   std::printf("%-24s %10s %10s %9s\n", "table / group", "ms", "floor ms", "of floor");
-  for (const table& t : tables) {
-    std::vector<table> parts;
-    for (const shape& g : t.groups)
-      parts.push_back(
-          {std::to_string(g.batch) + "x" + std::to_string(g.rows) + "x" + std::to_string(g.cols),
-           {g}});
-    parts.push_back({t.label, t.groups});
-    for (const table& part : parts) {
-      double flops = 0;
-      for (const shape& g : part.groups)
-        flops += ns_flops(g, ns.steps);
-      table_buffers buffers(part, 11);
-      const auto restore = [&] { buffers.restore(stream); };
-      const auto run = [&] { buffers.run(backend, ns); };
-      warm_up(restore, run);
-      const double ms = median_ms(stream, reps, restore, run);
-      const double floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
-      std::printf("%-24s %10.3f %10.3f %8.0f%%\n",
-                  (part.label == t.label ? part.label : "  " + part.label).c_str(), ms, floor_ms,
-                  100.0 * floor_ms / ms);
+  for (const bool gram : {false, true}) {
+    zmuon::ns_options ns;  // NS5; with the Gram variant at its default restart on wide shapes
+    if (gram) {
+      ns.variant = zmuon::ns_variant::gram;
+      std::printf("-- the Gram variant (restart %d) where the long side > %.1f x the short one\n",
+                  ns.gram_restart, zmuon::kGramMinAspect);
+    }
+    for (const table& t : tables) {
+      std::vector<table> parts;
+      for (const shape& g : t.groups)
+        parts.push_back(
+            {std::to_string(g.batch) + "x" + std::to_string(g.rows) + "x" + std::to_string(g.cols),
+             {g}});
+      parts.push_back({t.label, t.groups});
+      for (const table& part : parts) {
+        double flops = 0;
+        for (const shape& g : part.groups)
+          flops += ns_flops(g, ns.steps);
+        table_buffers buffers(part, 11);
+        const auto restore = [&] { buffers.restore(stream); };
+        const auto run = [&] { buffers.run(backend, ns); };
+        warm_up(restore, run);
+        const double ms = median_ms(stream, reps, restore, run);
+        const double floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
+        std::printf("%-24s %10.3f %10.3f %8.0f%%\n",
+                    (part.label == t.label ? part.label : "  " + part.label).c_str(), ms, floor_ms,
+                    100.0 * floor_ms / ms);
+      }
     }
   }
   return 0;

@@ -374,7 +374,8 @@ memory_stats cuda_compute::memory() const {
   memory_stats stats = meter_->read();
   const std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& lane : lanes_)
-    stats.workspace += lane->ns.bytes() + static_cast<int64_t>(lane->cublas_workspace.bytes());
+    stats.workspace += lane->ns.bytes() + lane->gram_ns.bytes()
+                       + static_cast<int64_t>(lane->cublas_workspace.bytes());
   return stats;
 }
 

@@ -50,6 +50,8 @@ public:
   static int candidates();
 
   void set_path(gemm_path path) { path_ = path; }
+  /// Device memory held: the cuBLASLt workspace.
+  int64_t bytes() const { return static_cast<int64_t>(workspace_.bytes()); }
   /// Time the candidates (default) or take cuBLASLt's first choice; applies to new shapes.
   void set_autotune(bool on);
 

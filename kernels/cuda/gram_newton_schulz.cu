@@ -124,4 +124,11 @@ void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int
   }
 }
 
+int64_t gram_ns_workspace::bytes() const {
+  return static_cast<int64_t>(x_.bytes() + x_next_.bytes() + r_.bytes() + z_.bytes() + t_.bytes()
+                              + q_.bytes() + q_next_.bytes() + partial_sums_.bytes()
+                              + inv_norms_.bytes())
+         + gemm_.bytes();
+}
+
 }  // namespace zmuon::gpu

@@ -36,6 +36,9 @@ public:
 
   void set_gemm_path(gemm_path path) { gemm_.set_path(path); }
 
+  /// Device memory held now (buffers kept across calls, the GEMMs' workspace).
+  int64_t bytes() const;
+
 private:
   /// Steps first..first+count-1 on the wide [m, n] X at `cur`; writes Q X to `next`.
   void block(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,

@@ -114,7 +114,8 @@ int slices_for(int64_t batch, int64_t numel, int sm_count) {
 
 int64_t ns_workspace::bytes() const {
   int64_t total = static_cast<int64_t>(x_.bytes() + x_next_.bytes() + a_.bytes() + b_.bytes()
-                                       + partial_sums_.bytes() + inv_norms_.bytes());
+                                       + partial_sums_.bytes() + inv_norms_.bytes())
+                  + gemm_.bytes();
   for (const auto& [key, pointers] : block_pointers_)
     total += static_cast<int64_t>(pointers.bytes());
   return total;

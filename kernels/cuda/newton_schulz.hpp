@@ -69,7 +69,7 @@ public:
   /// The blocks per side the symmetric products use for `batch` m×m Gram matrices (1: none).
   int64_t symmetric_blocks(int64_t m, int64_t batch) const;
 
-  /// Device memory the workspace holds now (buffers kept across calls).
+  /// Device memory the workspace holds now (buffers kept across calls, the GEMMs' workspace).
   int64_t bytes() const;
 
 private:
