@@ -53,6 +53,7 @@ error reduce_window::wait_until(size_t keep) {
 
 error reduce_window::drain() {
   auto err = wait_until(0);
+  open_.clear();  // after an error: the rest is abandoned with the box (answers dropped)
   box_.reset();
   return err;
 }

@@ -33,7 +33,8 @@ public:
   /// and bucket); the reducer's own failures are kept for the step's flush, which step() reports.
   error wait_until(size_t keep);
 
-  /// wait_until(0), then lets go of the requests' mailbox (step() start: nothing piles up in it).
+  /// wait_until(0), then lets go of the requests' mailbox (step() start: nothing piles up in it);
+  /// after an error the buckets still open are abandoned.
   error drain();
 
   size_t unanswered() const { return open_.size(); }
