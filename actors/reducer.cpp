@@ -49,6 +49,12 @@ void record_failure(reducer_pointer self, caf::error err) {
     self->state.failure = std::move(err);
 }
 
+/// Refuses a bucket before anything is issued: the host's answer, and the flush's failure.
+caf::error refuse(reducer_pointer self, caf::error err) {
+  record_failure(self, err);
+  return err;
+}
+
 // One bucket's reduce-scatter buffers: in host memory (the host's staging itself, and a vector for
 // the result) or, for a device comm, copies in the backend's memory. Lives until the store has
 // added the result.
@@ -60,6 +66,16 @@ struct bucket_buffers {
   device_buffer device_out;
   const float* in = nullptr;
   float* out = nullptr;
+
+  void release() {
+    staging.reset();
+    host_out = std::vector<float>{};
+    device_in = device_buffer{};
+    device_in_shared.reset();
+    device_out = device_buffer{};
+    in = nullptr;
+    out = nullptr;
+  }
 };
 
 std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, const micro_grads& msg,
@@ -86,6 +102,22 @@ std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, const micr
   return b;
 }
 
+// A bucket has landed in the store (or failed on the way): its buffers are released before the
+// host is answered, so that the host, whose answered buckets bound what it hands over next, never
+// finds the memory of an answered bucket still held.
+void bucket_done(reducer_pointer self, bucket_buffers& buf,
+                 caf::typed_response_promise<ack>& answer, uint64_t step, caf::error err) {
+  buf.release();
+  --self->state.in_flight;
+  if (err) {
+    answer.deliver(err);
+    record_failure(self, std::move(err));
+  } else {
+    answer.deliver(ack{step});
+  }
+  answer_flush_if_done(self);
+}
+
 reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<const plan> pl,
                                           int rank, store_accumulate_actor store, comm_actor comm,
                                           std::shared_ptr<compute_backend> device,
@@ -99,29 +131,26 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
   st.device = std::move(device);
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
   return {
-      [=](micro_grads& msg) {
+      [=](micro_grads& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
         const auto& pl = *st.pl;
-        if (st.step != 0 && msg.step != st.step) {
-          record_failure(
+        if (st.step != 0 && msg.step != st.step)
+          return refuse(
               self, make_caf_error(errc::bad_state, "gradients for step " + std::to_string(msg.step)
                                                         + " arrived while step "
                                                         + std::to_string(st.step) + " is open"));
-          return;
-        }
         if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
             || (!msg.data && !msg.device_data) || (msg.device_data && !st.device)
-            || msg.size() != pl.buckets[msg.bucket].shard_len * pl.world) {
-          record_failure(self, make_caf_error(errc::shape_mismatch,
-                                              "bucket " + std::to_string(msg.bucket) + " of step "
-                                                  + std::to_string(msg.step)
-                                                  + " has the wrong size or index"));
-          return;
-        }
+            || msg.size() != pl.buckets[msg.bucket].shard_len * pl.world)
+          return refuse(self, make_caf_error(errc::shape_mismatch,
+                                             "bucket " + std::to_string(msg.bucket) + " of step "
+                                                 + std::to_string(msg.step)
+                                                 + " has the wrong size or index"));
         st.step = msg.step;
         st.micros.insert(msg.micro);
         ++st.in_flight;
+        auto answer = self->make_response_promise<ack>();
         const auto& b = pl.buckets[msg.bucket];
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
         auto buf = [&] {  // packing and staging: backend work, not plumbing (bench/step)
@@ -132,30 +161,23 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         trace::request(self, st.tr, st.comm,
                        reduce_scatter_req{tag, buf->in, buf->out, b.shard_len})
             .then(
-                [=](comm_done&) {
+                [=](comm_done&) mutable {
                   accumulate acc{tag.step,
                                  tag.micro,
                                  tag.index,
                                  {buf->out, b.shard_len},
                                  buf->device_out.data() == nullptr};
+                  // The buffers live until the store has added them.
                   trace::request(self, self->state.tr, self->state.store, acc)
-                      .then(
-                          [=](ack&) {
-                            (void)buf;  // the buffers live until the store has added them
-                            --self->state.in_flight;
-                            answer_flush_if_done(self);
-                          },
-                          [=](caf::error& err) {
-                            record_failure(self, std::move(err));
-                            --self->state.in_flight;
-                            answer_flush_if_done(self);
-                          });
+                      .then([=](ack&) mutable { bucket_done(self, *buf, answer, tag.step, {}); },
+                            [=](caf::error& err) mutable {
+                              bucket_done(self, *buf, answer, tag.step, std::move(err));
+                            });
                 },
-                [=](caf::error& err) {
-                  record_failure(self, std::move(err));
-                  --self->state.in_flight;
-                  answer_flush_if_done(self);
+                [=](caf::error& err) mutable {
+                  bucket_done(self, *buf, answer, tag.step, std::move(err));
                 });
+        return answer;
       },
       [=](flush& msg) -> caf::result<flush_done> {
         ZMUON_TRACE_RECV(self, msg);

@@ -2,9 +2,15 @@
 // Never runs Muon or Newton-Schulz and never touches momentum: that waits for the step.
 //
 // Interface:
-//   micro_grads (host)          one bucket of one micro-batch, packed rank-major. The reducer
+//   micro_grads -> ack (host)   one bucket of one micro-batch, packed rank-major. The reducer
 //                               issues its reduce-scatter (mean over ranks) at once and sends
-//                               the reduced slice to the store (accumulate). No reply.
+//                               the reduced slice to the store (accumulate); answered once the
+//                               store has acknowledged it (the bucket's buffers released first),
+//                               or with the error (wrong shape or index, another step open, a
+//                               failed reduce-scatter or accumulate). Errors are also kept for
+//                               the flush. The host bounds the buckets it has not had answered
+//                               (engine_options::max_buckets_in_flight), so the replies are the
+//                               back-pressure that bounds the buckets' memory.
 //   flush -> flush_done (coordinator)
 //                               answered once every bucket of the step handed over so far has
 //                               landed in the store, with the number of micro-batches; answered
@@ -23,8 +29,8 @@
 
 namespace zmuon {
 
-using reducer_actor =
-    caf::typed_actor<caf::reacts_to<micro_grads>, caf::replies_to<flush>::with<flush_done>>;
+using reducer_actor = caf::typed_actor<caf::replies_to<micro_grads>::with<ack>,
+                                       caf::replies_to<flush>::with<flush_done>>;
 
 /// `device`: set when the comm backend moves device memory (nccl); each bucket is then copied
 /// into that backend's memory before its reduce-scatter, and the slice sent to the store is

@@ -72,6 +72,9 @@ error check_options(const engine_options& o) {
 #endif
   if (o.timeout_ms < 1)
     return bad("timeout_ms must be >= 1");
+  if (o.max_buckets_in_flight < 0)
+    return bad("max_buckets_in_flight must be >= 0 (0 = unbounded), got "
+               + std::to_string(o.max_buckets_in_flight));
   return {};
 }
 
@@ -244,6 +247,9 @@ error engine::impl::start() {
   if (auto err = spawn_comms(*backends))
     return err;
   for (int i = 0; i < local; ++i)
+    windows.emplace_back(*sys, first_rank + i, opts.timeout_ms,
+                         traces.empty() ? nullptr : traces[i]);
+  for (int i = 0; i < local; ++i)
     ranks.push_back(spawn_rank(*sys, pl, first_rank + i, opts,
                                rank_comms.empty() ? comms[i] : rank_comms[i], (*backends)[i],
                                traces.empty() ? nullptr : traces[i]));
@@ -328,8 +334,14 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
   compute_backend& be = *d.ranks[local].backend;
   int micro = d.micros[local]++;
   uint64_t step = d.step + 1;
+  auto& window = d.windows[local];
+  const size_t most = d.buckets_in_flight();
   for (size_t b = 0; b < pl.buckets.size(); ++b) {
     const auto& bucket = pl.buckets[b];
+    // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
+    if (most > 0)
+      if (auto err = window.wait_until(most - 1))
+        return err;
     // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
     const int64_t size = bucket.shard_len * pl.world;
     micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
@@ -363,10 +375,7 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
     if (host)  // fault injection (tests) acts on host-packed gradients
       inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
     msg.data = std::move(host);
-    if (!d.traces.empty())
-      d.traces[local]->send("host", trace::now_ns(), trace::describe(msg),
-                            trace::async_id(msg, rank), false);
-    caf::anon_send(d.ranks[local].reducer, std::move(msg));
+    window.hand_over(d.ranks[local].reducer, std::move(msg));
   }
   return {};
 }
@@ -385,6 +394,11 @@ expected<step_info> engine::step() {
     return error{errc::bad_state,
                  "step() before any gradient was handed over (call reduce() "
                  "for every rank first)"};
+  // The buckets still in flight land first (the flush would wait for them anyway), so that
+  // their buffers are gone before the step's own.
+  for (auto& w : d.windows)
+    if (auto err = w.drain())
+      return err;
   uint64_t step = ++d.step;
   d.host_collectives = 0;
   if (d.opts.faults.kill_at_step == step)

@@ -11,6 +11,7 @@
 #include "caf/all.hpp"
 
 #include "actors/rank.hpp"
+#include "engine/reduce_window.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 #include "trace/trace.hpp"
@@ -41,11 +42,18 @@ struct engine::impl {
   std::vector<comm_actor> rank_comms;  // nccl across processes: the ranks' own; else empty
   std::string nccl_id;                 // from the rendezvous (multi-process nccl)
   std::vector<rank_actors> ranks;      // this process's ranks, by local index
+  std::vector<reduce_window> windows;  // their reduce buckets in flight, by local index
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;  // micro-batches handed over per local rank in the open step
   uint64_t step = 0;        // last step number issued
   lr_schedule muon_lr;
   lr_schedule adam_lr;
+
+  // reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
+  // several, the host hands over rank after rank and a bucket lands only once all did.
+  size_t buckets_in_flight() const {
+    return local == 1 ? static_cast<size_t>(opts.max_buckets_in_flight) : 0;
+  }
 
   caf::duration timeout() const {
     return caf::duration{std::chrono::milliseconds(opts.timeout_ms)};

@@ -356,6 +356,8 @@ const std::vector<field>& schema() {
         make<int>("zmuon.ranks", ZMUON_SLOT(engine.world), r::closed(1, 1024)),
         make<std::string>("zmuon.trace", ZMUON_SLOT(trace)),
         make<int64_t>("zmuon.timeout_ms", ZMUON_SLOT(engine.timeout_ms), r::at_least(1)),
+        make<int>("zmuon.max_buckets_in_flight", ZMUON_SLOT(engine.max_buckets_in_flight),
+                  r::at_least(0)),
         make<int64_t>("zmuon.heartbeat_timeout_ms", ZMUON_SLOT(heartbeat_timeout_ms),
                       r::at_least(1)),
     };

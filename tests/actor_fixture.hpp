@@ -132,6 +132,17 @@ private:
   std::vector<caf::strong_actor_ptr> kept_;
 };
 
+/// Delivers `reply` through `promise`, which the test double `owner` made, from the test thread.
+/// Outside the double's own handler, its execution unit is the test scheduler's worker of the
+/// last run, which no longer exists; without one, the reply goes through the scheduler.
+template <class Promise, class Reply>
+void deliver_from_test(caf::local_actor* owner, Promise& promise, Reply&& reply) {
+  auto* unit = owner->context();
+  owner->context(nullptr);
+  promise.deliver(std::forward<Reply>(reply));
+  owner->context(unit);
+}
+
 // -- checks --------------------------------------------------------------------------------------
 
 template <class T>
@@ -171,13 +182,29 @@ struct accumulate_log {
   };
   std::vector<call> calls;
   caf::error fail_with;  // answered instead of ack when set
+  bool hold = false;     // set: the answers wait until the test calls answer(i)
+  std::vector<caf::typed_response_promise<ack>> held;  // by call, when held
+  caf::local_actor* owner = nullptr;
+
+  /// Answers held call i (ack, or fail_with when set).
+  void answer(size_t i) {
+    if (fail_with)
+      deliver_from_test(owner, held.at(i), fail_with);
+    else
+      deliver_from_test(owner, held.at(i), ack{calls.at(i).msg.step});
+  }
 };
 
 inline store_accumulate_actor::behavior_type fake_accumulate_store(
-    store_accumulate_actor::pointer, std::shared_ptr<accumulate_log> log) {
+    store_accumulate_actor::pointer self, std::shared_ptr<accumulate_log> log) {
+  log->owner = self;
   return {
-      [log](accumulate& msg) -> caf::result<ack> {
+      [=](accumulate& msg) -> caf::result<ack> {
         log->calls.push_back({msg, copy_of(msg.slice.data, msg.slice.size)});
+        if (log->hold) {
+          log->held.push_back(self->make_response_promise<ack>());
+          return log->held.back();
+        }
         if (log->fail_with)
           return log->fail_with;
         return ack{msg.step};
@@ -241,15 +268,10 @@ struct comm_log {
     }
 
   private:
-    // Outside the double's own handler, its execution unit is the test scheduler's worker of the
-    // last run, which no longer exists; without one, the reply goes through the scheduler.
     template <class Promise, class Reply>
     void deliver(Promise& promise, Reply&& reply) {
       answered = true;
-      auto* unit = owner->context();
-      owner->context(nullptr);
-      promise.deliver(std::forward<Reply>(reply));
-      owner->context(unit);
+      deliver_from_test(owner, promise, std::forward<Reply>(reply));
     }
   };
   std::deque<call> calls;  // deque: references stay valid while requests arrive

@@ -91,6 +91,7 @@ void require_same(const zmuon::engine_options& a, const zmuon::engine_options& b
   BOOST_TEST(a.compute == b.compute);
   BOOST_TEST(a.comm == b.comm);
   BOOST_TEST(a.timeout_ms == b.timeout_ms);
+  BOOST_TEST(a.max_buckets_in_flight == b.max_buckets_in_flight);
 }
 
 }  // namespace
@@ -117,7 +118,7 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
                         "optimizer.params.adjust_lr=match_rms_adamw", "zmuon.trace=/tmp/t",
                         "fp16.enabled=true", "zero_optimization.reduce_bucket_size=12345",
                         "optimizer.params.ns_coefficients=[3,-3.2,1.2]", "zmuon.ranks=7",
-                        "zmuon.muon_transport=bf16"})
+                        "zmuon.muon_transport=bf16", "zmuon.max_buckets_in_flight=5"})
     BOOST_REQUIRE(!zmuon::apply_override(j, o));
   auto cfg = zmuon::parse_config(j);
   BOOST_REQUIRE_MESSAGE(cfg, why(cfg));
@@ -281,6 +282,8 @@ BOOST_AUTO_TEST_CASE(values_out_of_range_name_the_allowed_range) {
       {R"({"gradient_clipping": 1e39})", "that fits in a 32-bit float"},
       {R"({"zmuon": {"ranks": 0}})", "zmuon.ranks: expected an integer in [1, 1024]"},
       {R"({"zmuon": {"timeout_ms": 0}})", "zmuon.timeout_ms: expected an integer >= 1"},
+      {R"({"zmuon": {"max_buckets_in_flight": -1}})",
+       "zmuon.max_buckets_in_flight: expected an integer >= 0, got -1"},
       // Keys that are fine alone but not together.
       {R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "both true"},
       {R"({"optimizer": {"params": {"lr": 0.01, "muon_lr": 0.02}}})", "alias of muon_lr"},

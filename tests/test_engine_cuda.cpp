@@ -265,6 +265,64 @@ BOOST_AUTO_TEST_CASE(device_buffers_equal_host_buffers) {
   }
 }
 
+// engine_options::max_buckets_in_flight on the production path (nccl world 1, device gradients,
+// packed in the backend's memory): during reduce() the backend holds at most `window` buckets'
+// input and output buffers above what it held before (world 1: both are a whole bucket); the
+// weights are the same bits either way. Unbounded, how many pile up depends on how fast the
+// reducer lands them (printed, not checked; test_reduce_window checks the window itself).
+BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
+  const int64_t bucket = 1 << 16;  // elements: one parameter a bucket, six buckets
+  const std::vector<param_spec> table{{"a", {256, 256}}, {"b", {128, 512}}, {"c", {512, 128}},
+                                      {"d", {256, 256}}, {"e", {65536}},    {"f", {256, 256}}};
+  const int gas = 2;
+  std::vector<float*> device;
+  std::vector<tensor_view> views;
+  for (const auto& p : table) {
+    auto v = random_values(numel(p), 5 + device.size());
+    float* d = nullptr;
+    BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float))
+                  == cudaSuccess);
+    BOOST_REQUIRE(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice)
+                  == cudaSuccess);
+    device.push_back(d);
+    views.push_back({p.name, d, static_cast<int64_t>(v.size()), memory_space::cuda, 0});
+  }
+  auto run = [&](int window, int64_t& handover_peak) {
+    auto o = gpu_options(1, "nccl");
+    o.reduce_bucket_size = bucket;
+    o.max_buckets_in_flight = window;
+    auto eng = make_engine(o);
+    register_table(*eng, table, 5);
+    handover_peak = 0;
+    for (int s = 1; s <= 3; ++s) {
+      int64_t before = s > 1 ? eng->memory(0)->in_use : 0;  // the state, once the engine runs
+      eng->reset_peak_memory();
+      for (int k = 0; k < gas; ++k)
+        BOOST_REQUIRE(!eng->reduce(0, views));
+      if (s > 1)
+        handover_peak = std::max(handover_peak, eng->memory(0)->peak - before);
+      step_ok(*eng);
+    }
+    BOOST_REQUIRE_EQUAL(eng->layout()->buckets.size(), table.size());
+    return params_of(*eng);
+  };
+  const int64_t bucket_bytes = bucket * static_cast<int64_t>(sizeof(float));
+  int64_t unbounded_peak = 0;
+  auto unbounded = run(0, unbounded_peak);
+  for (int window : {1, 2}) {
+    int64_t peak = 0;
+    auto params = run(window, peak);
+    BOOST_TEST_MESSAGE("window " << window << ": reduce() hand-over peak " << peak
+                                 << " bytes = " << static_cast<double>(peak) / bucket_bytes
+                                 << " buckets (bound: " << 2 * window << ", unbounded: "
+                                 << static_cast<double>(unbounded_peak) / bucket_bytes << ")");
+    BOOST_TEST(peak <= 2 * window * bucket_bytes);
+    BOOST_TEST(rel_diff(params, unbounded) == 0.0);
+  }
+  for (float* d : device)
+    cudaFree(d);
+}
+
 BOOST_AUTO_TEST_CASE(nccl_with_more_ranks_than_gpus_is_named) {
   const int gpus = compute_device_count("cuda");
   auto eng = make_engine(gpu_options(gpus + 1, "nccl"));

@@ -230,6 +230,77 @@ BOOST_AUTO_TEST_CASE(second_flush_while_one_waits_is_refused) {
   BOOST_CHECK_EQUAL(value_of(first).micros, 1);
 }
 
+// -- the answer to each bucket: the host's back-pressure (engine_options::max_buckets_in_flight) --
+
+BOOST_AUTO_TEST_CASE(bucket_is_answered_only_once_the_store_has_acknowledged_it) {
+  stored->hold = true;
+  auto landed = ask<ack>(reducer, micro_grads{7, 1, 0, bucket_data(0)});
+  run();
+  BOOST_REQUIRE_EQUAL(comms->calls.size(), 1u);
+  BOOST_CHECK_MESSAGE(!landed->done, "answered before its reduce-scatter finished");
+  answer(0);
+  run();
+  BOOST_REQUIRE_EQUAL(stored->calls.size(), 1u);  // the slice is with the store ...
+  BOOST_CHECK_MESSAGE(!landed->done, "answered before the store acknowledged the slice");
+  auto f = flush_step(7);
+  BOOST_CHECK(!f->done);
+  stored->answer(0);  // ... which now says it has added it
+  run();
+  BOOST_CHECK_EQUAL(value_of(landed).step, 7u);
+  BOOST_CHECK_EQUAL(value_of(f).micros, 1);
+}
+
+BOOST_AUTO_TEST_CASE(buckets_are_answered_in_the_order_they_land) {
+  stored->hold = true;
+  auto first = ask<ack>(reducer, micro_grads{3, 0, 0, bucket_data(0)});
+  auto second = ask<ack>(reducer, micro_grads{3, 0, 1, bucket_data(1)});
+  run();
+  answer(1);
+  answer(0);
+  run();
+  BOOST_REQUIRE_EQUAL(stored->calls.size(), 2u);
+  BOOST_REQUIRE_EQUAL(stored->calls[0].msg.bucket, 1);
+  stored->answer(0);  // bucket 1 lands first
+  run();
+  BOOST_CHECK(second->done);
+  BOOST_CHECK(!first->done);
+  stored->answer(1);
+  run();
+  BOOST_CHECK_EQUAL(value_of(first).step, 3u);
+  BOOST_CHECK_EQUAL(value_of(second).step, 3u);
+}
+
+BOOST_AUTO_TEST_CASE(failures_come_back_as_answers_and_at_the_flush) {
+  // Refused at once: wrong size, no such bucket, another step open.
+  auto wrong = ask<ack>(reducer, micro_grads{3, 0, 0, bucket_data(0, +1)});
+  run();
+  check_error(wrong, errc::shape_mismatch, "bucket 0");
+  BOOST_CHECK(comms->calls.empty());
+  check_error(flush_step(3), errc::shape_mismatch, "bucket 0");
+  auto none = ask<ack>(reducer, micro_grads{4, 0, 2, bucket_data(1)});
+  run();
+  check_error(none, errc::shape_mismatch, "bucket 2");
+  check_error(flush_step(4), errc::shape_mismatch, "bucket 2");
+  auto open = ask<ack>(reducer, micro_grads{5, 0, 0, bucket_data(0)});
+  auto other = ask<ack>(reducer, micro_grads{6, 0, 0, bucket_data(0)});
+  run();
+  check_error(other, errc::bad_state, "step 5 is open");
+  BOOST_CHECK(!open->done);
+  // A failed reduce-scatter, and a failed accumulate.
+  auto failing = ask<ack>(reducer, micro_grads{5, 0, 1, bucket_data(1)});
+  run();
+  BOOST_REQUIRE_EQUAL(comms->calls.size(), 2u);
+  comms->calls[1].fail(make_caf_error(errc::comm_failure, "reduce_scatter: rank 0 is down"));
+  run();
+  check_error(failing, errc::comm_failure, "rank 0 is down");
+  stored->fail_with = make_caf_error(errc::shape_mismatch, "accumulate refused by the test");
+  answer(0);
+  run();
+  check_error(open, errc::shape_mismatch, "refused by the test");
+  // The flush reports the step's first failure, as before.
+  check_error(flush_step(5), errc::bad_state, "step 6");
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace zmuon::test

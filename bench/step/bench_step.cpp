@@ -3,7 +3,7 @@
 //
 //   zmuon-bench-step [--table gpt2-124m|llama-1b|tiny] [--world N] [--compute host|cuda]
 //                    [--comm caf|nccl] [--steps N] [--gas N] [--bucket-size N]
-//                    [--trace DIR] [--json FILE]
+//                    [--buckets-in-flight N] [--trace DIR] [--json FILE]
 //
 // Times, per step, on the host: reduce() of every micro-batch on every rank (host packing and
 // hand-over; the reduce-scatters run behind it) and step() (waits for the reduce-scatters, then
@@ -37,7 +37,9 @@
 //   (median over steps), beside one chunk's buffers on that rank (its u and result shards and
 //   the matrices it owns) and the NS workspace; target (issue 8): <= 2 chunks + the largest
 //   matrix's NS workspace. Apart: the reduce() hand-over's peak above the state between steps
-//   (its reduce buckets).
+//   (its reduce buckets; --buckets-in-flight N bounds them per rank, engine option
+//   max_buckets_in_flight, default 2, 0 = unbounded; applied at --world 1 only, where the engine
+//   drives one local rank).
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
@@ -149,6 +151,10 @@ int main(int argc, char* argv[]) {
   app.add_option("--steps", steps)->check(CLI::Range(2, 1000));
   app.add_option("--gas", gas)->check(CLI::Range(1, 64));
   app.add_option("--bucket-size", opts.reduce_bucket_size)->check(CLI::PositiveNumber);
+  app.add_option("--buckets-in-flight", opts.max_buckets_in_flight,
+                 "reduce buckets of a rank handed over and not yet landed (0: unbounded; applies "
+                 "when the engine drives one local rank, i.e. --world 1)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--trace", trace_dir,
                  "keep the trace in this directory (default: a temporary one)");
   app.add_option("--json", json_out, "also write the figures as JSON to this file");
@@ -370,12 +376,17 @@ int main(int argc, char* argv[]) {
     overhead_all.push_back(over);
   }
 
+  // The engine bounds them where it drives one local rank (zmuon/options.hpp).
+  const std::string in_flight =
+      opts.world > 1 ? "unbounded (" + std::to_string(opts.world) + " local ranks)"
+      : opts.max_buckets_in_flight == 0 ? std::string("unbounded")
+                                        : std::to_string(opts.max_buckets_in_flight);
   std::printf(
       "table %s: %zu parameters, %.1f M elements, %d Muon matrices; world %d, compute "
-      "%s, comm %s, gas %d, bucket %lld\n",
+      "%s, comm %s, gas %d, bucket %lld, buckets in flight %s\n",
       table_name.c_str(), table.size(), static_cast<double>(total) / 1e6, pl.muon_count(),
       opts.world, opts.compute.c_str(), opts.comm.c_str(), gas,
-      static_cast<long long>(opts.reduce_bucket_size));
+      static_cast<long long>(opts.reduce_bucket_size), in_flight.c_str());
   std::printf(
       "median of %d steps after a warm-up step (tracing on): reduce() hand-over %.2f ms, "
       "step() %.2f ms; NS matrices per step %lld\n",
@@ -522,6 +533,7 @@ int main(int argc, char* argv[]) {
     j["compute"] = opts.compute;
     j["comm"] = opts.comm;
     j["gas"] = gas;
+    j["max_buckets_in_flight"] = opts.max_buckets_in_flight;
     j["steps_timed"] = steps - 1;
     j["muon_matrices"] = pl.muon_count();
     j["ns_matrices"] = ns_matrices;

@@ -85,6 +85,9 @@ public:
 
   /// Hands over rank `rank`'s gradient of one micro-batch: full tensors by name. Parameters
   /// left out count as zero. Unknown names and wrong sizes are errors and change nothing.
+  /// Returns once the gradient is packed into reduce buckets; with one local rank it first waits
+  /// until fewer than engine_options::max_buckets_in_flight of the rank's buckets are unlanded
+  /// (errc::timeout after timeout_ms, naming the bucket).
   error reduce(int rank, const tensor_map& grads);
 
   /// The same from the caller's buffers (read during the call, not kept). A name given twice, a

@@ -105,6 +105,14 @@ struct engine_options {
   std::string trace_dir;         // message trace (DESIGN.md §6) into this directory; empty: the
                                  // environment's ZMUON_TRACE, else off
   fault_options faults;          // tests only
+
+  // reduce() keeps at most this many of a rank's reduce buckets handed to its reducer and not yet
+  // landed in the store (it waits for the oldest first), which bounds the buckets' memory (host
+  // or device input, the reducer's output); 0 = unbounded. Applies when the engine drives one
+  // local rank (one process per GPU, the launcher's processes): a host that drives several ranks
+  // calls reduce() for them one after another, and a bucket lands only once every rank handed it
+  // over, so there the buckets stay in flight until step().
+  int max_buckets_in_flight = 2;
 };
 
 }  // namespace zmuon
