@@ -115,19 +115,14 @@ check() {
     return $status
   fi
   if [[ -z "${ONLY_STEP:-}" ]]; then
-    echo "== test_cuda_kernels"
-    timeout 300 "$work/bin/test_cuda_kernels" --log_level=message --report_level=short \
-      2>&1 | tee "$out/test_cuda_kernels.log"
-    rc=${PIPESTATUS[0]}
-    echo "test_cuda_kernels: exit $rc"
-    [[ $rc -ne 0 ]] && status=1
-
-    echo "== test_engine_cuda"
-    timeout 300 "$work/bin/test_engine_cuda" --log_level=message --report_level=short \
-      2>&1 | tee "$out/test_engine_cuda.log"
-    rc=${PIPESTATUS[0]}
-    echo "test_engine_cuda: exit $rc"
-    [[ $rc -ne 0 ]] && status=1
+    for test in test_cuda_kernels test_engine_cuda; do
+      echo "== $test"
+      timeout 300 "$work/bin/$test" --log_level=message --report_level=short \
+        2>&1 | tee "$out/$test.log"
+      rc=${PIPESTATUS[0]}
+      echo "$test: exit $rc"
+      [[ $rc -ne 0 ]] && status=1
+    done
 
     echo "== zmuon-launch on the GPU"
     for comm in "nccl --ranks 1" "caf --ranks 4"; do
