@@ -138,22 +138,23 @@ check() {
 
   echo "== zmuon-bench-step (the whole step through the engine, traced; issue 8)"
   # Each run prints its phases, bytes (trace against plan, and DeepSpeed's scheme) and plumbing
-  # share, and writes $out/step_<table>_w<world>.json for the table after bench_ns. The last run
-  # repeats llama-1b with the reduce buckets in flight unbounded (--buckets-in-flight 0; the
-  # default is 2) for the hand-over and step transient peaks beside it (issue 8).
+  # share, and writes $out/step_<table>_w<world>.json for the table after bench_ns. The world-1
+  # runs repeat with --ns-variant standard (the default, auto, runs Gram on cuda) beside them;
+  # those write step_<table>_w<world>_standard.json and stay out of the PyTorch table.
   local step_jsons=()
-  for args in "gpt2-124m 1 nccl 6 2" "gpt2-124m 4 caf 3 2" "llama-1b 1 nccl 4 2" "llama-1b 1 nccl 4 0"; do
-    local table world comm steps inflight
-    read -r table world comm steps inflight <<<"$args"
+  for args in "gpt2-124m 1 nccl 6 auto" "gpt2-124m 1 nccl 6 standard" "gpt2-124m 4 caf 3 auto" \
+    "llama-1b 1 nccl 4 auto" "llama-1b 1 nccl 4 standard"; do
+    local table world comm steps variant
+    read -r table world comm steps variant <<<"$args"
     local json="$out/step_${table}_w${world}.json"
-    [[ $inflight == 0 ]] && json="$out/step_${table}_w${world}_unbounded.json"
-    echo "-- zmuon-bench-step --table $table --world $world --comm $comm --steps $steps --buckets-in-flight $inflight"
+    [[ $variant != auto ]] && json="$out/step_${table}_w${world}_${variant}.json"
+    echo "-- zmuon-bench-step --table $table --world $world --comm $comm --steps $steps --ns-variant $variant"
     timeout 420 "$work/bin/zmuon-bench-step" --table "$table" --world "$world" --comm "$comm" \
-      --steps "$steps" --buckets-in-flight "$inflight" --device-grads --json "$json" 2>&1 \
+      --steps "$steps" --ns-variant "$variant" --device-grads --json "$json" 2>&1 \
       | tee -a "$out/bench_step.log" | grep -v '^rank [1-9]'
     rc=${PIPESTATUS[0]}
     [[ $rc -ne 0 ]] && status=1 && echo "zmuon-bench-step: exit $rc"
-    [[ -f "$json" && $inflight != 0 ]] && step_jsons+=("$json")
+    [[ -f "$json" && $variant == auto ]] && step_jsons+=("$json")
   done
 
   if [[ -z "${ONLY_STEP:-}" ]]; then

@@ -45,10 +45,11 @@ error check_options(const engine_options& o) {
   if (m.ns.gram_restart < 0)
     return bad("ns_gram_restart must be >= 0 (0 = never restart), got "
                + std::to_string(m.ns.gram_restart));
-  if (m.ns.variant == ns_variant::gram && o.compute == "cuda"
+  if (m.ns.variant != ns_variant::standard && o.compute == "cuda"
       && (m.ns.gram_restart == 0 || m.ns.gram_restart > kGramMaxBlockBf16))
-    return bad("ns_gram_restart " + std::to_string(m.ns.gram_restart)
-               + " with ns_variant gram on the cuda backend: bf16 Gram blocks of more than "
+    return bad("ns_gram_restart " + std::to_string(m.ns.gram_restart) + " with ns_variant "
+               + (m.ns.variant == ns_variant::gram ? "gram" : "auto (gram)")
+               + " on the cuda backend: bf16 Gram blocks of more than "
                + std::to_string(kGramMaxBlockBf16)
                + " steps diverge on ill-conditioned gradients (docs/NOTES.md, issue 8); use 1.."
                + std::to_string(kGramMaxBlockBf16));

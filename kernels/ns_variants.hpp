@@ -67,10 +67,13 @@ inline const std::array<float, 3>& ns_coefficients_at(const ns_options& ns, int 
 /// whatever L (the bound of the paper's Appendix J, 1.5 T/(T-1), is for its costlier R update).
 inline constexpr double kGramMinAspect = 1.5;
 
-/// Whether a [rows, cols] matrix runs the Gram variant under `ns`.
-inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols) {
+/// Whether a [rows, cols] matrix runs the Gram variant under `ns` on a backend whose
+/// ns_variant::automatic means `automatic_is` (gram on cuda, standard on the host).
+inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols,
+                         ns_variant automatic_is = ns_variant::standard) {
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
-  return ns.variant == ns_variant::gram && ns.steps > 0
+  const ns_variant v = ns.variant == ns_variant::automatic ? automatic_is : ns.variant;
+  return v == ns_variant::gram && ns.steps > 0
          && static_cast<double>(n) > kGramMinAspect * static_cast<double>(m);
 }
 

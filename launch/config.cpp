@@ -344,7 +344,7 @@ const std::vector<field>& schema() {
                                         ZMUON_SLOT(engine.muon.ns.coefficients[2])}),
         ns_schedule(p + "ns_schedule"),
         make<ns_variant>(p + "ns_variant", ZMUON_SLOT(engine.muon.ns.variant), {},
-                         {"standard", "gram"}),
+                         {"standard", "gram", "auto"}),
         make<int>(p + "ns_gram_restart", ZMUON_SLOT(engine.muon.ns.gram_restart), r::at_least(0)),
         make<adjust_lr_rule>(p + "adjust_lr", ZMUON_SLOT(engine.muon.adjust_lr), {},
                              {"original", "match_rms_adamw"}),

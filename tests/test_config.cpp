@@ -110,6 +110,9 @@ BOOST_AUTO_TEST_CASE(example_file_is_the_engine_defaults) {
   auto empty = zmuon::parse_config(json::object());
   BOOST_REQUIRE(empty);
   require_same(empty->engine, defaults);
+  // The engine leaves the NS variant to the backend; the kernels' bare ns_options is standard.
+  BOOST_TEST((defaults.muon.ns.variant == zmuon::ns_variant::automatic));
+  BOOST_TEST((zmuon::ns_options{}.variant == zmuon::ns_variant::standard));
 }
 
 BOOST_AUTO_TEST_CASE(config_json_round_trips) {
@@ -177,7 +180,8 @@ BOOST_AUTO_TEST_CASE(ns_schedule_presets_and_lists) {
       {R"({"optimizer": {"params": {"ns_steps": 1, "ns_schedule": [[1, 2, "x"]]}}})",
        "optimizer.params.ns_schedule[0][2]: expected a number, got string \"x\""},
       {R"({"optimizer": {"params": {"ns_variant": "grams"}}})",
-       "optimizer.params.ns_variant: expected one of \"standard\", \"gram\", got string "
+       "optimizer.params.ns_variant: expected one of \"standard\", \"gram\", \"auto\", got "
+       "string "
        "\"grams\" (did you mean \"gram\"?)"},
       {R"({"optimizer": {"params": {"ns_gram_restart": -1}}})",
        "optimizer.params.ns_gram_restart: expected an integer >= 0, got -1"},

@@ -169,17 +169,24 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   e = engine::create(o);
   BOOST_REQUIRE(!e);
   expect_error(e.err(), errc::invalid_argument, "ns_gram_restart must be >= 0");
-  for (const int restart : {0, 4}) {  // checked before any backend starts, so no GPU needed
-    o = options(2);
-    o.compute = "cuda";
-    o.muon.ns.variant = ns_variant::gram;
-    o.muon.ns.gram_restart = restart;
-    e = engine::create(o);
-    BOOST_REQUIRE(!e);
-    expect_error(
-        e.err(), errc::invalid_argument,
-        "ns_gram_restart " + std::to_string(restart) + " with ns_variant gram on the cuda backend");
-  }
+  // Checked before any backend starts, so no GPU needed; auto means gram on cuda.
+  for (const auto& [variant, name] : {std::pair{ns_variant::gram, "gram"},
+                                      std::pair{ns_variant::automatic, "auto (gram)"}})
+    for (const int restart : {0, 4}) {
+      o = options(2);
+      o.compute = "cuda";
+      o.muon.ns.variant = variant;
+      o.muon.ns.gram_restart = restart;
+      e = engine::create(o);
+      BOOST_REQUIRE(!e);
+      expect_error(e.err(), errc::invalid_argument,
+                   "ns_gram_restart " + std::to_string(restart) + " with ns_variant "
+                       + std::string(name) + " on the cuda backend");
+    }
+  o = options(2);  // the host runs auto as standard: any restart interval is fine
+  o.muon.ns.variant = ns_variant::automatic;
+  o.muon.ns.gram_restart = 0;
+  BOOST_TEST(static_cast<bool>(engine::create(o)));
   o = options(2);
   o.compute = "tpu";
   e = engine::create(o);

@@ -112,6 +112,13 @@ BOOST_AUTO_TEST_CASE(gram_newton_schulz_dispatch) {
   BOOST_TEST(ns_uses_gram(gram_of(ns5(), 3), 40, 61));
   BOOST_TEST(ns_uses_gram(gram_of(ns5(), 3), 61, 40));
   BOOST_TEST(!ns_uses_gram(ns5(), 40, 200));
+  // ns_variant::automatic is whatever the backend says: gram on cuda, standard on the host.
+  ns_options automatic = ns5();
+  automatic.variant = ns_variant::automatic;
+  BOOST_TEST(!ns_uses_gram(automatic, 40, 200));
+  BOOST_TEST(ns_uses_gram(automatic, 40, 200, ns_variant::gram));
+  BOOST_TEST(!ns_uses_gram(automatic, 40, 60, ns_variant::gram));
+  BOOST_TEST(!ns_uses_gram(ns5(), 40, 200, ns_variant::gram));
   for (auto shape : {std::pair<int64_t, int64_t>{40, 40}, {40, 60}, {60, 40}}) {
     const auto input = random_floats(shape.first * shape.second, 211);
     auto a = upload(*be, input), b = upload(*be, input);

@@ -130,6 +130,18 @@ const rank_step& critical(const step_figures& s) {
       [](const rank_step& a, const rank_step& b) { return a.window_ns < b.window_ns; });
 }
 
+const std::map<std::string, zmuon::ns_variant> kVariants = {
+    {"standard", zmuon::ns_variant::standard},
+    {"gram", zmuon::ns_variant::gram},
+    {"auto", zmuon::ns_variant::automatic}};
+
+const char* variant_name(zmuon::ns_variant v) {
+  for (const auto& [name, value] : kVariants)
+    if (value == v)
+      return name.c_str();
+  return "?";
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -155,6 +167,9 @@ int main(int argc, char* argv[]) {
                  "reduce buckets of a rank handed over and not yet landed (0: unbounded; applies "
                  "when the engine drives one local rank, i.e. --world 1)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--ns-variant", opts.muon.ns.variant,
+                 "standard, gram or auto (the default: gram on cuda, standard on host)")
+      ->transform(CLI::CheckedTransformer(kVariants));
   app.add_option("--trace", trace_dir,
                  "keep the trace in this directory (default: a temporary one)");
   app.add_option("--json", json_out, "also write the figures as JSON to this file");
@@ -381,12 +396,13 @@ int main(int argc, char* argv[]) {
       opts.world > 1 ? "unbounded (" + std::to_string(opts.world) + " local ranks)"
       : opts.max_buckets_in_flight == 0 ? std::string("unbounded")
                                         : std::to_string(opts.max_buckets_in_flight);
+  const char* variant = variant_name(opts.muon.ns.variant);
   std::printf(
       "table %s: %zu parameters, %.1f M elements, %d Muon matrices; world %d, compute "
-      "%s, comm %s, gas %d, bucket %lld, buckets in flight %s\n",
+      "%s, comm %s, gas %d, bucket %lld, buckets in flight %s, ns_variant %s\n",
       table_name.c_str(), table.size(), static_cast<double>(total) / 1e6, pl.muon_count(),
       opts.world, opts.compute.c_str(), opts.comm.c_str(), gas,
-      static_cast<long long>(opts.reduce_bucket_size), in_flight.c_str());
+      static_cast<long long>(opts.reduce_bucket_size), in_flight.c_str(), variant);
   std::printf(
       "median of %d steps after a warm-up step (tracing on): reduce() hand-over %.2f ms, "
       "step() %.2f ms; NS matrices per step %lld\n",
@@ -534,6 +550,7 @@ int main(int argc, char* argv[]) {
     j["comm"] = opts.comm;
     j["gas"] = gas;
     j["max_buckets_in_flight"] = opts.max_buckets_in_flight;
+    j["ns_variant"] = variant;
     j["steps_timed"] = steps - 1;
     j["muon_matrices"] = pl.muon_count();
     j["ns_matrices"] = ns_matrices;

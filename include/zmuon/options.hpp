@@ -27,6 +27,9 @@ enum class ns_variant : uint8_t {
   gram,      // iterate on the small Gram matrix R = X X^T and apply the product Q of the
              // steps' polynomials to X once at the end (kernels/ns_variants.hpp); matrices
              // whose long side is below kGramMinAspect times the short one run `standard`
+  automatic, // the engine's default: `gram` on the cuda backend, where its bf16 GEMMs were
+             // measured faster (bench_ns --tables, docs/NOTES.md), `standard` on the host,
+             // the fp32 reference
 };
 
 /// Newton-Schulz iteration parameters.
@@ -46,13 +49,21 @@ struct ns_options {
   int gram_restart = 3;
 };
 
+inline ns_options automatic_ns() {
+  ns_options ns;
+  ns.variant = ns_variant::automatic;
+  return ns;
+}
+
 struct muon_options {
   float lr = 0.02f;
   float momentum = 0.95f;
   bool nesterov = true;
   float weight_decay = 0.0f;
   adjust_lr_rule adjust_lr = adjust_lr_rule::original;
-  ns_options ns;
+  /// The plain NS5 of DESIGN.md §2 with the variant left to the backend (ns_variant::automatic);
+  /// a bare ns_options{} (the kernels' API) is `standard`.
+  ns_options ns = automatic_ns();
   muon_transport transport = muon_transport::automatic;  // gather / scatter element type
 };
 

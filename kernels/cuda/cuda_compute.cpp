@@ -276,7 +276,7 @@ void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t 
   int lane = 0;
   launch_context on_lane = ctx_;
   on_lane.stream = streams_->fork(lane);
-  if (ns_uses_gram(ns, rows, cols))
+  if (ns_uses_gram(ns, rows, cols, ns_variant::gram))
     lanes_[lane]->gram_ns.run(on_lane, x, batch, rows, cols, ns);
   else
     lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
