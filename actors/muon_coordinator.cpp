@@ -190,22 +190,26 @@ void gather(coord_pointer self, int c) {
     auto& cw = st.work->chunks[c];
     buffers(self, c, [&] {
       cw.u = wire_buffer{};
-      cw.full.from_wire(*st.be);
+      cw.full.to_compute(*st.be);
     });
     const auto& muon = st.opts.muon;
+    const float_view full = cw.full.compute();
     trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                    trace::span::per_param);
     for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape, then scale
       ns.add_params(g.params);
       ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
-      float* x = cw.full.compute() + g.offset;
-      st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
-      if (st.wire == wire_type::fp32)
+      if (full.bf16 != nullptr) {  // the receivers scale (receiver_scales)
+        st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, muon.ns);
+      } else {
+        float* x = full.data + g.offset;
+        st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
         st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
+      }
       st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
-    buffers(self, c, [&] { cw.full.to_wire(*st.be); });
+    buffers(self, c, [&] { cw.full.to_comm(*st.be); });
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
   });
 }
@@ -236,14 +240,14 @@ void scatter(coord_pointer self, int c) {
     auto& cw = st.work->chunks[c];
     buffers(self, c, [&] {
       cw.full = wire_buffer{};
-      cw.result.from_wire(*st.be);
+      cw.result.to_compute(*st.be);
     });
     const auto& muon = st.opts.muon;
     apply_muon msg{st.work->req.step,
                    c,
                    st.work->req.muon_lr,
                    muon.weight_decay,
-                   float_view{cw.result.compute(), cw.result.size()},
+                   cw.result.compute(),
                    st.receiver_scales[c]};
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
@@ -270,11 +274,11 @@ void advance(coord_pointer self) {
         cw.at = chunk_work::momentum_requested;
         const auto& muon = st.opts.muon;
         muon_momentum msg{w.req.step, s.chunk, muon.momentum, muon.nesterov,
-                          float_view{cw.u.compute(), cw.u.size()}};
+                          cw.u.compute()};
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
           auto& st = self->state;
           auto& u = st.work->chunks[s.chunk].u;
-          buffers(self, s.chunk, [&] { u.to_wire(*st.be); });
+          buffers(self, s.chunk, [&] { u.to_comm(*st.be); });
           after_gpu(self, gpu_event::u_on_host, s.chunk, u.staged());
         });
         return;

@@ -96,7 +96,7 @@ caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, co
   if (chunk < 0 || chunk >= static_cast<int32_t>(pl.chunks.size()))
     return make_caf_error(errc::invalid_argument,
                           std::string(what) + ": no Muon chunk " + std::to_string(chunk));
-  if (view.data == nullptr || view.size != pl.chunks[chunk].shard_len)
+  if ((view.data == nullptr && view.bf16 == nullptr) || view.size != pl.chunks[chunk].shard_len)
     return make_caf_error(errc::shape_mismatch, std::string(what) + ": chunk "
                                                     + std::to_string(chunk) + " needs "
                                                     + std::to_string(pl.chunks[chunk].shard_len)
@@ -191,9 +191,13 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         const auto& c = pl.chunks[msg.chunk];
         for (int i : c.params) {
           const auto& p = pl.params[i];
-          st.be->momentum(st.momentum.data() + p.state_offset, st.grads.data() + p.shard_offset,
-                          msg.out.data + (p.state_offset - c.state_offset), p.shard_len, msg.beta,
-                          msg.nesterov);
+          float* m = st.momentum.data() + p.state_offset;
+          const float* g = st.grads.data() + p.shard_offset;
+          const int64_t at = p.state_offset - c.state_offset;
+          if (msg.out.data != nullptr)
+            st.be->momentum(m, g, msg.out.data + at, p.shard_len, msg.beta, msg.nesterov);
+          else
+            st.be->momentum_to_bf16(m, g, msg.out.bf16 + at, p.shard_len, msg.beta, msg.nesterov);
         }
         return ack{msg.step};
       },
@@ -211,9 +215,15 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                                     + std::to_string(msg.scales.size()) + " scales");
         for (size_t k = 0; k < c.params.size(); ++k) {
           const auto& p = pl.params[c.params[k]];
-          st.be->apply_update(st.params.data() + p.shard_offset,
-                              msg.update.data + (p.state_offset - c.state_offset), p.shard_len,
-                              msg.lr, msg.scales.empty() ? 1.0f : msg.scales[k], msg.weight_decay);
+          float* params = st.params.data() + p.shard_offset;
+          const int64_t at = p.state_offset - c.state_offset;
+          const float scale = msg.scales.empty() ? 1.0f : msg.scales[k];
+          if (msg.update.data != nullptr)
+            st.be->apply_update(params, msg.update.data + at, p.shard_len, msg.lr, scale,
+                                msg.weight_decay);
+          else
+            st.be->apply_update_bf16(params, msg.update.bf16 + at, p.shard_len, msg.lr, scale,
+                                     msg.weight_decay);
         }
         return ack{msg.step};
       },

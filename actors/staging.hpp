@@ -6,7 +6,7 @@
 // plus a host mirror, and `to_comm` / `to_compute` copy between them.
 //
 // A wire_buffer adds the element type a collective moves: the Muon phase's gather and scatter
-// may carry bf16 (DESIGN.md §3), converted from and to the fp32 values the kernels work on.
+// may carry bf16 (DESIGN.md §3), which the kernels then read and write directly.
 #pragma once
 
 #include <string>
@@ -57,57 +57,48 @@ private:
   bool staged_ = false;
 };
 
-/// n fp32 values that kernels work on, moved by the comm backend as `type`. For fp32 the values
-/// are what the comm moves (one staged_buffer, no conversion). For bf16 the comm moves a bf16
-/// copy: to_wire rounds every element (to nearest even) and from_wire widens it back, for the
-/// rank's own segments as for remote ones, so the result does not depend on the world size.
+/// n values that kernels work on and the comm backend moves, stored as `type`: fp32, or bf16
+/// bits (two per float of storage) under bf16 transport. A bf16 buffer has no fp32 copy: the
+/// kernels that produce and consume it round and widen inside (compute_backend's *_bf16 calls),
+/// for the rank's own segments as for remote ones, so the result does not depend on the world
+/// size.
 class wire_buffer {
 public:
   wire_buffer() = default;
   /// n zero values; the comm's side in host memory when `comm_on_host` (staged_buffer).
   wire_buffer(compute_backend& be, int64_t n, wire_type type, bool comm_on_host)
-      : type_(type), size_(n) {
-    if (type == wire_type::fp32) {
-      values_ = staged_buffer(be, n, comm_on_host);
-    } else {
-      values_ = staged_buffer(be, n, false);
-      bits_ = staged_buffer(be, (n + 1) / 2, comm_on_host);  // two bf16 per float of storage
-    }
-  }
+      : type_(type),
+        size_(n),
+        storage_(be, type == wire_type::fp32 ? n : (n + 1) / 2, comm_on_host) {}
 
   int64_t size() const { return size_; }
   wire_type type() const { return type_; }
-  /// True when the comm's side is a host mirror: to_wire has landed only once be.when_done fires.
-  bool staged() const { return type_ == wire_type::fp32 ? values_.staged() : bits_.staged(); }
-  /// The fp32 values, where kernels read and write.
-  float* compute() { return values_.compute(); }
+  /// True when the comm's side is a host mirror: to_comm has landed only once be.when_done fires.
+  bool staged() const { return storage_.staged(); }
+  /// The values where kernels read and write them: `data` (fp32) or `bf16` set.
+  float_view compute() {
+    if (type_ == wire_type::fp32)
+      return float_view{storage_.compute(), size_};
+    return float_view{nullptr, size_, bits(storage_.compute())};
+  }
   /// Elements [offset, offset + n) on the comm's side, as a collective's segment of type().
   segment at(int64_t offset, int64_t n) {
     if (type_ == wire_type::fp32)
-      return segment{values_.comm() + offset, n};
-    return segment{nullptr, n, bits(bits_.comm()) + offset};
+      return segment{storage_.comm() + offset, n};
+    return segment{nullptr, n, bits(storage_.comm()) + offset};
   }
 
-  /// Enqueues compute -> comm (rounding to bf16 on the compute side first).
-  void to_wire(compute_backend& be) {
-    if (type_ == wire_type::bf16 && size_ > 0)
-      be.to_bf16(bits(bits_.compute()), values_.compute(), size_);
-    (type_ == wire_type::fp32 ? values_ : bits_).to_comm(be);
-  }
-  /// Enqueues comm -> compute (widening bf16 on the compute side), ahead of later kernels.
-  void from_wire(compute_backend& be) {
-    (type_ == wire_type::fp32 ? values_ : bits_).to_compute(be);
-    if (type_ == wire_type::bf16 && size_ > 0)
-      be.from_bf16(values_.compute(), bits(bits_.compute()), size_);
-  }
+  /// Enqueues compute -> comm (a copy only when staged).
+  void to_comm(compute_backend& be) { storage_.to_comm(be); }
+  /// Enqueues comm -> compute (a copy only when staged), ahead of later kernels.
+  void to_compute(compute_backend& be) { storage_.to_compute(be); }
 
 private:
   static uint16_t* bits(float* storage) { return reinterpret_cast<uint16_t*>(storage); }
 
   wire_type type_ = wire_type::fp32;
   int64_t size_ = 0;
-  staged_buffer values_;
-  staged_buffer bits_;  // bf16 only
+  staged_buffer storage_;
 };
 
 }  // namespace zmuon

@@ -29,11 +29,13 @@ using params_view_atom = caf::atom_constant<caf::atom("paramview")>;  // its par
 using scaler_state_atom = caf::atom_constant<caf::atom("scalerst")>;  // the loss scaler's counters
 
 // -- buffers -------------------------------------------------------------------------------------
-/// A view of floats owned by the sender, valid until the request it travels in is answered.
-/// Never leaves the process.
+/// A view of `size` values owned by the sender, valid until the request it travels in is
+/// answered: floats at `data`, or, where a message says so (the Muon phase's u and update under
+/// bf16 transport), bf16 bits at `bf16` with `data` null. Never leaves the process.
 struct float_view {
   float* data = nullptr;
   int64_t size = 0;
+  uint16_t* bf16 = nullptr;
 };
 
 /// Gradient staging handed over by the host: immutable once sent, freed with its last reference.
@@ -203,7 +205,8 @@ struct unscale_clip {
   float factor = 1;
 };
 
-/// Momentum update of one chunk's local shards; the update source u goes to `out`.
+/// Momentum update of one chunk's local shards; the update source u goes to `out` (fp32 or
+/// rounded to bf16 bits).
 struct muon_momentum {
   uint64_t step = 0;
   int32_t chunk = 0;
@@ -213,7 +216,8 @@ struct muon_momentum {
 };
 
 /// Apply one chunk's orthogonalized update: p = p*(1 - lr*wd) - lr*scale*o, where `scales`
-/// holds each parameter's update scale in chunk order, or is empty when o is already scaled.
+/// holds each parameter's update scale in chunk order, or is empty when o is already scaled;
+/// o is `update`, fp32 or bf16 bits.
 struct apply_muon {
   uint64_t step = 0;
   int32_t chunk = 0;

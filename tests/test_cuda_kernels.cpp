@@ -751,6 +751,78 @@ BOOST_AUTO_TEST_CASE(bf16_conversion_equals_host_bit_for_bit) {
   BOOST_TEST(wrong_wide == 0);
 }
 
+/// n bf16 values of `input` rounded on the GPU, in a buffer of (n + 1) / 2 floats.
+device_buffer gpu_bf16(compute_backend& gpu, const std::vector<float>& input) {
+  const auto n = static_cast<int64_t>(input.size());
+  device_buffer wide = upload(gpu, input);
+  device_buffer bits = gpu.allocate((n + 1) / 2);
+  gpu.to_bf16(reinterpret_cast<uint16_t*>(bits.data()), wide.data(), n);
+  return bits;
+}
+
+uint16_t* bits_of(device_buffer& b) {
+  return reinterpret_cast<uint16_t*>(b.data());
+}
+
+/// bf16 values (two per float of storage) of a and b that differ.
+int64_t bf16_mismatches(compute_backend& gpu, device_buffer& a, device_buffer& b, int64_t n) {
+  const std::vector<float> x = download(gpu, a.data(), a.size());
+  const std::vector<float> y = download(gpu, b.data(), b.size());
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i)
+    count += reinterpret_cast<const uint16_t*>(x.data())[i]
+             != reinterpret_cast<const uint16_t*>(y.data())[i];
+  return count;
+}
+
+// The calls that read or write bf16 directly (the Muon phase under bf16 transport, where no fp32
+// copy of a chunk exists) give the bits of the fp32 calls with to_bf16 after or from_bf16 before
+// them: momentum (u and m), the Muon update, and Newton-Schulz in both variants, wide, tall and
+// square, batched.
+BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
+  compute_backend& gpu = *env().gpu;
+  const int64_t n = 1'000'003;
+  const std::vector<float> m0 = random_vector(n, 0.1f), g = random_vector(n, 0.1f);
+  device_buffer g_gpu = upload(gpu, g);
+  for (const bool nesterov : {true, false}) {
+    device_buffer m_fp32 = upload(gpu, m0), m_bf16 = upload(gpu, m0);
+    device_buffer u = gpu.allocate(n), u_bits = gpu.allocate((n + 1) / 2);
+    device_buffer want = gpu.allocate((n + 1) / 2);
+    gpu.momentum(m_fp32.data(), g_gpu.data(), u.data(), n, 0.95f, nesterov);
+    gpu.to_bf16(bits_of(want), u.data(), n);
+    gpu.momentum_to_bf16(m_bf16.data(), g_gpu.data(), bits_of(u_bits), n, 0.95f, nesterov);
+    BOOST_TEST(bf16_mismatches(gpu, u_bits, want, n) == 0);
+    BOOST_TEST(mismatches(download(gpu, m_bf16.data(), n), download(gpu, m_fp32.data(), n)) == 0);
+  }
+
+  const std::vector<float> p0 = random_vector(n);
+  device_buffer o_bits = gpu_bf16(gpu, random_vector(n, 0.01f));
+  device_buffer o = gpu.allocate(n);
+  gpu.from_bf16(o.data(), bits_of(o_bits), n);
+  device_buffer p_fp32 = upload(gpu, p0), p_bf16 = upload(gpu, p0);
+  gpu.apply_update(p_fp32.data(), o.data(), n, 0.02f, 1.5f, 0.1f);
+  gpu.apply_update_bf16(p_bf16.data(), bits_of(o_bits), n, 0.02f, 1.5f, 0.1f);
+  BOOST_TEST(mismatches(download(gpu, p_bf16.data(), n), download(gpu, p_fp32.data(), n)) == 0);
+
+  ns_options gram;
+  gram.variant = ns_variant::gram;
+  for (const ns_options& ns : {ns_options{}, gram})
+    for (const auto& c : {newton_schulz::ns_case{3, 64, 200}, {2, 300, 100}, {4, 96, 96}}) {
+      const int64_t numel = c.batch * c.rows * c.cols;
+      device_buffer x_bits = gpu_bf16(gpu, random_vector(numel));
+      device_buffer x = gpu.allocate(numel), want = gpu.allocate((numel + 1) / 2);
+      gpu.from_bf16(x.data(), bits_of(x_bits), numel);
+      gpu.newton_schulz(x.data(), c.batch, c.rows, c.cols, ns);
+      gpu.to_bf16(bits_of(want), x.data(), numel);
+      const int64_t before = gpu.ns_matrix_count();
+      gpu.newton_schulz_bf16(bits_of(x_bits), c.batch, c.rows, c.cols, ns);
+      BOOST_TEST(gpu.ns_matrix_count() - before == c.batch);
+      BOOST_TEST(bf16_mismatches(gpu, x_bits, want, numel) == 0,
+                 (ns.variant == ns_variant::gram ? "gram " : "standard ")
+                     << c.batch << " x [" << c.rows << ", " << c.cols << "]");
+    }
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(large)

@@ -260,6 +260,16 @@ void cuda_compute::apply_update(float* p, const float* o, int64_t n, float lr, f
   launch_apply_update(activate(), p, o, n, lr, scale, weight_decay);
 }
 
+void cuda_compute::momentum_to_bf16(float* m, const float* g, uint16_t* u, int64_t n, float beta,
+                                    bool nesterov) {
+  launch_momentum(activate(), m, g, u, n, beta, nesterov);
+}
+
+void cuda_compute::apply_update_bf16(float* p, const uint16_t* o, int64_t n, float lr,
+                                     float scale, float weight_decay) {
+  launch_apply_update(activate(), p, o, n, lr, scale, weight_decay);
+}
+
 void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
                          const adamw_args& args) {
   launch_adamw(activate(), p, g, m, v, n, args);
@@ -269,6 +279,16 @@ void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
 
 void cuda_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
                                  const ns_options& ns) {
+  run_newton_schulz(ns_io{x, nullptr}, batch, rows, cols, ns);
+}
+
+void cuda_compute::newton_schulz_bf16(uint16_t* x, int64_t batch, int64_t rows, int64_t cols,
+                                      const ns_options& ns) {
+  run_newton_schulz(ns_io{nullptr, reinterpret_cast<__nv_bfloat16*>(x)}, batch, rows, cols, ns);
+}
+
+void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols,
+                                     const ns_options& ns) {
   if (batch <= 0)
     return;
   // On the next lane, concurrently with the NS calls just before it (stream_set.hpp).

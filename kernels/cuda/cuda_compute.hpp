@@ -59,6 +59,14 @@ public:
   void newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
                      const ns_options& ns) override;
 
+  // The conversions to and from bf16 inside the kernels.
+  void momentum_to_bf16(float* m, const float* g, uint16_t* u, int64_t n, float beta,
+                        bool nesterov) override;
+  void apply_update_bf16(float* p, const uint16_t* o, int64_t n, float lr, float scale,
+                         float weight_decay) override;
+  void newton_schulz_bf16(uint16_t* x, int64_t batch, int64_t rows, int64_t cols,
+                          const ns_options& ns) override;
+
   void synchronize() override;
 
   void when_done(std::function<void()> done) override;
@@ -109,6 +117,7 @@ private:
   };
   /// `join`: order the main stream after the NS lanes first (every call but newton_schulz).
   launch_guard activate(bool join = true) const;
+  void run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols, const ns_options& ns);
   reduction reduce(const float* x, int64_t n);
 
   mutable std::mutex mutex_;

@@ -30,21 +30,39 @@ __global__ void scale_kernel(float* __restrict__ x, int64_t n, float factor) {
     x[i] *= factor;
 }
 
+// The Muon phase's u and update as fp32, or as bf16 bits under bf16 transport (rounded and
+// widened with kernels/bf16.hpp's functions, so a bf16 kernel gives the bits of the fp32 kernel
+// followed by to_bf16, or preceded by from_bf16).
+__device__ inline void store(float* dst, float v) {
+  *dst = v;
+}
+__device__ inline void store(uint16_t* dst, float v) {
+  *dst = to_bf16(v);
+}
+__device__ inline float load(const float* src) {
+  return *src;
+}
+__device__ inline float load(const uint16_t* src) {
+  return from_bf16(*src);
+}
+
+template <class U>
 __global__ void momentum_kernel(float* __restrict__ m, const float* __restrict__ g,
-                                float* __restrict__ u, int64_t n, float beta, bool nesterov) {
+                                U* __restrict__ u, int64_t n, float beta, bool nesterov) {
   const float one_minus_beta = 1.0f - beta;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float gi = g[i];
     const float mi = beta * m[i] + one_minus_beta * gi;
     m[i] = mi;
-    u[i] = nesterov ? one_minus_beta * gi + beta * mi : mi;
+    store(u + i, nesterov ? one_minus_beta * gi + beta * mi : mi);
   }
 }
 
-__global__ void apply_update_kernel(float* __restrict__ p, const float* __restrict__ o, int64_t n,
+template <class O>
+__global__ void apply_update_kernel(float* __restrict__ p, const O* __restrict__ o, int64_t n,
                                     float decay, float step) {
   for (int64_t i = first_index(); i < n; i += grid_stride())
-    p[i] = p[i] * decay - step * o[i];
+    p[i] = p[i] * decay - step * load(o + i);
 }
 
 __global__ void to_bf16_kernel(uint16_t* __restrict__ dst, const float* __restrict__ src,
@@ -154,16 +172,20 @@ void launch_sum_squares(const launch_context& ctx, const float* x, int64_t n,
   ZMUON_LAUNCH_CHECK();
 }
 
-void launch_momentum(const launch_context& ctx, float* m, const float* g, float* u, int64_t n,
-                     float beta, bool nesterov) {
+namespace {
+
+template <class U>
+void momentum(const launch_context& ctx, float* m, const float* g, U* u, int64_t n, float beta,
+              bool nesterov) {
   if (n <= 0)
     return;
   momentum_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(m, g, u, n, beta, nesterov);
   ZMUON_LAUNCH_CHECK();
 }
 
-void launch_apply_update(const launch_context& ctx, float* p, const float* o, int64_t n, float lr,
-                         float scale, float weight_decay) {
+template <class O>
+void apply_update(const launch_context& ctx, float* p, const O* o, int64_t n, float lr,
+                  float scale, float weight_decay) {
   if (n <= 0)
     return;
   // The same float products as the host backend, formed once on the host.
@@ -171,6 +193,28 @@ void launch_apply_update(const launch_context& ctx, float* p, const float* o, in
   const float step = lr * scale;
   apply_update_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, o, n, decay, step);
   ZMUON_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+void launch_momentum(const launch_context& ctx, float* m, const float* g, float* u, int64_t n,
+                     float beta, bool nesterov) {
+  momentum(ctx, m, g, u, n, beta, nesterov);
+}
+
+void launch_momentum(const launch_context& ctx, float* m, const float* g, uint16_t* u, int64_t n,
+                     float beta, bool nesterov) {
+  momentum(ctx, m, g, u, n, beta, nesterov);
+}
+
+void launch_apply_update(const launch_context& ctx, float* p, const float* o, int64_t n, float lr,
+                         float scale, float weight_decay) {
+  apply_update(ctx, p, o, n, lr, scale, weight_decay);
+}
+
+void launch_apply_update(const launch_context& ctx, float* p, const uint16_t* o, int64_t n,
+                         float lr, float scale, float weight_decay) {
+  apply_update(ctx, p, o, n, lr, scale, weight_decay);
 }
 
 void launch_to_bf16(const launch_context& ctx, uint16_t* dst, const float* src, int64_t n) {

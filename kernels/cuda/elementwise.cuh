@@ -34,6 +34,11 @@ void launch_momentum(const launch_context& ctx, float* m, const float* g, float*
                      float beta, bool nesterov);
 void launch_apply_update(const launch_context& ctx, float* p, const float* o, int64_t n, float lr,
                          float scale, float weight_decay);
+/// The same with u written, or o read, as bf16 bits (kernels/bf16.hpp's rounding).
+void launch_momentum(const launch_context& ctx, float* m, const float* g, uint16_t* u, int64_t n,
+                     float beta, bool nesterov);
+void launch_apply_update(const launch_context& ctx, float* p, const uint16_t* o, int64_t n,
+                         float lr, float scale, float weight_decay);
 /// fp32 -> bf16 bits and back, with kernels/bf16.hpp's functions (the host backend's bits).
 void launch_to_bf16(const launch_context& ctx, uint16_t* dst, const float* src, int64_t n);
 void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src, int64_t n);

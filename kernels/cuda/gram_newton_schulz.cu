@@ -32,7 +32,7 @@ __global__ void plus_identity_kernel(const __nv_bfloat16* __restrict__ z, int64_
 
 }  // namespace
 
-void gram_ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64_t rows,
+void gram_ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_t rows,
                             int64_t cols, const ns_options& ns) {
   if (batch <= 0 || rows <= 0 || cols <= 0)
     return;
@@ -60,7 +60,7 @@ void gram_ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, 
     std::swap(cur, next);
     step += count;
   }
-  launch_from_bf16(ctx, cur, batch * numel, x);
+  launch_ns_result(ctx, cur, batch * numel, x);
 }
 
 void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,

@@ -18,6 +18,7 @@
 
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/ns_normalize.hpp"
 #include "kernels/cuda/owners.hpp"
 #include "zmuon/options.hpp"
 
@@ -28,10 +29,10 @@ public:
   /// `cublas` must be bound to the stream of every later run().
   explicit gram_ns_workspace(cublasHandle_t cublas) : gemm_(cublas) {}
 
-  /// Orthogonalizes `batch` row-major [rows, cols] fp32 matrices stored back to back at x, in
-  /// place, on ctx.stream, with the Gram variant whatever the shape (the caller dispatches with
+  /// Orthogonalizes `batch` row-major [rows, cols] matrices stored back to back at x (fp32 or
+  /// bf16, ns_io), in place, on ctx.stream, with the Gram variant whatever the shape (the caller dispatches with
   /// ns_uses_gram). Throws gpu::failure.
-  void run(const launch_context& ctx, float* x, int64_t batch, int64_t rows, int64_t cols,
+  void run(const launch_context& ctx, ns_io x, int64_t batch, int64_t rows, int64_t cols,
            const ns_options& ns);
 
   void set_gemm_path(gemm_path path) { gemm_.set_path(path); }

@@ -20,16 +20,24 @@ namespace {
 /// Graphs kept per workspace; a run of more distinct shapes than this starts the cache afresh.
 constexpr size_t kMaxGraphs = 64;
 
+__device__ inline float widen(float v) {
+  return v;
+}
+__device__ inline float widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
 // Grids of the per-matrix kernels: blockIdx.x is the matrix, blockIdx.y a slice of it that
-// grid-strides over the matrix's elements.
-__global__ void matrix_sum_squares_kernel(const float* __restrict__ x, int64_t numel,
+// grid-strides over the matrix's elements. T: float or __nv_bfloat16 (ns_io).
+template <class T>
+__global__ void matrix_sum_squares_kernel(const T* __restrict__ x, int64_t numel,
                                           double* __restrict__ partial_sums) {
-  const float* xm = x + static_cast<int64_t>(blockIdx.x) * numel;
+  const T* xm = x + static_cast<int64_t>(blockIdx.x) * numel;
   const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
   double sum = 0.0;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < numel;
        i += stride) {
-    const double v = __ldg(xm + i);
+    const double v = widen(xm[i]);
     sum += v * v;
   }
   sum = block_sum(sum);
@@ -48,7 +56,8 @@ __global__ void matrix_inv_norm_kernel(const double* __restrict__ partial_sums, 
     inv_norms[blockIdx.x] = static_cast<float>(1.0 / (sqrt(sum) + eps));
 }
 
-__global__ void to_bf16_scaled_kernel(const float* __restrict__ x, int64_t numel,
+template <class T>
+__global__ void to_bf16_scaled_kernel(const T* __restrict__ x, int64_t numel,
                                       const float* __restrict__ inv_norms,
                                       __nv_bfloat16* __restrict__ out) {
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * numel;
@@ -56,7 +65,7 @@ __global__ void to_bf16_scaled_kernel(const float* __restrict__ x, int64_t numel
   const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < numel;
        i += stride)
-    out[offset + i] = __float2bfloat16_rn(x[offset + i] * factor);
+    out[offset + i] = __float2bfloat16_rn(widen(x[offset + i]) * factor);
 }
 
 __global__ void from_bf16_kernel(const __nv_bfloat16* __restrict__ in, int64_t n,
@@ -197,7 +206,7 @@ void* const* ns_workspace::block_pointers(cudaStream_t stream, int64_t batch, in
   return block_pointers_.emplace(std::move(key), std::move(pointers)).first->second.data();
 }
 
-void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64_t rows,
+void ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_t rows,
                        int64_t cols, const ns_options& ns) {
   if (batch <= 0 || rows <= 0 || cols <= 0)
     return;
@@ -240,8 +249,8 @@ void ns_workspace::run(const launch_context& ctx, float* x, int64_t batch, int64
     result = iterate(ctx.stream, batch, m, n, tall, ns);
   }
 
-  // Back to fp32, in place; the layout never changed.
-  launch_from_bf16(ctx, result, batch * numel, x);
+  // Back in place (fp32 or bf16); the layout never changed.
+  launch_ns_result(ctx, result, batch * numel, x);
 }
 
 __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
@@ -359,9 +368,11 @@ int normalize_slices(int64_t batch, int64_t numel, int sm_count) {
   return slices_for(batch, numel, sm_count);
 }
 
-void launch_normalize_to_bf16(const launch_context& ctx, const float* x, int64_t batch,
-                              int64_t numel, double eps, double* partial_sums, float* inv_norms,
-                              __nv_bfloat16* out) {
+namespace {
+
+template <class T>
+void normalize_to_bf16(const launch_context& ctx, const T* x, int64_t batch, int64_t numel,
+                       double eps, double* partial_sums, float* inv_norms, __nv_bfloat16* out) {
   const int slices = slices_for(batch, numel, ctx.sm_count);
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
   matrix_sum_squares_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, partial_sums);
@@ -373,8 +384,27 @@ void launch_normalize_to_bf16(const launch_context& ctx, const float* x, int64_t
   ZMUON_LAUNCH_CHECK();
 }
 
-void launch_from_bf16(const launch_context& ctx, const __nv_bfloat16* in, int64_t n, float* out) {
-  from_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(in, n, out);
+}  // namespace
+
+void launch_normalize_to_bf16(const launch_context& ctx, ns_io x, int64_t batch, int64_t numel,
+                              double eps, double* partial_sums, float* inv_norms,
+                              __nv_bfloat16* out) {
+  if (x.bf16 != nullptr)
+    normalize_to_bf16(ctx, x.bf16, batch, numel, eps, partial_sums, inv_norms, out);
+  else
+    normalize_to_bf16(ctx, x.f32, batch, numel, eps, partial_sums, inv_norms, out);
+}
+
+void launch_ns_result(const launch_context& ctx, const __nv_bfloat16* result, int64_t n,
+                      ns_io out) {
+  if (n <= 0)
+    return;
+  if (out.bf16 != nullptr) {
+    ZMUON_CUDA_CHECK(cudaMemcpyAsync(out.bf16, result, static_cast<size_t>(n) * sizeof(*result),
+                                     cudaMemcpyDeviceToDevice, ctx.stream));
+    return;
+  }
+  from_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(result, n, out.f32);
   ZMUON_LAUNCH_CHECK();
 }
 

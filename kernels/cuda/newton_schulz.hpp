@@ -22,6 +22,7 @@
 
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/launch.hpp"
+#include "kernels/cuda/ns_normalize.hpp"
 #include "kernels/cuda/owners.hpp"
 #include "zmuon/options.hpp"
 
@@ -40,9 +41,9 @@ public:
   /// `cublas` must be bound to the stream of every later run() (it serves the fallback path).
   explicit ns_workspace(cublasHandle_t cublas) : gemm_(cublas) {}
 
-  /// Orthogonalizes `batch` row-major [rows, cols] fp32 matrices stored back to back at x, in
-  /// place, on ctx.stream. Throws gpu::failure.
-  void run(const launch_context& ctx, float* x, int64_t batch, int64_t rows, int64_t cols,
+  /// Orthogonalizes `batch` row-major [rows, cols] matrices stored back to back at x (fp32 or
+  /// bf16, ns_io), in place, on ctx.stream. Throws gpu::failure.
+  void run(const launch_context& ctx, ns_io x, int64_t batch, int64_t rows, int64_t cols,
            const ns_options& ns);
 
   /// Time the GEMMs' candidate algorithms per shape (default), or take cuBLASLt's first.
