@@ -178,6 +178,8 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       [=](unscale_clip& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
+        if (msg.factor == 1.0f)  // x * 1 is x: no pass over every gradient (gas 1, no scale, clip)
+          return ack{msg.step};
         st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
         gradient_changed(self);
         return ack{msg.step};
