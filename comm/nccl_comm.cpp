@@ -190,11 +190,15 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
         if (req.count < 0 || (req.count > 0 && (req.in == nullptr || req.out == nullptr)))
           return make_caf_error(errc::invalid_argument,
                                 "nccl reduce-scatter " + to_string(req.tag) + ": bad buffers");
+        const auto bytes = static_cast<size_t>(req.count) * sizeof(float);
+        const std::vector<gpu::touched> memory{{req.in, bytes * st.world}, {req.out, bytes}};
+        cudaStream_t stream = st.cuda->stream_touching(memory);
         if (auto err = check(self,
                              ncclReduceScatter(req.in, req.out, static_cast<size_t>(req.count),
-                                               ncclFloat, ncclAvg, st.comm, st.cuda->stream()),
+                                               ncclFloat, ncclAvg, st.comm, stream),
                              "reduce-scatter " + to_string(req.tag)))
           return err;
+        st.cuda->stream_done(memory);
         return comm_done{req.tag};
       },
       [=](all_to_all_req& req) -> caf::result<comm_done> {
@@ -222,22 +226,29 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
                 return make_caf_error(errc::invalid_argument,
                                       "nccl " + what + ": a segment of " + std::to_string(s.size)
                                           + " elements has no " + wire_name(req.elem) + " buffer");
+        // Ordered after the NS lanes only where they work on these buffers (the scatter after
+        // its chunk's NS; the next chunk's gather alongside it: stream_set.hpp).
+        std::vector<gpu::touched> memory;
+        for (const auto* lists : {&req.sends, &req.recvs})
+          for (const auto& l : *lists)
+            for (const auto& s : l)
+              memory.push_back({buffer(s), static_cast<size_t>(s.size) * (bf16 ? 2 : 4)});
+        cudaStream_t stream = st.cuda->stream_touching(memory);
         if (auto err = check(self, ncclGroupStart(), what))
           return err;
         ncclResult_t code = ncclSuccess;
         for (int p = 0; p < st.world && code == ncclSuccess; ++p) {
           for (const auto& s : req.sends[p])
             if (code == ncclSuccess)
-              code = ncclSend(buffer(s), static_cast<size_t>(s.size), type, p, st.comm,
-                              st.cuda->stream());
+              code = ncclSend(buffer(s), static_cast<size_t>(s.size), type, p, st.comm, stream);
           for (const auto& s : req.recvs[p])
             if (code == ncclSuccess)
-              code = ncclRecv(buffer(s), static_cast<size_t>(s.size), type, p, st.comm,
-                              st.cuda->stream());
+              code = ncclRecv(buffer(s), static_cast<size_t>(s.size), type, p, st.comm, stream);
         }
         ncclResult_t end = ncclGroupEnd();
         if (auto err = check(self, code != ncclSuccess ? code : end, what))
           return err;
+        st.cuda->stream_done(memory);  // the next NS on these buffers forks after it
         return comm_done{req.tag};
       },
       [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
@@ -259,7 +270,7 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
           st.free_slots.pop_back();
         }
         std::copy(req.values.begin(), req.values.end(), slot->host.get()->begin());
-        cudaStream_t stream = st.cuda->stream();
+        cudaStream_t stream = st.cuda->stream_touching({});  // the slot's own buffers
         const size_t bytes = n * sizeof(double);
         ZMUON_CUDA_CHECK(cudaMemcpyAsync(slot->device.data(), slot->host.get()->data(), bytes,
                                          cudaMemcpyHostToDevice, stream));

@@ -570,6 +570,41 @@ BOOST_AUTO_TEST_CASE(back_to_back_calls_on_lanes) {
   }
 }
 
+// The lanes are ordered by memory, not by everything on the main stream (stream_set.hpp): main-
+// stream work on other buffers runs while an NS call is still going (so the next chunk's
+// momentum and gather, the last one's scatter and update, overlap a chunk's NS), and work on
+// the NS's own buffer waits for it, in both directions: an NS reads what the main stream wrote
+// into its buffer just before, and a copy out of the buffer right after the NS reads its result.
+BOOST_AUTO_TEST_CASE(lanes_are_ordered_by_memory) {
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
+  const ns_options ns;
+  const ns_case big{1, 4096, 8192};  // 12 GEMMs over 4096x4096x8192: milliseconds
+  const int64_t numel = big.batch * big.rows * big.cols;
+  const std::vector<float> input = random_vector(numel);
+  device_buffer want = upload(cuda, input);
+  cuda.newton_schulz(want.data(), big.batch, big.rows, big.cols, ns);
+  const std::vector<float> expected = download(cuda, want.data(), numel);
+
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    device_buffer source = upload(cuda, input);
+    device_buffer x = cuda.allocate(numel), copy_out = cuda.allocate(numel);
+    device_buffer other = upload(cuda, random_vector(1 << 20)), other_src = cuda.allocate(1 << 20);
+    cuda.copy(x.data(), source.data(), numel);  // main stream writes the NS's input...
+    cuda.newton_schulz(x.data(), big.batch, big.rows, big.cols, ns);  // ...which the NS reads
+    cuda.add(other.data(), other_src.data(), 1 << 20);  // other memory: does not wait for NS
+    gpu::cuda_event main_done(cudaEventDisableTiming), ns_done(cudaEventDisableTiming);
+    main_done.record(cuda.stream_touching({}));
+    ns_done.record(cuda.stream_touching({{x.data(), static_cast<size_t>(numel) * 4}}));
+    cuda.copy(copy_out.data(), x.data(), numel);  // waits for the NS: reads its result
+    ZMUON_CUDA_CHECK(cudaEventSynchronize(main_done.get()));
+    const cudaError_t ns_state = cudaEventQuery(ns_done.get());
+    BOOST_TEST((ns_state == cudaErrorNotReady),
+               "the main stream's work on other memory finished only after the NS ("
+                   << cudaGetErrorName(ns_state) << ")");
+    BOOST_TEST(mismatches(download(cuda, copy_out.data(), numel), expected) == 0);
+  }
+}
+
 // -- Newton-Schulz variants: Polar Express and the Gram iteration (issue 8)
 // ------------------------
 //

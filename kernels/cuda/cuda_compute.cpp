@@ -39,6 +39,13 @@ int multiprocessor_count(int device) {
 /// queued goes back to the pool only when the stream gets there, and nothing synchronizes the
 /// device (cudaFree does). The pool keeps what it got instead of returning it at every
 /// synchronization, so a steady step allocates from the pool, not from the driver.
+touched floats(const void* p, int64_t n) {
+  return touched{p, static_cast<size_t>(n) * sizeof(float)};
+}
+touched halves(const void* p, int64_t n) {
+  return touched{p, static_cast<size_t>(n) * sizeof(uint16_t)};
+}
+
 void keep_pool_memory(int device) {
   cudaMemPool_t pool = nullptr;
   ZMUON_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
@@ -141,11 +148,18 @@ cuda_compute::~cuda_compute() {
   }
 }
 
-cuda_compute::launch_guard cuda_compute::activate(bool join) const {
+cuda_compute::launch_guard cuda_compute::activate() const {
   launch_guard guard{std::unique_lock<std::mutex>(mutex_), ctx_};
   ZMUON_CUDA_CHECK(cudaSetDevice(device_));
-  if (join)
-    streams_->join();
+  streams_->join();
+  streams_->forget_marks();  // what follows names no memory
+  return guard;
+}
+
+cuda_compute::launch_guard cuda_compute::activate(std::initializer_list<touched> memory) const {
+  launch_guard guard{std::unique_lock<std::mutex>(mutex_), ctx_, streams_.get(), memory};
+  ZMUON_CUDA_CHECK(cudaSetDevice(device_));
+  streams_->join_touching(memory);
   return guard;
 }
 
@@ -154,7 +168,7 @@ cuda_compute::launch_guard cuda_compute::activate(bool join) const {
 device_buffer cuda_compute::allocate(int64_t n) {
   if (n <= 0)
     return device_buffer{};
-  const launch_guard guard = activate();
+  const launch_guard guard = activate({});  // fresh memory: no lane uses it
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   float* data = nullptr;
   ZMUON_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&data), bytes, ctx_.stream));
@@ -164,14 +178,16 @@ device_buffer cuda_compute::allocate(int64_t n) {
                        [streams = streams_, device = device_, meter = meter_, bytes](float* p) {
                          (void)cudaSetDevice(device);
                          try {  // after any lane work that may still use p
-                           (void)cudaFreeAsync(p, streams->joined());
+                           (void)cudaFreeAsync(p, streams->touching({{p, bytes}}));
                          } catch (const failure&) {  // a broken context: the memory is gone
                          }
                          meter->released(static_cast<int64_t>(bytes));
                        });
   // Stream-ordered: every user of this backend's buffers (its actors, the nccl comm) enqueues on
-  // the same stream, so the zeros land before any later use; nothing waits.
+  // the main stream or forks from it after the zeros (marked: the pool may hand out memory that
+  // older marks still name); nothing waits.
   ZMUON_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, ctx_.stream));
+  streams_->main_done(std::initializer_list<touched>{{data, bytes}});
   return buffer;
 }
 
@@ -196,7 +212,7 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
 void cuda_compute::copy(float* dst, const float* src, int64_t n) {
   if (n <= 0 || dst == src)
     return;
-  const launch_guard guard = activate();
+  const launch_guard guard = activate({floats(dst, n), floats(src, n)});
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToDevice, ctx_.stream));
 }
@@ -204,26 +220,26 @@ void cuda_compute::copy(float* dst, const float* src, int64_t n) {
 void cuda_compute::fill_zero(float* x, int64_t n) {
   if (n <= 0)
     return;
-  const launch_guard guard = activate();
+  const launch_guard guard = activate({floats(x, n)});
   ZMUON_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), ctx_.stream));
 }
 
 // -- element-wise --------------------------------------------------------------------------------
 
 void cuda_compute::add(float* dst, const float* src, int64_t n) {
-  launch_add(activate(), dst, src, n);
+  launch_add(activate({floats(dst, n), floats(src, n)}), dst, src, n);
 }
 
 void cuda_compute::scale(float* x, int64_t n, float factor) {
-  launch_scale(activate(), x, n, factor);
+  launch_scale(activate({floats(x, n)}), x, n, factor);
 }
 
 void cuda_compute::to_bf16(uint16_t* dst, const float* src, int64_t n) {
-  launch_to_bf16(activate(), dst, src, n);
+  launch_to_bf16(activate({halves(dst, n), floats(src, n)}), dst, src, n);
 }
 
 void cuda_compute::from_bf16(float* dst, const uint16_t* src, int64_t n) {
-  launch_from_bf16(activate(), dst, src, n);
+  launch_from_bf16(activate({floats(dst, n), halves(src, n)}), dst, src, n);
 }
 
 reduction cuda_compute::reduce(const float* x, int64_t n) {
@@ -252,27 +268,30 @@ double cuda_compute::frobenius_norm(const float* x, int64_t n) {
 
 void cuda_compute::momentum(float* m, const float* g, float* u, int64_t n, float beta,
                             bool nesterov) {
-  launch_momentum(activate(), m, g, u, n, beta, nesterov);
+  launch_momentum(activate({floats(m, n), floats(g, n), floats(u, n)}), m, g, u, n, beta,
+                  nesterov);
 }
 
 void cuda_compute::apply_update(float* p, const float* o, int64_t n, float lr, float scale,
                                 float weight_decay) {
-  launch_apply_update(activate(), p, o, n, lr, scale, weight_decay);
+  launch_apply_update(activate({floats(p, n), floats(o, n)}), p, o, n, lr, scale, weight_decay);
 }
 
 void cuda_compute::momentum_to_bf16(float* m, const float* g, uint16_t* u, int64_t n, float beta,
                                     bool nesterov) {
-  launch_momentum(activate(), m, g, u, n, beta, nesterov);
+  launch_momentum(activate({floats(m, n), floats(g, n), halves(u, n)}), m, g, u, n, beta,
+                  nesterov);
 }
 
 void cuda_compute::apply_update_bf16(float* p, const uint16_t* o, int64_t n, float lr,
                                      float scale, float weight_decay) {
-  launch_apply_update(activate(), p, o, n, lr, scale, weight_decay);
+  launch_apply_update(activate({floats(p, n), halves(o, n)}), p, o, n, lr, scale, weight_decay);
 }
 
 void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
                          const adamw_args& args) {
-  launch_adamw(activate(), p, g, m, v, n, args);
+  launch_adamw(activate({floats(p, n), floats(g, n), floats(m, n), floats(v, n)}), p, g, m, v, n,
+               args);
 }
 
 // -- Newton-Schulz -------------------------------------------------------------------------------
@@ -291,16 +310,20 @@ void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64
                                      const ns_options& ns) {
   if (batch <= 0)
     return;
-  // On the next lane, concurrently with the NS calls just before it (stream_set.hpp).
-  const launch_guard guard = activate(false);
+  // On the next lane, alongside the NS calls just before it and the main stream's work that
+  // follows on other memory (stream_set.hpp).
+  const launch_guard guard = activate({});
+  const touched memory{x.f32 != nullptr ? static_cast<const void*>(x.f32) : x.bf16,
+                       static_cast<size_t>(batch * rows * cols)
+                           * (x.f32 != nullptr ? sizeof(float) : sizeof(uint16_t))};
   int lane = 0;
   launch_context on_lane = ctx_;
-  on_lane.stream = streams_->fork(lane);
+  on_lane.stream = streams_->fork(lane, memory);
   if (ns_uses_gram(ns, rows, cols, ns_variant::gram))
     lanes_[lane]->gram_ns.run(on_lane, x, batch, rows, cols, ns);
   else
     lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
-  streams_->lane_done(lane);
+  streams_->lane_done(lane, memory);
   ns_matrices_ += batch;
 }
 
@@ -341,7 +364,7 @@ void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
     *out = scan_result{};
     return;
   }
-  const launch_guard guard = activate();
+  const launch_guard guard = activate({floats(x, n)});
   const reduction_scratch scratch{partial_sums_.data(), partial_flags_.data(), result_.data()};
   launch_sum_squares(guard, x, n, scratch);
   // The pinned landing place is reused by the next scan; the stream orders copy, then callback.
@@ -355,7 +378,7 @@ void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
 device_buffer cuda_compute::allocate_host(int64_t n) {
   if (n <= 0)
     return device_buffer{};
-  const launch_guard guard = activate();
+  const launch_guard guard = activate({});  // host memory: no lane uses it
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   auto* data = static_cast<float*>(pinned_cache_->take(bytes));
   if (data == nullptr)
@@ -377,7 +400,7 @@ device_buffer cuda_compute::allocate_host(int64_t n) {
 void cuda_compute::copy_to_host_async(float* host_dst, const float* src, int64_t n) {
   if (n <= 0)
     return;
-  const launch_guard guard = activate();
+  const launch_guard guard = activate({floats(src, n)});
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
 }
@@ -385,7 +408,7 @@ void cuda_compute::copy_to_host_async(float* host_dst, const float* src, int64_t
 void cuda_compute::copy_from_host_async(float* dst, const float* host_src, int64_t n) {
   if (n <= 0)
     return;
-  const launch_guard guard = activate();
+  const launch_guard guard = activate({floats(dst, n)});
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyHostToDevice, ctx_.stream));
 }

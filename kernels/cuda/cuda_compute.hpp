@@ -82,6 +82,12 @@ public:
   int device() const { return device_; }
   /// (Newton-Schulz calls still running on their lanes are joined first: see stream_set.hpp.)
   cudaStream_t stream() const { return streams_->joined(); }
+  /// The stream, ordered after the NS work on `memory` only (the nccl comm: its buffers).
+  cudaStream_t stream_touching(const std::vector<touched>& memory) const {
+    return streams_->touching(memory);
+  }
+  /// What was just enqueued on stream_touching(memory)'s stream touched `memory`.
+  void stream_done(const std::vector<touched>& memory) const { streams_->main_done(memory); }
   /// For benchmarks: how Newton-Schulz runs its GEMMs (gemm.hpp).
   void set_ns_gemm_path(gemm_path path) {
     for_each_lane([&](ns_lane& lane) {
@@ -110,13 +116,28 @@ private:
   /// The launch context, usable while the guard lives: holds the backend's lock (the actors of
   /// one rank share its backend and run on any scheduler thread, so calls are serialized; each
   /// only enqueues, except the waits named above) with this backend's device current.
+  /// Work enqueued under a guard from activate(memory) is marked, when the guard ends, as the
+  /// main stream's latest work on that memory (stream_set::main_done).
   struct launch_guard {
     std::unique_lock<std::mutex> lock;
     const launch_context& ctx;
+    stream_set* streams = nullptr;
+    std::vector<touched> memory = {};
+    launch_guard(launch_guard&&) = default;
+    ~launch_guard() {
+      if (streams == nullptr || memory.empty())
+        return;
+      try {
+        streams->main_done(memory);
+      } catch (const failure&) {  // a broken context: nothing will run after it
+      }
+    }
     operator const launch_context&() const { return ctx; }
   };
-  /// `join`: order the main stream after the NS lanes first (every call but newton_schulz).
-  launch_guard activate(bool join = true) const;
+  /// After ordering the main stream after every NS lane (calls that wait or cannot name their
+  /// memory), or after the lanes whose NS work touches `memory` (stream_set.hpp).
+  launch_guard activate() const;
+  launch_guard activate(std::initializer_list<touched> memory) const;
   void run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols, const ns_options& ns);
   reduction reduce(const float* x, int64_t n);
 

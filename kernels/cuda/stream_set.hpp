@@ -1,26 +1,43 @@
 // A rank's streams: the main stream, on which every backend call and the nccl comm enqueue in
-// call order, and a few lanes that Newton-Schulz calls fork onto so that the same-shape groups
-// of one chunk (GPT-2: 48x768², 12x768x3072, 12x3072x768) run side by side instead of each
-// leaving part of the device idle.
+// call order, and a few lanes that Newton-Schulz calls fork onto, so that the same-shape groups
+// of one chunk (GPT-2: 48x768², 12x768x3072, 12x3072x768) run side by side, and so that the
+// main stream's memory-bound work on other chunks (the next chunk's momentum and gather, the
+// last one's scatter and update) runs alongside a chunk's NS instead of after it.
 //
-// Consecutive NS calls all fork from one point of the main stream (an event recorded at the
-// first of them) and run concurrently on their lanes; the next piece of work on the main
-// stream joins them first (join() makes the main stream wait for every lane that has work it
-// has not waited for). Every way onto the main stream joins: the backend's calls, its
-// stream() accessor (nccl comm, benchmarks), and the release of buffers (a stream-ordered
-// free or a pinned block's return must come after lane work that may still use the memory).
+// Both directions are ordered by the memory the work touches, not by everything before it:
+// - an NS call forks onto the next lane after the main stream's last work on the NS's memory
+//   (an event recorded after every piece of main-stream work that names its memory: main_done),
+//   not after all of the main stream's queue;
+// - work on the main stream waits only for the lanes whose NS work touches its memory
+//   (join_touching): each backend call names the buffers it uses, and so do the nccl comm
+//   (cuda_compute::stream_touching) and a buffer's release (a stream-ordered free must come
+//   after lane work that may still use the memory).
+// What cannot name its memory (the host-facing waits, completion callbacks, benchmarks'
+// stream()) joins every lane and forgets the main stream's marks, so that the next NS call
+// forks after everything. A lane's event is re-recorded by each NS call, so waiting for it may
+// wait for more than the call wanted (never less); a mark's event slot is reused after
+// kMarkEvents marks, which can only make a fork wait for later main-stream work (never less).
 // Shared (shared_ptr) with those release functions, so it outlives the backend if need be.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <array>
+#include <cstdint>
+#include <initializer_list>
 #include <mutex>
+#include <vector>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/owners.hpp"
 
 namespace zmuon::gpu {
+
+/// Memory a piece of work reads or writes: [data, data + bytes).
+struct touched {
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
 
 class stream_set {
 public:
@@ -30,9 +47,20 @@ public:
   stream_set(const stream_set&) = delete;
   stream_set& operator=(const stream_set&) = delete;
 
-  /// The main stream, after joining the lanes.
+  /// The main stream, after joining every lane, for work that does not name its memory.
   cudaStream_t joined() {
     join();
+    forget_marks();
+    return main_.get();
+  }
+  /// The main stream, after joining the lanes whose NS work touches any of `memory`.
+  template <class Ranges>
+  cudaStream_t touching(const Ranges& memory) {
+    join_touching(memory);
+    return main_.get();
+  }
+  cudaStream_t touching(std::initializer_list<touched> memory) {
+    join_touching(memory);
     return main_.get();
   }
   /// The main stream as it is (for work that is itself about to join, or the constructor).
@@ -41,33 +69,81 @@ public:
   /// Makes the main stream wait for every lane's work enqueued so far.
   void join() {
     const std::lock_guard<std::mutex> lock(mutex_);
-    for (int i = 0; i < kLanes; ++i) {
+    for (int i = 0; i < kLanes; ++i)
       if (pending_ & (1u << i))
-        ZMUON_CUDA_CHECK(cudaStreamWaitEvent(main_.get(), lanes_[i].done.get(), 0));
+        wait_for_lane(i);
+  }
+  /// Makes the main stream wait for the lanes whose NS work since they were last joined touches
+  /// any of `memory` (and for everything else queued on those lanes before it).
+  template <class Ranges>
+  void join_touching(const Ranges& memory) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (int i = 0; i < kLanes; ++i) {
+      if (!(pending_ & (1u << i)))
+        continue;
+      bool hit = false;
+      for (const auto& used : lanes_[i].memory)
+        for (const touched& t : memory)
+          hit = hit || overlaps(used, t);
+      if (hit)
+        wait_for_lane(i);
     }
-    pending_ = 0;
-    forked_ = false;
+  }
+  void join_touching(std::initializer_list<touched> memory) {
+    join_touching<std::initializer_list<touched>>(memory);
   }
 
-  /// The next lane's stream, ordered after the main stream's work up to the fork point.
-  /// Call lane_done(lane) after enqueueing on it.
-  cudaStream_t fork(int& lane) {
+  /// Work just enqueued on the main stream reads or writes `memory`.
+  template <class Ranges>
+  void main_done(const Ranges& memory) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (!forked_) {
-      fork_.record(main_.get());
-      forked_ = true;
+    cuda_event& event = mark_events_[next_event_];
+    const int slot = next_event_;
+    next_event_ = (next_event_ + 1) % kMarkEvents;
+    bool recorded = false;
+    for (const touched& t : memory) {
+      if (t.bytes == 0)
+        continue;
+      if (!recorded)
+        event.record(main_.get());
+      recorded = true;
+      marks_.push_back(mark{t, slot});
     }
+    while (marks_.size() > kMaxMarks)
+      marks_.erase(marks_.begin());
+  }
+
+  /// The next lane's stream, ordered after the main stream's last work on `memory` and any lane
+  /// work on it. Call lane_done(lane, memory) after enqueueing on it.
+  cudaStream_t fork(int& lane, touched memory) {
+    join_touching({memory});
+    const std::lock_guard<std::mutex> lock(mutex_);
     lane = next_;
     next_ = (next_ + 1) % kLanes;
-    ZMUON_CUDA_CHECK(cudaStreamWaitEvent(lanes_[lane].stream.get(), fork_.get(), 0));
+    const cuda_event* after = nullptr;
+    for (auto m = marks_.rbegin(); m != marks_.rend() && after == nullptr; ++m)
+      if (overlaps(m->memory, memory))
+        after = &mark_events_[m->event];
+    if (after == nullptr) {  // no main-stream work named this memory lately: after all of it
+      fork_.record(main_.get());
+      after = &fork_;
+    }
+    ZMUON_CUDA_CHECK(cudaStreamWaitEvent(lanes_[lane].stream.get(), after->get(), 0));
     return lanes_[lane].stream.get();
   }
-  void lane_done(int lane) {
+  void lane_done(int lane, touched memory) {
     const std::lock_guard<std::mutex> lock(mutex_);
     lanes_[lane].done.record(lanes_[lane].stream.get());
+    lanes_[lane].memory.push_back(memory);
     pending_ |= 1u << lane;
   }
   cudaStream_t lane_stream(int lane) const { return lanes_[lane].stream.get(); }
+
+  /// Main-stream work that named no memory may touch anything: the next NS call forks after all.
+  void forget_marks() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    marks_.clear();
+  }
 
   /// Waits for everything on every stream.
   void synchronize() {
@@ -79,13 +155,42 @@ private:
   struct lane_streams {
     cuda_stream stream;
     cuda_event done{cudaEventDisableTiming};
+    std::vector<touched> memory;  // what the lane's work since its last join reads and writes
   };
+
+  static constexpr int kMarkEvents = 64;
+  static constexpr size_t kMaxMarks = 256;
+  struct mark {
+    touched memory;
+    int event = 0;  // index into mark_events_
+  };
+
+  static bool overlaps(const touched& a, const touched& b) {
+    const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+    return a.bytes > 0 && b.bytes > 0 && a0 < b0 + b.bytes && b0 < a0 + a.bytes;
+  }
+  static std::vector<cuda_event> make_events() {
+    std::vector<cuda_event> events;
+    events.reserve(kMarkEvents);
+    for (int i = 0; i < kMarkEvents; ++i)
+      events.emplace_back(cudaEventDisableTiming);
+    return events;
+  }
+  /// The main stream waits for all of lane i's work so far. Holds mutex_.
+  void wait_for_lane(int i) {
+    ZMUON_CUDA_CHECK(cudaStreamWaitEvent(main_.get(), lanes_[i].done.get(), 0));
+    lanes_[i].memory.clear();
+    pending_ &= ~(1u << i);
+  }
+
   cuda_stream main_;
   std::array<lane_streams, kLanes> lanes_;
   cuda_event fork_{cudaEventDisableTiming};
+  std::vector<cuda_event> mark_events_ = make_events();
+  std::vector<mark> marks_;  // newest last
+  int next_event_ = 0;
   std::mutex mutex_;
   unsigned pending_ = 0;  // bit i: lane i has work the main stream has not joined
-  bool forked_ = false;   // fork_ marks the current burst of NS calls
   int next_ = 0;
 };
 
