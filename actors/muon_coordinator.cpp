@@ -243,12 +243,9 @@ void scatter(coord_pointer self, int c) {
       cw.result.to_compute(*st.be);
     });
     const auto& muon = st.opts.muon;
-    apply_muon msg{st.work->req.step,
-                   c,
-                   st.work->req.muon_lr,
-                   muon.weight_decay,
-                   cw.result.compute(),
-                   st.receiver_scales[c]};
+    apply_muon msg{st.work->req.step,    c,
+                   st.work->req.muon_lr, muon.weight_decay,
+                   cw.result.compute(),  st.receiver_scales[c]};
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
       buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
@@ -273,8 +270,7 @@ void advance(coord_pointer self) {
         });
         cw.at = chunk_work::momentum_requested;
         const auto& muon = st.opts.muon;
-        muon_momentum msg{w.req.step, s.chunk, muon.momentum, muon.nesterov,
-                          cw.u.compute()};
+        muon_momentum msg{w.req.step, s.chunk, muon.momentum, muon.nesterov, cw.u.compute()};
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
           auto& st = self->state;
           auto& u = st.work->chunks[s.chunk].u;

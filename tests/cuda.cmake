@@ -1,11 +1,15 @@
 # GPU tests of the CUDA backend (label `gpu`). Without a usable GPU each executable exits with 77
 # before running anything, which ctest reports as "Skipped", not "Passed".
+# Further sources of the same executable follow `lib`.
 function(zmuon_add_gpu_test name lib)
-  zmuon_add_test(${name} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/${name}.cpp LIBS ${lib} LABEL gpu)
+  list(TRANSFORM ARGN PREPEND ${CMAKE_CURRENT_SOURCE_DIR}/ OUTPUT_VARIABLE more)
+  zmuon_add_test(${name} SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/${name}.cpp ${more} LIBS ${lib}
+                 LABEL gpu)
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77)
 endfunction()
 
 if(TARGET zmuon_cuda)
-  zmuon_add_gpu_test(test_cuda_kernels zmuon_kernels)  # every kernel against the host backend
+  # every kernel against the host backend
+  zmuon_add_gpu_test(test_cuda_kernels zmuon_kernels test_cuda_newton_schulz.cpp)
   zmuon_add_gpu_test(test_engine_cuda zmuon_train)  # the engine on CUDA vs host, core contract
 endif()

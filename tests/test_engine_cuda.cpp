@@ -76,8 +76,8 @@ BOOST_AUTO_TEST_CASE(cuda_matches_host_world_1_nccl_and_world_4_caf) {
   auto host1 = train_model(options(1), 1, 32, steps).params;
   auto host4 = train_model(options(4), 1, 8, steps).params;
   std::vector<tensor_map> by_variant;
-  for (const auto& [variant, name] : {std::pair{ns_variant::standard, "standard"},
-                                      std::pair{ns_variant::automatic, "auto"}}) {
+  for (const auto& [variant, name] :
+       {std::pair{ns_variant::standard, "standard"}, std::pair{ns_variant::automatic, "auto"}}) {
     auto with = [&](engine_options o) {
       o.muon.ns.variant = variant;
       return o;

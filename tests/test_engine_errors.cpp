@@ -170,8 +170,8 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   BOOST_REQUIRE(!e);
   expect_error(e.err(), errc::invalid_argument, "ns_gram_restart must be >= 0");
   // Checked before any backend starts, so no GPU needed; auto means gram on cuda.
-  for (const auto& [variant, name] : {std::pair{ns_variant::gram, "gram"},
-                                      std::pair{ns_variant::automatic, "auto (gram)"}})
+  for (const auto& [variant, name] :
+       {std::pair{ns_variant::gram, "gram"}, std::pair{ns_variant::automatic, "auto (gram)"}})
     for (const int restart : {0, 4}) {
       o = options(2);
       o.compute = "cuda";

@@ -23,13 +23,13 @@ enum class muon_transport : uint8_t {
 
 /// How Newton-Schulz is evaluated (both compute the same polynomial of X, DESIGN.md §2).
 enum class ns_variant : uint8_t {
-  standard,  // per step A = X X^T; B = b*A + c*A*A; X = a*X + B*X
-  gram,      // iterate on the small Gram matrix R = X X^T and apply the product Q of the
-             // steps' polynomials to X once at the end (kernels/ns_variants.hpp); matrices
-             // whose long side is below kGramMinAspect times the short one run `standard`
-  automatic, // the engine's default: `gram` on the cuda backend, where its bf16 GEMMs were
-             // measured faster (bench_ns --tables, docs/NOTES.md), `standard` on the host,
-             // the fp32 reference
+  standard,   // per step A = X X^T; B = b*A + c*A*A; X = a*X + B*X
+  gram,       // iterate on the small Gram matrix R = X X^T and apply the product Q of the
+              // steps' polynomials to X once at the end (kernels/ns_variants.hpp); matrices
+              // whose long side is below kGramMinAspect times the short one run `standard`
+  automatic,  // the engine's default: `gram` on the cuda backend, where its bf16 GEMMs were
+              // measured faster (bench_ns --tables, docs/NOTES.md), `standard` on the host,
+              // the fp32 reference
 };
 
 /// Newton-Schulz iteration parameters.

@@ -268,8 +268,7 @@ double cuda_compute::frobenius_norm(const float* x, int64_t n) {
 
 void cuda_compute::momentum(float* m, const float* g, float* u, int64_t n, float beta,
                             bool nesterov) {
-  launch_momentum(activate({floats(m, n), floats(g, n), floats(u, n)}), m, g, u, n, beta,
-                  nesterov);
+  launch_momentum(activate({floats(m, n), floats(g, n), floats(u, n)}), m, g, u, n, beta, nesterov);
 }
 
 void cuda_compute::apply_update(float* p, const float* o, int64_t n, float lr, float scale,
@@ -279,12 +278,11 @@ void cuda_compute::apply_update(float* p, const float* o, int64_t n, float lr, f
 
 void cuda_compute::momentum_to_bf16(float* m, const float* g, uint16_t* u, int64_t n, float beta,
                                     bool nesterov) {
-  launch_momentum(activate({floats(m, n), floats(g, n), halves(u, n)}), m, g, u, n, beta,
-                  nesterov);
+  launch_momentum(activate({floats(m, n), floats(g, n), halves(u, n)}), m, g, u, n, beta, nesterov);
 }
 
-void cuda_compute::apply_update_bf16(float* p, const uint16_t* o, int64_t n, float lr,
-                                     float scale, float weight_decay) {
+void cuda_compute::apply_update_bf16(float* p, const uint16_t* o, int64_t n, float lr, float scale,
+                                     float weight_decay) {
   launch_apply_update(activate({floats(p, n), halves(o, n)}), p, o, n, lr, scale, weight_decay);
 }
 

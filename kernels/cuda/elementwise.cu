@@ -184,8 +184,8 @@ void momentum(const launch_context& ctx, float* m, const float* g, U* u, int64_t
 }
 
 template <class O>
-void apply_update(const launch_context& ctx, float* p, const O* o, int64_t n, float lr,
-                  float scale, float weight_decay) {
+void apply_update(const launch_context& ctx, float* p, const O* o, int64_t n, float lr, float scale,
+                  float weight_decay) {
   if (n <= 0)
     return;
   // The same float products as the host backend, formed once on the host.

@@ -30,8 +30,8 @@ public:
   explicit gram_ns_workspace(cublasHandle_t cublas) : gemm_(cublas) {}
 
   /// Orthogonalizes `batch` row-major [rows, cols] matrices stored back to back at x (fp32 or
-  /// bf16, ns_io), in place, on ctx.stream, with the Gram variant whatever the shape (the caller dispatches with
-  /// ns_uses_gram). Throws gpu::failure.
+  /// bf16, ns_io), in place, on ctx.stream, with the Gram variant whatever the shape (the caller
+  /// dispatches with ns_uses_gram). Throws gpu::failure.
   void run(const launch_context& ctx, ns_io x, int64_t batch, int64_t rows, int64_t cols,
            const ns_options& ns);
 

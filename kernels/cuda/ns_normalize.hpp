@@ -31,7 +31,6 @@ void launch_normalize_to_bf16(const launch_context& ctx, ns_io x, int64_t batch,
                               __nv_bfloat16* out);
 
 /// out = result, n elements, on ctx.stream: widened to fp32, or copied as bf16.
-void launch_ns_result(const launch_context& ctx, const __nv_bfloat16* result, int64_t n,
-                      ns_io out);
+void launch_ns_result(const launch_context& ctx, const __nv_bfloat16* result, int64_t n, ns_io out);
 
 }  // namespace zmuon::gpu
