@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda/bench_common.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/owners.hpp"
@@ -43,73 +44,13 @@
 
 namespace {
 
-using zmuon::gpu::cuda_event;
-using zmuon::gpu::device_array;
-
-struct shape {
-  std::string label;
-  int64_t batch;
-  int64_t rows;
-  int64_t cols;
-};
-
-/// Full-GEMM FLOPs of `steps` NS iterations: A = X X^T, A*A and B*X on the wide [m, n] view.
-double ns_flops(const shape& s, int steps) {
-  const double m = static_cast<double>(std::min(s.rows, s.cols));
-  const double n = static_cast<double>(std::max(s.rows, s.cols));
-  return static_cast<double>(s.batch) * steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n);
-}
-
-/// Normal-ish random floats (sum of uniforms), fast enough for 10^8 values.
-std::vector<float> random_floats(size_t n, uint64_t seed) {
-  std::vector<float> v(n);
-  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  const auto next = [&state] {
-    state ^= state << 13;
-    state ^= state >> 7;
-    state ^= state << 17;
-    return static_cast<float>(state >> 40) / static_cast<float>(1 << 24);
-  };
-  for (float& x : v)
-    x = (next() + next() + next() - 1.5f) * 2.0f;
-  return v;
-}
+using namespace zmuon::bench;
 
 uint16_t to_bf16_bits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
   bits += 0x7FFFu + ((bits >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(bits >> 16);
-}
-
-/// The backend's main stream, looked up at every use: the backend's stream() joins the
-/// Newton-Schulz lanes first (kernels/cuda/stream_set.hpp), so an event recorded or a copy
-/// enqueued on it comes after every NS call made before.
-struct main_stream {
-  const zmuon::gpu::cuda_compute* backend;
-  operator cudaStream_t() const { return backend->stream(); }
-};
-
-/// Median milliseconds of `reps` runs of `body`, each between two events on `stream`, after
-/// `before` (not timed) and a synchronize.
-double median_ms(const main_stream& stream, int reps, const std::function<void()>& before,
-                 const std::function<void()>& body) {
-  cuda_event start;
-  cuda_event stop;
-  std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    before();
-    ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
-    start.record(stream);
-    body();
-    stop.record(stream);
-    ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    float ms = 0.0f;
-    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
 }
 
 struct ceilings {
@@ -189,180 +130,6 @@ double median_enqueue_ms(const main_stream& stream, int reps, const std::functio
   ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
-}
-
-// -- --variant / --schedule: the NS variants per shape (issue 8) ----------------------------------
-
-/// ||O O^T - I||_F / sqrt(m) of the wide view of the row-major [rows, cols] fp32 `o` on the
-/// device: the Gram matrix by an fp32 cuBLAS GEMM, the norm summed on the host in double.
-double orthogonality_error(const main_stream& stream, const float* o, int64_t rows, int64_t cols) {
-  const int m = static_cast<int>(std::min(rows, cols));
-  const int n = static_cast<int>(std::max(rows, cols));
-  zmuon::gpu::cublas_handle cublas;
-  ZMUON_CUBLAS_CHECK(cublasSetStream(cublas.get(), stream));
-  device_array<float> g(int64_t{m} * m);
-  const float one = 1.0f;
-  const float zero = 0.0f;
-  // Column-major: a row-major wide [m, n] o is O^T ([n, m], ld n); a tall one is O ([m, n], ld m).
-  const bool tall = rows > cols;
-  ZMUON_CUBLAS_CHECK(cublasSgemm(cublas.get(), tall ? CUBLAS_OP_N : CUBLAS_OP_T,
-                                 tall ? CUBLAS_OP_T : CUBLAS_OP_N, m, m, n, &one, o, tall ? m : n,
-                                 o, tall ? m : n, &zero, g.data(), m));
-  std::vector<float> host(static_cast<size_t>(m) * m);
-  ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
-  ZMUON_CUDA_CHECK(cudaMemcpy(host.data(), g.data(), g.bytes(), cudaMemcpyDeviceToHost));
-  double sum = 0.0;
-  for (int i = 0; i < m; ++i) {
-    for (int j = 0; j < m; ++j) {
-      const double d = host[static_cast<size_t>(i) * m + j] - (i == j ? 1.0 : 0.0);
-      sum += d * d;
-    }
-  }
-  return std::sqrt(sum / m);
-}
-
-/// For each of the issue's shapes and each variant asked for: the median time of one call and
-/// the orthogonality error of its result, on the same random input.
-int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_options& base,
-                 const std::vector<zmuon::ns_variant>& variants, const std::string& schedule) {
-  const main_stream stream{&backend};
-  const std::vector<shape> shapes = {
-      {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
-      {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"11008x4096", 1, 11008, 4096}};
-  std::printf("NS variants, schedule %s, %d steps, gram restart %d, median of %d\n",
-              schedule.c_str(), base.steps, base.gram_restart, reps);
-  std::printf("(gram runs on shapes whose long side > %.1f x the short one; others: standard)\n",
-              zmuon::kGramMinAspect);
-  std::printf("%-12s %-9s %10s %10s %14s\n", "shape", "variant", "ms", "vs first", "orthogonality");
-  for (const shape& s : shapes) {
-    const int64_t numel = s.batch * s.rows * s.cols;
-    const std::vector<float> input = random_floats(static_cast<size_t>(numel), 7);
-    device_array<float> pristine(numel);
-    device_array<float> x(numel);
-    ZMUON_CUDA_CHECK(
-        cudaMemcpy(pristine.data(), input.data(), pristine.bytes(), cudaMemcpyHostToDevice));
-    const auto restore = [&] {
-      ZMUON_CUDA_CHECK(
-          cudaMemcpyAsync(x.data(), pristine.data(), x.bytes(), cudaMemcpyDeviceToDevice, stream));
-    };
-    double first_ms = 0.0;
-    for (const zmuon::ns_variant v : variants) {
-      zmuon::ns_options ns = base;
-      ns.variant = v;
-      const auto run = [&] { backend.newton_schulz(x.data(), s.batch, s.rows, s.cols, ns); };
-      for (int i = 0; i < 3; ++i) {
-        restore();
-        run();
-      }
-      const double ms = median_ms(stream, reps, restore, run);
-      restore();
-      run();
-      const double orth = orthogonality_error(stream, x.data(), s.rows, s.cols);
-      if (first_ms == 0.0)
-        first_ms = ms;
-      const bool gram = zmuon::ns_uses_gram(ns, s.rows, s.cols);
-      std::printf("%-12s %-9s %10.3f %9.2fx %14.4g\n", s.label.c_str(),
-                  v == zmuon::ns_variant::gram ? (gram ? "gram" : "gram(std)") : "standard", ms,
-                  first_ms / ms, orth);
-    }
-  }
-  return 0;
-}
-
-/// Same-shape groups run one newton_schulz call each, as an owner runs a chunk.
-struct table {
-  std::string label;
-  std::vector<shape> groups;
-};
-
-/// A table's groups on the device: random inputs kept pristine, and the buffers NS runs on.
-struct table_buffers {
-  table_buffers(const table& t, uint64_t seed) : groups(t.groups) {
-    for (const shape& g : groups) {
-      const int64_t numel = g.batch * g.rows * g.cols;
-      const std::vector<float> input = random_floats(static_cast<size_t>(numel), seed);
-      pristine.emplace_back(numel);
-      x.emplace_back(numel);
-      ZMUON_CUDA_CHECK(cudaMemcpy(pristine.back().data(), input.data(), pristine.back().bytes(),
-                                  cudaMemcpyHostToDevice));
-    }
-  }
-  void restore(cudaStream_t stream) {
-    for (size_t i = 0; i < x.size(); ++i)
-      ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
-                                       cudaMemcpyDeviceToDevice, stream));
-  }
-  void run(zmuon::compute_backend& backend, const zmuon::ns_options& ns) {
-    for (size_t i = 0; i < x.size(); ++i)
-      backend.newton_schulz(x[i].data(), groups[i].batch, groups[i].rows, groups[i].cols, ns);
-  }
-
-  std::vector<shape> groups;
-  std::vector<device_array<float>> pristine, x;
-};
-
-/// Whole parameter tables, one batched call per group of same-shape matrices (what the engine's
-/// owner runs): GPT-2 124M (12 layers: q, k, v, o 768x768, fc 3072x768, proj 768x3072: 72
-/// matrices) and a Llama-style 1B (16 layers, hidden 2048, 8 KV heads of 64: q, o 2048x2048,
-/// k, v 512x2048, gate, up 8192x2048, down 2048x8192: 112 matrices).
-std::vector<table> parameter_tables() {
-  return {
-      {"gpt2-124m", {{"", 48, 768, 768}, {"", 12, 3072, 768}, {"", 12, 768, 3072}}},
-      {"llama-1b",
-       {{"", 32, 2048, 2048}, {"", 32, 512, 2048}, {"", 32, 8192, 2048}, {"", 16, 2048, 8192}}},
-  };
-}
-
-/// Two untimed runs first (algorithm timing, graph capture).
-void warm_up(const std::function<void()>& restore, const std::function<void()>& run) {
-  for (int i = 0; i < 2; ++i) {
-    restore();
-    run();
-  }
-}
-
-/// --tables: each table's groups timed alone and together (the lanes run consecutive calls side
-/// by side), against the full-GEMM floor; and GPT-2's table with its tall group laid out wide
-/// (one group of 24 768x3072), to see what one group per (short, long) shape would buy. Then
-/// the same with the Gram variant (floors stay those of the standard iteration's FLOPs).
-int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) {
-  const main_stream stream{&backend};
-  std::vector<table> tables = parameter_tables();
-  tables.push_back({"gpt2-124m wide", {{"", 48, 768, 768}, {"", 24, 768, 3072}}});
-  std::printf("tables (NS5, median of %d; GEMM candidates timed per shape: %d)\n", reps,
-              zmuon::gpu::gemm_runner::candidates());
-  std::printf("%-24s %10s %10s %9s\n", "table / group", "ms", "floor ms", "of floor");
-  for (const bool gram : {false, true}) {
-    zmuon::ns_options ns;  // NS5; with the Gram variant at its default restart on wide shapes
-    if (gram) {
-      ns.variant = zmuon::ns_variant::gram;
-      std::printf("-- the Gram variant (restart %d) where the long side > %.1f x the short one\n",
-                  ns.gram_restart, zmuon::kGramMinAspect);
-    }
-    for (const table& t : tables) {
-      std::vector<table> parts;
-      for (const shape& g : t.groups)
-        parts.push_back(
-            {std::to_string(g.batch) + "x" + std::to_string(g.rows) + "x" + std::to_string(g.cols),
-             {g}});
-      parts.push_back({t.label, t.groups});
-      for (const table& part : parts) {
-        double flops = 0;
-        for (const shape& g : part.groups)
-          flops += ns_flops(g, ns.steps);
-        table_buffers buffers(part, 11);
-        const auto restore = [&] { buffers.restore(stream); };
-        const auto run = [&] { buffers.run(backend, ns); };
-        warm_up(restore, run);
-        const double ms = median_ms(stream, reps, restore, run);
-        const double floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
-        std::printf("%-24s %10.3f %10.3f %8.0f%%\n",
-                    (part.label == t.label ? part.label : "  " + part.label).c_str(), ms, floor_ms,
-                    100.0 * floor_ms / ms);
-      }
-    }
-  }
-  return 0;
 }
 
 }  // namespace

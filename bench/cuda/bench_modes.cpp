@@ -1,0 +1,141 @@
+// bench_ns's --variant and --tables modes (see bench_ns.cpp's header for the command lines).
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench/cuda/bench_common.hpp"
+#include "kernels/ns_variants.hpp"
+
+namespace zmuon::bench {
+namespace {
+
+// -- --variant / --schedule: the NS variants per shape (issue 8) ----------------------------------
+
+/// ||O O^T - I||_F / sqrt(m) of the wide view of the row-major [rows, cols] fp32 `o` on the
+/// device: the Gram matrix by an fp32 cuBLAS GEMM, the norm summed on the host in double.
+double orthogonality_error(const main_stream& stream, const float* o, int64_t rows, int64_t cols) {
+  const int m = static_cast<int>(std::min(rows, cols));
+  const int n = static_cast<int>(std::max(rows, cols));
+  zmuon::gpu::cublas_handle cublas;
+  ZMUON_CUBLAS_CHECK(cublasSetStream(cublas.get(), stream));
+  device_array<float> g(int64_t{m} * m);
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  // Column-major: a row-major wide [m, n] o is O^T ([n, m], ld n); a tall one is O ([m, n], ld m).
+  const bool tall = rows > cols;
+  ZMUON_CUBLAS_CHECK(cublasSgemm(cublas.get(), tall ? CUBLAS_OP_N : CUBLAS_OP_T,
+                                 tall ? CUBLAS_OP_T : CUBLAS_OP_N, m, m, n, &one, o, tall ? m : n,
+                                 o, tall ? m : n, &zero, g.data(), m));
+  std::vector<float> host(static_cast<size_t>(m) * m);
+  ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ZMUON_CUDA_CHECK(cudaMemcpy(host.data(), g.data(), g.bytes(), cudaMemcpyDeviceToHost));
+  double sum = 0.0;
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < m; ++j) {
+      const double d = host[static_cast<size_t>(i) * m + j] - (i == j ? 1.0 : 0.0);
+      sum += d * d;
+    }
+  }
+  return std::sqrt(sum / m);
+}
+
+}  // namespace
+
+/// For each of the issue's shapes and each variant asked for: the median time of one call and
+/// the orthogonality error of its result, on the same random input.
+int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_options& base,
+                 const std::vector<zmuon::ns_variant>& variants, const std::string& schedule) {
+  const main_stream stream{&backend};
+  const std::vector<shape> shapes = {
+      {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
+      {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"11008x4096", 1, 11008, 4096}};
+  std::printf("NS variants, schedule %s, %d steps, gram restart %d, median of %d\n",
+              schedule.c_str(), base.steps, base.gram_restart, reps);
+  std::printf("(gram runs on shapes whose long side > %.1f x the short one; others: standard)\n",
+              zmuon::kGramMinAspect);
+  std::printf("%-12s %-9s %10s %10s %14s\n", "shape", "variant", "ms", "vs first", "orthogonality");
+  for (const shape& s : shapes) {
+    const int64_t numel = s.batch * s.rows * s.cols;
+    const std::vector<float> input = random_floats(static_cast<size_t>(numel), 7);
+    device_array<float> pristine(numel);
+    device_array<float> x(numel);
+    ZMUON_CUDA_CHECK(
+        cudaMemcpy(pristine.data(), input.data(), pristine.bytes(), cudaMemcpyHostToDevice));
+    const auto restore = [&] {
+      ZMUON_CUDA_CHECK(
+          cudaMemcpyAsync(x.data(), pristine.data(), x.bytes(), cudaMemcpyDeviceToDevice, stream));
+    };
+    double first_ms = 0.0;
+    for (const zmuon::ns_variant v : variants) {
+      zmuon::ns_options ns = base;
+      ns.variant = v;
+      const auto run = [&] { backend.newton_schulz(x.data(), s.batch, s.rows, s.cols, ns); };
+      for (int i = 0; i < 3; ++i) {
+        restore();
+        run();
+      }
+      const double ms = median_ms(stream, reps, restore, run);
+      restore();
+      run();
+      const double orth = orthogonality_error(stream, x.data(), s.rows, s.cols);
+      if (first_ms == 0.0)
+        first_ms = ms;
+      const bool gram = zmuon::ns_uses_gram(ns, s.rows, s.cols);
+      std::printf("%-12s %-9s %10.3f %9.2fx %14.4g\n", s.label.c_str(),
+                  v == zmuon::ns_variant::gram ? (gram ? "gram" : "gram(std)") : "standard", ms,
+                  first_ms / ms, orth);
+    }
+  }
+  return 0;
+}
+
+/// --tables: each table's groups timed alone and together (the lanes run consecutive calls side
+/// by side), against the full-GEMM floor; and GPT-2's table with its tall group laid out wide
+/// (one group of 24 768x3072), to see what one group per (short, long) shape would buy. Then
+/// the same with the Gram variant (floors stay those of the standard iteration's FLOPs).
+int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) {
+  const main_stream stream{&backend};
+  std::vector<table> tables = parameter_tables();
+  tables.push_back({"gpt2-124m wide", {{"", 48, 768, 768}, {"", 24, 768, 3072}}});
+  std::printf("tables (NS5, median of %d; GEMM candidates timed per shape: %d)\n", reps,
+              zmuon::gpu::gemm_runner::candidates());
+  std::printf("%-24s %10s %10s %9s\n", "table / group", "ms", "floor ms", "of floor");
+  for (const bool gram : {false, true}) {
+    zmuon::ns_options ns;  // NS5; with the Gram variant at its default restart on wide shapes
+    if (gram) {
+      ns.variant = zmuon::ns_variant::gram;
+      std::printf("-- the Gram variant (restart %d) where the long side > %.1f x the short one\n",
+                  ns.gram_restart, zmuon::kGramMinAspect);
+    }
+    for (const table& t : tables) {
+      std::vector<table> parts;
+      for (const shape& g : t.groups)
+        parts.push_back(
+            {std::to_string(g.batch) + "x" + std::to_string(g.rows) + "x" + std::to_string(g.cols),
+             {g}});
+      parts.push_back({t.label, t.groups});
+      for (const table& part : parts) {
+        double flops = 0;
+        for (const shape& g : part.groups)
+          flops += ns_flops(g, ns.steps);
+        table_buffers buffers(part, 11);
+        const auto restore = [&] { buffers.restore(stream); };
+        const auto run = [&] { buffers.run(backend, ns); };
+        warm_up(restore, run);
+        const double ms = median_ms(stream, reps, restore, run);
+        const double floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
+        std::printf("%-24s %10.3f %10.3f %8.0f%%\n",
+                    (part.label == t.label ? part.label : "  " + part.label).c_str(), ms, floor_ms,
+                    100.0 * floor_ms / ms);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace zmuon::bench
