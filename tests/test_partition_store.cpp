@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "actors/partition_store.hpp"
+#include "kernels/bf16.hpp"
 #include "kernels/compute.hpp"
 #include "plan/plan.hpp"
 
@@ -219,6 +220,54 @@ BOOST_AUTO_TEST_CASE(apply_muon_decays_and_subtracts_the_update) {
     for (int64_t k = 0; k < p.shard_len; ++k)
       ref[p.shard_offset + k] = p0[p.shard_offset + k] * (1.0 - double(lr) * wd)
                                 - double(lr) * o[p.state_offset - ch.state_offset + k];
+  }
+  check_close(snapshot().params, ref, 1e-6, 1e-7, "params");
+}
+
+// Under bf16 transport the Muon phase's views hold bf16 bits (float_view::bf16): momentum
+// writes u rounded to bf16 (within one bf16 rounding, 2^-8 relative, of the exact u; m itself
+// stays fp32), and the update is read widened from bf16.
+BOOST_AUTO_TEST_CASE(bf16_views_round_u_and_widen_the_update) {
+  const float beta = 0.9f;
+  auto g = eighths(pl->shard_total, 30);
+  accumulate_all(1, g);
+  std::vector<uint16_t> bits(static_cast<size_t>(pl->muon_state_total), 0xFFFF);
+  for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
+    const auto& ch = pl->chunks[c];
+    float_view out{nullptr, ch.shard_len, bits.data() + ch.state_offset};
+    value_of(call(muon_momentum{1, c, beta, true, out}));
+  }
+  std::vector<double> m_ref(pl->muon_state_total, 0.0);
+  for (const auto& p : pl->params) {
+    if (!p.muon)
+      continue;
+    for (int64_t i = 0; i < p.shard_len; ++i) {
+      const double gi = g[p.shard_offset + i];
+      const double mi = (1.0 - beta) * gi;
+      m_ref[p.state_offset + i] = mi;
+      const double u = (1.0 - beta) * gi + beta * mi;
+      const double got = from_bf16(bits[p.state_offset + i]);
+      BOOST_TEST(std::abs(got - u) <= std::abs(u) * 0x1p-8 + 1e-30, p.name << "[" << i << "]");
+    }
+  }
+  check_close(snapshot().momentum, m_ref, 1e-6, 1e-8, "m");
+
+  auto p0 = eighths(pl->shard_total, 31);
+  load(p0);
+  const float lr = 0.05f, wd = 0.2f;
+  const int c = 1;
+  const auto& ch = pl->chunks[c];
+  std::vector<uint16_t> o(static_cast<size_t>(ch.shard_len));
+  const auto values = eighths(ch.shard_len, 32);
+  for (size_t k = 0; k < o.size(); ++k)
+    o[k] = to_bf16(values[k]);
+  value_of(call(apply_muon{4, c, lr, wd, float_view{nullptr, ch.shard_len, o.data()}}));
+  std::vector<double> ref(p0.begin(), p0.end());
+  for (int i : ch.params) {
+    const auto& p = pl->params[i];
+    for (int64_t k = 0; k < p.shard_len; ++k)
+      ref[p.shard_offset + k] = p0[p.shard_offset + k] * (1.0 - double(lr) * wd)
+                                - double(lr) * from_bf16(o[p.state_offset - ch.state_offset + k]);
   }
   check_close(snapshot().params, ref, 1e-6, 1e-7, "params");
 }
