@@ -67,8 +67,24 @@ inline const std::array<float, 3>& ns_coefficients_at(const ns_options& ns, int 
 /// whatever L (the bound of the paper's Appendix J, 1.5 T/(T-1), is for its costlier R update).
 inline constexpr double kGramMinAspect = 1.5;
 
+/// ns_variant::automatic runs Gram on the GPU only for batches with enough work that its extra
+/// launches (the Gram path is not graph-captured) do not dominate: batch·m²·n at least this
+/// (m <= n the sides). Measured (bench_ns on the H200, NS5, Gram vs standard): a single 768x3072
+/// loses, 0.234 vs 0.169 ms (m²n = 1.8e9); 12 of them win, 0.88 vs 1.02 ms (2.2e10); 32 of
+/// 512x2048 win, 0.82 vs 0.93 ms (1.7e10); a single 2048x8192 wins, 0.88 vs 1.10 ms (3.4e10).
+inline constexpr double kGramAutoMinWork = 1e10;
+
+/// What ns_variant::automatic means on the GPU for `batch` [rows, cols] matrices.
+inline ns_variant gpu_automatic_variant(int64_t batch, int64_t rows, int64_t cols) {
+  const auto m = static_cast<double>(std::min(rows, cols));
+  const auto n = static_cast<double>(std::max(rows, cols));
+  return static_cast<double>(batch) * m * m * n >= kGramAutoMinWork ? ns_variant::gram
+                                                                    : ns_variant::standard;
+}
+
 /// Whether a [rows, cols] matrix runs the Gram variant under `ns` on a backend whose
-/// ns_variant::automatic means `automatic_is` (gram on cuda, standard on the host).
+/// ns_variant::automatic means `automatic_is` (on cuda gpu_automatic_variant, on the host
+/// standard).
 inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols,
                          ns_variant automatic_is = ns_variant::standard) {
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);

@@ -27,9 +27,9 @@ enum class ns_variant : uint8_t {
   gram,       // iterate on the small Gram matrix R = X X^T and apply the product Q of the
               // steps' polynomials to X once at the end (kernels/ns_variants.hpp); matrices
               // whose long side is below kGramMinAspect times the short one run `standard`
-  automatic,  // the engine's default: `gram` on the cuda backend, where its bf16 GEMMs were
-              // measured faster (bench_ns --tables, docs/NOTES.md), `standard` on the host,
-              // the fp32 reference
+  automatic,  // the engine's default: on the cuda backend `gram` for batches with enough work
+              // that it was measured faster (gpu_automatic_variant, kernels/ns_variants.hpp),
+              // else `standard`; `standard` on the host, the fp32 reference
 };
 
 /// Newton-Schulz iteration parameters.

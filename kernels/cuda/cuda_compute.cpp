@@ -317,7 +317,7 @@ void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64
   int lane = 0;
   launch_context on_lane = ctx_;
   on_lane.stream = streams_->fork(lane, memory);
-  if (ns_uses_gram(ns, rows, cols, ns_variant::gram))
+  if (ns_uses_gram(ns, rows, cols, gpu_automatic_variant(batch, rows, cols)))
     lanes_[lane]->gram_ns.run(on_lane, x, batch, rows, cols, ns);
   else
     lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
