@@ -148,6 +148,11 @@ BOOST_AUTO_TEST_CASE(ns_variants_reach_every_owner) {
   BOOST_TEST(d_pe >= 1e-3);
   BOOST_TEST(d_gram <= 1e-4);
   BOOST_TEST(d_world <= 1e-5);
+  // The default, auto, is the standard iteration on the host, bit for bit (the fp32 reference).
+  BOOST_TEST((options(1).muon.ns.variant == ns_variant::automatic));
+  engine_options standard = options(1);
+  standard.muon.ns.variant = ns_variant::standard;
+  BOOST_TEST(rel_diff(train_model(standard, 1, 32, 3), ns5) == 0.0);
 }
 
 BOOST_AUTO_TEST_CASE(fp16_loss_scale_does_not_change_the_result) {
