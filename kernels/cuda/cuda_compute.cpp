@@ -34,11 +34,7 @@ int multiprocessor_count(int device) {
   return count;
 }
 
-/// Device memory comes from the device's default stream-ordered pool (cudaMallocAsync /
-/// cudaFreeAsync on the rank's stream): a buffer released while work that uses it is still
-/// queued goes back to the pool only when the stream gets there, and nothing synchronizes the
-/// device (cudaFree does). The pool keeps what it got instead of returning it at every
-/// synchronization, so a steady step allocates from the pool, not from the driver.
+/// The memory of n floats, or of n bf16 values, at p (what a call names: stream_set.hpp).
 touched floats(const void* p, int64_t n) {
   return touched{p, static_cast<size_t>(n) * sizeof(float)};
 }
@@ -46,6 +42,11 @@ touched halves(const void* p, int64_t n) {
   return touched{p, static_cast<size_t>(n) * sizeof(uint16_t)};
 }
 
+/// Device memory comes from the device's default stream-ordered pool (cudaMallocAsync /
+/// cudaFreeAsync on the rank's stream): a buffer released while work that uses it is still
+/// queued goes back to the pool only when the stream gets there, and nothing synchronizes the
+/// device (cudaFree does). The pool keeps what it got instead of returning it at every
+/// synchronization, so a steady step allocates from the pool, not from the driver.
 void keep_pool_memory(int device) {
   cudaMemPool_t pool = nullptr;
   ZMUON_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device));
