@@ -60,21 +60,14 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
               zmuon::kGramMinAspect);
   std::printf("%-12s %-9s %10s %10s %14s\n", "shape", "variant", "ms", "vs first", "orthogonality");
   for (const shape& s : shapes) {
-    const int64_t numel = s.batch * s.rows * s.cols;
-    const std::vector<float> input = random_floats(static_cast<size_t>(numel), 7);
-    device_array<float> pristine(numel);
-    device_array<float> x(numel);
-    ZMUON_CUDA_CHECK(
-        cudaMemcpy(pristine.data(), input.data(), pristine.bytes(), cudaMemcpyHostToDevice));
-    const auto restore = [&] {
-      ZMUON_CUDA_CHECK(
-          cudaMemcpyAsync(x.data(), pristine.data(), x.bytes(), cudaMemcpyDeviceToDevice, stream));
-    };
+    table_buffers buffers({s.label, {s}}, 7);  // one group: the shape's input, kept pristine
+    float* const x = buffers.x[0].data();
+    const auto restore = [&] { buffers.restore(stream); };
     double first_ms = 0.0;
     for (const zmuon::ns_variant v : variants) {
       zmuon::ns_options ns = base;
       ns.variant = v;
-      const auto run = [&] { backend.newton_schulz(x.data(), s.batch, s.rows, s.cols, ns); };
+      const auto run = [&] { backend.newton_schulz(x, s.batch, s.rows, s.cols, ns); };
       for (int i = 0; i < 3; ++i) {
         restore();
         run();
@@ -82,7 +75,7 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
       const double ms = median_ms(stream, reps, restore, run);
       restore();
       run();
-      const double orth = orthogonality_error(stream, x.data(), s.rows, s.cols);
+      const double orth = orthogonality_error(stream, x, s.rows, s.cols);
       if (first_ms == 0.0)
         first_ms = ms;
       const bool gram = zmuon::ns_uses_gram(ns, s.rows, s.cols);

@@ -231,17 +231,10 @@ int main(int argc, char* argv[]) {
     };
     std::vector<result> results;
     for (const shape& s : shapes) {
-      const int64_t numel = s.batch * s.rows * s.cols;
-      const std::vector<float> input = random_floats(static_cast<size_t>(numel), 7);
-      device_array<float> pristine(numel);
-      device_array<float> x(numel);
-      ZMUON_CUDA_CHECK(
-          cudaMemcpy(pristine.data(), input.data(), pristine.bytes(), cudaMemcpyHostToDevice));
-      const auto restore = [&] {
-        ZMUON_CUDA_CHECK(cudaMemcpyAsync(x.data(), pristine.data(), x.bytes(),
-                                         cudaMemcpyDeviceToDevice, stream));
-      };
-      const auto run = [&] { backend.newton_schulz(x.data(), s.batch, s.rows, s.cols, ns); };
+      table_buffers buffers({s.label, {s}}, 7);  // one group: the shape's input, kept pristine
+      float* const x = buffers.x[0].data();
+      const auto restore = [&] { buffers.restore(stream); };
+      const auto run = [&] { backend.newton_schulz(x, s.batch, s.rows, s.cols, ns); };
       const auto flops = [&](double ms) { return ns_flops(s, ns.steps) / (ms * 1e-3) / 1e12; };
       const auto measure = [&](const std::function<void()>& body) {
         for (int i = 0; i < 3; ++i) {
@@ -266,7 +259,7 @@ int main(int argc, char* argv[]) {
         const int64_t per = s.rows * s.cols;
         const auto loop = [&] {
           for (int64_t k = 0; k < s.batch; ++k)
-            backend.newton_schulz(x.data() + k * per, 1, s.rows, s.cols, ns);
+            backend.newton_schulz(x + k * per, 1, s.rows, s.cols, ns);
         };
         result l{shape{s.label + " loop", s.batch, s.rows, s.cols}, 0, 0, 0, 0, 0};
         l.ms = measure(loop);
