@@ -196,7 +196,7 @@ void gather(coord_pointer self, int c) {
     const float_view full = cw.full.compute();
     trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                    trace::span::per_param);
-    for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape, then scale
+    for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape (fp32: scaled)
       ns.add_params(g.params);
       ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
       if (full.bf16 != nullptr) {  // the receivers scale (receiver_scales)

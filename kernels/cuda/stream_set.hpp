@@ -24,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <mutex>
 #include <vector>
@@ -110,7 +111,7 @@ public:
       marks_.push_back(mark{t, slot});
     }
     while (marks_.size() > kMaxMarks)
-      marks_.erase(marks_.begin());
+      marks_.pop_front();
   }
 
   /// The next lane's stream, ordered after the main stream's last work on `memory` and any lane
@@ -187,7 +188,7 @@ private:
   std::array<lane_streams, kLanes> lanes_;
   cuda_event fork_{cudaEventDisableTiming};
   std::vector<cuda_event> mark_events_ = make_events();
-  std::vector<mark> marks_;  // newest last
+  std::deque<mark> marks_;  // newest last
   int next_event_ = 0;
   std::mutex mutex_;
   unsigned pending_ = 0;  // bit i: lane i has work the main stream has not joined
