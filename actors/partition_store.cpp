@@ -17,6 +17,12 @@ struct store_state {
   std::shared_ptr<compute_backend> be;
   device_buffer params;
   device_buffer grads;
+  // Per reduce bucket: whether its gradient shard holds this step's values. A bucket not written
+  // reads as zero: its first slice of a step is copied in rather than added (one read of the
+  // gradient fewer), nothing zeroes the whole gradient after a step (one write fewer), and
+  // `materialize` zeroes the
+  // buckets still unwritten before anything reads the gradient.
+  std::vector<bool> written;
   device_buffer momentum;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
@@ -47,6 +53,25 @@ void gradient_changed(store_pointer self) {
   ++self->state.grads_version;
 }
 
+/// The gradient is zero from here on: every bucket unwritten, nothing touched.
+void forget_gradient(store_pointer self) {
+  auto& st = self->state;
+  st.written.assign(st.pl->buckets.size(), false);
+  gradient_changed(self);
+}
+
+/// Before the gradient is read: the buckets no slice reached this step are zeroed.
+void materialize(store_pointer self) {
+  auto& st = self->state;
+  const auto& buckets = st.pl->buckets;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (st.written[b])
+      continue;
+    st.be->fill_zero(st.grads.data() + buckets[b].shard_offset, buckets[b].shard_len);
+    st.written[b] = true;
+  }
+}
+
 // Sends gpu_done{step, what} to the store once the backend's queued work has finished.
 void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
   auto handle = caf::actor_cast<partition_store_actor>(self);
@@ -60,6 +85,7 @@ caf::result<grad_scan> scan_for(store_pointer self, uint64_t step, bool reuse) {
   auto& st = self->state;
   if (reuse && st.scan_valid && st.last_scan.step == step)
     return st.last_scan;
+  materialize(self);
   auto promise = self->make_response_promise<grad_scan>();
   auto result = std::make_shared<scan_result>();
   st.be->scan_async(st.grads.data(), st.grads.size(), result.get());
@@ -136,6 +162,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   st.be = std::move(backend);
   st.params = st.be->allocate(st.pl->shard_total);
   st.grads = st.be->allocate(st.pl->shard_total);
+  st.written.assign(st.pl->buckets.size(), true);  // allocated zero
   st.momentum = st.be->allocate(st.pl->muon_state_total);
   st.exp_avg = st.be->allocate(st.pl->adam_state_total);
   st.exp_avg_sq = st.be->allocate(st.pl->adam_state_total);
@@ -153,10 +180,17 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
               errc::shape_mismatch,
               "accumulate: bucket " + std::to_string(msg.bucket) + " slice has the wrong size");
         auto& b = pl.buckets[msg.bucket];
-        if (msg.from_host)
-          st.be->add_from_host(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
+        float* dst = st.grads.data() + b.shard_offset;
+        const bool first = !st.written[msg.bucket];
+        if (first && msg.from_host)  // pageable: copied out before it returns
+          st.be->copy_from_host_async(dst, msg.slice.data, b.shard_len);
+        else if (first)
+          st.be->copy(dst, msg.slice.data, b.shard_len);
+        else if (msg.from_host)
+          st.be->add_from_host(dst, msg.slice.data, b.shard_len);
         else
-          st.be->add(st.grads.data() + b.shard_offset, msg.slice.data, b.shard_len);
+          st.be->add(dst, msg.slice.data, b.shard_len);
+        st.written[msg.bucket] = true;
         gradient_changed(self);
         return ack{msg.step};
       },
@@ -170,9 +204,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](discard_grads& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);
-        auto& st = self->state;
-        st.be->fill_zero(st.grads.data(), st.grads.size());
-        gradient_changed(self);
+        forget_gradient(self);
         return ack{msg.step};
       },
       [=](unscale_clip& msg) -> ack {
@@ -180,6 +212,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         auto& st = self->state;
         if (msg.factor == 1.0f)  // x * 1 is x: no pass over every gradient (gas 1, no scale, clip)
           return ack{msg.step};
+        materialize(self);
         st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
         gradient_changed(self);
         return ack{msg.step};
@@ -191,6 +224,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
           return err;
         const auto& c = pl.chunks[msg.chunk];
+        materialize(self);
         for (int i : c.params) {
           const auto& p = pl.params[i];
           float* m = st.momentum.data() + p.state_offset;
@@ -234,6 +268,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         auto& st = self->state;
         const auto& pl = *st.pl;
         ++st.adam_steps;
+        materialize(self);
         adamw_args args{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, st.adam_steps};
         for (const auto& p : pl.params) {
           if (p.muon)
@@ -249,8 +284,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         // GPU's), through gpu_done.
         ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
-        st.be->fill_zero(st.grads.data(), st.grads.size());
-        gradient_changed(self);
+        forget_gradient(self);
         st.finishing.push_back(self->make_response_promise<ack>());
         auto promise = st.finishing.back();
         notify_when_done(self, msg.step, gpu_event::step_done);
@@ -277,15 +311,15 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         be.copy_from_host(st.momentum.data(), in.momentum.data(), in.momentum.size());
         be.copy_from_host(st.exp_avg.data(), in.exp_avg.data(), in.exp_avg.size());
         be.copy_from_host(st.exp_avg_sq.data(), in.exp_avg_sq.data(), in.exp_avg_sq.size());
-        be.fill_zero(st.grads.data(), st.grads.size());
         be.synchronize();
         st.adam_steps = in.adam_steps;
-        st.scan_valid = false;
+        forget_gradient(self);
         return ack{msg.step};
       },
       [=](snapshot_atom) -> store_snapshot {
         auto& st = self->state;
         auto& be = *st.be;
+        materialize(self);
         be.synchronize();
         return store_snapshot{to_host(be, st.params),     to_host(be, st.grads),
                               to_host(be, st.momentum),   to_host(be, st.exp_avg),

@@ -348,7 +348,14 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
     micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
     std::shared_ptr<std::vector<float>> host;
     if (pack_on_device) {
-      msg.device_data = std::make_shared<device_buffer>(be.allocate(size));
+      // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
+      // gradient): most buckets are covered whole and skip the fill's pass over the memory.
+      int64_t covered = 0;
+      for (int i = bucket.first_param; i < bucket.end_param; ++i)
+        for (int q = 0; source[i] && q < pl.world; ++q)
+          covered += valid_len(pl.params[i], q);
+      msg.device_data = std::make_shared<device_buffer>(
+          covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
       msg.device_size = size;
     } else {
       host = std::make_shared<std::vector<float>>(size, 0.0f);

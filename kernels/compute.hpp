@@ -82,6 +82,9 @@ public:
   // -- memory ----------------------------------------------------------------------------------
   /// A zero-filled buffer of n floats.
   virtual device_buffer allocate(int64_t n) = 0;
+  /// A buffer of n floats whose contents are unspecified, for a caller that writes all of them
+  /// before anything reads them (a device backend skips the zero fill's pass over the memory).
+  virtual device_buffer allocate_for_overwrite(int64_t n) { return allocate(n); }
   virtual void copy_from_host(float* dst, const float* host_src, int64_t n) = 0;
   virtual void copy_to_host(float* host_dst, const float* src, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
@@ -91,7 +94,7 @@ public:
   void add_from_host(float* dst, const float* host_src, int64_t n) {
     if (!device_memory())
       return add(dst, host_src, n);
-    device_buffer staged = allocate(n);
+    device_buffer staged = allocate_for_overwrite(n);
     copy_from_host_async(staged.data(), host_src, n);  // pageable: copied out before it returns
     add(dst, staged.data(), n);
   }

@@ -80,7 +80,7 @@ struct collective_tag {
 std::string to_string(const collective_tag& tag);
 
 /// reduce-scatter (mean): `in` holds world * count floats, rank-major; this rank's mean lands in
-/// `out` (count floats).
+/// `out` (count floats). `out` may be this rank's own part of `in` (in + rank * count): in place.
 struct reduce_scatter_req {
   collective_tag tag;
   const float* in = nullptr;

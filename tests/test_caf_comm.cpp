@@ -63,6 +63,25 @@ BOOST_AUTO_TEST_CASE(reduce_scatter_gives_each_rank_the_exact_mean_of_its_chunk)
   }
 }
 
+BOOST_AUTO_TEST_CASE(reduce_scatter_in_place_leaves_the_mean_in_the_ranks_own_part) {
+  const int64_t count = 4;
+  std::vector<std::vector<float>> in;
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> replies;
+  auto tag = tag_of(collective_kind::reduce_scatter, 5, 1);
+  for (int r = 0; r < kWorld; ++r)
+    in.push_back(rs_input(r, count));
+  for (int r = 0; r < kWorld; ++r) {
+    float* own = in[r].data() + r * count;
+    replies.push_back(ask<comm_done>(ranks[r], reduce_scatter_req{tag, in[r].data(), own, count}));
+  }
+  run();
+  for (int r = 0; r < kWorld; ++r) {
+    BOOST_CHECK(value_of(replies[r]).tag == tag);
+    std::vector<float> own(in[r].begin() + r * count, in[r].begin() + (r + 1) * count);
+    BOOST_CHECK(own == rs_expected(r, count));
+  }
+}
+
 BOOST_AUTO_TEST_CASE(all_reduce_sum_and_max_agree_on_every_rank) {
   for (auto op : {reduce_op::sum, reduce_op::max}) {
     std::vector<std::shared_ptr<reply_slot<all_reduce_result>>> replies(kWorld);

@@ -165,6 +165,35 @@ BOOST_AUTO_TEST_CASE(discard_zeroes_grads_and_leaves_the_rest_bit_identical) {
   BOOST_CHECK_EQUAL(after.adam_steps, before.adam_steps);
 }
 
+BOOST_AUTO_TEST_CASE(each_step_gradient_starts_from_zero_in_the_buckets_it_never_reached) {
+  // Step 1 writes every bucket; nothing zeroes them in between (the store only forgets them).
+  BOOST_REQUIRE_GE(pl->buckets.size(), 2u);
+  accumulate_all(1, eighths(pl->shard_total, 6));
+  value_of(call(finish_step{1}));
+  // Step 2 reaches bucket 1 only, twice: the first slice is the value, the second adds to it.
+  const auto& b1 = pl->buckets[1];
+  auto s1 = eighths(b1.shard_len, 2);
+  auto s2 = eighths(b1.shard_len, 3);
+  value_of(call(accumulate{2, 0, 1, {s1.data(), b1.shard_len}}));
+  value_of(call(accumulate{2, 1, 1, {s2.data(), b1.shard_len}}));
+  std::vector<float> expected(pl->shard_total, 0.0f);
+  double ss = 0;
+  for (int64_t i = 0; i < b1.shard_len; ++i) {
+    expected[b1.shard_offset + i] = s1[i] + s2[i];  // exact: multiples of 1/8
+    ss += static_cast<double>(expected[b1.shard_offset + i]) * expected[b1.shard_offset + i];
+  }
+  BOOST_CHECK_CLOSE(value_of(call<grad_scan>(scan_grads{2})).sum_squares, ss, 1e-10);
+  BOOST_CHECK(snapshot().grads == expected);
+  // A discarded step leaves nothing behind either: step 3 reaches bucket 0 only.
+  value_of(call(discard_grads{2}));
+  const auto& b0 = pl->buckets[0];
+  auto s0 = eighths(b0.shard_len, 4);
+  value_of(call(accumulate{3, 0, 0, {s0.data(), b0.shard_len}}));
+  std::fill(expected.begin(), expected.end(), 0.0f);
+  std::copy(s0.begin(), s0.end(), expected.begin() + b0.shard_offset);
+  BOOST_CHECK(snapshot().grads == expected);
+}
+
 BOOST_AUTO_TEST_CASE(unscale_clip_multiplies_the_gradient) {
   auto g = eighths(pl->shard_total, 4);
   accumulate_all(1, g);

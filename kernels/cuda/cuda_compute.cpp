@@ -167,6 +167,14 @@ cuda_compute::launch_guard cuda_compute::activate(std::initializer_list<touched>
 // -- memory --------------------------------------------------------------------------------------
 
 device_buffer cuda_compute::allocate(int64_t n) {
+  return allocate_on_stream(n, true);
+}
+
+device_buffer cuda_compute::allocate_for_overwrite(int64_t n) {
+  return allocate_on_stream(n, false);
+}
+
+device_buffer cuda_compute::allocate_on_stream(int64_t n, bool zero) {
   if (n <= 0)
     return device_buffer{};
   const launch_guard guard = activate({});  // fresh memory: no lane uses it
@@ -185,9 +193,10 @@ device_buffer cuda_compute::allocate(int64_t n) {
                          meter->released(static_cast<int64_t>(bytes));
                        });
   // Stream-ordered: every user of this backend's buffers (its actors, the nccl comm) enqueues on
-  // the main stream or forks from it after the zeros (marked: the pool may hand out memory that
-  // older marks still name); nothing waits.
-  ZMUON_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, ctx_.stream));
+  // the main stream or forks from it after the allocation and its zeros (marked: the pool may
+  // hand out memory that older marks still name); nothing waits.
+  if (zero)
+    ZMUON_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, ctx_.stream));
   streams_->main_done(std::initializer_list<touched>{{data, bytes}});
   return buffer;
 }

@@ -36,6 +36,7 @@ public:
   bool device_memory() const override { return true; }
 
   device_buffer allocate(int64_t n) override;
+  device_buffer allocate_for_overwrite(int64_t n) override;
   /// Both host copies return once the host buffer may be reused or read: they wait.
   void copy_from_host(float* dst, const float* host_src, int64_t n) override;
   void copy_to_host(float* host_dst, const float* src, int64_t n) override;
@@ -138,6 +139,7 @@ private:
   /// memory), or after the lanes whose NS work touches `memory` (stream_set.hpp).
   launch_guard activate() const;
   launch_guard activate(std::initializer_list<touched> memory) const;
+  device_buffer allocate_on_stream(int64_t n, bool zero);
   void run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols, const ns_options& ns);
   reduction reduce(const float* x, int64_t n);
 
