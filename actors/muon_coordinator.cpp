@@ -82,6 +82,7 @@ struct coordinator_state {
   // empty for fp32, where the owner scales before the scatter.
   std::vector<std::vector<float>> receiver_scales;
   std::vector<chunk_ownership> own;
+  std::vector<bool> padded;  // per chunk: this rank's shards have padding (the scatter skips it)
   std::optional<step_work> work;  // the step in progress
   trace::track tr;
   static const char* name;
@@ -170,8 +171,10 @@ void gather(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  buffers(self, c,
-          [&] { cw.full = wire_buffer(*st.be, st.own[c].full_size, st.wire, st.comm_on_host); });
+  buffers(self, c, [&] {  // the gather writes every element: each rank's valid part
+    cw.full = wire_buffer(*st.be, st.own[c].full_size, st.wire, st.comm_on_host,
+                          buffer_init::overwritten);
+  });
   all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world), st.wire};
   for (int i : chunk.params) {  // my shard of every matrix goes to its owner
@@ -220,8 +223,10 @@ void scatter(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
-  buffers(self, c,
-          [&] { cw.result = wire_buffer(*st.be, chunk.shard_len, st.wire, st.comm_on_host); });
+  buffers(self, c, [&] {  // the scatter leaves the shards' padding unwritten: zero if any
+    cw.result = wire_buffer(*st.be, chunk.shard_len, st.wire, st.comm_on_host,
+                            st.padded[c] ? buffer_init::zeros : buffer_init::overwritten);
+  });
   all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world), st.wire};
   for (const auto& m : st.own[c].owned) {  // each rank gets its shard of what I own
@@ -266,7 +271,8 @@ void advance(coord_pointer self) {
     if (s.gather) {
       if (cw.at == chunk_work::idle) {
         buffers(self, s.chunk, [&] {
-          cw.u = wire_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.wire, st.comm_on_host);
+          cw.u = wire_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.wire, st.comm_on_host,
+                             buffer_init::overwritten);  // momentum writes all of it
         });
         cw.at = chunk_work::momentum_requested;
         const auto& muon = st.opts.muon;
@@ -391,6 +397,12 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.comm_on_host = comm_on_host(st.opts.comm);
   st.wire = muon_wire_type(st.opts);
   st.receiver_scales.resize(st.pl->chunks.size());
+  for (const auto& chunk : st.pl->chunks) {
+    int64_t valid = 0;
+    for (int i : chunk.params)
+      valid += valid_len(st.pl->params[i], rank);
+    st.padded.push_back(valid != chunk.shard_len);
+  }
   if (st.wire == wire_type::bf16)
     for (size_t c = 0; c < st.pl->chunks.size(); ++c)
       for (int i : st.pl->chunks[c].params) {

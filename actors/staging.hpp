@@ -21,13 +21,18 @@ inline bool comm_on_host(const std::string& comm) {
   return comm != "nccl";
 }
 
+/// What a new buffer holds: zeros, or unspecified values for a user that writes every element
+/// before anything reads it (no zero fill: a pass over device memory fewer).
+enum class buffer_init { zeros, overwritten };
+
 class staged_buffer {
 public:
   staged_buffer() = default;
-  /// n zero floats; mirrored in the backend's host memory (pinned on CUDA) when `comm_on_host`
-  /// and the backend's memory is not host memory.
-  staged_buffer(compute_backend& be, int64_t n, bool comm_on_host)
-      : compute_(be.allocate(n)), staged_(comm_on_host && be.device_memory()) {
+  /// n floats, zero or to be overwritten (`init`, the compute side); mirrored in the backend's
+  /// host memory (pinned on CUDA) when `comm_on_host` and the backend's memory is not host memory.
+  staged_buffer(compute_backend& be, int64_t n, bool comm_on_host, buffer_init init)
+      : compute_(init == buffer_init::zeros ? be.allocate(n) : be.allocate_for_overwrite(n)),
+        staged_(comm_on_host && be.device_memory()) {
     if (staged_)
       host_ = be.allocate_host(n);
   }
@@ -65,11 +70,12 @@ private:
 class wire_buffer {
 public:
   wire_buffer() = default;
-  /// n zero values; the comm's side in host memory when `comm_on_host` (staged_buffer).
-  wire_buffer(compute_backend& be, int64_t n, wire_type type, bool comm_on_host)
+  /// n values, zero or to be overwritten (`init`); the comm's side in host memory when
+  /// `comm_on_host` (staged_buffer).
+  wire_buffer(compute_backend& be, int64_t n, wire_type type, bool comm_on_host, buffer_init init)
       : type_(type),
         size_(n),
-        storage_(be, type == wire_type::fp32 ? n : (n + 1) / 2, comm_on_host) {}
+        storage_(be, type == wire_type::fp32 ? n : (n + 1) / 2, comm_on_host, init) {}
 
   int64_t size() const { return size_; }
   wire_type type() const { return type_; }

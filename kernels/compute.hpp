@@ -139,14 +139,14 @@ public:
   /// momentum() with u written as bf16 bits.
   virtual void momentum_to_bf16(float* m, const float* g, uint16_t* u, int64_t n, float beta,
                                 bool nesterov) {
-    device_buffer wide = allocate(n);
+    device_buffer wide = allocate_for_overwrite(n);
     momentum(m, g, wide.data(), n, beta, nesterov);
     to_bf16(u, wide.data(), n);
   }
   /// apply_update() with o read from bf16 bits.
   virtual void apply_update_bf16(float* p, const uint16_t* o, int64_t n, float lr, float scale,
                                  float weight_decay) {
-    device_buffer wide = allocate(n);
+    device_buffer wide = allocate_for_overwrite(n);
     from_bf16(wide.data(), o, n);
     apply_update(p, wide.data(), n, lr, scale, weight_decay);
   }
@@ -154,7 +154,7 @@ public:
   virtual void newton_schulz_bf16(uint16_t* x, int64_t batch, int64_t rows, int64_t cols,
                                   const ns_options& ns) {
     const int64_t n = batch * rows * cols;
-    device_buffer wide = allocate(n);
+    device_buffer wide = allocate_for_overwrite(n);
     from_bf16(wide.data(), x, n);
     newton_schulz(wide.data(), batch, rows, cols, ns);
     to_bf16(x, wide.data(), n);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/bf16.hpp"
 #include "kernels/ns_variants.hpp"
@@ -53,6 +54,15 @@ device_buffer host_compute::allocate(int64_t n) {
     delete[] p;
     meter->released(bytes);
   });
+}
+
+// Poisoned with quiet NaNs, which cost the host what zeros would: a caller that reads an element
+// it promised to overwrite first gets NaN into its results, so the host tests catch what on a GPU
+// would read whatever the memory pool held last.
+device_buffer host_compute::allocate_for_overwrite(int64_t n) {
+  device_buffer buffer = allocate(n);
+  std::fill_n(buffer.data(), n, std::numeric_limits<float>::quiet_NaN());
+  return buffer;
 }
 
 memory_stats host_compute::memory() const {

@@ -22,6 +22,7 @@ public:
   std::string name() const override { return "host"; }
 
   device_buffer allocate(int64_t n) override;
+  device_buffer allocate_for_overwrite(int64_t n) override;
   void copy_from_host(float* dst, const float* host_src, int64_t n) override;
   void copy_to_host(float* host_dst, const float* src, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
