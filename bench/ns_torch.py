@@ -149,7 +149,7 @@ def step_table(paths, zmuon_ns, reps):
              "medians of the steps after a warm-up, tracing on; torch NS5 eager, bf16, "
              f"median of {max(3, reps // 4)}",
              "",
-             "| table | world, comm | zmuon step ms | zmuon NS phase ms | zmuon NS kernels ms | "
+             "| table | world, comm | zmuon step ms | zmuon NS in the step ms | zmuon NS kernels ms | "
              "torch batched NS ms | torch per-matrix NS ms | plumbing % | Muon-phase MB zmuon "
              "/ DeepSpeed | peak transient device MB |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]
@@ -165,6 +165,10 @@ def step_table(paths, zmuon_ns, reps):
         kernels = zmuon_ns.get(f"{name} table", {}).get("ms") if zmuon_ns else None
         ns_phase = z["phase_ms"].get("ns")
         enq = " (enqueue)" if z.get("phases_are_enqueue_times") else ""
+        ns_calls = z.get("call_ms", {}).get("newton_schulz")
+        if ns_calls is not None:  # --call-times: the NS calls' own time (CUDA: device, events)
+            ns_phase = ns_calls["ms"]
+            enq = " (device)" if z.get("compute") == "cuda" else " (calls)"
         r0 = z["ranks"][0]
         peak = z.get("peak_transient_device_bytes")
         chunk = z.get("chunk_bytes") or 0
@@ -178,8 +182,10 @@ def step_table(paths, zmuon_ns, reps):
             f"{peak} |")
     lines.append("")
     lines.append("zmuon step ms: step() (vote, norm, momentum, gather/NS/scatter, apply, AdamW; "
-                 "reduce() hand-over not included). NS phase: the trace's ns phase of the slowest "
-                 "rank in the median step (on CUDA only the enqueue; the GPU time is in 'other')."
+                 "reduce() hand-over not included). NS in the step: with --call-times the "
+                 "newton_schulz calls' own time per step on the phase table's rank (CUDA: events "
+                 "around each call on its lane), else the trace's ns phase (on CUDA only the "
+                 "enqueue)."
                  " plumbing: "
                  "host time in the coordinator's, loss scaler's and reducer's handlers outside "
                  "compute, trace cost taken out, over the step's wall time (largest rank; target "

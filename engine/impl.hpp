@@ -46,6 +46,7 @@ struct engine::impl {
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;  // micro-batches handed over per local rank in the open step
   uint64_t step = 0;        // last step number issued
+  bool time_calls = false;  // time_backend_calls(): what the backends get when they are made
   lr_schedule muon_lr;
   lr_schedule adam_lr;
 

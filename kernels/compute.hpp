@@ -5,12 +5,16 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
+#include "zmuon/call_times.hpp"
 #include "zmuon/memory.hpp"
 #include "zmuon/options.hpp"
 #include "zmuon/status.hpp"
@@ -189,9 +193,50 @@ public:
   /// Starts a new peak from what is in use now (e.g. the persistent state, before a step).
   void reset_peak_memory() { meter_->reset_peak(); }
 
+  // -- call timing (benchmarks: a step's device time by phase) ----------------------------------
+  /// Off by default. On, every call that does work adds its time under its name (call_times.hpp).
+  void time_calls(bool on) { timing_.store(on); }
+  bool timing_calls() const { return timing_.load(); }
+  /// The sums since the last take, then starts new ones; waits for timed work still running.
+  virtual call_times take_call_times() {
+    std::lock_guard<std::mutex> lock(times_mutex_);
+    return std::exchange(times_, call_times{});
+  }
+
 protected:
+  void add_call_time(const char* name, double ms) {
+    std::lock_guard<std::mutex> lock(times_mutex_);
+    auto& t = times_[name];
+    ++t.calls;
+    t.ms += ms;
+  }
+  /// Times a call that runs to its end on the calling thread (the host backend's), when timing.
+  class scoped_call_timer {
+  public:
+    scoped_call_timer(compute_backend& be, const char* name)
+        : be_(be.timing_calls() ? &be : nullptr), name_(name) {}
+    scoped_call_timer(const scoped_call_timer&) = delete;
+    scoped_call_timer& operator=(const scoped_call_timer&) = delete;
+    ~scoped_call_timer() {
+      if (be_ != nullptr)
+        be_->add_call_time(
+            name_, std::chrono::duration<double, std::milli>(clock::now() - start_).count());
+    }
+
+  private:
+    using clock = std::chrono::steady_clock;
+    compute_backend* be_;
+    const char* name_;
+    clock::time_point start_ = clock::now();
+  };
+
   int64_t ns_matrices_ = 0;
   std::shared_ptr<memory_meter> meter_ = std::make_shared<memory_meter>();
+
+private:
+  std::atomic<bool> timing_{false};
+  std::mutex times_mutex_;
+  call_times times_;
 };
 
 /// The backend named `name` ("host", or "cuda" when built with CUDA), or an error naming the

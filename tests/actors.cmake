@@ -4,6 +4,8 @@ zmuon_add_test(test_engine_numerics
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_numerics.cpp LIBS zmuon_train)
 zmuon_add_test(test_engine_memory
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_memory.cpp LIBS zmuon_core)
+zmuon_add_test(test_engine_call_times
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_call_times.cpp LIBS zmuon_core)
 zmuon_add_test(test_engine_errors
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_errors.cpp LIBS zmuon_core)
 zmuon_add_test(test_launch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_launch.cpp LIBS zmuon_example)

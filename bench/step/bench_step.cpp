@@ -3,7 +3,7 @@
 //
 //   zmuon-bench-step [--table gpt2-124m|llama-1b|tiny] [--world N] [--compute host|cuda]
 //                    [--comm caf|nccl] [--steps N] [--gas N] [--bucket-size N]
-//                    [--buckets-in-flight N] [--trace DIR] [--json FILE]
+//                    [--buckets-in-flight N] [--trace DIR] [--json FILE] [--call-times]
 //
 // Times, per step, on the host: reduce() of every micro-batch on every rank (host packing and
 // hand-over; the reduce-scatters run behind it) and step() (waits for the reduce-scatters, then
@@ -40,6 +40,12 @@
 //   (its reduce buckets; --buckets-in-flight N bounds them per rank, engine option
 //   max_buckets_in_flight, default 2, 0 = unbounded; applied at --world 1 only, where the engine
 //   drives one local rank).
+//
+// --call-times: the compute backends time their calls (engine::time_backend_calls; on CUDA two
+// events around each call's work on its stream) and the bench prints, for the rank of the phase
+// table, each call's time per step (mean over the timed steps): on CUDA the device time the
+// phases above cannot show (their spans end at enqueue). Calls that ran side by side (NS lanes
+// beside main-stream work) each count in full. Off by default: the events cost host time.
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
@@ -176,6 +182,10 @@ int main(int argc, char* argv[]) {
   bool device_grads = false;
   app.add_flag("--device-grads", device_grads,
                "hand the gradients over as device buffers (cuda compute)");
+  bool time_calls = false;
+  app.add_flag("--call-times", time_calls,
+               "time the compute backends' calls (CUDA events) and print each call's time per "
+               "step");
   CLI11_PARSE(app, argc, argv);
 #ifndef ZMUON_HAVE_CUDA
   if (device_grads) {
@@ -286,6 +296,8 @@ int main(int argc, char* argv[]) {
 
   std::vector<double> reduce_ms, step_ms, transient_bytes, handover_bytes;
   std::vector<zmuon::memory_stats> last_memory(static_cast<size_t>(opts.world));
+  std::vector<zmuon::call_times> call_sums(static_cast<size_t>(opts.world));  // timed steps
+  eng->time_backend_calls(time_calls);
   int64_t ns_matrices = 0;
   for (int s = 0; s < steps; ++s) {
     std::vector<int64_t> before(static_cast<size_t>(opts.world), 0);
@@ -319,6 +331,19 @@ int main(int argc, char* argv[]) {
       return 1;
     }
     ns_matrices = info->ns_matrices;
+    for (int r = 0; time_calls && r < opts.world; ++r) {  // step() answers once the GPU is done
+      auto taken = eng->take_backend_call_times(r);
+      if (!taken) {
+        std::fprintf(stderr, "zmuon-bench-step: %s\n", taken.err().to_string().c_str());
+        return 1;
+      }
+      for (const auto& [name, t] : *taken)
+        if (s > 0) {  // the warm-up step's are dropped
+          auto& sum = call_sums[static_cast<size_t>(r)][name];
+          sum.calls += t.calls;
+          sum.ms += t.ms;
+        }
+    }
     if (s > 0) {
       reduce_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
       step_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
@@ -424,6 +449,28 @@ int main(int argc, char* argv[]) {
     if (names.count(p))
       std::printf("  %-16s %10.3f  %5.1f %%\n", p.c_str(), median(phase[p]),
                   100 * median(phase[p]) / std::max(ms(mid.window_ns), 1e-9));
+  nlohmann::json jcalls = nlohmann::json::object();
+  if (time_calls) {  // per timed step, the phase table's rank, the largest first
+    const double timed = steps - 1;
+    std::vector<std::pair<double, std::string>> by_ms;
+    double total = 0;
+    for (const auto& [name, t] : call_sums[static_cast<size_t>(mid.rank)]) {
+      by_ms.emplace_back(t.ms / timed, name);
+      total += t.ms / timed;
+      jcalls[name] = {{"calls", static_cast<double>(t.calls) / timed}, {"ms", t.ms / timed}};
+    }
+    std::sort(by_ms.rbegin(), by_ms.rend());
+    std::printf("backend calls of rank %d, per step (mean of %d; %s): ", mid.rank, steps - 1,
+                opts.compute == "cuda"
+                    ? "device time, CUDA events on each call's stream, side by side counts twice"
+                    : "host time");
+    for (size_t i = 0; i < by_ms.size(); ++i) {
+      const auto& t = call_sums[static_cast<size_t>(mid.rank)][by_ms[i].second];
+      std::printf("%s%s %.3f ms (%.0f calls)", i ? "; " : "", by_ms[i].second.c_str(),
+                  by_ms[i].first, static_cast<double>(t.calls) / timed);
+    }
+    std::printf("; sum %.3f ms\n", total);
+  }
   std::printf(
       "actor plumbing: %.2f %% of the step wall (largest rank), %.2f %% all ranks together "
       "(CPU/wall); raw %.3f ms/step all ranks, trace cost taken out %.3f ms (%lld ns a record)\n",
@@ -579,6 +626,10 @@ int main(int argc, char* argv[]) {
     j["chunk_bytes"] = chunk_bytes;
     j["ns_workspace_bytes"] = workspace;
     j["device_grads"] = device_grads;
+    if (time_calls) {
+      j["call_ms_rank"] = mid.rank;
+      j["call_ms"] = jcalls;  // per timed step: calls and ms by backend call
+    }
     std::ofstream f(json_out);
     f << j.dump(2) << "\n";
     if (!f.flush()) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "zmuon/call_times.hpp"
 #include "zmuon/config.hpp"
 #include "zmuon/memory.hpp"
 #include "zmuon/options.hpp"
@@ -136,6 +137,13 @@ public:
   /// from the last reset_peak_memory() (benchmarks: the transient memory of a step).
   expected<memory_stats> memory(int rank) const;
   void reset_peak_memory();
+
+  /// Timing of the compute backends' calls (zmuon/call_times.hpp), for benchmarks: off by
+  /// default; switches every local rank's backend, now or once the engine starts. On CUDA each
+  /// timed call adds two events to the rank's streams.
+  void time_backend_calls(bool on);
+  /// Local rank `rank`'s sums since the last take (waits for timed GPU work still running).
+  expected<call_times> take_backend_call_times(int rank);
 
   int world() const;
   /// The ranks this process runs: [first_rank(), first_rank() + local_ranks()).

@@ -149,6 +149,62 @@ cuda_compute::~cuda_compute() {
   }
 }
 
+// -- call timing ---------------------------------------------------------------------------------
+
+cuda_event cuda_compute::take_event() {
+  if (spare_events_.empty())
+    return cuda_event();
+  cuda_event e = std::move(spare_events_.back());
+  spare_events_.pop_back();
+  return e;
+}
+
+cuda_compute::call_timer::call_timer(cuda_compute& be, const char* name, cudaStream_t stream)
+    : name_(name), stream_(stream) {
+  if (!be.timing_calls())
+    return;
+  be_ = &be;
+  start_.emplace(be.take_event());
+  start_->record(stream_);
+}
+
+cuda_compute::call_timer::~call_timer() {
+  if (be_ == nullptr)
+    return;
+  try {
+    cuda_event end = be_->take_event();
+    end.record(stream_);
+    be_->timed_.push_back(timed_call{name_, std::move(*start_), std::move(end)});
+    be_->read_timed_calls(false);  // keeps the queue short over long runs
+  } catch (const failure&) {       // a broken context: the call itself reports it
+  }
+}
+
+void cuda_compute::read_timed_calls(bool wait) {
+  while (!timed_.empty()) {
+    timed_call& t = timed_.front();
+    if (wait)
+      ZMUON_CUDA_CHECK(cudaEventSynchronize(t.end.get()));
+    else if (!t.end.done())
+      return;
+    float ms = 0.0f;
+    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start.get(), t.end.get()));
+    add_call_time(t.name, ms);
+    spare_events_.push_back(std::move(t.start));
+    spare_events_.push_back(std::move(t.end));
+    timed_.pop_front();
+  }
+}
+
+call_times cuda_compute::take_call_times() {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    ZMUON_CUDA_CHECK(cudaSetDevice(device_));
+    read_timed_calls(true);
+  }
+  return compute_backend::take_call_times();
+}
+
 cuda_compute::launch_guard cuda_compute::activate() const {
   launch_guard guard{std::unique_lock<std::mutex>(mutex_), ctx_};
   ZMUON_CUDA_CHECK(cudaSetDevice(device_));
@@ -195,8 +251,10 @@ device_buffer cuda_compute::allocate_on_stream(int64_t n, bool zero) {
   // Stream-ordered: every user of this backend's buffers (its actors, the nccl comm) enqueues on
   // the main stream or forks from it after the allocation and its zeros (marked: the pool may
   // hand out memory that older marks still name); nothing waits.
-  if (zero)
+  if (zero) {
+    const call_timer timer(*this, "allocate", ctx_.stream);
     ZMUON_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, ctx_.stream));
+  }
   streams_->main_done(std::initializer_list<touched>{{data, bytes}});
   return buffer;
 }
@@ -205,8 +263,11 @@ void cuda_compute::copy_from_host(float* dst, const float* host_src, int64_t n) 
   if (n <= 0)
     return;
   const launch_guard guard = activate();
-  ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
-                                   cudaMemcpyHostToDevice, ctx_.stream));
+  {
+    const call_timer timer(*this, "copy_from_host", ctx_.stream);
+    ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
+                                     cudaMemcpyHostToDevice, ctx_.stream));
+  }
   streams_->synchronize();
 }
 
@@ -214,8 +275,11 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
   if (n <= 0)
     return;
   const launch_guard guard = activate();
-  ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
-                                   cudaMemcpyDeviceToHost, ctx_.stream));
+  {
+    const call_timer timer(*this, "copy_to_host", ctx_.stream);
+    ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
+                                     cudaMemcpyDeviceToHost, ctx_.stream));
+  }
   streams_->synchronize();
 }
 
@@ -223,6 +287,7 @@ void cuda_compute::copy(float* dst, const float* src, int64_t n) {
   if (n <= 0 || dst == src)
     return;
   const launch_guard guard = activate({floats(dst, n), floats(src, n)});
+  const call_timer timer(*this, "copy", ctx_.stream);
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToDevice, ctx_.stream));
 }
@@ -231,25 +296,34 @@ void cuda_compute::fill_zero(float* x, int64_t n) {
   if (n <= 0)
     return;
   const launch_guard guard = activate({floats(x, n)});
+  const call_timer timer(*this, "fill_zero", ctx_.stream);
   ZMUON_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), ctx_.stream));
 }
 
 // -- element-wise --------------------------------------------------------------------------------
 
 void cuda_compute::add(float* dst, const float* src, int64_t n) {
-  launch_add(activate({floats(dst, n), floats(src, n)}), dst, src, n);
+  const launch_guard guard = activate({floats(dst, n), floats(src, n)});
+  const call_timer timer(*this, "add", ctx_.stream);
+  launch_add(guard, dst, src, n);
 }
 
 void cuda_compute::scale(float* x, int64_t n, float factor) {
-  launch_scale(activate({floats(x, n)}), x, n, factor);
+  const launch_guard guard = activate({floats(x, n)});
+  const call_timer timer(*this, "scale", ctx_.stream);
+  launch_scale(guard, x, n, factor);
 }
 
 void cuda_compute::to_bf16(uint16_t* dst, const float* src, int64_t n) {
-  launch_to_bf16(activate({halves(dst, n), floats(src, n)}), dst, src, n);
+  const launch_guard guard = activate({halves(dst, n), floats(src, n)});
+  const call_timer timer(*this, "to_bf16", ctx_.stream);
+  launch_to_bf16(guard, dst, src, n);
 }
 
 void cuda_compute::from_bf16(float* dst, const uint16_t* src, int64_t n) {
-  launch_from_bf16(activate({floats(dst, n), halves(src, n)}), dst, src, n);
+  const launch_guard guard = activate({floats(dst, n), halves(src, n)});
+  const call_timer timer(*this, "from_bf16", ctx_.stream);
+  launch_from_bf16(guard, dst, src, n);
 }
 
 reduction cuda_compute::reduce(const float* x, int64_t n) {
@@ -257,7 +331,10 @@ reduction cuda_compute::reduce(const float* x, int64_t n) {
     return reduction{0.0, 0};
   const reduction_scratch scratch{partial_sums_.data(), partial_flags_.data(), result_.data()};
   const launch_guard guard = activate();
-  launch_sum_squares(guard, x, n, scratch);
+  {
+    const call_timer timer(*this, "scan", ctx_.stream);
+    launch_sum_squares(guard, x, n, scratch);
+  }
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
   streams_->synchronize();
@@ -278,28 +355,37 @@ double cuda_compute::frobenius_norm(const float* x, int64_t n) {
 
 void cuda_compute::momentum(float* m, const float* g, float* u, int64_t n, float beta,
                             bool nesterov) {
-  launch_momentum(activate({floats(m, n), floats(g, n), floats(u, n)}), m, g, u, n, beta, nesterov);
+  const launch_guard guard = activate({floats(m, n), floats(g, n), floats(u, n)});
+  const call_timer timer(*this, "momentum", ctx_.stream);
+  launch_momentum(guard, m, g, u, n, beta, nesterov);
 }
 
 void cuda_compute::apply_update(float* p, const float* o, int64_t n, float lr, float scale,
                                 float weight_decay) {
-  launch_apply_update(activate({floats(p, n), floats(o, n)}), p, o, n, lr, scale, weight_decay);
+  const launch_guard guard = activate({floats(p, n), floats(o, n)});
+  const call_timer timer(*this, "apply_update", ctx_.stream);
+  launch_apply_update(guard, p, o, n, lr, scale, weight_decay);
 }
 
 void cuda_compute::momentum_to_bf16(float* m, const float* g, uint16_t* u, int64_t n, float beta,
                                     bool nesterov) {
-  launch_momentum(activate({floats(m, n), floats(g, n), halves(u, n)}), m, g, u, n, beta, nesterov);
+  const launch_guard guard = activate({floats(m, n), floats(g, n), halves(u, n)});
+  const call_timer timer(*this, "momentum", ctx_.stream);
+  launch_momentum(guard, m, g, u, n, beta, nesterov);
 }
 
 void cuda_compute::apply_update_bf16(float* p, const uint16_t* o, int64_t n, float lr, float scale,
                                      float weight_decay) {
-  launch_apply_update(activate({floats(p, n), halves(o, n)}), p, o, n, lr, scale, weight_decay);
+  const launch_guard guard = activate({floats(p, n), halves(o, n)});
+  const call_timer timer(*this, "apply_update", ctx_.stream);
+  launch_apply_update(guard, p, o, n, lr, scale, weight_decay);
 }
 
 void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
                          const adamw_args& args) {
-  launch_adamw(activate({floats(p, n), floats(g, n), floats(m, n), floats(v, n)}), p, g, m, v, n,
-               args);
+  const launch_guard guard = activate({floats(p, n), floats(g, n), floats(m, n), floats(v, n)});
+  const call_timer timer(*this, "adamw", ctx_.stream);
+  launch_adamw(guard, p, g, m, v, n, args);
 }
 
 // -- Newton-Schulz -------------------------------------------------------------------------------
@@ -327,10 +413,13 @@ void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64
   int lane = 0;
   launch_context on_lane = ctx_;
   on_lane.stream = streams_->fork(lane, memory);
-  if (ns_uses_gram(ns, rows, cols, gpu_automatic_variant(batch, rows, cols)))
-    lanes_[lane]->gram_ns.run(on_lane, x, batch, rows, cols, ns);
-  else
-    lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
+  {
+    const call_timer timer(*this, "newton_schulz", on_lane.stream);
+    if (ns_uses_gram(ns, rows, cols, gpu_automatic_variant(batch, rows, cols)))
+      lanes_[lane]->gram_ns.run(on_lane, x, batch, rows, cols, ns);
+    else
+      lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
+  }
   streams_->lane_done(lane, memory);
   ns_matrices_ += batch;
 }
@@ -374,7 +463,10 @@ void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
   }
   const launch_guard guard = activate({floats(x, n)});
   const reduction_scratch scratch{partial_sums_.data(), partial_flags_.data(), result_.data()};
-  launch_sum_squares(guard, x, n, scratch);
+  {
+    const call_timer timer(*this, "scan", ctx_.stream);
+    launch_sum_squares(guard, x, n, scratch);
+  }
   // The pinned landing place is reused by the next scan; the stream orders copy, then callback.
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
@@ -409,6 +501,7 @@ void cuda_compute::copy_to_host_async(float* host_dst, const float* src, int64_t
   if (n <= 0)
     return;
   const launch_guard guard = activate({floats(src, n)});
+  const call_timer timer(*this, "copy_to_host", ctx_.stream);
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyDeviceToHost, ctx_.stream));
 }
@@ -417,6 +510,7 @@ void cuda_compute::copy_from_host_async(float* dst, const float* host_src, int64
   if (n <= 0)
     return;
   const launch_guard guard = activate({floats(dst, n)});
+  const call_timer timer(*this, "copy_from_host", ctx_.stream);
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, static_cast<size_t>(n) * sizeof(float),
                                    cudaMemcpyHostToDevice, ctx_.stream));
 }

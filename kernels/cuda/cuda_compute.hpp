@@ -11,9 +11,12 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/elementwise.cuh"
@@ -78,6 +81,8 @@ public:
 
   /// allocate()'s buffers, and the Newton-Schulz workspace as `workspace`.
   memory_stats memory() const override;
+  /// Each timed call's events read once its work is done (waits for the rest).
+  call_times take_call_times() override;
 
   /// For the NCCL communication backend and for benchmarks: where this backend's work runs.
   int device() const { return device_; }
@@ -165,6 +170,34 @@ private:
     gram_ns_workspace gram_ns;
   };
   std::array<std::unique_ptr<ns_lane>, stream_set::kLanes> lanes_;
+
+  /// With timing on (compute_backend::time_calls), a call's work on its stream between two
+  /// events; the pairs wait in `timed_` until read (take_call_times, or once done when the next
+  /// is queued). Used under the backend's lock, after activate().
+  class call_timer {
+  public:
+    call_timer(cuda_compute& be, const char* name, cudaStream_t stream);
+    call_timer(const call_timer&) = delete;
+    call_timer& operator=(const call_timer&) = delete;
+    ~call_timer();
+
+  private:
+    cuda_compute* be_ = nullptr;
+    const char* name_;
+    cudaStream_t stream_;
+    std::optional<cuda_event> start_;
+  };
+  struct timed_call {
+    const char* name;
+    cuda_event start;
+    cuda_event end;
+  };
+  cuda_event take_event();
+  /// Adds the timed calls that are done (all of them when `wait`) to the sums.
+  void read_timed_calls(bool wait);
+  std::deque<timed_call> timed_;
+  std::vector<cuda_event> spare_events_;
+
   template <class F>
   void for_each_lane(F f) {
     const std::lock_guard<std::mutex> lock(mutex_);

@@ -72,20 +72,32 @@ memory_stats host_compute::memory() const {
   return stats;
 }
 
-void host_compute::copy_from_host(float* dst, const float* host_src, int64_t n) {
-  copy(dst, host_src, n);
-}
+namespace {
 
-void host_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
-  copy(host_dst, src, n);
-}
-
-void host_compute::copy(float* dst, const float* src, int64_t n) {
+void move_floats(float* dst, const float* src, int64_t n) {
   if (n > 0 && dst != src)
     std::memmove(dst, src, static_cast<size_t>(n) * sizeof(float));
 }
 
+}  // namespace
+
+void host_compute::copy_from_host(float* dst, const float* host_src, int64_t n) {
+  const scoped_call_timer timer(*this, "copy_from_host");
+  move_floats(dst, host_src, n);
+}
+
+void host_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
+  const scoped_call_timer timer(*this, "copy_to_host");
+  move_floats(host_dst, src, n);
+}
+
+void host_compute::copy(float* dst, const float* src, int64_t n) {
+  const scoped_call_timer timer(*this, "copy");
+  move_floats(dst, src, n);
+}
+
 void host_compute::fill_zero(float* x, int64_t n) {
+  const scoped_call_timer timer(*this, "fill_zero");
   if (n > 0)
     std::fill(x, x + n, 0.0f);
 }
@@ -93,16 +105,19 @@ void host_compute::fill_zero(float* x, int64_t n) {
 // -- element-wise --------------------------------------------------------------------------------
 
 void host_compute::add(float* dst, const float* src, int64_t n) {
+  const scoped_call_timer timer(*this, "add");
   for (int64_t i = 0; i < n; ++i)
     dst[i] += src[i];
 }
 
 void host_compute::scale(float* x, int64_t n, float factor) {
+  const scoped_call_timer timer(*this, "scale");
   for (int64_t i = 0; i < n; ++i)
     x[i] *= factor;
 }
 
 scan_result host_compute::scan(const float* x, int64_t n) {
+  const scoped_call_timer timer(*this, "scan");
   scan_result result;
   result.sum_squares = sum_of_squares(x, n);
   result.nonfinite = !std::isfinite(result.sum_squares);
@@ -110,11 +125,13 @@ scan_result host_compute::scan(const float* x, int64_t n) {
 }
 
 double host_compute::frobenius_norm(const float* x, int64_t n) {
+  const scoped_call_timer timer(*this, "frobenius_norm");
   return std::sqrt(sum_of_squares(x, n));
 }
 
 void host_compute::momentum(float* m, const float* g, float* u, int64_t n, float beta,
                             bool nesterov) {
+  const scoped_call_timer timer(*this, "momentum");
   const float one_minus_beta = 1.0f - beta;
   for (int64_t i = 0; i < n; ++i) {
     const float mi = beta * m[i] + one_minus_beta * g[i];
@@ -125,6 +142,7 @@ void host_compute::momentum(float* m, const float* g, float* u, int64_t n, float
 
 void host_compute::apply_update(float* p, const float* o, int64_t n, float lr, float scale,
                                 float weight_decay) {
+  const scoped_call_timer timer(*this, "apply_update");
   const float decay = 1.0f - lr * weight_decay;
   const float step = lr * scale;
   for (int64_t i = 0; i < n; ++i)
@@ -132,17 +150,20 @@ void host_compute::apply_update(float* p, const float* o, int64_t n, float lr, f
 }
 
 void host_compute::to_bf16(uint16_t* dst, const float* src, int64_t n) {
+  const scoped_call_timer timer(*this, "to_bf16");
   for (int64_t i = 0; i < n; ++i)
     dst[i] = zmuon::to_bf16(src[i]);
 }
 
 void host_compute::from_bf16(float* dst, const uint16_t* src, int64_t n) {
+  const scoped_call_timer timer(*this, "from_bf16");
   for (int64_t i = 0; i < n; ++i)
     dst[i] = zmuon::from_bf16(src[i]);
 }
 
 void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
                          const adamw_args& args) {
+  const scoped_call_timer timer(*this, "adamw");
   // torch.optim.AdamW's arrangement: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
   const double t = static_cast<double>(std::max<int64_t>(args.step, 1));
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(args.beta1), t);
@@ -167,6 +188,7 @@ void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
 
 void host_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t cols,
                                  const ns_options& ns) {
+  const scoped_call_timer timer(*this, "newton_schulz");
   if (batch <= 0)
     return;
   if (rows > 0 && cols > 0) {

@@ -1,0 +1,73 @@
+// engine::time_backend_calls and take_backend_call_times (zmuon/call_times.hpp) on the host
+// backend: each rank's backend counts every call of a step under its name, exactly as often as
+// the step protocol makes it (the counts follow from the plan); nothing is counted while timing
+// is off, and a take starts new sums. The CUDA backend's event timing is tested on the GPU
+// (test_cuda_kernels, `call_timing`).
+#define BOOST_TEST_MODULE engine_call_times
+#include <boost/test/unit_test.hpp>
+
+#include "engine_fixture.hpp"
+#include "plan/ownership.hpp"
+#include "plan/plan.hpp"
+
+using namespace zmuon;
+using namespace zmuon::test;
+
+namespace {
+
+std::vector<param_spec> test_table() {
+  std::vector<param_spec> table;
+  for (int i = 0; i < 5; ++i)  // two shapes: NS batches by shape within each chunk
+    table.push_back({"w" + std::to_string(i), {32 + 16 * (i % 2), 40}, param_group::muon, 0});
+  table.push_back({"bias", {70}, param_group::adamw, 0});
+  table.push_back({"norm", {40}, param_group::adamw, 0});
+  return table;
+}
+
+void run_step(engine& eng, const std::vector<param_spec>& table, int step) {
+  for (int r = 0; r < eng.world(); ++r)
+    BOOST_REQUIRE(!eng.reduce(r, random_grads(table, 3, step, r, 0)));
+  auto info = eng.step();
+  BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(a_step_counts_each_backend_call_as_often_as_the_protocol_makes_it) {
+  const auto table = test_table();
+  engine_options o = options(2);
+  o.reduce_bucket_size = 2 * 48 * 40;  // several chunks
+  auto eng = make_engine(o);
+  register_table(*eng, table, 4);
+  eng->time_backend_calls(true);  // before the engine starts: its backends get it when made
+  run_step(*eng, table, 1);
+  const plan& pl = *eng->layout();
+  BOOST_REQUIRE_GE(pl.chunks.size(), 2u);
+  for (int r = 0; r < o.world; ++r) {
+    int64_t ns_calls = 0;  // one batched call per shape group of the matrices rank r owns
+    for (const auto& own : make_ownership(pl, r))
+      ns_calls += static_cast<int64_t>(own.groups.size());
+    auto times = eng->take_backend_call_times(r);
+    BOOST_REQUIRE_MESSAGE(times, (times ? "" : times.err().to_string()));
+    BOOST_TEST_MESSAGE("rank " << r << ": newton_schulz " << (*times)["newton_schulz"].calls
+                               << " calls, " << (*times)["newton_schulz"].ms << " ms");
+    BOOST_TEST((*times)["newton_schulz"].calls == ns_calls);
+    BOOST_TEST((*times)["newton_schulz"].ms > 0.0);
+    BOOST_TEST((*times)["momentum"].calls == pl.muon_count());  // one per Muon shard
+    BOOST_TEST((*times)["apply_update"].calls == pl.muon_count());
+    BOOST_TEST((*times)["adamw"].calls == 2);  // one per AdamW shard
+    for (const auto& [name, t] : *times)
+      BOOST_TEST(t.ms >= 0.0, name << " has " << t.ms << " ms");
+    auto again = eng->take_backend_call_times(r);  // a take starts new sums
+    BOOST_REQUIRE(again);
+    BOOST_TEST(again->empty());
+  }
+  eng->time_backend_calls(false);
+  run_step(*eng, table, 2);
+  for (int r = 0; r < o.world; ++r) {
+    auto times = eng->take_backend_call_times(r);
+    BOOST_REQUIRE(times);
+    BOOST_TEST(times->empty());
+  }
+  BOOST_TEST(!eng->take_backend_call_times(o.world));  // not a rank of this engine
+}
