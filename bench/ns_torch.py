@@ -167,7 +167,7 @@ def step_table(paths, zmuon_ns, reps):
         enq = " (enqueue)" if z.get("phases_are_enqueue_times") else ""
         ns_calls = z.get("call_ms", {}).get("newton_schulz")
         if ns_calls is not None:  # --call-times: the NS calls' own time (CUDA: device, events)
-            ns_phase = ns_calls["ms"]
+            ns_phase = ns_calls["busy_ms"]
             enq = " (device)" if z.get("compute") == "cuda" else " (calls)"
         r0 = z["ranks"][0]
         peak = z.get("peak_transient_device_bytes")
@@ -183,8 +183,8 @@ def step_table(paths, zmuon_ns, reps):
     lines.append("")
     lines.append("zmuon step ms: step() (vote, norm, momentum, gather/NS/scatter, apply, AdamW; "
                  "reduce() hand-over not included). NS in the step: with --call-times the "
-                 "newton_schulz calls' own time per step on the phase table's rank (CUDA: events "
-                 "around each call on its lane), else the trace's ns phase (on CUDA only the "
+                 "time per step during which a newton_schulz call ran on the phase table's rank "
+                 "(CUDA: events around each call on its lane), else the trace's ns phase (on CUDA only the "
                  "enqueue)."
                  " plumbing: "
                  "host time in the coordinator's, loss scaler's and reducer's handlers outside "

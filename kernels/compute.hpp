@@ -9,10 +9,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "zmuon/call_times.hpp"
 #include "zmuon/memory.hpp"
@@ -194,40 +196,37 @@ public:
   void reset_peak_memory() { meter_->reset_peak(); }
 
   // -- call timing (benchmarks: a step's device time by phase) ----------------------------------
-  /// Off by default. On, every call that does work adds its time under its name (call_times.hpp).
-  void time_calls(bool on) { timing_.store(on); }
+  /// Off by default. On, every call that does work records when it ran, under its name
+  /// (call_times.hpp); switching it on starts a new period.
+  virtual void time_calls(bool on);
   bool timing_calls() const { return timing_.load(); }
-  /// The sums since the last take, then starts new ones; waits for timed work still running.
-  virtual call_times take_call_times() {
-    std::lock_guard<std::mutex> lock(times_mutex_);
-    return std::exchange(times_, call_times{});
-  }
+  /// Each call's count, summed time and busy time since the period began, then a new period;
+  /// waits for timed work still running.
+  virtual call_times take_call_times();
 
 protected:
-  void add_call_time(const char* name, double ms) {
-    std::lock_guard<std::mutex> lock(times_mutex_);
-    auto& t = times_[name];
-    ++t.calls;
-    t.ms += ms;
-  }
+  /// One call ran from start_ms to end_ms, in ms since the period began (the backend's clock).
+  void add_call_span(const char* name, double start_ms, double end_ms);
+  /// Now, in ms since the period began on the host's steady clock.
+  double host_clock_ms() const;
   /// Times a call that runs to its end on the calling thread (the host backend's), when timing.
   class scoped_call_timer {
   public:
     scoped_call_timer(compute_backend& be, const char* name)
-        : be_(be.timing_calls() ? &be : nullptr), name_(name) {}
+        : be_(be.timing_calls() ? &be : nullptr),
+          name_(name),
+          start_ms_(be_ != nullptr ? be.host_clock_ms() : 0.0) {}
     scoped_call_timer(const scoped_call_timer&) = delete;
     scoped_call_timer& operator=(const scoped_call_timer&) = delete;
     ~scoped_call_timer() {
       if (be_ != nullptr)
-        be_->add_call_time(
-            name_, std::chrono::duration<double, std::milli>(clock::now() - start_).count());
+        be_->add_call_span(name_, start_ms_, be_->host_clock_ms());
     }
 
   private:
-    using clock = std::chrono::steady_clock;
     compute_backend* be_;
     const char* name_;
-    clock::time_point start_ = clock::now();
+    double start_ms_;
   };
 
   int64_t ns_matrices_ = 0;
@@ -235,9 +234,20 @@ protected:
 
 private:
   std::atomic<bool> timing_{false};
-  std::mutex times_mutex_;
-  call_times times_;
+  mutable std::mutex times_mutex_;
+  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  /// Per call name: the spans not yet summed, and what earlier spans summed to (spans are folded
+  /// into it in batches, so that a long period keeps little).
+  struct spans {
+    std::vector<std::pair<double, double>> open;
+    call_time folded;
+  };
+  std::map<std::string, spans> spans_;
 };
+
+/// Adds `spans` (start, end; emptied) to `into`: their count, their summed length and the length
+/// of their union, the time during which at least one of them ran (call_time::busy_ms).
+void fold_call_spans(std::vector<std::pair<double, double>>& spans, call_time& into);
 
 /// The backend named `name` ("host", or "cuda" when built with CUDA), or an error naming the
 /// backends that exist.

@@ -2,11 +2,13 @@
 // backend: each rank's backend counts every call of a step under its name, exactly as often as
 // the step protocol makes it (the counts follow from the plan); nothing is counted while timing
 // is off, and a take starts new sums. The CUDA backend's event timing is tested on the GPU
-// (test_cuda_kernels, `call_timing`).
+// (test_cuda_kernels, `call_timing`). The sums themselves: count, summed spans and busy time (their
+// union) from known spans.
 #define BOOST_TEST_MODULE engine_call_times
 #include <boost/test/unit_test.hpp>
 
 #include "engine_fixture.hpp"
+#include "kernels/compute.hpp"
 #include "plan/ownership.hpp"
 #include "plan/plan.hpp"
 
@@ -53,6 +55,7 @@ BOOST_AUTO_TEST_CASE(a_step_counts_each_backend_call_as_often_as_the_protocol_ma
                                << " calls, " << (*times)["newton_schulz"].ms << " ms");
     BOOST_TEST((*times)["newton_schulz"].calls == ns_calls);
     BOOST_TEST((*times)["newton_schulz"].ms > 0.0);
+    BOOST_TEST((*times)["newton_schulz"].busy_ms <= (*times)["newton_schulz"].ms + 1e-9);
     BOOST_TEST((*times)["momentum"].calls == pl.muon_count());  // one per Muon shard
     BOOST_TEST((*times)["apply_update"].calls == pl.muon_count());
     BOOST_TEST((*times)["adamw"].calls == 2);  // one per AdamW shard
@@ -70,4 +73,19 @@ BOOST_AUTO_TEST_CASE(a_step_counts_each_backend_call_as_often_as_the_protocol_ma
     BOOST_TEST(times->empty());
   }
   BOOST_TEST(!eng->take_backend_call_times(o.world));  // not a rank of this engine
+}
+
+BOOST_AUTO_TEST_CASE(busy_time_is_the_union_of_the_calls_spans) {
+  std::vector<std::pair<double, double>> spans{
+      {1.0, 3.0}, {0.0, 2.0}, {5.0, 6.5}, {5.5, 6.0}};  // the second and fourth overlap others
+  call_time t;
+  fold_call_spans(spans, t);
+  BOOST_TEST(spans.empty());
+  BOOST_TEST(t.calls == 4);
+  BOOST_TEST(t.ms == 6.0);
+  BOOST_TEST(t.busy_ms == 4.5);  // [0, 3] and [5, 6.5]
+  std::vector<std::pair<double, double>> later{{7.0, 7.25}};
+  fold_call_spans(later, t);  // a later batch adds to the sums
+  BOOST_TEST(t.calls == 5);
+  BOOST_TEST(t.busy_ms == 4.75);
 }

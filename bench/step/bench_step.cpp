@@ -43,9 +43,9 @@
 //
 // --call-times: the compute backends time their calls (engine::time_backend_calls; on CUDA two
 // events around each call's work on its stream) and the bench prints, for the rank of the phase
-// table, each call's time per step (mean over the timed steps): on CUDA the device time the
-// phases above cannot show (their spans end at enqueue). Calls that ran side by side (NS lanes
-// beside main-stream work) each count in full. Off by default: the events cost host time.
+// table, each call's busy time per step (mean over the timed steps: the time during which at
+// least one call of that name ran, zmuon/call_times.hpp), its calls' summed spans and count: on
+// CUDA the device time the phases above cannot show (their spans end at enqueue). Off by default.
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
@@ -342,6 +342,7 @@ int main(int argc, char* argv[]) {
           auto& sum = call_sums[static_cast<size_t>(r)][name];
           sum.calls += t.calls;
           sum.ms += t.ms;
+          sum.busy_ms += t.busy_ms;
         }
     }
     if (s > 0) {
@@ -450,26 +451,28 @@ int main(int argc, char* argv[]) {
       std::printf("  %-16s %10.3f  %5.1f %%\n", p.c_str(), median(phase[p]),
                   100 * median(phase[p]) / std::max(ms(mid.window_ns), 1e-9));
   nlohmann::json jcalls = nlohmann::json::object();
-  if (time_calls) {  // per timed step, the phase table's rank, the largest first
+  if (time_calls) {  // per timed step, the phase table's rank, the busiest first
     const double timed = steps - 1;
-    std::vector<std::pair<double, std::string>> by_ms;
-    double total = 0;
+    std::vector<std::pair<double, std::string>> by_busy;
     for (const auto& [name, t] : call_sums[static_cast<size_t>(mid.rank)]) {
-      by_ms.emplace_back(t.ms / timed, name);
-      total += t.ms / timed;
-      jcalls[name] = {{"calls", static_cast<double>(t.calls) / timed}, {"ms", t.ms / timed}};
+      by_busy.emplace_back(t.busy_ms / timed, name);
+      jcalls[name] = {{"calls", static_cast<double>(t.calls) / timed},
+                      {"ms", t.ms / timed},
+                      {"busy_ms", t.busy_ms / timed}};
     }
-    std::sort(by_ms.rbegin(), by_ms.rend());
-    std::printf("backend calls of rank %d, per step (mean of %d; %s): ", mid.rank, steps - 1,
-                opts.compute == "cuda"
-                    ? "device time, CUDA events on each call's stream, side by side counts twice"
-                    : "host time");
-    for (size_t i = 0; i < by_ms.size(); ++i) {
-      const auto& t = call_sums[static_cast<size_t>(mid.rank)][by_ms[i].second];
-      std::printf("%s%s %.3f ms (%.0f calls)", i ? "; " : "", by_ms[i].second.c_str(),
-                  by_ms[i].first, static_cast<double>(t.calls) / timed);
+    std::sort(by_busy.rbegin(), by_busy.rend());
+    std::printf(
+        "backend calls of rank %d per step (mean of %d; %s): busy ms (sum of the calls' "
+        "spans, calls)",
+        mid.rank, steps - 1,
+        opts.compute == "cuda" ? "device time from CUDA events; nccl collectives not timed"
+                               : "host time");
+    for (size_t i = 0; i < by_busy.size(); ++i) {
+      const auto& t = call_sums[static_cast<size_t>(mid.rank)][by_busy[i].second];
+      std::printf("%s %s %.3f (%.3f, %.0f)", i ? ";" : ":", by_busy[i].second.c_str(),
+                  by_busy[i].first, t.ms / timed, static_cast<double>(t.calls) / timed);
     }
-    std::printf("; sum %.3f ms\n", total);
+    std::printf("\n");
   }
   std::printf(
       "actor plumbing: %.2f %% of the step wall (largest rank), %.2f %% all ranks together "

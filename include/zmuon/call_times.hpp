@@ -8,14 +8,16 @@
 
 namespace zmuon {
 
-/// One backend call's name (compute_backend's method: "newton_schulz", "momentum", ...), how often
-/// it ran and its summed time. On CUDA a call's time is the span of its own work on the stream
-/// it ran on, measured with events: calls that ran side by side (Newton-Schulz lanes beside
-/// main-stream work) each count in full, so the sums may exceed the wall time. On the host it is
-/// the call's duration.
+/// One backend call (compute_backend's method: "newton_schulz", "momentum", ...) over a timing
+/// period: how often it ran, its calls' summed time, and its busy time, the time during which at
+/// least one of its calls ran. On CUDA a call's time is the span of its own work on the stream it
+/// ran on, measured with events. Calls that run side by side (Newton-Schulz on its lanes) share
+/// the device, so each one's span is longer and `ms` exceeds the device time they took together;
+/// `busy_ms` does not. On the host a call's time is its duration.
 struct call_time {
   int64_t calls = 0;
   double ms = 0.0;
+  double busy_ms = 0.0;
 };
 
 using call_times = std::map<std::string, call_time>;

@@ -187,22 +187,38 @@ void cuda_compute::read_timed_calls(bool wait) {
       ZMUON_CUDA_CHECK(cudaEventSynchronize(t.end.get()));
     else if (!t.end.done())
       return;
-    float ms = 0.0f;
-    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, t.start.get(), t.end.get()));
-    add_call_time(t.name, ms);
+    float start_ms = 0.0f, end_ms = 0.0f;
+    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&start_ms, period_start_->get(), t.start.get()));
+    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&end_ms, period_start_->get(), t.end.get()));
+    add_call_span(t.name, start_ms, end_ms);
     spare_events_.push_back(std::move(t.start));
     spare_events_.push_back(std::move(t.end));
     timed_.pop_front();
   }
 }
 
+void cuda_compute::begin_timing_period() {
+  if (!period_start_)
+    period_start_.emplace();
+  period_start_->record(ctx_.stream);
+}
+
+void cuda_compute::time_calls(bool on) {
+  const launch_guard guard = activate();
+  const bool was_on = timing_calls();
+  read_timed_calls(true);  // the calls of an earlier period belong to it
+  compute_backend::time_calls(on);
+  if (on && !was_on)
+    begin_timing_period();
+}
+
 call_times cuda_compute::take_call_times() {
-  {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    ZMUON_CUDA_CHECK(cudaSetDevice(device_));
-    read_timed_calls(true);
-  }
-  return compute_backend::take_call_times();
+  const launch_guard guard = activate();  // no call is timed meanwhile
+  read_timed_calls(true);
+  call_times out = compute_backend::take_call_times();
+  if (timing_calls())
+    begin_timing_period();
+  return out;
 }
 
 cuda_compute::launch_guard cuda_compute::activate() const {

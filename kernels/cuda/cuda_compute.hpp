@@ -81,6 +81,9 @@ public:
 
   /// allocate()'s buffers, and the Newton-Schulz workspace as `workspace`.
   memory_stats memory() const override;
+  /// A period begins with an event on the main stream after every lane (the next NS forks after
+  /// it), so that each timed call's events give its span from there.
+  void time_calls(bool on) override;
   /// Each timed call's events read once its work is done (waits for the rest).
   call_times take_call_times() override;
 
@@ -193,10 +196,13 @@ private:
     cuda_event end;
   };
   cuda_event take_event();
-  /// Adds the timed calls that are done (all of them when `wait`) to the sums.
+  /// Adds the timed calls that are done (all of them when `wait`) to the spans.
   void read_timed_calls(bool wait);
+  /// Where the timing period begins; recorded under activate() (after every lane).
+  void begin_timing_period();
   std::deque<timed_call> timed_;
   std::vector<cuda_event> spare_events_;
+  std::optional<cuda_event> period_start_;
 
   template <class F>
   void for_each_lane(F f) {

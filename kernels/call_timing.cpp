@@ -1,0 +1,67 @@
+// compute_backend's call timing (kernels/compute.hpp, zmuon/call_times.hpp): the spans each
+// backend records, summed per call name. In zmuon_base, which every backend library links (the
+// CUDA backend's own project, bench/cuda, builds it without the host backend).
+
+#include <algorithm>
+
+#include "kernels/compute.hpp"
+
+namespace zmuon {
+
+namespace {
+
+/// Spans folded at a time per call name (a long timing period keeps at most this many).
+constexpr size_t kSpansPerFold = size_t{1} << 16;
+
+}  // namespace
+
+void fold_call_spans(std::vector<std::pair<double, double>>& spans, call_time& into) {
+  std::sort(spans.begin(), spans.end());
+  double covered_to = -1e300;
+  for (const auto& [start, end] : spans) {
+    ++into.calls;
+    into.ms += end - start;
+    if (end > covered_to) {
+      into.busy_ms += end - std::max(start, covered_to);
+      covered_to = end;
+    }
+  }
+  spans.clear();
+}
+
+void compute_backend::time_calls(bool on) {
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  if (on && !timing_.load()) {
+    spans_.clear();
+    epoch_ = std::chrono::steady_clock::now();
+  }
+  timing_.store(on);
+}
+
+call_times compute_backend::take_call_times() {
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  call_times out;
+  for (auto& [name, s] : spans_) {
+    fold_call_spans(s.open, s.folded);
+    out[name] = s.folded;
+  }
+  spans_.clear();
+  epoch_ = std::chrono::steady_clock::now();
+  return out;
+}
+
+void compute_backend::add_call_span(const char* name, double start_ms, double end_ms) {
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  auto& s = spans_[name];
+  s.open.emplace_back(start_ms, std::max(start_ms, end_ms));
+  if (s.open.size() >= kSpansPerFold)
+    fold_call_spans(s.open, s.folded);
+}
+
+double compute_backend::host_clock_ms() const {
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - epoch_)
+      .count();
+}
+
+}  // namespace zmuon
