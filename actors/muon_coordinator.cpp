@@ -66,8 +66,6 @@ struct step_work {
   std::vector<slot> order;
   size_t next_slot = 0;
   size_t applied = 0;
-  bool adamw_issued = false;
-  bool adamw_done = false;
   int64_t ns_before = 0;
 };
 
@@ -131,7 +129,6 @@ void add_segment(std::vector<segment>& list, wire_buffer& buf, int64_t offset, i
     list.push_back(buf.at(offset, size));
 }
 
-void run_adamw(coord_pointer self);
 void finish(coord_pointer self);
 void advance(coord_pointer self);
 
@@ -215,7 +212,6 @@ void gather(coord_pointer self, int c) {
       st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
-    run_adamw(self);  // once, behind the first chunk's NS
     buffers(self, c, [&] { cw.full.to_comm(*st.be); });
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
   });
@@ -259,7 +255,7 @@ void scatter(coord_pointer self, int c) {
       auto& w = *self->state.work;
       buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
       w.chunks[c].at = chunk_work::applied;
-      if (++w.applied == w.chunks.size() && w.adamw_done)
+      if (++w.applied == w.chunks.size())
         finish(self);
     });
   });
@@ -305,7 +301,7 @@ void run_muon(coord_pointer self) {
   auto& w = *self->state.work;
   auto n = static_cast<int>(self->state.pl->chunks.size());
   if (n == 0) {
-    run_adamw(self);
+    finish(self);
     return;
   }
   w.chunks.resize(n);
@@ -318,35 +314,20 @@ void run_muon(coord_pointer self) {
   advance(self);
 }
 
-// -- 6. AdamW beside the pipeline; zero the gradient and answer once both are done -------------
-
-// AdamW on the non-Muon shards reads only their gradients, so it need not wait for the Muon
-// pipeline: it is issued once, right after the first chunk's Newton-Schulz is enqueued (on
-// CUDA it then runs on the main stream while that NS runs on its lane, instead of after the
-// last chunk's apply).
-void run_adamw(coord_pointer self) {
-  auto& st = self->state;
-  auto& w = *st.work;
-  if (w.adamw_issued)
-    return;
-  w.adamw_issued = true;
-  const auto& a = st.opts.adamw;
-  adamw_step msg{w.req.step, w.req.adam_lr, a.beta1, a.beta2, a.eps, a.weight_decay};
-  ask<ack>(self, st.peers.store, msg, [=](ack&) {
-    auto& w = *self->state.work;
-    w.adamw_done = true;
-    if (w.applied == w.chunks.size())
-      finish(self);
-  });
-}
+// -- 6. AdamW, zero the gradient, answer ----------------------------------------------------------
 
 void finish(coord_pointer self) {
-  ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
-    auto& st = self->state;
-    auto& w = *st.work;
-    w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
-    w.promise.deliver(w.result);
-    st.work.reset();
+  auto& st = self->state;
+  const auto& a = st.opts.adamw;
+  adamw_step msg{st.work->req.step, st.work->req.adam_lr, a.beta1, a.beta2, a.eps, a.weight_decay};
+  ask<ack>(self, st.peers.store, msg, [=](ack&) {
+    ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
+      auto& st = self->state;
+      auto& w = *st.work;
+      w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
+      w.promise.deliver(w.result);
+      st.work.reset();
+    });
   });
 }
 
