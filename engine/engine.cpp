@@ -103,6 +103,8 @@ expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backe
                  "comm backend 'nccl' needs one GPU per rank: " + std::to_string(local)
                      + " rank(s) in this process but " + std::to_string(devices)
                      + " GPU(s) visible (use comm 'caf' to run several ranks on one GPU)"};
+  if (opts.compute == "host")
+    share_host_blas_threads(local);
   std::vector<std::shared_ptr<compute_backend>> out;
   for (int i = 0; i < local; ++i) {  // local rank i on GPU i (modulo the visible GPUs)
     auto be = make_compute_backend(opts.compute, devices > 0 ? i % devices : 0);

@@ -6,6 +6,7 @@
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <random>
@@ -18,6 +19,8 @@
 #include "tests/bf16_reference.hpp"
 #include "tests/host_kernels.hpp"
 #include "tests/ns_accuracy.hpp"
+
+extern "C" int openblas_get_num_threads(void);  // OpenBLAS, the host backend's BLAS
 
 namespace zmuon {
 namespace {
@@ -68,6 +71,27 @@ BOOST_AUTO_TEST_CASE(allocate_is_zero_filled_and_copies_round_trip) {
     be->fill_zero(other.data(), n);
     const auto cleared = download(*be, other);
     BOOST_TEST(std::all_of(cleared.begin(), cleared.end(), [](float x) { return x == 0.0f; }));
+  }
+}
+
+// The host backend's BLAS threads share the cores among the ranks that run NS at once.
+BOOST_AUTO_TEST_CASE(blas_threads_share_the_cores_among_the_ranks) {
+  BOOST_TEST(host_blas_threads(1, 2) == 2);
+  BOOST_TEST(host_blas_threads(4, 2) == 1);  // more ranks than cores: one thread each
+  BOOST_TEST(host_blas_threads(2, 16) == 8);
+  BOOST_TEST(host_blas_threads(3, 16) == 5);
+  BOOST_TEST(host_blas_threads(0, 8) == 8);
+  BOOST_TEST(host_blas_threads(1, 0) == 1);  // hardware_concurrency() may say 0
+  const int set = share_host_blas_threads(64);
+  if (std::getenv("OPENBLAS_NUM_THREADS") || std::getenv("GOTO_NUM_THREADS")
+      || std::getenv("OMP_NUM_THREADS")) {
+    BOOST_TEST(set == 0);  // the user's setting wins
+  } else {
+    BOOST_TEST(set == 1);
+    BOOST_TEST(openblas_get_num_threads() == 1);
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    BOOST_TEST(share_host_blas_threads(1) == host_blas_threads(1, cores));
+    BOOST_TEST(openblas_get_num_threads() == host_blas_threads(1, cores));
   }
 }
 

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <thread>
 
 #include "kernels/bf16.hpp"
 #include "kernels/ns_variants.hpp"
@@ -44,6 +46,21 @@ void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
 }  // namespace
 
 // -- memory --------------------------------------------------------------------------------------
+
+int host_blas_threads(int concurrent, int cores) {
+  cores = std::max(1, cores);
+  return std::max(1, cores / std::clamp(concurrent, 1, cores));
+}
+
+int share_host_blas_threads(int local_ranks) {
+  for (const char* setting : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (std::getenv(setting) != nullptr)
+      return 0;
+  const int threads =
+      host_blas_threads(local_ranks, static_cast<int>(std::thread::hardware_concurrency()));
+  openblas_set_num_threads(threads);
+  return threads;
+}
 
 device_buffer host_compute::allocate(int64_t n) {
   if (n <= 0)
