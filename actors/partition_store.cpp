@@ -20,8 +20,7 @@ struct store_state {
   // Per reduce bucket: whether its gradient shard holds this step's values. A bucket not written
   // reads as zero: its first slice of a step is copied in rather than added (one read of the
   // gradient fewer), nothing zeroes the whole gradient after a step (one write fewer), and
-  // `materialize` zeroes the
-  // buckets still unwritten before anything reads the gradient.
+  // `materialize` zeroes the buckets still unwritten before anything reads the gradient.
   std::vector<bool> written;
   device_buffer momentum;
   device_buffer exp_avg;

@@ -3,7 +3,9 @@
 // element-wise phases of the step on them, but never decides whether a step happens.
 //
 // Interface:
-//   accumulate -> ack        (reducer) add a reduced bucket slice to the gradient shard
+//   accumulate -> ack        (reducer) add a reduced bucket slice to the gradient shard (a
+//                            bucket's first slice of a step is copied in: a zeroed gradient is
+//                            only marked unwritten, never filled, until something reads it)
 //   scan_grads -> grad_scan  (loss scaler) non-finite flag and sum of squares of the gradient
 //   local_sum_squares -> grad_scan  (coordinator) the sum of squares from this step's scan
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
