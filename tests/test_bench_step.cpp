@@ -3,13 +3,15 @@
 // count (fp32) at world 2 and 4, and the phases are non-negative, sum to the coordinator's step
 // and fit inside the step's wall time; on a synthetic trace with hand-computed answers the
 // plumbing time, its record count, the phase cut, the window, the wall time and the bytes are
-// exact.
+// exact; the bytes report flags a trace that disagrees with the plan, and the call-time report
+// gives per-step means of summed steps.
 #define BOOST_TEST_MODULE test_bench_step
 #include <boost/test/unit_test.hpp>
 
 #include <chrono>
 #include <filesystem>
 
+#include "bench/step/report.hpp"
 #include "bench/step/step_tables.hpp"
 #include "engine_fixture.hpp"
 #include "plan/plan.hpp"
@@ -211,4 +213,32 @@ BOOST_AUTO_TEST_CASE(plumbing_and_phases_of_a_synthetic_trace) {
   BOOST_TEST(text(r.sent_bytes) == text(bytes));
   BOOST_TEST(r.sent_messages.at("scatter") == 2);
   fs::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(bytes_report_flags_a_trace_that_disagrees_with_the_plan) {
+  auto made = make_plan(bench::make_table("tiny"), 2, 1 << 14);
+  BOOST_REQUIRE(made);
+  std::vector<std::map<std::string, int64_t>> sent{bench::plan_bytes(*made, 0, 1),
+                                                   bench::plan_bytes(*made, 1, 1)};
+  auto agree = bench::report_bytes(*made, sent, 1, 4, true);
+  BOOST_TEST(!agree.mismatch);
+  BOOST_TEST(agree.ranks.size() == 2u);
+  BOOST_TEST(agree.ranks[1]["deepspeed_muon_bytes"].get<double>()
+             == bench::deepspeed_muon_bytes(*made));
+  sent[1]["gather"] += 4;  // one float more than the plan
+  BOOST_TEST(bench::report_bytes(*made, sent, 1, 4, true).mismatch);
+  BOOST_TEST(!bench::report_bytes(*made, sent, 1, 4, false).mismatch);  // plan only: no check
+}
+
+BOOST_AUTO_TEST_CASE(call_time_report_gives_per_step_means) {
+  call_times sum;
+  bench::add_call_times(sum, {{"newton_schulz", {2, 3.0, 2.0}}, {"add", {1, 0.5, 0.5}}});
+  bench::add_call_times(sum, {{"newton_schulz", {2, 5.0, 4.0}}});
+  BOOST_TEST(sum["newton_schulz"].calls == 4);
+  BOOST_TEST(sum["newton_schulz"].busy_ms == 6.0);
+  auto j = bench::report_call_times(sum, 2);
+  BOOST_TEST(j["newton_schulz"]["calls"].get<double>() == 2.0);
+  BOOST_TEST(j["newton_schulz"]["ms"].get<double>() == 4.0);
+  BOOST_TEST(j["newton_schulz"]["busy_ms"].get<double>() == 3.0);
+  BOOST_TEST(j["add"]["busy_ms"].get<double>() == 0.25);
 }

@@ -69,6 +69,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/step/report.hpp"
 #include "bench/step/step_tables.hpp"
 #include "plan/plan.hpp"
 #include "trace/recorder.hpp"
@@ -116,17 +117,6 @@ int64_t record_cost_ns(const std::string& dir) {
   rec->reset();
   fs::remove(path);
   return static_cast<int64_t>(median(per));
-}
-
-std::string human(double bytes) {
-  char buf[32];
-  if (bytes >= 1e6)
-    std::snprintf(buf, sizeof buf, "%.2f MB", bytes / 1e6);
-  else if (bytes >= 1e3)
-    std::snprintf(buf, sizeof buf, "%.2f kB", bytes / 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.0f B", bytes);
-  return buf;
 }
 
 // The rank whose coordinator's step took longest.
@@ -337,13 +327,8 @@ int main(int argc, char* argv[]) {
         std::fprintf(stderr, "zmuon-bench-step: %s\n", taken.err().to_string().c_str());
         return 1;
       }
-      for (const auto& [name, t] : *taken)
-        if (s > 0) {  // the warm-up step's are dropped
-          auto& sum = call_sums[static_cast<size_t>(r)][name];
-          sum.calls += t.calls;
-          sum.ms += t.ms;
-          sum.busy_ms += t.busy_ms;
-        }
+      if (s > 0)  // the warm-up step's are dropped
+        zmuon::bench::add_call_times(call_sums[static_cast<size_t>(r)], *taken);
     }
     if (s > 0) {
       reduce_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
@@ -451,28 +436,12 @@ int main(int argc, char* argv[]) {
       std::printf("  %-16s %10.3f  %5.1f %%\n", p.c_str(), median(phase[p]),
                   100 * median(phase[p]) / std::max(ms(mid.window_ns), 1e-9));
   nlohmann::json jcalls = nlohmann::json::object();
-  if (time_calls) {  // per timed step, the phase table's rank, the busiest first
-    const double timed = steps - 1;
-    std::vector<std::pair<double, std::string>> by_busy;
-    for (const auto& [name, t] : call_sums[static_cast<size_t>(mid.rank)]) {
-      by_busy.emplace_back(t.busy_ms / timed, name);
-      jcalls[name] = {{"calls", static_cast<double>(t.calls) / timed},
-                      {"ms", t.ms / timed},
-                      {"busy_ms", t.busy_ms / timed}};
-    }
-    std::sort(by_busy.rbegin(), by_busy.rend());
-    std::printf(
-        "backend calls of rank %d per step (mean of %d; %s): busy ms (sum of the calls' "
-        "spans, calls)",
-        mid.rank, steps - 1,
-        opts.compute == "cuda" ? "device time from CUDA events; nccl collectives not timed"
-                               : "host time");
-    for (size_t i = 0; i < by_busy.size(); ++i) {
-      const auto& t = call_sums[static_cast<size_t>(mid.rank)][by_busy[i].second];
-      std::printf("%s %s %.3f (%.3f, %.0f)", i ? ";" : ":", by_busy[i].second.c_str(),
-                  by_busy[i].first, t.ms / timed, static_cast<double>(t.calls) / timed);
-    }
-    std::printf("\n");
+  if (time_calls) {  // per timed step, the phase table's rank
+    std::printf("backend calls of rank %d, %s", mid.rank,
+                opts.compute == "cuda" ? "device time from CUDA events, nccl collectives not "
+                                         "timed: "
+                                       : "host time: ");
+    jcalls = zmuon::bench::report_call_times(call_sums[static_cast<size_t>(mid.rank)], steps - 1);
   }
   std::printf(
       "actor plumbing: %.2f %% of the step wall (largest rank), %.2f %% all ranks together "
@@ -522,75 +491,21 @@ int main(int argc, char* argv[]) {
       "peak transient memory (largest rank): step() %s above what it holds when step() starts "
       "= %.2f chunks of %s (%zu chunks, bucket %lld elements); NS workspace %s; the reduce() "
       "hand-over %s above the state between steps (= %.2f chunks); state %s\n",
-      human(transient).c_str(), transient / std::max(chunk_bytes, 1.0), human(chunk_bytes).c_str(),
-      pl.chunks.size(), static_cast<long long>(opts.reduce_bucket_size), human(workspace).c_str(),
-      human(handover).c_str(), handover / std::max(chunk_bytes, 1.0),
-      human(static_cast<double>(last_memory[0].in_use)).c_str());
+      zmuon::bench::human(transient).c_str(), transient / std::max(chunk_bytes, 1.0),
+      zmuon::bench::human(chunk_bytes).c_str(), pl.chunks.size(),
+      static_cast<long long>(opts.reduce_bucket_size), zmuon::bench::human(workspace).c_str(),
+      zmuon::bench::human(handover).c_str(), handover / std::max(chunk_bytes, 1.0),
+      zmuon::bench::human(static_cast<double>(last_memory[0].in_use)).c_str());
 
   // Bytes: trace against plan, by rank and kind (the last step's; every step sends the same).
   const bool traced_bytes = opts.comm == "caf";
   const bool bf16_wire =
       opts.muon.transport == zmuon::muon_transport::bf16
       || (opts.muon.transport == zmuon::muon_transport::automatic && opts.compute == "cuda");
-  const int muon_elem = bf16_wire ? 2 : 4;
-  bool mismatch = false;
-  nlohmann::json jranks = nlohmann::json::array();
-  for (int r = 0; r < opts.world; ++r) {
-    auto want = zmuon::bench::plan_bytes(pl, r, gas, muon_elem);
-    std::map<std::string, int64_t> got;
-    for (const auto& rs : figures.back().ranks)
-      if (rs.rank == r)
-        got = rs.sent_bytes;
-    std::set<std::string> kinds;
-    for (const auto& [k, b] : want)
-      kinds.insert(k);
-    for (const auto& [k, b] : got)
-      kinds.insert(k);
-    int64_t plan_total = 0, trace_total = 0, plan_muon = 0, trace_muon = 0;
-    for (const auto& k : kinds) {
-      int64_t p = want.count(k) ? want[k] : 0, t = got.count(k) ? got[k] : 0;
-      plan_total += p;
-      trace_total += t;
-      if (k == "gather" || k == "scatter") {
-        plan_muon += p;
-        trace_muon += t;
-      }
-      // The trace's payload bytes must be the plan's (at the transport's element size).
-      if (traced_bytes && p != t) {
-        mismatch = true;
-        std::fprintf(stderr,
-                     "zmuon-bench-step: rank %d %s: the trace says %lld bytes sent, the plan "
-                     "%lld (%d bytes per Muon element)\n",
-                     r, k.c_str(), static_cast<long long>(t), static_cast<long long>(p), muon_elem);
-      }
-    }
-    const double ds_muon = zmuon::bench::deepspeed_muon_bytes(pl);
-    const double muon = traced_bytes ? static_cast<double>(trace_muon) : plan_muon;
-    const int64_t rs_bytes = traced_bytes
-                                 ? (got.count("reduce_scatter") ? got["reduce_scatter"] : 0)
-                                 : (want.count("reduce_scatter") ? want["reduce_scatter"] : 0);
-    const double zmuon_total = static_cast<double>(rs_bytes) + muon;
-    const double ds_total = static_cast<double>(rs_bytes) + ds_muon;
-    std::string by_kind;
-    for (const auto& k : kinds)
-      by_kind += (by_kind.empty() ? "" : ", ") + k + " "
-                 + human(traced_bytes ? (got.count(k) ? got[k] : 0) : want[k]);
-    std::printf(
-        "rank %d sends per step (%s): %s; total %s. Muon phase %s vs DeepSpeed ZeRO-3 scheme %s "
-        "(%.2fx); with the reduce-scatters %s vs %s (%.2fx)\n",
-        r, traced_bytes ? "trace, = plan" : "plan; nccl records nothing",
-        by_kind.empty() ? "nothing" : by_kind.c_str(),
-        human(traced_bytes ? trace_total : plan_total).c_str(), human(muon).c_str(),
-        human(ds_muon).c_str(), muon > 0 ? ds_muon / muon : 0.0, human(zmuon_total).c_str(),
-        human(ds_total).c_str(), zmuon_total > 0 ? ds_total / zmuon_total : 0.0);
-    nlohmann::json jr{{"rank", r},
-                      {"trace_bytes", got},
-                      {"plan_bytes", want},
-                      {"reduce_scatter_bytes", rs_bytes},
-                      {"zmuon_muon_bytes", muon},
-                      {"deepspeed_muon_bytes", ds_muon}};
-    jranks.push_back(jr);
-  }
+  std::vector<std::map<std::string, int64_t>> sent(static_cast<size_t>(opts.world));
+  for (const auto& rs : figures.back().ranks)
+    sent.at(static_cast<size_t>(rs.rank)) = rs.sent_bytes;
+  const auto bytes = zmuon::bench::report_bytes(pl, sent, gas, bf16_wire ? 2 : 4, traced_bytes);
 
   if (!json_out.empty()) {
     nlohmann::json j;
@@ -623,7 +538,7 @@ int main(int argc, char* argv[]) {
     j["record_ns"] = record_ns;
     j["records_per_step"] = median(records);
     j["bytes_from_trace"] = traced_bytes;
-    j["ranks"] = jranks;
+    j["ranks"] = bytes.ranks;
     j["peak_transient_device_bytes"] = transient;
     j["handover_transient_device_bytes"] = handover;
     j["chunk_bytes"] = chunk_bytes;
@@ -640,7 +555,7 @@ int main(int argc, char* argv[]) {
       return 2;
     }
   }
-  if (mismatch) {
+  if (bytes.mismatch) {
     std::fprintf(stderr, "zmuon-bench-step: trace and plan disagree on the bytes sent (above)\n");
     return 3;
   }

@@ -1,0 +1,41 @@
+// zmuon-bench-step's printed reports beside its timings: the bytes each rank sends (trace
+// against plan, and DeepSpeed's scheme) and the compute backends' call times (--call-times,
+// zmuon/call_times.hpp).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "plan/plan.hpp"
+#include "zmuon/call_times.hpp"
+
+namespace zmuon::bench {
+
+/// "12.34 MB", "5.60 kB", "7 B".
+std::string human(double bytes);
+
+struct bytes_report {
+  nlohmann::json ranks = nlohmann::json::array();  // per rank: trace, plan and DeepSpeed bytes
+  bool mismatch = false;                           // the trace and the plan disagree somewhere
+};
+
+/// Prints, per rank, the bytes it sends per step by collective kind, from the trace (`sent`, by
+/// rank; `traced`: the caf comm records its sends) or else from the plan (plan_bytes, at
+/// `muon_elem` bytes per Muon element), beside DeepSpeed's ZeRO-3 scheme and the ratio. Under
+/// `traced` every kind must equal the plan's count: each difference is printed to stderr and
+/// sets `mismatch`.
+bytes_report report_bytes(const plan& pl, const std::vector<std::map<std::string, int64_t>>& sent,
+                          int gas, int muon_elem, bool traced);
+
+/// Adds one step's call times to `sum`, call by call.
+void add_call_times(call_times& sum, const call_times& step);
+
+/// Prints `sum` per step (mean over `steps`), the busiest call first: busy ms (summed spans ms,
+/// calls), then a newline; returns the same figures per call as {"calls", "ms", "busy_ms"}.
+nlohmann::json report_call_times(const call_times& sum, int steps);
+
+}  // namespace zmuon::bench
