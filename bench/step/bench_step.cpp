@@ -80,6 +80,7 @@
 namespace {
 
 namespace fs = std::filesystem;
+using zmuon::bench::human;
 using zmuon::trace_tool::rank_step;
 using zmuon::trace_tool::step_figures;
 
@@ -491,11 +492,10 @@ int main(int argc, char* argv[]) {
       "peak transient memory (largest rank): step() %s above what it holds when step() starts "
       "= %.2f chunks of %s (%zu chunks, bucket %lld elements); NS workspace %s; the reduce() "
       "hand-over %s above the state between steps (= %.2f chunks); state %s\n",
-      zmuon::bench::human(transient).c_str(), transient / std::max(chunk_bytes, 1.0),
-      zmuon::bench::human(chunk_bytes).c_str(), pl.chunks.size(),
-      static_cast<long long>(opts.reduce_bucket_size), zmuon::bench::human(workspace).c_str(),
-      zmuon::bench::human(handover).c_str(), handover / std::max(chunk_bytes, 1.0),
-      zmuon::bench::human(static_cast<double>(last_memory[0].in_use)).c_str());
+      human(transient).c_str(), transient / std::max(chunk_bytes, 1.0), human(chunk_bytes).c_str(),
+      pl.chunks.size(), static_cast<long long>(opts.reduce_bucket_size), human(workspace).c_str(),
+      human(handover).c_str(), handover / std::max(chunk_bytes, 1.0),
+      human(static_cast<double>(last_memory[0].in_use)).c_str());
 
   // Bytes: trace against plan, by rank and kind (the last step's; every step sends the same).
   const bool traced_bytes = opts.comm == "caf";
