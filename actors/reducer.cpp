@@ -55,51 +55,40 @@ caf::error refuse(reducer_pointer self, caf::error err) {
   return err;
 }
 
-// One bucket's reduce-scatter buffers: in host memory (the host's staging itself, and a vector for
-// the result) or, for a device comm, the packed bucket in the backend's memory, reduced in place
-// (this rank's part of the input becomes the output: no second buffer, and at world 1 nothing to
-// move). Lives until the store has added the result.
+// One bucket's reduce-scatter buffers: the packed bucket (the host's, or for a device comm a
+// copy in the backend's memory when the host packed it in host memory), reduced in place: this
+// rank's part of the input becomes the output (no second buffer; at world 1 under nccl nothing
+// moves). Lives until the store has added the result.
 struct bucket_buffers {
-  shared_floats staging;
-  std::vector<float> host_out;
+  std::shared_ptr<std::vector<float>> staging;
   device_buffer device_in;
   std::shared_ptr<device_buffer> device_in_shared;
-  const float* in = nullptr;
-  float* out = nullptr;
+  float* in = nullptr;
   bool on_host = false;
 
   void release() {
     staging.reset();
-    host_out = std::vector<float>{};
     device_in = device_buffer{};
     device_in_shared.reset();
     in = nullptr;
-    out = nullptr;
   }
 };
 
-std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, const micro_grads& msg,
-                                             int rank, int64_t count) {
+std::shared_ptr<bucket_buffers> make_buffers(compute_backend* device, const micro_grads& msg) {
   auto b = std::make_shared<bucket_buffers>();
   b->staging = msg.data;
-  float* packed = nullptr;
   if (msg.device_data) {  // packed in the backend's memory by the host already
     b->device_in_shared = msg.device_data;
-    packed = msg.device_data->data();
-  } else if (device == nullptr) {
-    b->host_out.assign(count, 0.0f);
+    b->in = msg.device_data->data();
+  } else if (device == nullptr) {  // the comm moves host memory
     b->in = b->staging->data();
-    b->out = b->host_out.data();
     b->on_host = true;
-    return b;
   } else {
     b->device_in = device->allocate_for_overwrite(static_cast<int64_t>(b->staging->size()));
     // Enqueued without waiting; the staging lives in `b` until the store has added the result.
     device->copy_from_host_async(b->device_in.data(), b->staging->data(), b->device_in.size());
-    packed = b->device_in.data();
+    b->in = b->device_in.data();
   }
-  b->in = packed;
-  b->out = packed + static_cast<int64_t>(rank) * count;
   return b;
 }
 
@@ -157,14 +146,13 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         auto buf = [&] {  // packing and staging: backend work, not plumbing (bench/step)
           trace::span s(st.tr, "buffers",
                         trace::stepped("buffers", msg.step, msg.micro, msg.bucket));
-          return make_buffers(st.device.get(), msg, st.rank, b.shard_len);
+          return make_buffers(st.device.get(), msg);
         }();
-        trace::request(self, st.tr, st.comm,
-                       reduce_scatter_req{tag, buf->in, buf->out, b.shard_len})
+        float* own = buf->in + static_cast<int64_t>(st.rank) * b.shard_len;  // in place
+        trace::request(self, st.tr, st.comm, reduce_scatter_req{tag, buf->in, own, b.shard_len})
             .then(
                 [=](comm_done&) mutable {
-                  accumulate acc{
-                      tag.step, tag.micro, tag.index, {buf->out, b.shard_len}, buf->on_host};
+                  accumulate acc{tag.step, tag.micro, tag.index, {own, b.shard_len}, buf->on_host};
                   // The buffers live until the store has added them.
                   trace::request(self, self->state.tr, self->state.store, acc)
                       .then([=](ack&) mutable { bucket_done(self, *buf, answer, tag.step, {}); },

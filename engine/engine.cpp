@@ -251,9 +251,11 @@ error engine::impl::start() {
     be->time_calls(time_calls);
   if (auto err = spawn_comms(*backends))
     return err;
-  for (int i = 0; i < local; ++i)
+  for (int i = 0; i < local; ++i) {
     windows.emplace_back(*sys, first_rank + i, opts.timeout_ms,
                          traces.empty() ? nullptr : traces[i]);
+    packed.emplace_back(pl->buckets.size());
+  }
   for (int i = 0; i < local; ++i)
     ranks.push_back(spawn_rank(*sys, pl, first_rank + i, opts,
                                rank_comms.empty() ? comms[i] : rank_comms[i], (*backends)[i],
@@ -351,18 +353,18 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
     const int64_t size = bucket.shard_len * pl.world;
     micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
     std::shared_ptr<std::vector<float>> host;
+    // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
+    // gradient): most buckets are covered whole and skip the fill's pass over the memory.
+    int64_t covered = 0;
+    for (int i = bucket.first_param; i < bucket.end_param; ++i)
+      for (int q = 0; source[i] && q < pl.world; ++q)
+        covered += valid_len(pl.params[i], q);
     if (pack_on_device) {
-      // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
-      // gradient): most buckets are covered whole and skip the fill's pass over the memory.
-      int64_t covered = 0;
-      for (int i = bucket.first_param; i < bucket.end_param; ++i)
-        for (int q = 0; source[i] && q < pl.world; ++q)
-          covered += valid_len(pl.params[i], q);
       msg.device_data = std::make_shared<device_buffer>(
           covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
       msg.device_size = size;
     } else {
-      host = std::make_shared<std::vector<float>>(size, 0.0f);
+      host = d.packed[local].take(b, static_cast<size_t>(size), covered != size);
     }
     for (int i = bucket.first_param; i < bucket.end_param; ++i) {
       const auto& p = pl.params[i];

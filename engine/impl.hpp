@@ -11,6 +11,7 @@
 #include "caf/all.hpp"
 
 #include "actors/rank.hpp"
+#include "engine/host_buckets.hpp"
 #include "engine/reduce_window.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
@@ -43,6 +44,7 @@ struct engine::impl {
   std::string nccl_id;                 // from the rendezvous (multi-process nccl)
   std::vector<rank_actors> ranks;      // this process's ranks, by local index
   std::vector<reduce_window> windows;  // their reduce buckets in flight, by local index
+  std::vector<host_buckets> packed;    // their host buffers for packed buckets, by local index
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;  // micro-batches handed over per local rank in the open step
   uint64_t step = 0;        // last step number issued

@@ -134,8 +134,10 @@ struct micro_grads {
   uint64_t step = 0;
   int32_t micro = 0;
   int32_t bucket = 0;
-  shared_floats data;  // in host memory, or (device gradients under the nccl comm) in the rank's
-  std::shared_ptr<device_buffer> device_data = nullptr;  // backend's memory, device_size floats
+  // In host memory, or (device gradients under the nccl comm) in the rank's backend's memory,
+  // device_size floats. The reducer owns the bucket once handed over and reduces it in place.
+  std::shared_ptr<std::vector<float>> data;
+  std::shared_ptr<device_buffer> device_data = nullptr;
   int64_t device_size = 0;
 
   int64_t size() const { return data ? static_cast<int64_t>(data->size()) : device_size; }

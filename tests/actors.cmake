@@ -19,6 +19,9 @@ add_dependencies(test_multinode zmuon-launch)
 # The rendezvous actor alone (CAF's testing scheduler) and the launch's helpers.
 zmuon_add_test(test_rendezvous SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_rendezvous.cpp
   LIBS zmuon_node LABEL actor_unit)
+# engine::reduce's pool of host buffers for packed buckets.
+zmuon_add_test(test_host_buckets
+  SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_host_buckets.cpp LIBS zmuon_core)
 # engine::reduce's bound on the reduce buckets in flight, read from the message trace.
 zmuon_add_test(test_reduce_window
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_reduce_window.cpp LIBS zmuon_core)
