@@ -3,8 +3,9 @@
 //
 // Interface:
 //   micro_grads -> ack (host)   one bucket of one micro-batch, packed rank-major. The reducer
-//                               issues its reduce-scatter (mean over ranks) at once and sends
-//                               the reduced slice to the store (accumulate); answered once the
+//                               issues its reduce-scatter (mean over ranks, in place: the
+//                               rank's own part of the bucket becomes the reduced slice) at once
+//                               and sends that slice to the store (accumulate); answered once the
 //                               store has acknowledged it (the bucket's buffers released first),
 //                               or with the error (wrong shape or index, another step open, a
 //                               failed reduce-scatter or accumulate). Errors are also kept for
