@@ -31,14 +31,14 @@ pack() {
   # bench/cuda's own project: the CUDA and host backends, the test and the benchmark, without
   # the engine, so that a half-edited engine elsewhere in the tree cannot stop the check.
   cmake -S bench/cuda -B build-gpu-check -G Ninja >/dev/null
-  ninja -C build-gpu-check -j"$jobs" test_cuda_kernels bench_ns
+  ninja -C build-gpu-check -j"$jobs" test_cuda_kernels bench_ns bench_sm90_gemm
   # The whole engine with the CUDA backend and the nccl comm (CAF comes along as libraries).
   cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
   ninja -C build-cuda -j"$jobs" test_engine_cuda zmuon-launch zmuon-bench-step
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/bin" "$stage/lib"
-  cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns "$stage/bin/"
+  cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns build-gpu-check/bench_sm90_gemm "$stage/bin/"
   cp build-cuda/tests/test_engine_cuda build-cuda/launch/exe/zmuon-launch \
     build-cuda/bench/step/zmuon-bench-step "$stage/bin/"
   # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).

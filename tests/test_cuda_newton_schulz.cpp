@@ -16,6 +16,7 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/sm90_gemm.hpp"
 #include "kernels/ns_variants.hpp"
 #include "tests/bf16_reference.hpp"
 #include "tests/cuda_test_env.hpp"
@@ -242,6 +243,7 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   const ns_options ns;
   cuda.set_ns_symmetric_block(32);
+  cuda.set_ns_own_gemm(false);  // sides of whole 128-tiles would take the own GEMM instead
   const ns_case cases[] = {{1, 128, 128}, {2, 192, 200},  {3, 200, 192}, {2, 128, 300},
                            {8, 256, 256}, {1, 512, 1024}, {9, 480, 160}};
   for (const ns_case& c : cases) {
@@ -267,6 +269,43 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
     cuda.set_ns_symmetric_block(32);
   }
   cuda.set_ns_symmetric_block(gpu::ns_workspace::kDefaultSymmetricBlock);
+  cuda.set_ns_own_gemm(true);
+}
+
+// The own Hopper GEMM (sm90_gemm.hpp) in the iteration, for sides in whole 128-tiles: against
+// the bf16 reference and the host, wide, tall and square, batched; replayed from a graph bit for
+// bit; and against the same call on cuBLAS only.
+BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
+  if (!gpu::sm90_gemm_available()) {
+    BOOST_TEST_MESSAGE("own_gemm_iteration: not a compute capability 9.0 device, skipped");
+    return;
+  }
+  const ns_options ns;
+  const ns_case cases[] = {
+      {1, 128, 128}, {4, 768, 768}, {2, 256, 640}, {3, 640, 256}, {2, 384, 1024}};
+  for (const ns_case& c : cases) {
+    const int64_t m = std::min(c.rows, c.cols);
+    const int64_t n = std::max(c.rows, c.cols);
+    BOOST_TEST(cuda.ns_uses_own_gemm(c.batch, m, n));  // the path really runs
+    const ns_errors e = run_newton_schulz(c, ns, c.rows * c.cols <= 256 * 640);
+    if (c.rows * c.cols <= 256 * 640)
+      BOOST_TEST(e.to_bf16 <= kNs5ToBf16Reference);
+    BOOST_TEST(e.to_host <= kNs5ToHost);
+
+    const int64_t numel = c.batch * c.rows * c.cols;
+    const std::vector<float> input = random_vector(numel);
+    const std::vector<float> want = direct_and_graphed(cuda, input, c, ns);
+
+    cuda.set_ns_own_gemm(false);
+    BOOST_TEST(!cuda.ns_uses_own_gemm(c.batch, m, n));
+    device_buffer cublas = upload(cuda, input);
+    cuda.newton_schulz(cublas.data(), c.batch, c.rows, c.cols, ns);
+    cuda.set_ns_own_gemm(true);
+    const double to_cublas = worst_matrix_error(want, download(cuda, cublas.data(), numel), c);
+    BOOST_TEST_MESSAGE("  own GEMM vs cuBLAS: " << to_cublas);
+    BOOST_TEST(to_cublas <= kNs5ToBf16Reference);
+  }
 }
 
 // Consecutive NS calls run concurrently on the backend's lanes (stream_set.hpp): four groups of

@@ -97,7 +97,8 @@ int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) 
   tables.push_back({"gpt2-124m wide", {{"", 48, 768, 768}, {"", 24, 768, 3072}}});
   std::printf("tables (NS5, median of %d; GEMM candidates timed per shape: %d)\n", reps,
               zmuon::gpu::gemm_runner::candidates());
-  std::printf("%-24s %10s %10s %9s\n", "table / group", "ms", "floor ms", "of floor");
+  std::printf("%-24s %10s %12s %10s %9s\n", "table / group", "ms", "cuBLAS-only", "floor ms",
+              "of floor");
   for (const bool gram : {false, true}) {
     zmuon::ns_options ns;  // NS5; with the Gram variant at its default restart on wide shapes
     if (gram) {
@@ -119,12 +120,18 @@ int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) 
         table_buffers buffers(part, 11);
         const auto restore = [&] { buffers.restore(stream); };
         const auto run = [&] { buffers.run(backend, ns); };
-        warm_up(restore, run);
-        const double ms = median_ms(stream, reps, restore, run);
+        // The default (the own Hopper GEMM where it applies), then cuBLAS for every GEMM.
+        double ms[2] = {0, 0};
+        for (const bool own : {true, false}) {
+          backend.set_ns_own_gemm(own);
+          warm_up(restore, run);
+          ms[own ? 0 : 1] = median_ms(stream, reps, restore, run);
+        }
+        backend.set_ns_own_gemm(true);
         const double floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
-        std::printf("%-24s %10.3f %10.3f %8.0f%%\n",
-                    (part.label == t.label ? part.label : "  " + part.label).c_str(), ms, floor_ms,
-                    100.0 * floor_ms / ms);
+        std::printf("%-24s %10.3f %12.3f %10.3f %8.0f%%\n",
+                    (part.label == t.label ? part.label : "  " + part.label).c_str(), ms[0], ms[1],
+                    floor_ms, 100.0 * floor_ms / ms[0]);
       }
     }
   }

@@ -120,6 +120,14 @@ public:
   int64_t ns_symmetric_blocks(int64_t m, int64_t batch) const {
     return lanes_[0]->ns.symmetric_blocks(m, batch);
   }
+  /// For tests and benchmarks: Newton-Schulz on zmuon's own Hopper GEMM where it applies (the
+  /// default), or on cuBLAS only (newton_schulz.hpp).
+  void set_ns_own_gemm(bool on) {
+    for_each_lane([&](ns_lane& lane) { lane.ns.set_own_gemm(on); });
+  }
+  bool ns_uses_own_gemm(int64_t batch, int64_t m, int64_t n) const {
+    return lanes_[0]->ns.uses_own_gemm(batch, m, n);
+  }
 
 private:
   /// The launch context, usable while the guard lives: holds the backend's lock (the actors of

@@ -1,0 +1,215 @@
+// bench_sm90_gemm: zmuon's own Hopper GEMM (kernels/cuda/sm90_gemm.hpp) against cuBLAS(Lt) on
+// the products Newton-Schulz runs, same operands, same device, one run:
+//   - each case's result against cuBLAS's (max |ours - cuBLAS| / max |cuBLAS|, and the D^T
+//     output against D);
+//   - each case's median ms and TFLOP/s, counted as full GEMMs (a symmetric product's skipped
+//     tiles count too: that is its gain), ours and cuBLAS's.
+// Usage: bench_sm90_gemm [--reps N]   (exit 1 when a result differs by more than 1e-2)
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/owners.hpp"
+#include "kernels/cuda/sm90_gemm.hpp"
+
+namespace {
+
+using zmuon::gpu::device_array;
+using bf16 = __nv_bfloat16;
+
+struct gemm_case {
+  std::string label;
+  int64_t batch, m, n, k;
+  float alpha, beta;
+  bool symmetric;   // P Q^T and C symmetric: P = Q (and C symmetric)
+  bool transposed;  // also write D^T
+};
+
+std::vector<bf16> random_bf16(size_t n, uint64_t seed) {
+  std::vector<bf16> v(n);
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (auto& x : v) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    x = __float2bfloat16(static_cast<float>(state >> 40) / static_cast<float>(1 << 24) - 0.5f);
+  }
+  return v;
+}
+
+/// Symmetrizes each [m, m] matrix of `v` in place (upper from lower).
+void symmetrize(std::vector<bf16>& v, int64_t batch, int64_t m) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = i + 1; j < m; ++j)
+        v[static_cast<size_t>(b * m * m + i * m + j)] =
+            v[static_cast<size_t>(b * m * m + j * m + i)];
+}
+
+device_array<bf16> upload(const std::vector<bf16>& host) {
+  device_array<bf16> d(static_cast<int64_t>(host.size()));
+  ZMUON_CUDA_CHECK(
+      cudaMemcpy(d.data(), host.data(), host.size() * sizeof(bf16), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<float> download(const device_array<bf16>& d, int64_t n) {
+  std::vector<bf16> host(static_cast<size_t>(n));
+  ZMUON_CUDA_CHECK(
+      cudaMemcpy(host.data(), d.data(), host.size() * sizeof(bf16), cudaMemcpyDeviceToHost));
+  std::vector<float> out(host.size());
+  for (size_t i = 0; i < host.size(); ++i)
+    out[i] = __bfloat162float(host[i]);
+  return out;
+}
+
+double median_ms(cudaStream_t stream, int reps, const std::function<void()>& body) {
+  zmuon::gpu::cuda_event start;
+  zmuon::gpu::cuda_event stop;
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    start.record(stream);
+    body();
+    stop.record(stream);
+    ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    times.push_back(ms);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int reps = 20;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc)
+      reps = std::atoi(argv[++i]);
+  }
+  try {
+    if (!zmuon::gpu::sm90_gemm_available()) {
+      std::fprintf(stderr, "bench_sm90_gemm: needs a compute capability 9.0 GPU\n");
+      return 2;
+    }
+    cudaStream_t stream = nullptr;
+    ZMUON_CUDA_CHECK(cudaStreamCreate(&stream));
+    cublasHandle_t cublas = nullptr;
+    ZMUON_CUBLAS_CHECK(cublasCreate(&cublas));
+    ZMUON_CUBLAS_CHECK(cublasSetStream(cublas, stream));
+    zmuon::gpu::gemm_runner runner(cublas);
+
+    const std::vector<gemm_case> cases = {
+        {"A=XX^T 48x768 (sym)", 48, 768, 768, 768, 1.0f, 0.0f, true, false},
+        {"A=XX^T 48x768 (full)", 48, 768, 768, 768, 1.0f, 0.0f, false, false},
+        {"B=cAA+bA 48x768 (sym)", 48, 768, 768, 768, 2.0315f, -4.7750f, true, false},
+        {"X'=BX+aX 48x768 (+X'^T)", 48, 768, 768, 768, 1.0f, 3.4445f, false, true},
+        {"X'=BX+aX 48x768", 48, 768, 768, 768, 1.0f, 3.4445f, false, false},
+        {"A=XX^T 12x768x3072 (sym)", 12, 768, 768, 3072, 1.0f, 0.0f, true, false},
+        {"X'=BX+aX 12x768x3072 (+X'^T)", 12, 768, 3072, 768, 1.0f, 3.4445f, false, true},
+        {"A=XX^T 32x2048 (sym)", 32, 2048, 2048, 2048, 1.0f, 0.0f, true, false},
+        {"X'=BX 32x2048", 32, 2048, 2048, 2048, 1.0f, 3.4445f, false, false},
+        {"8192^3", 1, 8192, 8192, 8192, 1.0f, 0.0f, false, false},
+    };
+    std::printf("%-30s %10s %10s %10s %10s %9s %10s\n", "case", "ours ms", "cuBLAS ms", "ours TF/s",
+                "cuBLAS TF/s", "speedup", "rel. diff");
+    bool ok = true;
+    for (const gemm_case& g : cases) {
+      std::vector<bf16> p_host = random_bf16(static_cast<size_t>(g.batch * g.m * g.k), 1);
+      std::vector<bf16> c_host = random_bf16(static_cast<size_t>(g.batch * g.m * g.n), 3);
+      if (g.symmetric)
+        symmetrize(c_host, g.batch, g.m);
+      const std::vector<bf16> q_host =
+          g.symmetric ? p_host : random_bf16(static_cast<size_t>(g.batch * g.n * g.k), 2);
+      device_array<bf16> p = upload(p_host);
+      device_array<bf16> q = upload(q_host);
+      device_array<bf16> c = upload(c_host);
+      const int64_t out_numel = g.batch * g.m * g.n;
+      device_array<bf16> ours(out_numel);
+      device_array<bf16> ours_t(out_numel);
+      device_array<bf16> ref(out_numel);
+
+      zmuon::gpu::sm90_gemm_args a;
+      a.batch = g.batch;
+      a.m = g.m;
+      a.n = g.n;
+      a.k = g.k;
+      a.p = {p.data(), g.k, g.m * g.k};
+      a.q = {q.data(), g.k, g.n * g.k};
+      a.alpha = g.alpha;
+      a.beta = g.beta;
+      a.c = {c.data(), g.n, g.m * g.n};
+      a.d = {ours.data(), g.n, g.m * g.n};
+      if (g.transposed)
+        a.dt = {ours_t.data(), g.m, g.m * g.n};
+      a.symmetric = g.symmetric;
+
+      // cuBLAS, column-major: D^T [n, m] = Q P^T, Q as [k, n] (ld k) transposed, P as [k, m].
+      const zmuon::gpu::gemm_shape shape{CUBLAS_OP_T,
+                                         CUBLAS_OP_N,
+                                         static_cast<int>(g.n),
+                                         static_cast<int>(g.m),
+                                         static_cast<int>(g.k),
+                                         static_cast<int>(g.k),
+                                         static_cast<int>(g.k),
+                                         static_cast<int>(g.n),
+                                         g.n * g.k,
+                                         g.m * g.k,
+                                         g.m * g.n,
+                                         static_cast<int>(g.batch)};
+      auto run_ref = [&] {
+        runner.run(stream, shape, g.alpha, q.data(), p.data(), g.beta, c.data(), ref.data());
+      };
+      auto run_ours = [&] { zmuon::gpu::sm90_gemm(stream, a); };
+      run_ref();
+      run_ours();
+      ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
+
+      const std::vector<float> r = download(ref, out_numel);
+      const std::vector<float> o = download(ours, out_numel);
+      double scale = 0.0;
+      double diff = 0.0;
+      for (size_t i = 0; i < r.size(); ++i) {
+        scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
+        diff = std::max(diff, static_cast<double>(std::fabs(r[i] - o[i])));
+      }
+      if (g.transposed) {  // D^T must hold exactly D's values
+        const std::vector<float> t = download(ours_t, out_numel);
+        for (int64_t b = 0; b < g.batch; ++b)
+          for (int64_t i = 0; i < g.m; ++i)
+            for (int64_t j = 0; j < g.n; ++j) {
+              const size_t at = static_cast<size_t>(b * g.m * g.n + i * g.n + j);
+              const size_t at_t = static_cast<size_t>(b * g.m * g.n + j * g.m + i);
+              diff = std::max(diff, static_cast<double>(std::fabs(o[at] - t[at_t])));
+            }
+      }
+      const double rel = scale > 0 ? diff / scale : diff;
+      ok = ok && rel <= 1e-2;
+
+      const double ms_ref = median_ms(stream, reps, run_ref);
+      const double ms_ours = median_ms(stream, reps, run_ours);
+      const double flops = 2.0 * static_cast<double>(g.batch) * g.m * g.n * g.k;
+      std::printf("%-30s %10.4f %10.4f %10.1f %10.1f %8.2fx %10.2e%s\n", g.label.c_str(), ms_ours,
+                  ms_ref, flops / ms_ours * 1e-9, flops / ms_ref * 1e-9, ms_ref / ms_ours, rel,
+                  rel <= 1e-2 ? "" : "  FAIL");
+    }
+    ZMUON_CUBLAS_CHECK(cublasDestroy(cublas));
+    ZMUON_CUDA_CHECK(cudaStreamDestroy(stream));
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_sm90_gemm: %s\n", e.what());
+    return 1;
+  }
+}

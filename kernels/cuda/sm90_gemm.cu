@@ -1,0 +1,541 @@
+// The Hopper GEMM of sm90_gemm.hpp. Layout of one block (160 threads):
+//   threads 0-127   the consumer warpgroup: wgmma over the stages, then the tile's epilogue;
+//   threads 128-159 the producer warp: one thread issues the bulk tensor copies.
+// Shared memory: `Stages` stages of [P slice 128x64 | Q slice 128x64] bf16, each slice 128-byte
+// swizzled as the tensor maps write it (and as wgmma's descriptors read it), then the stages'
+// full/empty barriers. Stage s is "full" when both copies have landed (the copy engine counts
+// the bytes), "empty" when the four consumer warps are done with its wgmmas.
+#include "kernels/cuda/sm90_gemm.hpp"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "kernels/cuda/check.hpp"
+
+namespace zmuon::gpu {
+namespace {
+
+constexpr int kTile = static_cast<int>(kSm90Tile);
+constexpr int kSlice = static_cast<int>(kSm90Slice);  // 64 bf16 = 128 bytes: the swizzle's width
+constexpr int kConsumerThreads = 128;
+constexpr int kThreads = kConsumerThreads + 32;
+constexpr int kSliceBytes = kTile * kSlice * 2;  // 16 KB
+constexpr int kStageBytes = 2 * kSliceBytes;
+
+template <int Stages>
+constexpr int smem_bytes() {
+  return Stages * kStageBytes + 2 * Stages * 8 + 1024;  // + barriers + alignment slack
+}
+
+struct kernel_params {
+  int tiles_n;  // tiles per row of D
+  int slices;   // k / kSlice
+  int symmetric;
+  int staged;  // the epilogue through shared memory (store_staged) or straight from registers
+  float alpha;
+  float beta;
+  const __nv_bfloat16* c;
+  int64_t ld_c, stride_c;
+  __nv_bfloat16* d;
+  int64_t ld_d, stride_d;
+  __nv_bfloat16* dt;  // D^T, or (symmetric) D itself for the mirrored tiles; may be null
+  int64_t ld_dt, stride_dt;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void barrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+
+__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t address = shared_address(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(address), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+/// One [128 rows, 64 k] slice of a 3-d (k, rows, matrix) tensor into shared memory.
+__device__ __forceinline__ void copy_slice(void* dst, const CUtensorMap* map, uint64_t* bar, int k,
+                                           int row, int matrix) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+      "[%0], [%1, {%2, %3, %4}], [%5];" ::"r"(shared_address(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(matrix), "r"(shared_address(bar))
+      : "memory");
+}
+
+/// wgmma's shared-memory descriptor of a K-major operand in 128-byte swizzled rows: 8-row
+/// groups 1024 bytes apart (the stride byte offset); the leading offset is unused with this
+/// swizzle. Advancing 16 k (32 bytes) is adding 32 to the address.
+__device__ __forceinline__ uint64_t operand_descriptor(uint32_t address) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16)
+         | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
+}
+/// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmmas.
+__device__ __forceinline__ void pin(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i)
+    asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/// D[64 x 128] (+)= A[64 x 16] B[128 x 16]^T, A and B from shared memory, fp32 accumulators.
+__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], uint64_t a, uint64_t b,
+                                              uint32_t accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+/// The tile's values: alpha * acc + beta * C, rounded to bf16, into D (and mirrored / into D^T).
+__device__ __forceinline__ void store_half(const float (&acc)[64], const kernel_params& prm,
+                                           int64_t matrix, int row0, int col0, bool mirror) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
+  __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
+  __nv_bfloat16* dt = mirror ? prm.dt + matrix * prm.stride_dt : nullptr;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int64_t row = row0 + warp * 16 + lane / 4 + half * 8;
+      const int64_t col = col0 + j * 8 + (lane % 4) * 2;
+      float v0 = prm.alpha * acc[4 * j + 2 * half];
+      float v1 = prm.alpha * acc[4 * j + 2 * half + 1];
+      if (c != nullptr) {
+        const __nv_bfloat162 old =
+            *reinterpret_cast<const __nv_bfloat162*>(c + row * prm.ld_c + col);
+        v0 += prm.beta * __low2float(old);
+        v1 += prm.beta * __high2float(old);
+      }
+      const __nv_bfloat162 out = __floats2bfloat162_rn(v0, v1);
+      *reinterpret_cast<__nv_bfloat162*>(d + row * prm.ld_d + col) = out;
+      if (dt != nullptr) {
+        dt[col * prm.ld_dt + row] = __low2bfloat16(out);
+        dt[(col + 1) * prm.ld_dt + row] = __high2bfloat16(out);
+      }
+    }
+  }
+}
+
+/// Syncs the consumer warpgroup only (named barrier 1; the producer warp has left).
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+}
+
+/// The tile through shared memory (the stages are free by now), so that every global access is
+/// 16 bytes wide and whole rows of D and of D^T are written by neighbouring threads: the
+/// accumulators go in as fp32, alpha * acc + beta * C is formed and rounded along D's rows
+/// (C read 16 bytes at a time), the rounded values go back, and the mirror pass writes them
+/// down D's columns into D^T's rows.
+__device__ __forceinline__ void store_staged(const float (&acc0)[64], const float (&acc1)[64],
+                                             float* tile, const kernel_params& prm, int64_t matrix,
+                                             int tile_m, int tile_n, bool mirror) {
+  constexpr int kLd = kTile + 8;  // floats per staged row: 8 more keeps half-warps off each
+                                  // other's banks when the fragments go in
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  consumer_sync();  // every warp's wgmmas have read their stages
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float(&acc)[64] = h == 0 ? acc0 : acc1;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
+        const int col = j * 8 + (lane % 4) * 2;
+        *reinterpret_cast<float2*>(tile + row * kLd + col) =
+            make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      }
+    }
+  }
+  consumer_sync();
+  const int64_t row0 = int64_t{tile_m} * kTile;
+  const int64_t col0 = int64_t{tile_n} * kTile;
+  const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
+  __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
+  // Rows: 16 runs of 8 columns per row, one run per thread per pass.
+  for (int i = threadIdx.x; i < kTile * (kTile / 8); i += kConsumerThreads) {
+    const int row = i / (kTile / 8);
+    const int col = (i % (kTile / 8)) * 8;
+    float* at = tile + row * kLd + col;
+    float v[8];
+    *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(at);
+    *reinterpret_cast<float4*>(v + 4) = *reinterpret_cast<const float4*>(at + 4);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      v[e] *= prm.alpha;
+    if (c != nullptr) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(c + (row0 + row) * prm.ld_c + col0 + col);
+      const __nv_bfloat162* old = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[2 * e] += prm.beta * __low2float(old[e]);
+        v[2 * e + 1] += prm.beta * __high2float(old[e]);
+      }
+    }
+    uint4 out;
+    __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      packed[e] = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+    *reinterpret_cast<uint4*>(d + (row0 + row) * prm.ld_d + col0 + col) = out;
+    if (mirror) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        v[2 * e] = __low2float(packed[e]);
+        v[2 * e + 1] = __high2float(packed[e]);
+      }
+      *reinterpret_cast<float4*>(at) = *reinterpret_cast<const float4*>(v);
+      *reinterpret_cast<float4*>(at + 4) = *reinterpret_cast<const float4*>(v + 4);
+    }
+  }
+  if (!mirror)
+    return;
+  consumer_sync();
+  // Columns: each thread takes 16 rows of one column (32 bytes of a row of D^T) per pass;
+  // neighbouring threads take neighbouring columns, so the shared-memory reads do not conflict.
+  __nv_bfloat16* dt = prm.dt + matrix * prm.stride_dt;
+  for (int i = threadIdx.x; i < kTile * (kTile / 16); i += kConsumerThreads) {
+    const int col = i % kTile;
+    const int row = (i / kTile) * 16;
+    uint4 out[2];
+    __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(out);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      packed[e] = __floats2bfloat162_rn(tile[(row + 2 * e) * kLd + col],
+                                        tile[(row + 2 * e + 1) * kLd + col]);
+    uint4* to = reinterpret_cast<uint4*>(dt + (col0 + col) * prm.ld_dt + row0 + row);
+    to[0] = out[0];
+    to[1] = out[1];
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <int Stages>
+__global__ void __launch_bounds__(kThreads)
+    sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_p,
+                     const __grid_constant__ CUtensorMap map_q, const kernel_params prm) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023)
+                                             & ~static_cast<uintptr_t>(1023));
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Stages * kStageBytes);
+  uint64_t* empty = full + Stages;
+
+  // Which tile: row-major over D's tiles, or the upper triangle's tiles row by row.
+  int tile_m = 0;
+  int tile_n = 0;
+  if (prm.symmetric != 0) {
+    int t = static_cast<int>(blockIdx.x);
+    while (t >= prm.tiles_n - tile_m) {
+      t -= prm.tiles_n - tile_m;
+      ++tile_m;
+    }
+    tile_n = tile_m + t;
+  } else {
+    tile_m = static_cast<int>(blockIdx.x) / prm.tiles_n;
+    tile_n = static_cast<int>(blockIdx.x) % prm.tiles_n;
+  }
+  const int matrix = static_cast<int>(blockIdx.y);
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Stages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], 4);  // one arrival per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= kConsumerThreads) {
+    if (threadIdx.x == kConsumerThreads) {
+      for (int kb = 0; kb < prm.slices; ++kb) {
+        const int s = kb % Stages;
+        barrier_wait(&empty[s], ((kb / Stages) & 1) ^ 1);
+        barrier_expect_bytes(&full[s], kStageBytes);
+        uint8_t* stage = smem + s * kStageBytes;
+        copy_slice(stage, &map_p, &full[s], kb * kSlice, tile_m * kTile, matrix);
+        copy_slice(stage + kSliceBytes, &map_q, &full[s], kb * kSlice, tile_n * kTile, matrix);
+      }
+    }
+    return;
+  }
+
+  // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
+  // zeroing them here would make ptxas serialize the wgmmas.
+  float acc0[64];  // rows 0-63 of the tile
+  float acc1[64];  // rows 64-127
+  for (int kb = 0; kb < prm.slices; ++kb) {
+    const int s = kb % Stages;
+    barrier_wait(&full[s], (kb / Stages) & 1);
+    const uint32_t p_slice = shared_address(smem + s * kStageBytes);
+    const uint32_t q_slice = p_slice + kSliceBytes;
+    pin(acc0);
+    pin(acc1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kSlice / 16; ++kk) {
+      const uint64_t q = operand_descriptor(q_slice + kk * 32);
+      const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
+      wgmma_m64n128(acc0, operand_descriptor(p_slice + kk * 32), q, accumulate);
+      wgmma_m64n128(acc1, operand_descriptor(p_slice + 64 * 128 + kk * 32), q, accumulate);
+    }
+    wgmma_commit();
+    pin(acc0);
+    pin(acc1);
+    // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is free.
+    wgmma_wait<1>();
+    if (kb > 0 && threadIdx.x % 32 == 0)
+      barrier_arrive(&empty[(kb - 1) % Stages]);
+  }
+  wgmma_wait<0>();
+  pin(acc0);
+  pin(acc1);
+
+  const bool mirror = prm.dt != nullptr && !(prm.symmetric != 0 && tile_m == tile_n);
+  if (prm.staged != 0) {
+    store_staged(acc0, acc1, reinterpret_cast<float*>(smem), prm, matrix, tile_m, tile_n, mirror);
+  } else {
+    store_half(acc0, prm, matrix, tile_m * kTile, tile_n * kTile, mirror);
+    store_half(acc1, prm, matrix, tile_m * kTile + 64, tile_n * kTile, mirror);
+  }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found)
+            == cudaSuccess
+        && found == cudaDriverEntryPointSuccess)
+      encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  });
+  if (encode == nullptr)
+    throw failure(
+        error(errc::device_failure, "sm90_gemm: the driver has no cuTensorMapEncodeTiled"));
+  return encode;
+}
+
+/// The tensor map of `batch` [rows, k] row-major bf16 matrices, read in [128, 64] swizzled boxes.
+CUtensorMap operand_map(const sm90_operand& op, int64_t rows, int64_t k, int64_t batch) {
+  CUtensorMap map{};
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(batch)};
+  const int64_t stride = batch > 1 ? op.stride : rows * op.ld;
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(op.ld * 2),
+                                 static_cast<cuuint64_t>(stride * 2)};
+  const cuuint32_t box[3] = {kSlice, kTile, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult status = tensor_map_encoder()(
+      &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(op.data), dims, strides,
+      box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    throw failure(error(errc::device_failure, "sm90_gemm: cuTensorMapEncodeTiled failed (CUresult "
+                                                  + std::to_string(static_cast<int>(status))
+                                                  + ")"));
+  return map;
+}
+
+/// The epilogue through shared memory unless ZMUON_SM90_EPILOGUE says "direct".
+bool staged_epilogue() {
+  static const bool value = [] {
+    const char* env = std::getenv("ZMUON_SM90_EPILOGUE");
+    return !(env != nullptr && std::string(env) == "direct");
+  }();
+  return value;
+}
+
+/// Stages in the ring: 3 (two blocks per multiprocessor) unless ZMUON_SM90_STAGES says 4.
+int stages() {
+  static const int value = [] {
+    const char* env = std::getenv("ZMUON_SM90_STAGES");
+    return env != nullptr && std::string(env) == "4" ? 4 : 3;
+  }();
+  return value;
+}
+
+template <int Stages>
+void launch(cudaStream_t stream, const sm90_gemm_args& a, const kernel_params& prm, dim3 grid) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ZMUON_CUDA_CHECK(cudaFuncSetAttribute(sm90_gemm_kernel<Stages>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          smem_bytes<Stages>()));
+  });
+  const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch);
+  const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch);
+  sm90_gemm_kernel<Stages><<<grid, kThreads, smem_bytes<Stages>(), stream>>>(map_p, map_q, prm);
+  ZMUON_LAUNCH_CHECK();
+}
+
+bool aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+__global__ void transpose_kernel(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t m,
+                                 int64_t n) {
+  __shared__ __nv_bfloat16 tile[32][33];
+  const int64_t matrix = blockIdx.z;
+  in += matrix * m * n;
+  out += matrix * m * n;
+  const int64_t col = int64_t{blockIdx.x} * 32 + threadIdx.x;
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int64_t row = int64_t{blockIdx.y} * 32 + r;
+    if (row < m && col < n)
+      tile[r][threadIdx.x] = in[row * n + col];
+  }
+  __syncthreads();
+  const int64_t out_col = int64_t{blockIdx.y} * 32 + threadIdx.x;  // a row of `in`
+  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
+    const int64_t out_row = int64_t{blockIdx.x} * 32 + r;  // a column of `in`
+    if (out_row < n && out_col < m)
+      out[out_row * m + out_col] = tile[threadIdx.x][r];
+  }
+}
+
+}  // namespace
+
+bool sm90_gemm_fits(const sm90_gemm_args& a) {
+  const bool sides = a.batch > 0 && a.m > 0 && a.n > 0 && a.k > 0 && a.m % kSm90Tile == 0
+                     && a.n % kSm90Tile == 0 && a.k % kSm90Slice == 0 && a.batch <= 65535
+                     && (a.m / kSm90Tile) * (a.n / kSm90Tile) <= (int64_t{1} << 30);
+  const bool rows = a.p.ld >= a.k && a.q.ld >= a.k && a.p.ld % 8 == 0 && a.q.ld % 8 == 0
+                    && (a.batch == 1 || (a.p.stride % 8 == 0 && a.q.stride % 8 == 0))
+                    && aligned(a.p.data) && aligned(a.q.data) && a.d.data != nullptr
+                    && aligned(a.d.data) && a.d.ld >= a.n && a.d.ld % 8 == 0 && a.d.stride % 8 == 0;
+  const bool c = a.beta == 0.0f
+                 || (a.c.data != nullptr && aligned(a.c.data) && a.c.ld >= a.n && a.c.ld % 8 == 0
+                     && a.c.stride % 8 == 0);
+  const bool dt = a.dt.data == nullptr
+                  || (!a.symmetric && aligned(a.dt.data) && a.dt.ld >= a.m && a.dt.ld % 8 == 0
+                      && a.dt.stride % 8 == 0);
+  const bool symmetric = !a.symmetric || a.m == a.n;
+  return sides && rows && c && dt && symmetric;
+}
+
+bool sm90_gemm_available() {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess
+      || cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
+  if (!sm90_gemm_fits(a))
+    throw failure(
+        error(errc::invalid_argument,
+              "sm90_gemm: shape or alignment not supported (m " + std::to_string(a.m) + ", n "
+                  + std::to_string(a.n) + ", k " + std::to_string(a.k)
+                  + ": sides must be multiples of 128, k of 64, every row 16-byte aligned)"));
+  kernel_params prm{};
+  const int64_t tiles_m = a.m / kSm90Tile;
+  prm.tiles_n = static_cast<int>(a.n / kSm90Tile);
+  prm.slices = static_cast<int>(a.k / kSm90Slice);
+  prm.symmetric = a.symmetric ? 1 : 0;
+  prm.staged = staged_epilogue() ? 1 : 0;
+  prm.alpha = a.alpha;
+  prm.beta = a.beta;
+  if (a.beta != 0.0f) {
+    prm.c = a.c.data;
+    prm.ld_c = a.c.ld;
+    prm.stride_c = a.c.stride;
+  }
+  prm.d = a.d.data;
+  prm.ld_d = a.d.ld;
+  prm.stride_d = a.d.stride;
+  if (a.symmetric) {  // the mirrored tiles go to D itself
+    prm.dt = a.d.data;
+    prm.ld_dt = a.d.ld;
+    prm.stride_dt = a.d.stride;
+  } else if (a.dt.data != nullptr) {
+    prm.dt = a.dt.data;
+    prm.ld_dt = a.dt.ld;
+    prm.stride_dt = a.dt.stride;
+  }
+  const int64_t tiles = a.symmetric ? tiles_m * (tiles_m + 1) / 2 : tiles_m * prm.tiles_n;
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.batch));
+  if (stages() == 4)
+    launch<4>(stream, a, prm, grid);
+  else
+    launch<3>(stream, a, prm, grid);
+}
+
+void transpose_bf16(cudaStream_t stream, const __nv_bfloat16* in, __nv_bfloat16* out, int64_t batch,
+                    int64_t m, int64_t n) {
+  if (batch <= 0 || m <= 0 || n <= 0)
+    return;
+  const dim3 grid(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>((m + 31) / 32),
+                  static_cast<unsigned>(batch));
+  transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, out, m, n);
+  ZMUON_LAUNCH_CHECK();
+}
+
+}  // namespace zmuon::gpu
