@@ -27,6 +27,8 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/sm90_gemm.hpp"
 #include "kernels/ns_variants.hpp"
 #include "tests/bf16_reference.hpp"
 #include "tests/cuda_test_env.hpp"
@@ -282,6 +284,145 @@ BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
                  (ns.variant == ns_variant::gram ? "gram " : "standard ")
                      << c.batch << " x [" << c.rows << ", " << c.cols << "]");
     }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(own_gemm)
+
+/// `values` rounded to bf16 on the device.
+gpu::device_array<__nv_bfloat16> bf16_on_device(const std::vector<float>& values) {
+  std::vector<__nv_bfloat16> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i)
+    bits[i] = __float2bfloat16(values[i]);
+  gpu::device_array<__nv_bfloat16> d(static_cast<int64_t>(bits.size()));
+  ZMUON_CUDA_CHECK(
+      cudaMemcpy(d.data(), bits.data(), bits.size() * sizeof(bits[0]), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::vector<float> floats_of(const gpu::device_array<__nv_bfloat16>& d, int64_t n) {
+  std::vector<__nv_bfloat16> bits(static_cast<size_t>(n));
+  ZMUON_CUDA_CHECK(
+      cudaMemcpy(bits.data(), d.data(), bits.size() * sizeof(bits[0]), cudaMemcpyDeviceToHost));
+  std::vector<float> out(bits.size());
+  for (size_t i = 0; i < bits.size(); ++i)
+    out[i] = __bfloat162float(bits[i]);
+  return out;
+}
+
+// The own Hopper GEMM (sm90_gemm.hpp) against cuBLAS's whole product on the same bf16 operands:
+// D = alpha P Q^T + beta C, plain and symmetric (upper tiles computed, the rest mirrored: D
+// must then be symmetric bit for bit), with and without C, batched, tiles of several k slices.
+// Both sum in fp32, so only the order of the sums may differ: within 1e-2 relative (bf16's
+// rounding of the outputs is 4e-3).
+BOOST_AUTO_TEST_CASE(against_cublas) {
+  if (!gpu::sm90_gemm_available()) {
+    BOOST_TEST_MESSAGE("own_gemm: not a compute capability 9.0 device, skipped");
+    return;
+  }
+  struct gemm_case {
+    int64_t batch, m, n, k;
+    float alpha, beta;
+    bool symmetric;
+  };
+  const gemm_case cases[] = {{3, 256, 384, 192, 1.0f, 0.0f, false},
+                             {2, 128, 256, 512, 0.5f, 3.4445f, false},
+                             {3, 384, 384, 256, 1.0f, 0.0f, true},
+                             {2, 512, 512, 2048, 2.0315f, -4.7750f, true}};
+  gpu::cublas_handle cublas;
+  gpu::gemm_runner runner(cublas.get());
+  for (const gemm_case& g : cases) {
+    const std::vector<float> p_host = random_vector(g.batch * g.m * g.k);
+    const std::vector<float> q_host = g.symmetric ? p_host : random_vector(g.batch * g.n * g.k);
+    std::vector<float> c_host = random_vector(g.batch * g.m * g.n);
+    if (g.symmetric) {  // C symmetric too, as B = c A A + b A needs
+      for (int64_t b = 0; b < g.batch; ++b)
+        for (int64_t i = 0; i < g.m; ++i)
+          for (int64_t j = 0; j < i; ++j)
+            c_host[static_cast<size_t>(b * g.m * g.m + j * g.m + i)] =
+                c_host[static_cast<size_t>(b * g.m * g.m + i * g.m + j)];
+    }
+    const auto p = bf16_on_device(p_host);
+    const auto q = bf16_on_device(q_host);
+    const auto c = bf16_on_device(c_host);
+    const int64_t out = g.batch * g.m * g.n;
+    gpu::device_array<__nv_bfloat16> ours(out);
+    gpu::device_array<__nv_bfloat16> want(out);
+
+    gpu::sm90_gemm_args a;
+    a.batch = g.batch;
+    a.m = g.m;
+    a.n = g.n;
+    a.k = g.k;
+    a.p = {p.data(), g.k, g.m * g.k};
+    a.q = {q.data(), g.k, g.n * g.k};
+    a.alpha = g.alpha;
+    a.beta = g.beta;
+    a.c = {c.data(), g.n, g.m * g.n};
+    a.d = {ours.data(), g.n, g.m * g.n};
+    a.symmetric = g.symmetric;
+    BOOST_REQUIRE(gpu::sm90_gemm_fits(a));
+    gpu::sm90_gemm(nullptr, a);
+    // Column-major: D^T [n, m] = Q P^T.
+    const gpu::gemm_shape shape{CUBLAS_OP_T,
+                                CUBLAS_OP_N,
+                                static_cast<int>(g.n),
+                                static_cast<int>(g.m),
+                                static_cast<int>(g.k),
+                                static_cast<int>(g.k),
+                                static_cast<int>(g.k),
+                                static_cast<int>(g.n),
+                                g.n * g.k,
+                                g.m * g.k,
+                                g.m * g.n,
+                                static_cast<int>(g.batch)};
+    runner.run(nullptr, shape, g.alpha, q.data(), p.data(), g.beta, c.data(), want.data());
+    ZMUON_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> got = floats_of(ours, out);
+    const std::vector<float> ref = floats_of(want, out);
+    const double error = relative_error(got, ref);
+    BOOST_TEST_MESSAGE("own GEMM " << g.batch << " x [" << g.m << ", " << g.n << "] over k " << g.k
+                                   << (g.symmetric ? " (symmetric)" : "")
+                                   << ": relative difference to cuBLAS " << error);
+    BOOST_TEST(error <= 1e-2);
+    if (g.symmetric) {
+      int64_t asymmetric = 0;
+      for (int64_t b = 0; b < g.batch; ++b)
+        for (int64_t i = 0; i < g.m; ++i)
+          for (int64_t j = 0; j < i; ++j)
+            asymmetric += got[static_cast<size_t>(b * g.m * g.m + i * g.m + j)]
+                          != got[static_cast<size_t>(b * g.m * g.m + j * g.m + i)];
+      BOOST_TEST(asymmetric == 0);
+    }
+  }
+}
+
+// Shapes it does not take are refused with a message naming them, before anything runs.
+BOOST_AUTO_TEST_CASE(refuses_what_does_not_fit) {
+  gpu::device_array<__nv_bfloat16> x(256 * 256);
+  gpu::sm90_gemm_args a;
+  a.batch = 1;
+  a.m = 100;  // not whole tiles
+  a.n = 256;
+  a.k = 256;
+  a.p = {x.data(), 256, 0};
+  a.q = {x.data(), 256, 0};
+  a.d = {x.data(), 256, 0};
+  BOOST_TEST(!gpu::sm90_gemm_fits(a));
+  try {
+    gpu::sm90_gemm(nullptr, a);
+    BOOST_TEST(false, "sm90_gemm ran a shape it does not fit");
+  } catch (const gpu::failure& e) {
+    BOOST_TEST((e.err().code() == errc::invalid_argument));
+    BOOST_TEST(std::string(e.what()).find("m 100") != std::string::npos);
+  }
+  a.m = 256;
+  a.symmetric = true;
+  a.n = 128;  // symmetric but not square
+  BOOST_TEST(!gpu::sm90_gemm_fits(a));
+  a.n = 256;
+  BOOST_TEST(gpu::sm90_gemm_fits(a));
 }
 
 BOOST_AUTO_TEST_SUITE_END()

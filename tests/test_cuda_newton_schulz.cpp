@@ -243,7 +243,6 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   const ns_options ns;
   cuda.set_ns_symmetric_block(32);
-  cuda.set_ns_own_gemm(false);  // sides of whole 128-tiles would take the own GEMM instead
   const ns_case cases[] = {{1, 128, 128}, {2, 192, 200},  {3, 200, 192}, {2, 128, 300},
                            {8, 256, 256}, {1, 512, 1024}, {9, 480, 160}};
   for (const ns_case& c : cases) {
@@ -269,12 +268,11 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
     cuda.set_ns_symmetric_block(32);
   }
   cuda.set_ns_symmetric_block(gpu::ns_workspace::kDefaultSymmetricBlock);
-  cuda.set_ns_own_gemm(true);
 }
 
-// The own Hopper GEMM (sm90_gemm.hpp) in the iteration, for sides in whole 128-tiles: against
-// the bf16 reference and the host, wide, tall and square, batched; replayed from a graph bit for
-// bit; and against the same call on cuBLAS only.
+// The own Hopper GEMM's symmetric products (sm90_gemm.hpp) in the standard iteration: A = X X^T
+// of a wide X over k >= 2048, and A*A for m >= 2048. Against the host's fp32 NS5, replayed from a
+// graph bit for bit, and against the same call on cuBLAS only.
 BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   if (!gpu::sm90_gemm_available()) {
@@ -282,15 +280,21 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
     return;
   }
   const ns_options ns;
-  const ns_case cases[] = {
-      {1, 128, 128}, {4, 768, 768}, {2, 256, 640}, {3, 640, 256}, {2, 384, 1024}};
-  for (const ns_case& c : cases) {
-    const int64_t m = std::min(c.rows, c.cols);
-    const int64_t n = std::max(c.rows, c.cols);
-    BOOST_TEST(cuda.ns_uses_own_gemm(c.batch, m, n));  // the path really runs
-    const ns_errors e = run_newton_schulz(c, ns, c.rows * c.cols <= 256 * 640);
-    if (c.rows * c.cols <= 256 * 640)
-      BOOST_TEST(e.to_bf16 <= kNs5ToBf16Reference);
+  struct own_case {
+    ns_case c;
+    bool gram_product;    // A = X X^T on the own GEMM
+    bool square_product;  // A*A on it
+  };
+  const own_case cases[] = {{{2, 768, 2048}, true, false},
+                            {{3, 256, 4096}, false, false},  // a side below 768: cuBLAS
+                            {{2, 2048, 256}, false, false},  // tall: X's rows are columns
+                            {{1, 2048, 2048}, true, true},
+                            {{1, 4096, 2048}, false, true}};
+  for (const own_case& o : cases) {
+    const ns_case& c = o.c;
+    BOOST_TEST(cuda.ns_own_products(c.batch, c.rows, c.cols, false) == o.gram_product);
+    BOOST_TEST(cuda.ns_own_products(c.batch, c.rows, c.cols, true) == o.square_product);
+    const ns_errors e = run_newton_schulz(c, ns, false);
     BOOST_TEST(e.to_host <= kNs5ToHost);
 
     const int64_t numel = c.batch * c.rows * c.cols;
@@ -298,7 +302,8 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
     const std::vector<float> want = direct_and_graphed(cuda, input, c, ns);
 
     cuda.set_ns_own_gemm(false);
-    BOOST_TEST(!cuda.ns_uses_own_gemm(c.batch, m, n));
+    BOOST_TEST(!cuda.ns_own_products(c.batch, c.rows, c.cols, false));
+    BOOST_TEST(!cuda.ns_own_products(c.batch, c.rows, c.cols, true));
     device_buffer cublas = upload(cuda, input);
     cuda.newton_schulz(cublas.data(), c.batch, c.rows, c.cols, ns);
     cuda.set_ns_own_gemm(true);
@@ -523,6 +528,38 @@ BOOST_AUTO_TEST_CASE(gram_workspace_is_counted) {
   BOOST_TEST_MESSAGE("gram workspace: " << before << " -> " << after << " B (at least " << grown
                                         << " B more expected)");
   BOOST_TEST(after - before >= grown);
+}
+
+// The Gram variant with the own Hopper GEMM's products (R = X X^T of wide inputs over k >= 2048,
+// the [m, m] products for m >= 2048: all symmetric, upper tiles only) against the same call on
+// cuBLAS only and against the host's fp32 Gram iteration. After gram_workspace_is_counted, which
+// needs the Gram workspace smaller than its shape when it starts.
+BOOST_AUTO_TEST_CASE(own_gemm_gram) {
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
+  if (!gpu::sm90_gemm_available()) {
+    BOOST_TEST_MESSAGE("own_gemm_gram: not a compute capability 9.0 device, skipped");
+    return;
+  }
+  const ns_options gram = gram_ns(ns_options{});
+  // R over k = 3072 and 4096 (wide inputs only); every [m, m] product when m = 2048.
+  const ns_case cases[] = {{3, 768, 3072}, {1, 2048, 4096}, {1, 4096, 2048}};
+  for (const ns_case& c : cases) {
+    BOOST_REQUIRE(ns_uses_gram(gram, c.rows, c.cols));
+    const std::vector<float> input = random_vector(c.batch * c.rows * c.cols);
+    const std::vector<float> own = gpu_newton_schulz(input, c, gram);
+    cuda.set_ns_own_gemm(false);
+    const std::vector<float> cublas = gpu_newton_schulz(input, c, gram);
+    cuda.set_ns_own_gemm(true);
+    std::vector<float> host = input;
+    env().host->newton_schulz(host.data(), c.batch, c.rows, c.cols, gram);
+    const double to_cublas = worst_matrix_error(own, cublas, c);
+    const double to_host = worst_matrix_error(own, host, c);
+    BOOST_TEST_MESSAGE("gram " << c.batch << " x [" << c.rows << ", " << c.cols
+                               << "], own GEMM: vs cuBLAS " << to_cublas << ", vs host "
+                               << to_host);
+    BOOST_TEST(to_cublas <= kGramToStandard);
+    BOOST_TEST(to_host <= kGramToHost);
+  }
 }
 
 // Orthogonality error ||O O^T - I||_F / sqrt(m) and distance to the exact polar factor on the

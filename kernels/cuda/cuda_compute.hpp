@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <deque>
 #include <memory>
@@ -120,13 +121,20 @@ public:
   int64_t ns_symmetric_blocks(int64_t m, int64_t batch) const {
     return lanes_[0]->ns.symmetric_blocks(m, batch);
   }
-  /// For tests and benchmarks: Newton-Schulz on zmuon's own Hopper GEMM where it applies (the
-  /// default), or on cuBLAS only (newton_schulz.hpp).
+  /// For tests and benchmarks: Newton-Schulz's symmetric products on zmuon's own Hopper GEMM
+  /// where it measured faster (the default), or every GEMM on cuBLAS (sm90_gemm.hpp).
   void set_ns_own_gemm(bool on) {
-    for_each_lane([&](ns_lane& lane) { lane.ns.set_own_gemm(on); });
+    for_each_lane([&](ns_lane& lane) {
+      lane.ns.set_own_gemm(on);
+      lane.gram_ns.set_own_gemm(on);
+    });
   }
-  bool ns_uses_own_gemm(int64_t batch, int64_t m, int64_t n) const {
-    return lanes_[0]->ns.uses_own_gemm(batch, m, n);
+  /// Whether the standard iteration on `batch` [rows, cols] matrices runs A = X X^T, and A*A,
+  /// on the own GEMM.
+  bool ns_own_products(int64_t batch, int64_t rows, int64_t cols, bool square) const {
+    const int64_t m = std::min(rows, cols);
+    return square ? lanes_[0]->ns.own_square_product(batch, m)
+                  : lanes_[0]->ns.own_gram_product(batch, m, std::max(rows, cols), rows > cols);
   }
 
 private:

@@ -9,6 +9,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/ns_normalize.hpp"
+#include "kernels/cuda/sm90_gemm.hpp"
 #include "kernels/ns_variants.hpp"
 
 namespace zmuon::gpu {
@@ -31,6 +32,9 @@ __global__ void plus_identity_kernel(const __nv_bfloat16* __restrict__ z, int64_
 }
 
 }  // namespace
+
+gram_ns_workspace::gram_ns_workspace(cublasHandle_t cublas)
+    : gemm_(cublas), own_gemm_device_(sm90_gemm_available()) {}
 
 void gram_ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_t rows,
                             int64_t cols, const ns_options& ns) {
@@ -95,26 +99,62 @@ void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int
       tall ? gemm_shape{CUBLAS_OP_N, CUBLAS_OP_N, mi, ni, mi, mi, mi, mi, gram, numel, numel, bi}
            : gemm_shape{CUBLAS_OP_N, CUBLAS_OP_T, ni, mi, mi, ni, mi, ni, numel, gram, numel, bi};
 
+  // The own GEMM (row-major terms; every [m, m] matrix is symmetric, so P Q = P Q^T and the
+  // layouts agree with cuBLAS's): R = X X^T over a wide X's rows, and the [m, m] products.
+  const bool own = own_gemm_ && own_gemm_device_;
+  const bool own_gram = own && !tall && sm90_gemm_suits_symmetric(batch, m, n);
+  const bool own_square = own && sm90_gemm_suits_symmetric(batch, m, m);
+  // D = alpha * P Q + beta * C for [m, m] matrices.
+  const auto product = [&](float alpha, const __nv_bfloat16* p, const __nv_bfloat16* q, float beta,
+                           const __nv_bfloat16* c, __nv_bfloat16* d) {
+    if (!own_square) {
+      gemm_.run(stream, square, alpha, p, q, beta, c, d);
+      return;
+    }
+    sm90_gemm_args g;
+    g.batch = batch;
+    g.m = g.n = g.k = m;
+    g.p = {p, m, gram};
+    g.q = {q, m, gram};
+    g.alpha = alpha;
+    g.beta = beta;
+    g.c = {c, m, gram};
+    g.d = {d, m, gram};
+    g.symmetric = true;
+    sm90_gemm(stream, g);
+  };
+
   __nv_bfloat16* r = r_.data();
   __nv_bfloat16* z = z_.data();
   __nv_bfloat16* t = t_.data();
   __nv_bfloat16* q = q_.data();
   __nv_bfloat16* q_next = q_next_.data();
-  gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, r, r);
+  if (own_gram) {
+    sm90_gemm_args g;
+    g.batch = batch;
+    g.m = g.n = m;
+    g.k = n;
+    g.p = g.q = {cur, n, numel};
+    g.d = {r, m, gram};
+    g.symmetric = true;
+    sm90_gemm(stream, g);
+  } else {
+    gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, r, r);
+  }
   for (int j = 0; j < count; ++j) {
     const auto& abc = ns_coefficients_at(ns, first + j);
-    gemm_.run(stream, square, abc[2], r, r, abc[1], r, z);  // Z = c*R*R + b*R
-    if (j == 0) {                                           // Q = a*I + Z
+    product(abc[2], r, r, abc[1], r, z);  // Z = c*R*R + b*R
+    if (j == 0) {                         // Q = a*I + Z
       plus_identity_kernel<<<grid_for(batch * gram), kThreads, 0, stream>>>(z, m, batch * gram,
                                                                             abc[0], q);
       ZMUON_LAUNCH_CHECK();
     } else {  // Q = Z*Q + a*Q
-      gemm_.run(stream, square, 1.0f, z, q, abc[0], q, q_next);
+      product(1.0f, z, q, abc[0], q, q_next);
       std::swap(q, q_next);
     }
     if (j + 1 < count) {
-      gemm_.run(stream, square, 1.0f, z, r, abc[0], r, t);  // T = Z*R + a*R
-      gemm_.run(stream, square, 1.0f, t, z, abc[0], t, r);  // R = T*Z + a*T
+      product(1.0f, z, r, abc[0], r, t);  // T = Z*R + a*R
+      product(1.0f, t, z, abc[0], t, r);  // R = T*Z + a*T
     }
   }
   if (tall) {

@@ -5,6 +5,9 @@
 // the standard path; restarts every ns.gram_restart steps (the Polar Express paper's remedy for
 // Q's conditioning in low precision) recompute R from X.
 //
+// On Hopper, the products over k >= 2048 run on zmuon's own GEMM, upper tiles only
+// (sm90_gemm.hpp): R = X X^T of wide inputs, and all [m, m] products when m >= 2048.
+//
 // Not replayed from CUDA graphs (cuda_compute::set_ns_graphs applies to the standard path only).
 //
 // Layout as in newton_schulz.hpp: a row-major tall [rows, cols] matrix is the column-major wide
@@ -27,7 +30,8 @@ namespace zmuon::gpu {
 class gram_ns_workspace {
 public:
   /// `cublas` must be bound to the stream of every later run().
-  explicit gram_ns_workspace(cublasHandle_t cublas) : gemm_(cublas) {}
+  /// The current device decides whether the own GEMM (sm_90a code) can run.
+  explicit gram_ns_workspace(cublasHandle_t cublas);
 
   /// Orthogonalizes `batch` row-major [rows, cols] matrices stored back to back at x (fp32 or
   /// bf16, ns_io), in place, on ctx.stream, with the Gram variant whatever the shape (the caller
@@ -36,6 +40,10 @@ public:
            const ns_options& ns);
 
   void set_gemm_path(gemm_path path) { gemm_.set_path(path); }
+  /// Run R = X X^T (wide inputs) and the [m, m] products (all symmetric: polynomials of one R)
+  /// on zmuon's own Hopper GEMM where it measured faster (sm90_gemm.hpp; the default), or every
+  /// GEMM on cuBLAS.
+  void set_own_gemm(bool on) { own_gemm_ = on; }
 
   /// Device memory held now (buffers kept across calls, the GEMMs' workspace).
   int64_t bytes() const;
@@ -47,6 +55,8 @@ private:
              __nv_bfloat16* next);
 
   gemm_runner gemm_;
+  bool own_gemm_ = true;
+  bool own_gemm_device_ = false;  // whether the device runs sm_90a code
   device_array<__nv_bfloat16> x_;
   device_array<__nv_bfloat16> x_next_;
   device_array<__nv_bfloat16> r_;

@@ -125,23 +125,21 @@ int slices_for(int64_t batch, int64_t numel, int sm_count) {
 ns_workspace::ns_workspace(cublasHandle_t cublas)
     : gemm_(cublas), own_gemm_device_(sm90_gemm_available()) {}
 
+bool ns_workspace::own_gram_product(int64_t batch, int64_t m, int64_t n, bool tall) const {
+  return own_gemm_ && own_gemm_device_ && !tall && sm90_gemm_suits_symmetric(batch, m, n);
+}
+
+bool ns_workspace::own_square_product(int64_t batch, int64_t m) const {
+  return own_gemm_ && own_gemm_device_ && sm90_gemm_suits_symmetric(batch, m, m);
+}
+
 int64_t ns_workspace::bytes() const {
-  int64_t total =
-      static_cast<int64_t>(x_.bytes() + x_next_.bytes() + xt_.bytes() + xt_next_.bytes()
-                           + a_.bytes() + b_.bytes() + partial_sums_.bytes() + inv_norms_.bytes())
-      + gemm_.bytes();
+  int64_t total = static_cast<int64_t>(x_.bytes() + x_next_.bytes() + a_.bytes() + b_.bytes()
+                                       + partial_sums_.bytes() + inv_norms_.bytes())
+                  + gemm_.bytes();
   for (const auto& [key, pointers] : block_pointers_)
     total += static_cast<int64_t>(pointers.bytes());
   return total;
-}
-
-bool ns_workspace::uses_own_gemm(int64_t batch, int64_t m, int64_t n) const {
-  if (!own_gemm_ || !own_gemm_device_)
-    return false;
-  // Measured on the H200 (docs/NOTES.md, session 7): SIDES_RULE
-  if (m % kSm90Tile != 0 || n % kSm90Tile != 0 || batch > 65535)
-    return false;
-  return m <= 1024;
 }
 
 bool ns_workspace::graphs_wanted(int64_t batch, int64_t m, int64_t n) const {
@@ -232,13 +230,8 @@ void ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_
     reject("matrix side or batch past cuBLAS's int range");
   const int64_t numel = m * n;
 
-  const bool own = ns.steps > 0 && uses_own_gemm(batch, m, n);
   bool moved = x_.reserve(batch * numel);
   moved |= x_next_.reserve(batch * numel);
-  if (own) {
-    moved |= xt_.reserve(batch * numel);
-    moved |= xt_next_.reserve(batch * numel);
-  }
   moved |= a_.reserve(batch * m * m);
   moved |= b_.reserve(batch * m * m);
   if (moved) {  // these point into the old buffers
@@ -254,7 +247,7 @@ void ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_
 
   // Outside any graph capture: the symmetric products' pointer arrays for this shape.
   const int64_t blocks = symmetric_blocks(m, batch);
-  if (blocks > 1 && ns.steps > 0 && !own)
+  if (blocks > 1 && ns.steps > 0)
     block_pointers(ctx.stream, batch, m, n, tall, blocks);
 
   const graph_exec* graph = ns.steps > 0 && graphs_wanted(batch, m, n)
@@ -265,8 +258,7 @@ void ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_
     graph->launch(ctx.stream);
     result = ns.steps % 2 == 0 ? x_.data() : x_next_.data();
   } else {
-    result = own ? iterate_own(ctx.stream, batch, m, n, tall, ns)
-                 : iterate(ctx.stream, batch, m, n, tall, ns);
+    result = iterate(ctx.stream, batch, m, n, tall, ns);
   }
 
   // Back in place (fp32 or bf16); the layout never changed.
@@ -306,6 +298,22 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
                    static_cast<unsigned>(batch));
   const dim3 tile_threads(kTile, kTileRows);
   auto run_of = [&](int run) { return pointers + static_cast<int64_t>(run) * count; };
+  // The own GEMM's symmetric products (row-major terms: A and B are symmetric, so their layout
+  // is cuBLAS's too): A = X X^T over X's rows, B = c*A*A + b*A over A's rows.
+  const bool own_gram = own_gram_product(batch, m, n, tall);
+  const bool own_square = own_square_product(batch, m);
+  sm90_gemm_args own_a;
+  own_a.batch = batch;
+  own_a.m = own_a.n = m;
+  own_a.k = n;
+  own_a.d = {a_.data(), m, gram};
+  own_a.symmetric = true;
+  sm90_gemm_args own_b;
+  own_b.batch = batch;
+  own_b.m = own_b.n = own_b.k = m;
+  own_b.p = own_b.q = own_b.c = {a_.data(), m, gram};
+  own_b.d = {b_.data(), m, gram};
+  own_b.symmetric = true;
 
   __nv_bfloat16* cur = x_.data();
   __nv_bfloat16* next = x_next_.data();
@@ -314,10 +322,27 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
     const auto& abc = ns.schedule.empty()
                           ? ns.coefficients
                           : ns.schedule[static_cast<size_t>(step) % ns.schedule.size()];
-    if (k > 1) {
+    // A = X X^T.
+    if (own_gram) {
+      own_a.p = own_a.q = {cur, n, numel};
+      sm90_gemm(stream, own_a);
+    } else if (k > 1) {
       const int parity = cur == x_.data() ? 0 : 1;
       gemm_.run_pointers(stream, gram_block, 1.0f, run_of(2 * parity), run_of(2 * parity + 1), 0.0f,
                          run_of(4), count);
+    } else {
+      gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, a_.data(), a_.data());
+    }
+    // B = c*A*A + b*A.
+    if (own_square) {
+      if (k > 1 && !own_gram) {  // A's upper blocks
+        mirror_blocks_kernel<<<tiles, tile_threads, 0, stream>>>(a_.data(), m, side, nullptr);
+        ZMUON_LAUNCH_CHECK();
+      }
+      own_b.alpha = abc[2];
+      own_b.beta = abc[1];
+      sm90_gemm(stream, own_b);
+    } else if (k > 1) {
       // A's upper blocks, and A's lower blocks into B (the beta * A term of B's GEMM).
       mirror_blocks_kernel<<<tiles, tile_threads, 0, stream>>>(a_.data(), m, side, b_.data());
       ZMUON_LAUNCH_CHECK();
@@ -326,7 +351,6 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
       mirror_blocks_kernel<<<tiles, tile_threads, 0, stream>>>(b_.data(), m, side, nullptr);
       ZMUON_LAUNCH_CHECK();
     } else {
-      gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, a_.data(), a_.data());
       gemm_.run(stream, square_shape, abc[2], a_.data(), a_.data(), abc[1], a_.data(), b_.data());
     }
     if (tall) {
@@ -339,73 +363,6 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
   return cur;
 }
 
-__nv_bfloat16* ns_workspace::iterate_own(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
-                                         bool tall, const ns_options& ns) {
-  // x_ holds X in the input's layout: wide, X [m, n]; tall, X^T [n, m]. xt_ gets the other.
-  __nv_bfloat16* cur = x_.data();
-  __nv_bfloat16* next = x_next_.data();
-  __nv_bfloat16* cur_t = xt_.data();
-  __nv_bfloat16* next_t = xt_next_.data();
-  const int64_t numel = m * n;
-  const int64_t gram = m * m;
-  transpose_bf16(stream, cur, cur_t, batch, tall ? n : m, tall ? m : n);
-  for (int step = 0; step < ns.steps; ++step) {
-    const auto& abc = ns.schedule.empty()
-                          ? ns.coefficients
-                          : ns.schedule[static_cast<size_t>(step) % ns.schedule.size()];
-    const bool last = step + 1 == ns.steps;
-    // A = X X^T: both operands X's rows.
-    sm90_gemm_args gram_product;
-    gram_product.batch = batch;
-    gram_product.m = gram_product.n = m;
-    gram_product.k = n;
-    gram_product.p = gram_product.q = {tall ? cur_t : cur, n, numel};
-    gram_product.d = {a_.data(), m, gram};
-    gram_product.symmetric = true;
-    sm90_gemm(stream, gram_product);
-    // B = c*A*A + b*A, with A*A = A A^T.
-    sm90_gemm_args square;
-    square.batch = batch;
-    square.m = square.n = square.k = m;
-    square.p = square.q = square.c = {a_.data(), m, gram};
-    square.alpha = abc[2];
-    square.beta = abc[1];
-    square.d = {b_.data(), m, gram};
-    square.symmetric = true;
-    sm90_gemm(stream, square);
-    // Wide: X' = B X + a*X, X's columns being X^T's rows. Tall: X'^T = X^T B + a*X^T. Either
-    // way the other layout comes along as D^T, except after the last iteration.
-    sm90_gemm_args update;
-    update.batch = batch;
-    update.k = m;
-    update.alpha = 1.0f;
-    update.beta = abc[0];
-    if (tall) {
-      update.m = n;
-      update.n = m;
-      update.p = {cur, m, numel};
-      update.q = {b_.data(), m, gram};
-      update.c = {cur, m, numel};
-      update.d = {next, m, numel};
-      if (!last)
-        update.dt = {next_t, n, numel};
-    } else {
-      update.m = m;
-      update.n = n;
-      update.p = {b_.data(), m, gram};
-      update.q = {cur_t, m, numel};
-      update.c = {cur, n, numel};
-      update.d = {next, n, numel};
-      if (!last)
-        update.dt = {next_t, m, numel};
-    }
-    sm90_gemm(stream, update);
-    std::swap(cur, next);
-    std::swap(cur_t, next_t);
-  }
-  return cur;
-}
-
 const graph_exec* ns_workspace::graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
                                           bool tall, const ns_options& ns) {
   std::vector<int64_t> key{batch,
@@ -414,7 +371,8 @@ const graph_exec* ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
                            tall ? 1 : 0,
                            ns.steps,
                            symmetric_blocks(m, batch),
-                           uses_own_gemm(batch, m, n) ? 1 : 0};
+                           own_gram_product(batch, m, n, tall) ? 1 : 0,
+                           own_square_product(batch, m) ? 1 : 0};
   for (int step = 0; step < ns.steps; ++step) {
     const auto& abc = ns.schedule.empty()
                           ? ns.coefficients
@@ -441,10 +399,7 @@ const graph_exec* ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
   cudaGraph_t graph = nullptr;
   ZMUON_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    if (uses_own_gemm(batch, m, n))
-      iterate_own(stream, batch, m, n, tall, ns);
-    else
-      iterate(stream, batch, m, n, tall, ns);
+    iterate(stream, batch, m, n, tall, ns);
   } catch (...) {
     if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph != nullptr)
       (void)cudaGraphDestroy(graph);

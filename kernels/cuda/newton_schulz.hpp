@@ -7,8 +7,8 @@
 // A*A are computed, all of a batch in one pointer-array batched GEMM, and a transposing copy
 // fills the upper blocks: (k+1)/(2k) of the two products' FLOPs (2/3 at k = 3, 9/16 at k = 8).
 //
-// On Hopper, the 768-sided matrices of GPT-2-sized tables run on zmuon's own GEMM instead
-// (sm90_gemm.hpp: the symmetric products at 7/12 of their FLOPs, X kept in both layouts).
+// On Hopper, symmetric products over k >= 2048 run on zmuon's own GEMM instead, which computes
+// only the upper tiles (sm90_gemm.hpp; faster there than cuBLAS's whole product or blocks).
 //
 // X is kept in bf16 between iterations (as the published PyTorch reference does); only the
 // input (fp32, normalized per matrix on the device) and the output (back to fp32, in place) are
@@ -74,14 +74,16 @@ public:
   /// The blocks per side the symmetric products use for `batch` m×m Gram matrices (1: none).
   int64_t symmetric_blocks(int64_t m, int64_t batch) const;
 
-  /// Run the iterations on zmuon's own Hopper GEMM (sm90_gemm.hpp) where it applies (the
-  /// default), or always on cuBLAS (tests and benchmarks compare the two).
+  /// Run the symmetric products that measured faster there on zmuon's own Hopper GEMM
+  /// (sm90_gemm.hpp; the default), or every GEMM on cuBLAS (tests and benchmarks compare).
   void set_own_gemm(bool on) {
     own_gemm_ = on;
     graphs_.clear();
   }
-  /// Whether a call on `batch` [m, n] wide matrices runs the own GEMM.
-  bool uses_own_gemm(int64_t batch, int64_t m, int64_t n) const;
+  /// Whether the own GEMM computes A = X X^T of a wide X [m, n] (its rows are the operands:
+  /// never for a tall input, whose rows are X's columns), and A*A.
+  bool own_gram_product(int64_t batch, int64_t m, int64_t n, bool tall) const;
+  bool own_square_product(int64_t batch, int64_t m) const;
 
   /// Device memory the workspace holds now (buffers kept across calls, the GEMMs' workspace).
   int64_t bytes() const;
@@ -90,10 +92,6 @@ private:
   /// Enqueues the `ns.steps` iterations on the workspace's buffers; returns the final X.
   __nv_bfloat16* iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
                          const ns_options& ns);
-  /// The same on the own GEMM, which keeps X in both layouts (x_ in the input's, xt_ in the
-  /// other) so that every product reads its operands K-major.
-  __nv_bfloat16* iterate_own(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
-                             const ns_options& ns);
   /// The graph for this call, or nullptr the first time a shape is seen.
   const graph_exec* graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
                               const ns_options& ns);
@@ -112,8 +110,6 @@ private:
   std::map<std::vector<int64_t>, device_array<void*>> block_pointers_;
   device_array<__nv_bfloat16> x_;
   device_array<__nv_bfloat16> x_next_;
-  device_array<__nv_bfloat16> xt_;  // the own GEMM's X in the other layout (ping-pong)
-  device_array<__nv_bfloat16> xt_next_;
   device_array<__nv_bfloat16> a_;
   device_array<__nv_bfloat16> b_;
   device_array<double> partial_sums_;

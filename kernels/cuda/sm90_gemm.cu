@@ -1,4 +1,4 @@
-// The Hopper GEMM of sm90_gemm.hpp. Layout of one block (160 threads):
+// The Hopper GEMM of sm90_gemm.hpp. One block per tile; layout of a block (160 threads):
 //   threads 0-127   the consumer warpgroup: wgmma over the stages, then the tile's epilogue;
 //   threads 128-159 the producer warp: one thread issues the bulk tensor copies.
 // Shared memory: `Stages` stages of [P slice 128x64 | Q slice 128x64] bf16, each slice 128-byte
@@ -10,7 +10,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <cstdlib>
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -26,6 +26,10 @@ constexpr int kThreads = kConsumerThreads + 32;
 constexpr int kSliceBytes = kTile * kSlice * 2;  // 16 KB
 constexpr int kStageBytes = 2 * kSliceBytes;
 
+// Three stages: two blocks per multiprocessor, so that one block's pipeline fill and epilogue
+// overlap the other's wgmmas (measured against 4 stages and one block: docs/NOTES.md).
+constexpr int kStages = 3;
+
 template <int Stages>
 constexpr int smem_bytes() {
   return Stages * kStageBytes + 2 * Stages * 8 + 1024;  // + barriers + alignment slack
@@ -35,14 +39,13 @@ struct kernel_params {
   int tiles_n;  // tiles per row of D
   int slices;   // k / kSlice
   int symmetric;
-  int staged;  // the epilogue through shared memory (store_staged) or straight from registers
   float alpha;
   float beta;
   const __nv_bfloat16* c;
   int64_t ld_c, stride_c;
   __nv_bfloat16* d;
   int64_t ld_d, stride_d;
-  __nv_bfloat16* dt;  // D^T, or (symmetric) D itself for the mirrored tiles; may be null
+  __nv_bfloat16* dt;  // where the mirrored tiles go: D itself when symmetric, else null
   int64_t ld_dt, stride_dt;
 };
 
@@ -144,48 +147,16 @@ __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], uint64_t a, uint64
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-/// The tile's values: alpha * acc + beta * C, rounded to bf16, into D (and mirrored / into D^T).
-__device__ __forceinline__ void store_half(const float (&acc)[64], const kernel_params& prm,
-                                           int64_t matrix, int row0, int col0, bool mirror) {
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
-  __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
-  __nv_bfloat16* dt = mirror ? prm.dt + matrix * prm.stride_dt : nullptr;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int64_t row = row0 + warp * 16 + lane / 4 + half * 8;
-      const int64_t col = col0 + j * 8 + (lane % 4) * 2;
-      float v0 = prm.alpha * acc[4 * j + 2 * half];
-      float v1 = prm.alpha * acc[4 * j + 2 * half + 1];
-      if (c != nullptr) {
-        const __nv_bfloat162 old =
-            *reinterpret_cast<const __nv_bfloat162*>(c + row * prm.ld_c + col);
-        v0 += prm.beta * __low2float(old);
-        v1 += prm.beta * __high2float(old);
-      }
-      const __nv_bfloat162 out = __floats2bfloat162_rn(v0, v1);
-      *reinterpret_cast<__nv_bfloat162*>(d + row * prm.ld_d + col) = out;
-      if (dt != nullptr) {
-        dt[col * prm.ld_dt + row] = __low2bfloat16(out);
-        dt[(col + 1) * prm.ld_dt + row] = __high2bfloat16(out);
-      }
-    }
-  }
-}
-
 /// Syncs the consumer warpgroup only (named barrier 1; the producer warp has left).
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
 }
 
 /// The tile through shared memory (the stages are free by now), so that every global access is
-/// 16 bytes wide and whole rows of D and of D^T are written by neighbouring threads: the
+/// 16 bytes wide and whole rows of D and of its mirror are written by neighbouring threads: the
 /// accumulators go in as fp32, alpha * acc + beta * C is formed and rounded along D's rows
 /// (C read 16 bytes at a time), the rounded values go back, and the mirror pass writes them
-/// down D's columns into D^T's rows.
+/// down D's columns into the mirror's rows.
 __device__ __forceinline__ void store_staged(const float (&acc0)[64], const float (&acc1)[64],
                                              float* tile, const kernel_params& prm, int64_t matrix,
                                              int tile_m, int tile_n, bool mirror) {
@@ -213,8 +184,11 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   const int64_t col0 = int64_t{tile_n} * kTile;
   const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
   __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
-  // Rows: 16 runs of 8 columns per row, one run per thread per pass.
-  for (int i = threadIdx.x; i < kTile * (kTile / 8); i += kConsumerThreads) {
+  // Rows: 16 runs of 8 columns per row, one run per thread per pass; unrolled so that several
+  // passes' loads of C are in flight at once.
+#pragma unroll 4
+  for (int pass = 0; pass < kTile * (kTile / 8) / kConsumerThreads; ++pass) {
+    const int i = static_cast<int>(threadIdx.x) + pass * kConsumerThreads;
     const int row = i / (kTile / 8);
     const int col = (i % (kTile / 8)) * 8;
     float* at = tile + row * kLd + col;
@@ -252,7 +226,7 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   if (!mirror)
     return;
   consumer_sync();
-  // Columns: each thread takes 16 rows of one column (32 bytes of a row of D^T) per pass;
+  // Columns: each thread takes 16 rows of one column (32 bytes of a row of the mirror) per pass;
   // neighbouring threads take neighbouring columns, so the shared-memory reads do not conflict.
   __nv_bfloat16* dt = prm.dt + matrix * prm.stride_dt;
   for (int i = threadIdx.x; i < kTile * (kTile / 16); i += kConsumerThreads) {
@@ -354,12 +328,7 @@ __global__ void __launch_bounds__(kThreads)
   pin(acc1);
 
   const bool mirror = prm.dt != nullptr && !(prm.symmetric != 0 && tile_m == tile_n);
-  if (prm.staged != 0) {
-    store_staged(acc0, acc1, reinterpret_cast<float*>(smem), prm, matrix, tile_m, tile_n, mirror);
-  } else {
-    store_half(acc0, prm, matrix, tile_m * kTile, tile_n * kTile, mirror);
-    store_half(acc1, prm, matrix, tile_m * kTile + 64, tile_n * kTile, mirror);
-  }
+  store_staged(acc0, acc1, reinterpret_cast<float*>(smem), prm, matrix, tile_m, tile_n, mirror);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -402,32 +371,19 @@ CUtensorMap operand_map(const sm90_operand& op, int64_t rows, int64_t k, int64_t
   return map;
 }
 
-/// The epilogue through shared memory unless ZMUON_SM90_EPILOGUE says "direct".
-bool staged_epilogue() {
-  static const bool value = [] {
-    const char* env = std::getenv("ZMUON_SM90_EPILOGUE");
-    return !(env != nullptr && std::string(env) == "direct");
-  }();
-  return value;
-}
-
-/// Stages in the ring: 3 (two blocks per multiprocessor) unless ZMUON_SM90_STAGES says 4.
-int stages() {
-  static const int value = [] {
-    const char* env = std::getenv("ZMUON_SM90_STAGES");
-    return env != nullptr && std::string(env) == "4" ? 4 : 3;
-  }();
-  return value;
-}
-
 template <int Stages>
 void launch(cudaStream_t stream, const sm90_gemm_args& a, const kernel_params& prm, dim3 grid) {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // The shared-memory limit is raised once per device (a process may drive several).
+  static std::atomic<uint64_t> raised{0};
+  int device = 0;
+  ZMUON_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = uint64_t{1} << (device % 64);
+  if ((raised.load() & bit) == 0) {
     ZMUON_CUDA_CHECK(cudaFuncSetAttribute(sm90_gemm_kernel<Stages>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           smem_bytes<Stages>()));
-  });
+    raised.fetch_or(bit);
+  }
   const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch);
   const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch);
   sm90_gemm_kernel<Stages><<<grid, kThreads, smem_bytes<Stages>(), stream>>>(map_p, map_q, prm);
@@ -436,27 +392,6 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, const kernel_params& p
 
 bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
-__global__ void transpose_kernel(const __nv_bfloat16* in, __nv_bfloat16* out, int64_t m,
-                                 int64_t n) {
-  __shared__ __nv_bfloat16 tile[32][33];
-  const int64_t matrix = blockIdx.z;
-  in += matrix * m * n;
-  out += matrix * m * n;
-  const int64_t col = int64_t{blockIdx.x} * 32 + threadIdx.x;
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
-    const int64_t row = int64_t{blockIdx.y} * 32 + r;
-    if (row < m && col < n)
-      tile[r][threadIdx.x] = in[row * n + col];
-  }
-  __syncthreads();
-  const int64_t out_col = int64_t{blockIdx.y} * 32 + threadIdx.x;  // a row of `in`
-  for (int r = threadIdx.y; r < 32; r += blockDim.y) {
-    const int64_t out_row = int64_t{blockIdx.x} * 32 + r;  // a column of `in`
-    if (out_row < n && out_col < m)
-      out[out_row * m + out_col] = tile[threadIdx.x][r];
-  }
 }
 
 }  // namespace
@@ -472,11 +407,15 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
   const bool c = a.beta == 0.0f
                  || (a.c.data != nullptr && aligned(a.c.data) && a.c.ld >= a.n && a.c.ld % 8 == 0
                      && a.c.stride % 8 == 0);
-  const bool dt = a.dt.data == nullptr
-                  || (!a.symmetric && aligned(a.dt.data) && a.dt.ld >= a.m && a.dt.ld % 8 == 0
-                      && a.dt.stride % 8 == 0);
   const bool symmetric = !a.symmetric || a.m == a.n;
-  return sides && rows && c && dt && symmetric;
+  return sides && rows && c && symmetric;
+}
+
+bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
+  // Measured (bench_sm90_gemm, docs/NOTES.md session 7): 1.22-1.36x cuBLAS's whole product at
+  // m >= 768 over k >= 2048; 0.80x at m = 512 (4 tiles a side: 10 of 16 computed) and 0.85-0.88x
+  // over k = 768.
+  return m % kSm90Tile == 0 && k % kSm90Slice == 0 && m >= 768 && k >= 2048 && batch <= 65535;
 }
 
 bool sm90_gemm_available() {
@@ -500,7 +439,6 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   prm.tiles_n = static_cast<int>(a.n / kSm90Tile);
   prm.slices = static_cast<int>(a.k / kSm90Slice);
   prm.symmetric = a.symmetric ? 1 : 0;
-  prm.staged = staged_epilogue() ? 1 : 0;
   prm.alpha = a.alpha;
   prm.beta = a.beta;
   if (a.beta != 0.0f) {
@@ -515,27 +453,10 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
     prm.dt = a.d.data;
     prm.ld_dt = a.d.ld;
     prm.stride_dt = a.d.stride;
-  } else if (a.dt.data != nullptr) {
-    prm.dt = a.dt.data;
-    prm.ld_dt = a.dt.ld;
-    prm.stride_dt = a.dt.stride;
   }
   const int64_t tiles = a.symmetric ? tiles_m * (tiles_m + 1) / 2 : tiles_m * prm.tiles_n;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.batch));
-  if (stages() == 4)
-    launch<4>(stream, a, prm, grid);
-  else
-    launch<3>(stream, a, prm, grid);
-}
-
-void transpose_bf16(cudaStream_t stream, const __nv_bfloat16* in, __nv_bfloat16* out, int64_t batch,
-                    int64_t m, int64_t n) {
-  if (batch <= 0 || m <= 0 || n <= 0)
-    return;
-  const dim3 grid(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>((m + 31) / 32),
-                  static_cast<unsigned>(batch));
-  transpose_kernel<<<grid, dim3(32, 8), 0, stream>>>(in, out, m, n);
-  ZMUON_LAUNCH_CHECK();
+  launch<kStages>(stream, a, prm, grid);
 }
 
 }  // namespace zmuon::gpu

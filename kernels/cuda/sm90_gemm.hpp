@@ -1,20 +1,23 @@
-// A bf16 GEMM of our own for Hopper (sm_90a: bulk tensor copies and wgmma), written for the
-// Newton-Schulz products of GPT-2-sized matrices, whose 768-sided batched GEMMs cuBLAS runs at
-// 61-65 % of the bf16 ceiling (docs/NOTES.md, sessions 3-5):
+// A bf16 GEMM of our own for Hopper (sm_90a: bulk tensor copies and wgmma), for the symmetric
+// products of Newton-Schulz, A = X X^T and B = c A A + b A (and the Gram variant's [m, m]
+// products), which cuBLAS can only compute whole:
 //
 //   D[b] = alpha * P[b] Q[b]^T + beta * C[b]      for b in [0, batch)
 //
 // P is [m, k] and Q is [n, k], both row-major with k contiguous (both operands "K-major", the
-// layout wgmma reads without transposing); C and D are [m, n] row-major. Two extras serve
-// Newton-Schulz:
-//   - `dt`, when set, also receives D^T ([n, m] row-major), so that the iteration keeps X in both
-//     layouts and every product reads K-major operands;
-//   - `symmetric` (m == n, and P Q^T and C symmetric, as A = X X^T and B = b A + c A A are):
-//     only the tiles on and above the diagonal are computed, each off-diagonal one also written
-//     mirrored, which saves (T-1)/(2T) of the FLOPs for T tiles per side (5/12 at 768).
+// layout wgmma reads without transposing); C and D are [m, n] row-major. With `symmetric`
+// (m == n, and P Q^T and C symmetric, as A = X X^T and B = b A + c A A are), only the tiles on
+// and above the diagonal are computed, each off-diagonal one also written mirrored: (T-1)/(2T)
+// of the FLOPs saved for T tiles per side.
 // One block computes one 128 x 128 tile of one matrix: a producer warp streams 64-wide slices
 // of P and Q into a ring of shared-memory stages, a consumer warpgroup multiplies them with
-// wgmma into fp32 registers, and writes the tile once with alpha and beta applied.
+// wgmma into fp32 registers and writes the tile once with alpha and beta applied, through
+// shared memory so that every global access is 16 bytes wide.
+//
+// Measured on the H200 (docs/NOTES.md, session 7): per tile it runs at 70-77 % of cuBLAS's
+// rate, so it pays only where the skipped tiles outweigh that: symmetric products of sides
+// >= 768 over k >= 2048 (1.22-1.36x cuBLAS's whole product), not over k = 768 (0.85-0.88x) nor
+// at side 512 (0.80x).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -43,7 +46,6 @@ struct sm90_gemm_args {
   float beta = 0.0f;
   sm90_operand c;  // read only when beta != 0
   sm90_output d;
-  sm90_output dt;  // optional: D^T, [n, m]
   bool symmetric = false;
 };
 
@@ -58,12 +60,13 @@ bool sm90_gemm_fits(const sm90_gemm_args& args);
 /// Whether the current device runs the kernel (compute capability 9.0 exactly: sm_90a code).
 bool sm90_gemm_available();
 
+/// Whether a symmetric product of `batch` [m, m] results over k should run here rather than
+/// on cuBLAS (device aside): sides in whole tiles, m >= 768 and k >= 2048 (where it measured
+/// faster).
+bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k);
+
 /// Enqueues the GEMM on `stream`. Throws gpu::failure when `args` does not fit or a launch
 /// fails. Nothing is allocated; capturing it into a CUDA graph is fine.
 void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& args);
-
-/// Rows [m, n] of `batch` row-major matrices into their transposes [n, m] (ld m), on `stream`.
-void transpose_bf16(cudaStream_t stream, const __nv_bfloat16* in, __nv_bfloat16* out, int64_t batch,
-                    int64_t m, int64_t n);
 
 }  // namespace zmuon::gpu
