@@ -60,9 +60,11 @@ struct main_stream {
 };
 
 /// Median milliseconds of `reps` runs of `body`, each between two events on `stream`, after
-/// `before` (not timed) and a synchronize.
-inline double median_ms(const main_stream& stream, int reps, const std::function<void()>& before,
-                        const std::function<void()>& body) {
+/// `before` (not timed) and a synchronize. `Stream`: a main_stream (looked up at every use) or
+/// a cudaStream_t.
+template <class Stream>
+double median_ms(const Stream& stream, int reps, const std::function<void()>& before,
+                 const std::function<void()>& body) {
   cuda_event start;
   cuda_event stop;
   std::vector<double> times;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/cuda/bench_common.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/owners.hpp"
@@ -70,23 +71,6 @@ std::vector<float> download(const device_array<bf16>& d, int64_t n) {
   for (size_t i = 0; i < host.size(); ++i)
     out[i] = __bfloat162float(host[i]);
   return out;
-}
-
-double median_ms(cudaStream_t stream, int reps, const std::function<void()>& body) {
-  zmuon::gpu::cuda_event start;
-  zmuon::gpu::cuda_event stop;
-  std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    start.record(stream);
-    body();
-    stop.record(stream);
-    ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    float ms = 0.0f;
-    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    times.push_back(ms);
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
 }
 
 }  // namespace
@@ -152,22 +136,7 @@ int main(int argc, char** argv) {
       a.d = {ours.data(), g.n, g.m * g.n};
       a.symmetric = g.symmetric;
 
-      // cuBLAS, column-major: D^T [n, m] = Q P^T, Q as [k, n] (ld k) transposed, P as [k, m].
-      const zmuon::gpu::gemm_shape shape{CUBLAS_OP_T,
-                                         CUBLAS_OP_N,
-                                         static_cast<int>(g.n),
-                                         static_cast<int>(g.m),
-                                         static_cast<int>(g.k),
-                                         static_cast<int>(g.k),
-                                         static_cast<int>(g.k),
-                                         static_cast<int>(g.n),
-                                         g.n * g.k,
-                                         g.m * g.k,
-                                         g.m * g.n,
-                                         static_cast<int>(g.batch)};
-      auto run_ref = [&] {
-        runner.run(stream, shape, g.alpha, q.data(), p.data(), g.beta, c.data(), ref.data());
-      };
+      auto run_ref = [&] { zmuon::gpu::sm90_gemm_on_cublas(runner, stream, a, ref.data()); };
       auto run_ours = [&] { zmuon::gpu::sm90_gemm(stream, a); };
       run_ref();
       run_ours();
@@ -184,8 +153,10 @@ int main(int argc, char** argv) {
       const double rel = scale > 0 ? diff / scale : diff;
       ok = ok && rel <= 1e-2;
 
-      const double ms_ref = median_ms(stream, reps, run_ref);
-      const double ms_ours = median_ms(stream, reps, run_ours);
+      const double ms_ref = zmuon::bench::median_ms(
+          stream, reps, [] {}, run_ref);
+      const double ms_ours = zmuon::bench::median_ms(
+          stream, reps, [] {}, run_ours);
       const double flops = 2.0 * static_cast<double>(g.batch) * g.m * g.n * g.k;
       std::printf("%-30s %10.4f %10.4f %10.1f %10.1f %8.2fx %10.2e%s\n", g.label.c_str(), ms_ours,
                   ms_ref, flops / ms_ours * 1e-9, flops / ms_ref * 1e-9, ms_ref / ms_ours, rel,

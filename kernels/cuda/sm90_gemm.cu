@@ -15,6 +15,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/gemm.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -45,8 +46,6 @@ struct kernel_params {
   int64_t ld_c, stride_c;
   __nv_bfloat16* d;
   int64_t ld_d, stride_d;
-  __nv_bfloat16* dt;  // where the mirrored tiles go: D itself when symmetric, else null
-  int64_t ld_dt, stride_dt;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -228,7 +227,7 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   consumer_sync();
   // Columns: each thread takes 16 rows of one column (32 bytes of a row of the mirror) per pass;
   // neighbouring threads take neighbouring columns, so the shared-memory reads do not conflict.
-  __nv_bfloat16* dt = prm.dt + matrix * prm.stride_dt;
+
   for (int i = threadIdx.x; i < kTile * (kTile / 16); i += kConsumerThreads) {
     const int col = i % kTile;
     const int row = (i / kTile) * 16;
@@ -238,7 +237,7 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
     for (int e = 0; e < 8; ++e)
       packed[e] = __floats2bfloat162_rn(tile[(row + 2 * e) * kLd + col],
                                         tile[(row + 2 * e + 1) * kLd + col]);
-    uint4* to = reinterpret_cast<uint4*>(dt + (col0 + col) * prm.ld_dt + row0 + row);
+    uint4* to = reinterpret_cast<uint4*>(d + (col0 + col) * prm.ld_d + row0 + row);
     to[0] = out[0];
     to[1] = out[1];
   }
@@ -327,7 +326,7 @@ __global__ void __launch_bounds__(kThreads)
   pin(acc0);
   pin(acc1);
 
-  const bool mirror = prm.dt != nullptr && !(prm.symmetric != 0 && tile_m == tile_n);
+  const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
   store_staged(acc0, acc1, reinterpret_cast<float*>(smem), prm, matrix, tile_m, tile_n, mirror);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
@@ -449,14 +448,30 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   prm.d = a.d.data;
   prm.ld_d = a.d.ld;
   prm.stride_d = a.d.stride;
-  if (a.symmetric) {  // the mirrored tiles go to D itself
-    prm.dt = a.d.data;
-    prm.ld_dt = a.d.ld;
-    prm.stride_dt = a.d.stride;
-  }
   const int64_t tiles = a.symmetric ? tiles_m * (tiles_m + 1) / 2 : tiles_m * prm.tiles_n;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.batch));
   launch<kStages>(stream, a, prm, grid);
+}
+
+void sm90_gemm_on_cublas(gemm_runner& runner, cudaStream_t stream, const sm90_gemm_args& a,
+                         __nv_bfloat16* out) {
+  // Column-major: D^T [n, m] = Q P^T, with Q read as [k, n] transposed and P as [k, m].
+  const gemm_shape shape{CUBLAS_OP_T,
+                         CUBLAS_OP_N,
+                         static_cast<int>(a.n),
+                         static_cast<int>(a.m),
+                         static_cast<int>(a.k),
+                         static_cast<int>(a.q.ld),
+                         static_cast<int>(a.p.ld),
+                         static_cast<int>(a.d.ld),
+                         a.q.stride,
+                         a.p.stride,
+                         a.d.stride,
+                         static_cast<int>(a.batch)};
+  if (a.beta != 0.0f && a.c.ld != a.d.ld)
+    throw failure(error(errc::invalid_argument, "sm90_gemm_on_cublas: C and D need one ld"));
+  runner.run(stream, shape, a.alpha, a.q.data, a.p.data, a.beta, a.beta != 0.0f ? a.c.data : out,
+             out);
 }
 
 }  // namespace zmuon::gpu

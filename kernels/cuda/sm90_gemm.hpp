@@ -65,6 +65,14 @@ bool sm90_gemm_available();
 /// faster).
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k);
 
+class gemm_runner;
+
+/// The same product as cuBLAS's whole GEMM (every tile, `symmetric` ignored) into `out` (laid
+/// out as args.d): the reference the tests and bench_sm90_gemm compare with. Throws
+/// gpu::failure.
+void sm90_gemm_on_cublas(gemm_runner& runner, cudaStream_t stream, const sm90_gemm_args& args,
+                         __nv_bfloat16* out);
+
 /// Enqueues the GEMM on `stream`. Throws gpu::failure when `args` does not fit or a launch
 /// fails. Nothing is allocated; capturing it into a CUDA graph is fine.
 void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& args);
