@@ -103,6 +103,20 @@ BOOST_AUTO_TEST_CASE(gram_newton_schulz_matches_reference) {
   }
 }
 
+// The host backend's memory() counts the Gram variant's own buffers (Q, its successor and T, each
+// [m, m]) in the workspace, beside X, X' (each [m, n]), R and Z.
+BOOST_AUTO_TEST_CASE(gram_workspace_is_counted_on_the_host) {
+  auto be = host_backend();
+  const int64_t m = 48;
+  const int64_t n = 200;
+  auto x = upload(*be, random_floats(m * n, 213));
+  be->newton_schulz(x.data(), 1, m, n, gram_of(ns5(), 3));
+  const int64_t floats = 2 * m * n + 5 * m * m;
+  BOOST_TEST_MESSAGE("host gram workspace " << be->memory().workspace << " B, buffers need "
+                                            << floats * 4 << " B");
+  BOOST_TEST(be->memory().workspace >= floats * 4);
+}
+
 BOOST_AUTO_TEST_CASE(gram_newton_schulz_dispatch) {
   // Square and near-square matrices (long side <= 1.5 x short side) run the standard iteration:
   // bitwise the same result. A restart interval of 1 is the standard iteration up to rounding

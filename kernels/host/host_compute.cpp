@@ -84,7 +84,7 @@ device_buffer host_compute::allocate_for_overwrite(int64_t n) {
 
 memory_stats host_compute::memory() const {
   memory_stats stats = meter_->read();
-  for (const auto* v : {&x_, &x_next_, &a_, &b_})
+  for (const auto* v : {&x_, &x_next_, &a_, &b_, &q_, &q_next_, &t_})
     stats.workspace += static_cast<int64_t>(v->capacity() * sizeof(float));
   return stats;
 }
