@@ -5,8 +5,8 @@
 // the standard path; restarts every ns.gram_restart steps (the Polar Express paper's remedy for
 // Q's conditioning in low precision) recompute R from X.
 //
-// On Hopper, the products over k >= 2048 run on zmuon's own GEMM, upper tiles only
-// (sm90_gemm.hpp): R = X X^T of wide inputs, and all [m, m] products when m >= 2048.
+// On Hopper, the products of sides >= 768 over k >= 2048 run on zmuon's own GEMM, upper tiles
+// only (sm90_gemm.hpp): R = X X^T of wide inputs, and all [m, m] products when m >= 2048.
 //
 // Not replayed from CUDA graphs (cuda_compute::set_ns_graphs applies to the standard path only).
 //

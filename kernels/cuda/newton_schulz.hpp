@@ -7,8 +7,9 @@
 // A*A are computed, all of a batch in one pointer-array batched GEMM, and a transposing copy
 // fills the upper blocks: (k+1)/(2k) of the two products' FLOPs (2/3 at k = 3, 9/16 at k = 8).
 //
-// On Hopper, symmetric products over k >= 2048 run on zmuon's own GEMM instead, which computes
-// only the upper tiles (sm90_gemm.hpp; faster there than cuBLAS's whole product or blocks).
+// On Hopper, the symmetric products of sides >= 768 over k >= 2048 run on zmuon's own GEMM
+// instead, which computes only the upper tiles (sm90_gemm.hpp; faster there than cuBLAS's whole
+// product or blocks): A = X X^T of a wide X with n >= 2048, A*A when m >= 2048.
 //
 // X is kept in bf16 between iterations (as the published PyTorch reference does); only the
 // input (fp32, normalized per matrix on the device) and the output (back to fp32, in place) are
