@@ -552,6 +552,33 @@ json config_json(const job_config& cfg) {
   return j;
 }
 
+namespace {
+
+void collect_changes(const json& before, const json& after, const std::string& path,
+                     std::vector<std::string>& out) {
+  if (before.is_object() && after.is_object()) {
+    for (const auto& [key, value] : before.items())
+      collect_changes(value, after.contains(key) ? after[key] : json(),
+                      path.empty() ? key : path + "." + key, out);
+    for (const auto& [key, value] : after.items())
+      if (!before.contains(key))
+        collect_changes(json(), value, path.empty() ? key : path + "." + key, out);
+    return;
+  }
+  if (before == after)
+    return;
+  const auto text = [](const json& v) { return v.is_null() ? std::string("(none)") : v.dump(); };
+  out.push_back(path + " " + text(before) + " -> " + text(after));
+}
+
+}  // namespace
+
+std::vector<std::string> json_changes(const json& before, const json& after) {
+  std::vector<std::string> out;
+  collect_changes(before, after, "", out);
+  return out;
+}
+
 json default_config_json() {
   return config_json(job_config{});
 }

@@ -34,6 +34,10 @@ error apply_override(nlohmann::json& j, const std::string& key_eq_value);
 /// shortest decimal that reads back as the same float.
 nlohmann::json config_json(const job_config& cfg);
 
+/// What differs between two JSON documents (a saved job's settings and this one's), one line per
+/// leaf, its dotted path first: "optimizer.lr 0.02 -> 0.01", "seed 1 -> 7", "x (none) -> 3".
+std::vector<std::string> json_changes(const nlohmann::json& before, const nlohmann::json& after);
+
 /// The defaults as JSON: config_json(job_config{}).
 nlohmann::json default_config_json();
 

@@ -103,8 +103,20 @@ BOOST_AUTO_TEST_CASE(resume_in_a_new_process_is_bit_identical) {
   const std::string resumed = path_of("resumed.safetensors");
   auto second = launch_ok("--steps 10 --resume " + dir + " --save-params " + resumed);
   BOOST_TEST(second.find("at step 5 (saved by 4 ranks)") != std::string::npos);
+  BOOST_TEST(second.find("a setting the saved run did not have") == std::string::npos);
   BOOST_TEST(step_lines(second, 1) == step_lines(output, 6), "steps 6-10 print the same lines");
   require_bit_identical(resumed, params);
+}
+
+// A resume with other settings than the saved run's runs, and names each one that differs.
+BOOST_AUTO_TEST_CASE(resume_with_other_settings_names_them) {
+  const std::string dir = path_of("ckpt_other_settings");
+  launch_ok("--steps 2 --save-checkpoint " + dir + " --every 2 --seed 3");
+  auto out = launch_ok("--steps 3 --resume " + dir + " --seed 4 --set optimizer.params.lr=0.01");
+  BOOST_TEST(out.find("did not have: seed 3 -> 4") != std::string::npos, out);
+  BOOST_TEST(
+      out.find("did not have: config.optimizer.params.muon_lr 0.02 -> 0.01") != std::string::npos,
+      out);
 }
 
 BOOST_AUTO_TEST_CASE(resume_from_4_ranks_on_2_is_within_1e_6) {

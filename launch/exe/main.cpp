@@ -407,6 +407,9 @@ int run(int argc, char** argv) {
     std::cerr << "zmuon-launch: " << err.to_string() << "\n";
     return 2;
   }
+  // What each checkpoint records of the job, and what a resume compares with the saved run's.
+  const nlohmann::json settings{{"config", zmuon::config_json(*job)}, {"seed", topts.seed}};
+  topts.checkpoint_config = settings.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (!resume.empty()) {
     auto info = (*eng)->load_checkpoint(resume);
     if (!info) {
@@ -415,10 +418,17 @@ int run(int argc, char** argv) {
     }
     std::printf("resumed from %s at step %llu (saved by %d ranks)\n", info->path.c_str(),
                 static_cast<unsigned long long>(info->step), info->world);
+    std::fflush(stdout);  // before the notes on stderr
+    // Allowed (a new learning rate, another world size), but said: a different seed, for one,
+    // means other data from here on than the saved run would have seen.
+    const auto saved = nlohmann::json::parse(info->config, nullptr, false);
+    if (saved.is_object()) {
+      for (const std::string& change : zmuon::json_changes(saved, settings))
+        std::fprintf(stderr,
+                     "zmuon-launch: resuming with a setting the saved run did not have: %s\n",
+                     change.c_str());
+    }
   }
-  topts.checkpoint_config =
-      nlohmann::json{{"config", zmuon::config_json(*job)}, {"seed", topts.seed}}.dump(
-          -1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::printf("zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s\n",
               eopts.world, topts.gas, topts.micro_batch,
               eopts.world * topts.gas * topts.micro_batch, topts.steps,
