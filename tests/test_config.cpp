@@ -485,3 +485,15 @@ BOOST_AUTO_TEST_CASE(an_override_with_invalid_utf8_is_an_error_not_a_crash) {
   BOOST_TEST(cfg.err().message().find("optimizer.params.momentum") != std::string::npos,
              cfg.err().message());
 }
+
+// json_changes: one line per differing leaf, with its dotted path; keys on one side only show
+// "(none)"; equal documents give nothing.
+BOOST_AUTO_TEST_CASE(json_changes_name_each_differing_leaf) {
+  const auto before =
+      nlohmann::json::parse(R"({"seed": 1, "a": {"b": 2, "c": [1, 2], "gone": true}})");
+  const auto after =
+      nlohmann::json::parse(R"({"seed": 1, "a": {"b": 3, "c": [1, 2]}, "new": "x"})");
+  const std::vector<std::string> want{"a.b 2 -> 3", "a.gone true -> (none)", "new (none) -> \"x\""};
+  BOOST_TEST(zmuon::json_changes(before, after) == want, boost::test_tools::per_element());
+  BOOST_TEST(zmuon::json_changes(before, before).empty());
+}
