@@ -385,33 +385,6 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
   }
 }
 
-// Shapes it does not take are refused with a message naming them, before anything runs.
-BOOST_AUTO_TEST_CASE(refuses_what_does_not_fit) {
-  gpu::device_array<__nv_bfloat16> x(256 * 256);
-  gpu::sm90_gemm_args a;
-  a.batch = 1;
-  a.m = 100;  // not whole tiles
-  a.n = 256;
-  a.k = 256;
-  a.p = {x.data(), 256, 0};
-  a.q = {x.data(), 256, 0};
-  a.d = {x.data(), 256, 0};
-  BOOST_TEST(!gpu::sm90_gemm_fits(a));
-  try {
-    gpu::sm90_gemm(nullptr, a);
-    BOOST_TEST(false, "sm90_gemm ran a shape it does not fit");
-  } catch (const gpu::failure& e) {
-    BOOST_TEST((e.err().code() == errc::invalid_argument));
-    BOOST_TEST(std::string(e.what()).find("m 100") != std::string::npos);
-  }
-  a.m = 256;
-  a.symmetric = true;
-  a.n = 128;  // symmetric but not square
-  BOOST_TEST(!gpu::sm90_gemm_fits(a));
-  a.n = 256;
-  BOOST_TEST(gpu::sm90_gemm_fits(a));
-}
-
 BOOST_AUTO_TEST_SUITE_END()
 
 BOOST_AUTO_TEST_SUITE(large)

@@ -16,6 +16,10 @@
 #include <vector>
 
 #include "kernels/compute.hpp"
+#ifdef ZMUON_HAVE_CUDA
+#include "kernels/cuda/check.hpp"
+#include "kernels/cuda/sm90_gemm.hpp"
+#endif
 #include "tests/bf16_reference.hpp"
 #include "tests/host_kernels.hpp"
 #include "tests/ns_accuracy.hpp"
@@ -73,6 +77,45 @@ BOOST_AUTO_TEST_CASE(allocate_is_zero_filled_and_copies_round_trip) {
     BOOST_TEST(std::all_of(cleared.begin(), cleared.end(), [](float x) { return x == 0.0f; }));
   }
 }
+
+#ifdef ZMUON_HAVE_CUDA
+// The own Hopper GEMM refuses shapes it does not take with a message naming them, before any
+// CUDA call (so this runs without a GPU; the pointers are never read).
+BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
+  alignas(16) static __nv_bfloat16 x[16];
+  gpu::sm90_gemm_args a;
+  a.batch = 1;
+  a.m = 100;  // not whole tiles
+  a.n = 256;
+  a.k = 256;
+  a.p = {x, 256, 0};
+  a.q = {x, 256, 0};
+  a.d = {x, 256, 0};
+  const auto refusal = [&](const std::string& why) {
+    BOOST_TEST(!gpu::sm90_gemm_fits(a));
+    try {
+      gpu::sm90_gemm(nullptr, a);
+      BOOST_TEST(false, "sm90_gemm ran a shape it does not take");
+    } catch (const gpu::failure& e) {
+      BOOST_TEST((e.err().code() == errc::invalid_argument));
+      BOOST_TEST(std::string(e.what()).find(why) != std::string::npos, e.what());
+    }
+  };
+  refusal("m 100, n 256, k 256 not supported: m and n must be multiples of 128");
+  a.m = 256;
+  a.k = 96;
+  refusal("k of 64");
+  a.k = 256;
+  a.symmetric = true;
+  a.n = 128;
+  refusal("must be square");
+  a.n = 256;
+  a.d = {x + 1, 256, 0};  // rows not 16-byte aligned
+  refusal("16-byte aligned");
+  a.d = {x, 256, 0};
+  BOOST_TEST(gpu::sm90_gemm_fits(a));
+}
+#endif
 
 // The host backend's BLAS threads share the cores among the ranks that run NS at once.
 BOOST_AUTO_TEST_CASE(blas_threads_share_the_cores_among_the_ranks) {

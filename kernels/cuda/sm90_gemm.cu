@@ -11,6 +11,7 @@
 #include <cudaTypedefs.h>
 
 #include <atomic>
+#include <climits>
 #include <mutex>
 #include <string>
 
@@ -393,12 +394,29 @@ bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+/// Why `a` does not fit, or an empty string.
+std::string misfit(const sm90_gemm_args& a) {
+  constexpr int64_t kMaxSide = INT32_MAX;  // the tensor maps' coordinates are 32-bit
+  if (a.batch <= 0 || a.m <= 0 || a.n <= 0 || a.k <= 0 || a.batch > 65535 || a.m > kMaxSide
+      || a.n > kMaxSide || a.k > kMaxSide)
+    return "batch in [1, 65535] and sides in [1, 2^31) needed";
+  if (a.m % kSm90Tile != 0 || a.n % kSm90Tile != 0 || a.k % kSm90Slice != 0)
+    return "m and n must be multiples of 128, k of 64";
+  if (a.symmetric && a.m != a.n)
+    return "a symmetric product must be square";
+  if (!sm90_gemm_fits(a))
+    return "every operand's rows and matrices must be 16-byte aligned (ld and stride multiples "
+           "of 8), with ld at least the row's length";
+  return {};
+}
+
 }  // namespace
 
 bool sm90_gemm_fits(const sm90_gemm_args& a) {
+  constexpr int64_t kMaxSide = INT32_MAX;
   const bool sides = a.batch > 0 && a.m > 0 && a.n > 0 && a.k > 0 && a.m % kSm90Tile == 0
                      && a.n % kSm90Tile == 0 && a.k % kSm90Slice == 0 && a.batch <= 65535
-                     && (a.m / kSm90Tile) * (a.n / kSm90Tile) <= (int64_t{1} << 30);
+                     && a.m <= kMaxSide && a.n <= kMaxSide && a.k <= kMaxSide;
   const bool rows = a.p.ld >= a.k && a.q.ld >= a.k && a.p.ld % 8 == 0 && a.q.ld % 8 == 0
                     && (a.batch == 1 || (a.p.stride % 8 == 0 && a.q.stride % 8 == 0))
                     && aligned(a.p.data) && aligned(a.q.data) && a.d.data != nullptr
@@ -427,12 +445,11 @@ bool sm90_gemm_available() {
 }
 
 void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
-  if (!sm90_gemm_fits(a))
-    throw failure(
-        error(errc::invalid_argument,
-              "sm90_gemm: shape or alignment not supported (m " + std::to_string(a.m) + ", n "
-                  + std::to_string(a.n) + ", k " + std::to_string(a.k)
-                  + ": sides must be multiples of 128, k of 64, every row 16-byte aligned)"));
+  if (const std::string why = misfit(a); !why.empty())
+    throw failure(error(errc::invalid_argument,
+                        "sm90_gemm: batch " + std::to_string(a.batch) + ", m " + std::to_string(a.m)
+                            + ", n " + std::to_string(a.n) + ", k " + std::to_string(a.k)
+                            + " not supported: " + why));
   kernel_params prm{};
   const int64_t tiles_m = a.m / kSm90Tile;
   prm.tiles_n = static_cast<int>(a.n / kSm90Tile);
