@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one command for every GPU check of the CUDA backend: test_cuda_kernels (each kernel against
 # the host backend), test_engine_cuda (the whole engine on CUDA against the host backend, nccl and
-# caf comms), zmuon-launch --backend cuda, bench_ns (zmuon's NS5 against the GEMM ceiling) and bench/ns_torch.py
+# caf comms), zmuon-launch --backend cuda, bench_ns (zmuon's NS5 against the GEMM ceiling),
+# bench_sm90_gemm (the own Hopper GEMM against cuBLAS) and bench/ns_torch.py
 # (PyTorch's NS5 eager / torch.compile / torch.optim.Muon, and the final table), and the whole
 # step traced (zmuon-bench-step --json: phases, bytes, plumbing) beside PyTorch's NS batched by
 # shape (ns_torch.py --step-json: the step table, $OUT/step_table.md).
@@ -181,6 +182,11 @@ check() {
       rc=${PIPESTATUS[0]}
       [[ $rc -ne 0 ]] && status=1 && echo "bench_ns $args: exit $rc"
     done
+
+    echo "== bench_sm90_gemm: the own Hopper GEMM against cuBLAS on the NS products (issue 8)"
+    timeout 120 "$work/bin/bench_sm90_gemm" 2>&1 | tee "$out/bench_sm90_gemm.log"
+    rc=${PIPESTATUS[0]}
+    [[ $rc -ne 0 ]] && status=1 && echo "bench_sm90_gemm: exit $rc"
 
     if [[ -f "$out/bench_ns.json" && -z "${SKIP_TORCH:-}" ]]; then
       echo "== ns_torch.py"
