@@ -11,6 +11,9 @@
 # on a development machine and carried:
 #
 #   bench/gpu-check.sh pack      # here: build (build-gpu-check/) and pack .carry/gpu/
+#   QUICK=1 bench/gpu-check.sh pack   # only bench/cuda's project (test_cuda_kernels, bench_ns,
+#                                # bench_sm90_gemm), for "exec" runs of those: minutes less on a
+#                                # fresh machine, where the engine's CAF build is the long part
 #   bench/gpu-check.sh           # there, from the repository root, with .carry carried:
 #                                # runs everything, logs and tables to $OUT (default ./out)
 #   ONLY_STEP=1 bench/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
@@ -33,15 +36,19 @@ pack() {
   # the engine, so that a half-edited engine elsewhere in the tree cannot stop the check.
   cmake -S bench/cuda -B build-gpu-check -G Ninja >/dev/null
   ninja -C build-gpu-check -j"$jobs" test_cuda_kernels bench_ns bench_sm90_gemm
-  # The whole engine with the CUDA backend and the nccl comm (CAF comes along as libraries).
-  cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
-  ninja -C build-cuda -j"$jobs" test_engine_cuda zmuon-launch zmuon-bench-step
+  if [[ -z "${QUICK:-}" ]]; then
+    # The whole engine with the CUDA backend and the nccl comm (CAF comes along as libraries).
+    cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
+    ninja -C build-cuda -j"$jobs" test_engine_cuda zmuon-launch zmuon-bench-step
+  fi
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/bin" "$stage/lib"
   cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns build-gpu-check/bench_sm90_gemm "$stage/bin/"
-  cp build-cuda/tests/test_engine_cuda build-cuda/launch/exe/zmuon-launch \
-    build-cuda/bench/step/zmuon-bench-step "$stage/bin/"
+  if [[ -z "${QUICK:-}" ]]; then
+    cp build-cuda/tests/test_engine_cuda build-cuda/launch/exe/zmuon-launch \
+      build-cuda/bench/step/zmuon-bench-step "$stage/bin/"
+  fi
   # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).
   ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |

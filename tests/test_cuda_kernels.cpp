@@ -313,9 +313,10 @@ std::vector<float> floats_of(const gpu::device_array<__nv_bfloat16>& d, int64_t 
 
 // The own Hopper GEMM (sm90_gemm.hpp) against cuBLAS's whole product on the same bf16 operands:
 // D = alpha P Q^T + beta C, plain and symmetric (upper tiles computed, the rest mirrored: D
-// must then be symmetric bit for bit), with and without C, batched, tiles of several k slices.
-// Both sum in fp32, so only the order of the sums may differ: within 1e-2 relative (bf16's
-// rounding of the outputs is 4e-3).
+// must then be symmetric bit for bit), with and without C, batched, tiles of several k slices,
+// each block shape (one or two tiles per block; odd tile counts leave a block's second tile
+// outside D). D starts as NaNs, so a tile left unwritten fails. Both sum in fp32, so only the
+// order of the sums may differ: within 1e-2 relative (bf16's rounding of the outputs is 4e-3).
 BOOST_AUTO_TEST_CASE(against_cublas) {
   if (!gpu::sm90_gemm_available()) {
     BOOST_TEST_MESSAGE("own_gemm: not a compute capability 9.0 device, skipped");
@@ -326,63 +327,69 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
     float alpha, beta;
     bool symmetric;
   };
-  const gemm_case cases[] = {{3, 256, 384, 192, 1.0f, 0.0f, false},
-                             {2, 128, 256, 512, 0.5f, 3.4445f, false},
-                             {3, 384, 384, 256, 1.0f, 0.0f, true},
-                             {2, 512, 512, 2048, 2.0315f, -4.7750f, true}};
+  const gemm_case cases[] = {
+      {3, 256, 384, 192, 1.0f, 0.0f, false},        {2, 128, 256, 512, 0.5f, 3.4445f, false},
+      {1, 384, 640, 128, 1.0f, 1.0f, false},        {3, 384, 384, 256, 1.0f, 0.0f, true},
+      {2, 512, 512, 2048, 2.0315f, -4.7750f, true}, {2, 640, 640, 64, 1.0f, -1.0f, true}};
+  const gpu::sm90_block shapes[] = {gpu::sm90_block::automatic, gpu::sm90_block::one_tile,
+                                    gpu::sm90_block::two_tiles};
   gpu::cublas_handle cublas;
   gpu::gemm_runner runner(cublas.get());
-  for (const gemm_case& g : cases) {
-    const std::vector<float> p_host = random_vector(g.batch * g.m * g.k);
-    const std::vector<float> q_host = g.symmetric ? p_host : random_vector(g.batch * g.n * g.k);
-    std::vector<float> c_host = random_vector(g.batch * g.m * g.n);
-    if (g.symmetric) {  // C symmetric too, as B = c A A + b A needs
-      for (int64_t b = 0; b < g.batch; ++b)
-        for (int64_t i = 0; i < g.m; ++i)
-          for (int64_t j = 0; j < i; ++j)
-            c_host[static_cast<size_t>(b * g.m * g.m + j * g.m + i)] =
-                c_host[static_cast<size_t>(b * g.m * g.m + i * g.m + j)];
-    }
-    const auto p = bf16_on_device(p_host);
-    const auto q = bf16_on_device(q_host);
-    const auto c = bf16_on_device(c_host);
-    const int64_t out = g.batch * g.m * g.n;
-    gpu::device_array<__nv_bfloat16> ours(out);
-    gpu::device_array<__nv_bfloat16> want(out);
+  for (const gemm_case& g : cases)
+    for (const gpu::sm90_block shape : shapes) {
+      const std::vector<float> p_host = random_vector(g.batch * g.m * g.k);
+      const std::vector<float> q_host = g.symmetric ? p_host : random_vector(g.batch * g.n * g.k);
+      std::vector<float> c_host = random_vector(g.batch * g.m * g.n);
+      if (g.symmetric) {  // C symmetric too, as B = c A A + b A needs
+        for (int64_t b = 0; b < g.batch; ++b)
+          for (int64_t i = 0; i < g.m; ++i)
+            for (int64_t j = 0; j < i; ++j)
+              c_host[static_cast<size_t>(b * g.m * g.m + j * g.m + i)] =
+                  c_host[static_cast<size_t>(b * g.m * g.m + i * g.m + j)];
+      }
+      const auto p = bf16_on_device(p_host);
+      const auto q = bf16_on_device(q_host);
+      const auto c = bf16_on_device(c_host);
+      const int64_t out = g.batch * g.m * g.n;
+      gpu::device_array<__nv_bfloat16> ours(out);
+      gpu::device_array<__nv_bfloat16> want(out);
 
-    gpu::sm90_gemm_args a;
-    a.batch = g.batch;
-    a.m = g.m;
-    a.n = g.n;
-    a.k = g.k;
-    a.p = {p.data(), g.k, g.m * g.k};
-    a.q = {q.data(), g.k, g.n * g.k};
-    a.alpha = g.alpha;
-    a.beta = g.beta;
-    a.c = {c.data(), g.n, g.m * g.n};
-    a.d = {ours.data(), g.n, g.m * g.n};
-    a.symmetric = g.symmetric;
-    BOOST_REQUIRE(gpu::sm90_gemm_fits(a));
-    gpu::sm90_gemm(nullptr, a);
-    gpu::sm90_gemm_on_cublas(runner, nullptr, a, want.data());
-    ZMUON_CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> got = floats_of(ours, out);
-    const std::vector<float> ref = floats_of(want, out);
-    const double error = relative_error(got, ref);
-    BOOST_TEST_MESSAGE("own GEMM " << g.batch << " x [" << g.m << ", " << g.n << "] over k " << g.k
-                                   << (g.symmetric ? " (symmetric)" : "")
-                                   << ": relative difference to cuBLAS " << error);
-    BOOST_TEST(error <= 1e-2);
-    if (g.symmetric) {
-      int64_t asymmetric = 0;
-      for (int64_t b = 0; b < g.batch; ++b)
-        for (int64_t i = 0; i < g.m; ++i)
-          for (int64_t j = 0; j < i; ++j)
-            asymmetric += got[static_cast<size_t>(b * g.m * g.m + i * g.m + j)]
-                          != got[static_cast<size_t>(b * g.m * g.m + j * g.m + i)];
-      BOOST_TEST(asymmetric == 0);
+      gpu::sm90_gemm_args a;
+      a.batch = g.batch;
+      a.m = g.m;
+      a.n = g.n;
+      a.k = g.k;
+      a.p = {p.data(), g.k, g.m * g.k};
+      a.q = {q.data(), g.k, g.n * g.k};
+      a.alpha = g.alpha;
+      a.beta = g.beta;
+      a.c = {c.data(), g.n, g.m * g.n};
+      a.d = {ours.data(), g.n, g.m * g.n};
+      a.symmetric = g.symmetric;
+      a.shape = shape;
+      BOOST_REQUIRE(gpu::sm90_gemm_fits(a));
+      ZMUON_CUDA_CHECK(cudaMemset(ours.data(), 0xff, static_cast<size_t>(out) * 2));
+      gpu::sm90_gemm(nullptr, a);
+      gpu::sm90_gemm_on_cublas(runner, nullptr, a, want.data());
+      ZMUON_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got = floats_of(ours, out);
+      const std::vector<float> ref = floats_of(want, out);
+      const double error = relative_error(got, ref);
+      BOOST_TEST_MESSAGE("own GEMM " << g.batch << " x [" << g.m << ", " << g.n << "] over k "
+                                     << g.k << (g.symmetric ? " (symmetric)" : "")
+                                     << ", block shape " << static_cast<int>(shape)
+                                     << ": relative difference to cuBLAS " << error);
+      BOOST_TEST(error <= 1e-2);
+      if (g.symmetric) {
+        int64_t asymmetric = 0;
+        for (int64_t b = 0; b < g.batch; ++b)
+          for (int64_t i = 0; i < g.m; ++i)
+            for (int64_t j = 0; j < i; ++j)
+              asymmetric += got[static_cast<size_t>(b * g.m * g.m + i * g.m + j)]
+                            != got[static_cast<size_t>(b * g.m * g.m + j * g.m + i)];
+        BOOST_TEST(asymmetric == 0);
+      }
     }
-  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()

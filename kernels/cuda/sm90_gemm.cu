@@ -1,15 +1,19 @@
-// The Hopper GEMM of sm90_gemm.hpp. One block per tile; layout of a block (160 threads):
-//   threads 0-127   the consumer warpgroup: wgmma over the stages, then the tile's epilogue;
-//   threads 128-159 the producer warp: one thread issues the bulk tensor copies.
-// Shared memory: `Stages` stages of [P slice 128x64 | Q slice 128x64] bf16, each slice 128-byte
-// swizzled as the tensor maps write it (and as wgmma's descriptors read it), then the stages'
-// full/empty barriers. Stage s is "full" when both copies have landed (the copy engine counts
-// the bytes), "empty" when the four consumer warps are done with its wgmmas.
+// The Hopper GEMM of sm90_gemm.hpp. One block per row of `Consumers` 128x128 tiles sharing
+// their P rows; layout of a block (Consumers * 128 + 32 threads):
+//   threads 0 .. 128*Consumers-1   consumer warpgroups, one per tile: wgmma over the stages,
+//                                  then the tile's epilogue;
+//   the last warp                  the producer: one thread issues the bulk tensor copies.
+// Shared memory: `Stages` stages of [P slice 128x64 | Q slice (128*Consumers)x64] bf16, each
+// slice 128-byte swizzled as the tensor maps write it (and as wgmma's descriptors read it), then
+// the stages' full/empty barriers. Stage s is "full" when both copies have landed (the copy
+// engine counts the bytes), "empty" when every active consumer warp is done with its wgmmas.
+// Two consumers load 3/4 of the bytes per FLOP that one does (a P slice serves two tiles).
 #include "kernels/cuda/sm90_gemm.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <mutex>
@@ -23,23 +27,31 @@ namespace {
 
 constexpr int kTile = static_cast<int>(kSm90Tile);
 constexpr int kSlice = static_cast<int>(kSm90Slice);  // 64 bf16 = 128 bytes: the swizzle's width
-constexpr int kConsumerThreads = 128;
-constexpr int kThreads = kConsumerThreads + 32;
-constexpr int kSliceBytes = kTile * kSlice * 2;  // 16 KB
-constexpr int kStageBytes = 2 * kSliceBytes;
+constexpr int kGroupThreads = 128;                    // one consumer warpgroup
+constexpr int kSliceBytes = kTile * kSlice * 2;       // 16 KB
+constexpr int kStagedLd = kTile + 8;  // floats per staged epilogue row: 8 more keeps half-warps
+                                      // off each other's banks when the fragments go in
+constexpr int kStagedBytes = kTile * kStagedLd * 4;
 
-// Three stages: two blocks per multiprocessor, so that one block's pipeline fill and epilogue
-// overlap the other's wgmmas (measured against 4 stages and one block: docs/NOTES.md).
-constexpr int kStages = 3;
-
-template <int Stages>
-constexpr int smem_bytes() {
-  return Stages * kStageBytes + 2 * Stages * 8 + 1024;  // + barriers + alignment slack
+template <int Consumers>
+__host__ __device__ constexpr int threads() {
+  return Consumers * kGroupThreads + 32;  // + the producer warp
+}
+template <int Consumers>
+__host__ __device__ constexpr int stage_bytes() {
+  return (1 + Consumers) * kSliceBytes;
+}
+template <int Consumers, int Stages>
+__host__ __device__ constexpr int smem_bytes() {
+  constexpr int stages = Stages * stage_bytes<Consumers>();
+  constexpr int staged = Consumers * kStagedBytes;  // the epilogue reuses the stages
+  return (stages > staged ? stages : staged) + 2 * Stages * 8 + 1024;  // + barriers + slack
 }
 
 struct kernel_params {
-  int tiles_n;  // tiles per row of D
-  int slices;   // k / kSlice
+  int blocks_per_matrix;  // (block_tiles)
+  int tiles_n;            // tiles per row of D
+  int slices;             // k / kSlice
   int symmetric;
   float alpha;
   float beta;
@@ -147,24 +159,31 @@ __device__ __forceinline__ void wgmma_m64n128(float (&d)[64], uint64_t a, uint64
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-/// Syncs the consumer warpgroup only (named barrier 1; the producer warp has left).
-__device__ __forceinline__ void consumer_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kConsumerThreads) : "memory");
+/// Syncs the consumer warpgroups only (named barrier 1; the producer warp has left).
+template <int Consumers>
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(Consumers * kGroupThreads) : "memory");
+}
+
+/// Syncs one consumer warpgroup (named barrier 2 + group).
+__device__ __forceinline__ void group_sync(int group) {
+  if (group == 0)
+    asm volatile("bar.sync 2, %0;" ::"n"(kGroupThreads) : "memory");
+  else
+    asm volatile("bar.sync 3, %0;" ::"n"(kGroupThreads) : "memory");
 }
 
 /// The tile through shared memory (the stages are free by now), so that every global access is
 /// 16 bytes wide and whole rows of D and of its mirror are written by neighbouring threads: the
 /// accumulators go in as fp32, alpha * acc + beta * C is formed and rounded along D's rows
 /// (C read 16 bytes at a time), the rounded values go back, and the mirror pass writes them
-/// down D's columns into the mirror's rows.
+/// down D's columns into the mirror's rows. `t` is the thread's index in its warpgroup.
 __device__ __forceinline__ void store_staged(const float (&acc0)[64], const float (&acc1)[64],
                                              float* tile, const kernel_params& prm, int64_t matrix,
-                                             int tile_m, int tile_n, bool mirror) {
-  constexpr int kLd = kTile + 8;  // floats per staged row: 8 more keeps half-warps off each
-                                  // other's banks when the fragments go in
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
-  consumer_sync();  // every warp's wgmmas have read their stages
+                                             int tile_m, int tile_n, bool mirror, int group,
+                                             int t) {
+  const int lane = t % 32;
+  const int warp = t / 32;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float(&acc)[64] = h == 0 ? acc0 : acc1;
@@ -174,12 +193,12 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
       for (int half = 0; half < 2; ++half) {
         const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
         const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(tile + row * kLd + col) =
+        *reinterpret_cast<float2*>(tile + row * kStagedLd + col) =
             make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
       }
     }
   }
-  consumer_sync();
+  group_sync(group);
   const int64_t row0 = int64_t{tile_m} * kTile;
   const int64_t col0 = int64_t{tile_n} * kTile;
   const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
@@ -187,11 +206,11 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   // Rows: 16 runs of 8 columns per row, one run per thread per pass; unrolled so that several
   // passes' loads of C are in flight at once.
 #pragma unroll 4
-  for (int pass = 0; pass < kTile * (kTile / 8) / kConsumerThreads; ++pass) {
-    const int i = static_cast<int>(threadIdx.x) + pass * kConsumerThreads;
+  for (int pass = 0; pass < kTile * (kTile / 8) / kGroupThreads; ++pass) {
+    const int i = t + pass * kGroupThreads;
     const int row = i / (kTile / 8);
     const int col = (i % (kTile / 8)) * 8;
-    float* at = tile + row * kLd + col;
+    float* at = tile + row * kStagedLd + col;
     float v[8];
     *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(at);
     *reinterpret_cast<float4*>(v + 4) = *reinterpret_cast<const float4*>(at + 4);
@@ -225,110 +244,134 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   }
   if (!mirror)
     return;
-  consumer_sync();
+  group_sync(group);
   // Columns: each thread takes 16 rows of one column (32 bytes of a row of the mirror) per pass;
   // neighbouring threads take neighbouring columns, so the shared-memory reads do not conflict.
-
-  for (int i = threadIdx.x; i < kTile * (kTile / 16); i += kConsumerThreads) {
+  for (int i = t; i < kTile * (kTile / 16); i += kGroupThreads) {
     const int col = i % kTile;
     const int row = (i / kTile) * 16;
     uint4 out[2];
     __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(out);
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      packed[e] = __floats2bfloat162_rn(tile[(row + 2 * e) * kLd + col],
-                                        tile[(row + 2 * e + 1) * kLd + col]);
+      packed[e] = __floats2bfloat162_rn(tile[(row + 2 * e) * kStagedLd + col],
+                                        tile[(row + 2 * e + 1) * kStagedLd + col]);
     uint4* to = reinterpret_cast<uint4*>(d + (col0 + col) * prm.ld_d + row0 + row);
     to[0] = out[0];
     to[1] = out[1];
   }
 }
 
+/// Block `b`'s tiles: D's tile row `tile_m` of matrix `matrix`, tiles tile_n0 ..
+/// tile_n0 + Consumers - 1 of it (those inside D, `active` of them; with `symmetric` those from
+/// the diagonal on), the blocks row-major over each matrix's tile rows.
+template <int Consumers>
+struct block_tiles {
+  int matrix, tile_m, tile_n0, active;
+
+  __device__ block_tiles(const kernel_params& prm, int b) {
+    matrix = b / prm.blocks_per_matrix;
+    int t = b % prm.blocks_per_matrix;
+    tile_m = 0;
+    if (prm.symmetric != 0) {
+      int groups = (prm.tiles_n + Consumers - 1) / Consumers;
+      while (t >= groups) {
+        t -= groups;
+        ++tile_m;
+        groups = (prm.tiles_n - tile_m + Consumers - 1) / Consumers;
+      }
+      tile_n0 = tile_m + t * Consumers;
+    } else {
+      const int groups = (prm.tiles_n + Consumers - 1) / Consumers;
+      tile_m = t / groups;
+      tile_n0 = t % groups * Consumers;
+    }
+    active = min(Consumers, prm.tiles_n - tile_n0);
+  }
+};
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int Stages>
-__global__ void __launch_bounds__(kThreads)
+template <int Consumers, int Stages>
+__global__ void __launch_bounds__(threads<Consumers>())
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_p,
                      const __grid_constant__ CUtensorMap map_q, const kernel_params prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kStageBytes = stage_bytes<Consumers>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023)
                                              & ~static_cast<uintptr_t>(1023));
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + Stages * kStageBytes);
+  constexpr int kBarrierOffset = smem_bytes<Consumers, Stages>() - 1024 - 2 * Stages * 8;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
   uint64_t* empty = full + Stages;
-
-  // Which tile: row-major over D's tiles, or the upper triangle's tiles row by row.
-  int tile_m = 0;
-  int tile_n = 0;
-  if (prm.symmetric != 0) {
-    int t = static_cast<int>(blockIdx.x);
-    while (t >= prm.tiles_n - tile_m) {
-      t -= prm.tiles_n - tile_m;
-      ++tile_m;
-    }
-    tile_n = tile_m + t;
-  } else {
-    tile_m = static_cast<int>(blockIdx.x) / prm.tiles_n;
-    tile_n = static_cast<int>(blockIdx.x) % prm.tiles_n;
-  }
-  const int matrix = static_cast<int>(blockIdx.y);
+  const block_tiles<Consumers> w(prm, static_cast<int>(blockIdx.x));
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Stages; ++s) {
       barrier_init(&full[s], 1);
-      barrier_init(&empty[s], 4);  // one arrival per consumer warp
+      barrier_init(&empty[s], 4 * w.active);  // one arrival per working consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
 
-  if (threadIdx.x >= kConsumerThreads) {
-    if (threadIdx.x == kConsumerThreads) {
+  if (threadIdx.x >= Consumers * kGroupThreads) {
+    if (threadIdx.x == Consumers * kGroupThreads) {
       for (int kb = 0; kb < prm.slices; ++kb) {
         const int s = kb % Stages;
         barrier_wait(&empty[s], ((kb / Stages) & 1) ^ 1);
         barrier_expect_bytes(&full[s], kStageBytes);
         uint8_t* stage = smem + s * kStageBytes;
-        copy_slice(stage, &map_p, &full[s], kb * kSlice, tile_m * kTile, matrix);
-        copy_slice(stage + kSliceBytes, &map_q, &full[s], kb * kSlice, tile_n * kTile, matrix);
+        copy_slice(stage, &map_p, &full[s], kb * kSlice, w.tile_m * kTile, w.matrix);
+        // Q rows past D's last tile are out of the tensor: the copy fills them with zeros (and
+        // counts their bytes), and no consumer reads them.
+        copy_slice(stage + kSliceBytes, &map_q, &full[s], kb * kSlice, w.tile_n0 * kTile, w.matrix);
       }
     }
     return;
   }
 
+  const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
+  const int tile_n = w.tile_n0 + group;
   // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
   // zeroing them here would make ptxas serialize the wgmmas.
   float acc0[64];  // rows 0-63 of the tile
   float acc1[64];  // rows 64-127
-  for (int kb = 0; kb < prm.slices; ++kb) {
-    const int s = kb % Stages;
-    barrier_wait(&full[s], (kb / Stages) & 1);
-    const uint32_t p_slice = shared_address(smem + s * kStageBytes);
-    const uint32_t q_slice = p_slice + kSliceBytes;
-    pin(acc0);
-    pin(acc1);
-    wgmma_fence();
+  if (group < w.active) {
+    for (int kb = 0; kb < prm.slices; ++kb) {
+      const int s = kb % Stages;
+      barrier_wait(&full[s], (kb / Stages) & 1);
+      const uint32_t p_slice = shared_address(smem + s * kStageBytes);
+      const uint32_t q_slice = p_slice + (1 + group) * kSliceBytes;
+      pin(acc0);
+      pin(acc1);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kSlice / 16; ++kk) {
-      const uint64_t q = operand_descriptor(q_slice + kk * 32);
-      const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
-      wgmma_m64n128(acc0, operand_descriptor(p_slice + kk * 32), q, accumulate);
-      wgmma_m64n128(acc1, operand_descriptor(p_slice + 64 * 128 + kk * 32), q, accumulate);
+      for (int kk = 0; kk < kSlice / 16; ++kk) {
+        const uint64_t q = operand_descriptor(q_slice + kk * 32);
+        const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
+        wgmma_m64n128(acc0, operand_descriptor(p_slice + kk * 32), q, accumulate);
+        wgmma_m64n128(acc1, operand_descriptor(p_slice + 64 * 128 + kk * 32), q, accumulate);
+      }
+      wgmma_commit();
+      pin(acc0);
+      pin(acc1);
+      // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is free.
+      wgmma_wait<1>();
+      if (kb > 0 && threadIdx.x % 32 == 0)
+        barrier_arrive(&empty[(kb - 1) % Stages]);
     }
-    wgmma_commit();
+    wgmma_wait<0>();
     pin(acc0);
     pin(acc1);
-    // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is free.
-    wgmma_wait<1>();
-    if (kb > 0 && threadIdx.x % 32 == 0)
-      barrier_arrive(&empty[(kb - 1) % Stages]);
   }
-  wgmma_wait<0>();
-  pin(acc0);
-  pin(acc1);
-
-  const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
-  store_staged(acc0, acc1, reinterpret_cast<float*>(smem), prm, matrix, tile_m, tile_n, mirror);
+  consumers_sync<Consumers>();  // every group's wgmmas have read their stages
+  if (group >= w.active)
+    return;
+  const bool mirror = prm.symmetric != 0 && w.tile_m != tile_n;
+  float* staged = reinterpret_cast<float*>(smem + group * kStagedBytes);
+  store_staged(acc0, acc1, staged, prm, w.matrix, w.tile_m, tile_n, mirror, group,
+               static_cast<int>(threadIdx.x) % kGroupThreads);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -350,15 +393,17 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-/// The tensor map of `batch` [rows, k] row-major bf16 matrices, read in [128, 64] swizzled boxes.
-CUtensorMap operand_map(const sm90_operand& op, int64_t rows, int64_t k, int64_t batch) {
+/// The tensor map of `batch` [rows, k] row-major bf16 matrices, read in [box_rows, 64] swizzled
+/// boxes.
+CUtensorMap operand_map(const sm90_operand& op, int64_t rows, int64_t k, int64_t batch,
+                        int box_rows) {
   CUtensorMap map{};
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(k), static_cast<cuuint64_t>(rows),
                               static_cast<cuuint64_t>(batch)};
   const int64_t stride = batch > 1 ? op.stride : rows * op.ld;
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(op.ld * 2),
                                  static_cast<cuuint64_t>(stride * 2)};
-  const cuuint32_t box[3] = {kSlice, kTile, 1};
+  const cuuint32_t box[3] = {kSlice, static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult status = tensor_map_encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(op.data), dims, strides,
@@ -371,23 +416,63 @@ CUtensorMap operand_map(const sm90_operand& op, int64_t rows, int64_t k, int64_t
   return map;
 }
 
-template <int Stages>
-void launch(cudaStream_t stream, const sm90_gemm_args& a, const kernel_params& prm, dim3 grid) {
+/// The current device's multiprocessor count (cached per device).
+int multiprocessors() {
+  static std::atomic<int> sms_of[64] = {};
+  int device = 0;
+  ZMUON_CUDA_CHECK(cudaGetDevice(&device));
+  int sms = sms_of[device % 64].load();
+  if (sms == 0) {
+    ZMUON_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    sms_of[device % 64].store(sms);
+  }
+  return sms;
+}
+
+/// Blocks per matrix of a block shape: per tile row, ceil(tiles / consumers) of the row's tiles
+/// (with `symmetric` those from the diagonal on).
+int64_t blocks_per_matrix(const sm90_gemm_args& a, int consumers) {
+  const int64_t tiles_m = a.m / kSm90Tile;
+  const int64_t tiles_n = a.n / kSm90Tile;
+  int64_t blocks = 0;
+  for (int64_t row = 0; row < tiles_m; ++row) {
+    const int64_t tiles = tiles_n - (a.symmetric ? row : 0);
+    blocks += (tiles + consumers - 1) / consumers;
+  }
+  return blocks;
+}
+
+template <int Consumers, int Stages>
+void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
+  constexpr auto kernel = sm90_gemm_kernel<Consumers, Stages>;
+  constexpr int kSmem = smem_bytes<Consumers, Stages>();
   // The shared-memory limit is raised once per device (a process may drive several).
   static std::atomic<uint64_t> raised{0};
   int device = 0;
   ZMUON_CUDA_CHECK(cudaGetDevice(&device));
   const uint64_t bit = uint64_t{1} << (device % 64);
   if ((raised.load() & bit) == 0) {
-    ZMUON_CUDA_CHECK(cudaFuncSetAttribute(sm90_gemm_kernel<Stages>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          smem_bytes<Stages>()));
+    ZMUON_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
     raised.fetch_or(bit);
   }
-  const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch);
-  const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch);
-  sm90_gemm_kernel<Stages><<<grid, kThreads, smem_bytes<Stages>(), stream>>>(map_p, map_q, prm);
+  const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch, kTile);
+  const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch, Consumers * kTile);
+  prm.blocks_per_matrix = static_cast<int>(blocks_per_matrix(a, Consumers));
+  const int64_t blocks = prm.blocks_per_matrix * a.batch;
+  kernel<<<static_cast<unsigned>(blocks), threads<Consumers>(), kSmem, stream>>>(map_p, map_q, prm);
   ZMUON_LAUNCH_CHECK();
+}
+
+/// The block shape for `a` (measured, docs/NOTES.md session 8): two tiles per block load 3/4
+/// of the bytes per FLOP and win over long k (2-10 % at k >= 2048) where there are blocks for
+/// three waves of one per multiprocessor; one tile, two blocks per multiprocessor (one's
+/// epilogue beside the other's wgmmas), wins over short k and on few blocks (1.36x at 12 x
+/// [768, 768] over k 3072, 144 two-tile blocks on 132 multiprocessors).
+sm90_block choose_block(const sm90_gemm_args& a) {
+  return a.k >= 2048 && blocks_per_matrix(a, 2) * a.batch >= 3 * int64_t{multiprocessors()}
+             ? sm90_block::two_tiles
+             : sm90_block::one_tile;
 }
 
 bool aligned(const void* p) {
@@ -429,10 +514,16 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
 }
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
-  // Measured (bench_sm90_gemm, docs/NOTES.md session 7): 1.22-1.36x cuBLAS's whole product at
-  // m >= 768 over k >= 2048; 0.80x at m = 512 (4 tiles a side: 10 of 16 computed) and 0.85-0.88x
-  // over k = 768.
-  return m % kSm90Tile == 0 && k % kSm90Slice == 0 && m >= 768 && k >= 2048 && batch <= 65535;
+  // Measured (bench_sm90_gemm, docs/NOTES.md sessions 7 and 8): 1.22-1.55x cuBLAS's whole
+  // product at m >= 768 over k >= 2048; 0.82x at m = 512 (4 tiles a side: 10 of 16 computed) and
+  // 0.82-0.88x over k = 768 when the tiles take several waves (48 x [768, 768]); over short k,
+  // a batch whose upper tiles fit in one wave of two blocks per multiprocessor.
+  if (m % kSm90Tile != 0 || k % kSm90Slice != 0 || m < 768 || batch > 65535)
+    return false;
+  if (k >= 2048)
+    return true;
+  const int64_t tiles = m / kSm90Tile;
+  return batch * tiles * (tiles + 1) / 2 <= 2 * int64_t{multiprocessors()};
 }
 
 bool sm90_gemm_available() {
@@ -451,7 +542,6 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
                             + ", n " + std::to_string(a.n) + ", k " + std::to_string(a.k)
                             + " not supported: " + why));
   kernel_params prm{};
-  const int64_t tiles_m = a.m / kSm90Tile;
   prm.tiles_n = static_cast<int>(a.n / kSm90Tile);
   prm.slices = static_cast<int>(a.k / kSm90Slice);
   prm.symmetric = a.symmetric ? 1 : 0;
@@ -465,9 +555,11 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   prm.d = a.d.data;
   prm.ld_d = a.d.ld;
   prm.stride_d = a.d.stride;
-  const int64_t tiles = a.symmetric ? tiles_m * (tiles_m + 1) / 2 : tiles_m * prm.tiles_n;
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.batch));
-  launch<kStages>(stream, a, prm, grid);
+  const sm90_block shape = a.shape == sm90_block::automatic ? choose_block(a) : a.shape;
+  if (shape == sm90_block::two_tiles)
+    launch<2, 4>(stream, a, prm);
+  else
+    launch<1, 3>(stream, a, prm);
 }
 
 void sm90_gemm_on_cublas(gemm_runner& runner, cudaStream_t stream, const sm90_gemm_args& a,

@@ -9,15 +9,17 @@
 // (m == n, and P Q^T and C symmetric, as A = X X^T and B = b A + c A A are), only the tiles on
 // and above the diagonal are computed, each off-diagonal one also written mirrored: (T-1)/(2T)
 // of the FLOPs saved for T tiles per side.
-// One block computes one 128 x 128 tile of one matrix: a producer warp streams 64-wide slices
-// of P and Q into a ring of shared-memory stages, a consumer warpgroup multiplies them with
-// wgmma into fp32 registers and writes the tile once with alpha and beta applied, through
-// shared memory so that every global access is 16 bytes wide.
+// A block computes one or two neighbouring 128 x 128 tiles of a row of one matrix: a producer
+// warp streams 64-wide slices of P and Q into a ring of shared-memory stages, a consumer
+// warpgroup per tile multiplies them with wgmma into fp32 registers and writes the tile once
+// with alpha and beta applied, through shared memory so that every global access is 16 bytes
+// wide. Two tiles share P's slices (3/4 of the bytes per FLOP), one tile lets two blocks share
+// a multiprocessor (one's epilogue beside the other's wgmmas); sm90_gemm picks per product.
 //
-// Measured on the H200 (docs/NOTES.md, session 7): per tile it runs at 70-77 % of cuBLAS's
-// rate, so it pays only where the skipped tiles outweigh that: symmetric products of sides
-// >= 768 over k >= 2048 (1.22-1.36x cuBLAS's whole product), not over k = 768 (0.85-0.88x) nor
-// at side 512 (0.80x).
+// Measured on the H200 (docs/NOTES.md, sessions 7 and 8): per tile it runs at 73-91 % of
+// cuBLAS's rate (91 % at 8192^3, 73 % over k = 768), so it pays only where the skipped tiles
+// outweigh that: symmetric products of sides >= 768 over k >= 2048 (1.16-1.55x cuBLAS's whole
+// product), not over k = 768 (0.78-0.88x) nor at side 512 (0.88x).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,6 +41,13 @@ struct sm90_output {
   int64_t stride = 0;
 };
 
+/// The kernel's block shapes (sm90_gemm chooses by the shape of the product unless told; tests
+/// and bench_sm90_gemm compare them):
+///   one_tile     one 128 x 128 tile per block, 3 stages, two blocks per multiprocessor;
+///   two_tiles    two neighbouring tiles of a row per block (128 x 256, sharing P's slices),
+///                4 stages, one block per multiprocessor.
+enum class sm90_block { automatic, one_tile, two_tiles };
+
 struct sm90_gemm_args {
   int64_t batch = 0, m = 0, n = 0, k = 0;
   sm90_operand p, q;
@@ -47,6 +56,7 @@ struct sm90_gemm_args {
   sm90_operand c;  // read only when beta != 0
   sm90_output d;
   bool symmetric = false;
+  sm90_block shape = sm90_block::automatic;
 };
 
 /// The tile sides: m and n must be multiples of kSm90Tile, k of kSm90Slice.
@@ -61,7 +71,8 @@ bool sm90_gemm_fits(const sm90_gemm_args& args);
 bool sm90_gemm_available();
 
 /// Whether a symmetric product of `batch` [m, m] results over k should run here rather than
-/// on cuBLAS (device aside): sides in whole tiles, m >= 768 and k >= 2048 (where it measured
+/// on cuBLAS (on the current device; whether it runs the kernel aside): sides in whole tiles,
+/// m >= 768, and k >= 2048 or the upper tiles in one wave of the device (where it measured
 /// faster).
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k);
 
