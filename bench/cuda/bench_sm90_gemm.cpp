@@ -123,7 +123,6 @@ int main(int argc, char** argv) {
     const std::vector<std::pair<zmuon::gpu::sm90_block, const char*>> shapes = {
         {zmuon::gpu::sm90_block::one_tile, "1 tile"},
         {zmuon::gpu::sm90_block::two_tiles, "2 tiles"},
-        {zmuon::gpu::sm90_block::two_tiles_paired, "2 t, pair"},
         {zmuon::gpu::sm90_block::automatic, "chosen"}};
     std::printf("%-30s %10s %11s", "case", "cuBLAS ms", "cuBLAS TF/s");
     for (const auto& shape : shapes)

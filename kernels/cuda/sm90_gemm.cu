@@ -107,41 +107,6 @@ __device__ __forceinline__ void copy_slice(void* dst, const CUtensorMap* map, ui
       : "memory");
 }
 
-/// The same slice into the same offset of both blocks of a 2-block cluster; each block's barrier
-/// at `bar`'s offset counts the bytes that land in it.
-__device__ __forceinline__ void copy_slice_to_pair(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                                   int k, int row, int matrix) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;" ::"r"(shared_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(matrix), "r"(shared_address(bar)),
-      "h"(static_cast<uint16_t>(0x3))
-      : "memory");
-}
-
-/// Arrives on the barrier at `bar`'s offset in the cluster's block `rank`.
-__device__ __forceinline__ void barrier_arrive_in(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n"
-      ".reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n"
-      "}\n" ::"r"(shared_address(bar)),
-      "r"(rank)
-      : "memory");
-}
-
-/// Every thread of the cluster's blocks.
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t rank = 0;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
-
 /// wgmma's shared-memory descriptor of a K-major operand in 128-byte swizzled rows: 8-row
 /// groups 1024 bytes apart (the stride byte offset); the leading offset is unused with this
 /// swizzle. Advancing 16 k (32 bytes) is adding 32 to the address.
@@ -298,58 +263,40 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
 }
 
 /// Block `b`'s tiles: D's tile row `tile_m` of matrix `matrix`, tiles tile_n0 ..
-/// tile_n0 + Consumers - 1 of it, those inside D (and with `symmetric` on or above the
-/// diagonal) active. Without clusters the blocks go row-major over each matrix's tile rows (with
-/// `symmetric` from the diagonal on); with 2-block clusters a cluster takes the same columns of
-/// two tile rows (2p, 2p + 1; with `symmetric` from column 2p on), block rank r row 2p + r.
-template <int Consumers, int Cluster>
+/// tile_n0 + Consumers - 1 of it (those inside D, `active` of them; with `symmetric` those from
+/// the diagonal on), the blocks row-major over each matrix's tile rows.
+template <int Consumers>
 struct block_tiles {
-  int matrix, tile_m, tile_n0;
-  bool symmetric;
-  int tiles_n;
+  int matrix, tile_m, tile_n0, active;
 
-  __device__ block_tiles(const kernel_params& prm, int b)
-      : symmetric(prm.symmetric != 0), tiles_n(prm.tiles_n) {
+  __device__ block_tiles(const kernel_params& prm, int b) {
     matrix = b / prm.blocks_per_matrix;
-    int t = b % prm.blocks_per_matrix / Cluster;
-    int row = 0;  // tile row (of pairs of rows with clusters)
-    const auto groups = [&](int r) {
-      return (tiles_n - (symmetric ? r * Cluster : 0) + Consumers - 1) / Consumers;
-    };
-    if (symmetric) {
-      while (t >= groups(row)) {
-        t -= groups(row);
-        ++row;
+    int t = b % prm.blocks_per_matrix;
+    tile_m = 0;
+    if (prm.symmetric != 0) {
+      int groups = (prm.tiles_n + Consumers - 1) / Consumers;
+      while (t >= groups) {
+        t -= groups;
+        ++tile_m;
+        groups = (prm.tiles_n - tile_m + Consumers - 1) / Consumers;
       }
-      tile_n0 = row * Cluster + t * Consumers;
+      tile_n0 = tile_m + t * Consumers;
     } else {
-      row = t / groups(0);
-      tile_n0 = t % groups(0) * Consumers;
+      const int groups = (prm.tiles_n + Consumers - 1) / Consumers;
+      tile_m = t / groups;
+      tile_n0 = t % groups * Consumers;
     }
-    tile_m = row * Cluster + b % prm.blocks_per_matrix % Cluster;
-  }
-
-  __device__ bool active(int group) const {
-    const int tile_n = tile_n0 + group;
-    return tile_n < tiles_n && (!symmetric || tile_n >= tile_m);
-  }
-
-  __device__ int active_groups() const {
-    int n = 0;
-    for (int g = 0; g < Consumers; ++g)
-      n += active(g) ? 1 : 0;
-    return n;
+    active = min(Consumers, prm.tiles_n - tile_n0);
   }
 };
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int Consumers, int Stages, int Cluster>
+template <int Consumers, int Stages>
 __global__ void __launch_bounds__(threads<Consumers>())
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_p,
                      const __grid_constant__ CUtensorMap map_q, const kernel_params prm) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  static_assert(Cluster == 1 || Consumers == Cluster, "a cluster's blocks share Q by halves");
   constexpr int kStageBytes = stage_bytes<Consumers>();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023)
@@ -357,30 +304,17 @@ __global__ void __launch_bounds__(threads<Consumers>())
   constexpr int kBarrierOffset = smem_bytes<Consumers, Stages>() - 1024 - 2 * Stages * 8;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
   uint64_t* empty = full + Stages;
-  const block_tiles<Consumers, Cluster> w(prm, static_cast<int>(blockIdx.x));
-  // With a cluster, each block copies its half of the Q slice into both blocks, so a stage is
-  // free for the next copies only when both blocks' consumers are done with it.
-  const uint32_t rank = Cluster > 1 ? cluster_rank() : 0;
-  const uint32_t peer = rank ^ 1;
+  const block_tiles<Consumers> w(prm, static_cast<int>(blockIdx.x));
 
   if (threadIdx.x == 0) {
-    int warps = 4 * w.active_groups();  // one arrival per working consumer warp
-    if (Cluster > 1)
-      warps +=
-          4
-          * block_tiles<Consumers, Cluster>(prm, static_cast<int>(blockIdx.x ^ 1)).active_groups();
     for (int s = 0; s < Stages; ++s) {
       barrier_init(&full[s], 1);
-      barrier_init(&empty[s], warps);
+      barrier_init(&empty[s], 4 * w.active);  // one arrival per working consumer warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (Cluster > 1)
-    cluster_sync();  // the peer's barriers exist before any copy or arrival reaches them
-  else
-    __syncthreads();
+  __syncthreads();
 
-  const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
   if (threadIdx.x >= Consumers * kGroupThreads) {
     if (threadIdx.x == Consumers * kGroupThreads) {
       for (int kb = 0; kb < prm.slices; ++kb) {
@@ -391,68 +325,53 @@ __global__ void __launch_bounds__(threads<Consumers>())
         copy_slice(stage, &map_p, &full[s], kb * kSlice, w.tile_m * kTile, w.matrix);
         // Q rows past D's last tile are out of the tensor: the copy fills them with zeros (and
         // counts their bytes), and no consumer reads them.
-        if (Cluster > 1)
-          copy_slice_to_pair(stage + (1 + rank) * kSliceBytes, &map_q, &full[s], kb * kSlice,
-                             (w.tile_n0 + static_cast<int>(rank)) * kTile, w.matrix);
-        else
-          copy_slice(stage + kSliceBytes, &map_q, &full[s], kb * kSlice, w.tile_n0 * kTile,
-                     w.matrix);
+        copy_slice(stage + kSliceBytes, &map_q, &full[s], kb * kSlice, w.tile_n0 * kTile, w.matrix);
       }
     }
-  } else {
-    const int tile_n = w.tile_n0 + group;
-    const bool mine = w.active(group);
-    // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
-    // zeroing them here would make ptxas serialize the wgmmas.
-    float acc0[64];  // rows 0-63 of the tile
-    float acc1[64];  // rows 64-127
-    if (mine) {
-      const auto release = [&](int s) {
-        if (threadIdx.x % 32 == 0) {
-          barrier_arrive(&empty[s]);
-          if (Cluster > 1)
-            barrier_arrive_in(&empty[s], peer);
-        }
-      };
-      for (int kb = 0; kb < prm.slices; ++kb) {
-        const int s = kb % Stages;
-        barrier_wait(&full[s], (kb / Stages) & 1);
-        const uint32_t p_slice = shared_address(smem + s * kStageBytes);
-        const uint32_t q_slice = p_slice + (1 + group) * kSliceBytes;
-        pin(acc0);
-        pin(acc1);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kSlice / 16; ++kk) {
-          const uint64_t q = operand_descriptor(q_slice + kk * 32);
-          const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
-          wgmma_m64n128(acc0, operand_descriptor(p_slice + kk * 32), q, accumulate);
-          wgmma_m64n128(acc1, operand_descriptor(p_slice + 64 * 128 + kk * 32), q, accumulate);
-        }
-        wgmma_commit();
-        pin(acc0);
-        pin(acc1);
-        // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is
-        // free.
-        wgmma_wait<1>();
-        if (kb > 0)
-          release((kb - 1) % Stages);
-      }
-      wgmma_wait<0>();
+    return;
+  }
+
+  const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
+  const int tile_n = w.tile_n0 + group;
+  // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
+  // zeroing them here would make ptxas serialize the wgmmas.
+  float acc0[64];  // rows 0-63 of the tile
+  float acc1[64];  // rows 64-127
+  if (group < w.active) {
+    for (int kb = 0; kb < prm.slices; ++kb) {
+      const int s = kb % Stages;
+      barrier_wait(&full[s], (kb / Stages) & 1);
+      const uint32_t p_slice = shared_address(smem + s * kStageBytes);
+      const uint32_t q_slice = p_slice + (1 + group) * kSliceBytes;
       pin(acc0);
       pin(acc1);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kSlice / 16; ++kk) {
+        const uint64_t q = operand_descriptor(q_slice + kk * 32);
+        const uint32_t accumulate = (kb > 0 || kk > 0) ? 1u : 0u;
+        wgmma_m64n128(acc0, operand_descriptor(p_slice + kk * 32), q, accumulate);
+        wgmma_m64n128(acc1, operand_descriptor(p_slice + 64 * 128 + kk * 32), q, accumulate);
+      }
+      wgmma_commit();
+      pin(acc0);
+      pin(acc1);
+      // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is free.
+      wgmma_wait<1>();
+      if (kb > 0 && threadIdx.x % 32 == 0)
+        barrier_arrive(&empty[(kb - 1) % Stages]);
     }
-    consumers_sync<Consumers>();  // every group's wgmmas have read their stages
-    if (mine) {
-      const bool mirror = prm.symmetric != 0 && w.tile_m != tile_n;
-      float* staged = reinterpret_cast<float*>(smem + group * kStagedBytes);
-      store_staged(acc0, acc1, staged, prm, w.matrix, w.tile_m, tile_n, mirror, group,
-                   static_cast<int>(threadIdx.x) % kGroupThreads);
-    }
+    wgmma_wait<0>();
+    pin(acc0);
+    pin(acc1);
   }
-  // No block leaves while its peer may still arrive on its barriers.
-  if (Cluster > 1)
-    cluster_sync();
+  consumers_sync<Consumers>();  // every group's wgmmas have read their stages
+  if (group >= w.active)
+    return;
+  const bool mirror = prm.symmetric != 0 && w.tile_m != tile_n;
+  float* staged = reinterpret_cast<float*>(smem + group * kStagedBytes);
+  store_staged(acc0, acc1, staged, prm, w.matrix, w.tile_m, tile_n, mirror, group,
+               static_cast<int>(threadIdx.x) % kGroupThreads);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -511,22 +430,21 @@ int multiprocessors() {
 }
 
 /// Blocks per matrix of a block shape: per tile row, ceil(tiles / consumers) of the row's tiles
-/// (with `symmetric` those from the diagonal on); with 2-block clusters, per pair of tile rows
-/// twice ceil(tiles / consumers) of the pair's first row's tiles.
-int64_t blocks_per_matrix(const sm90_gemm_args& a, int consumers, int cluster) {
+/// (with `symmetric` those from the diagonal on).
+int64_t blocks_per_matrix(const sm90_gemm_args& a, int consumers) {
   const int64_t tiles_m = a.m / kSm90Tile;
   const int64_t tiles_n = a.n / kSm90Tile;
   int64_t blocks = 0;
-  for (int64_t row = 0; row < tiles_m; row += cluster) {
+  for (int64_t row = 0; row < tiles_m; ++row) {
     const int64_t tiles = tiles_n - (a.symmetric ? row : 0);
-    blocks += cluster * ((tiles + consumers - 1) / consumers);
+    blocks += (tiles + consumers - 1) / consumers;
   }
   return blocks;
 }
 
-template <int Consumers, int Stages, int Cluster>
+template <int Consumers, int Stages>
 void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
-  constexpr auto kernel = sm90_gemm_kernel<Consumers, Stages, Cluster>;
+  constexpr auto kernel = sm90_gemm_kernel<Consumers, Stages>;
   constexpr int kSmem = smem_bytes<Consumers, Stages>();
   // The shared-memory limit is raised once per device (a process may drive several).
   static std::atomic<uint64_t> raised{0};
@@ -539,21 +457,11 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
     raised.fetch_or(bit);
   }
   const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch, kTile);
-  const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch, Consumers / Cluster * kTile);
-  prm.blocks_per_matrix = static_cast<int>(blocks_per_matrix(a, Consumers, Cluster));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(prm.blocks_per_matrix * a.batch));
-  config.blockDim = dim3(threads<Consumers>());
-  config.dynamicSmemBytes = kSmem;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = Cluster;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = Cluster > 1 ? 1 : 0;
-  ZMUON_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, map_p, map_q, prm));
+  const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch, Consumers * kTile);
+  prm.blocks_per_matrix = static_cast<int>(blocks_per_matrix(a, Consumers));
+  const int64_t blocks = prm.blocks_per_matrix * a.batch;
+  kernel<<<static_cast<unsigned>(blocks), threads<Consumers>(), kSmem, stream>>>(map_p, map_q, prm);
+  ZMUON_LAUNCH_CHECK();
 }
 
 /// The block shape for `a` (measured, docs/NOTES.md session 8): two tiles per block load 3/4
@@ -562,7 +470,7 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
 /// epilogue beside the other's wgmmas), wins over short k and on few blocks (1.36x at 12 x
 /// [768, 768] over k 3072, 144 two-tile blocks on 132 multiprocessors).
 sm90_block choose_block(const sm90_gemm_args& a) {
-  return a.k >= 2048 && blocks_per_matrix(a, 2, 1) * a.batch >= 3 * int64_t{multiprocessors()}
+  return a.k >= 2048 && blocks_per_matrix(a, 2) * a.batch >= 3 * int64_t{multiprocessors()}
              ? sm90_block::two_tiles
              : sm90_block::one_tile;
 }
@@ -581,8 +489,6 @@ std::string misfit(const sm90_gemm_args& a) {
     return "m and n must be multiples of 128, k of 64";
   if (a.symmetric && a.m != a.n)
     return "a symmetric product must be square";
-  if (a.shape == sm90_block::two_tiles_paired && a.m % (2 * kSm90Tile) != 0)
-    return "two_tiles_paired needs m a multiple of 256";
   if (!sm90_gemm_fits(a))
     return "every operand's rows and matrices must be 16-byte aligned (ld and stride multiples "
            "of 8), with ld at least the row's length";
@@ -651,11 +557,9 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   prm.stride_d = a.d.stride;
   const sm90_block shape = a.shape == sm90_block::automatic ? choose_block(a) : a.shape;
   if (shape == sm90_block::two_tiles)
-    launch<2, 4, 1>(stream, a, prm);
-  else if (shape == sm90_block::two_tiles_paired)
-    launch<2, 4, 2>(stream, a, prm);
+    launch<2, 4>(stream, a, prm);
   else
-    launch<1, 3, 1>(stream, a, prm);
+    launch<1, 3>(stream, a, prm);
 }
 
 void sm90_gemm_on_cublas(gemm_runner& runner, cudaStream_t stream, const sm90_gemm_args& a,

@@ -45,10 +45,8 @@ struct sm90_output {
 /// and bench_sm90_gemm compare them):
 ///   one_tile     one 128 x 128 tile per block, 3 stages, two blocks per multiprocessor;
 ///   two_tiles    two neighbouring tiles of a row per block (128 x 256, sharing P's slices),
-///                4 stages, one block per multiprocessor;
-///   two_tiles_paired  two_tiles in 2-block clusters over two tile rows (m a multiple of 256):
-///                each block copies half of the shared Q slice into both blocks.
-enum class sm90_block { automatic, one_tile, two_tiles, two_tiles_paired };
+///                4 stages, one block per multiprocessor.
+enum class sm90_block { automatic, one_tile, two_tiles };
 
 struct sm90_gemm_args {
   int64_t batch = 0, m = 0, n = 0, k = 0;
