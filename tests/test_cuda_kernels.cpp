@@ -330,7 +330,8 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
   const gemm_case cases[] = {
       {3, 256, 384, 192, 1.0f, 0.0f, false},        {2, 128, 256, 512, 0.5f, 3.4445f, false},
       {1, 384, 640, 128, 1.0f, 1.0f, false},        {3, 384, 384, 256, 1.0f, 0.0f, true},
-      {2, 512, 512, 2048, 2.0315f, -4.7750f, true}, {2, 640, 640, 64, 1.0f, -1.0f, true}};
+      {2, 512, 512, 2048, 2.0315f, -4.7750f, true}, {2, 640, 640, 64, 1.0f, -1.0f, true},
+      {2, 768, 768, 192, 1.0f, 0.5f, true},         {1, 512, 640, 128, 1.0f, 0.0f, false}};
   const gpu::sm90_block shapes[] = {gpu::sm90_block::automatic, gpu::sm90_block::one_tile,
                                     gpu::sm90_block::two_tiles};
   gpu::cublas_handle cublas;

@@ -193,9 +193,9 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
 }
 
 // The own Hopper GEMM's symmetric products (sm90_gemm.hpp) in the standard iteration: A = X X^T
-// of a wide X over k >= 2048, and A*A for m >= 2048 or when the batch's upper tiles fit in one
-// wave (not 48 x [768, 768]: 1008 tiles). Against the host's fp32 NS5, replayed from a graph bit
-// for bit, and against the same call on cuBLAS only.
+// of a wide X over k >= 2048, and A*A for m >= 2048 or when the batch's upper tiles fill half a
+// wave to one (12 x [768, 768]: 252 tiles; not 48: 1008, nor 2: 42). Against the host's fp32
+// NS5, replayed from a graph bit for bit, and against the same call on cuBLAS only.
 BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   if (!gpu::sm90_gemm_available()) {
@@ -209,7 +209,8 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
     bool square_product;  // A*A on it
   };
   BOOST_TEST(!cuda.ns_own_products(48, 768, 768, true));
-  const own_case cases[] = {{{2, 768, 2048}, true, true},
+  BOOST_TEST(cuda.ns_own_products(12, 768, 768, true));
+  const own_case cases[] = {{{2, 768, 2048}, true, false},
                             {{3, 256, 4096}, false, false},  // a side below 768: cuBLAS
                             {{2, 2048, 256}, false, false},  // tall: X's rows are columns
                             {{1, 2048, 2048}, true, true},
