@@ -19,6 +19,10 @@
 #   ONLY_STEP=1 bench/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
 #   SKIP_NS=1 bench/gpu-check.sh     # everything but bench_ns and the NS table
 #   bench/gpu-check.sh exec zmuon-bench-step --table llama-1b ...   # one carried binary
+#   bench/gpu-check.sh profile KERNEL_REGEX COUNT BINARY ARGS...   # Nsight Compute on COUNT
+#                                    # launches of the kernels matching KERNEL_REGEX (clocks left
+#                                    # alone), e.g. profile sm90_gemm_kernel 4 bench_sm90_gemm
+#                                    # --only "48x768, k 768" --reps 1
 #   TABLES_CANDIDATES="8 32" bench/gpu-check.sh   # only bench_ns --tables, once per count of
 #                                    # cuBLASLt algorithms timed per shape
 #
@@ -89,6 +93,15 @@ check() {
   fi
   tar -C "$work" -xzf "$bundle"
   export LD_LIBRARY_PATH="$work/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  if [[ $# -gt 0 && $1 == --profile ]]; then  # profile: ncu over one carried binary
+    local kernels="$2" count="$3" bin="$4"
+    shift 4
+    ncu --clock-control none --kernel-name "regex:$kernels" --launch-count "$count" \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+      --section SchedulerStats --section WarpStateStats --section Occupancy \
+      "$work/bin/$bin" "$@"
+    return
+  fi
   if [[ $# -gt 0 ]]; then  # exec: one carried binary with its arguments
     local bin="$1"
     shift
@@ -229,5 +242,6 @@ case "${1:-check}" in
   pack) pack ;;
   check) check ;;
   exec) shift && check "$@" ;;
-  *) echo "usage: bench/gpu-check.sh [pack|check|exec BINARY ARGS...]" >&2; exit 2 ;;
+  profile) shift && check --profile "$@" ;;
+  *) echo "usage: bench/gpu-check.sh [pack|check|exec BINARY ARGS...|profile REGEX COUNT BINARY ARGS...]" >&2; exit 2 ;;
 esac

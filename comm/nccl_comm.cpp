@@ -195,11 +195,14 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
         const auto bytes = static_cast<size_t>(req.count) * sizeof(float);
         const std::vector<gpu::touched> memory{{req.in, bytes * st.world}, {req.out, bytes}};
         cudaStream_t stream = st.cuda->stream_touching(memory);
-        if (auto err = check(self,
-                             ncclReduceScatter(req.in, req.out, static_cast<size_t>(req.count),
-                                               ncclFloat, ncclAvg, st.comm, stream),
-                             "reduce-scatter " + to_string(req.tag)))
-          return err;
+        {
+          const gpu::cuda_compute::comm_timer timer(*st.cuda, "nccl reduce_scatter", stream);
+          if (auto err = check(self,
+                               ncclReduceScatter(req.in, req.out, static_cast<size_t>(req.count),
+                                                 ncclFloat, ncclAvg, st.comm, stream),
+                               "reduce-scatter " + to_string(req.tag)))
+            return err;
+        }
         st.cuda->stream_done(memory);
         return comm_done{req.tag};
       },
@@ -236,20 +239,23 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
             for (const auto& s : l)
               memory.push_back({buffer(s), static_cast<size_t>(s.size) * (bf16 ? 2 : 4)});
         cudaStream_t stream = st.cuda->stream_touching(memory);
-        if (auto err = check(self, ncclGroupStart(), what))
-          return err;
-        ncclResult_t code = ncclSuccess;
-        for (int p = 0; p < st.world && code == ncclSuccess; ++p) {
-          for (const auto& s : req.sends[p])
-            if (code == ncclSuccess)
-              code = ncclSend(buffer(s), static_cast<size_t>(s.size), type, p, st.comm, stream);
-          for (const auto& s : req.recvs[p])
-            if (code == ncclSuccess)
-              code = ncclRecv(buffer(s), static_cast<size_t>(s.size), type, p, st.comm, stream);
+        {
+          const gpu::cuda_compute::comm_timer timer(*st.cuda, "nccl all_to_all", stream);
+          if (auto err = check(self, ncclGroupStart(), what))
+            return err;
+          ncclResult_t code = ncclSuccess;
+          for (int p = 0; p < st.world && code == ncclSuccess; ++p) {
+            for (const auto& s : req.sends[p])
+              if (code == ncclSuccess)
+                code = ncclSend(buffer(s), static_cast<size_t>(s.size), type, p, st.comm, stream);
+            for (const auto& s : req.recvs[p])
+              if (code == ncclSuccess)
+                code = ncclRecv(buffer(s), static_cast<size_t>(s.size), type, p, st.comm, stream);
+          }
+          ncclResult_t end = ncclGroupEnd();
+          if (auto err = check(self, code != ncclSuccess ? code : end, what))
+            return err;
         }
-        ncclResult_t end = ncclGroupEnd();
-        if (auto err = check(self, code != ncclSuccess ? code : end, what))
-          return err;
         st.cuda->stream_done(memory);  // the next NS on these buffers forks after it
         return comm_done{req.tag};
       },
@@ -274,16 +280,19 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
         std::copy(req.values.begin(), req.values.end(), slot->host.get()->begin());
         cudaStream_t stream = st.cuda->stream_touching({});  // the slot's own buffers
         const size_t bytes = n * sizeof(double);
-        ZMUON_CUDA_CHECK(cudaMemcpyAsync(slot->device.data(), slot->host.get()->data(), bytes,
-                                         cudaMemcpyHostToDevice, stream));
-        if (auto err =
-                check(self,
-                      ncclAllReduce(slot->device.data(), slot->device.data(), n, ncclDouble,
-                                    req.op == reduce_op::sum ? ncclSum : ncclMax, st.comm, stream),
-                      "all-reduce " + to_string(req.tag)))
-          return err;
-        ZMUON_CUDA_CHECK(cudaMemcpyAsync(slot->host.get()->data(), slot->device.data(), bytes,
-                                         cudaMemcpyDeviceToHost, stream));
+        {
+          const gpu::cuda_compute::comm_timer timer(*st.cuda, "nccl all_reduce", stream);
+          ZMUON_CUDA_CHECK(cudaMemcpyAsync(slot->device.data(), slot->host.get()->data(), bytes,
+                                           cudaMemcpyHostToDevice, stream));
+          if (auto err = check(
+                  self,
+                  ncclAllReduce(slot->device.data(), slot->device.data(), n, ncclDouble,
+                                req.op == reduce_op::sum ? ncclSum : ncclMax, st.comm, stream),
+                  "all-reduce " + to_string(req.tag)))
+            return err;
+          ZMUON_CUDA_CHECK(cudaMemcpyAsync(slot->host.get()->data(), slot->device.data(), bytes,
+                                           cudaMemcpyDeviceToHost, stream));
+        }
         slot->done.record(stream);
         auto promise = self->make_response_promise<all_reduce_result>();
         st.pending.push_back(pending_reduce{all_reduce_result{req.tag, std::move(req.values)},

@@ -164,6 +164,37 @@ BOOST_AUTO_TEST_CASE(gas_equivalence_and_ns_count_on_cuda) {
   }
 }
 
+// engine::time_backend_calls with the nccl comm (world 1): its collectives are timed beside
+// the backend's calls, as often as the step protocol issues them: per step the overflow vote
+// and the gradient norm (two all-reduces), and a gather and a scatter per Muon chunk (the
+// reduce-scatter at world 1 is in place, nothing to do). Each span is the collective's work on
+// its stream, so its time is positive and its busy time at most its summed time.
+BOOST_AUTO_TEST_CASE(nccl_collectives_are_timed) {
+  auto eng = make_engine(gpu_options(1, "nccl"));
+  example::train_options t;
+  t.steps = 2;
+  t.seed = 3;
+  BOOST_REQUIRE(!example::register_model(*eng, t));
+  eng->time_backend_calls(true);
+  auto rec = example::train(*eng, t, [](const example::step_record&) {});
+  BOOST_REQUIRE_MESSAGE(rec, (rec ? "" : rec.err().to_string()));
+  auto times = eng->take_backend_call_times(0);
+  BOOST_REQUIRE_MESSAGE(times, (times ? "" : times.err().to_string()));
+  const int64_t chunks = static_cast<int64_t>(eng->layout()->chunks.size());
+  for (const auto& [name, calls] :
+       {std::pair<std::string, int64_t>{"nccl all_reduce", 2 * t.steps},
+        std::pair<std::string, int64_t>{"nccl all_to_all", 2 * chunks * t.steps}}) {
+    const call_time& c = (*times)[name];
+    BOOST_TEST_MESSAGE(name << ": " << c.calls << " calls, " << c.ms << " ms, busy " << c.busy_ms
+                            << " ms");
+    BOOST_TEST(c.calls == calls, name);
+    BOOST_TEST(c.ms > 0.0, name);
+    BOOST_TEST(c.busy_ms <= c.ms + 1e-9, name);
+  }
+  BOOST_TEST(times->count("nccl reduce_scatter") == 0u);
+  eng->time_backend_calls(false);
+}
+
 BOOST_AUTO_TEST_CASE(fp16_scale_and_overflow_on_cuda) {
   const std::vector<param_spec> table{{"w1", {24, 40}}, {"w2", {40, 24}}, {"bias", {40}}};
   const int world = 4;

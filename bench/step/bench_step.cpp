@@ -439,8 +439,8 @@ int main(int argc, char* argv[]) {
   nlohmann::json jcalls = nlohmann::json::object();
   if (time_calls) {  // per timed step, the phase table's rank
     std::printf("backend calls of rank %d, %s", mid.rank,
-                opts.compute == "cuda" ? "device time from CUDA events, nccl collectives not "
-                                         "timed: "
+                opts.compute == "cuda" ? "device time from CUDA events (nccl collectives: on the "
+                                         "stream, including waits for peers): "
                                        : "host time: ");
     jcalls = zmuon::bench::report_call_times(call_sums[static_cast<size_t>(mid.rank)], steps - 1);
   }

@@ -39,6 +39,20 @@ cuda_compute::call_timer::~call_timer() {
   }
 }
 
+cuda_compute::comm_timer::comm_timer(cuda_compute& be, const char* name, cudaStream_t stream)
+    : be_(be) {
+  const std::lock_guard<std::mutex> lock(be_.mutex_);
+  if (!be_.timing_calls())
+    return;
+  ZMUON_CUDA_CHECK(cudaSetDevice(be_.device_));  // the events belong to the stream's device
+  timer_ = std::make_unique<call_timer>(be_, name, stream);
+}
+
+cuda_compute::comm_timer::~comm_timer() {
+  const std::lock_guard<std::mutex> lock(be_.mutex_);
+  timer_.reset();
+}
+
 void cuda_compute::read_timed_calls(bool wait) {
   while (!timed_.empty()) {
     timed_call& t = timed_.front();

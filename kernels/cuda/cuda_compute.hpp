@@ -98,6 +98,26 @@ public:
   }
   /// What was just enqueued on stream_touching(memory)'s stream touched `memory`.
   void stream_done(const std::vector<touched>& memory) const { streams_->main_done(memory); }
+
+private:
+  class call_timer;  // (below)
+
+public:
+  /// For the nccl comm: with timing on (time_calls), what it enqueues on `stream` while this
+  /// lives is timed as the call `name` beside the backend's own calls. It takes the backend's
+  /// lock only to record its events, not activate(): the collectives keep overlapping the NS
+  /// lanes.
+  class comm_timer {
+  public:
+    comm_timer(cuda_compute& be, const char* name, cudaStream_t stream);
+    comm_timer(const comm_timer&) = delete;
+    comm_timer& operator=(const comm_timer&) = delete;
+    ~comm_timer();
+
+  private:
+    cuda_compute& be_;
+    std::unique_ptr<call_timer> timer_;
+  };
   /// For benchmarks: how Newton-Schulz runs its GEMMs (gemm.hpp).
   void set_ns_gemm_path(gemm_path path) {
     for_each_lane([&](ns_lane& lane) {
