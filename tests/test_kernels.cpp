@@ -114,6 +114,11 @@ BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
   refusal("16-byte aligned");
   a.d = {x, 256, 0};
   BOOST_TEST(gpu::sm90_gemm_fits(a));
+  a.symmetric = false;  // 65535 x 256 x 256 tiles: past the grid's 2^31 - 1 blocks
+  a.batch = 65535;
+  a.m = a.n = 32768;
+  a.d = {x, 32768, 0};
+  refusal("more than 2^31 - 1 tiles");
 }
 #endif
 

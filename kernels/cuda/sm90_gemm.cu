@@ -479,6 +479,13 @@ bool aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+/// Whether all matrices' tiles (so the blocks of every shape) number at most 2^31 - 1. Needs
+/// whole tiles and a positive batch.
+bool tiles_fit_grid(const sm90_gemm_args& a) {
+  const int64_t tiles = (a.m / kSm90Tile) * (a.n / kSm90Tile);  // < 2^48
+  return tiles <= INT32_MAX / a.batch;
+}
+
 /// Why `a` does not fit, or an empty string.
 std::string misfit(const sm90_gemm_args& a) {
   constexpr int64_t kMaxSide = INT32_MAX;  // the tensor maps' coordinates are 32-bit
@@ -487,6 +494,8 @@ std::string misfit(const sm90_gemm_args& a) {
     return "batch in [1, 65535] and sides in [1, 2^31) needed";
   if (a.m % kSm90Tile != 0 || a.n % kSm90Tile != 0 || a.k % kSm90Slice != 0)
     return "m and n must be multiples of 128, k of 64";
+  if (!tiles_fit_grid(a))
+    return "more than 2^31 - 1 tiles in all (the grid's size)";
   if (a.symmetric && a.m != a.n)
     return "a symmetric product must be square";
   if (!sm90_gemm_fits(a))
@@ -501,7 +510,7 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
   constexpr int64_t kMaxSide = INT32_MAX;
   const bool sides = a.batch > 0 && a.m > 0 && a.n > 0 && a.k > 0 && a.m % kSm90Tile == 0
                      && a.n % kSm90Tile == 0 && a.k % kSm90Slice == 0 && a.batch <= 65535
-                     && a.m <= kMaxSide && a.n <= kMaxSide && a.k <= kMaxSide;
+                     && a.m <= kMaxSide && a.n <= kMaxSide && a.k <= kMaxSide && tiles_fit_grid(a);
   const bool rows = a.p.ld >= a.k && a.q.ld >= a.k && a.p.ld % 8 == 0 && a.q.ld % 8 == 0
                     && (a.batch == 1 || (a.p.stride % 8 == 0 && a.q.stride % 8 == 0))
                     && aligned(a.p.data) && aligned(a.q.data) && a.d.data != nullptr
