@@ -3,7 +3,7 @@
 //   - each case's result against cuBLAS's whole product (max |ours - cuBLAS| / max |cuBLAS|);
 //   - each case's median ms and TFLOP/s, counted as full GEMMs (a symmetric product's skipped
 //     tiles count too: that is its gain), cuBLAS's and each block shape's of ours (one 128x128
-//     tile per block; two tiles per block with 4 and with 3 stages), and the best speedup.
+//     tile per block, two per block, and the shape sm90_gemm chooses), and the best speedup.
 // Usage: bench_sm90_gemm [--reps N] [--only TEXT]   (exit 1 when a result differs by more than
 // 1e-2; --only runs the cases whose label contains TEXT, e.g. under a profiler)
 #include <cublas_v2.h>
