@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -162,6 +163,47 @@ int64_t total(const std::vector<std::vector<segment>>& lists) {
   return n;
 }
 
+/// Copies this rank's segments to itself in order, as a send and a receive list to the same
+/// rank pair up (piece by piece where the lists are cut differently), on `stream`: a device copy
+/// instead of NCCL's send to self (at world 1 the whole gather and scatter). False when the two
+/// lists' totals differ.
+bool copy_to_self(const std::vector<segment>& sends, const std::vector<segment>& recvs, bool bf16,
+                  cudaStream_t stream) {
+  int64_t sent = 0;
+  int64_t received = 0;
+  for (const auto& s : sends)
+    sent += s.size;
+  for (const auto& s : recvs)
+    received += s.size;
+  if (sent != received)
+    return false;
+  const size_t elem = bf16 ? 2 : 4;
+  const auto at = [bf16](const segment& s, int64_t offset) -> char* {
+    return static_cast<char*>(bf16 ? static_cast<void*>(s.bf16 + offset)
+                                   : static_cast<void*>(s.data + offset));
+  };
+  size_t i = 0, j = 0;
+  int64_t in_send = 0, in_recv = 0;  // elements of sends[i] and recvs[j] already copied
+  while (i < sends.size() && j < recvs.size()) {
+    const int64_t n = std::min(sends[i].size - in_send, recvs[j].size - in_recv);
+    if (n > 0)
+      ZMUON_CUDA_CHECK(cudaMemcpyAsync(at(recvs[j], in_recv), at(sends[i], in_send),
+                                       static_cast<size_t>(n) * elem, cudaMemcpyDeviceToDevice,
+                                       stream));
+    in_send += n;
+    in_recv += n;
+    if (in_send == sends[i].size) {
+      ++i;
+      in_send = 0;
+    }
+    if (in_recv == recvs[j].size) {
+      ++j;
+      in_recv = 0;
+    }
+  }
+  return true;
+}
+
 // A communicator handed to the actor at spawn (CAF cannot forward a pointer to an incomplete type).
 struct communicator {
   ncclComm_t comm = nullptr;
@@ -241,10 +283,18 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
         cudaStream_t stream = st.cuda->stream_touching(memory);
         {
           const gpu::cuda_compute::comm_timer timer(*st.cuda, "nccl all_to_all", stream);
+          if (!copy_to_self(req.sends[st.rank], req.recvs[st.rank], bf16, stream))
+            return make_caf_error(errc::invalid_argument,
+                                  "nccl " + what + ": this rank sends itself "
+                                      + std::to_string(total({req.sends[st.rank]}))
+                                      + " elements but receives "
+                                      + std::to_string(total({req.recvs[st.rank]})));
           if (auto err = check(self, ncclGroupStart(), what))
             return err;
           ncclResult_t code = ncclSuccess;
           for (int p = 0; p < st.world && code == ncclSuccess; ++p) {
+            if (p == st.rank)
+              continue;
             for (const auto& s : req.sends[p])
               if (code == ncclSuccess)
                 code = ncclSend(buffer(s), static_cast<size_t>(s.size), type, p, st.comm, stream);
