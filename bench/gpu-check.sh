@@ -129,7 +129,7 @@ check() {
     # Only the parameter tables, group by group, once per cuBLASLt candidate count asked for.
     for c in $TABLES_CANDIDATES; do
       echo "== bench_ns --tables, ZMUON_GEMM_CANDIDATES=$c"
-      ZMUON_GEMM_CANDIDATES="$c" timeout 120 "$bench" --tables --reps 30 2>&1 |
+      ZMUON_GEMM_CANDIDATES="$c" timeout 300 "$bench" --tables --reps 20 2>&1 |
         tee -a "$out/bench_tables.log"
       [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1
     done

@@ -267,23 +267,41 @@ BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
   gpu.apply_update_bf16(p_bf16.data(), bits_of(o_bits), n, 0.02f, 1.5f, 0.1f);
   BOOST_TEST(mismatches(download(gpu, p_bf16.data(), n), download(gpu, p_fp32.data(), n)) == 0);
 
-  ns_options gram;
-  gram.variant = ns_variant::gram;
-  for (const ns_options& ns : {ns_options{}, gram})
-    for (const auto& c : {ns_case{3, 64, 200}, {2, 300, 100}, {4, 96, 96}}) {
-      const int64_t numel = c.batch * c.rows * c.cols;
-      device_buffer x_bits = gpu_bf16(gpu, random_vector(numel));
-      device_buffer x = gpu.allocate(numel), want = gpu.allocate((numel + 1) / 2);
-      gpu.from_bf16(x.data(), bits_of(x_bits), numel);
-      gpu.newton_schulz(x.data(), c.batch, c.rows, c.cols, ns);
-      gpu.to_bf16(bits_of(want), x.data(), numel);
-      const int64_t before = gpu.ns_matrix_count();
-      gpu.newton_schulz_bf16(bits_of(x_bits), c.batch, c.rows, c.cols, ns);
-      BOOST_TEST(gpu.ns_matrix_count() - before == c.batch);
-      BOOST_TEST(bf16_mismatches(gpu, x_bits, want, numel) == 0,
-                 (ns.variant == ns_variant::gram ? "gram " : "standard ")
-                     << c.batch << " x [" << c.rows << ", " << c.cols << "]");
-    }
+  // Odd and even counts of iterations (standard) and of blocks (Gram: restart 3), so that a
+  // bf16 result lands in x after either parity (step_output in ns_normalize.hpp); graphs off
+  // as well as on (a graph's result is copied back, direct runs write x); and x 256-byte
+  // aligned (written directly) or 16 bytes past that (copied back: lands_in_caller_buffer),
+  // with the elements before it left alone.
+  ns_options gram, gram_one_block, four_steps;
+  gram.variant = gram_one_block.variant = ns_variant::gram;
+  gram_one_block.steps = 3;
+  four_steps.steps = 4;
+  auto* cuda = dynamic_cast<gpu::cuda_compute*>(&gpu);
+  BOOST_TEST_REQUIRE(cuda != nullptr);
+  for (const gpu::graph_mode graphs : {gpu::graph_mode::automatic, gpu::graph_mode::off}) {
+    cuda->set_ns_graphs(graphs);
+    for (const ns_options& ns : {ns_options{}, four_steps, gram, gram_one_block})
+      for (const auto& c : {ns_case{3, 64, 200}, {2, 300, 100}, {4, 96, 96}})
+        for (const int64_t shift : {0, 8}) {
+          const int64_t numel = c.batch * c.rows * c.cols;
+          const std::vector<float> input = random_vector(numel + shift);
+          device_buffer x_bits = gpu_bf16(gpu, input), want = gpu_bf16(gpu, input);
+          BOOST_TEST_REQUIRE(reinterpret_cast<uintptr_t>(x_bits.data()) % 256 == 0);
+          device_buffer x = gpu.allocate(numel);
+          gpu.from_bf16(x.data(), bits_of(x_bits) + shift, numel);
+          gpu.newton_schulz(x.data(), c.batch, c.rows, c.cols, ns);
+          gpu.to_bf16(bits_of(want) + shift, x.data(), numel);
+          const int64_t before = gpu.ns_matrix_count();
+          gpu.newton_schulz_bf16(bits_of(x_bits) + shift, c.batch, c.rows, c.cols, ns);
+          BOOST_TEST(gpu.ns_matrix_count() - before == c.batch);
+          BOOST_TEST(bf16_mismatches(gpu, x_bits, want, numel + shift) == 0,
+                     (ns.variant == ns_variant::gram ? "gram " : "standard ")
+                         << ns.steps << " steps, " << c.batch << " x [" << c.rows << ", " << c.cols
+                         << "], graphs " << (graphs == gpu::graph_mode::off ? "off" : "automatic")
+                         << ", shift " << shift);
+        }
+  }
+  cuda->set_ns_graphs(gpu::graph_mode::automatic);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

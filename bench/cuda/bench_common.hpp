@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/bf16.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/owners.hpp"
@@ -89,30 +90,49 @@ struct table {
   std::vector<shape> groups;
 };
 
-/// A table's groups on the device: random inputs kept pristine, and the buffers NS runs on.
+/// A table's groups on the device: random inputs kept pristine, and the buffers NS runs on, in
+/// fp32 and (the same values rounded) in bf16, as the step's bf16 transport hands them over.
 struct table_buffers {
   table_buffers(const table& t, uint64_t seed) : groups(t.groups) {
     for (const shape& g : groups) {
       const int64_t numel = g.batch * g.rows * g.cols;
       const std::vector<float> input = random_floats(static_cast<size_t>(numel), seed);
+      std::vector<uint16_t> halves(input.size());
+      std::transform(input.begin(), input.end(), halves.begin(),
+                     [](float v) { return zmuon::to_bf16(v); });
       pristine.emplace_back(numel);
       x.emplace_back(numel);
+      pristine16.emplace_back(numel);
+      x16.emplace_back(numel);
       ZMUON_CUDA_CHECK(cudaMemcpy(pristine.back().data(), input.data(), pristine.back().bytes(),
                                   cudaMemcpyHostToDevice));
+      ZMUON_CUDA_CHECK(cudaMemcpy(pristine16.back().data(), halves.data(),
+                                  pristine16.back().bytes(), cudaMemcpyHostToDevice));
     }
   }
-  void restore(cudaStream_t stream) {
-    for (size_t i = 0; i < x.size(); ++i)
-      ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
-                                       cudaMemcpyDeviceToDevice, stream));
+  void restore(cudaStream_t stream, bool bf16 = false) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (bf16)
+        ZMUON_CUDA_CHECK(cudaMemcpyAsync(x16[i].data(), pristine16[i].data(), x16[i].bytes(),
+                                         cudaMemcpyDeviceToDevice, stream));
+      else
+        ZMUON_CUDA_CHECK(cudaMemcpyAsync(x[i].data(), pristine[i].data(), x[i].bytes(),
+                                         cudaMemcpyDeviceToDevice, stream));
+    }
   }
-  void run(zmuon::compute_backend& backend, const zmuon::ns_options& ns) {
-    for (size_t i = 0; i < x.size(); ++i)
-      backend.newton_schulz(x[i].data(), groups[i].batch, groups[i].rows, groups[i].cols, ns);
+  void run(zmuon::compute_backend& backend, const zmuon::ns_options& ns, bool bf16 = false) {
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (bf16)
+        backend.newton_schulz_bf16(x16[i].data(), groups[i].batch, groups[i].rows, groups[i].cols,
+                                   ns);
+      else
+        backend.newton_schulz(x[i].data(), groups[i].batch, groups[i].rows, groups[i].cols, ns);
+    }
   }
 
   std::vector<shape> groups;
   std::vector<device_array<float>> pristine, x;
+  std::vector<device_array<uint16_t>> pristine16, x16;
 };
 
 /// Whole parameter tables, one batched call per group of same-shape matrices (what the engine's

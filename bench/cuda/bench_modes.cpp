@@ -97,8 +97,11 @@ int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) 
   tables.push_back({"gpt2-124m wide", {{"", 48, 768, 768}, {"", 24, 768, 3072}}});
   std::printf("tables (NS5, median of %d; GEMM candidates timed per shape: %d)\n", reps,
               zmuon::gpu::gemm_runner::candidates());
-  std::printf("%-24s %10s %12s %10s %9s\n", "table / group", "ms", "cuBLAS-only", "floor ms",
-              "of floor");
+  std::printf(
+      "ms: fp32 in and out; bf16: bf16 in and out (the step's transport); passes: the\n"
+      "same calls with 0 iterations (norms, scaling, copies in and out), fp32 / bf16\n");
+  std::printf("%-24s %9s %12s %9s %13s %9s %9s %9s\n", "table / group", "ms", "cuBLAS-only",
+              "bf16 ms", "passes ms", "floor ms", "of floor", "bf16 of");
   for (const bool gram : {false, true}) {
     zmuon::ns_options ns;  // NS5; with the Gram variant at its default restart on wide shapes
     if (gram) {
@@ -106,6 +109,8 @@ int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) 
       std::printf("-- the Gram variant (restart %d) where the long side > %.1f x the short one\n",
                   ns.gram_restart, zmuon::kGramMinAspect);
     }
+    zmuon::ns_options passes = ns;
+    passes.steps = 0;
     for (const table& t : tables) {
       std::vector<table> parts;
       for (const shape& g : t.groups)
@@ -118,20 +123,27 @@ int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) 
         for (const shape& g : part.groups)
           flops += ns_flops(g, ns.steps);
         table_buffers buffers(part, 11);
-        const auto restore = [&] { buffers.restore(stream); };
-        const auto run = [&] { buffers.run(backend, ns); };
-        // The default (the own Hopper GEMM where it applies), then cuBLAS for every GEMM.
-        double ms[2] = {0, 0};
-        for (const bool own : {true, false}) {
-          backend.set_ns_own_gemm(own);
+        const auto timed = [&](const zmuon::ns_options& options, bool bf16) {
+          const auto restore = [&] { buffers.restore(stream, bf16); };
+          const auto run = [&] { buffers.run(backend, options, bf16); };
           warm_up(restore, run);
-          ms[own ? 0 : 1] = median_ms(stream, reps, restore, run);
-        }
+          return median_ms(stream, reps, restore, run);
+        };
+        // The default (the own Hopper GEMM where it applies), then cuBLAS for every GEMM.
+        backend.set_ns_own_gemm(false);
+        const double cublas_ms = timed(ns, false);
         backend.set_ns_own_gemm(true);
+        const double ms = timed(ns, false);
+        const double bf16_ms = timed(ns, true);
+        const double passes_ms = timed(passes, false);
+        const double passes_bf16_ms = timed(passes, true);
         const double floor_ms = flops / (gemm_tflops * 1e12) * 1e3;
-        std::printf("%-24s %10.3f %12.3f %10.3f %8.0f%%\n",
-                    (part.label == t.label ? part.label : "  " + part.label).c_str(), ms[0], ms[1],
-                    floor_ms, 100.0 * floor_ms / ms[0]);
+        char passes_text[32];
+        std::snprintf(passes_text, sizeof passes_text, "%.3f/%.3f", passes_ms, passes_bf16_ms);
+        std::printf("%-24s %9.3f %12.3f %9.3f %13s %9.3f %8.0f%% %8.0f%%\n",
+                    (part.label == t.label ? part.label : "  " + part.label).c_str(), ms, cublas_ms,
+                    bf16_ms, passes_text, floor_ms, 100.0 * floor_ms / ms,
+                    100.0 * floor_ms / bf16_ms);
       }
     }
   }

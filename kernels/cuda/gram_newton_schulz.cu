@@ -56,15 +56,24 @@ void gram_ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, i
 
   launch_normalize_to_bf16(ctx, x, batch, numel, static_cast<double>(ns.eps), partial_sums_.data(),
                            inv_norms_.data(), x_.data());
+  // The blocks alternate between x_ and x_next_; with bf16 in and out, between x and x_next_
+  // so that the last block writes x itself (step_output), and nothing is copied back.
+  const bool in_place = lands_in_caller_buffer(x);
+  int blocks = 0;
+  for (int step = 0; step < ns.steps; step += gram_block_steps(ns, ns.steps - step))
+    ++blocks;
   __nv_bfloat16* cur = x_.data();
-  __nv_bfloat16* next = x_next_.data();
-  for (int step = 0; step < ns.steps;) {
+  int done = 0;
+  for (int step = 0; step < ns.steps; ++done) {
+    __nv_bfloat16* const next = in_place ? step_output(done + 1, blocks, x.bf16, x_next_.data())
+                                         : (cur == x_.data() ? x_next_.data() : x_.data());
     const int count = gram_block_steps(ns, ns.steps - step);
     block(ctx.stream, batch, m, n, tall, ns, step, count, cur, next);
-    std::swap(cur, next);
+    cur = next;
     step += count;
   }
-  launch_ns_result(ctx, cur, batch * numel, x);
+  if (cur != x.bf16)
+    launch_ns_result(ctx, cur, batch * numel, x);
 }
 
 void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,

@@ -253,20 +253,24 @@ void ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_
   const graph_exec* graph = ns.steps > 0 && graphs_wanted(batch, m, n)
                                 ? graph_for(ctx.stream, batch, m, n, tall, ns)
                                 : nullptr;
-  __nv_bfloat16* result = nullptr;
   if (graph != nullptr) {
     graph->launch(ctx.stream);
-    result = ns.steps % 2 == 0 ? x_.data() : x_next_.data();
-  } else {
-    result = iterate(ctx.stream, batch, m, n, tall, ns);
+    // Back in place (fp32 or bf16); the layout never changed.
+    launch_ns_result(ctx, ns.steps % 2 == 0 ? x_.data() : x_next_.data(), batch * numel, x);
+    return;
   }
-
-  // Back in place (fp32 or bf16); the layout never changed.
-  launch_ns_result(ctx, result, batch * numel, x);
+  // bf16 in and out: the last iteration writes x itself (no copy back), unless A = X X^T runs
+  // on block pointer arrays, which point into x_ and x_next_ only.
+  const bool pointers_into_x = blocks > 1 && !own_gram_product(batch, m, n, tall);
+  if (lands_in_caller_buffer(x) && ns.steps > 0 && !pointers_into_x) {
+    iterate(ctx.stream, batch, m, n, tall, ns, x.bf16);
+    return;
+  }
+  launch_ns_result(ctx, iterate(ctx.stream, batch, m, n, tall, ns), batch * numel, x);
 }
 
 __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
-                                     bool tall, const ns_options& ns) {
+                                     bool tall, const ns_options& ns, __nv_bfloat16* out) {
   // In cuBLAS's column-major terms a wide row-major X is Xc = X^T ([n, m], ld n), and a tall
   // row-major input is X itself ([m, n], ld m).
   const int mi = static_cast<int>(m);
@@ -316,8 +320,10 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
   own_b.symmetric = true;
 
   __nv_bfloat16* cur = x_.data();
-  __nv_bfloat16* next = x_next_.data();
   for (int step = 0; step < ns.steps; ++step) {
+    __nv_bfloat16* const next = out != nullptr
+                                    ? step_output(step + 1, ns.steps, out, x_next_.data())
+                                    : (cur == x_.data() ? x_next_.data() : x_.data());
     // As the host backend: the schedule (if any) has ns.steps entries; the modulo only guards.
     const auto& abc = ns.schedule.empty()
                           ? ns.coefficients
@@ -358,7 +364,7 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
     } else {
       gemm_.run(stream, update_shape, 1.0f, cur, b_.data(), abc[0], cur, next);
     }
-    std::swap(cur, next);
+    cur = next;
   }
   return cur;
 }

@@ -90,9 +90,11 @@ public:
   int64_t bytes() const;
 
 private:
-  /// Enqueues the `ns.steps` iterations on the workspace's buffers; returns the final X.
+  /// Enqueues the `ns.steps` iterations from x_ (X, normalized); returns the final X. They
+  /// alternate between x_ and x_next_, or, given `out`, between `out` and x_next_ so that the
+  /// last one writes `out` (step_output), which needs no pointer arrays into X (see run()).
   __nv_bfloat16* iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
-                         const ns_options& ns);
+                         const ns_options& ns, __nv_bfloat16* out = nullptr);
   /// The graph for this call, or nullptr the first time a shape is seen.
   const graph_exec* graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
                               const ns_options& ns);

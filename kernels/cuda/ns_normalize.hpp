@@ -30,6 +30,21 @@ void launch_normalize_to_bf16(const launch_context& ctx, ns_io x, int64_t batch,
                               double eps, double* partial_sums, float* inv_norms,
                               __nv_bfloat16* out);
 
+/// Whether NS's last GEMM may write the caller's bf16 buffer itself: the GEMMs' cuBLASLt plans
+/// are chosen on the workspace's buffers (256-byte aligned), and hold for another buffer only
+/// as aligned (a plan refused once sends its shape to the slower fallback for good: gemm.hpp).
+inline bool lands_in_caller_buffer(const ns_io& x) {
+  return x.bf16 != nullptr && reinterpret_cast<uintptr_t>(x.bf16) % 256 == 0;
+}
+
+/// For a run of `total` steps (iterations, or the Gram variant's blocks) whose input, normalized,
+/// sits in a workspace buffer and whose result should land in the caller's bf16 buffer `out`
+/// without a copy: where step `i` (1-based) writes. The steps alternate between `out` and
+/// `spare` so that the last one writes `out`, and no step writes the buffer it reads.
+inline __nv_bfloat16* step_output(int i, int total, __nv_bfloat16* out, __nv_bfloat16* spare) {
+  return (total - i) % 2 == 0 ? out : spare;
+}
+
 /// out = result, n elements, on ctx.stream: widened to fp32, or copied as bf16.
 void launch_ns_result(const launch_context& ctx, const __nv_bfloat16* result, int64_t n, ns_io out);
 
