@@ -267,8 +267,9 @@ BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
   gpu.apply_update_bf16(p_bf16.data(), bits_of(o_bits), n, 0.02f, 1.5f, 0.1f);
   BOOST_TEST(mismatches(download(gpu, p_bf16.data(), n), download(gpu, p_fp32.data(), n)) == 0);
 
-  // Odd and even counts of iterations (standard) and of blocks (Gram: restart 3), so that a
-  // bf16 result lands in x after either parity (step_output in ns_normalize.hpp); graphs off
+  // Matrices whose sizes allow the normalization's 16-byte accesses and one that does not
+  // (33 x 65); odd and even counts of iterations (standard) and of blocks (Gram: restart 3), so
+  // that a bf16 result lands in x after either parity (step_output in ns_normalize.hpp); graphs off
   // as well as on (a graph's result is copied back, direct runs write x); and x 256-byte
   // aligned (written directly) or 16 bytes past that (copied back: lands_in_caller_buffer),
   // with the elements before it left alone.
@@ -281,7 +282,7 @@ BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
   for (const gpu::graph_mode graphs : {gpu::graph_mode::automatic, gpu::graph_mode::off}) {
     cuda->set_ns_graphs(graphs);
     for (const ns_options& ns : {ns_options{}, four_steps, gram, gram_one_block})
-      for (const auto& c : {ns_case{3, 64, 200}, {2, 300, 100}, {4, 96, 96}})
+      for (const auto& c : {ns_case{3, 64, 200}, {2, 300, 100}, {4, 96, 96}, {2, 33, 65}})
         for (const int64_t shift : {0, 8}) {
           const int64_t numel = c.batch * c.rows * c.cols;
           const std::vector<float> input = random_vector(numel + shift);

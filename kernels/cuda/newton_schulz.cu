@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,25 +23,79 @@ namespace {
 /// Graphs kept per workspace; a run of more distinct shapes than this starts the cache afresh.
 constexpr size_t kMaxGraphs = 64;
 
-__device__ inline float widen(float v) {
-  return v;
+// The per-matrix passes move kWidth consecutive elements per thread and access (16-byte loads
+// and stores) where every matrix's start and `out` allow it (vector_width), else one.
+constexpr int kWidth = 8;
+
+template <int Width>
+__device__ inline void load(const float* p, float (&v)[Width]) {
+  if constexpr (Width == kWidth) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+    v[0] = *p;
+  }
 }
-__device__ inline float widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
+template <int Width>
+__device__ inline void load(const __nv_bfloat16* p, float (&v)[Width]) {
+  if constexpr (Width == kWidth) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    for (int i = 0; i < kWidth / 2; ++i) {
+      const float2 f = __bfloat1622float2(pairs[i]);
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
+    }
+  } else {
+    v[0] = __bfloat162float(*p);
+  }
+}
+template <int Width>
+__device__ inline void store(__nv_bfloat16* p, const float (&v)[Width]) {
+  if constexpr (Width == kWidth) {
+    uint4 raw;
+    auto* pairs = reinterpret_cast<__nv_bfloat162*>(&raw);
+    for (int i = 0; i < kWidth / 2; ++i)
+      pairs[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+    *reinterpret_cast<uint4*>(p) = raw;
+  } else {
+    *p = __float2bfloat16_rn(v[0]);
+  }
+}
+template <int Width>
+__device__ inline void store(float* p, const float (&v)[Width]) {
+  if constexpr (Width == kWidth) {
+    *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    *reinterpret_cast<float4*>(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+    *p = v[0];
+  }
+}
+
+/// kWidth where `numel` and every pointer allow 16-byte accesses of each matrix, else 1.
+int vector_width(int64_t numel, std::initializer_list<const void*> pointers) {
+  bool aligned = numel % kWidth == 0;
+  for (const void* p : pointers)
+    aligned = aligned && reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  return aligned ? kWidth : 1;
 }
 
 // Grids of the per-matrix kernels: blockIdx.x is the matrix, blockIdx.y a slice of it that
-// grid-strides over the matrix's elements. T: float or __nv_bfloat16 (ns_io).
-template <class T>
+// grid-strides over the matrix's groups of Width elements. T: float or __nv_bfloat16 (ns_io).
+template <int Width, class T>
 __global__ void matrix_sum_squares_kernel(const T* __restrict__ x, int64_t numel,
                                           double* __restrict__ partial_sums) {
   const T* xm = x + static_cast<int64_t>(blockIdx.x) * numel;
+  const int64_t groups = numel / Width;
   const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
   double sum = 0.0;
-  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < numel;
+  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < groups;
        i += stride) {
-    const double v = widen(xm[i]);
-    sum += v * v;
+    float v[Width];
+    load<Width>(xm + i * Width, v);
+    for (int j = 0; j < Width; ++j)
+      sum += static_cast<double>(v[j]) * v[j];
   }
   sum = block_sum(sum);
   if (threadIdx.x == 0)
@@ -57,23 +113,34 @@ __global__ void matrix_inv_norm_kernel(const double* __restrict__ partial_sums, 
     inv_norms[blockIdx.x] = static_cast<float>(1.0 / (sqrt(sum) + eps));
 }
 
-template <class T>
+template <int Width, class T>
 __global__ void to_bf16_scaled_kernel(const T* __restrict__ x, int64_t numel,
                                       const float* __restrict__ inv_norms,
                                       __nv_bfloat16* __restrict__ out) {
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * numel;
   const float factor = inv_norms[blockIdx.x];
+  const int64_t groups = numel / Width;
   const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < numel;
-       i += stride)
-    out[offset + i] = __float2bfloat16_rn(widen(x[offset + i]) * factor);
+  for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < groups;
+       i += stride) {
+    float v[Width];
+    load<Width>(x + offset + i * Width, v);
+    for (int j = 0; j < Width; ++j)
+      v[j] *= factor;
+    store<Width>(out + offset + i * Width, v);
+  }
 }
 
+template <int Width>
 __global__ void from_bf16_kernel(const __nv_bfloat16* __restrict__ in, int64_t n,
                                  float* __restrict__ out) {
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = __bfloat162float(in[i]);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n / Width;
+       i += stride) {
+    float v[Width];
+    load<Width>(in + i * Width, v);
+    store<Width>(out + i * Width, v);
+  }
 }
 
 constexpr int kTile = 32;     // side of the mirror kernel's tiles (blocks are multiples of it)
@@ -427,18 +494,30 @@ int normalize_slices(int64_t batch, int64_t numel, int sm_count) {
 
 namespace {
 
-template <class T>
+template <int Width, class T>
 void normalize_to_bf16(const launch_context& ctx, const T* x, int64_t batch, int64_t numel,
                        double eps, double* partial_sums, float* inv_norms, __nv_bfloat16* out) {
-  const int slices = slices_for(batch, numel, ctx.sm_count);
+  // No more slices than normalize_slices(batch, numel) reserved room for.
+  const int slices = slices_for(batch, numel / Width, ctx.sm_count);
   const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
-  matrix_sum_squares_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, partial_sums);
+  matrix_sum_squares_kernel<Width><<<grid, kThreads, 0, ctx.stream>>>(x, numel, partial_sums);
   ZMUON_LAUNCH_CHECK();
   matrix_inv_norm_kernel<<<static_cast<unsigned>(batch), kThreads, 0, ctx.stream>>>(
       partial_sums, slices, eps, inv_norms);
   ZMUON_LAUNCH_CHECK();
-  to_bf16_scaled_kernel<<<grid, kThreads, 0, ctx.stream>>>(x, numel, inv_norms, out);
+  to_bf16_scaled_kernel<Width><<<grid, kThreads, 0, ctx.stream>>>(x, numel, inv_norms, out);
   ZMUON_LAUNCH_CHECK();
+}
+
+template <class T>
+void normalize_to_bf16(const launch_context& ctx, const T* x, int64_t batch, int64_t numel,
+                       double eps, double* partial_sums, float* inv_norms, __nv_bfloat16* out) {
+  // The same width for fp32 and bf16 inputs of the same layout: the sums' order, and so the
+  // norms' bits, then agree (bf16 calls give the fp32 calls' bits: ns_normalize.hpp).
+  if (vector_width(numel, {x, out}) == kWidth)
+    normalize_to_bf16<kWidth>(ctx, x, batch, numel, eps, partial_sums, inv_norms, out);
+  else
+    normalize_to_bf16<1>(ctx, x, batch, numel, eps, partial_sums, inv_norms, out);
 }
 
 }  // namespace
@@ -461,7 +540,10 @@ void launch_ns_result(const launch_context& ctx, const __nv_bfloat16* result, in
                                      cudaMemcpyDeviceToDevice, ctx.stream));
     return;
   }
-  from_bf16_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(result, n, out.f32);
+  if (vector_width(n, {result, out.f32}) == kWidth)
+    from_bf16_kernel<kWidth><<<grid_for(n / kWidth), kThreads, 0, ctx.stream>>>(result, n, out.f32);
+  else
+    from_bf16_kernel<1><<<grid_for(n), kThreads, 0, ctx.stream>>>(result, n, out.f32);
   ZMUON_LAUNCH_CHECK();
 }
 
