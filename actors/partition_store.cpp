@@ -1,6 +1,7 @@
 #include "actors/partition_store.hpp"
 
 #include <deque>
+#include <vector>
 
 #include "caf/all.hpp"
 
@@ -25,6 +26,7 @@ struct store_state {
   device_buffer momentum;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
+  std::vector<param_slice> adam_slices;  // every AdamW parameter, for one adamw_slices call
   int64_t adam_steps = 0;
   // The scan of the current gradient, valid until the gradient changes (grads_version counts
   // the changes; a scan that lands after one is not kept).
@@ -50,6 +52,17 @@ using store_pointer = partition_store_actor::stateful_pointer<store_state>;
 void gradient_changed(store_pointer self) {
   self->state.scan_valid = false;
   ++self->state.grads_version;
+}
+
+/// The parameters' slices, in the order given, for the backend's calls over several parameters.
+std::vector<param_slice> slices_of(const plan& pl, const std::vector<int>& params) {
+  std::vector<param_slice> slices;
+  slices.reserve(params.size());
+  for (int i : params) {
+    const auto& p = pl.params[i];
+    slices.push_back(param_slice{p.shard_offset, p.state_offset, p.shard_len, 1.0f});
+  }
+  return slices;
 }
 
 /// The gradient is zero from here on: every bucket unwritten, nothing touched.
@@ -165,6 +178,11 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   st.momentum = st.be->allocate(st.pl->muon_state_total);
   st.exp_avg = st.be->allocate(st.pl->adam_state_total);
   st.exp_avg_sq = st.be->allocate(st.pl->adam_state_total);
+  std::vector<int> adam_params;
+  for (size_t i = 0; i < st.pl->params.size(); ++i)
+    if (!st.pl->params[i].muon)
+      adam_params.push_back(static_cast<int>(i));
+  st.adam_slices = slices_of(*st.pl, adam_params);
   // A CUDA failure inside a handler ends the store with a device_failure naming the call; the
   // coordinator monitors the store and fails the step with it.
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
@@ -224,16 +242,8 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
           return err;
         const auto& c = pl.chunks[msg.chunk];
         materialize(self);
-        for (int i : c.params) {
-          const auto& p = pl.params[i];
-          float* m = st.momentum.data() + p.state_offset;
-          const float* g = st.grads.data() + p.shard_offset;
-          const int64_t at = p.state_offset - c.state_offset;
-          if (msg.out.data != nullptr)
-            st.be->momentum(m, g, msg.out.data + at, p.shard_len, msg.beta, msg.nesterov);
-          else
-            st.be->momentum_to_bf16(m, g, msg.out.bf16 + at, p.shard_len, msg.beta, msg.nesterov);
-        }
+        st.be->momentum_slices(st.momentum.data(), st.grads.data(), {msg.out.data, msg.out.bf16},
+                               c.state_offset, slices_of(pl, c.params), msg.beta, msg.nesterov);
         return ack{msg.step};
       },
       [=](apply_muon& msg) -> caf::result<ack> {
@@ -248,34 +258,21 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                                 "apply_muon: chunk " + std::to_string(msg.chunk) + " has "
                                     + std::to_string(c.params.size()) + " parameters, got "
                                     + std::to_string(msg.scales.size()) + " scales");
-        for (size_t k = 0; k < c.params.size(); ++k) {
-          const auto& p = pl.params[c.params[k]];
-          float* params = st.params.data() + p.shard_offset;
-          const int64_t at = p.state_offset - c.state_offset;
-          const float scale = msg.scales.empty() ? 1.0f : msg.scales[k];
-          if (msg.update.data != nullptr)
-            st.be->apply_update(params, msg.update.data + at, p.shard_len, msg.lr, scale,
-                                msg.weight_decay);
-          else
-            st.be->apply_update_bf16(params, msg.update.bf16 + at, p.shard_len, msg.lr, scale,
-                                     msg.weight_decay);
-        }
+        std::vector<param_slice> slices = slices_of(pl, c.params);
+        for (size_t k = 0; k < slices.size() && !msg.scales.empty(); ++k)
+          slices[k].scale = msg.scales[k];
+        st.be->apply_update_slices(st.params.data(), {msg.update.data, msg.update.bf16},
+                                   c.state_offset, slices, msg.lr, msg.weight_decay);
         return ack{msg.step};
       },
       [=](adamw_step& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
-        const auto& pl = *st.pl;
         ++st.adam_steps;
         materialize(self);
         adamw_args args{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, st.adam_steps};
-        for (const auto& p : pl.params) {
-          if (p.muon)
-            continue;
-          st.be->adamw(st.params.data() + p.shard_offset, st.grads.data() + p.shard_offset,
-                       st.exp_avg.data() + p.state_offset, st.exp_avg_sq.data() + p.state_offset,
-                       p.shard_len, args);
-        }
+        st.be->adamw_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
+                            st.exp_avg_sq.data(), st.adam_slices, args);
         return ack{msg.step};
       },
       [=](finish_step& msg) -> caf::result<ack> {

@@ -77,6 +77,24 @@ struct adamw_args {
   int64_t step = 1;
 };
 
+/// A parameter's part of a call over several parameters (the store's calls, one per Muon chunk
+/// or for all AdamW parameters): its offset in the buffers laid out like the parameter shards
+/// (params, grads) and in those laid out like the optimizer state (momentum, Adam moments, and a
+/// chunk's u or update, which begin at the chunk's first state offset, `origin`), its length,
+/// and its Muon update scale.
+struct param_slice {
+  int64_t shard_offset = 0;
+  int64_t state_offset = 0;
+  int64_t n = 0;
+  float scale = 1.0f;
+};
+
+/// The Muon phase's u or update: fp32 at `f32`, or bf16 bits at `bf16` (bf16 transport).
+struct fp32_or_bf16 {
+  float* f32 = nullptr;
+  uint16_t* bf16 = nullptr;
+};
+
 class compute_backend {
 public:
   virtual ~compute_backend() = default;
@@ -156,6 +174,46 @@ public:
     from_bf16(wide.data(), o, n);
     apply_update(p, wide.data(), n, lr, scale, weight_decay);
   }
+  // -- the same over several parameters at once -----------------------------------------------
+  // Each equals its per-parameter call made for every slice in order, bit for bit; these
+  // defaults make those calls. The CUDA backend runs a whole chunk in one kernel, so that a
+  // table of many small parameters is not bound by launches (one call instead of one a
+  // parameter).
+  /// momentum() / momentum_to_bf16() per slice: m at state_offset, g at shard_offset, u at
+  /// state_offset - origin.
+  virtual void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
+                               const std::vector<param_slice>& slices, float beta, bool nesterov) {
+    for (const param_slice& s : slices) {
+      if (u.f32 != nullptr)
+        momentum(m + s.state_offset, g + s.shard_offset, u.f32 + (s.state_offset - origin), s.n,
+                 beta, nesterov);
+      else
+        momentum_to_bf16(m + s.state_offset, g + s.shard_offset, u.bf16 + (s.state_offset - origin),
+                         s.n, beta, nesterov);
+    }
+  }
+  /// apply_update() / apply_update_bf16() per slice with its scale: p at shard_offset, o at
+  /// state_offset - origin.
+  virtual void apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
+                                   const std::vector<param_slice>& slices, float lr,
+                                   float weight_decay) {
+    for (const param_slice& s : slices) {
+      if (o.f32 != nullptr)
+        apply_update(p + s.shard_offset, o.f32 + (s.state_offset - origin), s.n, lr, s.scale,
+                     weight_decay);
+      else
+        apply_update_bf16(p + s.shard_offset, o.bf16 + (s.state_offset - origin), s.n, lr, s.scale,
+                          weight_decay);
+    }
+  }
+  /// adamw() per slice: p and g at shard_offset, m and v at state_offset.
+  virtual void adamw_slices(float* p, const float* g, float* m, float* v,
+                            const std::vector<param_slice>& slices, const adamw_args& args) {
+    for (const param_slice& s : slices)
+      adamw(p + s.shard_offset, g + s.shard_offset, m + s.state_offset, v + s.state_offset, s.n,
+            args);
+  }
+
   /// newton_schulz() on bf16 bits, in place.
   virtual void newton_schulz_bf16(uint16_t* x, int64_t batch, int64_t rows, int64_t cols,
                                   const ns_options& ns) {

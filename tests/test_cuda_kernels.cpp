@@ -33,6 +33,7 @@
 #include "tests/bf16_reference.hpp"
 #include "tests/cuda_test_env.hpp"
 #include "tests/ns_accuracy.hpp"
+#include "tests/slice_calls.hpp"
 
 namespace zmuon {
 using namespace cuda_test;
@@ -242,6 +243,12 @@ int64_t bf16_mismatches(compute_backend& gpu, device_buffer& a, device_buffer& b
 // copy of a chunk exists) give the bits of the fp32 calls with to_bf16 after or from_bf16 before
 // them: momentum (u and m), the Muon update, and Newton-Schulz in both variants, wide, tall and
 // square, batched.
+// The CUDA backend's slice kernels (one launch per 64 parameters) give the bits of its
+// per-parameter kernels at each slice's offsets (tests/slice_calls.hpp).
+BOOST_AUTO_TEST_CASE(slice_calls_equal_per_parameter_calls) {
+  test::check_slice_calls(*env().gpu);
+}
+
 BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
   compute_backend& gpu = *env().gpu;
   const int64_t n = 1'000'003;

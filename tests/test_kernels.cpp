@@ -23,6 +23,7 @@
 #include "tests/bf16_reference.hpp"
 #include "tests/host_kernels.hpp"
 #include "tests/ns_accuracy.hpp"
+#include "tests/slice_calls.hpp"
 
 extern "C" int openblas_get_num_threads(void);  // OpenBLAS, the host backend's BLAS
 
@@ -250,6 +251,12 @@ BOOST_AUTO_TEST_CASE(apply_update_matches_reference) {
     be->apply_update(pd.data(), od.data(), n, lr, scale, wd);
     check_close(download(*be, pd), ref, 1e-6, 1e-6, "apply_update");
   }
+}
+
+// The calls over several parameters (the store's, one per Muon chunk or for all AdamW
+// parameters) equal the per-parameter calls at each slice's offsets (tests/slice_calls.hpp).
+BOOST_AUTO_TEST_CASE(slice_calls_equal_per_parameter_calls) {
+  check_slice_calls(*host_backend());
 }
 
 BOOST_AUTO_TEST_CASE(adamw_matches_reference_over_three_steps) {

@@ -72,6 +72,15 @@ public:
   void newton_schulz_bf16(uint16_t* x, int64_t batch, int64_t rows, int64_t cols,
                           const ns_options& ns) override;
 
+  // A chunk's parameters in one kernel (elementwise.cu's slice kernels).
+  void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
+                       const std::vector<param_slice>& slices, float beta, bool nesterov) override;
+  void apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
+                           const std::vector<param_slice>& slices, float lr,
+                           float weight_decay) override;
+  void adamw_slices(float* p, const float* g, float* m, float* v,
+                    const std::vector<param_slice>& slices, const adamw_args& args) override;
+
   void synchronize() override;
 
   void when_done(std::function<void()> done) override;

@@ -94,6 +94,118 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   }
 }
 
+// -- over several parameters: the slices of one call in a kernel parameter ---------------------
+
+/// Slices per launch: the table travels as the kernel's parameter (well inside its 4 KB).
+constexpr int kSliceTable = 64;
+/// Elements a block of a slice kernel covers; every block works inside one slice.
+constexpr int64_t kSliceBlockElements = int64_t{kThreads} * 4;
+
+struct slice_table {
+  int count = 0;
+  int64_t shard[kSliceTable];
+  int64_t state[kSliceTable];
+  int64_t n[kSliceTable];
+  float step[kSliceTable];           // apply_update: lr * the slice's scale
+  int first_block[kSliceTable + 1];  // blocks of slice s: [first_block[s], first_block[s + 1])
+};
+
+/// This block's slice and its elements [begin, end) of it.
+struct block_slice {
+  int s;
+  int64_t begin, end;
+};
+
+__device__ inline block_slice slice_of_block(const slice_table& t) {
+  const int b = static_cast<int>(blockIdx.x);
+  int lo = 0;  // the last slice whose first block is <= b (empty slices are never in a table)
+  int hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.first_block[mid] <= b)
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  const int64_t begin = (b - t.first_block[lo]) * kSliceBlockElements;
+  return {lo, begin, min(t.n[lo], begin + kSliceBlockElements)};
+}
+
+template <class U>
+__global__ void momentum_slices_kernel(float* __restrict__ m, const float* __restrict__ g,
+                                       U* __restrict__ u, int64_t origin,
+                                       const __grid_constant__ slice_table t, float beta,
+                                       bool nesterov) {
+  const block_slice part = slice_of_block(t);
+  float* ms = m + t.state[part.s];
+  const float* gs = g + t.shard[part.s];
+  U* us = u + (t.state[part.s] - origin);
+  const float one_minus_beta = 1.0f - beta;
+  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads) {
+    const float gi = gs[i];
+    const float mi = beta * ms[i] + one_minus_beta * gi;
+    ms[i] = mi;
+    store(us + i, nesterov ? one_minus_beta * gi + beta * mi : mi);
+  }
+}
+
+template <class O>
+__global__ void apply_update_slices_kernel(float* __restrict__ p, const O* __restrict__ o,
+                                           int64_t origin, const __grid_constant__ slice_table t,
+                                           float decay) {
+  const block_slice part = slice_of_block(t);
+  float* ps = p + t.shard[part.s];
+  const O* os = o + (t.state[part.s] - origin);
+  const float step = t.step[part.s];
+  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads)
+    ps[i] = ps[i] * decay - step * load(os + i);
+}
+
+__global__ void adamw_slices_kernel(float* __restrict__ p, const float* __restrict__ g,
+                                    float* __restrict__ m, float* __restrict__ v,
+                                    const __grid_constant__ slice_table t, adamw_factors f) {
+  const block_slice part = slice_of_block(t);
+  float* ps = p + t.shard[part.s];
+  const float* gs = g + t.shard[part.s];
+  float* mv = m + t.state[part.s];
+  float* vv = v + t.state[part.s];
+  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads) {
+    const float gi = gs[i];
+    const float mi = f.beta1 * mv[i] + (1.0f - f.beta1) * gi;
+    const float vi = f.beta2 * vv[i] + (1.0f - f.beta2) * gi * gi;
+    mv[i] = mi;
+    vv[i] = vi;
+    ps[i] = ps[i] * f.decay - f.step_size * mi / (sqrtf(vi) * f.inv_sqrt_bc2 + f.eps);
+  }
+}
+
+/// Calls launch(table, blocks) for each run of up to kSliceTable non-empty slices; `step` of a
+/// slice is lr * its scale (the per-parameter launcher's product, formed the same way).
+template <class Launch>
+void for_each_table(const std::vector<param_slice>& slices, float lr, const Launch& launch) {
+  slice_table t;
+  t.first_block[0] = 0;
+  const auto flush = [&] {
+    if (t.count > 0)
+      launch(t, t.first_block[t.count]);
+    t.count = 0;
+  };
+  for (const param_slice& s : slices) {
+    if (s.n <= 0)
+      continue;
+    const int i = t.count;
+    t.shard[i] = s.shard_offset;
+    t.state[i] = s.state_offset;
+    t.n[i] = s.n;
+    t.step[i] = lr * s.scale;
+    t.first_block[i + 1] =
+        t.first_block[i] + static_cast<int>((s.n + kSliceBlockElements - 1) / kSliceBlockElements);
+    if (++t.count == kSliceTable)
+      flush();
+  }
+  flush();
+}
+
 /// First pass: each block's sum of squares (in double) and whether it saw inf or NaN. Four
 /// loads in flight per thread before their use.
 __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t n,
@@ -231,12 +343,11 @@ void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src
   ZMUON_LAUNCH_CHECK();
 }
 
-void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
-                  int64_t n, const adamw_args& args) {
-  if (n <= 0)
-    return;
-  // torch.optim.AdamW's arrangement, with the bias corrections formed in double on the host
-  // exactly as the host backend forms them.
+namespace {
+
+/// torch.optim.AdamW's arrangement, with the bias corrections formed in double on the host
+/// exactly as the host backend forms them.
+adamw_factors factors_of(const adamw_args& args) {
   const double t = static_cast<double>(args.step < 1 ? 1 : args.step);
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(args.beta1), t);
   const double bias_correction2 = 1.0 - std::pow(static_cast<double>(args.beta2), t);
@@ -247,8 +358,53 @@ void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m,
   f.decay = 1.0f - args.lr * args.weight_decay;
   f.step_size = static_cast<float>(args.lr / bias_correction1);
   f.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-  adamw_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, g, m, v, n, f);
+  return f;
+}
+
+}  // namespace
+
+void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
+                  int64_t n, const adamw_args& args) {
+  if (n <= 0)
+    return;
+  adamw_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, g, m, v, n, factors_of(args));
   ZMUON_LAUNCH_CHECK();
+}
+
+void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
+                            int64_t origin, const std::vector<param_slice>& slices, float beta,
+                            bool nesterov) {
+  for_each_table(slices, 0.0f, [&](const slice_table& t, int blocks) {
+    if (u.f32 != nullptr)
+      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, g, u.f32, origin, t, beta,
+                                                                  nesterov);
+    else
+      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, g, u.bf16, origin, t, beta,
+                                                                  nesterov);
+    ZMUON_LAUNCH_CHECK();
+  });
+}
+
+void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf16 o, int64_t origin,
+                                const std::vector<param_slice>& slices, float lr,
+                                float weight_decay) {
+  const float decay = 1.0f - lr * weight_decay;
+  for_each_table(slices, lr, [&](const slice_table& t, int blocks) {
+    if (o.f32 != nullptr)
+      apply_update_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(p, o.f32, origin, t, decay);
+    else
+      apply_update_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(p, o.bf16, origin, t, decay);
+    ZMUON_LAUNCH_CHECK();
+  });
+}
+
+void launch_adamw_slices(const launch_context& ctx, float* p, const float* g, float* m, float* v,
+                         const std::vector<param_slice>& slices, const adamw_args& args) {
+  const adamw_factors f = factors_of(args);
+  for_each_table(slices, 0.0f, [&](const slice_table& t, int blocks) {
+    adamw_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(p, g, m, v, t, f);
+    ZMUON_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace zmuon::gpu

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/launch.hpp"
@@ -44,5 +45,16 @@ void launch_to_bf16(const launch_context& ctx, uint16_t* dst, const float* src, 
 void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src, int64_t n);
 void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
                   int64_t n, const adamw_args& args);
+
+/// The same over several parameters (compute_backend's *_slices calls), one launch per
+/// kSliceTable slices; the arithmetic of each element is its per-parameter kernel's.
+void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
+                            int64_t origin, const std::vector<param_slice>& slices, float beta,
+                            bool nesterov);
+void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf16 o, int64_t origin,
+                                const std::vector<param_slice>& slices, float lr,
+                                float weight_decay);
+void launch_adamw_slices(const launch_context& ctx, float* p, const float* g, float* m, float* v,
+                         const std::vector<param_slice>& slices, const adamw_args& args);
 
 }  // namespace zmuon::gpu
