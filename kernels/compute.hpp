@@ -89,6 +89,14 @@ struct param_slice {
   float scale = 1.0f;
 };
 
+/// One of the copies of copy_pieces(): `n` floats from `src` (a buffer of the backend) to
+/// `dst_offset` in the destination.
+struct copy_piece {
+  const float* src = nullptr;
+  int64_t dst_offset = 0;
+  int64_t n = 0;
+};
+
 /// The Muon phase's u or update: fp32 at `f32`, or bf16 bits at `bf16` (bf16 transport).
 struct fp32_or_bf16 {
   float* f32 = nullptr;
@@ -112,6 +120,12 @@ public:
   virtual void copy_from_host(float* dst, const float* host_src, int64_t n) = 0;
   virtual void copy_to_host(float* host_dst, const float* src, int64_t n) = 0;
   virtual void copy(float* dst, const float* src, int64_t n) = 0;
+  /// copy() of each piece into dst (a bucket packed from many parameters' gradients); the
+  /// pieces' destinations do not overlap. The CUDA backend copies up to 64 pieces a kernel.
+  virtual void copy_pieces(float* dst, const std::vector<copy_piece>& pieces) {
+    for (const copy_piece& p : pieces)
+      copy(dst + p.dst_offset, p.src, p.n);
+  }
   virtual void fill_zero(float* x, int64_t n) = 0;
   /// dst (a buffer of this backend) += host_src (pageable host memory, reusable on return):
   /// through a staging buffer when the backend's memory is device memory.

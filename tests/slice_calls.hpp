@@ -1,7 +1,7 @@
 // A backend's calls over several parameters (momentum_slices, apply_update_slices,
-// adamw_slices) against its per-parameter calls, bit for bit, on a layout like the store's
-// (test_kernels on the host backend, test_cuda_kernels on the CUDA one, whose slice kernels are
-// its own).
+// adamw_slices, copy_pieces) against its per-parameter calls, bit for bit, on a layout like the
+// store's (test_kernels on the host backend, test_cuda_kernels on the CUDA one, whose slice kernels
+// are its own).
 #pragma once
 
 #include <boost/test/unit_test.hpp>
@@ -128,6 +128,20 @@ inline void check_slice_calls(compute_backend& be) {
     BOOST_TEST(differing(get(be, p_all), get(be, p_each)) == 0,
                "apply_update_slices, " << (bf16 ? "bf16" : "fp32"));
   }
+
+  // copy_pieces: each slice's gradient, from a buffer of its own, packed at its shard offset
+  // (the reduce() hand-over's packing of a bucket); the gaps keep what was there.
+  std::vector<device_buffer> sources;
+  std::vector<copy_piece> pieces;
+  for (const param_slice& s : slices) {
+    sources.push_back(put(be, values(s.n + 3, 7 + static_cast<uint32_t>(sources.size()))));
+    pieces.push_back(copy_piece{sources.back().data() + 3, s.shard_offset, s.n});
+  }
+  device_buffer packed_each = put(be, p0), packed_all = put(be, p0);
+  for (const copy_piece& piece : pieces)
+    be.copy(packed_each.data() + piece.dst_offset, piece.src, piece.n);
+  be.copy_pieces(packed_all.data(), pieces);
+  BOOST_TEST(differing(get(be, packed_all), get(be, packed_each)) == 0, "copy_pieces");
 
   // adamw: two steps (the bias corrections change), state from offset 0 here too.
   device_buffer p_each = put(be, p0), p_all = put(be, p0);

@@ -230,6 +230,18 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
   streams_->synchronize();
 }
 
+void cuda_compute::copy_pieces(float* dst, const std::vector<copy_piece>& pieces) {
+  int64_t end = 0;
+  for (const copy_piece& p : pieces)
+    end = std::max(end, p.dst_offset + p.n);
+  if (end == 0)
+    return;
+  // The sources are the caller's gradients, which no Newton-Schulz lane touches.
+  const launch_guard guard = activate({floats(dst, end)});
+  const call_timer timer(*this, "copy", ctx_.stream);
+  launch_copy_pieces(guard, dst, pieces);
+}
+
 void cuda_compute::copy(float* dst, const float* src, int64_t n) {
   if (n <= 0 || dst == src)
     return;

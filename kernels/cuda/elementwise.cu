@@ -110,13 +110,23 @@ struct slice_table {
   int first_block[kSliceTable + 1];  // blocks of slice s: [first_block[s], first_block[s + 1])
 };
 
+struct piece_table {
+  int count = 0;
+  const float* src[kSliceTable];
+  int64_t dst[kSliceTable];
+  int64_t n[kSliceTable];
+  int first_block[kSliceTable + 1];
+};
+
 /// This block's slice and its elements [begin, end) of it.
 struct block_slice {
   int s;
   int64_t begin, end;
 };
 
-__device__ inline block_slice slice_of_block(const slice_table& t) {
+/// Table: slice_table or piece_table.
+template <class Table>
+__device__ inline block_slice slice_of_block(const Table& t) {
   const int b = static_cast<int>(blockIdx.x);
   int lo = 0;  // the last slice whose first block is <= b (empty slices are never in a table)
   int hi = t.count - 1;
@@ -177,6 +187,14 @@ __global__ void adamw_slices_kernel(float* __restrict__ p, const float* __restri
     vv[i] = vi;
     ps[i] = ps[i] * f.decay - f.step_size * mi / (sqrtf(vi) * f.inv_sqrt_bc2 + f.eps);
   }
+}
+
+__global__ void copy_pieces_kernel(float* __restrict__ dst, const __grid_constant__ piece_table t) {
+  const block_slice part = slice_of_block(t);
+  const float* src = t.src[part.s];
+  float* to = dst + t.dst[part.s];
+  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads)
+    to[i] = src[i];
 }
 
 /// Calls launch(table, blocks) for each run of up to kSliceTable non-empty slices; `step` of a
@@ -369,6 +387,32 @@ void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m,
     return;
   adamw_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, g, m, v, n, factors_of(args));
   ZMUON_LAUNCH_CHECK();
+}
+
+void launch_copy_pieces(const launch_context& ctx, float* dst,
+                        const std::vector<copy_piece>& pieces) {
+  piece_table t;
+  t.first_block[0] = 0;
+  const auto flush = [&] {
+    if (t.count > 0) {
+      copy_pieces_kernel<<<t.first_block[t.count], kThreads, 0, ctx.stream>>>(dst, t);
+      ZMUON_LAUNCH_CHECK();
+    }
+    t.count = 0;
+  };
+  for (const copy_piece& p : pieces) {
+    if (p.n <= 0)
+      continue;
+    const int i = t.count;
+    t.src[i] = p.src;
+    t.dst[i] = p.dst_offset;
+    t.n[i] = p.n;
+    t.first_block[i + 1] =
+        t.first_block[i] + static_cast<int>((p.n + kSliceBlockElements - 1) / kSliceBlockElements);
+    if (++t.count == kSliceTable)
+      flush();
+  }
+  flush();
 }
 
 void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,

@@ -46,6 +46,10 @@ void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src
 void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
                   int64_t n, const adamw_args& args);
 
+/// compute_backend::copy_pieces: up to kSliceTable pieces a launch.
+void launch_copy_pieces(const launch_context& ctx, float* dst,
+                        const std::vector<copy_piece>& pieces);
+
 /// The same over several parameters (compute_backend's *_slices calls), one launch per
 /// kSliceTable slices; the arithmetic of each element is its per-parameter kernel's.
 void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
