@@ -8,37 +8,15 @@
 
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/compute.hpp"
+#include "tests/host_kernels.hpp"
 
 namespace zmuon::test {
 
 namespace slice_detail {
-
-inline std::vector<float> values(int64_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v)
-    x = dist(gen);
-  return v;
-}
-
-inline device_buffer put(compute_backend& be, const std::vector<float>& v) {
-  device_buffer b = be.allocate(static_cast<int64_t>(v.size()));
-  be.copy_from_host(b.data(), v.data(), b.size());
-  return b;
-}
-
-inline std::vector<float> get(compute_backend& be, const device_buffer& b) {
-  std::vector<float> v(static_cast<size_t>(b.size()));
-  be.synchronize();
-  be.copy_to_host(v.data(), b.data(), b.size());
-  return v;
-}
 
 /// Elements whose bits differ.
 inline int64_t differing(const std::vector<float>& a, const std::vector<float>& b) {
@@ -70,19 +48,20 @@ inline void check_slice_calls(compute_backend& be) {
     state_end += n;
   }
   const int64_t chunk = state_end - kOrigin;
-  const std::vector<float> g0 = values(shard_end, 1), p0 = values(shard_end, 2);
-  const std::vector<float> m0 = values(state_end, 3);
-  std::vector<float> v_pos = values(state_end, 4);
+  const std::vector<float> g0 = random_floats(shard_end, 1), p0 = random_floats(shard_end, 2);
+  const std::vector<float> m0 = random_floats(state_end, 3);
+  std::vector<float> v_pos = random_floats(state_end, 4);
   for (float& x : v_pos)
     x = x * x;  // second moments are not negative
-  const device_buffer g = put(be, g0);
+  const device_buffer g = upload(be, g0);
 
   // momentum: fp32 and bf16 u, nesterov on and off.
   for (const bool bf16 : {false, true}) {
     for (const bool nesterov : {true, false}) {
-      device_buffer m_each = put(be, m0), m_all = put(be, m0);
+      device_buffer m_each = upload(be, m0), m_all = upload(be, m0);
       const int64_t u_floats = bf16 ? (chunk + 1) / 2 : chunk;
-      device_buffer u_each = put(be, values(u_floats, 5)), u_all = put(be, values(u_floats, 5));
+      device_buffer u_each = upload(be, random_floats(u_floats, 5)),
+                    u_all = upload(be, random_floats(u_floats, 5));
       for (const param_slice& s : slices) {
         const int64_t at = s.state_offset - kOrigin;
         if (bf16)
@@ -101,15 +80,15 @@ inline void check_slice_calls(compute_backend& be) {
       be.momentum_slices(m_all.data(), g.data(), u, kOrigin, slices, 0.95f, nesterov);
       const std::string what = std::string("momentum_slices, ") + (bf16 ? "bf16" : "fp32")
                                + (nesterov ? ", nesterov" : "");
-      BOOST_TEST(differing(get(be, m_all), get(be, m_each)) == 0, what << ": m");
-      BOOST_TEST(differing(get(be, u_all), get(be, u_each)) == 0, what << ": u");
+      BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, what << ": m");
+      BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, what << ": u");
     }
   }
 
   // apply_update: fp32 and bf16 updates, each slice with its own scale.
   for (const bool bf16 : {false, true}) {
-    device_buffer p_each = put(be, p0), p_all = put(be, p0);
-    const device_buffer o = put(be, values(bf16 ? (chunk + 1) / 2 : chunk, 6));
+    device_buffer p_each = upload(be, p0), p_all = upload(be, p0);
+    const device_buffer o = upload(be, random_floats(bf16 ? (chunk + 1) / 2 : chunk, 6));
     auto* o_bits = reinterpret_cast<uint16_t*>(const_cast<float*>(o.data()));
     for (const param_slice& s : slices) {
       const int64_t at = s.state_offset - kOrigin;
@@ -125,7 +104,7 @@ inline void check_slice_calls(compute_backend& be) {
     else
       update.f32 = const_cast<float*>(o.data());
     be.apply_update_slices(p_all.data(), update, kOrigin, slices, 0.02f, 0.1f);
-    BOOST_TEST(differing(get(be, p_all), get(be, p_each)) == 0,
+    BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0,
                "apply_update_slices, " << (bf16 ? "bf16" : "fp32"));
   }
 
@@ -134,19 +113,20 @@ inline void check_slice_calls(compute_backend& be) {
   std::vector<device_buffer> sources;
   std::vector<copy_piece> pieces;
   for (const param_slice& s : slices) {
-    sources.push_back(put(be, values(s.n + 3, 7 + static_cast<uint32_t>(sources.size()))));
+    sources.push_back(
+        upload(be, random_floats(s.n + 3, 7 + static_cast<uint32_t>(sources.size()))));
     pieces.push_back(copy_piece{sources.back().data() + 3, s.shard_offset, s.n});
   }
-  device_buffer packed_each = put(be, p0), packed_all = put(be, p0);
+  device_buffer packed_each = upload(be, p0), packed_all = upload(be, p0);
   for (const copy_piece& piece : pieces)
     be.copy(packed_each.data() + piece.dst_offset, piece.src, piece.n);
   be.copy_pieces(packed_all.data(), pieces);
-  BOOST_TEST(differing(get(be, packed_all), get(be, packed_each)) == 0, "copy_pieces");
+  BOOST_TEST(differing(download(be, packed_all), download(be, packed_each)) == 0, "copy_pieces");
 
   // adamw: two steps (the bias corrections change), state from offset 0 here too.
-  device_buffer p_each = put(be, p0), p_all = put(be, p0);
-  device_buffer m_each = put(be, m0), m_all = put(be, m0);
-  device_buffer v_each = put(be, v_pos), v_all = put(be, v_pos);
+  device_buffer p_each = upload(be, p0), p_all = upload(be, p0);
+  device_buffer m_each = upload(be, m0), m_all = upload(be, m0);
+  device_buffer v_each = upload(be, v_pos), v_all = upload(be, v_pos);
   for (int64_t step = 1; step <= 2; ++step) {
     const adamw_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
     for (const param_slice& s : slices)
@@ -154,9 +134,9 @@ inline void check_slice_calls(compute_backend& be) {
                m_each.data() + s.state_offset, v_each.data() + s.state_offset, s.n, args);
     be.adamw_slices(p_all.data(), g.data(), m_all.data(), v_all.data(), slices, args);
   }
-  BOOST_TEST(differing(get(be, p_all), get(be, p_each)) == 0, "adamw_slices: p");
-  BOOST_TEST(differing(get(be, m_all), get(be, m_each)) == 0, "adamw_slices: m");
-  BOOST_TEST(differing(get(be, v_all), get(be, v_each)) == 0, "adamw_slices: v");
+  BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0, "adamw_slices: p");
+  BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "adamw_slices: m");
+  BOOST_TEST(differing(download(be, v_all), download(be, v_each)) == 0, "adamw_slices: v");
 }
 
 }  // namespace zmuon::test
