@@ -6,7 +6,6 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
-#include <thread>
 
 #include "caf/all.hpp"
 
@@ -157,20 +156,6 @@ engine::~engine() {
   for (auto& c : impl_->comms)
     caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
 }
-
-namespace {
-
-/// Scheduler threads of an engine's own actor system for `local` ranks: two a rank and two more,
-/// never more than CAF's default (the cores, at least 4). Fewer threads than the cores make the
-/// actors' hand-offs cheaper: on the H200's 16-core host one rank's actor plumbing took 1.7 % of
-/// the Llama-1B step with 16 threads and 0.8 % with 4, the step the same (docs/NOTES.md,
-/// session 9).
-size_t scheduler_threads(int local) {
-  const size_t cores = std::max(4u, std::thread::hardware_concurrency());
-  return std::min(cores, static_cast<size_t>(2 * std::max(local, 1) + 2));
-}
-
-}  // namespace
 
 expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
   if (auto err = check_options(opts))

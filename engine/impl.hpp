@@ -3,9 +3,12 @@
 // Internal: not installed.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "caf/all.hpp"
@@ -26,6 +29,16 @@ struct engine_config : caf::actor_system_config {
     set("logger.verbosity", caf::atom("quiet"));
   }
 };
+
+/// Scheduler threads of an engine's own actor system for `local` ranks: two a rank and two more,
+/// never more than CAF's default (the cores, at least 4). Fewer threads than the cores make the
+/// actors' hand-offs cheaper: on the H200's 16-core host one rank's actor plumbing took 1.7 % of
+/// the Llama-1B step with 16 threads and 0.8 % with 4, the step the same (docs/NOTES.md,
+/// session 9).
+inline size_t scheduler_threads(int local) {
+  const size_t cores = std::max(4u, std::thread::hardware_concurrency());
+  return std::min(cores, static_cast<size_t>(2 * std::max(local, 1) + 2));
+}
 
 struct engine::impl {
   engine_options opts;

@@ -3,7 +3,6 @@
 
 #include "kernels/cuda/cuda_compute.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -12,7 +11,6 @@
 #include <map>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/ns_variants.hpp"
@@ -230,18 +228,6 @@ void cuda_compute::copy_to_host(float* host_dst, const float* src, int64_t n) {
   streams_->synchronize();
 }
 
-void cuda_compute::copy_pieces(float* dst, const std::vector<copy_piece>& pieces) {
-  int64_t end = 0;
-  for (const copy_piece& p : pieces)
-    end = std::max(end, p.dst_offset + p.n);
-  if (end == 0)
-    return;
-  // The sources are the caller's gradients, which no Newton-Schulz lane touches.
-  const launch_guard guard = activate({floats(dst, end)});
-  const call_timer timer(*this, "copy", ctx_.stream);
-  launch_copy_pieces(guard, dst, pieces);
-}
-
 void cuda_compute::copy(float* dst, const float* src, int64_t n) {
   if (n <= 0 || dst == src)
     return;
@@ -345,71 +331,6 @@ void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
   const launch_guard guard = activate({floats(p, n), floats(g, n), floats(m, n), floats(v, n)});
   const call_timer timer(*this, "adamw", ctx_.stream);
   launch_adamw(guard, p, g, m, v, n, args);
-}
-
-// -- over several parameters -------------------------------------------------------------------
-
-namespace {
-
-/// The elements [first, last) that the slices cover in the buffers laid out like the shards
-/// (`state` false) or like the optimizer state, from `origin` on.
-std::pair<int64_t, int64_t> span_of(const std::vector<param_slice>& slices, bool state,
-                                    int64_t origin = 0) {
-  int64_t first = 0;
-  int64_t last = 0;
-  bool any = false;
-  for (const param_slice& s : slices) {
-    if (s.n <= 0)
-      continue;
-    const int64_t at = (state ? s.state_offset : s.shard_offset) - origin;
-    first = any ? std::min(first, at) : at;
-    last = any ? std::max(last, at + s.n) : at + s.n;
-    any = true;
-  }
-  return {first, last};
-}
-
-/// The memory of a slice call's buffer: floats, or bf16 halves, over its span.
-touched spanned(const void* base, std::pair<int64_t, int64_t> span, bool half) {
-  const size_t bytes = half ? sizeof(uint16_t) : sizeof(float);
-  return touched{static_cast<const char*>(base) + span.first * static_cast<int64_t>(bytes),
-                 static_cast<size_t>(span.second - span.first) * bytes};
-}
-
-touched spanned(fp32_or_bf16 x, std::pair<int64_t, int64_t> span) {
-  return x.f32 != nullptr ? spanned(x.f32, span, false) : spanned(x.bf16, span, true);
-}
-
-}  // namespace
-
-void cuda_compute::momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
-                                   const std::vector<param_slice>& slices, float beta,
-                                   bool nesterov) {
-  const auto state = span_of(slices, true);
-  const launch_guard guard =
-      activate({spanned(m, state, false), spanned(g, span_of(slices, false), false),
-                spanned(u, span_of(slices, true, origin))});
-  const call_timer timer(*this, "momentum", ctx_.stream);
-  launch_momentum_slices(guard, m, g, u, origin, slices, beta, nesterov);
-}
-
-void cuda_compute::apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
-                                       const std::vector<param_slice>& slices, float lr,
-                                       float weight_decay) {
-  const launch_guard guard = activate(
-      {spanned(p, span_of(slices, false), false), spanned(o, span_of(slices, true, origin))});
-  const call_timer timer(*this, "apply_update", ctx_.stream);
-  launch_apply_update_slices(guard, p, o, origin, slices, lr, weight_decay);
-}
-
-void cuda_compute::adamw_slices(float* p, const float* g, float* m, float* v,
-                                const std::vector<param_slice>& slices, const adamw_args& args) {
-  const auto shards = span_of(slices, false);
-  const auto state = span_of(slices, true);
-  const launch_guard guard = activate({spanned(p, shards, false), spanned(g, shards, false),
-                                       spanned(m, state, false), spanned(v, state, false)});
-  const call_timer timer(*this, "adamw", ctx_.stream);
-  launch_adamw_slices(guard, p, g, m, v, slices, args);
 }
 
 // -- Newton-Schulz -------------------------------------------------------------------------------

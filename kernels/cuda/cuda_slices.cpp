@@ -1,0 +1,90 @@
+// The CUDA backend's calls over several parameters (compute_backend's *_slices calls and
+// copy_pieces): each names the span of every buffer its slices touch (stream_set.hpp) and runs
+// elementwise.cu's slice kernels, up to 64 slices a launch.
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/elementwise.cuh"
+
+namespace zmuon::gpu {
+
+namespace {
+
+/// The elements [first, last) that the slices cover in the buffers laid out like the shards
+/// (`state` false) or like the optimizer state, from `origin` on.
+std::pair<int64_t, int64_t> span_of(const std::vector<param_slice>& slices, bool state,
+                                    int64_t origin = 0) {
+  int64_t first = 0;
+  int64_t last = 0;
+  bool any = false;
+  for (const param_slice& s : slices) {
+    if (s.n <= 0)
+      continue;
+    const int64_t at = (state ? s.state_offset : s.shard_offset) - origin;
+    first = any ? std::min(first, at) : at;
+    last = any ? std::max(last, at + s.n) : at + s.n;
+    any = true;
+  }
+  return {first, last};
+}
+
+/// The memory of a slice call's buffer: floats, or bf16 halves, over its span.
+touched spanned(const void* base, std::pair<int64_t, int64_t> span, bool half) {
+  const size_t bytes = half ? sizeof(uint16_t) : sizeof(float);
+  return touched{static_cast<const char*>(base) + span.first * static_cast<int64_t>(bytes),
+                 static_cast<size_t>(span.second - span.first) * bytes};
+}
+
+touched spanned(fp32_or_bf16 x, std::pair<int64_t, int64_t> span) {
+  return x.f32 != nullptr ? spanned(x.f32, span, false) : spanned(x.bf16, span, true);
+}
+
+}  // namespace
+
+void cuda_compute::momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
+                                   const std::vector<param_slice>& slices, float beta,
+                                   bool nesterov) {
+  const auto state = span_of(slices, true);
+  const launch_guard guard =
+      activate({spanned(m, state, false), spanned(g, span_of(slices, false), false),
+                spanned(u, span_of(slices, true, origin))});
+  const call_timer timer(*this, "momentum", ctx_.stream);
+  launch_momentum_slices(guard, m, g, u, origin, slices, beta, nesterov);
+}
+
+void cuda_compute::apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
+                                       const std::vector<param_slice>& slices, float lr,
+                                       float weight_decay) {
+  const launch_guard guard = activate(
+      {spanned(p, span_of(slices, false), false), spanned(o, span_of(slices, true, origin))});
+  const call_timer timer(*this, "apply_update", ctx_.stream);
+  launch_apply_update_slices(guard, p, o, origin, slices, lr, weight_decay);
+}
+
+void cuda_compute::adamw_slices(float* p, const float* g, float* m, float* v,
+                                const std::vector<param_slice>& slices, const adamw_args& args) {
+  const auto shards = span_of(slices, false);
+  const auto state = span_of(slices, true);
+  const launch_guard guard = activate({spanned(p, shards, false), spanned(g, shards, false),
+                                       spanned(m, state, false), spanned(v, state, false)});
+  const call_timer timer(*this, "adamw", ctx_.stream);
+  launch_adamw_slices(guard, p, g, m, v, slices, args);
+}
+
+void cuda_compute::copy_pieces(float* dst, const std::vector<copy_piece>& pieces) {
+  int64_t end = 0;
+  for (const copy_piece& p : pieces)
+    end = std::max(end, p.dst_offset + p.n);
+  if (end == 0)
+    return;
+  // The sources are the caller's gradients, which no Newton-Schulz lane touches.
+  const launch_guard guard = activate({touched{dst, static_cast<size_t>(end) * sizeof(float)}});
+  const call_timer timer(*this, "copy", ctx_.stream);
+  launch_copy_pieces(guard, dst, pieces);
+}
+
+}  // namespace zmuon::gpu
