@@ -26,7 +26,9 @@ struct store_state {
   device_buffer momentum;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
-  std::vector<param_slice> adam_slices;  // every AdamW parameter, for one adamw_slices call
+  // The backend's calls over several parameters: each Muon chunk's, and every AdamW parameter's.
+  std::vector<std::vector<param_slice>> chunk_slices;
+  std::vector<param_slice> adam_slices;
   int64_t adam_steps = 0;
   // The scan of the current gradient, valid until the gradient changes (grads_version counts
   // the changes; a scan that lands after one is not kept).
@@ -183,6 +185,8 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
     if (!st.pl->params[i].muon)
       adam_params.push_back(static_cast<int>(i));
   st.adam_slices = slices_of(*st.pl, adam_params);
+  for (const auto& c : st.pl->chunks)
+    st.chunk_slices.push_back(slices_of(*st.pl, c.params));
   // A CUDA failure inside a handler ends the store with a device_failure naming the call; the
   // coordinator monitors the store and fails the step with it.
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
@@ -243,7 +247,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         const auto& c = pl.chunks[msg.chunk];
         materialize(self);
         st.be->momentum_slices(st.momentum.data(), st.grads.data(), {msg.out.data, msg.out.bf16},
-                               c.state_offset, slices_of(pl, c.params), msg.beta, msg.nesterov);
+                               c.state_offset, st.chunk_slices[msg.chunk], msg.beta, msg.nesterov);
         return ack{msg.step};
       },
       [=](apply_muon& msg) -> caf::result<ack> {
@@ -258,9 +262,9 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                                 "apply_muon: chunk " + std::to_string(msg.chunk) + " has "
                                     + std::to_string(c.params.size()) + " parameters, got "
                                     + std::to_string(msg.scales.size()) + " scales");
-        std::vector<param_slice> slices = slices_of(pl, c.params);
-        for (size_t k = 0; k < slices.size() && !msg.scales.empty(); ++k)
-          slices[k].scale = msg.scales[k];
+        std::vector<param_slice>& slices = st.chunk_slices[msg.chunk];
+        for (size_t k = 0; k < slices.size(); ++k)
+          slices[k].scale = msg.scales.empty() ? 1.0f : msg.scales[k];
         st.be->apply_update_slices(st.params.data(), {msg.update.data, msg.update.bf16},
                                    c.state_offset, slices, msg.lr, msg.weight_decay);
         return ack{msg.step};
