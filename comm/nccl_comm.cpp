@@ -318,8 +318,8 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
           return make_caf_error(errc::invalid_argument,
                                 "nccl all-reduce " + to_string(req.tag) + ": " + std::to_string(n)
                                     + " values, at most " + std::to_string(kMaxValues));
-        if (n == 0)
-          return all_reduce_result{req.tag, {}};
+        if (n == 0 || st.world == 1)  // the sum or max over one rank: the values themselves
+          return all_reduce_result{req.tag, std::move(req.values)};
         std::unique_ptr<reduce_slot> slot;
         if (st.free_slots.empty()) {
           slot = std::make_unique<reduce_slot>();
