@@ -197,31 +197,45 @@ __global__ void copy_pieces_kernel(float* __restrict__ dst, const __grid_constan
     to[i] = src[i];
 }
 
-/// Calls launch(table, blocks) for each run of up to kSliceTable non-empty slices; `step` of a
-/// slice is lr * its scale (the per-parameter launcher's product, formed the same way).
-template <class Launch>
-void for_each_table(const std::vector<param_slice>& slices, float lr, const Launch& launch) {
-  slice_table t;
+/// Fills a Table (slice_table or piece_table) with up to kSliceTable of `items` at a time
+/// (`fill(table, i, item)` sets entry i's own fields; empty items are skipped) and calls
+/// launch(table, blocks) for each, every item covered by blocks of kSliceBlockElements.
+template <class Table, class Item, class Fill, class Launch>
+void in_tables(const std::vector<Item>& items, const Fill& fill, const Launch& launch) {
+  Table t;
   t.first_block[0] = 0;
   const auto flush = [&] {
     if (t.count > 0)
       launch(t, t.first_block[t.count]);
     t.count = 0;
   };
-  for (const param_slice& s : slices) {
-    if (s.n <= 0)
+  for (const Item& item : items) {
+    if (item.n <= 0)
       continue;
     const int i = t.count;
-    t.shard[i] = s.shard_offset;
-    t.state[i] = s.state_offset;
-    t.n[i] = s.n;
-    t.step[i] = lr * s.scale;
+    fill(t, i, item);
+    t.n[i] = item.n;
     t.first_block[i + 1] =
-        t.first_block[i] + static_cast<int>((s.n + kSliceBlockElements - 1) / kSliceBlockElements);
+        t.first_block[i]
+        + static_cast<int>((item.n + kSliceBlockElements - 1) / kSliceBlockElements);
     if (++t.count == kSliceTable)
       flush();
   }
   flush();
+}
+
+/// in_tables for parameter slices; `step` of a slice is lr * its scale (the per-parameter
+/// launcher's product, formed the same way).
+template <class Launch>
+void for_each_table(const std::vector<param_slice>& slices, float lr, const Launch& launch) {
+  in_tables<slice_table>(
+      slices,
+      [lr](slice_table& t, int i, const param_slice& s) {
+        t.shard[i] = s.shard_offset;
+        t.state[i] = s.state_offset;
+        t.step[i] = lr * s.scale;
+      },
+      launch);
 }
 
 /// First pass: each block's sum of squares (in double) and whether it saw inf or NaN. Four
@@ -391,28 +405,16 @@ void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m,
 
 void launch_copy_pieces(const launch_context& ctx, float* dst,
                         const std::vector<copy_piece>& pieces) {
-  piece_table t;
-  t.first_block[0] = 0;
-  const auto flush = [&] {
-    if (t.count > 0) {
-      copy_pieces_kernel<<<t.first_block[t.count], kThreads, 0, ctx.stream>>>(dst, t);
-      ZMUON_LAUNCH_CHECK();
-    }
-    t.count = 0;
-  };
-  for (const copy_piece& p : pieces) {
-    if (p.n <= 0)
-      continue;
-    const int i = t.count;
-    t.src[i] = p.src;
-    t.dst[i] = p.dst_offset;
-    t.n[i] = p.n;
-    t.first_block[i + 1] =
-        t.first_block[i] + static_cast<int>((p.n + kSliceBlockElements - 1) / kSliceBlockElements);
-    if (++t.count == kSliceTable)
-      flush();
-  }
-  flush();
+  in_tables<piece_table>(
+      pieces,
+      [](piece_table& t, int i, const copy_piece& p) {
+        t.src[i] = p.src;
+        t.dst[i] = p.dst_offset;
+      },
+      [&](const piece_table& t, int blocks) {
+        copy_pieces_kernel<<<blocks, kThreads, 0, ctx.stream>>>(dst, t);
+        ZMUON_LAUNCH_CHECK();
+      });
 }
 
 void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
