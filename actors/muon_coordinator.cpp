@@ -66,8 +66,6 @@ struct step_work {
   std::vector<slot> order;
   size_t next_slot = 0;
   size_t applied = 0;
-  bool adamw_issued = false;
-  bool adamw_done = false;
   int64_t ns_before = 0;
 };
 
@@ -131,8 +129,7 @@ void add_segment(std::vector<segment>& list, wire_buffer& buf, int64_t offset, i
     list.push_back(buf.at(offset, size));
 }
 
-void start_adamw(coord_pointer self);
-void finish_if_done(coord_pointer self);
+void finish(coord_pointer self);
 void advance(coord_pointer self);
 
 // Buffer work of chunk c (allocation, staging copies, release): backend calls, recorded as a
@@ -216,7 +213,6 @@ void gather(coord_pointer self, int c) {
     }
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
     buffers(self, c, [&] { cw.full.to_comm(*st.be); });
-    start_adamw(self);
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
   });
 }
@@ -259,8 +255,8 @@ void scatter(coord_pointer self, int c) {
       auto& w = *self->state.work;
       buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
       w.chunks[c].at = chunk_work::applied;
-      ++w.applied;
-      finish_if_done(self);
+      if (++w.applied == w.chunks.size())
+        finish(self);
     });
   });
 }
@@ -305,7 +301,7 @@ void run_muon(coord_pointer self) {
   auto& w = *self->state.work;
   auto n = static_cast<int>(self->state.pl->chunks.size());
   if (n == 0) {
-    start_adamw(self);
+    finish(self);
     return;
   }
   w.chunks.resize(n);
@@ -320,36 +316,18 @@ void run_muon(coord_pointer self) {
 
 // -- 6. AdamW, zero the gradient, answer ----------------------------------------------------------
 
-// AdamW's parameters are disjoint from Muon's, so it may run at any point after unscale_clip. It
-// is issued once the first chunk's NS is enqueued (or at once without Muon parameters): on a GPU
-// its kernel then runs on the rank's stream beside the NS lanes instead of after the last update,
-// and on the host the store computes it while this actor runs NS. Not earlier: before the first
-// chunk's momentum and gather it would delay the NS pipeline's start by as much.
-void start_adamw(coord_pointer self) {
+void finish(coord_pointer self) {
   auto& st = self->state;
-  auto& w = *st.work;
-  if (w.adamw_issued)
-    return;
-  w.adamw_issued = true;
   const auto& a = st.opts.adamw;
-  adamw_step msg{w.req.step, w.req.adam_lr, a.beta1, a.beta2, a.eps, a.weight_decay};
+  adamw_step msg{st.work->req.step, st.work->req.adam_lr, a.beta1, a.beta2, a.eps, a.weight_decay};
   ask<ack>(self, st.peers.store, msg, [=](ack&) {
-    self->state.work->adamw_done = true;
-    finish_if_done(self);
-  });
-}
-
-// Once AdamW and every chunk's update are done: zero the gradient, answer.
-void finish_if_done(coord_pointer self) {
-  const auto& w = *self->state.work;
-  if (!w.adamw_done || w.applied < w.chunks.size())
-    return;
-  ask<ack>(self, self->state.peers.store, finish_step{w.req.step}, [=](ack&) {
-    auto& st = self->state;
-    auto& w = *st.work;
-    w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
-    w.promise.deliver(w.result);
-    st.work.reset();
+    ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
+      auto& st = self->state;
+      auto& w = *st.work;
+      w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
+      w.promise.deliver(w.result);
+      st.work.reset();
+    });
   });
 }
 

@@ -14,10 +14,7 @@
 //        apply_muon (store); gather and scatter carry fp32 or bf16 (muon_wire_type): with
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
 //        moves from the owner to the receiving store so that NS's output travels unscaled
-//     6. adamw_step (store): issued once the first chunk's NS is enqueued, so that it runs
-//        beside the pipeline (its parameters are disjoint from Muon's); without Muon
-//        parameters right after 4. Once it and every apply_muon are acknowledged:
-//        finish_step (store), answer the result
+//     6. adamw_step, finish_step (store), answer the result
 //   gpu_done  (the rank's compute backend, from its completion callback) a chunk's GPU work has
 //             finished: with the caf comm on a GPU, u and the NS result are copied to host
 //             mirrors first, and the chunk moves on only when this arrives; no thread waits.
