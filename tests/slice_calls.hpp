@@ -32,7 +32,8 @@ inline int64_t differing(const std::vector<float>& a, const std::vector<float>& 
 /// 150 parameters (more than one launch's table of the CUDA kernels), of lengths from 0 to
 /// 70,000 (blocks of several slices and slices of several blocks), whose shards lie in table
 /// order with gaps (the AdamW parameters between them) and whose state, like a Muon chunk's,
-/// begins at `origin` inside the state buffer.
+/// begins at `origin` inside the state buffer; every other slice starts at a multiple of 4
+/// elements in every array, the others anywhere.
 inline void check_slice_calls(compute_backend& be) {
   using namespace slice_detail;
   constexpr int kParams = 150;
@@ -42,7 +43,11 @@ inline void check_slice_calls(compute_backend& be) {
   int64_t state_end = kOrigin;
   for (int k = 0; k < kParams; ++k) {
     const int64_t n = k % 11 == 0 ? 0 : k % 17 == 0 ? 70'000 : (k * 379) % 2500 + 1;
-    shard_end += 5;  // another parameter's shard
+    shard_end += 5;    // another parameter's shard
+    if (k % 2 == 0) {  // every other slice 16-byte aligned (the CUDA kernels' 4-wide accesses)
+      shard_end = (shard_end + 3) / 4 * 4;
+      state_end = (state_end + 3) / 4 * 4;
+    }
     slices.push_back(param_slice{shard_end, state_end, n, 0.5f + 0.01f * static_cast<float>(k)});
     shard_end += n;
     state_end += n;
@@ -113,9 +118,10 @@ inline void check_slice_calls(compute_backend& be) {
   std::vector<device_buffer> sources;
   std::vector<copy_piece> pieces;
   for (const param_slice& s : slices) {
+    const int64_t skip = sources.size() % 2 == 0 ? 0 : 3;  // aligned sources, and others
     sources.push_back(
-        upload(be, random_floats(s.n + 3, 7 + static_cast<uint32_t>(sources.size()))));
-    pieces.push_back(copy_piece{sources.back().data() + 3, s.shard_offset, s.n});
+        upload(be, random_floats(s.n + skip, 7 + static_cast<uint32_t>(sources.size()))));
+    pieces.push_back(copy_piece{sources.back().data() + skip, s.shard_offset, s.n});
   }
   device_buffer packed_each = upload(be, p0), packed_all = upload(be, p0);
   for (const copy_piece& piece : pieces)

@@ -1,7 +1,7 @@
 // The element-wise kernels (add, scale, momentum, Muon update, AdamW, fp32 <-> bf16) and the
 // fused non-finite scan with sum of squares. One element per thread (grid-striding only past
-// 2^38 elements), 64-bit indices throughout, arithmetic in the same order as the host backend's
-// loops.
+// 2^38 elements; the slice kernels: 4 where aligned), 64-bit indices throughout, arithmetic in
+// the same order as the host backend's loops.
 
 #include "kernels/bf16.hpp"
 #include "kernels/cuda/check.hpp"
@@ -9,6 +9,7 @@
 #include "kernels/cuda/reduce.cuh"
 
 #include <cmath>
+#include <type_traits>
 
 namespace zmuon::gpu {
 namespace {
@@ -46,15 +47,22 @@ __device__ inline float load(const uint16_t* src) {
   return from_bf16(*src);
 }
 
+/// a * x + b * y as one fma over the rounded second product, spelled out: left to the compiler,
+/// which product it fuses depends on how the operands were loaded, and the per-parameter and
+/// slice kernels must give the same bits (momentum, the first and second moments).
+__device__ inline float mix(float a, float x, float b, float y) {
+  return __fmaf_rn(a, x, __fmul_rn(b, y));
+}
+
 template <class U>
 __global__ void momentum_kernel(float* __restrict__ m, const float* __restrict__ g,
                                 U* __restrict__ u, int64_t n, float beta, bool nesterov) {
   const float one_minus_beta = 1.0f - beta;
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float gi = g[i];
-    const float mi = beta * m[i] + one_minus_beta * gi;
+    const float mi = mix(beta, m[i], one_minus_beta, gi);
     m[i] = mi;
-    store(u + i, nesterov ? one_minus_beta * gi + beta * mi : mi);
+    store(u + i, nesterov ? mix(beta, mi, one_minus_beta, gi) : mi);
   }
 }
 
@@ -81,16 +89,22 @@ struct adamw_factors {
   float beta1, beta2, eps, decay, step_size, inv_sqrt_bc2;
 };
 
+/// p * decay - step_size * m / (sqrt(v) * inv_sqrt_bc2 + eps), its roundings spelled out as mix.
+__device__ inline float adamw_param(float p, float m, float v, const adamw_factors& f) {
+  const float denominator = __fmaf_rn(sqrtf(v), f.inv_sqrt_bc2, f.eps);
+  return __fmaf_rn(p, f.decay, -__fdiv_rn(__fmul_rn(f.step_size, m), denominator));
+}
+
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
                              float* __restrict__ m, float* __restrict__ v, int64_t n,
                              adamw_factors f) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
     const float gi = g[i];
-    const float mi = f.beta1 * m[i] + (1.0f - f.beta1) * gi;
-    const float vi = f.beta2 * v[i] + (1.0f - f.beta2) * gi * gi;
+    const float mi = mix(f.beta1, m[i], 1.0f - f.beta1, gi);
+    const float vi = mix(f.beta2, v[i], __fmul_rn(1.0f - f.beta2, gi), gi);
     m[i] = mi;
     v[i] = vi;
-    p[i] = p[i] * f.decay - f.step_size * mi / (sqrtf(vi) * f.inv_sqrt_bc2 + f.eps);
+    p[i] = adamw_param(p[i], mi, vi, f);
   }
 }
 
@@ -141,6 +155,73 @@ __device__ inline block_slice slice_of_block(const Table& t) {
   return {lo, begin, min(t.n[lo], begin + kSliceBlockElements)};
 }
 
+// The slice kernels move 4 consecutive elements per thread (16-byte fp32 and 8-byte bf16
+// accesses) where a slice's arrays allow it, with each element's arithmetic that of the
+// per-parameter kernels above, so that the results are the same bits either way.
+
+template <int W>
+using width = std::integral_constant<int, W>;
+
+/// W elements of an array, widened to fp32.
+template <int W>
+struct pack {
+  float v[W];
+};
+
+__device__ inline pack<1> load_pack(width<1>, const float* p) {
+  return {{*p}};
+}
+__device__ inline pack<4> load_pack(width<4>, const float* p) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  return {{q.x, q.y, q.z, q.w}};
+}
+__device__ inline pack<1> load_pack(width<1>, const uint16_t* p) {
+  return {{from_bf16(*p)}};
+}
+__device__ inline pack<4> load_pack(width<4>, const uint16_t* p) {
+  const ushort4 q = *reinterpret_cast<const ushort4*>(p);
+  return {{from_bf16(q.x), from_bf16(q.y), from_bf16(q.z), from_bf16(q.w)}};
+}
+__device__ inline void store_pack(width<1>, float* p, const pack<1>& x) {
+  *p = x.v[0];
+}
+__device__ inline void store_pack(width<4>, float* p, const pack<4>& x) {
+  *reinterpret_cast<float4*>(p) = make_float4(x.v[0], x.v[1], x.v[2], x.v[3]);
+}
+__device__ inline void store_pack(width<1>, uint16_t* p, const pack<1>& x) {
+  *p = to_bf16(x.v[0]);
+}
+__device__ inline void store_pack(width<4>, uint16_t* p, const pack<4>& x) {
+  *reinterpret_cast<ushort4*>(p) =
+      make_ushort4(to_bf16(x.v[0]), to_bf16(x.v[1]), to_bf16(x.v[2]), to_bf16(x.v[3]));
+}
+
+/// Whether 4-element accesses from p are aligned.
+template <class T>
+__device__ inline bool aligned4(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T)) == 0;
+}
+
+/// Calls body(width, i) over this block's elements [begin, end) of its slice: 4 at a time from
+/// begin + 4 * thread where `aligned` (every array's slice start aligned4; begin is a multiple of
+/// 4), the slice's last partial group and unaligned slices one at a time.
+template <class Body>
+__device__ inline void for_elements(const block_slice& part, bool aligned, const Body& body) {
+  static_assert(kSliceBlockElements == 4 * kThreads, "a block's elements: 4 per thread");
+  if (!aligned) {
+    for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads)
+      body(width<1>{}, i);
+    return;
+  }
+  const int64_t i = part.begin + 4 * static_cast<int64_t>(threadIdx.x);
+  if (i + 4 <= part.end) {
+    body(width<4>{}, i);
+    return;
+  }
+  for (int64_t k = i; k < part.end; ++k)
+    body(width<1>{}, k);
+}
+
 template <class U>
 __global__ void momentum_slices_kernel(float* __restrict__ m, const float* __restrict__ g,
                                        U* __restrict__ u, int64_t origin,
@@ -151,12 +232,19 @@ __global__ void momentum_slices_kernel(float* __restrict__ m, const float* __res
   const float* gs = g + t.shard[part.s];
   U* us = u + (t.state[part.s] - origin);
   const float one_minus_beta = 1.0f - beta;
-  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads) {
-    const float gi = gs[i];
-    const float mi = beta * ms[i] + one_minus_beta * gi;
-    ms[i] = mi;
-    store(us + i, nesterov ? one_minus_beta * gi + beta * mi : mi);
-  }
+  for_elements(part, aligned4(ms) && aligned4(gs) && aligned4(us), [&](auto w, int64_t i) {
+    const auto gi = load_pack(w, gs + i);
+    auto mi = load_pack(w, ms + i);
+    auto ui = mi;
+#pragma unroll
+    for (int k = 0; k < decltype(w)::value; ++k) {
+      const float mk = mix(beta, mi.v[k], one_minus_beta, gi.v[k]);
+      mi.v[k] = mk;
+      ui.v[k] = nesterov ? mix(beta, mk, one_minus_beta, gi.v[k]) : mk;
+    }
+    store_pack(w, ms + i, mi);
+    store_pack(w, us + i, ui);
+  });
 }
 
 template <class O>
@@ -167,8 +255,14 @@ __global__ void apply_update_slices_kernel(float* __restrict__ p, const O* __res
   float* ps = p + t.shard[part.s];
   const O* os = o + (t.state[part.s] - origin);
   const float step = t.step[part.s];
-  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads)
-    ps[i] = ps[i] * decay - step * load(os + i);
+  for_elements(part, aligned4(ps) && aligned4(os), [&](auto w, int64_t i) {
+    auto pi = load_pack(w, ps + i);
+    const auto oi = load_pack(w, os + i);
+#pragma unroll
+    for (int k = 0; k < decltype(w)::value; ++k)
+      pi.v[k] = pi.v[k] * decay - step * oi.v[k];
+    store_pack(w, ps + i, pi);
+  });
 }
 
 __global__ void adamw_slices_kernel(float* __restrict__ p, const float* __restrict__ g,
@@ -179,22 +273,30 @@ __global__ void adamw_slices_kernel(float* __restrict__ p, const float* __restri
   const float* gs = g + t.shard[part.s];
   float* mv = m + t.state[part.s];
   float* vv = v + t.state[part.s];
-  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads) {
-    const float gi = gs[i];
-    const float mi = f.beta1 * mv[i] + (1.0f - f.beta1) * gi;
-    const float vi = f.beta2 * vv[i] + (1.0f - f.beta2) * gi * gi;
-    mv[i] = mi;
-    vv[i] = vi;
-    ps[i] = ps[i] * f.decay - f.step_size * mi / (sqrtf(vi) * f.inv_sqrt_bc2 + f.eps);
-  }
+  const bool aligned = aligned4(ps) && aligned4(gs) && aligned4(mv) && aligned4(vv);
+  for_elements(part, aligned, [&](auto w, int64_t i) {
+    const auto gi = load_pack(w, gs + i);
+    auto mi = load_pack(w, mv + i);
+    auto vi = load_pack(w, vv + i);
+    auto pi = load_pack(w, ps + i);
+#pragma unroll
+    for (int k = 0; k < decltype(w)::value; ++k) {
+      mi.v[k] = mix(f.beta1, mi.v[k], 1.0f - f.beta1, gi.v[k]);
+      vi.v[k] = mix(f.beta2, vi.v[k], __fmul_rn(1.0f - f.beta2, gi.v[k]), gi.v[k]);
+      pi.v[k] = adamw_param(pi.v[k], mi.v[k], vi.v[k], f);
+    }
+    store_pack(w, mv + i, mi);
+    store_pack(w, vv + i, vi);
+    store_pack(w, ps + i, pi);
+  });
 }
 
 __global__ void copy_pieces_kernel(float* __restrict__ dst, const __grid_constant__ piece_table t) {
   const block_slice part = slice_of_block(t);
   const float* src = t.src[part.s];
   float* to = dst + t.dst[part.s];
-  for (int64_t i = part.begin + threadIdx.x; i < part.end; i += kThreads)
-    to[i] = src[i];
+  for_elements(part, aligned4(src) && aligned4(to),
+               [&](auto w, int64_t i) { store_pack(w, to + i, load_pack(w, src + i)); });
 }
 
 /// Fills a Table (slice_table or piece_table) with up to kSliceTable of `items` at a time
