@@ -1,19 +1,28 @@
-// engine::memory / reset_peak_memory / time_backend_calls / take_backend_call_times: what each
-// local rank's compute backend holds and where its time goes, for benchmarks (bench/step).
+// engine::memory / reset_peak_memory / time_backend_calls / take_backend_call_times /
+// backend_call_spans: what each local rank's compute backend holds and where its time goes, for
+// benchmarks (bench/step).
 #include <exception>
+#include <string>
 
 #include "engine/impl.hpp"
 
 namespace zmuon {
 
-expected<memory_stats> engine::memory(int rank) const {
-  const auto& d = *impl_;
-  if (auto err = d.check_local(rank))
+expected<compute_backend*> engine::impl::backend_of(int rank, const char* call) const {
+  if (auto err = check_local(rank))
     return err;
-  const int local = rank - d.first_rank;
-  if (static_cast<size_t>(local) >= d.ranks.size())
-    return error{errc::bad_state, "memory(): the engine has not started (no reduce() or step())"};
-  return d.ranks[local].backend->memory();
+  const auto local = static_cast<size_t>(rank - first_rank);
+  if (local >= ranks.size())
+    return error{errc::bad_state,
+                 std::string(call) + "(): the engine has not started (no reduce() or step())"};
+  return ranks[local].backend.get();
+}
+
+expected<memory_stats> engine::memory(int rank) const {
+  auto be = impl_->backend_of(rank, "memory");
+  if (!be)
+    return be.err();
+  return (*be)->memory();
 }
 
 void engine::reset_peak_memory() {
@@ -28,18 +37,21 @@ void engine::time_backend_calls(bool on) {
 }
 
 expected<call_times> engine::take_backend_call_times(int rank) {
-  auto& d = *impl_;
-  if (auto err = d.check_local(rank))
-    return err;
-  const int local = rank - d.first_rank;
-  if (static_cast<size_t>(local) >= d.ranks.size())
-    return error{errc::bad_state,
-                 "take_backend_call_times(): the engine has not started (no reduce() or step())"};
+  auto be = impl_->backend_of(rank, "take_backend_call_times");
+  if (!be)
+    return be.err();
   try {
-    return d.ranks[local].backend->take_call_times();
+    return (*be)->take_call_times();
   } catch (const std::exception& e) {  // a CUDA failure while reading the events
     return error{errc::device_failure, e.what()};
   }
+}
+
+expected<std::vector<call_span>> engine::backend_call_spans(int rank) const {
+  auto be = impl_->backend_of(rank, "backend_call_spans");
+  if (!be)
+    return be.err();
+  return (*be)->last_call_spans();
 }
 
 }  // namespace zmuon

@@ -127,6 +127,8 @@ struct engine::impl {
     rec.flush();
   }
   error check_local(int rank) const;
+  /// Local rank `rank`'s compute backend, or why there is none (`call` names the caller).
+  expected<compute_backend*> backend_of(int rank, const char* call) const;
   bool multi_node() const { return !node_first_ranks.empty(); }
   expected<tensor_map> gather_between_nodes();
 };

@@ -3,6 +3,7 @@
 // CUDA backend's own project, bench/cuda, builds it without the host backend).
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/compute.hpp"
 
@@ -33,6 +34,7 @@ void compute_backend::time_calls(bool on) {
   std::lock_guard<std::mutex> lock(times_mutex_);
   if (on && !timing_.load()) {
     spans_.clear();
+    period_spans_.clear();
     epoch_ = std::chrono::steady_clock::now();
   }
   timing_.store(on);
@@ -46,14 +48,26 @@ call_times compute_backend::take_call_times() {
     out[name] = s.folded;
   }
   spans_.clear();
+  last_spans_ = std::move(period_spans_);
+  period_spans_.clear();
+  std::stable_sort(last_spans_.begin(), last_spans_.end(),
+                   [](const call_span& a, const call_span& b) { return a.start_ms < b.start_ms; });
   epoch_ = std::chrono::steady_clock::now();
   return out;
 }
 
-void compute_backend::add_call_span(const char* name, double start_ms, double end_ms) {
+std::vector<call_span> compute_backend::last_call_spans() const {
   std::lock_guard<std::mutex> lock(times_mutex_);
+  return last_spans_;
+}
+
+void compute_backend::add_call_span(const char* name, double start_ms, double end_ms, int track) {
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  end_ms = std::max(start_ms, end_ms);
   auto& s = spans_[name];
-  s.open.emplace_back(start_ms, std::max(start_ms, end_ms));
+  s.open.emplace_back(start_ms, end_ms);
+  if (period_spans_.size() < kKeptSpans)
+    period_spans_.push_back(call_span{name, track, start_ms, end_ms});
   if (s.open.size() >= kSpansPerFold)
     fold_call_spans(s.open, s.folded);
 }

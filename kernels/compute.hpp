@@ -275,10 +275,15 @@ public:
   /// Each call's count, summed time and busy time since the period began, then a new period;
   /// waits for timed work still running.
   virtual call_times take_call_times();
+  /// The spans that the last take_call_times() summed, by start (at most kKeptSpans of them: a
+  /// period's later calls are summed but not kept).
+  std::vector<call_span> last_call_spans() const;
+  static constexpr size_t kKeptSpans = size_t{1} << 16;
 
 protected:
-  /// One call ran from start_ms to end_ms, in ms since the period began (the backend's clock).
-  void add_call_span(const char* name, double start_ms, double end_ms);
+  /// One call ran from start_ms to end_ms, in ms since the period began (the backend's clock),
+  /// on `track` (call_span).
+  void add_call_span(const char* name, double start_ms, double end_ms, int track = 0);
   /// Now, in ms since the period began on the host's steady clock.
   double host_clock_ms() const;
   /// Times a call that runs to its end on the calling thread (the host backend's), when timing.
@@ -315,6 +320,8 @@ private:
     call_time folded;
   };
   std::map<std::string, spans> spans_;
+  std::vector<call_span> period_spans_;  // this period's, in the order they were read
+  std::vector<call_span> last_spans_;    // the period last taken
 };
 
 /// Adds `spans` (start, end; emptied) to `into`: their count, their summed length and the length

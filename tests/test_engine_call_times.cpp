@@ -1,11 +1,15 @@
 // engine::time_backend_calls and take_backend_call_times (zmuon/call_times.hpp) on the host
 // backend: each rank's backend counts every call of a step under its name, exactly as often as
 // the step protocol makes it (the counts follow from the plan); nothing is counted while timing
-// is off, and a take starts new sums. The CUDA backend's event timing is tested on the GPU
+// is off, and a take starts new sums; backend_call_spans gives the calls of the period last
+// taken, one span each, by start. The CUDA backend's event timing is tested on the GPU
 // (test_cuda_kernels, `call_timing`). The sums themselves: count, summed spans and busy time (their
 // union) from known spans.
 #define BOOST_TEST_MODULE engine_call_times
 #include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <map>
 
 #include "engine_fixture.hpp"
 #include "kernels/compute.hpp"
@@ -40,6 +44,10 @@ BOOST_AUTO_TEST_CASE(a_step_counts_each_backend_call_as_often_as_the_protocol_ma
   engine_options o = options(2);
   o.reduce_bucket_size = 2 * 48 * 40;  // several chunks
   auto eng = make_engine(o);
+  auto early = eng->backend_call_spans(0);  // no backend before the engine starts
+  BOOST_REQUIRE(!early);
+  BOOST_TEST(early.err().to_string().find("backend_call_spans(): the engine has not started")
+             != std::string::npos);
   register_table(*eng, table, 4);
   eng->time_backend_calls(true);  // before the engine starts: its backends get it when made
   run_step(*eng, table, 1);
@@ -61,9 +69,28 @@ BOOST_AUTO_TEST_CASE(a_step_counts_each_backend_call_as_often_as_the_protocol_ma
     BOOST_TEST((*times)["adamw"].calls == 2);  // one per AdamW shard
     for (const auto& [name, t] : *times)
       BOOST_TEST(t.ms >= 0.0, name << " has " << t.ms << " ms");
+    // The same calls one by one: as many spans per name, each as long as its share of `ms`.
+    auto spans = eng->backend_call_spans(r);
+    BOOST_REQUIRE(spans);
+    std::map<std::string, call_time> from_spans;
+    double last_start = 0.0;
+    for (const call_span& s : *spans) {
+      BOOST_TEST(s.start_ms >= last_start, s.name << " out of order");
+      BOOST_TEST(s.end_ms >= s.start_ms);
+      BOOST_TEST(s.track == 0);  // the host backend: the calling thread
+      last_start = s.start_ms;
+      ++from_spans[s.name].calls;
+      from_spans[s.name].ms += s.end_ms - s.start_ms;
+    }
+    BOOST_TEST(from_spans.size() == times->size());
+    for (const auto& [name, t] : *times) {
+      BOOST_TEST(from_spans[name].calls == t.calls, name);
+      BOOST_TEST(std::abs(from_spans[name].ms - t.ms) <= 1e-9 * (1.0 + t.ms), name);
+    }
     auto again = eng->take_backend_call_times(r);  // a take starts new sums
     BOOST_REQUIRE(again);
     BOOST_TEST(again->empty());
+    BOOST_TEST(eng->backend_call_spans(r)->empty());  // and the last period's spans with them
   }
   eng->time_backend_calls(false);
   run_step(*eng, table, 2);
@@ -73,6 +100,7 @@ BOOST_AUTO_TEST_CASE(a_step_counts_each_backend_call_as_often_as_the_protocol_ma
     BOOST_TEST(times->empty());
   }
   BOOST_TEST(!eng->take_backend_call_times(o.world));  // not a rank of this engine
+  BOOST_TEST(!eng->backend_call_spans(o.world));
 }
 
 BOOST_AUTO_TEST_CASE(busy_time_is_the_union_of_the_calls_spans) {

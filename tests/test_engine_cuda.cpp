@@ -16,6 +16,7 @@
 
 #include <iostream>
 #include <limits>
+#include <map>
 
 #include "kernels/compute.hpp"
 #include "launch/exe/train.hpp"
@@ -189,6 +190,21 @@ BOOST_AUTO_TEST_CASE(nccl_collectives_are_timed) {
   BOOST_TEST(c.busy_ms <= c.ms + 1e-9);
   BOOST_TEST(times->count("nccl reduce_scatter") == 0u);
   BOOST_TEST(times->count("nccl all_reduce") == 0u);
+  // The same period as a timeline: a span per call, Newton-Schulz on the lanes (tracks 1..3),
+  // the rest on the main stream (track 0).
+  auto spans = eng->backend_call_spans(0);
+  BOOST_REQUIRE(spans);
+  std::map<std::string, int64_t> counted;
+  for (const call_span& s : *spans) {
+    ++counted[s.name];
+    BOOST_TEST(s.end_ms >= s.start_ms, s.name);
+    if (s.name == "newton_schulz")
+      BOOST_TEST((s.track >= 1 && s.track <= 3), "newton_schulz on track " << s.track);
+    else
+      BOOST_TEST(s.track == 0, s.name << " on track " << s.track);
+  }
+  for (const auto& [name, t] : *times)
+    BOOST_TEST(counted[name] == t.calls, name);
   eng->time_backend_calls(false);
 }
 

@@ -4,6 +4,7 @@
 //   zmuon-bench-step [--table gpt2-124m|llama-1b|tiny] [--world N] [--compute host|cuda]
 //                    [--comm caf|nccl] [--steps N] [--gas N] [--bucket-size N]
 //                    [--buckets-in-flight N] [--trace DIR] [--json FILE] [--call-times]
+//                    [--timeline FILE]
 //
 // Times, per step, on the host: reduce() of every micro-batch on every rank (host packing and
 // hand-over; the reduce-scatters run behind it) and step() (waits for the reduce-scatters, then
@@ -46,6 +47,11 @@
 // table, each call's busy time per step (mean over the timed steps: the time during which at
 // least one call of that name ran, zmuon/call_times.hpp), its calls' summed spans and count: on
 // CUDA the device time the phases above cannot show (their spans end at enqueue). Off by default.
+//
+// --timeline FILE (implies --call-times): the backend calls of the step the phase table shows,
+// every rank, as Chrome Trace Event JSON for Perfetto or chrome://tracing (report.hpp,
+// timeline_json): on CUDA a row for the main stream and one per Newton-Schulz lane, so that
+// where the device idles, and what waits for what, can be seen.
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
@@ -151,7 +157,7 @@ int main(int argc, char* argv[]) {
   opts.timeout_ms = 600'000;
   int steps = 5;
   int gas = 1;
-  std::string trace_dir, json_out;
+  std::string trace_dir, json_out, timeline_out;
   CLI::App app{"zmuon-bench-step: the optimizer step for a model's parameter table"};
   app.add_option("--table", table_name)->check(CLI::IsMember({"gpt2-124m", "llama-1b", "tiny"}));
   app.add_option("--world", opts.world)->check(CLI::Range(1, 64));
@@ -177,7 +183,11 @@ int main(int argc, char* argv[]) {
   app.add_flag("--call-times", time_calls,
                "time the compute backends' calls (CUDA events) and print each call's time per "
                "step");
+  app.add_option("--timeline", timeline_out,
+                 "write the backend calls of the phase table's step as Chrome Trace Event JSON "
+                 "(Perfetto) to this file; implies --call-times");
   CLI11_PARSE(app, argc, argv);
+  time_calls = time_calls || !timeline_out.empty();
 #ifndef ZMUON_HAVE_CUDA
   if (device_grads) {
     std::fprintf(stderr, "zmuon-bench-step: --device-grads needs a build with CUDA\n");
@@ -287,7 +297,8 @@ int main(int argc, char* argv[]) {
 
   std::vector<double> reduce_ms, step_ms, transient_bytes, handover_bytes;
   std::vector<zmuon::memory_stats> last_memory(static_cast<size_t>(opts.world));
-  std::vector<zmuon::call_times> call_sums(static_cast<size_t>(opts.world));  // timed steps
+  std::vector<zmuon::call_times> call_sums(static_cast<size_t>(opts.world));    // timed steps
+  std::map<uint64_t, std::map<int, std::vector<zmuon::call_span>>> step_spans;  // --timeline
   eng->time_backend_calls(time_calls);
   int64_t ns_matrices = 0;
   for (int s = 0; s < steps; ++s) {
@@ -330,6 +341,8 @@ int main(int argc, char* argv[]) {
       }
       if (s > 0)  // the warm-up step's are dropped
         zmuon::bench::add_call_times(call_sums[static_cast<size_t>(r)], *taken);
+      if (s > 0 && !timeline_out.empty())
+        step_spans[info->step][r] = *eng->backend_call_spans(r);  // the rank was just taken
     }
     if (s > 0) {
       reduce_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
@@ -507,6 +520,20 @@ int main(int argc, char* argv[]) {
     sent.at(static_cast<size_t>(rs.rank)) = rs.sent_bytes;
   const auto bytes = zmuon::bench::report_bytes(pl, sent, gas, bf16_wire ? 2 : 4, traced_bytes);
 
+  const auto write_json = [](const std::string& path, const nlohmann::json& j) {
+    std::ofstream f(path);
+    f << j.dump(2) << "\n";
+    if (f.flush())
+      return true;
+    std::fprintf(stderr, "zmuon-bench-step: cannot write '%s'\n", path.c_str());
+    return false;
+  };
+  if (!timeline_out.empty()) {
+    if (!write_json(timeline_out, zmuon::bench::timeline_json(step_spans[mid_step], opts.compute)))
+      return 2;
+    std::printf("timeline of step %llu (every rank's backend calls): %s\n",
+                static_cast<unsigned long long>(mid_step), timeline_out.c_str());
+  }
   if (!json_out.empty()) {
     nlohmann::json j;
     j["table"] = table_name;
@@ -548,12 +575,8 @@ int main(int argc, char* argv[]) {
       j["call_ms_rank"] = mid.rank;
       j["call_ms"] = jcalls;  // per timed step: calls and ms by backend call
     }
-    std::ofstream f(json_out);
-    f << j.dump(2) << "\n";
-    if (!f.flush()) {
-      std::fprintf(stderr, "zmuon-bench-step: cannot write '%s'\n", json_out.c_str());
+    if (!write_json(json_out, j))
       return 2;
-    }
   }
   if (bytes.mismatch) {
     std::fprintf(stderr, "zmuon-bench-step: trace and plan disagree on the bytes sent (above)\n");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace zmuon {
 
@@ -21,5 +22,15 @@ struct call_time {
 };
 
 using call_times = std::map<std::string, call_time>;
+
+/// One call's span within a timing period, for timelines: ms since the period began, on the
+/// backend's clock (CUDA: the device's, from events; host: the steady clock), and the track it
+/// ran on: 0 the rank's main stream (host: the calling thread), 1.. CUDA's Newton-Schulz lanes.
+struct call_span {
+  std::string name;
+  int track = 0;
+  double start_ms = 0.0;
+  double end_ms = 0.0;
+};
 
 }  // namespace zmuon

@@ -144,6 +144,9 @@ public:
   void time_backend_calls(bool on);
   /// Local rank `rank`'s sums since the last take (waits for timed GPU work still running).
   expected<call_times> take_backend_call_times(int rank);
+  /// The calls that local rank `rank`'s last take_backend_call_times summed, one span each, by
+  /// start (zmuon/call_times.hpp): a timeline of that period.
+  expected<std::vector<call_span>> backend_call_spans(int rank) const;
 
   int world() const;
   /// The ranks this process runs: [first_rank(), first_rank() + local_ranks()).

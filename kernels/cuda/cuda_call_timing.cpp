@@ -33,7 +33,8 @@ cuda_compute::call_timer::~call_timer() {
   try {
     cuda_event end = be_->take_event();
     end.record(stream_);
-    be_->timed_.push_back(timed_call{name_, std::move(*start_), std::move(end)});
+    be_->timed_.push_back(
+        timed_call{name_, be_->track_of(stream_), std::move(*start_), std::move(end)});
     be_->read_timed_calls(false);  // keeps the queue short over long runs
   } catch (const failure&) {       // a broken context: the call itself reports it
   }
@@ -63,11 +64,18 @@ void cuda_compute::read_timed_calls(bool wait) {
     float start_ms = 0.0f, end_ms = 0.0f;
     ZMUON_CUDA_CHECK(cudaEventElapsedTime(&start_ms, period_start_->get(), t.start.get()));
     ZMUON_CUDA_CHECK(cudaEventElapsedTime(&end_ms, period_start_->get(), t.end.get()));
-    add_call_span(t.name, start_ms, end_ms);
+    add_call_span(t.name, start_ms, end_ms, t.track);
     spare_events_.push_back(std::move(t.start));
     spare_events_.push_back(std::move(t.end));
     timed_.pop_front();
   }
+}
+
+int cuda_compute::track_of(cudaStream_t stream) const {
+  for (int i = 0; i < stream_set::kLanes; ++i)
+    if (stream == streams_->lane_stream(i))
+      return 1 + i;
+  return 0;
 }
 
 void cuda_compute::begin_timing_period() {

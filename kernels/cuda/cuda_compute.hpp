@@ -238,9 +238,11 @@ private:
   };
   struct timed_call {
     const char* name;
+    int track;  // call_span::track: 0 the main stream, 1 + i lane i
     cuda_event start;
     cuda_event end;
   };
+  int track_of(cudaStream_t stream) const;
   cuda_event take_event();
   /// Adds the timed calls that are done (all of them when `wait`) to the spans.
   void read_timed_calls(bool wait);
