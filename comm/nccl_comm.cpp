@@ -14,6 +14,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/owners.hpp"
 #include "messages/errors.hpp"
 
@@ -164,9 +165,10 @@ int64_t total(const std::vector<std::vector<segment>>& lists) {
 }
 
 /// Copies this rank's segments to itself in order, as a send and a receive list to the same
-/// rank pair up (piece by piece where the lists are cut differently), on `stream`: a device copy
-/// instead of NCCL's send to self (at world 1 the whole gather and scatter). False when the two
-/// lists' totals differ.
+/// rank pair up (piece by piece where the lists are cut differently), on `stream`: one copy
+/// kernel per 64 pieces instead of NCCL's send to self (at world 1 the whole gather and scatter;
+/// a cudaMemcpyAsync per piece took 0.25 ms of host time per GPT-2 chunk to enqueue). False when
+/// the two lists' totals differ.
 bool copy_to_self(const std::vector<segment>& sends, const std::vector<segment>& recvs, bool bf16,
                   cudaStream_t stream) {
   int64_t sent = 0;
@@ -177,19 +179,18 @@ bool copy_to_self(const std::vector<segment>& sends, const std::vector<segment>&
     received += s.size;
   if (sent != received)
     return false;
-  const size_t elem = bf16 ? 2 : 4;
-  const auto at = [bf16](const segment& s, int64_t offset) -> char* {
-    return static_cast<char*>(bf16 ? static_cast<void*>(s.bf16 + offset)
-                                   : static_cast<void*>(s.data + offset));
+  const int64_t units = bf16 ? 1 : 2;  // 2-byte units an element
+  const auto at = [bf16](const segment& s, int64_t offset) {
+    return bf16 ? reinterpret_cast<uint16_t*>(s.bf16 + offset)
+                : reinterpret_cast<uint16_t*>(s.data + offset);
   };
+  std::vector<gpu::unit_piece> pieces;
   size_t i = 0, j = 0;
   int64_t in_send = 0, in_recv = 0;  // elements of sends[i] and recvs[j] already copied
   while (i < sends.size() && j < recvs.size()) {
     const int64_t n = std::min(sends[i].size - in_send, recvs[j].size - in_recv);
     if (n > 0)
-      ZMUON_CUDA_CHECK(cudaMemcpyAsync(at(recvs[j], in_recv), at(sends[i], in_send),
-                                       static_cast<size_t>(n) * elem, cudaMemcpyDeviceToDevice,
-                                       stream));
+      pieces.push_back(gpu::unit_piece{at(sends[i], in_send), at(recvs[j], in_recv), n * units});
     in_send += n;
     in_recv += n;
     if (in_send == sends[i].size) {
@@ -201,6 +202,7 @@ bool copy_to_self(const std::vector<segment>& sends, const std::vector<segment>&
       in_recv = 0;
     }
   }
+  gpu::launch_copy_units(gpu::launch_context{stream}, pieces);
   return true;
 }
 

@@ -27,6 +27,7 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/sm90_gemm.hpp"
 #include "kernels/ns_variants.hpp"
@@ -247,6 +248,39 @@ int64_t bf16_mismatches(compute_backend& gpu, device_buffer& a, device_buffer& b
 // per-parameter kernels at each slice's offsets (tests/slice_calls.hpp).
 BOOST_AUTO_TEST_CASE(slice_calls_equal_per_parameter_calls) {
   test::check_slice_calls(*env().gpu);
+}
+
+// The nccl comm's copies of a rank's own segments (launch_copy_units): 2-byte units, pieces of
+// 0 to 70,000 units, every other one at 8-byte aligned ends, the rest at odd offsets; each lands
+// where memcpy puts it and nothing between the pieces is written.
+BOOST_AUTO_TEST_CASE(copy_units_equals_memcpy_piece_by_piece) {
+  compute_backend& gpu = *env().gpu;
+  const int64_t units = 2'000'000;
+  std::vector<float> src_host = random_vector(units / 2, 1.0f), dst_host = random_vector(units / 2);
+  device_buffer src = upload(gpu, src_host), dst = upload(gpu, dst_host);
+  auto* src_units = reinterpret_cast<const uint16_t*>(src.data());
+  auto* dst_units = reinterpret_cast<uint16_t*>(dst.data());
+  std::vector<uint16_t> expected(units);
+  std::memcpy(expected.data(), dst_host.data(), units * sizeof(uint16_t));
+  std::vector<gpu::unit_piece> pieces;
+  int64_t from = 3, to = 1;
+  for (int k = 0; k < 150; ++k) {
+    const int64_t n = k % 11 == 0 ? 0 : k % 17 == 0 ? 70'000 : (k * 379) % 2500 + 1;
+    if (k % 2 == 0) {  // 8-byte aligned starts (4 units)
+      from = (from + 3) / 4 * 4;
+      to = (to + 3) / 4 * 4;
+    }
+    pieces.push_back(gpu::unit_piece{src_units + from, dst_units + to, n});
+    std::memcpy(expected.data() + to, reinterpret_cast<const uint16_t*>(src_host.data()) + from,
+                static_cast<size_t>(n) * sizeof(uint16_t));
+    from += n + 5;
+    to += n + 3;
+  }
+  BOOST_REQUIRE_LT(std::max(from, to), units);
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(gpu);
+  gpu::launch_copy_units(gpu::launch_context{cuda.stream()}, pieces);
+  const std::vector<float> got = download(gpu, dst.data(), units / 2);
+  BOOST_TEST(std::memcmp(got.data(), expected.data(), units * sizeof(uint16_t)) == 0);
 }
 
 BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {

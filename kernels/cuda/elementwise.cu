@@ -124,6 +124,14 @@ struct slice_table {
   int first_block[kSliceTable + 1];  // blocks of slice s: [first_block[s], first_block[s + 1])
 };
 
+struct unit_table {
+  int count = 0;
+  const uint16_t* src[kSliceTable];
+  uint16_t* dst[kSliceTable];
+  int64_t n[kSliceTable];
+  int first_block[kSliceTable + 1];
+};
+
 struct piece_table {
   int count = 0;
   const float* src[kSliceTable];
@@ -138,7 +146,7 @@ struct block_slice {
   int64_t begin, end;
 };
 
-/// Table: slice_table or piece_table.
+/// Table: slice_table, piece_table or unit_table.
 template <class Table>
 __device__ inline block_slice slice_of_block(const Table& t) {
   const int b = static_cast<int>(blockIdx.x);
@@ -299,7 +307,23 @@ __global__ void copy_pieces_kernel(float* __restrict__ dst, const __grid_constan
                [&](auto w, int64_t i) { store_pack(w, to + i, load_pack(w, src + i)); });
 }
 
-/// Fills a Table (slice_table or piece_table) with up to kSliceTable of `items` at a time
+__device__ inline void copy_units(width<1>, const uint16_t* src, uint16_t* dst) {
+  *dst = *src;
+}
+__device__ inline void copy_units(width<4>, const uint16_t* src, uint16_t* dst) {
+  *reinterpret_cast<ushort4*>(dst) = *reinterpret_cast<const ushort4*>(src);
+}
+
+__global__ void copy_units_kernel(const __grid_constant__ unit_table t) {
+  const block_slice part = slice_of_block(t);
+  const uint16_t* src = t.src[part.s];
+  uint16_t* dst = t.dst[part.s];
+  for_elements(part, aligned4(src) && aligned4(dst),
+               [&](auto w, int64_t i) { copy_units(w, src + i, dst + i); });
+}
+
+/// Fills a Table (slice_table, piece_table or unit_table) with up to kSliceTable of `items` at a
+/// time
 /// (`fill(table, i, item)` sets entry i's own fields; empty items are skipped) and calls
 /// launch(table, blocks) for each, every item covered by blocks of kSliceBlockElements.
 template <class Table, class Item, class Fill, class Launch>
@@ -515,6 +539,19 @@ void launch_copy_pieces(const launch_context& ctx, float* dst,
       },
       [&](const piece_table& t, int blocks) {
         copy_pieces_kernel<<<blocks, kThreads, 0, ctx.stream>>>(dst, t);
+        ZMUON_LAUNCH_CHECK();
+      });
+}
+
+void launch_copy_units(const launch_context& ctx, const std::vector<unit_piece>& pieces) {
+  in_tables<unit_table>(
+      pieces,
+      [](unit_table& t, int i, const unit_piece& p) {
+        t.src[i] = p.src;
+        t.dst[i] = p.dst;
+      },
+      [&](const unit_table& t, int blocks) {
+        copy_units_kernel<<<blocks, kThreads, 0, ctx.stream>>>(t);
         ZMUON_LAUNCH_CHECK();
       });
 }

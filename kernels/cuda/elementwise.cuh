@@ -46,6 +46,17 @@ void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src
 void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
                   int64_t n, const adamw_args& args);
 
+/// `n` 2-byte units (the bits of fp32 or bf16 elements) to copy from src to dst.
+struct unit_piece {
+  const uint16_t* src;
+  uint16_t* dst;
+  int64_t n;
+};
+/// Copies every piece's bits, as cudaMemcpyAsync would piece by piece, in one launch per 64
+/// pieces (8-byte accesses where a piece's ends are 8-byte aligned): the nccl comm's copies of a
+/// rank's own gather and scatter segments.
+void launch_copy_units(const launch_context& ctx, const std::vector<unit_piece>& pieces);
+
 /// compute_backend::copy_pieces: up to kSliceTable pieces a launch.
 void launch_copy_pieces(const launch_context& ctx, float* dst,
                         const std::vector<copy_piece>& pieces);
