@@ -6,6 +6,8 @@
 //                    [--buckets-in-flight N] [--trace DIR] [--json FILE] [--call-times]
 //                    [--timeline FILE]
 //
+// Defaults: cuda compute with the nccl comm; --compute host alone takes the caf comm.
+//
 // Times, per step, on the host: reduce() of every micro-batch on every rank (host packing and
 // hand-over; the reduce-scatters run behind it) and step() (waits for the reduce-scatters, then
 // the vote, the norm, the Muon pipeline and AdamW; answered when the GPU work has finished).
@@ -162,7 +164,8 @@ int main(int argc, char* argv[]) {
   app.add_option("--table", table_name)->check(CLI::IsMember({"gpt2-124m", "llama-1b", "tiny"}));
   app.add_option("--world", opts.world)->check(CLI::Range(1, 64));
   app.add_option("--compute", opts.compute)->check(CLI::IsMember({"host", "cuda"}));
-  app.add_option("--comm", opts.comm)->check(CLI::IsMember({"caf", "nccl"}));
+  app.add_option("--comm", opts.comm, "default nccl, caf with --compute host")
+      ->check(CLI::IsMember({"caf", "nccl"}));
   app.add_option("--steps", steps)->check(CLI::Range(2, 1000));
   app.add_option("--gas", gas)->check(CLI::Range(1, 64));
   app.add_option("--bucket-size", opts.reduce_bucket_size)->check(CLI::PositiveNumber);
@@ -188,6 +191,8 @@ int main(int argc, char* argv[]) {
                  "(Perfetto) to this file; implies --call-times");
   CLI11_PARSE(app, argc, argv);
   time_calls = time_calls || !timeline_out.empty();
+  if (app.count("--comm") == 0 && opts.compute == "host")
+    opts.comm = "caf";  // nccl needs the cuda compute
 #ifndef ZMUON_HAVE_CUDA
   if (device_grads) {
     std::fprintf(stderr, "zmuon-bench-step: --device-grads needs a build with CUDA\n");
