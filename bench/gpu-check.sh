@@ -160,7 +160,8 @@ check() {
   echo "== zmuon-bench-step (the whole step through the engine, traced; issue 8)"
   # Each run prints its phases, bytes (trace against plan, and DeepSpeed's scheme), plumbing
   # share and each backend call's device time (--call-times), and writes
-  # $out/step_<table>_w<world>.json for the table after bench_ns. The world-1 runs repeat with
+  # $out/step_<table>_w<world>.json for the table after bench_ns, and beside it the median step's
+  # backend calls as a Perfetto timeline (.timeline.json). The world-1 runs repeat with
   # --ns-variant standard (the default, auto, runs Gram on cuda) beside them; those write
   # step_<table>_w<world>_standard.json and stay out of the PyTorch table.
   local step_jsons=()
@@ -172,7 +173,8 @@ check() {
     [[ $variant != auto ]] && json="$out/step_${table}_w${world}_${variant}.json"
     echo "-- zmuon-bench-step --table $table --world $world --comm $comm --steps $steps --ns-variant $variant"
     timeout 420 "$work/bin/zmuon-bench-step" --table "$table" --world "$world" --comm "$comm" \
-      --steps "$steps" --ns-variant "$variant" --device-grads --call-times --json "$json" 2>&1 \
+      --steps "$steps" --ns-variant "$variant" --device-grads --call-times --json "$json" \
+      --timeline "${json%.json}.timeline.json" 2>&1 \
       | tee -a "$out/bench_step.log" | grep -v '^rank [1-9]'
     rc=${PIPESTATUS[0]}
     [[ $rc -ne 0 ]] && status=1 && echo "zmuon-bench-step: exit $rc"
