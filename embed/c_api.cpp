@@ -287,6 +287,27 @@ int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
   });
 }
 
+int zmuon_engine_time_calls(zmuon_engine* eng, int32_t on) {
+  const char* fn = "zmuon_engine_time_calls";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    eng->eng->time_backend_calls(on != 0);
+    return {};
+  });
+}
+
+int zmuon_engine_write_call_timeline(zmuon_engine* eng, const char* path) {
+  const char* fn = "zmuon_engine_write_call_timeline";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!path)
+      return null_arg(fn, "path");
+    return eng->eng->write_call_timeline(path);
+  });
+}
+
 int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir) {
   const char* fn = "zmuon_engine_save_checkpoint";
   return guarded(fn, [&]() -> zmuon::error {

@@ -1,8 +1,13 @@
 // engine::memory / reset_peak_memory / time_backend_calls / take_backend_call_times /
-// backend_call_spans: what each local rank's compute backend holds and where its time goes, for
-// benchmarks (bench/step).
+// backend_call_spans / write_call_timeline: what each local rank's compute backend holds and
+// where its time goes, for benchmarks (bench/step) and for finding a step's slow parts.
+#include <algorithm>
 #include <exception>
+#include <fstream>
+#include <set>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/impl.hpp"
 
@@ -52,6 +57,61 @@ expected<std::vector<call_span>> engine::backend_call_spans(int rank) const {
   if (!be)
     return be.err();
   return (*be)->last_call_spans();
+}
+
+error engine::write_call_timeline(const std::string& path) {
+  auto& d = *impl_;
+  if (!d.time_calls)
+    return {errc::bad_state,
+            "write_call_timeline(): call timing is off (time_backend_calls(true) "
+            "first, then run the steps to see)"};
+  std::map<int, std::vector<call_span>> by_rank;
+  for (int r = d.first_rank; r < d.first_rank + d.local; ++r) {
+    if (auto taken = take_backend_call_times(r); !taken)
+      return taken.err();
+    auto spans = backend_call_spans(r);
+    if (!spans)
+      return spans.err();
+    by_rank[r] = std::move(*spans);
+  }
+  std::ofstream f(path);
+  f << call_timeline_json(by_rank, d.opts.compute == "cuda") << "\n";
+  if (!f.flush())
+    return {errc::io_error, "write_call_timeline(): cannot write '" + path + "'"};
+  return {};
+}
+
+std::string call_timeline_json(const std::map<int, std::vector<call_span>>& by_rank, bool cuda) {
+  nlohmann::json events = nlohmann::json::array();
+  const std::string first_track = cuda ? "main stream" : "host calls";
+  for (const auto& [rank, spans] : by_rank) {
+    events.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", rank},
+                      {"args", {{"name", "rank " + std::to_string(rank)}}}});
+    double origin = spans.empty() ? 0.0 : spans.front().start_ms;
+    std::set<int> tracks;
+    for (const call_span& s : spans) {
+      origin = std::min(origin, s.start_ms);
+      tracks.insert(s.track);
+    }
+    for (int t : tracks)
+      events.push_back(
+          {{"ph", "M"},
+           {"name", "thread_name"},
+           {"pid", rank},
+           {"tid", t},
+           {"args", {{"name", t == 0 ? first_track : "NS lane " + std::to_string(t - 1)}}}});
+    for (const call_span& s : spans)
+      events.push_back({{"ph", "X"},
+                        {"name", s.name},
+                        {"cat", "call"},
+                        {"pid", rank},
+                        {"tid", s.track},
+                        {"ts", (s.start_ms - origin) * 1e3},
+                        {"dur", (s.end_ms - s.start_ms) * 1e3}});
+  }
+  return nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ms"}}.dump();
 }
 
 }  // namespace zmuon

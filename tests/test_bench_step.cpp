@@ -242,37 +242,3 @@ BOOST_AUTO_TEST_CASE(call_time_report_gives_per_step_means) {
   BOOST_TEST(j["newton_schulz"]["busy_ms"].get<double>() == 3.0);
   BOOST_TEST(j["add"]["busy_ms"].get<double>() == 0.25);
 }
-
-BOOST_AUTO_TEST_CASE(timeline_is_chrome_trace_json_of_the_spans) {
-  const std::map<int, std::vector<call_span>> by_rank{
-      {0, {{"momentum", 0, 10.0, 10.5}, {"newton_schulz", 2, 10.25, 12.0}}},
-      {3, {{"adamw", 0, 4.0, 4.125}}}};
-  const auto j = bench::timeline_json(by_rank, "cuda");
-  std::map<std::pair<int, int>, std::string> threads;  // (pid, tid) -> name
-  std::vector<nlohmann::json> slices;
-  for (const auto& e : j.at("traceEvents")) {
-    if (e.at("ph") == "M" && e.at("name") == "thread_name")
-      threads[{e.at("pid").get<int>(), e.at("tid").get<int>()}] = e.at("args").at("name");
-    else if (e.at("ph") == "X")
-      slices.push_back(e);
-  }
-  BOOST_TEST(threads.size() == 3u);
-  BOOST_TEST(threads[std::make_pair(0, 0)] == "main stream");
-  BOOST_TEST(threads[std::make_pair(0, 2)] == "NS lane 1");
-  BOOST_TEST(threads[std::make_pair(3, 0)] == "main stream");
-  BOOST_REQUIRE_EQUAL(slices.size(), 3u);
-  // Microseconds from each rank's first call.
-  BOOST_TEST(slices[1].at("name") == "newton_schulz");
-  BOOST_TEST(slices[1].at("pid").get<int>() == 0);
-  BOOST_TEST(slices[1].at("tid").get<int>() == 2);
-  BOOST_TEST(slices[1].at("ts").get<double>() == 250.0);
-  BOOST_TEST(slices[1].at("dur").get<double>() == 1750.0);
-  BOOST_TEST(slices[2].at("pid").get<int>() == 3);
-  BOOST_TEST(slices[2].at("ts").get<double>() == 0.0);
-  BOOST_TEST(slices[2].at("dur").get<double>() == 125.0);
-  const auto host = bench::timeline_json({{0, {{"adamw", 0, 1.0, 2.0}}}}, "host");
-  bool named = false;
-  for (const auto& e : host.at("traceEvents"))
-    named = named || (e.at("name") == "thread_name" && e.at("args").at("name") == "host calls");
-  BOOST_TEST(named);
-}

@@ -145,6 +145,18 @@ BOOST_AUTO_TEST_CASE(null_arguments_are_errors_not_crashes) {
   zmuon_tensor unnamed{nullptr, nullptr, 0, ZMUON_HOST};
   BOOST_TEST(zmuon_engine_gather_params(eng, &unnamed, 1) == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::strstr(zmuon_last_error(), "NULL name") != nullptr);
+  BOOST_TEST(zmuon_engine_time_calls(nullptr, 1) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(zmuon_engine_write_call_timeline(eng, nullptr) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "path is NULL") != nullptr);
+  // Timing off: a bad-state error that says so, and no file.
+  BOOST_TEST(zmuon_engine_write_call_timeline(eng, "/nonexistent/timeline.json")
+             == ZMUON_BAD_STATE);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "call timing is off") != nullptr);
+  BOOST_TEST(zmuon_engine_time_calls(eng, 1) == ZMUON_OK);
+  // On, but the engine has not run: nothing to take (rank 0 has no backend yet).
+  BOOST_TEST(zmuon_engine_write_call_timeline(eng, "/nonexistent/timeline.json")
+             == ZMUON_BAD_STATE);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "has not started") != nullptr);
   zmuon_engine_destroy(eng);
 }
 

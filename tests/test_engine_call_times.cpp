@@ -8,8 +8,14 @@
 #define BOOST_TEST_MODULE engine_call_times
 #include <boost/test/unit_test.hpp>
 
+#include <stdlib.h>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
+
+#include <nlohmann/json.hpp>
 
 #include "engine_fixture.hpp"
 #include "kernels/compute.hpp"
@@ -116,4 +122,70 @@ BOOST_AUTO_TEST_CASE(busy_time_is_the_union_of_the_calls_spans) {
   fold_call_spans(later, t);  // a later batch adds to the sums
   BOOST_TEST(t.calls == 5);
   BOOST_TEST(t.busy_ms == 4.75);
+}
+
+BOOST_AUTO_TEST_CASE(write_call_timeline_takes_every_rank_and_writes_its_calls) {
+  const auto table = test_table();
+  auto eng = make_engine(options(2));
+  register_table(*eng, table, 4);
+  std::string dir = (std::filesystem::temp_directory_path() / "zmuon_timeline_XXXXXX").string();
+  BOOST_REQUIRE(::mkdtemp(dir.data()) != nullptr);
+  const std::string path = dir + "/timeline.json";
+  run_step(*eng, table, 1);
+  auto off = eng->write_call_timeline(path);  // timing is off: nothing to write
+  BOOST_TEST((off.code() == errc::bad_state));
+  BOOST_TEST(off.message().find("call timing is off") != std::string::npos);
+  eng->time_backend_calls(true);
+  run_step(*eng, table, 2);
+  BOOST_REQUIRE(!eng->write_call_timeline(path));
+  std::ifstream in(path);
+  const auto j = nlohmann::json::parse(in);
+  std::map<int, int64_t> momentum_calls;  // by rank (pid)
+  for (const auto& e : j.at("traceEvents"))
+    if (e.at("ph") == "X" && e.at("name") == "momentum")
+      ++momentum_calls[e.at("pid").get<int>()];
+  const plan& pl = *eng->layout();
+  BOOST_TEST(momentum_calls.size() == 2u);  // both ranks, one call per Muon shard each
+  BOOST_TEST(momentum_calls[0] == pl.muon_count());
+  BOOST_TEST(momentum_calls[1] == pl.muon_count());
+  BOOST_TEST(eng->take_backend_call_times(0)->empty());  // the period was taken
+  auto bad = eng->write_call_timeline(dir + "/no/such/dir/timeline.json");
+  BOOST_TEST((bad.code() == errc::io_error));
+  BOOST_TEST(bad.message().find("cannot write") != std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+BOOST_AUTO_TEST_CASE(timeline_is_chrome_trace_json_of_the_spans) {
+  const std::map<int, std::vector<call_span>> by_rank{
+      {0, {{"momentum", 0, 10.0, 10.5}, {"newton_schulz", 2, 10.25, 12.0}}},
+      {3, {{"adamw", 0, 4.0, 4.125}}}};
+  const auto j = nlohmann::json::parse(call_timeline_json(by_rank, true));
+  std::map<std::pair<int, int>, std::string> threads;  // (pid, tid) -> name
+  std::vector<nlohmann::json> slices;
+  for (const auto& e : j.at("traceEvents")) {
+    if (e.at("ph") == "M" && e.at("name") == "thread_name")
+      threads[{e.at("pid").get<int>(), e.at("tid").get<int>()}] = e.at("args").at("name");
+    else if (e.at("ph") == "X")
+      slices.push_back(e);
+  }
+  BOOST_TEST(threads.size() == 3u);
+  BOOST_TEST(threads[std::make_pair(0, 0)] == "main stream");
+  BOOST_TEST(threads[std::make_pair(0, 2)] == "NS lane 1");
+  BOOST_TEST(threads[std::make_pair(3, 0)] == "main stream");
+  BOOST_REQUIRE_EQUAL(slices.size(), 3u);
+  // Microseconds from each rank's first call.
+  BOOST_TEST(slices[1].at("name") == "newton_schulz");
+  BOOST_TEST(slices[1].at("pid").get<int>() == 0);
+  BOOST_TEST(slices[1].at("tid").get<int>() == 2);
+  BOOST_TEST(slices[1].at("ts").get<double>() == 250.0);
+  BOOST_TEST(slices[1].at("dur").get<double>() == 1750.0);
+  BOOST_TEST(slices[2].at("pid").get<int>() == 3);
+  BOOST_TEST(slices[2].at("ts").get<double>() == 0.0);
+  BOOST_TEST(slices[2].at("dur").get<double>() == 125.0);
+  const auto host =
+      nlohmann::json::parse(call_timeline_json({{0, {{"adamw", 0, 1.0, 2.0}}}}, false));
+  bool named = false;
+  for (const auto& e : host.at("traceEvents"))
+    named = named || (e.at("name") == "thread_name" && e.at("args").at("name") == "host calls");
+  BOOST_TEST(named);
 }

@@ -52,8 +52,8 @@
 //
 // --timeline FILE (implies --call-times): the backend calls of the step the phase table shows,
 // every rank, as Chrome Trace Event JSON for Perfetto or chrome://tracing (report.hpp,
-// timeline_json): on CUDA a row for the main stream and one per Newton-Schulz lane, so that
-// where the device idles, and what waits for what, can be seen.
+// zmuon::call_timeline_json): on CUDA a row for the main stream and one per Newton-Schulz lane, so
+// that where the device idles, and what waits for what, can be seen.
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
@@ -534,7 +534,8 @@ int main(int argc, char* argv[]) {
     return false;
   };
   if (!timeline_out.empty()) {
-    if (!write_json(timeline_out, zmuon::bench::timeline_json(step_spans[mid_step], opts.compute)))
+    if (!write_json(timeline_out, nlohmann::json::parse(zmuon::call_timeline_json(
+                                      step_spans[mid_step], opts.compute == "cuda"))))
       return 2;
     std::printf("timeline of step %llu (every rank's backend calls): %s\n",
                 static_cast<unsigned long long>(mid_step), timeline_out.c_str());

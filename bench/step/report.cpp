@@ -108,38 +108,4 @@ nlohmann::json report_call_times(const call_times& sum, int steps) {
   return out;
 }
 
-nlohmann::json timeline_json(const std::map<int, std::vector<call_span>>& by_rank,
-                             const std::string& compute) {
-  const std::string first_track = compute == "cuda" ? "main stream" : "host calls";
-  nlohmann::json events = nlohmann::json::array();
-  for (const auto& [rank, spans] : by_rank) {
-    events.push_back({{"ph", "M"},
-                      {"name", "process_name"},
-                      {"pid", rank},
-                      {"args", {{"name", "rank " + std::to_string(rank)}}}});
-    double origin = spans.empty() ? 0.0 : spans.front().start_ms;
-    std::set<int> tracks;
-    for (const call_span& s : spans) {
-      origin = std::min(origin, s.start_ms);
-      tracks.insert(s.track);
-    }
-    for (int t : tracks)
-      events.push_back(
-          {{"ph", "M"},
-           {"name", "thread_name"},
-           {"pid", rank},
-           {"tid", t},
-           {"args", {{"name", t == 0 ? first_track : "NS lane " + std::to_string(t - 1)}}}});
-    for (const call_span& s : spans)
-      events.push_back({{"ph", "X"},
-                        {"name", s.name},
-                        {"cat", "call"},
-                        {"pid", rank},
-                        {"tid", s.track},
-                        {"ts", (s.start_ms - origin) * 1e3},
-                        {"dur", (s.end_ms - s.start_ms) * 1e3}});
-  }
-  return {{"traceEvents", events}, {"displayTimeUnit", "ms"}};
-}
-
 }  // namespace zmuon::bench

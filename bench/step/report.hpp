@@ -38,11 +38,4 @@ void add_call_times(call_times& sum, const call_times& step);
 /// calls), then a newline; returns the same figures per call as {"calls", "ms", "busy_ms"}.
 nlohmann::json report_call_times(const call_times& sum, int steps);
 
-/// One step's backend calls (engine::backend_call_spans), rank by rank, as Chrome Trace Event
-/// JSON that Perfetto (ui.perfetto.dev) and chrome://tracing open: a process per rank, a thread
-/// per track (call_span::track: "main stream", "NS lane i"; on the host backend "host calls"),
-/// an "X" slice per call, times in microseconds of the rank's own clock from its first call.
-nlohmann::json timeline_json(const std::map<int, std::vector<call_span>>& by_rank,
-                             const std::string& compute);
-
 }  // namespace zmuon::bench

@@ -33,4 +33,10 @@ struct call_span {
   double end_ms = 0.0;
 };
 
+/// Calls by rank as Chrome Trace Event JSON, which Perfetto (ui.perfetto.dev) and
+/// chrome://tracing open: a process per rank, a thread per track ("main stream", "NS lane i";
+/// "host calls" when not `cuda`), an "X" slice per call, times in microseconds of each rank's
+/// own clock from its first call.
+std::string call_timeline_json(const std::map<int, std::vector<call_span>>& by_rank, bool cuda);
+
 }  // namespace zmuon

@@ -147,6 +147,9 @@ public:
   /// The calls that local rank `rank`'s last take_backend_call_times summed, one span each, by
   /// start (zmuon/call_times.hpp): a timeline of that period.
   expected<std::vector<call_span>> backend_call_spans(int rank) const;
+  /// Takes the timing period of every local rank (as take_backend_call_times does) and writes
+  /// its calls to `path` as call_timeline_json; an error while timing is off.
+  error write_call_timeline(const std::string& path);
 
   int world() const;
   /// The ranks this process runs: [first_rank(), first_rank() + local_ranks()).

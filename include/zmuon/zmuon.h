@@ -122,6 +122,15 @@ ZMUON_API int zmuon_engine_loss_scale(zmuon_engine* eng, float* out);
  * A negative value keeps that group's current schedule. */
 ZMUON_API int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr);
 
+/* Where a step's time goes (engine::time_backend_calls / write_call_timeline): `on` 1 times
+ * every compute-backend call from the next one on (on CUDA with two events on its stream), 0
+ * stops. Off by default. write_call_timeline ends the timing period of every rank this process
+ * runs and writes the calls timed in it to `path` as Chrome Trace Event JSON (open it in
+ * ui.perfetto.dev): a process per rank, a row for the main stream and one per Newton-Schulz
+ * lane. It fails while timing is off. */
+ZMUON_API int zmuon_engine_time_calls(zmuon_engine* eng, int32_t on);
+ZMUON_API int zmuon_engine_write_call_timeline(zmuon_engine* eng, const char* path);
+
 /* Checkpoints (engine::save_checkpoint / load_checkpoint): every rank's shards of parameters,
  * momentum and Adam moments plus a manifest, written atomically under `dir`; loading reshards
  * onto this engine's world size. Only between steps. `step_out` (may be NULL) gets the step the

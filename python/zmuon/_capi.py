@@ -137,6 +137,8 @@ def _load():
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_loss_scale": (c_int, [eng_p, ctypes.POINTER(c_f)]),
         "zmuon_engine_set_lr": (c_int, [eng_p, c_f, c_f]),
+        "zmuon_engine_time_calls": (c_int, [eng_p, c_i32]),
+        "zmuon_engine_write_call_timeline": (c_int, [eng_p, ctypes.c_char_p]),
         "zmuon_engine_save_checkpoint": (c_int, [eng_p, ctypes.c_char_p]),
         "zmuon_engine_load_checkpoint": (c_int, [eng_p, ctypes.c_char_p,
                                                  ctypes.POINTER(ctypes.c_uint64)]),
@@ -236,6 +238,12 @@ class Engine:
 
     def set_lr(self, muon_lr=-1.0, adam_lr=-1.0):
         _check(_lib.zmuon_engine_set_lr(self._h(), muon_lr, adam_lr))
+
+    def time_calls(self, on=True):
+        _check(_lib.zmuon_engine_time_calls(self._h(), 1 if on else 0))
+
+    def write_call_timeline(self, path):
+        _check(_lib.zmuon_engine_write_call_timeline(self._h(), os.fsencode(path)))
 
     def save_checkpoint(self, directory):
         _check(_lib.zmuon_engine_save_checkpoint(self._h(), os.fsencode(directory)))

@@ -284,6 +284,17 @@ class Muon:
             if name in self._staged:
                 p.data.copy_(self._staged[name])
 
+    def time_calls(self, on=True):
+        """Times every compute-backend call of the following steps (off by default; on CUDA
+        two events per call), for write_call_timeline."""
+        self._engine.time_calls(on)
+
+    def write_call_timeline(self, path):
+        """Writes the calls timed since time_calls (or the last write) as Chrome Trace Event
+        JSON, to open in ui.perfetto.dev: a process per rank, a row for the main stream and one
+        per Newton-Schulz lane. Raises zmuon.BadState while timing is off."""
+        self._engine.write_call_timeline(path)
+
     def save_checkpoint(self, directory):
         """Saves the optimizer state (parameters, momentum, Adam moments, step, loss scale) as a
         zmuon checkpoint under `directory` (between steps)."""

@@ -273,6 +273,33 @@ class BindingMatchesEngine(unittest.TestCase):
                            1e-3)
         self.assertTrue(np.array_equal(params["norm.weight"], before["norm.weight"]))
 
+    def test_call_timeline_lists_every_call_of_the_timed_steps(self):
+        params = make_params(6)
+        opt = zmuon.Muon(params)
+        opt.accumulate(make_grads(6, 1, 0, 0))
+        opt.step()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "timeline.json")
+            with self.assertRaises(zmuon.BadState) as cm:  # timing is off
+                opt.write_call_timeline(path)
+            self.assertIn("call timing is off", str(cm.exception))
+            opt.time_calls(True)
+            for step in (2, 3):
+                opt.accumulate(make_grads(6, step, 0, 0))
+                opt.step()
+            opt.write_call_timeline(path)
+            with open(path) as f:
+                events = json.load(f)["traceEvents"]
+        calls = [e for e in events if e["ph"] == "X"]
+        muon = sum(1 for n, _ in TABLE if opt.uses_muon(n))
+        # Two steps: one momentum call and one update per Muon shard each, one AdamW call per
+        # other parameter each (the host backend's per-parameter calls).
+        self.assertEqual(sum(1 for e in calls if e["name"] == "momentum"), 2 * muon)
+        self.assertEqual(sum(1 for e in calls if e["name"] == "adamw"), 2 * (len(TABLE) - muon))
+        self.assertTrue(all(e["dur"] >= 0 and e["ts"] >= 0 for e in calls))
+        threads = [e["args"]["name"] for e in events if e["name"] == "thread_name"]
+        self.assertEqual(threads, ["host calls"])
+
 
 class BadArguments(unittest.TestCase):
 
