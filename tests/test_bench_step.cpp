@@ -242,3 +242,24 @@ BOOST_AUTO_TEST_CASE(call_time_report_gives_per_step_means) {
   BOOST_TEST(j["newton_schulz"]["busy_ms"].get<double>() == 3.0);
   BOOST_TEST(j["add"]["busy_ms"].get<double>() == 0.25);
 }
+
+BOOST_AUTO_TEST_CASE(timeline_summary_finds_the_gaps_and_the_newton_schulz_stretch) {
+  // Main stream 10-11 and 11.5-12, lanes 11.75-13 and 12.5-14 (NS), main 14.25-14.5: nothing
+  // runs 11-11.5 and 14-14.25.
+  const std::vector<call_span> spans{{"scan", 0, 10.0, 11.0},
+                                     {"momentum", 0, 11.5, 12.0},
+                                     {"newton_schulz", 1, 11.75, 13.0},
+                                     {"newton_schulz", 2, 12.5, 14.0},
+                                     {"adamw", 0, 14.25, 14.5}};
+  const auto t = bench::summarize_timeline(spans);
+  BOOST_TEST(t.span_ms == 4.5);
+  BOOST_TEST(t.idle_ms == 0.75);
+  BOOST_TEST(t.longest_gap_ms == 0.5);
+  BOOST_TEST(t.longest_gap_at == 1.0);
+  BOOST_TEST(t.first_ns_ms == 1.75);
+  BOOST_TEST(t.last_ns_end_ms == 4.0);
+  const auto none = bench::summarize_timeline({{"adamw", 0, 3.0, 4.0}});
+  BOOST_TEST(none.span_ms == 1.0);
+  BOOST_TEST(none.idle_ms == 0.0);
+  BOOST_TEST(none.first_ns_ms == -1.0);
+}

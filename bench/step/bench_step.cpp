@@ -48,7 +48,10 @@
 // events around each call's work on its stream) and the bench prints, for the rank of the phase
 // table, each call's busy time per step (mean over the timed steps: the time during which at
 // least one call of that name ran, zmuon/call_times.hpp), its calls' summed spans and count: on
-// CUDA the device time the phases above cannot show (their spans end at enqueue). Off by default.
+// CUDA the device time the phases above cannot show (their spans end at enqueue); then that
+// step's timeline in one line (report.hpp, summarize_timeline): from its first call to its last,
+// how long no call ran on any stream (and the longest such gap), and where Newton-Schulz began
+// and ended. Off by default.
 //
 // --timeline FILE (implies --call-times): the backend calls of the step the phase table shows,
 // every rank, as Chrome Trace Event JSON for Perfetto or chrome://tracing (report.hpp,
@@ -303,7 +306,7 @@ int main(int argc, char* argv[]) {
   std::vector<double> reduce_ms, step_ms, transient_bytes, handover_bytes;
   std::vector<zmuon::memory_stats> last_memory(static_cast<size_t>(opts.world));
   std::vector<zmuon::call_times> call_sums(static_cast<size_t>(opts.world));    // timed steps
-  std::map<uint64_t, std::map<int, std::vector<zmuon::call_span>>> step_spans;  // --timeline
+  std::map<uint64_t, std::map<int, std::vector<zmuon::call_span>>> step_spans;  // timed steps
   eng->time_backend_calls(time_calls);
   int64_t ns_matrices = 0;
   for (int s = 0; s < steps; ++s) {
@@ -346,7 +349,7 @@ int main(int argc, char* argv[]) {
       }
       if (s > 0)  // the warm-up step's are dropped
         zmuon::bench::add_call_times(call_sums[static_cast<size_t>(r)], *taken);
-      if (s > 0 && !timeline_out.empty())
+      if (s > 0)
         step_spans[info->step][r] = *eng->backend_call_spans(r);  // the rank was just taken
     }
     if (s > 0) {
@@ -455,12 +458,18 @@ int main(int argc, char* argv[]) {
       std::printf("  %-16s %10.3f  %5.1f %%\n", p.c_str(), median(phase[p]),
                   100 * median(phase[p]) / std::max(ms(mid.window_ns), 1e-9));
   nlohmann::json jcalls = nlohmann::json::object();
+  nlohmann::json jtimeline = nlohmann::json::object();
   if (time_calls) {  // per timed step, the phase table's rank
     std::printf("backend calls of rank %d, %s", mid.rank,
                 opts.compute == "cuda" ? "device time from CUDA events (nccl collectives: on the "
                                          "stream, including waits for peers): "
                                        : "host time: ");
     jcalls = zmuon::bench::report_call_times(call_sums[static_cast<size_t>(mid.rank)], steps - 1);
+    std::printf("timeline of step %llu, rank %d (its calls, %s):\n",
+                static_cast<unsigned long long>(mid_step), mid.rank,
+                opts.compute == "cuda" ? "device clock" : "host clock");
+    jtimeline = zmuon::bench::report_timeline(
+        zmuon::bench::summarize_timeline(step_spans[mid_step][mid.rank]));
   }
   std::printf(
       "actor plumbing: %.2f %% of the step wall (largest rank), %.2f %% all ranks together "
@@ -579,7 +588,8 @@ int main(int argc, char* argv[]) {
     j["device_grads"] = device_grads;
     if (time_calls) {
       j["call_ms_rank"] = mid.rank;
-      j["call_ms"] = jcalls;  // per timed step: calls and ms by backend call
+      j["call_ms"] = jcalls;      // per timed step: calls and ms by backend call
+      j["timeline"] = jtimeline;  // the phase table's step and rank
     }
     if (!write_json(json_out, j))
       return 2;

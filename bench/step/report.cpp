@@ -108,4 +108,53 @@ nlohmann::json report_call_times(const call_times& sum, int steps) {
   return out;
 }
 
+timeline_figures summarize_timeline(const std::vector<call_span>& spans) {
+  timeline_figures t;
+  if (spans.empty())
+    return t;
+  std::vector<std::pair<double, double>> by_start;
+  for (const call_span& s : spans)
+    by_start.emplace_back(s.start_ms, s.end_ms);
+  std::sort(by_start.begin(), by_start.end());
+  const double origin = by_start.front().first;
+  double covered_to = origin;
+  for (const auto& [start, end] : by_start) {
+    if (start > covered_to) {
+      const double gap = start - covered_to;
+      t.idle_ms += gap;
+      if (gap > t.longest_gap_ms) {
+        t.longest_gap_ms = gap;
+        t.longest_gap_at = covered_to - origin;
+      }
+    }
+    covered_to = std::max(covered_to, end);
+  }
+  t.span_ms = covered_to - origin;
+  for (const call_span& s : spans) {
+    if (s.name != "newton_schulz")
+      continue;
+    if (t.first_ns_ms < 0 || s.start_ms - origin < t.first_ns_ms)
+      t.first_ns_ms = s.start_ms - origin;
+    t.last_ns_end_ms = std::max(t.last_ns_end_ms, s.end_ms - origin);
+  }
+  return t;
+}
+
+nlohmann::json report_timeline(const timeline_figures& t) {
+  std::printf(
+      "  %.3f ms from the first call to the last; nothing running %.3f ms (longest %.3f "
+      "at %.3f)",
+      t.span_ms, t.idle_ms, t.longest_gap_ms, t.longest_gap_at);
+  if (t.first_ns_ms >= 0)
+    std::printf("; Newton-Schulz from %.3f to %.3f, %.3f after it", t.first_ns_ms, t.last_ns_end_ms,
+                t.span_ms - t.last_ns_end_ms);
+  std::printf("\n");
+  return {{"span_ms", t.span_ms},
+          {"idle_ms", t.idle_ms},
+          {"longest_gap_ms", t.longest_gap_ms},
+          {"longest_gap_at_ms", t.longest_gap_at},
+          {"first_ns_ms", t.first_ns_ms},
+          {"last_ns_end_ms", t.last_ns_end_ms}};
+}
+
 }  // namespace zmuon::bench

@@ -38,4 +38,19 @@ void add_call_times(call_times& sum, const call_times& step);
 /// calls), then a newline; returns the same figures per call as {"calls", "ms", "busy_ms"}.
 nlohmann::json report_call_times(const call_times& sum, int steps);
 
+/// One rank's step seen from its calls (engine::backend_call_spans), in ms from its first call:
+/// where the device worked, where nothing ran, and where Newton-Schulz began and ended.
+struct timeline_figures {
+  double span_ms = 0;          // first call's start to last call's end
+  double idle_ms = 0;          // inside the span, no call of any track running
+  double longest_gap_ms = 0;   // the longest such stretch
+  double longest_gap_at = 0;   // where it begins
+  double first_ns_ms = -1;     // the first newton_schulz call's start (-1: none)
+  double last_ns_end_ms = -1;  // the last one's end
+};
+timeline_figures summarize_timeline(const std::vector<call_span>& spans);
+
+/// Prints `t` as one line; returns it as JSON.
+nlohmann::json report_timeline(const timeline_figures& t);
+
 }  // namespace zmuon::bench
