@@ -19,6 +19,7 @@ raises zmuon.Unsupported, unless `host_staging=True` copies them through host me
 import json
 import sys
 import os
+import tempfile
 
 from . import _capi
 from ._capi import HOST, BadState, InvalidArgument, Unsupported
@@ -308,11 +309,46 @@ class Muon:
         return step
 
     def state_dict(self):
-        raise NotImplementedError("zmuon.Muon.state_dict: the state lives sharded in the engine; "
-                                  "use save_checkpoint(directory) / load_checkpoint(directory)")
+        """The optimizer state as a picklable dict, for torch.save beside the model's: the files
+        of a zmuon checkpoint (parameters, momentum, Adam moments, step, loss scale; every rank's
+        shards) read into memory, and each param group's learning rate. Between steps.
+        load_state_dict restores it, also into an optimizer with another rank count."""
+        with tempfile.TemporaryDirectory() as tmp:
+            self._engine.save_checkpoint(tmp)
+            files = {}
+            for root, _, names in os.walk(tmp):
+                for n in names:
+                    path = os.path.join(root, n)
+                    with open(path, "rb") as f:
+                        files[os.path.relpath(path, tmp)] = f.read()
+        return {"zmuon_checkpoint": files, "lrs": [g["lr"] for g in self.param_groups]}
 
     def load_state_dict(self, state):
-        raise NotImplementedError("zmuon.Muon.load_state_dict: use load_checkpoint(directory)")
+        """Restores a state_dict(): the checkpoint's parameters are written into the tensors,
+        and the param groups' learning rates are set. A dict that is not one raises
+        zmuon.InvalidArgument naming what is wrong; a damaged checkpoint, the engine's error
+        (the optimizer is then unchanged)."""
+        if not isinstance(state, dict) or not isinstance(state.get("zmuon_checkpoint"), dict):
+            raise InvalidArgument("load_state_dict: not a zmuon.Muon state_dict (no "
+                                  "'zmuon_checkpoint' dict of checkpoint files)")
+        lrs = state.get("lrs")
+        if not isinstance(lrs, list) or len(lrs) != len(self.param_groups):
+            raise InvalidArgument(f"load_state_dict: 'lrs' must list {len(self.param_groups)} "
+                                  f"learning rates, got {lrs!r}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for rel, data in state["zmuon_checkpoint"].items():
+                parts = os.path.normpath(str(rel)).split(os.sep)
+                if os.path.isabs(str(rel)) or ".." in parts or not isinstance(data, bytes):
+                    raise InvalidArgument(f"load_state_dict: checkpoint file {rel!r} is not a "
+                                          "relative path inside the checkpoint with bytes")
+                path = os.path.join(tmp, *parts)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as f:
+                    f.write(data)
+            self._engine.load_checkpoint(tmp)
+        self._write_back()
+        for g, lr in zip(self.param_groups, lrs):
+            g["lr"] = lr
 
     def close(self):
         """Stops the engine (also done when the optimizer is garbage collected)."""

@@ -242,6 +242,49 @@ class BindingMatchesEngine(unittest.TestCase):
                 opt2.load_checkpoint(os.path.join(tmp, "missing"))
             self.assertIn("missing", str(cm.exception))
 
+    def test_state_dict_round_trip_is_bit_identical(self):
+        # As the checkpoint test, through state_dict (pickled, as torch.save would) and
+        # load_state_dict; the learning rates travel with it.
+        import pickle
+        straight = make_params(10)
+        opt = zmuon.Muon(straight)
+        for step in (1, 2, 3, 4):
+            if step == 3:
+                opt.param_groups[0]["lr"] = 0.01
+            opt.accumulate(make_grads(10, step, 0, 0))
+            opt.step()
+        first = make_params(10)
+        opt = zmuon.Muon(first)
+        for step in (1, 2):
+            opt.accumulate(make_grads(10, step, 0, 0))
+            opt.step()
+        opt.param_groups[0]["lr"] = 0.01
+        state = pickle.loads(pickle.dumps(opt.state_dict()))
+        self.assertIn("latest", state["zmuon_checkpoint"])
+        resumed = make_params(11)
+        opt2 = zmuon.Muon(resumed)
+        broken = dict(state, zmuon_checkpoint=dict(state["zmuon_checkpoint"]))
+        manifest = next(k for k in broken["zmuon_checkpoint"] if k.endswith("manifest.json"))
+        broken["zmuon_checkpoint"][manifest] = broken["zmuon_checkpoint"][manifest][:40]
+        with self.assertRaises(zmuon.ZmuonError):  # a truncated manifest: nothing changes
+            opt2.load_state_dict(broken)
+        self.assertTrue(np.array_equal(resumed["blocks.0.mlp.fc"], make_params(11)["blocks.0.mlp.fc"]))
+        self.assertEqual(opt2.param_groups[0]["lr"], 0.02)
+        opt2.load_state_dict(state)
+        self.assertEqual(opt2.param_groups[0]["lr"], 0.01)
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(resumed[n], first[n]), n)
+        for step in (3, 4):
+            opt2.accumulate(make_grads(10, step, 0, 0))
+            opt2.step()
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(resumed[n], straight[n]), n)
+        for bad, what in (({}, "zmuon_checkpoint"), (dict(state, lrs=[0.1]), "lrs"),
+                          (dict(state, zmuon_checkpoint={"../x": b""}), "../x")):
+            with self.assertRaises(zmuon.InvalidArgument) as cm:
+                opt2.load_state_dict(bad)
+            self.assertIn(what, str(cm.exception))
+
     def test_default_rule_and_user_groups(self):
         params = make_params(2)
         opt = zmuon.Muon(params)
