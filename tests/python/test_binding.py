@@ -279,6 +279,12 @@ class BindingMatchesEngine(unittest.TestCase):
             opt2.step()
         for n, _ in TABLE:
             self.assertTrue(np.array_equal(resumed[n], straight[n]), n)
+        other = make_params(12)  # two ranks load what one rank saved
+        opt3 = zmuon.Muon(other, {"zmuon": {"ranks": 2}})
+        self.assertEqual(opt3.world, 2)
+        opt3.load_state_dict(state)
+        for n, _ in TABLE:
+            self.assertTrue(np.array_equal(other[n], first[n]), n)
         for bad, what in (({}, "zmuon_checkpoint"), (dict(state, lrs=[0.1]), "lrs"),
                           (dict(state, zmuon_checkpoint={"../x": b""}), "../x")):
             with self.assertRaises(zmuon.InvalidArgument) as cm:
