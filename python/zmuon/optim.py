@@ -338,7 +338,8 @@ class Muon:
         with tempfile.TemporaryDirectory() as tmp:
             for rel, data in state["zmuon_checkpoint"].items():
                 parts = os.path.normpath(str(rel)).split(os.sep)
-                if os.path.isabs(str(rel)) or ".." in parts or not isinstance(data, bytes):
+                if os.path.isabs(str(rel)) or ".." in parts or parts == ["."] \
+                        or not isinstance(data, bytes):
                     raise InvalidArgument(f"load_state_dict: checkpoint file {rel!r} is not a "
                                           "relative path inside the checkpoint with bytes")
                 path = os.path.join(tmp, *parts)

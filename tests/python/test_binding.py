@@ -286,7 +286,8 @@ class BindingMatchesEngine(unittest.TestCase):
         for n, _ in TABLE:
             self.assertTrue(np.array_equal(other[n], first[n]), n)
         for bad, what in (({}, "zmuon_checkpoint"), (dict(state, lrs=[0.1]), "lrs"),
-                          (dict(state, zmuon_checkpoint={"../x": b""}), "../x")):
+                          (dict(state, zmuon_checkpoint={"../x": b""}), "../x"),
+                          (dict(state, zmuon_checkpoint={"": b""}), "''")):
             with self.assertRaises(zmuon.InvalidArgument) as cm:
                 opt2.load_state_dict(bad)
             self.assertIn(what, str(cm.exception))
