@@ -95,6 +95,18 @@ def make_grads(seed, step, rank, micro):
     return {n: rng.standard_normal(s).astype(np.float32) for n, s in TABLE}
 
 
+def run_steps(opt, seed, steps):
+    """One micro-batch of rank 0 and a step, for each of `steps`."""
+    for step in steps:
+        opt.accumulate(make_grads(seed, step, 0, 0))
+        opt.step()
+
+
+def same_params(got, want):
+    """The names whose values differ in any bit."""
+    return [n for n, _ in TABLE if not np.array_equal(got[n], want[n])]
+
+
 class FakeCudaTensor:
     """What the binding reads of a CUDA torch.Tensor (data_ptr, is_cuda, device, dtype, ...),
     backed by host memory: enough to show that a CUDA buffer goes to the engine as a device
@@ -217,27 +229,18 @@ class BindingMatchesEngine(unittest.TestCase):
         # 4 steps straight vs 2 steps, save, a new optimizer on other initial values, load,
         # 2 more steps: the same parameters bit for bit (checkpoint through the C ABI).
         straight = make_params(8)
-        opt = zmuon.Muon(straight)
-        for step in (1, 2, 3, 4):
-            opt.accumulate(make_grads(8, step, 0, 0))
-            opt.step()
+        run_steps(zmuon.Muon(straight), 8, (1, 2, 3, 4))
         with tempfile.TemporaryDirectory() as tmp:
             first = make_params(8)
             opt = zmuon.Muon(first)
-            for step in (1, 2):
-                opt.accumulate(make_grads(8, step, 0, 0))
-                opt.step()
+            run_steps(opt, 8, (1, 2))
             opt.save_checkpoint(tmp)
             resumed = make_params(9)  # other values: the load must overwrite them
             opt2 = zmuon.Muon(resumed)
             self.assertEqual(opt2.load_checkpoint(tmp), 2)
-            for n, _ in TABLE:
-                self.assertTrue(np.array_equal(resumed[n], first[n]), n)
-            for step in (3, 4):
-                opt2.accumulate(make_grads(8, step, 0, 0))
-                opt2.step()
-            for n, _ in TABLE:
-                self.assertTrue(np.array_equal(resumed[n], straight[n]), n)
+            self.assertEqual(same_params(resumed, first), [])
+            run_steps(opt2, 8, (3, 4))
+            self.assertEqual(same_params(resumed, straight), [])
             with self.assertRaises(zmuon.IOFailure) as cm:
                 opt2.load_checkpoint(os.path.join(tmp, "missing"))
             self.assertIn("missing", str(cm.exception))
@@ -248,16 +251,12 @@ class BindingMatchesEngine(unittest.TestCase):
         import pickle
         straight = make_params(10)
         opt = zmuon.Muon(straight)
-        for step in (1, 2, 3, 4):
-            if step == 3:
-                opt.param_groups[0]["lr"] = 0.01
-            opt.accumulate(make_grads(10, step, 0, 0))
-            opt.step()
+        run_steps(opt, 10, (1, 2))
+        opt.param_groups[0]["lr"] = 0.01
+        run_steps(opt, 10, (3, 4))
         first = make_params(10)
         opt = zmuon.Muon(first)
-        for step in (1, 2):
-            opt.accumulate(make_grads(10, step, 0, 0))
-            opt.step()
+        run_steps(opt, 10, (1, 2))
         opt.param_groups[0]["lr"] = 0.01
         state = pickle.loads(pickle.dumps(opt.state_dict()))
         self.assertIn("latest", state["zmuon_checkpoint"])
@@ -272,19 +271,14 @@ class BindingMatchesEngine(unittest.TestCase):
         self.assertEqual(opt2.param_groups[0]["lr"], 0.02)
         opt2.load_state_dict(state)
         self.assertEqual(opt2.param_groups[0]["lr"], 0.01)
-        for n, _ in TABLE:
-            self.assertTrue(np.array_equal(resumed[n], first[n]), n)
-        for step in (3, 4):
-            opt2.accumulate(make_grads(10, step, 0, 0))
-            opt2.step()
-        for n, _ in TABLE:
-            self.assertTrue(np.array_equal(resumed[n], straight[n]), n)
+        self.assertEqual(same_params(resumed, first), [])
+        run_steps(opt2, 10, (3, 4))
+        self.assertEqual(same_params(resumed, straight), [])
         other = make_params(12)  # two ranks load what one rank saved
         opt3 = zmuon.Muon(other, {"zmuon": {"ranks": 2}})
         self.assertEqual(opt3.world, 2)
         opt3.load_state_dict(state)
-        for n, _ in TABLE:
-            self.assertTrue(np.array_equal(other[n], first[n]), n)
+        self.assertEqual(same_params(other, first), [])
         for bad, what in (({}, "zmuon_checkpoint"), (dict(state, lrs=[0.1]), "lrs"),
                           (dict(state, zmuon_checkpoint={"../x": b""}), "../x"),
                           (dict(state, zmuon_checkpoint={"": b""}), "''")):
