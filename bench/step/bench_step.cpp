@@ -71,7 +71,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -534,17 +533,10 @@ int main(int argc, char* argv[]) {
     sent.at(static_cast<size_t>(rs.rank)) = rs.sent_bytes;
   const auto bytes = zmuon::bench::report_bytes(pl, sent, gas, bf16_wire ? 2 : 4, traced_bytes);
 
-  const auto write_json = [](const std::string& path, const nlohmann::json& j) {
-    std::ofstream f(path);
-    f << j.dump(2) << "\n";
-    if (f.flush())
-      return true;
-    std::fprintf(stderr, "zmuon-bench-step: cannot write '%s'\n", path.c_str());
-    return false;
-  };
+  using zmuon::bench::write_file;
   if (!timeline_out.empty()) {
-    if (!write_json(timeline_out, nlohmann::json::parse(zmuon::call_timeline_json(
-                                      step_spans[mid_step], opts.compute == "cuda"))))
+    if (!write_file(timeline_out,
+                    zmuon::call_timeline_json(step_spans[mid_step], opts.compute == "cuda")))
       return 2;
     std::printf("timeline of step %llu (every rank's backend calls): %s\n",
                 static_cast<unsigned long long>(mid_step), timeline_out.c_str());
@@ -591,7 +583,7 @@ int main(int argc, char* argv[]) {
       j["call_ms"] = jcalls;      // per timed step: calls and ms by backend call
       j["timeline"] = jtimeline;  // the phase table's step and rank
     }
-    if (!write_json(json_out, j))
+    if (!write_file(json_out, j.dump(2)))
       return 2;
   }
   if (bytes.mismatch) {

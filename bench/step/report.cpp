@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <set>
 #include <string>
 #include <utility>
@@ -10,6 +11,15 @@
 #include "bench/step/step_tables.hpp"
 
 namespace zmuon::bench {
+
+bool write_file(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text << "\n";
+  if (f.flush())
+    return true;
+  std::fprintf(stderr, "zmuon-bench-step: cannot write '%s'\n", path.c_str());
+  return false;
+}
 
 std::string human(double bytes) {
   char buf[32];

@@ -15,6 +15,9 @@
 
 namespace zmuon::bench {
 
+/// Writes `text` and a newline to `path`; false, after saying so on stderr, when it cannot.
+bool write_file(const std::string& path, const std::string& text);
+
 /// "12.34 MB", "5.60 kB", "7 B".
 std::string human(double bytes);
 
