@@ -373,8 +373,11 @@ void begin_step(coord_pointer self) {
                       double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
                       r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
                       auto factor = static_cast<float>(unscale * r.clip_coef);
-                      ask<ack>(self, st.peers.store, unscale_clip{step, factor},
-                               [=](ack&) { run_muon(self); });
+                      // Not waited for: the store takes this rank's requests in the order
+                      // sent, so the momentum after it reads the unscaled gradient (one host
+                      // round trip less before the first NS); a failure still ends the step.
+                      ask<ack>(self, st.peers.store, unscale_clip{step, factor}, [](ack&) {});
+                      run_muon(self);
                     });
               });
         });

@@ -1,5 +1,6 @@
 #include "actors/partition_store.hpp"
 
+#include <algorithm>
 #include <deque>
 #include <vector>
 
@@ -23,6 +24,12 @@ struct store_state {
   // gradient fewer), nothing zeroes the whole gradient after a step (one write fewer), and
   // `materialize` zeroes the buckets still unwritten before anything reads the gradient.
   std::vector<bool> written;
+  // Per reduce bucket, the scan of its gradient shard, taken by the call that wrote it
+  // (accumulate_scanned), so that the step's scan reads no gradient; `scanned` says whether the
+  // bucket's kept scan is that of what it holds (not after a copy from pageable host memory,
+  // nor after the unscale).
+  std::unique_ptr<part_scans> bucket_scans;
+  std::vector<bool> scanned;
   device_buffer momentum;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
@@ -56,6 +63,12 @@ void gradient_changed(store_pointer self) {
   ++self->state.grads_version;
 }
 
+/// Every bucket changed outside accumulate_scanned: their kept scans are stale.
+void gradient_rewritten(store_pointer self) {
+  self->state.scanned.assign(self->state.scanned.size(), false);
+  gradient_changed(self);
+}
+
 /// The parameters' slices, in the order given, for the backend's calls over several parameters.
 std::vector<param_slice> slices_of(const plan& pl, const std::vector<int>& params) {
   std::vector<param_slice> slices;
@@ -81,8 +94,11 @@ void materialize(store_pointer self) {
   for (size_t b = 0; b < buckets.size(); ++b) {
     if (st.written[b])
       continue;
-    st.be->fill_zero(st.grads.data() + buckets[b].shard_offset, buckets[b].shard_len);
+    st.be->accumulate_scanned(st.grads.data() + buckets[b].shard_offset, nullptr,
+                              buckets[b].shard_len, accumulate_mode::zero, *st.bucket_scans,
+                              static_cast<int>(b));
     st.written[b] = true;
+    st.scanned[b] = true;
   }
 }
 
@@ -102,7 +118,10 @@ caf::result<grad_scan> scan_for(store_pointer self, uint64_t step, bool reuse) {
   materialize(self);
   auto promise = self->make_response_promise<grad_scan>();
   auto result = std::make_shared<scan_result>();
-  st.be->scan_async(st.grads.data(), st.grads.size(), result.get());
+  if (std::find(st.scanned.begin(), st.scanned.end(), false) == st.scanned.end())
+    st.be->scan_parts_async(*st.bucket_scans, result.get());
+  else
+    st.be->scan_async(st.grads.data(), st.grads.size(), result.get());
   st.scans.push_back(store_state::pending_scan{step, st.grads_version, result, promise});
   notify_when_done(self, step, gpu_event::scan_landed);
   return promise;
@@ -177,6 +196,8 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   st.params = st.be->allocate(st.pl->shard_total);
   st.grads = st.be->allocate(st.pl->shard_total);
   st.written.assign(st.pl->buckets.size(), true);  // allocated zero
+  st.bucket_scans = st.be->make_part_scans(static_cast<int>(st.pl->buckets.size()));
+  st.scanned.assign(st.pl->buckets.size(), true);  // zero parts
   st.momentum = st.be->allocate(st.pl->muon_state_total);
   st.exp_avg = st.be->allocate(st.pl->adam_state_total);
   st.exp_avg_sq = st.be->allocate(st.pl->adam_state_total);
@@ -203,15 +224,18 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         auto& b = pl.buckets[msg.bucket];
         float* dst = st.grads.data() + b.shard_offset;
         const bool first = !st.written[msg.bucket];
-        if (first && msg.from_host)  // pageable: copied out before it returns
+        // The scan in the same pass where the slice is in the backend's own memory.
+        const bool own_memory = !msg.from_host || !st.be->device_memory();
+        if (own_memory)
+          st.be->accumulate_scanned(dst, msg.slice.data, b.shard_len,
+                                    first ? accumulate_mode::copy : accumulate_mode::add,
+                                    *st.bucket_scans, msg.bucket);
+        else if (first)  // pageable: copied out before it returns
           st.be->copy_from_host_async(dst, msg.slice.data, b.shard_len);
-        else if (first)
-          st.be->copy(dst, msg.slice.data, b.shard_len);
-        else if (msg.from_host)
-          st.be->add_from_host(dst, msg.slice.data, b.shard_len);
         else
-          st.be->add(dst, msg.slice.data, b.shard_len);
+          st.be->add_from_host(dst, msg.slice.data, b.shard_len);
         st.written[msg.bucket] = true;
+        st.scanned[msg.bucket] = own_memory;
         gradient_changed(self);
         return ack{msg.step};
       },
@@ -235,7 +259,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
           return ack{msg.step};
         materialize(self);
         st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
-        gradient_changed(self);
+        gradient_rewritten(self);
         return ack{msg.step};
       },
       [=](muon_momentum& msg) -> caf::result<ack> {

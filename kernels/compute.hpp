@@ -97,6 +97,32 @@ struct copy_piece {
   int64_t n = 0;
 };
 
+/// What accumulate_scanned() writes into its destination: the source, the sum of both, or zeros.
+enum class accumulate_mode { copy, add, zero };
+
+/// Scans kept per part of a buffer (the store's gradient buckets), each taken by the call that
+/// last wrote its part, so that the whole buffer's scan needs no pass of its own
+/// (compute_backend::accumulate_scanned, scan_parts_async). Made by the backend that fills it.
+class part_scans {
+public:
+  virtual ~part_scans() = default;
+  int parts() const { return parts_; }
+
+protected:
+  explicit part_scans(int parts) : parts_(parts) {}
+
+private:
+  int parts_;
+};
+
+/// part_scans kept in host memory, one scan_result a part: compute_backend's default, which the
+/// host backend uses.
+class host_part_scans final : public part_scans {
+public:
+  explicit host_part_scans(int parts) : part_scans(parts), scans(static_cast<size_t>(parts)) {}
+  std::vector<scan_result> scans;
+};
+
 /// The Muon phase's u or update: fp32 at `f32`, or bf16 bits at `bf16` (bf16 transport).
 struct fp32_or_bf16 {
   float* f32 = nullptr;
@@ -248,6 +274,18 @@ public:
   virtual void when_done(std::function<void()> done) { done(); }
   /// scan() without waiting: `*out` holds the result when when_done's callback runs.
   virtual void scan_async(const float* x, int64_t n, scan_result* out) { *out = scan(x, n); }
+
+  // -- scans kept per part (the store's gradient buckets) ---------------------------------------
+  /// Room for the scans of `parts` parts, each a zero part until written.
+  virtual std::unique_ptr<part_scans> make_part_scans(int parts);
+  /// dst = src, dst += src or dst = 0 (`mode`; src unused for zero), and the scan of dst's new
+  /// values kept as part `part` of `scans` (made by this backend), in the same pass.
+  virtual void accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
+                                  part_scans& scans, int part) = 0;
+  /// The parts' scans together, as scan() of the whole buffer would give them up to the order
+  /// of the sum (fixed: part by part), without waiting: `*out` holds the result when
+  /// when_done's callback runs.
+  virtual void scan_parts_async(part_scans& scans, scan_result* out);
   /// Zero-filled host memory that the async copies below may use (pinned on CUDA).
   virtual device_buffer allocate_host(int64_t n) { return allocate(n); }
   /// Copies between this backend's buffers and allocate_host() memory, enqueued without waiting

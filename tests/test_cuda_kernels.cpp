@@ -34,6 +34,7 @@
 #include "tests/bf16_reference.hpp"
 #include "tests/cuda_test_env.hpp"
 #include "tests/ns_accuracy.hpp"
+#include "tests/part_scans.hpp"
 #include "tests/slice_calls.hpp"
 
 namespace zmuon {
@@ -248,6 +249,12 @@ int64_t bf16_mismatches(compute_backend& gpu, device_buffer& a, device_buffer& b
 // per-parameter kernels at each slice's offsets (tests/slice_calls.hpp).
 BOOST_AUTO_TEST_CASE(slice_calls_equal_per_parameter_calls) {
   test::check_slice_calls(*env().gpu);
+}
+
+// The accumulate kernel's scan in the same pass, and the parts summed on the device
+// (tests/part_scans.hpp).
+BOOST_AUTO_TEST_CASE(part_scans_follow_each_accumulate) {
+  test::check_part_scans(*env().gpu);
 }
 
 // The nccl comm's copies of a rank's own segments (launch_copy_units): 2-byte units, pieces of

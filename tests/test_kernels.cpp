@@ -23,6 +23,7 @@
 #include "tests/bf16_reference.hpp"
 #include "tests/host_kernels.hpp"
 #include "tests/ns_accuracy.hpp"
+#include "tests/part_scans.hpp"
 #include "tests/slice_calls.hpp"
 
 extern "C" int openblas_get_num_threads(void);  // OpenBLAS, the host backend's BLAS
@@ -257,6 +258,11 @@ BOOST_AUTO_TEST_CASE(apply_update_matches_reference) {
 // parameters) equal the per-parameter calls at each slice's offsets (tests/slice_calls.hpp).
 BOOST_AUTO_TEST_CASE(slice_calls_equal_per_parameter_calls) {
   check_slice_calls(*host_backend());
+}
+
+// The store's accumulate with each bucket's scan in the same pass (tests/part_scans.hpp).
+BOOST_AUTO_TEST_CASE(part_scans_follow_each_accumulate) {
+  check_part_scans(*host_backend());
 }
 
 BOOST_AUTO_TEST_CASE(adamw_matches_reference_over_three_steps) {

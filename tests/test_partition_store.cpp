@@ -200,9 +200,14 @@ BOOST_AUTO_TEST_CASE(unscale_clip_multiplies_the_gradient) {
   const float factor = 0.3f / (1024.0f * 3.0f);
   BOOST_CHECK_EQUAL(value_of(call(unscale_clip{1, factor})).step, 1u);
   std::vector<double> ref(g.size());
-  for (size_t i = 0; i < g.size(); ++i)
+  double ss = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
     ref[i] = static_cast<double>(g[i]) * factor;
+    ss += ref[i] * ref[i];
+  }
   check_close(snapshot().grads, ref, 1e-7, 0, "grads");
+  // The buckets' scans kept by the accumulates are stale now: a scan reads the scaled gradient.
+  BOOST_CHECK_CLOSE(value_of(call<grad_scan>(scan_grads{1})).sum_squares, ss, 1e-5);
 }
 
 BOOST_AUTO_TEST_CASE(muon_momentum_follows_the_ema_and_nesterov_formulas) {

@@ -412,6 +412,21 @@ void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
     const call_timer timer(*this, "scan", ctx_.stream);
     launch_sum_squares(guard, x, n, scratch);
   }
+  land_result(out);
+}
+
+void cuda_compute::scan_parts_async(part_scans& scans, scan_result* out) {
+  auto& kept = dynamic_cast<device_part_scans&>(scans);
+  const launch_guard guard = activate({});  // the partials are the store's: no lane has them
+  {
+    const call_timer timer(*this, "scan", ctx_.stream);
+    launch_sum_partials(guard, kept.sums.data(), kept.flags.data(), kept.parts() * kMaxReduceBlocks,
+                        result_.data());
+  }
+  land_result(out);
+}
+
+void cuda_compute::land_result(scan_result* out) {
   // The pinned landing place is reused by the next scan; the stream orders copy, then callback.
   ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
                                    cudaMemcpyDeviceToHost, ctx_.stream));

@@ -30,6 +30,17 @@ namespace zmuon::gpu {
 
 class pinned_cache;
 
+/// part_scans in device memory: kMaxReduceBlocks partial results a part (part_scans.cu).
+class device_part_scans final : public part_scans {
+public:
+  explicit device_part_scans(int parts)
+      : part_scans(parts),
+        sums(int64_t{parts} * kMaxReduceBlocks),
+        flags(int64_t{parts} * kMaxReduceBlocks) {}
+  device_array<double> sums;
+  device_array<int> flags;
+};
+
 class cuda_compute final : public compute_backend {
 public:
   /// A backend on `device` (an ordinal); throws gpu::failure when that device is unusable.
@@ -86,6 +97,11 @@ public:
 
   void when_done(std::function<void()> done) override;
   void scan_async(const float* x, int64_t n, scan_result* out) override;
+  // Scans kept per part: written by the accumulate's own kernel (cuda_part_scans.cpp).
+  std::unique_ptr<part_scans> make_part_scans(int parts) override;
+  void accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
+                          part_scans& scans, int part) override;
+  void scan_parts_async(part_scans& scans, scan_result* out) override;
   device_buffer allocate_host(int64_t n) override;
   void copy_to_host_async(float* host_dst, const float* src, int64_t n) override;
   void copy_from_host_async(float* dst, const float* host_src, int64_t n) override;
@@ -196,6 +212,9 @@ private:
   device_buffer allocate_on_stream(int64_t n, bool zero);
   void run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols, const ns_options& ns);
   reduction reduce(const float* x, int64_t n);
+  /// After the reduction just enqueued into result_: its result into *out, from a host
+  /// callback of the stream (scan_async, scan_parts_async).
+  void land_result(scan_result* out);
 
   mutable std::mutex mutex_;
   int device_;

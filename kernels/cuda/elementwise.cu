@@ -437,8 +437,13 @@ void launch_sum_squares(const launch_context& ctx, const float* x, int64_t n,
   sum_squares_partial_kernel<<<blocks, kThreads, 0, ctx.stream>>>(x, n, scratch.partial_sums,
                                                                   scratch.partial_flags);
   ZMUON_LAUNCH_CHECK();
-  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(
-      scratch.partial_sums, scratch.partial_flags, blocks, scratch.result);
+  launch_sum_partials(ctx, scratch.partial_sums, scratch.partial_flags, blocks, scratch.result);
+}
+
+void launch_sum_partials(const launch_context& ctx, const double* partial_sums,
+                         const int* partial_flags, int count, reduction* result) {
+  sum_squares_final_kernel<<<1, kThreads, 0, ctx.stream>>>(partial_sums, partial_flags, count,
+                                                           result);
   ZMUON_LAUNCH_CHECK();
 }
 

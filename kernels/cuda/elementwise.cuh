@@ -31,6 +31,16 @@ void launch_scale(const launch_context& ctx, float* x, int64_t n, float factor);
 void launch_sum_squares(const launch_context& ctx, const float* x, int64_t n,
                         const reduction_scratch& scratch);
 
+/// Writes *result from `count` partial results (a first pass's, or part_scans' parts of
+/// kMaxReduceBlocks each), summed in a fixed order.
+void launch_sum_partials(const launch_context& ctx, const double* partial_sums,
+                         const int* partial_flags, int count, reduction* result);
+
+/// compute_backend::accumulate_scanned (part_scans.cu): dst = src, dst += src or dst = 0, and
+/// the scan of the new values as kMaxReduceBlocks partial results (unused ones zero).
+void launch_accumulate_scanned(const launch_context& ctx, float* dst, const float* src, int64_t n,
+                               accumulate_mode mode, double* partial_sums, int* partial_flags);
+
 void launch_momentum(const launch_context& ctx, float* m, const float* g, float* u, int64_t n,
                      float beta, bool nesterov);
 void launch_apply_update(const launch_context& ctx, float* p, const float* o, int64_t n, float lr,

@@ -141,6 +141,32 @@ scan_result host_compute::scan(const float* x, int64_t n) {
   return result;
 }
 
+void host_compute::accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
+                                      part_scans& scans, int part) {
+  scan_result& result = dynamic_cast<host_part_scans&>(scans).scans.at(static_cast<size_t>(part));
+  const scoped_call_timer timer(*this, "accumulate");
+  double sum = 0.0;
+  switch (mode) {
+    case accumulate_mode::copy:
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = dst[i] = src[i];
+        sum += v * v;
+      }
+      break;
+    case accumulate_mode::add:
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = dst[i] += src[i];
+        sum += v * v;
+      }
+      break;
+    case accumulate_mode::zero:
+      std::fill(dst, dst + std::max<int64_t>(n, 0), 0.0f);
+      break;
+  }
+  result.sum_squares = sum;
+  result.nonfinite = !std::isfinite(sum);
+}
+
 double host_compute::frobenius_norm(const float* x, int64_t n) {
   const scoped_call_timer timer(*this, "frobenius_norm");
   return std::sqrt(sum_of_squares(x, n));

@@ -31,6 +31,9 @@ public:
   void add(float* dst, const float* src, int64_t n) override;
   void scale(float* x, int64_t n, float factor) override;
   scan_result scan(const float* x, int64_t n) override;
+  /// One pass: the copy or sum and its sum of squares (in order, as scan()).
+  void accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
+                          part_scans& scans, int part) override;
   double frobenius_norm(const float* x, int64_t n) override;
   void momentum(float* m, const float* g, float* u, int64_t n, float beta, bool nesterov) override;
   void apply_update(float* p, const float* o, int64_t n, float lr, float scale,

@@ -1,0 +1,25 @@
+// compute_backend's scans kept per part (kernels/compute.hpp): the defaults, in host memory.
+// In zmuon_base beside call_timing.cpp, which every backend library links.
+
+#include <cmath>
+#include <memory>
+
+#include "kernels/compute.hpp"
+
+namespace zmuon {
+
+std::unique_ptr<part_scans> compute_backend::make_part_scans(int parts) {
+  return std::make_unique<host_part_scans>(parts);
+}
+
+void compute_backend::scan_parts_async(part_scans& scans, scan_result* out) {
+  scan_result total;
+  for (const scan_result& s : dynamic_cast<host_part_scans&>(scans).scans) {
+    total.nonfinite = total.nonfinite || s.nonfinite;
+    total.sum_squares += s.sum_squares;
+  }
+  total.nonfinite = total.nonfinite || !std::isfinite(total.sum_squares);
+  *out = total;
+}
+
+}  // namespace zmuon
