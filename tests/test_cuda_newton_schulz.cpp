@@ -317,6 +317,52 @@ BOOST_AUTO_TEST_CASE(lanes_are_ordered_by_memory) {
   }
 }
 
+// Main-stream work on one NS call's memory waits for that call and the lane's calls before it,
+// not for those after it (stream_set.hpp; chunk i's scatter and update beside chunk i+1's NS):
+// a small call, then one long call per lane, the last on the small one's lane again; a copy out
+// of the small call's buffer is done (and holds its result) while the long calls still run.
+BOOST_AUTO_TEST_CASE(main_stream_waits_for_the_call_on_its_memory_only) {
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
+  const ns_options ns;
+  const ns_case small{4, 256, 256};
+  const ns_case big{1, 4096, 8192};  // 12 GEMMs over 4096x4096x8192: milliseconds
+  const int64_t small_numel = small.batch * small.rows * small.cols;
+  const int64_t big_numel = big.batch * big.rows * big.cols;
+  const std::vector<float> input = random_vector(small_numel);
+  device_buffer want = upload(cuda, input);
+  cuda.newton_schulz(want.data(), small.batch, small.rows, small.cols, ns);
+  const std::vector<float> expected = download(cuda, want.data(), small_numel);
+  std::vector<device_buffer> bigs;
+  for (int lane = 0; lane < gpu::stream_set::kLanes; ++lane)
+    bigs.push_back(upload(cuda, random_vector(big_numel)));
+  // Every lane sees both shapes once first (a lane's first call of a shape waits for itself).
+  for (int round = 0; round < gpu::stream_set::kLanes; ++round) {
+    device_buffer warm = upload(cuda, input);
+    cuda.newton_schulz(warm.data(), small.batch, small.rows, small.cols, ns);
+    for (device_buffer& b : bigs)
+      cuda.newton_schulz(b.data(), big.batch, big.rows, big.cols, ns);
+  }
+  cuda.synchronize();
+
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    device_buffer x = upload(cuda, input), copy_out = cuda.allocate(small_numel);
+    cuda.synchronize();
+    cuda.newton_schulz(x.data(), small.batch, small.rows, small.cols, ns);
+    for (device_buffer& b : bigs)  // the last one on the small call's lane
+      cuda.newton_schulz(b.data(), big.batch, big.rows, big.cols, ns);
+    cuda.copy(copy_out.data(), x.data(), small_numel);  // waits for the small call only
+    gpu::cuda_event small_done(cudaEventDisableTiming), all_done(cudaEventDisableTiming);
+    small_done.record(cuda.stream_touching({}));
+    all_done.record(cuda.stream());  // joins every lane
+    ZMUON_CUDA_CHECK(cudaEventSynchronize(small_done.get()));
+    const cudaError_t state = cudaEventQuery(all_done.get());
+    BOOST_TEST((state == cudaErrorNotReady),
+               "the copy after the small call waited for the long calls queued after it ("
+                   << cudaGetErrorName(state) << ")");
+    BOOST_TEST(mismatches(download(cuda, copy_out.data(), small_numel), expected) == 0);
+  }
+}
+
 // Call timing (compute_backend::time_calls, what zmuon-bench-step --call-times reports): each
 // call's two events bracket its own work on the stream it ran on. Three NS calls of 4096x8192,
 // side by side on the lanes: their busy time (the union of their spans) agrees with events

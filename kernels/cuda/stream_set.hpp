@@ -8,15 +8,16 @@
 // - an NS call forks onto the next lane after the main stream's last work on the NS's memory
 //   (an event recorded after every piece of main-stream work that names its memory: main_done),
 //   not after all of the main stream's queue;
-// - work on the main stream waits only for the lanes whose NS work touches its memory
-//   (join_touching): each backend call names the buffers it uses, and so do the nccl comm
+// - work on the main stream waits only for the NS calls that touch its memory (join_touching:
+//   an event recorded after each call on its lane; waiting for one waits for the lane's earlier
+//   calls too, not for its later ones, so chunk i's scatter and update run beside chunk i+1's
+//   NS on the same lanes): each backend call names the buffers it uses, and so do the nccl comm
 //   (cuda_compute::stream_touching) and a buffer's release (a stream-ordered free must come
 //   after lane work that may still use the memory).
 // What cannot name its memory (the host-facing waits, completion callbacks, benchmarks'
 // stream()) joins every lane and forgets the main stream's marks, so that the next NS call
-// forks after everything. A lane's event is re-recorded by each NS call, so waiting for it may
-// wait for more than the call wanted (never less); a mark's event slot is reused after
-// kMarkEvents marks, which can only make a fork wait for later main-stream work (never less).
+// forks after everything. A mark's event slot is reused after kMarkEvents marks, which can only
+// make a fork wait for later main-stream work (never less).
 // Shared (shared_ptr) with those release functions, so it outlives the backend if need be.
 #pragma once
 
@@ -71,23 +72,22 @@ public:
   void join() {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (int i = 0; i < kLanes; ++i)
-      if (pending_ & (1u << i))
-        wait_for_lane(i);
+      wait_for_calls(i, lanes_[i].calls.size());
   }
-  /// Makes the main stream wait for the lanes whose NS work since they were last joined touches
-  /// any of `memory` (and for everything else queued on those lanes before it).
+  /// Makes the main stream wait for the NS calls not yet joined that touch any of `memory`
+  /// (on each lane the last such call, and so everything queued on that lane before it; not
+  /// the lane's later calls on other memory).
   template <class Ranges>
   void join_touching(const Ranges& memory) {
     const std::lock_guard<std::mutex> lock(mutex_);
     for (int i = 0; i < kLanes; ++i) {
-      if (!(pending_ & (1u << i)))
-        continue;
-      bool hit = false;
-      for (const auto& used : lanes_[i].memory)
+      const auto& calls = lanes_[i].calls;
+      size_t through = 0;  // calls [0, through) to wait for
+      for (size_t k = calls.size(); k > 0 && through == 0; --k)
         for (const touched& t : memory)
-          hit = hit || overlaps(used, t);
-      if (hit)
-        wait_for_lane(i);
+          if (overlaps(calls[k - 1].memory, t))
+            through = k;
+      wait_for_calls(i, through);
     }
   }
   void join_touching(std::initializer_list<touched> memory) {
@@ -134,9 +134,14 @@ public:
   }
   void lane_done(int lane, touched memory) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    lanes_[lane].done.record(lanes_[lane].stream.get());
-    lanes_[lane].memory.push_back(memory);
-    pending_ |= 1u << lane;
+    auto& calls = lanes_[lane].calls;
+    if (calls.size() >= kMaxCalls)  // the oldest is long done: no lane holds more
+      wait_for_calls(lane, 1);
+    if (spare_.empty())
+      spare_.emplace_back(cudaEventDisableTiming);
+    calls.push_back(lane_call{memory, std::move(spare_.back())});
+    spare_.pop_back();
+    calls.back().done.record(lanes_[lane].stream.get());
   }
   cudaStream_t lane_stream(int lane) const { return lanes_[lane].stream.get(); }
 
@@ -153,11 +158,17 @@ public:
   }
 
 private:
+  /// An NS call on a lane that the main stream has not joined: its memory, and an event
+  /// recorded after it on the lane.
+  struct lane_call {
+    touched memory;
+    cuda_event done;
+  };
   struct lane_streams {
     cuda_stream stream;
-    cuda_event done{cudaEventDisableTiming};
-    std::vector<touched> memory;  // what the lane's work since its last join reads and writes
+    std::deque<lane_call> calls;  // oldest first
   };
+  static constexpr size_t kMaxCalls = 64;
 
   static constexpr int kMarkEvents = 64;
   static constexpr size_t kMaxMarks = 256;
@@ -177,11 +188,17 @@ private:
       events.emplace_back(cudaEventDisableTiming);
     return events;
   }
-  /// The main stream waits for all of lane i's work so far. Holds mutex_.
-  void wait_for_lane(int i) {
-    ZMUON_CUDA_CHECK(cudaStreamWaitEvent(main_.get(), lanes_[i].done.get(), 0));
-    lanes_[i].memory.clear();
-    pending_ &= ~(1u << i);
+  /// The main stream waits for lane i's first `count` calls not yet joined (the wait takes the
+  /// event's state now, so the events can be recorded again). Holds mutex_.
+  void wait_for_calls(int i, size_t count) {
+    auto& calls = lanes_[i].calls;
+    if (count == 0)
+      return;
+    ZMUON_CUDA_CHECK(cudaStreamWaitEvent(main_.get(), calls[count - 1].done.get(), 0));
+    for (size_t k = 0; k < count; ++k) {
+      spare_.push_back(std::move(calls.front().done));
+      calls.pop_front();
+    }
   }
 
   cuda_stream main_;
@@ -191,7 +208,7 @@ private:
   std::deque<mark> marks_;  // newest last
   int next_event_ = 0;
   std::mutex mutex_;
-  unsigned pending_ = 0;  // bit i: lane i has work the main stream has not joined
+  std::vector<cuda_event> spare_;  // events of joined calls, recorded again by later ones
   int next_ = 0;
 };
 
