@@ -44,6 +44,7 @@ struct chunk_work {
     gather_issued,
     ns_done,
     scatter_issued,
+    apply_requested,
     applied
   };
   phase at = idle;
@@ -258,6 +259,8 @@ void scatter(coord_pointer self, int c) {
       if (++w.applied == w.chunks.size())
         finish(self);
     });
+    cw.at = chunk_work::apply_requested;
+    advance(self);  // the next scatter, now queued behind this update
   });
 }
 
@@ -289,7 +292,11 @@ void advance(coord_pointer self) {
         return;
       gather(self, s.chunk);
     } else {
-      if (cw.at != chunk_work::ns_done)
+      // A scatter goes out once the chunk before it has asked for its update: on a device the
+      // update then runs beside this chunk's NS instead of after this scatter, which waits for
+      // it.
+      if (cw.at != chunk_work::ns_done
+          || (s.chunk > 0 && w.chunks[s.chunk - 1].at < chunk_work::apply_requested))
         return;
       scatter(self, s.chunk);
     }
