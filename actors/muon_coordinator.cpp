@@ -44,7 +44,6 @@ struct chunk_work {
     gather_issued,
     ns_done,
     scatter_issued,
-    apply_requested,
     applied
   };
   phase at = idle;
@@ -258,9 +257,9 @@ void scatter(coord_pointer self, int c) {
       w.chunks[c].at = chunk_work::applied;
       if (++w.applied == w.chunks.size())
         finish(self);
+      else
+        advance(self);  // the next scatter, now queued behind this update
     });
-    cw.at = chunk_work::apply_requested;
-    advance(self);  // the next scatter, now queued behind this update
   });
 }
 
@@ -292,11 +291,11 @@ void advance(coord_pointer self) {
         return;
       gather(self, s.chunk);
     } else {
-      // A scatter goes out once the chunk before it has asked for its update: on a device the
-      // update then runs beside this chunk's NS instead of after this scatter, which waits for
-      // it.
+      // A scatter goes out once the chunk before it is applied (its update enqueued): on a
+      // device that update then runs beside this chunk's NS instead of after this scatter,
+      // which waits for the NS.
       if (cw.at != chunk_work::ns_done
-          || (s.chunk > 0 && w.chunks[s.chunk - 1].at < chunk_work::apply_requested))
+          || (s.chunk > 0 && w.chunks[s.chunk - 1].at != chunk_work::applied))
         return;
       scatter(self, s.chunk);
     }
