@@ -271,6 +271,13 @@ void advance(coord_pointer self) {
     auto s = w.order[w.next_slot];
     auto& cw = w.chunks[s.chunk];
     if (s.gather) {
+      // On a comm that enqueues on the device's stream (nccl) the next chunk's momentum goes
+      // out once this chunk's gather is enqueued (answered), so that the gather, and the NS
+      // after it, do not queue behind that momentum. A host comm answers when the data has
+      // moved: there the momentum overlaps the gather.
+      if (cw.at == chunk_work::idle && !st.comm_on_host && s.chunk > 0
+          && w.chunks[s.chunk - 1].at < chunk_work::ns_done)
+        return;
       if (cw.at == chunk_work::idle) {
         buffers(self, s.chunk, [&] {
           cw.u = wire_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.wire, st.comm_on_host,

@@ -345,6 +345,36 @@ BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_ord
   check_updates();
 }
 
+// Under a comm that enqueues on the device's stream, chunk c+1's momentum is requested only
+// once chunk c's gather is answered (enqueued), so the gather and its NS never queue behind it;
+// the updates still come out right.
+BOOST_AUTO_TEST_CASE(device_comm_orders_each_momentum_after_the_gather_before_it) {
+  opts.comm = "nccl";
+  start(kThreeMatrices, 1, 12, 0);
+  BOOST_REQUIRE_EQUAL(pl->chunks.size(), 3u);
+  hold_a2a = true;
+  auto r = step(1);
+  auto momenta = [&] {
+    size_t n = 0;
+    for (const auto& l : lines_of("store"))
+      n += l.rfind("store: muon_momentum", 0) == 0;
+    return n;
+  };
+  BOOST_CHECK_EQUAL(momenta(), 1u);  // G0 out and unanswered: no momentum for chunk 1 yet
+  complete_a2a(comms->calls.at(1));  // G0 answered: chunk 1's momentum, then G1
+  run();
+  BOOST_CHECK_EQUAL(momenta(), 2u);
+  hold_a2a = false;
+  for (size_t i = 2; i < comms->calls.size(); ++i)
+    complete_a2a(comms->calls[i]);
+  run();
+  BOOST_CHECK(!value_of(r).skipped);
+  for (int c = 1; c < 3; ++c)
+    BOOST_CHECK(position("comm: gather 1/" + std::to_string(c - 1))
+                < position("store: muon_momentum 1/" + std::to_string(c)));
+  check_updates();
+}
+
 BOOST_AUTO_TEST_CASE(step_without_muon_parameters_runs_adamw_only) {
   start({{"embed", {4, 3}}, {"bias", {3}}}, 1, 1000, 0);
   BOOST_CHECK(!value_of(step(1)).skipped);
