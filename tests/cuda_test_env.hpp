@@ -124,6 +124,23 @@ struct mirrored {
   std::vector<float> host_values() { return download(*env().host, host.data(), size); }
   std::vector<float> gpu_values() { return download(*env().gpu, gpu.data(), size); }
   double error() { return relative_error(gpu_values(), host_values()); }
+  /// The difference's norm over the larger of the host values' norm and `scale` * sqrt(size):
+  /// for values that may cancel (an EMA of random inputs), whose rounding follows the inputs'
+  /// scale, not the result's.
+  double error_at_scale(double scale) {
+    const std::vector<float> want = host_values();
+    const std::vector<float> got = gpu_values();
+    double diff = 0.0;
+    double norm = 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      if (!std::isfinite(got[i]))
+        return std::numeric_limits<double>::infinity();
+      const double d = static_cast<double>(got[i]) - want[i];
+      diff += d * d;
+      norm += static_cast<double>(want[i]) * want[i];
+    }
+    return std::sqrt(diff) / std::max(std::sqrt(norm), scale * std::sqrt(double(size)));
+  }
 
   int64_t size;
   device_buffer host;

@@ -132,8 +132,9 @@ BOOST_AUTO_TEST_CASE(momentum) {
       env().host->momentum(m.host.data(), g.host.data(), u.host.data(), n, 0.95f, nesterov);
       env().gpu->momentum(m.gpu.data(), g.gpu.data(), u.gpu.data(), n, 0.95f, nesterov);
       const std::string what = nesterov ? "momentum (nesterov)" : "momentum";
-      check_elementwise(what + " m", n, m.error());
-      check_elementwise(what + " u", n, u.error());
+      // Both are sums that may cancel: their rounding is that of the terms (0.05 g at least).
+      check_elementwise(what + " m", n, m.error_at_scale(0.05));
+      check_elementwise(what + " u", n, u.error_at_scale(0.05));
     }
   }
 }
@@ -166,7 +167,9 @@ BOOST_AUTO_TEST_CASE(adamw) {
       env().gpu->adamw(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
     }
     check_elementwise("adamw p", n, p.error());
-    check_elementwise("adamw m", n, m.error());
+    // m = 0.9 m + 0.1 g may cancel to far below its terms (σ 0.1): one rounding of the terms
+    // (the GPU fuses one product into an fma, the host does not) is then large beside it.
+    check_elementwise("adamw m", n, m.error_at_scale(0.1));
     check_elementwise("adamw v", n, v.error());
   }
 }
