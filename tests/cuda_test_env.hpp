@@ -89,7 +89,9 @@ inline std::vector<float> download(compute_backend& backend, const float* data, 
 }
 
 /// ‖got − want‖ / ‖want‖ in double; infinite when got holds a non-finite value.
-inline double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+/// With `least_norm`, over the larger of ‖want‖ and it.
+inline double relative_error(const std::vector<float>& got, const std::vector<float>& want,
+                             double least_norm = 0.0) {
   BOOST_TEST_REQUIRE(got.size() == want.size());
   double diff = 0.0;
   double norm = 0.0;
@@ -100,7 +102,8 @@ inline double relative_error(const std::vector<float>& got, const std::vector<fl
     diff += d * d;
     norm += static_cast<double>(want[i]) * want[i];
   }
-  return norm > 0.0 ? std::sqrt(diff / norm) : std::sqrt(diff);
+  const double over = std::max(std::sqrt(norm), least_norm);
+  return over > 0.0 ? std::sqrt(diff) / over : std::sqrt(diff);
 }
 
 /// Elements that differ bit for bit (a NaN never matches); a count rather than Boost's
@@ -128,18 +131,7 @@ struct mirrored {
   /// for values that may cancel (an EMA of random inputs), whose rounding follows the inputs'
   /// scale, not the result's.
   double error_at_scale(double scale) {
-    const std::vector<float> want = host_values();
-    const std::vector<float> got = gpu_values();
-    double diff = 0.0;
-    double norm = 0.0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      if (!std::isfinite(got[i]))
-        return std::numeric_limits<double>::infinity();
-      const double d = static_cast<double>(got[i]) - want[i];
-      diff += d * d;
-      norm += static_cast<double>(want[i]) * want[i];
-    }
-    return std::sqrt(diff) / std::max(std::sqrt(norm), scale * std::sqrt(double(size)));
+    return relative_error(gpu_values(), host_values(), scale * std::sqrt(double(size)));
   }
 
   int64_t size;
