@@ -5,8 +5,6 @@
 #define BOOST_TEST_MODULE checkpoint
 #include "tests/engine_fixture.hpp"
 
-#include <unistd.h>
-
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -14,27 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
+#include "tests/scratch_dir.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;
 namespace fs = std::filesystem;
 
 namespace {
-
-/// A fresh directory, removed with everything in it at the end of the test.
-struct scratch_dir {
-  fs::path path;
-  scratch_dir() {
-    std::string pattern = (fs::temp_directory_path() / "zmuon_ckpt_XXXXXX").string();
-    BOOST_REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
 
 // Muon matrices (one per-head), AdamW vectors and an embedding; sizes that do not divide by 3
 // or 4, so shards carry padding.
@@ -110,10 +94,10 @@ BOOST_AUTO_TEST_CASE(round_trip_restores_every_rank_bit_for_bit) {
   scratch_dir dir;
   auto a = fresh_engine(4);
   train_steps(*a, 1, 3);
-  BOOST_REQUIRE(!a->save_checkpoint(dir.path.string(), R"({"note": "test"})"));
+  BOOST_REQUIRE(!a->save_checkpoint(dir.path().string(), R"({"note": "test"})"));
 
   auto b = fresh_engine(4);
-  auto info = b->load_checkpoint(dir.path.string());
+  auto info = b->load_checkpoint(dir.path().string());
   BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
   BOOST_TEST(info->step == 3u);
   BOOST_TEST(info->world == 4);
@@ -139,13 +123,13 @@ BOOST_AUTO_TEST_CASE(loading_onto_another_world_size_reshards) {
   scratch_dir dir;
   auto a = fresh_engine(4);
   train_steps(*a, 1, 3);
-  BOOST_REQUIRE(!a->save_checkpoint(dir.path.string()));
+  BOOST_REQUIRE(!a->save_checkpoint(dir.path().string()));
   auto before = params_of(*a);
   train_steps(*a, 4, 6);
   auto reference = params_of(*a);
   for (int world : {1, 2, 3}) {
     auto b = fresh_engine(world);
-    auto info = b->load_checkpoint(dir.path.string());
+    auto info = b->load_checkpoint(dir.path().string());
     BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
     BOOST_TEST(info->world == 4);
     // Resharding copies: the loaded parameters are the saved ones exactly.
@@ -181,10 +165,10 @@ BOOST_AUTO_TEST_CASE(loss_scaler_state_is_restored) {
     }
     step_ok(*a);
   }
-  BOOST_REQUIRE(!a->save_checkpoint(dir.path.string()));
+  BOOST_REQUIRE(!a->save_checkpoint(dir.path().string()));
   auto b = make_engine(o);
   register_table(*b, table, 3);
-  BOOST_REQUIRE(b->load_checkpoint(dir.path.string()));
+  BOOST_REQUIRE(b->load_checkpoint(dir.path().string()));
   // From here both see the same steps: a second overflow now halves the scale (hysteresis is
   // used up in both), and the window's growth comes at the same step.
   float lowest = 65536.0f;
@@ -211,7 +195,7 @@ BOOST_AUTO_TEST_CASE(loss_scaler_state_is_restored) {
 
 BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing) {
   scratch_dir root;
-  const std::string good = root / "good";
+  const std::string good = root.file("good");
   {
     auto a = fresh_engine(4);
     train_steps(*a, 1, 2);
@@ -220,7 +204,7 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
   const std::string ckpt = good + "/step_00000002";
   BOOST_REQUIRE(fs::exists(ckpt + "/manifest.json"));
   auto copy = [&](const std::string& name) {
-    std::string to = root / name;
+    std::string to = root.file(name);
     fs::copy(ckpt, to, fs::copy_options::recursive);
     return to;
   };
@@ -280,14 +264,14 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
 
 BOOST_AUTO_TEST_CASE(other_problems_are_named) {
   scratch_dir root;
-  const std::string good = root / "good";
+  const std::string good = root.file("good");
   {
     auto a = fresh_engine(2);
     train_steps(*a, 1, 1);
     BOOST_REQUIRE(!a->save_checkpoint(good));
   }
   auto b = fresh_engine(2);
-  BOOST_TEST(load_error(*b, root / "nothing").find("no checkpoint in") != std::string::npos);
+  BOOST_TEST(load_error(*b, root.file("nothing")).find("no checkpoint in") != std::string::npos);
   // A different parameter table.
   auto o = options(2);
   auto c = make_engine(o);
@@ -307,7 +291,7 @@ BOOST_AUTO_TEST_CASE(other_problems_are_named) {
   BOOST_TEST(msg.find("the save did not complete") != std::string::npos, msg);
   // Save and load are refused with a step open.
   reduce_ok(*b, 0, random_grads(table, 1, 1, 0, 0));
-  auto err = b->save_checkpoint(root / "open");
+  auto err = b->save_checkpoint(root.file("open"));
   BOOST_TEST((err.code() == errc::bad_state), err.to_string());
 }
 
@@ -316,13 +300,13 @@ BOOST_AUTO_TEST_CASE(saves_keep_the_two_newest_and_latest_names_the_newest) {
   auto a = fresh_engine(2);
   for (int s = 1; s <= 4; ++s) {
     run_step(*a, s);
-    BOOST_REQUIRE(!a->save_checkpoint(dir.path.string()));
+    BOOST_REQUIRE(!a->save_checkpoint(dir.path().string()));
   }
   std::set<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir.path))
+  for (const auto& e : fs::directory_iterator(dir.path()))
     names.insert(e.path().filename().string());
   BOOST_TEST((names == std::set<std::string>{"latest", "step_00000003", "step_00000004"}));
-  BOOST_TEST(read_all(dir / "latest") == "step_00000004\n");
+  BOOST_TEST(read_all(dir.file("latest")) == "step_00000004\n");
 }
 
 // 1000 steps, 50 random (step, rank, parameter, micro-batch) positions poisoned with NaN or

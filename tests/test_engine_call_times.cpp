@@ -8,8 +8,6 @@
 #define BOOST_TEST_MODULE engine_call_times
 #include <boost/test/unit_test.hpp>
 
-#include <stdlib.h>
-
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +19,7 @@
 #include "kernels/compute.hpp"
 #include "plan/ownership.hpp"
 #include "plan/plan.hpp"
+#include "tests/scratch_dir.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;
@@ -128,9 +127,8 @@ BOOST_AUTO_TEST_CASE(write_call_timeline_takes_every_rank_and_writes_its_calls) 
   const auto table = test_table();
   auto eng = make_engine(options(2));
   register_table(*eng, table, 4);
-  std::string dir = (std::filesystem::temp_directory_path() / "zmuon_timeline_XXXXXX").string();
-  BOOST_REQUIRE(::mkdtemp(dir.data()) != nullptr);
-  const std::string path = dir + "/timeline.json";
+  const scratch_dir dir;
+  const std::string path = dir.file("timeline.json");
   run_step(*eng, table, 1);
   auto off = eng->write_call_timeline(path);  // timing is off: nothing to write
   BOOST_TEST((off.code() == errc::bad_state));
@@ -149,10 +147,9 @@ BOOST_AUTO_TEST_CASE(write_call_timeline_takes_every_rank_and_writes_its_calls) 
   BOOST_TEST(momentum_calls[0] == pl.muon_count());
   BOOST_TEST(momentum_calls[1] == pl.muon_count());
   BOOST_TEST(eng->take_backend_call_times(0)->empty());  // the period was taken
-  auto bad = eng->write_call_timeline(dir + "/no/such/dir/timeline.json");
+  auto bad = eng->write_call_timeline(dir.file("no/such/dir/timeline.json"));
   BOOST_TEST((bad.code() == errc::io_error));
   BOOST_TEST(bad.message().find("cannot write") != std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 BOOST_AUTO_TEST_CASE(timeline_is_chrome_trace_json_of_the_spans) {

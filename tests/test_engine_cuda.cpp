@@ -13,9 +13,6 @@
 #include "tests/engine_fixture.hpp"
 
 #include <cuda_runtime.h>
-#include <unistd.h>
-
-#include <filesystem>
 
 #include <iostream>
 #include <limits>
@@ -23,6 +20,7 @@
 
 #include "kernels/compute.hpp"
 #include "launch/exe/train.hpp"
+#include "tests/scratch_dir.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;
@@ -69,20 +67,6 @@ run_result train_model(const engine_options& o, int gas, int micro_batch, int st
   return out;
 }
 
-/// A fresh directory, removed with everything in it at the end of the test.
-struct scratch_dir {
-  std::filesystem::path path;
-  scratch_dir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "zmuon_cuda_ckpt_XXXXXX");
-    BOOST_REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path = pattern;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 /// The example model registered with a fresh CUDA engine, trained through `steps` (from the
 /// engine's last step on).
 std::unique_ptr<engine> trained(std::unique_ptr<engine> eng, int steps, bool fresh = true) {
@@ -106,12 +90,12 @@ std::unique_ptr<engine> trained(std::unique_ptr<engine> eng, int steps, bool fre
 BOOST_AUTO_TEST_CASE(checkpoint_round_trip_on_cuda) {
   scratch_dir dir;
   auto a = trained(make_engine(gpu_options(1, "nccl")), 3);
-  BOOST_REQUIRE(!a->save_checkpoint(dir.path.string()));
+  BOOST_REQUIRE(!a->save_checkpoint(dir.path().string()));
   auto b = make_engine(gpu_options(1, "nccl"));
   example::train_options t;
   t.seed = 7;
   BOOST_REQUIRE(!example::register_model(*b, t));
-  auto info = b->load_checkpoint(dir.path.string());
+  auto info = b->load_checkpoint(dir.path().string());
   BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
   BOOST_TEST(info->step == 3u);
   const rank_state sa = snapshot_of(*a, 0), sb = snapshot_of(*b, 0);
@@ -134,7 +118,7 @@ BOOST_AUTO_TEST_CASE(checkpoint_round_trip_on_cuda) {
 
   auto four = make_engine(gpu_options(4, "caf"));
   BOOST_REQUIRE(!example::register_model(*four, t));
-  auto resharded = four->load_checkpoint(dir.path.string());
+  auto resharded = four->load_checkpoint(dir.path().string());
   BOOST_REQUIRE_MESSAGE(resharded, (resharded ? "" : resharded.err().to_string()));
   const tensor_map p4 = params_of(*four);
   for (const auto& [name, v] : at_3)

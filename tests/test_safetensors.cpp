@@ -1,8 +1,6 @@
 // safetensors I/O: bit-exact round trips, the on-disk layout, and a named error for every way a
 // file can be broken or a write can fail.
 #define BOOST_TEST_MODULE test_safetensors
-#include <unistd.h>
-
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
@@ -12,30 +10,13 @@
 #include <nlohmann/json.hpp>
 
 #include "launch/safetensors.hpp"
+#include "tests/scratch_dir.hpp"
 
 namespace fs = std::filesystem;
 using zmuon::named_tensor;
+using zmuon::test::scratch_dir;
 
 namespace {
-
-/// A fresh directory, removed with everything in it at the end of the test.
-class scratch_dir {
-public:
-  scratch_dir() {
-    std::string pattern = (fs::temp_directory_path() / "zmuon_st_XXXXXX").string();
-    BOOST_TEST_REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~scratch_dir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  const fs::path& path() const { return path_; }
-
-private:
-  fs::path path_;
-};
 
 std::vector<named_tensor> sample_tensors() {
   float tiny = std::numeric_limits<float>::denorm_min();
