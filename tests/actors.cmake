@@ -8,7 +8,8 @@ zmuon_add_test(test_engine_call_times
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_call_times.cpp LIBS zmuon_core)
 zmuon_add_test(test_engine_errors
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_engine_errors.cpp LIBS zmuon_core)
-zmuon_add_test(test_launch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_launch.cpp LIBS zmuon_example)
+zmuon_add_test(test_launch SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_launch.cpp
+  ${PROJECT_SOURCE_DIR}/launch/exe/local_nodes.cpp LIBS zmuon_example)
 target_compile_definitions(test_launch PRIVATE ZMUON_LAUNCH="$<TARGET_FILE:zmuon-launch>")
 add_dependencies(test_launch zmuon-launch)
 # Several zmuon-launch processes on 127.0.0.1 (rendezvous, caf comm between processes, failures).

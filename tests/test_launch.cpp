@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "launch/exe/local_nodes.hpp"
 #include "launch/model.hpp"
 #include "launch/safetensors.hpp"
 
@@ -111,4 +112,22 @@ BOOST_AUTO_TEST_CASE(progress_on_a_terminal_is_one_updating_line) {
   BOOST_TEST(out.find("ms/step  ETA ") != std::string::npos);
   BOOST_TEST(out.find("grad_norm") == std::string::npos);  // no plain lines
   BOOST_TEST(losses(out).empty());
+}
+
+// --local-nodes on GPUs: each node gets its own run of the visible GPUs, from the launcher's
+// CUDA_VISIBLE_DEVICES (indices or UUIDs) or, unset, from the device count; none when there are
+// fewer GPUs than ranks (the nodes then share them).
+BOOST_AUTO_TEST_CASE(local_nodes_get_their_own_gpus) {
+  using zmuon::example::node_visible_devices;
+  BOOST_TEST(node_visible_devices(nullptr, 8, 2, 4, 0) == "0,1,2,3");
+  BOOST_TEST(node_visible_devices(nullptr, 8, 2, 4, 1) == "4,5,6,7");
+  BOOST_TEST(node_visible_devices(nullptr, 8, 2, 3, 1) == "3,4,5");  // two left over
+  BOOST_TEST(node_visible_devices("4,5,6,7", 4, 2, 2, 0) == "4,5");
+  BOOST_TEST(node_visible_devices("4,5,6,7", 4, 2, 2, 1) == "6,7");
+  BOOST_TEST(node_visible_devices("4,,5", 2, 2, 1, 1) == "5");  // empty entries skipped
+  BOOST_TEST(node_visible_devices("GPU-a1,GPU-b2", 2, 2, 1, 1) == "GPU-b2");
+  BOOST_TEST(node_visible_devices(nullptr, 1, 2, 1, 0).empty());  // one GPU, two nodes
+  BOOST_TEST(node_visible_devices("0,1", 8, 2, 2, 0).empty());    // the list, not the count
+  BOOST_TEST(node_visible_devices(nullptr, 0, 2, 1, 0).empty());  // no GPU
+  BOOST_TEST(node_visible_devices(nullptr, 8, 2, 4, 2).empty());  // no such node
 }

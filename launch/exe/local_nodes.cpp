@@ -1,7 +1,9 @@
 #include "launch/exe/local_nodes.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <thread>
@@ -35,21 +37,40 @@ std::vector<std::string> without(const std::vector<std::string>& args, const std
   return out;
 }
 
+constexpr const char* kVisibleDevices = "CUDA_VISIBLE_DEVICES";
+
+/// This process's environment with CUDA_VISIBLE_DEVICES set to `devices` (unchanged if empty).
+std::vector<std::string> environment_with_devices(const std::string& devices) {
+  std::vector<std::string> env;
+  const std::string key = std::string(kVisibleDevices) + "=";
+  for (char** e = environ; *e != nullptr; ++e)
+    if (devices.empty() || !starts_with(*e, key))
+      env.emplace_back(*e);
+  if (!devices.empty())
+    env.push_back(key + devices);
+  return env;
+}
+
 // vfork, not fork: fork runs OpenBLAS's pthread_atfork handler (it shuts the BLAS thread pool
 // down first), the suspected cause of one test run in which the launcher printed nothing for
-// 30 s. The child only sets its death signal and execs.
-pid_t spawn(const std::vector<std::string>& args) {
+// 30 s. The child only sets its death signal and execs (everything it needs is built before).
+pid_t spawn(const std::vector<std::string>& args, const std::string& devices) {
   static const char* self = "/proc/self/exe";
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(self));
   for (auto& a : args)
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::vector<std::string> env = environment_with_devices(devices);
+  std::vector<char*> envp;
+  for (auto& e : env)
+    envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = ::vfork();
   if (pid != 0)
     return pid;
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the launcher dies: so do its nodes
-  ::execv(self, argv.data());
+  ::execve(self, argv.data(), envp.data());
   ::_exit(127);
 }
 
@@ -69,12 +90,42 @@ std::string describe(int status) {
 
 }  // namespace
 
+std::string node_visible_devices(const char* visible, int device_count, int nodes,
+                                 int ranks_per_node, int node) {
+  std::vector<std::string> gpus;
+  if (visible != nullptr) {
+    std::string list = visible;
+    for (size_t at = 0; at <= list.size();) {
+      const size_t comma = std::min(list.find(',', at), list.size());
+      if (comma > at)
+        gpus.push_back(list.substr(at, comma - at));
+      at = comma + 1;
+    }
+  } else {
+    for (int i = 0; i < device_count; ++i)
+      gpus.push_back(std::to_string(i));
+  }
+  if (nodes < 1 || ranks_per_node < 1 || node < 0 || node >= nodes
+      || static_cast<int64_t>(nodes) * ranks_per_node > static_cast<int64_t>(gpus.size()))
+    return {};
+  std::string out;
+  for (int i = node * ranks_per_node; i < (node + 1) * ranks_per_node; ++i)
+    out += (out.empty() ? "" : ",") + gpus[static_cast<size_t>(i)];
+  return out;
+}
+
 std::vector<std::string> args_without_local_nodes(int argc, char** argv) {
   return without(std::vector<std::string>(argv + 1, argv + argc), "--local-nodes");
 }
 
 int run_local_nodes(int nodes, const std::vector<std::string>& args, long long join_timeout_ms,
-                    long long grace_ms) {
+                    long long grace_ms, const std::vector<std::string>& node_devices) {
+  auto devices_of = [&](int n) {
+    return n < static_cast<int>(node_devices.size()) ? node_devices[n] : std::string();
+  };
+  auto gpus_of = [&](int n) {  // for the "node N pid P" line
+    return devices_of(n).empty() ? std::string() : " (CUDA_VISIBLE_DEVICES=" + devices_of(n) + ")";
+  };
   std::string file = "/tmp/zmuon-rendezvous-" + std::to_string(::getpid());
   std::remove(file.c_str());
   auto node_args = [&](int n, const std::string& master) {
@@ -105,9 +156,9 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
     return -1;
   };
 
-  pids[0] = spawn(node_args(0, "127.0.0.1:0"));
+  pids[0] = spawn(node_args(0, "127.0.0.1:0"), devices_of(0));
   running[0] = true;
-  std::printf("zmuon-launch: node 0 pid %d\n", static_cast<int>(pids[0]));
+  std::printf("zmuon-launch: node 0 pid %d%s\n", static_cast<int>(pids[0]), gpus_of(0).c_str());
   std::fflush(stdout);
   // Wait for node 0 to listen (it writes "127.0.0.1:PORT" to the file).
   std::string master;
@@ -134,9 +185,10 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
   }
   std::remove(file.c_str());
   for (int n = 1; n < nodes; ++n) {
-    pids[n] = spawn(node_args(n, master));
+    pids[n] = spawn(node_args(n, master), devices_of(n));
     running[n] = true;
-    std::printf("zmuon-launch: node %d pid %d\n", n, static_cast<int>(pids[n]));
+    std::printf("zmuon-launch: node %d pid %d%s\n", n, static_cast<int>(pids[n]),
+                gpus_of(n).c_str());
   }
   std::fflush(stdout);
 

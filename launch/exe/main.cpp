@@ -2,6 +2,7 @@
 // with N in-process ranks, or as one node of a multi-process job (--nodes, --node-rank, --master;
 // --local-nodes K runs K nodes on 127.0.0.1), and shows each step. Options: defaults < --config
 // FILE < --set key.path=value < flags (launch/config.hpp).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -374,6 +375,20 @@ int run(int argc, char** argv) {
     return 2;
   }
   job->engine.trace_dir = job->trace;
+  // --local-nodes on GPUs: node n sees its own run of the visible GPUs (CUDA_VISIBLE_DEVICES),
+  // ranks-per-node of them (by default the GPUs shared out evenly), so that its ranks do not
+  // land on node 0's GPUs.
+  std::vector<std::string> node_devices;
+  if (job->engine.compute == "cuda" && nf.local_nodes > 0) {
+    const int gpus = zmuon::compute_device_count("cuda");
+    const int per_node =
+        ranks_given(config_path, sets) ? job->engine.world : std::max(1, gpus / nf.local_nodes);
+    for (int n = 0; n < nf.local_nodes; ++n)
+      node_devices.push_back(zmuon::example::node_visible_devices(
+          std::getenv("CUDA_VISIBLE_DEVICES"), gpus, nf.local_nodes, per_node, n));
+    if (std::find(node_devices.begin(), node_devices.end(), "") != node_devices.end())
+      node_devices.clear();  // fewer GPUs than ranks: every node sees them all
+  }
   if (job->engine.compute == "cuda" && !ranks_given(config_path, sets)) {
     // On GPUs, one rank per visible GPU unless --ranks, --ranks-per-node or zmuon.ranks says.
     int gpus = zmuon::compute_device_count("cuda");
@@ -388,9 +403,9 @@ int run(int argc, char** argv) {
   topts.micro_batch = job->micro_batch;
   topts.fp16 = eopts.fp16.enabled;
   if (nf.local_nodes > 0)
-    return zmuon::example::run_local_nodes(nf.local_nodes,
-                                           zmuon::example::args_without_local_nodes(argc, argv),
-                                           eopts.timeout_ms, job->heartbeat_timeout_ms + 10'000);
+    return zmuon::example::run_local_nodes(
+        nf.local_nodes, zmuon::example::args_without_local_nodes(argc, argv), eopts.timeout_ms,
+        job->heartbeat_timeout_ms + 10'000, node_devices);
   if (nf.nodes > 1)
     return run_node(*job, topts, nf, save_params);
   if (nf.node_rank != 0) {
