@@ -77,16 +77,26 @@ loss_scaler_actor::behavior_type scaler_impl(scaler_pointer self, fp16_options o
         trace::request(self, self->state.tr, self->state.store, scan_grads{step})
             .then(
                 [=](grad_scan& scan) mutable {
+                  // The flags' sum is non-zero exactly when one is set, so the gradient norm's
+                  // sum travels in the same collective (a non-finite sum only with a flag).
                   all_reduce_req vote{collective_tag{collective_kind::vote, step, 0, 0},
-                                      reduce_op::max,
-                                      {scan.nonfinite ? 1.0 : 0.0}};
+                                      reduce_op::sum,
+                                      {scan.nonfinite ? 1.0 : 0.0, scan.sum_squares}};
                   trace::request(self, self->state.tr, self->state.comm, std::move(vote))
                       .then(
                           [=](all_reduce_result& res) mutable {
-                            bool overflow = res.values.at(0) > 0;
+                            if (res.values.size() != 2) {
+                              rp.deliver(make_caf_error(
+                                  errc::bad_state,
+                                  "step " + std::to_string(step) + ": the overflow vote returned "
+                                      + std::to_string(res.values.size())
+                                      + " values instead of 2 (flag, sum of squares)"));
+                              return;
+                            }
+                            bool overflow = res.values[0] > 0;
                             float used = self->state.scale.scale();
                             float next = self->state.scale.update(overflow);
-                            rp.deliver(overflow_report{step, overflow, used, next});
+                            rp.deliver(overflow_report{step, overflow, used, next, res.values[1]});
                           },
                           [=](caf::error& err) mutable { rp.deliver(std::move(err)); });
                 },

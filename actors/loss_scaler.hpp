@@ -2,9 +2,11 @@
 // loss scaler), and the overflow vote across ranks. Never touches parameters.
 //
 // Interface:
-//   check_overflow -> overflow_report  (coordinator) scan the local gradient shard, all-reduce
-//                                      (max) the non-finite flag over ranks, update the scale;
-//                                      the report carries the scale used and the next one
+//   check_overflow -> overflow_report  (coordinator) scan the local gradient shard, then one
+//                                      all-reduce (sum) of its non-finite flag and its sum of
+//                                      squares over ranks: overflow when any flag is set; update
+//                                      the scale. The report carries the scale used, the next
+//                                      one and the global sum of squares (for the clip norm)
 //   scale_atom -> float                (host) the scale to multiply the next loss by
 //   scaler_state_atom -> loss_scale_snapshot  (host, checkpoint save) the scale and its counters
 //   restore_scaler -> ack              (host, checkpoint load) continue from a saved state

@@ -344,8 +344,7 @@ void finish(coord_pointer self) {
   });
 }
 
-// -- 1-4. flush, vote, norm, unscale and clip
-// ------------------------------------------------------
+// -- 1-4. flush, the vote (overflow and norm), unscale and clip -----------------------------------
 
 void begin_step(coord_pointer self) {
   auto step = self->state.work->req.step;
@@ -371,28 +370,18 @@ void begin_step(coord_pointer self) {
             });
             return;
           }
-          ask<grad_scan>(
-              self, self->state.peers.store, local_sum_squares{step}, [=](grad_scan& scan) {
-                all_reduce_req norm{collective_tag{collective_kind::norm, step, 0, 0},
-                                    reduce_op::sum,
-                                    {scan.sum_squares}};
-                ask<all_reduce_result>(
-                    self, self->state.peers.comm, std::move(norm), [=](all_reduce_result& total) {
-                      auto& st = self->state;
-                      auto& r = st.work->result;
-                      double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
-                      r.grad_norm = std::sqrt(total.values.at(0)) * unscale;
-                      float max_norm = st.opts.gradient_clipping;
-                      double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
-                      r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
-                      auto factor = static_cast<float>(unscale * r.clip_coef);
-                      // Not waited for: the store takes this rank's requests in the order
-                      // sent, so the momentum after it reads the unscaled gradient (one host
-                      // round trip less before the first NS); a failure still ends the step.
-                      ask<ack>(self, st.peers.store, unscale_clip{step, factor}, [](ack&) {});
-                      run_muon(self);
-                    });
-              });
+          auto& st = self->state;
+          double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
+          r.grad_norm = std::sqrt(rep.sum_squares) * unscale;
+          float max_norm = st.opts.gradient_clipping;
+          double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
+          r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
+          auto factor = static_cast<float>(unscale * r.clip_coef);
+          // Not waited for: the store takes this rank's requests in the order sent, so the
+          // momentum after it reads the unscaled gradient (one host round trip less before the
+          // first NS); a failure still ends the step.
+          ask<ack>(self, st.peers.store, unscale_clip{step, factor}, [](ack&) {});
+          run_muon(self);
         });
   });
 }

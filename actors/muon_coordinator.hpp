@@ -5,9 +5,10 @@
 // Interface:
 //   step_request -> step_result  (host) run optimizer step `step`:
 //     1. flush           reducer: every bucket of the step has landed in the store
-//     2. check_overflow  loss scaler: cross-rank vote on non-finite gradients
+//     2. check_overflow  loss scaler: one all-reduce over ranks of the non-finite flags and
+//                        the sums of squares: the vote and the raw gradient norm together
 //        overflow -> discard_grads, answer skipped
-//     3. norm            store's sum of squares, all-reduce(sum): the raw gradient norm
+//     3. the clip coefficient from that norm
 //     4. unscale_clip    store: gradient *= clip / (loss scale * micro-batches)
 //     5. per Muon chunk, in the fixed order G0 G1 S0 G2 S1 ... : muon_momentum (store),
 //        gather u shards to owners, Newton-Schulz on the owner, scatter result shards,

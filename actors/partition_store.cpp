@@ -37,15 +37,9 @@ struct store_state {
   std::vector<std::vector<param_slice>> chunk_slices;
   std::vector<param_slice> adam_slices;
   int64_t adam_steps = 0;
-  // The scan of the current gradient, valid until the gradient changes (grads_version counts
-  // the changes; a scan that lands after one is not kept).
-  bool scan_valid = false;
-  grad_scan last_scan;
-  uint64_t grads_version = 0;
   // Work on the backend whose completion comes back as gpu_done, oldest first.
   struct pending_scan {
     uint64_t step;
-    uint64_t version;
     std::shared_ptr<scan_result> result;
     caf::typed_response_promise<grad_scan> promise;
   };
@@ -58,15 +52,9 @@ const char* store_state::name = "partition_store";
 
 using store_pointer = partition_store_actor::stateful_pointer<store_state>;
 
-void gradient_changed(store_pointer self) {
-  self->state.scan_valid = false;
-  ++self->state.grads_version;
-}
-
 /// Every bucket changed outside accumulate_scanned: their kept scans are stale.
 void gradient_rewritten(store_pointer self) {
   self->state.scanned.assign(self->state.scanned.size(), false);
-  gradient_changed(self);
 }
 
 /// The parameters' slices, in the order given, for the backend's calls over several parameters.
@@ -84,7 +72,6 @@ std::vector<param_slice> slices_of(const plan& pl, const std::vector<int>& param
 void forget_gradient(store_pointer self) {
   auto& st = self->state;
   st.written.assign(st.pl->buckets.size(), false);
-  gradient_changed(self);
 }
 
 /// Before the gradient is read: the buckets no slice reached this step are zeroed.
@@ -109,12 +96,10 @@ void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
   self->state.be->when_done([handle, msg] { caf::anon_send(handle, msg); });
 }
 
-// The scan of the gradient for `step`: the kept one when `reuse` and still valid, else a new
-// scan whose result comes back with gpu_done (no thread waits for the GPU).
-caf::result<grad_scan> scan_for(store_pointer self, uint64_t step, bool reuse) {
+// The scan of the gradient for `step`, whose result comes back with gpu_done (no thread waits
+// for the GPU).
+caf::result<grad_scan> scan_for(store_pointer self, uint64_t step) {
   auto& st = self->state;
-  if (reuse && st.scan_valid && st.last_scan.step == step)
-    return st.last_scan;
   materialize(self);
   auto promise = self->make_response_promise<grad_scan>();
   auto result = std::make_shared<scan_result>();
@@ -122,7 +107,7 @@ caf::result<grad_scan> scan_for(store_pointer self, uint64_t step, bool reuse) {
     st.be->scan_parts_async(*st.bucket_scans, result.get());
   else
     st.be->scan_async(st.grads.data(), st.grads.size(), result.get());
-  st.scans.push_back(store_state::pending_scan{step, st.grads_version, result, promise});
+  st.scans.push_back(store_state::pending_scan{step, result, promise});
   notify_when_done(self, step, gpu_event::scan_landed);
   return promise;
 }
@@ -132,12 +117,7 @@ void on_gpu_done(store_pointer self, const gpu_done& msg) {
   if (msg.what == gpu_event::scan_landed && !st.scans.empty()) {
     auto scan = std::move(st.scans.front());
     st.scans.pop_front();
-    grad_scan reply{scan.step, scan.result->nonfinite, scan.result->sum_squares};
-    if (scan.version == st.grads_version) {
-      st.last_scan = reply;
-      st.scan_valid = true;
-    }
-    scan.promise.deliver(reply);
+    scan.promise.deliver(grad_scan{scan.step, scan.result->nonfinite, scan.result->sum_squares});
   } else if (msg.what == gpu_event::step_done && !st.finishing.empty()) {
     st.finishing.front().deliver(ack{msg.step});
     st.finishing.pop_front();
@@ -236,16 +216,11 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
           st.be->add_from_host(dst, msg.slice.data, b.shard_len);
         st.written[msg.bucket] = true;
         st.scanned[msg.bucket] = own_memory;
-        gradient_changed(self);
         return ack{msg.step};
       },
       [=](scan_grads& msg) {
         ZMUON_TRACE_RECV(self, msg);
-        return scan_for(self, msg.step, false);
-      },
-      [=](local_sum_squares& msg) {
-        ZMUON_TRACE_RECV(self, msg);
-        return scan_for(self, msg.step, true);
+        return scan_for(self, msg.step);
       },
       [=](discard_grads& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);

@@ -7,7 +7,6 @@
 //                            bucket's first slice of a step is copied in: a zeroed gradient is
 //                            only marked unwritten, never filled, until something reads it)
 //   scan_grads -> grad_scan  (loss scaler) non-finite flag and sum of squares of the gradient
-//   local_sum_squares -> grad_scan  (coordinator) the sum of squares from this step's scan
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
 //   unscale_clip -> ack      (coordinator) gradient *= clip / (scale * micro-batches)
 //   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`
@@ -24,7 +23,7 @@
 //                                    for copies into the caller's device buffers
 //   gpu_done                (its compute backend's completion callback) a scan's result has
 //                           landed on the host, or the step's kernels have finished: the
-//                           waiting scan_grads / local_sum_squares / finish_step is answered
+//                           waiting scan_grads / finish_step is answered
 #pragma once
 
 #include <memory>
@@ -40,11 +39,11 @@ namespace zmuon {
 
 using partition_store_actor = caf::typed_actor<
     caf::replies_to<accumulate>::with<ack>, caf::replies_to<scan_grads>::with<grad_scan>,
-    caf::replies_to<local_sum_squares>::with<grad_scan>, caf::replies_to<discard_grads>::with<ack>,
-    caf::replies_to<unscale_clip>::with<ack>, caf::replies_to<muon_momentum>::with<ack>,
-    caf::replies_to<apply_muon>::with<ack>, caf::replies_to<adamw_step>::with<ack>,
-    caf::replies_to<finish_step>::with<ack>, caf::replies_to<load_params>::with<ack>,
-    caf::replies_to<load_state>::with<ack>, caf::replies_to<snapshot_atom>::with<store_snapshot>,
+    caf::replies_to<discard_grads>::with<ack>, caf::replies_to<unscale_clip>::with<ack>,
+    caf::replies_to<muon_momentum>::with<ack>, caf::replies_to<apply_muon>::with<ack>,
+    caf::replies_to<adamw_step>::with<ack>, caf::replies_to<finish_step>::with<ack>,
+    caf::replies_to<load_params>::with<ack>, caf::replies_to<load_state>::with<ack>,
+    caf::replies_to<snapshot_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>,
     caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>>;
 

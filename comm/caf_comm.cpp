@@ -110,8 +110,7 @@ caf::error check_segments(const all_to_all_req& req) {
 }
 
 bool is_all_reduce(collective_kind kind) {
-  return kind == collective_kind::vote || kind == collective_kind::norm
-         || kind == collective_kind::host;
+  return kind == collective_kind::vote || kind == collective_kind::host;
 }
 
 int64_t total(const std::vector<segment>& segs) {
@@ -149,7 +148,6 @@ caf::error complete(comm_state& st, const collective_tag& tag, pending_op& op) {
       return {};
     }
     case collective_kind::vote:
-    case collective_kind::norm:
     case collective_kind::host: {
       auto& vals = op.ar.values;
       for (int q = 0; q < st.world; ++q)

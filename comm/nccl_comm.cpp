@@ -27,7 +27,8 @@ using health_atom = caf::atom_constant<caf::atom("ncclhealth")>;  // periodic as
 
 using nccl_comm_actor = comm_actor::extend<caf::reacts_to<poll_atom>, caf::reacts_to<health_atom>>;
 
-constexpr size_t kMaxValues = 64;  // doubles per all-reduce (the vote and the norm use one)
+constexpr size_t kMaxValues =
+    64;  // doubles per all-reduce (the vote uses two: flag, sum of squares)
 constexpr auto kPendingPoll = std::chrono::microseconds(20);
 
 // Device and pinned host room for one all-reduce of doubles, and the event that says it is back.

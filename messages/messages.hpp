@@ -59,7 +59,7 @@ struct segment {
 // -- collectives ---------------------------------------------------------------------------------
 // params: the host's all-gather of the parameter shards between processes; host: an all-reduce of
 // the host's values (the loss) between processes. Both run only between steps.
-enum class collective_kind : uint8_t { reduce_scatter, vote, norm, gather, scatter, params, host };
+enum class collective_kind : uint8_t { reduce_scatter, vote, gather, scatter, params, host };
 enum class reduce_op : uint8_t { sum, max };
 /// "reduce_scatter", "vote", ... (a static string).
 const char* kind_name(collective_kind kind);
@@ -88,7 +88,7 @@ struct reduce_scatter_req {
   int64_t count = 0;
 };
 
-/// all-reduce of a few doubles (the overflow vote, the gradient norm).
+/// all-reduce of a few doubles (the vote: overflow flags and the gradient's sum of squares).
 struct all_reduce_req {
   collective_tag tag;
   reduce_op op = reduce_op::sum;
@@ -188,16 +188,14 @@ struct overflow_report {
   bool overflow = false;
   float scale = 1;       // the scale the host used for this step
   float next_scale = 1;  // the scale for the next step
+  // All ranks' sum of squares of the accumulated (still scaled) gradient, from the same vote;
+  // meaningful only without overflow.
+  double sum_squares = 0;
 };
 
 // -- coordinator -> store ------------------------------------------------------------------------
 /// Overflow: zero the gradients; parameters, momentum and Adam moments stay untouched.
 struct discard_grads {
-  uint64_t step = 0;
-};
-
-/// The local sum of squares of the accumulated gradient (from the scan of this step).
-struct local_sum_squares {
   uint64_t step = 0;
 };
 
@@ -325,7 +323,6 @@ ZMUON_INSPECT(all_reduce_req, x.tag, x.op, x.values)
 ZMUON_INSPECT(all_to_all_req, x.tag)
 ZMUON_INSPECT(comm_done, x.tag)
 ZMUON_INSPECT(all_reduce_result, x.tag, x.values)
-ZMUON_INSPECT(peer_doubles, x.tag, x.src, x.data)
 ZMUON_INSPECT(micro_grads, x.step, x.micro, x.bucket)
 ZMUON_INSPECT(flush, x.step)
 ZMUON_INSPECT(flush_done, x.step, x.micros)
@@ -334,9 +331,8 @@ ZMUON_INSPECT(ack, x.step)
 ZMUON_INSPECT(check_overflow, x.step)
 ZMUON_INSPECT(scan_grads, x.step)
 ZMUON_INSPECT(grad_scan, x.step, x.nonfinite, x.sum_squares)
-ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale)
+ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale, x.sum_squares)
 ZMUON_INSPECT(discard_grads, x.step)
-ZMUON_INSPECT(local_sum_squares, x.step)
 ZMUON_INSPECT(unscale_clip, x.step, x.factor)
 ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out)
 ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update)
@@ -354,17 +350,28 @@ ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_s
 
 #undef ZMUON_INSPECT
 
-// peer_floats crosses processes with the caf backend: its payloads are written as raw blocks
-// (CAF 0.17 would otherwise serialize floats one by one, ~30 MB/s; see CAF-0.17-NOTES.md).
+// peer_floats and peer_doubles cross processes with the caf backend: their payloads are written
+// as raw blocks, bit for bit. CAF 0.17 would otherwise serialize each number through its
+// pack754, one by one (~30 MB/s; see CAF-0.17-NOTES.md), which also never returns for an
+// infinity (it halves it until it is below 2) and does not keep a NaN: an overflowed step's
+// vote carries both.
+template <class Inspector>
+using if_not_serializing =
+    std::enable_if_t<!std::is_base_of<caf::serializer, Inspector>::value
+                         && !std::is_base_of<caf::deserializer, Inspector>::value,
+                     typename Inspector::result_type>;
 caf::error inspect(caf::serializer& f, peer_floats& x);
 caf::error inspect(caf::deserializer& f, peer_floats& x);
 template <class Inspector>
-std::enable_if_t<!std::is_base_of<caf::serializer, Inspector>::value
-                     && !std::is_base_of<caf::deserializer, Inspector>::value,
-                 typename Inspector::result_type>
-inspect(Inspector& f, peer_floats& x) {
+if_not_serializing<Inspector> inspect(Inspector& f, peer_floats& x) {
   auto bytes = static_cast<uint64_t>(x.data.size() * sizeof(float) + x.bf16.size() * 2);
   return f(caf::meta::type_name("peer_floats"), x.tag, x.src, bytes);
+}
+caf::error inspect(caf::serializer& f, peer_doubles& x);
+caf::error inspect(caf::deserializer& f, peer_doubles& x);
+template <class Inspector>
+if_not_serializing<Inspector> inspect(Inspector& f, peer_doubles& x) {
+  return f(caf::meta::type_name("peer_doubles"), x.tag, x.src, x.data);
 }
 
 }  // namespace zmuon

@@ -14,8 +14,6 @@ const char* kind_name(collective_kind kind) {
       return "reduce_scatter";
     case collective_kind::vote:
       return "vote";
-    case collective_kind::norm:
-      return "norm";
     case collective_kind::gather:
       return "gather";
     case collective_kind::scatter:
@@ -87,6 +85,18 @@ caf::error inspect(caf::deserializer& f, peer_floats& x) {
   if (auto err = read_raw(f, x.data))
     return err;
   return read_raw(f, x.bf16);
+}
+
+caf::error inspect(caf::serializer& f, peer_doubles& x) {
+  if (auto err = f(caf::meta::type_name("peer_doubles"), x.tag, x.src))
+    return err;
+  return write_raw(f, x.data);
+}
+
+caf::error inspect(caf::deserializer& f, peer_doubles& x) {
+  if (auto err = f(caf::meta::type_name("peer_doubles"), x.tag, x.src))
+    return err;
+  return read_raw(f, x.data);
 }
 
 caf::error error_from_exception(const std::exception_ptr& eptr) {

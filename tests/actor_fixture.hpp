@@ -381,6 +381,7 @@ struct check_log {
   bool overflow = false;
   float scale = 1;
   float next_scale = 1;
+  double sum_squares = 0;  // all ranks' sum of squares, as the vote would report it
   std::shared_ptr<trace_log> trace;
 };
 
@@ -391,14 +392,14 @@ inline scaler_check_actor::behavior_type fake_scaler(scaler_check_actor::pointer
         log->calls.push_back(msg);
         if (log->trace)
           log->trace->add("scaler", "check_overflow", msg.step);
-        return overflow_report{msg.step, log->overflow, log->scale, log->next_scale};
+        return overflow_report{msg.step, log->overflow, log->scale, log->next_scale,
+                               log->sum_squares};
       },
   };
 }
 
 struct step_store_log {
   std::shared_ptr<trace_log> trace;
-  double sum_squares = 0;                            // answered to local_sum_squares
   std::function<void(const muon_momentum&)> fill_u;  // writes u into the caller's view
   std::vector<unscale_clip> unscales;
   std::vector<muon_momentum> momentums;
@@ -421,11 +422,6 @@ inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer
         if (auto err = log->record("discard_grads", m.step))
           return err;
         return ack{m.step};
-      },
-      [log](local_sum_squares& m) -> caf::result<grad_scan> {
-        if (auto err = log->record("local_sum_squares", m.step))
-          return err;
-        return grad_scan{m.step, false, log->sum_squares};
       },
       [log](unscale_clip& m) -> caf::result<ack> {
         log->unscales.push_back(m);

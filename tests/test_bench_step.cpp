@@ -131,7 +131,7 @@ BOOST_AUTO_TEST_CASE(phases_are_non_negative_and_fit_the_step) {
         BOOST_TEST(r.window_ns > 0);
         BOOST_TEST(sum == r.window_ns, "rank " << r.rank);  // `other` included: exact
         BOOST_TEST(r.window_ns <= s.wall_ns, "rank " << r.rank);
-        for (const char* p : {"flush", "vote", "norm", "momentum", "adamw"})
+        for (const char* p : {"flush", "vote", "momentum", "adamw"})
           BOOST_TEST(r.phase_ns.count(p) == 1u, "rank " << r.rank << " has no " << p);
         BOOST_TEST(r.plumbing_ns > 0);
         BOOST_TEST(r.plumbing_ns <= s.wall_ns * 2);  // 2 cores at most run the rank's actors

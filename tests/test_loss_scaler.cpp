@@ -67,12 +67,14 @@ struct scaler_fixture : actor_fixture {
   comm_actor comm = keep(sys.spawn(fake_comm, comms));
   loss_scaler_actor scaler;
   bool other_rank_nonfinite = false;  // the vote of a second, simulated rank
+  double other_rank_sum_squares = 7.0;
 
   scaler_fixture() {
-    // The comm double plays a world of two: max over this rank's flag and the other's.
+    // The comm double plays a world of two: the sum of this rank's values and the other's.
     comms->on_request = [this](comm_log::call& c) {
       auto v = c.ar.values;
-      v.at(0) = std::max(v.at(0), other_rank_nonfinite ? 1.0 : 0.0);
+      v.at(0) += other_rank_nonfinite ? 1.0 : 0.0;
+      v.at(1) += other_rank_sum_squares;
       c.all_reduce_answer(v);
     };
   }
@@ -108,6 +110,7 @@ BOOST_AUTO_TEST_CASE(check_overflow_scans_votes_and_reports) {
   comms->on_request = nullptr;  // the test answers the vote itself
   start(dynamic());
   scans->nonfinite = true;
+  scans->sum_squares = INFINITY;
   auto r = ask<overflow_report>(scaler, check_overflow{5});
   run_one(scaler);
   // First the local scan, and no vote before its answer.
@@ -118,16 +121,16 @@ BOOST_AUTO_TEST_CASE(check_overflow_scans_votes_and_reports) {
   BOOST_CHECK(peek(comm) == nullptr);
   run_one(store);
   run_one(scaler);
-  // Then the vote: all-reduce (max) of the local non-finite flag.
+  // Then the vote: one all-reduce (sum) of the local non-finite flag and sum of squares.
   const auto* vote = next_as<all_reduce_req>(comm);
   BOOST_REQUIRE(vote != nullptr);
   BOOST_CHECK(vote->tag == (collective_tag{collective_kind::vote, 5, 0, 0}));
-  BOOST_CHECK(vote->op == reduce_op::max);
-  BOOST_CHECK(vote->values == std::vector<double>{1.0});
+  BOOST_CHECK(vote->op == reduce_op::sum);
+  BOOST_CHECK(vote->values == (std::vector<double>{1.0, INFINITY}));
   run_one(comm);
   BOOST_REQUIRE_EQUAL(comms->calls.size(), 1u);
   BOOST_CHECK(!r->done);
-  comms->calls[0].all_reduce_answer({1.0});
+  comms->calls[0].all_reduce_answer({1.0, INFINITY});
   run();
   // The first overflow only uses up hysteresis: the scale stays.
   BOOST_CHECK_EQUAL(value_of(r).step, 5u);
@@ -139,9 +142,11 @@ BOOST_AUTO_TEST_CASE(check_overflow_scans_votes_and_reports) {
 
 BOOST_AUTO_TEST_CASE(the_vote_decides_not_the_local_scan) {
   start(dynamic(16, 1000, 1));
+  scans->sum_squares = 2.5;
   auto clean = check(1, false, false);
   BOOST_CHECK(!clean.overflow);
-  BOOST_CHECK(comms->calls.back().ar.values == std::vector<double>{0.0});
+  BOOST_CHECK(comms->calls.back().ar.values == (std::vector<double>{0.0, 2.5}));
+  BOOST_CHECK_EQUAL(clean.sum_squares, 2.5 + other_rank_sum_squares);  // both ranks' sum
   auto remote = check(2, false, true);  // only the other rank overflowed
   BOOST_CHECK(remote.overflow);
   BOOST_CHECK_EQUAL(remote.scale, 65536.0f);
@@ -235,6 +240,11 @@ BOOST_AUTO_TEST_CASE(failing_scan_or_vote_answers_the_error) {
   run();
   check_error(s, errc::comm_failure, "rank 1 is down");
   BOOST_CHECK_EQUAL(current_scale(), 65536.0f);  // a failed vote changes nothing
+  comms->on_request = [](comm_log::call& c) { c.all_reduce_answer({0.0}); };  // no sum
+  auto t = ask<overflow_report>(scaler, check_overflow{3});
+  run();
+  check_error(t, errc::bad_state, "returned 1 values instead of 2");
+  BOOST_CHECK_EQUAL(current_scale(), 65536.0f);
 }
 
 BOOST_AUTO_TEST_CASE(loss_scale_state_matches_deepspeed) {

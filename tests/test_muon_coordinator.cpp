@@ -38,8 +38,7 @@ struct coord_fixture : actor_fixture {
   engine_options opts;
   std::shared_ptr<const plan> pl;
   int rank = 0;
-  double other_sum_squares = 0;  // the other ranks' part of the norm all-reduce
-  bool hold_a2a = false;         // all-to-alls wait for complete_a2a
+  bool hold_a2a = false;  // all-to-alls wait for complete_a2a
   std::map<std::pair<int, int>, std::vector<std::vector<float>>> sent;  // (gather?, chunk)
   muon_coordinator_actor coord;
 
@@ -79,9 +78,7 @@ struct coord_fixture : actor_fixture {
   }
 
   void serve(comm_log::call& c) {
-    if (c.kind == comm_log::call::all_reduce) {
-      c.all_reduce_answer({c.ar.values.at(0) + other_sum_squares});
-    } else if (c.kind == comm_log::call::all_to_all) {
+    if (c.kind == comm_log::call::all_to_all) {
       auto& out = sent[{c.a2a.tag.kind == collective_kind::gather, c.a2a.tag.index}];
       for (const auto& segs : c.a2a.sends)  // copied now: the views die with the request
         out.push_back(gather_segments(segs));
@@ -206,19 +203,14 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   start(kOneMatrix, 1, 1000, 0);
   // Raw norm = sqrt(ss) / (scale * micros) = 2.5 > clip 1: clipped.
   const double scale = 1024.0, micros = 4.0, raw_norm = 2.5;
-  stored->sum_squares = std::pow(raw_norm * scale * micros, 2);
+  checks->sum_squares = std::pow(raw_norm * scale * micros, 2);  // from the vote
   auto r = step(1);
   const std::vector<std::string> expected = {
-      "reducer: flush 1",    "scaler: check_overflow 1", "store: local_sum_squares 1",
-      "comm: norm 1",        "store: unscale_clip 1",    "store: muon_momentum 1/0",
-      "comm: gather 1/0",    "comm: scatter 1/0",        "store: apply_muon 1/0",
-      "store: adamw_step 1", "store: finish_step 1"};
+      "reducer: flush 1",         "scaler: check_overflow 1", "store: unscale_clip 1",
+      "store: muon_momentum 1/0", "comm: gather 1/0",         "comm: scatter 1/0",
+      "store: apply_muon 1/0",    "store: adamw_step 1",      "store: finish_step 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
-  const auto& norm = comms->calls.at(0).ar;
-  BOOST_CHECK(norm.tag == (collective_tag{collective_kind::norm, 1, 0, 0}));
-  BOOST_CHECK(norm.op == reduce_op::sum);
-  BOOST_CHECK(norm.values == std::vector<double>{stored->sum_squares});
   double clip = 1.0 / (raw_norm + 1e-6);  // torch's clip_grad_norm_ coefficient
   BOOST_REQUIRE_EQUAL(stored->unscales.size(), 1u);
   BOOST_CHECK_CLOSE(stored->unscales[0].factor, clip / (scale * micros), 1e-4);
@@ -243,7 +235,7 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   BOOST_CHECK(a.lr == 0.001f && a.beta1 == 0.8f && a.beta2 == 0.99f && a.eps == 1e-8f
               && a.weight_decay == 0.05f);
   // The next step runs the same way: the coordinator is idle again.
-  stored->sum_squares = std::pow(0.5 * scale * micros, 2);  // below the clip: not clipped
+  checks->sum_squares = std::pow(0.5 * scale * micros, 2);  // below the clip: not clipped
   auto r2 = step(2);
   BOOST_CHECK_EQUAL(value_of(r2).clip_coef, 1.0f);
   BOOST_CHECK_CLOSE(stored->unscales.at(1).factor, 1.0 / (scale * micros), 1e-5);
@@ -258,7 +250,7 @@ BOOST_AUTO_TEST_CASE(overflowed_step_discards_and_runs_nothing_of_muon) {
                                              "store: discard_grads 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
-  BOOST_CHECK(comms->calls.empty());  // no norm, no gather, no scatter
+  BOOST_CHECK(comms->calls.empty());  // no gather, no scatter
   BOOST_CHECK(stored->momentums.empty() && stored->applies.empty() && stored->adamws.empty()
               && stored->unscales.empty());
   BOOST_CHECK_EQUAL(be->ns_matrix_count(), 0);  // no Newton-Schulz
@@ -279,7 +271,7 @@ BOOST_AUTO_TEST_CASE(step_without_gradients_is_an_error) {
 
 BOOST_AUTO_TEST_CASE(second_step_while_one_runs_is_refused) {
   start(kOneMatrix, 1, 1000, 0);
-  comms->on_request = nullptr;  // the first step stops at the norm all-reduce
+  comms->on_request = nullptr;  // the first step stops at its gather
   auto first = step(1);
   BOOST_REQUIRE_EQUAL(comms->calls.size(), 1u);
   auto second = step(2);
@@ -308,21 +300,15 @@ BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_ord
   hold_a2a = true;
   auto r = step(1);
   // G0 and G1 are both out before either is answered; S0 waits for G0.
-  auto a2a = [&] {
-    std::vector<std::string> out;
-    for (const auto& l : lines_of("comm"))
-      if (l != "comm: norm 1")
-        out.push_back(l);
-    return out;
-  };
+  auto a2a = [&] { return lines_of("comm"); };
   BOOST_CHECK(a2a() == (std::vector<std::string>{"comm: gather 1/0", "comm: gather 1/1"}));
-  complete_a2a(comms->calls.at(2));  // G1 answered first: still no S0, and no G2
+  complete_a2a(comms->calls.at(1));  // G1 answered first: still no S0, and no G2
   run();
   BOOST_CHECK_EQUAL(a2a().size(), 2u);
-  complete_a2a(comms->calls.at(1));  // G0: now S0, then G2
+  complete_a2a(comms->calls.at(0));  // G0: now S0, then G2
   run();
   hold_a2a = false;
-  for (size_t i = 3; i < comms->calls.size(); ++i)
+  for (size_t i = 2; i < comms->calls.size(); ++i)
     complete_a2a(comms->calls[i]);
   run();
   const std::vector<std::string> order = {"comm: gather 1/0",  "comm: gather 1/1",
@@ -361,11 +347,11 @@ BOOST_AUTO_TEST_CASE(device_comm_orders_each_momentum_after_the_gather_before_it
     return n;
   };
   BOOST_CHECK_EQUAL(momenta(), 1u);  // G0 out and unanswered: no momentum for chunk 1 yet
-  complete_a2a(comms->calls.at(1));  // G0 answered: chunk 1's momentum, then G1
+  complete_a2a(comms->calls.at(0));  // G0 answered: chunk 1's momentum, then G1
   run();
   BOOST_CHECK_EQUAL(momenta(), 2u);
   hold_a2a = false;
-  for (size_t i = 2; i < comms->calls.size(); ++i)
+  for (size_t i = 1; i < comms->calls.size(); ++i)
     complete_a2a(comms->calls[i]);
   run();
   BOOST_CHECK(!value_of(r).skipped);
@@ -379,9 +365,9 @@ BOOST_AUTO_TEST_CASE(step_without_muon_parameters_runs_adamw_only) {
   start({{"embed", {4, 3}}, {"bias", {3}}}, 1, 1000, 0);
   BOOST_CHECK(!value_of(step(1)).skipped);
   BOOST_CHECK(lines_of("store")
-              == (std::vector<std::string>{"store: local_sum_squares 1", "store: unscale_clip 1",
-                                           "store: adamw_step 1", "store: finish_step 1"}));
-  BOOST_CHECK(lines_of("comm") == std::vector<std::string>{"comm: norm 1"});
+              == (std::vector<std::string>{"store: unscale_clip 1", "store: adamw_step 1",
+                                           "store: finish_step 1"}));
+  BOOST_CHECK(lines_of("comm").empty());
 }
 
 BOOST_AUTO_TEST_CASE(per_head_matrix_is_orthogonalized_block_by_block) {
@@ -393,16 +379,15 @@ BOOST_AUTO_TEST_CASE(per_head_matrix_is_orthogonalized_block_by_block) {
 }
 
 void check_world_two(coord_fixture& f, int rank) {
-  f.other_sum_squares = 300.0;
-  f.stored->sum_squares = 100.0;
+  f.checks->sum_squares = 400.0;  // both ranks' (the vote's) sum
   f.start(kWorldTwo, 2, 24, rank);
   const auto& pl = *f.pl;
   BOOST_REQUIRE_EQUAL(pl.chunks.size(), 3u);
   BOOST_REQUIRE(pl.params[0].owner == 0 && pl.params[1].owner == 1 && pl.params[2].owner == 0);
   auto r = f.step(1);
-  const std::vector<std::string> order = {
-      "comm: norm 1",     "comm: gather 1/0",  "comm: gather 1/1", "comm: scatter 1/0",
-      "comm: gather 1/2", "comm: scatter 1/1", "comm: scatter 1/2"};
+  const std::vector<std::string> order = {"comm: gather 1/0",  "comm: gather 1/1",
+                                          "comm: scatter 1/0", "comm: gather 1/2",
+                                          "comm: scatter 1/1", "comm: scatter 1/2"};
   auto got = f.lines_of("comm");
   BOOST_CHECK_EQUAL_COLLECTIONS(got.begin(), got.end(), order.begin(), order.end());
   for (int c = 0; c < 3; ++c)

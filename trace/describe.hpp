@@ -18,7 +18,7 @@ inline fields tagged(const char* type, const collective_tag& t, int64_t bytes) {
   f.phase = f.op;
   if (t.kind == collective_kind::reduce_scatter)
     f.micro = t.micro;
-  if (t.kind != collective_kind::vote && t.kind != collective_kind::norm)
+  if (t.kind != collective_kind::vote)
     f.index = t.index;
   f.bytes = bytes;
   return f;
@@ -120,11 +120,6 @@ inline fields describe(const overflow_report& m) {
 inline fields describe(const discard_grads& m) {
   auto f = stepped("discard_grads", m.step);
   f.phase = "discard";
-  return f;
-}
-inline fields describe(const local_sum_squares& m) {
-  auto f = stepped("local_sum_squares", m.step);
-  f.phase = "sum_squares";
   return f;
 }
 inline fields describe(const unscale_clip& m) {

@@ -9,7 +9,7 @@
 //   recv   an actor handled a message: `t` when its handler started, `dur` how long it ran
 //   reply  the answer to a request reached the requester (`type` of the answer, or `error`);
 //          `dur`: how long the requester's continuation ran (recorded when it returns)
-//   span   a phase with its byte count: reduce_scatter, vote, norm, gather, ns, scatter, apply,
+//   span   a phase with its byte count: reduce_scatter, vote, gather, ns, scatter, apply,
 //          momentum, ... `wait: true` for a requester's wait from request to answer; ns (the
 //          compute itself) carries `params`, the Muon parameters it orthogonalized; `buffers`
 //          is buffer work inside a handler (allocation, staging copies, release, packing)

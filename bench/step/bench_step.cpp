@@ -10,7 +10,7 @@
 //
 // Times, per step, on the host: reduce() of every micro-batch on every rank (host packing and
 // hand-over; the reduce-scatters run behind it) and step() (waits for the reduce-scatters, then
-// the vote, the norm, the Muon pipeline and AdamW; answered when the GPU work has finished).
+// the vote with the norm, the Muon pipeline and AdamW; answered when the GPU work has finished).
 // Medians over the steps after the first (warm-up). The trace (into --trace DIR, else a temporary
 // directory that is removed) adds, per step (trace/tool/step_stats.hpp has the exact
 // definitions; medians over the same steps):
@@ -18,9 +18,9 @@
 // - time per phase of the step protocol on the rank whose coordinator took longest, in the step
 //   where that took the median time (so that the phases sum to it): the coordinator's step cut into
 //   disjoint pieces, each going to the innermost span active then (flush, overflow_check, vote,
-//   sum_squares, norm, unscale_clip, momentum, gather, ns, scatter, apply, adamw, finish,
-//   reduce_scatter), `other` where none is. On CUDA the spans end when the work is enqueued (ns is
-//   the enqueue time) and waiting for the GPU falls into `other`.
+//   unscale_clip, momentum, gather, ns, scatter, apply, adamw, finish, reduce_scatter), `other`
+//   where none is. On CUDA the spans end when the work is enqueued (ns is the enqueue time) and
+//   waiting for the GPU falls into `other`.
 // - bytes each rank sends per step by collective kind, read from the trace's `bytes` field (the
 //   caf comm's peer pieces; real payload bytes), beside the plan's count at 4 bytes a float: the
 //   two must agree under fp32 transport, else the bench fails (exit 3). The nccl comm records
@@ -444,10 +444,10 @@ int main(int argc, char* argv[]) {
       "%.2f ms; that of step %llu (rank %d, the median) by phase (exclusive: ms, %% of it%s):\n",
       median(wall), median(window), static_cast<unsigned long long>(mid_step), mid.rank,
       opts.compute == "cuda" ? "; CUDA: spans are enqueue times, GPU waits are in 'other'" : "");
-  std::vector<std::string> order{"reduce_scatter", "flush",  "overflow_check", "vote",
-                                 "sum_squares",    "norm",   "unscale_clip",   "momentum",
-                                 "gather",         "ns",     "scatter",        "apply",
-                                 "adamw",          "finish", "discard"};
+  std::vector<std::string> order{"reduce_scatter", "flush",    "overflow_check", "vote",
+                                 "unscale_clip",   "momentum", "gather",         "ns",
+                                 "scatter",        "apply",    "adamw",          "finish",
+                                 "discard"};
   for (const auto& p : names)
     if (std::find(order.begin(), order.end(), p) == order.end() && p != "other")
       order.push_back(p);

@@ -80,8 +80,7 @@ std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int
     }
   }
   out["reduce_scatter"] = int64_t{gas} * reduce * static_cast<int64_t>(sizeof(float));
-  out["vote"] = (w - 1) * static_cast<int64_t>(sizeof(double));
-  out["norm"] = (w - 1) * static_cast<int64_t>(sizeof(double));
+  out["vote"] = (w - 1) * 2 * static_cast<int64_t>(sizeof(double));  // flag, sum of squares
   if (gather > 0)
     out["gather"] = gather * muon_elem;
   if (scatter > 0)

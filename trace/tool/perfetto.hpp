@@ -2,7 +2,7 @@
 // and chrome://tracing open. One process per rank (pid = rank), one track per actor (tid):
 //   send   "X" slice "send <type>" of 1 ns (so that a flow has a slice to start from)
 //   recv   "X" slice "<type>" for the handler's run time
-//   span   a wait for an answer (reduce_scatter, vote, norm, gather, scatter, apply, step, ...):
+//   span   a wait for an answer (reduce_scatter, vote, gather, scatter, apply, step, ...):
 //          nestable async "b"/"e" pair, cat "wait" (waits overlap); work (ns): "X" slice
 //          "<phase>", cat "phase"
 //   reply  "i" instant "reply <type>"

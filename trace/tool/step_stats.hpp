@@ -14,7 +14,7 @@
 //          those active then, the innermost one for nested spans (vote inside overflow_check, ns
 //          after its gather); time covered by no span is `other` (the coordinator between
 //          messages, or on CUDA waiting for the GPU's completion). So the phases, `other`
-//          included, sum to the window exactly. Wait spans (reduce_scatter, flush, vote, norm,
+//          included, sum to the window exactly. Wait spans (reduce_scatter, flush, vote,
 //          momentum, gather, scatter, apply, adamw, ...) run from a request to its answer: on CUDA
 //          the answer comes once the work is enqueued, and `ns` is the enqueue time.
 // bytes    `send` records with a peer rank (the caf comm's peer pieces), summed by `op`. The

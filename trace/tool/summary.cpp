@@ -19,10 +19,10 @@ std::string cell(const std::string& s, int width) {
   return s.size() >= static_cast<size_t>(width) ? s + " " : s + std::string(width - s.size(), ' ');
 }
 
-const char* const phase_order[] = {
-    "step",        "coordinator", "reduce_scatter", "flush",    "overflow_check", "vote",
-    "sum_squares", "norm",        "unscale_clip",   "momentum", "gather",         "ns",
-    "scatter",     "apply",       "adamw",          "finish",   "buffers"};
+const char* const phase_order[] = {"step",           "coordinator", "reduce_scatter", "flush",
+                                   "overflow_check", "vote",        "unscale_clip",   "momentum",
+                                   "gather",         "ns",          "scatter",        "apply",
+                                   "adamw",          "finish",      "buffers"};
 
 struct tally {
   int64_t count = 0;
