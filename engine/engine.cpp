@@ -344,12 +344,14 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
   uint64_t step = d.step + 1;
   auto& window = d.windows[local];
   const size_t most = d.buckets_in_flight();
+  error failed;
+  bool read_on_device = false;  // by copies queued on the rank's stream
   for (size_t b = 0; b < pl.buckets.size(); ++b) {
     const auto& bucket = pl.buckets[b];
     // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
     if (most > 0)
-      if (auto err = window.wait_until(most - 1))
-        return err;
+      if ((failed = window.wait_until(most - 1)))
+        break;
     // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
     const int64_t size = bucket.shard_len * pl.world;
     micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
@@ -388,14 +390,21 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
           std::memcpy(host->data() + at, src, n * sizeof(float));
       }
     }
-    if (!device_pieces.empty())
+    if (!device_pieces.empty()) {
       be.copy_pieces(msg.device_data->data(), device_pieces);
+      read_on_device = true;
+    }
     if (host)  // fault injection (tests) acts on host-packed gradients
       inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
     msg.data = std::move(host);
     window.hand_over(d.ranks[local].reducer, std::move(msg));
   }
-  return {};
+  // Those copies read the caller's buffers after they are queued, and the caller may write or
+  // free them once reduce() returns (the next backward pass accumulates into them): they have
+  // run by then, on every way out.
+  if (read_on_device)
+    be.synchronize();
+  return failed;
 }
 
 expected<step_info> engine::step() {

@@ -448,6 +448,55 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
     cudaFree(d);
 }
 
+// reduce() reads device gradients on the rank's stream; the caller may overwrite them as soon
+// as it returns (the next backward pass). Here they are overwritten with NaN on another stream
+// at once, and the step must still see the values handed over: not skipped, the norm of the
+// originals. Without the wait in reduce() the copies are still queued behind each other (two
+// 268 MB gradients) when the NaN lands, and the step is skipped.
+BOOST_AUTO_TEST_CASE(device_gradients_are_read_before_reduce_returns) {
+  const std::vector<param_spec> table{{"a", {8192, 8192}}, {"b", {8192, 8192}}};
+  std::vector<std::vector<float>> values;
+  std::vector<float*> device;
+  std::vector<tensor_view> views;
+  double sum_squares = 0;
+  for (const auto& p : table) {
+    values.push_back(random_values(numel(p), 11 + device.size()));
+    for (float x : values.back())
+      sum_squares += static_cast<double>(x) * x;
+    float* d = nullptr;
+    BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), values.back().size() * sizeof(float))
+                  == cudaSuccess);
+    device.push_back(d);
+    views.push_back({p.name, d, numel(p), memory_space::cuda, 0});
+  }
+  cudaStream_t other = nullptr;
+  BOOST_REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+  auto o = gpu_options(1, "nccl");
+  o.reduce_bucket_size = numel(table[0]);  // one gradient a bucket
+  auto eng = make_engine(o);
+  register_table(*eng, table, 3);
+  for (int s = 1; s <= 3; ++s) {
+    for (size_t i = 0; i < device.size(); ++i)
+      BOOST_REQUIRE(cudaMemcpy(device[i], values[i].data(), values[i].size() * sizeof(float),
+                               cudaMemcpyHostToDevice)
+                    == cudaSuccess);
+    BOOST_REQUIRE(!eng->reduce(0, views));
+    for (size_t i = 0; i < device.size(); ++i)  // all bits set: NaN
+      BOOST_REQUIRE(cudaMemsetAsync(device[i], 0xff, values[i].size() * sizeof(float), other)
+                    == cudaSuccess);
+    BOOST_REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
+    auto info = eng->step();
+    BOOST_REQUIRE(info);
+    BOOST_TEST(!info->skipped, "step " << s << " saw the NaN written after reduce() returned");
+    BOOST_TEST(std::fabs(info->grad_norm - std::sqrt(sum_squares)) <= 1e-5 * std::sqrt(sum_squares),
+               "step " << s << ": grad norm " << info->grad_norm << ", handed over "
+                       << std::sqrt(sum_squares));
+  }
+  cudaStreamDestroy(other);
+  for (float* d : device)
+    cudaFree(d);
+}
+
 BOOST_AUTO_TEST_CASE(nccl_with_more_ranks_than_gpus_is_named) {
   const int gpus = compute_device_count("cuda");
   auto eng = make_engine(gpu_options(gpus + 1, "nccl"));
