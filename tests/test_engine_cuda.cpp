@@ -449,12 +449,12 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
 }
 
 // reduce() reads device gradients on the rank's stream; the caller may overwrite them as soon
-// as it returns (the next backward pass). Here they are overwritten with NaN on another stream
-// at once, and the step must still see the values handed over: not skipped, the norm of the
-// originals. Without the wait in reduce() the copies are still queued behind each other (two
-// 268 MB gradients) when the NaN lands, and the step is skipped.
+// as it returns (the next backward pass). Here every SM is kept busy by a 16 GB memset on a
+// low-priority stream while reduce() queues its copies, and the gradients are overwritten with
+// NaN at once on a high-priority stream, whose blocks the GPU dispatches before the queued
+// copies'. The step must still see the values handed over: not skipped, their norm.
 BOOST_AUTO_TEST_CASE(device_gradients_are_read_before_reduce_returns) {
-  const std::vector<param_spec> table{{"a", {8192, 8192}}, {"b", {8192, 8192}}};
+  const std::vector<param_spec> table{{"a", {4096, 4096}}, {"b", {4096, 4096}}};
   std::vector<std::vector<float>> values;
   std::vector<float*> device;
   std::vector<tensor_view> views;
@@ -469,30 +469,41 @@ BOOST_AUTO_TEST_CASE(device_gradients_are_read_before_reduce_returns) {
     device.push_back(d);
     views.push_back({p.name, d, numel(p), memory_space::cuda, 0});
   }
-  cudaStream_t other = nullptr;
-  BOOST_REQUIRE(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking) == cudaSuccess);
+  int least = 0, greatest = 0;
+  BOOST_REQUIRE(cudaDeviceGetStreamPriorityRange(&least, &greatest) == cudaSuccess);
+  cudaStream_t busy = nullptr, urgent = nullptr;
+  BOOST_REQUIRE(cudaStreamCreateWithPriority(&busy, cudaStreamNonBlocking, least) == cudaSuccess);
+  BOOST_REQUIRE(cudaStreamCreateWithPriority(&urgent, cudaStreamNonBlocking, greatest)
+                == cudaSuccess);
+  const size_t ballast_bytes = size_t{16} << 30;
+  void* ballast = nullptr;
+  BOOST_REQUIRE(cudaMalloc(&ballast, ballast_bytes) == cudaSuccess);
   auto o = gpu_options(1, "nccl");
   o.reduce_bucket_size = numel(table[0]);  // one gradient a bucket
   auto eng = make_engine(o);
   register_table(*eng, table, 3);
+  const double norm = std::sqrt(sum_squares);
   for (int s = 1; s <= 3; ++s) {
     for (size_t i = 0; i < device.size(); ++i)
       BOOST_REQUIRE(cudaMemcpy(device[i], values[i].data(), values[i].size() * sizeof(float),
                                cudaMemcpyHostToDevice)
                     == cudaSuccess);
+    BOOST_REQUIRE(cudaMemsetAsync(ballast, 0, ballast_bytes, busy) == cudaSuccess);
     BOOST_REQUIRE(!eng->reduce(0, views));
     for (size_t i = 0; i < device.size(); ++i)  // all bits set: NaN
-      BOOST_REQUIRE(cudaMemsetAsync(device[i], 0xff, values[i].size() * sizeof(float), other)
+      BOOST_REQUIRE(cudaMemsetAsync(device[i], 0xff, values[i].size() * sizeof(float), urgent)
                     == cudaSuccess);
-    BOOST_REQUIRE(cudaStreamSynchronize(other) == cudaSuccess);
+    BOOST_REQUIRE(cudaStreamSynchronize(urgent) == cudaSuccess);
+    BOOST_REQUIRE(cudaStreamSynchronize(busy) == cudaSuccess);
     auto info = eng->step();
     BOOST_REQUIRE(info);
     BOOST_TEST(!info->skipped, "step " << s << " saw the NaN written after reduce() returned");
-    BOOST_TEST(std::fabs(info->grad_norm - std::sqrt(sum_squares)) <= 1e-5 * std::sqrt(sum_squares),
-               "step " << s << ": grad norm " << info->grad_norm << ", handed over "
-                       << std::sqrt(sum_squares));
+    BOOST_TEST(std::fabs(info->grad_norm - norm) <= 1e-5 * norm,
+               "step " << s << ": grad norm " << info->grad_norm << ", handed over " << norm);
   }
-  cudaStreamDestroy(other);
+  cudaFree(ballast);
+  cudaStreamDestroy(busy);
+  cudaStreamDestroy(urgent);
   for (float* d : device)
     cudaFree(d);
 }
