@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -210,16 +211,30 @@ int zmuon_engine_param_uses_muon(const zmuon_engine* eng, const char* name, int3
   });
 }
 
-int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads, size_t n) {
-  const char* fn = "zmuon_engine_reduce";
+namespace {
+
+int reduce_views(const char* fn, zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
+                 size_t n, std::optional<void*> cuda_stream) {
   return guarded(fn, [&]() -> zmuon::error {
     if (!eng)
       return null_arg(fn, "eng");
     std::vector<zmuon::tensor_view> views;
     if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads, n, views))
       return err;
-    return eng->eng->reduce(rank, views);
+    return cuda_stream ? eng->eng->reduce(rank, views, *cuda_stream)
+                       : eng->eng->reduce(rank, views);
   });
+}
+
+}  // namespace
+
+int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads, size_t n) {
+  return reduce_views("zmuon_engine_reduce", eng, rank, grads, n, std::nullopt);
+}
+
+int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
+                                  size_t n, void* cuda_stream) {
+  return reduce_views("zmuon_engine_reduce_on_stream", eng, rank, grads, n, cuda_stream);
 }
 
 int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {

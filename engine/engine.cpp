@@ -307,6 +307,15 @@ error check_buffer(const View& v, const engine_options& opts) {
 }  // namespace
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
+  return reduce_views(rank, grads, std::nullopt);
+}
+
+error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream) {
+  return reduce_views(rank, grads, cuda_stream);
+}
+
+error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
+                           std::optional<void*> caller_stream) {
   auto& d = *impl_;
   if (auto err = d.check_local(rank))
     return err;
@@ -391,6 +400,8 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
       }
     }
     if (!device_pieces.empty()) {
+      if (caller_stream && !read_on_device)  // the gradients are written there
+        be.wait_for_stream(*caller_stream);
       be.copy_pieces(msg.device_data->data(), device_pieces);
       read_on_device = true;
     }
@@ -401,8 +412,10 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
   }
   // Those copies read the caller's buffers after they are queued, and the caller may write or
   // free them once reduce() returns (the next backward pass accumulates into them): they have
-  // run by then, on every way out.
-  if (read_on_device)
+  // run by then, on every way out, or the caller's stream waits for them.
+  if (read_on_device && caller_stream)
+    be.make_stream_wait(*caller_stream);
+  else if (read_on_device)
     be.synchronize();
   return failed;
 }

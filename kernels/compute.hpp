@@ -267,6 +267,15 @@ public:
   /// Waits until everything enqueued so far has finished.
   virtual void synchronize() = 0;
 
+  // -- a caller's CUDA stream (reduce() of device gradients written there) ---------------------
+  /// The work enqueued from now on waits, on the device, for the work queued so far on the
+  /// caller's stream `stream` (a cudaStream_t; nullptr is the default stream). A backend without
+  /// device memory runs each call when it is made: nothing to order.
+  virtual void wait_for_stream(void* stream) { (void)stream; }
+  /// The work queued on `stream` from now on waits, on the device, for the work enqueued here
+  /// so far.
+  virtual void make_stream_wait(void* stream) { (void)stream; }
+
   // -- completion without waiting (what the actors use, so that no scheduler thread waits) -------
   /// Calls `done` once everything enqueued so far has finished, without waiting: at once on the
   /// host backend; on CUDA from a host callback of the stream, on a driver thread, so `done` may

@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE c_api
 #include <boost/test/unit_test.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -195,4 +196,44 @@ BOOST_AUTO_TEST_CASE(cpp_buffer_calls_check_everything_first) {
   err = eng.gather_params(spans{{"b", b.data(), 6}});  // a subset: b alone
   BOOST_REQUIRE_MESSAGE(!err, err.to_string());
   BOOST_TEST(b == b0);
+}
+
+// The stream-ordered reduce() checks as the plain one does, and host buffers are read during the
+// call either way: the same steps give the same bits.
+BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) {
+  using views = std::vector<zmuon::tensor_view>;
+  std::vector<float> g(24), b(6);
+  auto run = [&](bool on_stream) {
+    auto made = zmuon::engine::create_from_json(R"({"zmuon": {"ranks": 2}})");
+    BOOST_REQUIRE(made);
+    auto& eng = **made;
+    BOOST_REQUIRE(!eng.add_parameter({"w", {4, 6}}, std::vector<float>(24, 0.5f)));
+    BOOST_REQUIRE(!eng.add_parameter({"b", {6}}));
+    auto err = eng.reduce(0, views{{"w", g.data(), 24, zmuon::memory_space::cuda, 0}}, nullptr);
+    BOOST_TEST(to_string(err.code()) == "unsupported");  // the host backend reads no device
+    for (int step = 1; step <= 2; ++step) {
+      for (int r = 0; r < 2; ++r) {
+        for (size_t i = 0; i < g.size(); ++i)
+          g[i] = std::sin(0.3f * float(i + 7 * r + 13 * step));
+        for (size_t i = 0; i < b.size(); ++i)
+          b[i] = 0.1f * float(i) - 0.2f * float(r + step);
+        views v{{"w", g.data(), 24}, {"b", b.data(), 6}};
+        err = on_stream ? eng.reduce(r, v, nullptr) : eng.reduce(r, v);
+        BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+        std::fill(g.begin(), g.end(), NAN);  // read during the call: this changes nothing
+      }
+      BOOST_REQUIRE(eng.step());
+    }
+    auto p = eng.parameters();
+    BOOST_REQUIRE(p);
+    return *p;
+  };
+  auto plain = run(false);
+  auto ordered = run(true);
+  BOOST_TEST(plain.at("w") == ordered.at("w"));
+  BOOST_TEST(plain.at("b") == ordered.at("b"));
+  BOOST_TEST(plain.at("w") != std::vector<float>(24, 0.5f));  // the steps moved it
+  BOOST_TEST(zmuon_engine_reduce_on_stream(nullptr, 0, nullptr, 0, nullptr)
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "zmuon_engine_reduce_on_stream") != nullptr);
 }

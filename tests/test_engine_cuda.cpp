@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -506,6 +507,67 @@ BOOST_AUTO_TEST_CASE(device_gradients_are_read_before_reduce_returns) {
   cudaStreamDestroy(urgent);
   for (float* d : device)
     cudaFree(d);
+}
+
+// reduce(rank, views, stream): the engine's reads come after the work queued on the caller's
+// stream (here a 16 GB memset, then the gradients' upload over NaN), and the work queued there
+// next (NaN over the gradients again) waits for them. Either order missing, the step sees NaN.
+BOOST_AUTO_TEST_CASE(stream_ordered_reduce_reads_between_the_callers_work) {
+  const std::vector<param_spec> table{{"a", {4096, 4096}}, {"b", {2048, 4096}}};
+  std::vector<float*> host;  // pinned: the uploads stay queued behind the memset
+  std::vector<float*> device;
+  std::vector<tensor_view> views;
+  double sum_squares = 0;
+  for (const auto& p : table) {
+    auto v = random_values(numel(p), 21 + device.size());
+    for (float x : v)
+      sum_squares += static_cast<double>(x) * x;
+    float* h = nullptr;
+    float* d = nullptr;
+    const size_t bytes = v.size() * sizeof(float);
+    BOOST_REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&h), bytes) == cudaSuccess);
+    BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), bytes) == cudaSuccess);
+    std::copy(v.begin(), v.end(), h);
+    host.push_back(h);
+    device.push_back(d);
+    views.push_back({p.name, d, numel(p), memory_space::cuda, 0});
+  }
+  cudaStream_t caller = nullptr;
+  BOOST_REQUIRE(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking) == cudaSuccess);
+  const size_t ballast_bytes = size_t{16} << 30;
+  void* ballast = nullptr;
+  BOOST_REQUIRE(cudaMalloc(&ballast, ballast_bytes) == cudaSuccess);
+  auto o = gpu_options(1, "nccl");
+  o.reduce_bucket_size = numel(table[0]);
+  auto eng = make_engine(o);
+  register_table(*eng, table, 4);
+  const double norm = std::sqrt(sum_squares);
+  for (int s = 1; s <= 3; ++s) {
+    for (size_t i = 0; i < device.size(); ++i)  // NaN until the caller's upload
+      BOOST_REQUIRE(cudaMemset(device[i], 0xff, views[i].size * sizeof(float)) == cudaSuccess);
+    BOOST_REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    BOOST_REQUIRE(cudaMemsetAsync(ballast, 0, ballast_bytes, caller) == cudaSuccess);
+    for (size_t i = 0; i < device.size(); ++i)
+      BOOST_REQUIRE(cudaMemcpyAsync(device[i], host[i], views[i].size * sizeof(float),
+                                    cudaMemcpyHostToDevice, caller)
+                    == cudaSuccess);
+    BOOST_REQUIRE(!eng->reduce(0, views, caller));
+    for (size_t i = 0; i < device.size(); ++i)  // the caller's next work: NaN again
+      BOOST_REQUIRE(cudaMemsetAsync(device[i], 0xff, views[i].size * sizeof(float), caller)
+                    == cudaSuccess);
+    auto info = eng->step();
+    BOOST_REQUIRE(info);
+    BOOST_TEST(!info->skipped, "step " << s << " read NaN: the reads left the caller's order");
+    BOOST_TEST(std::fabs(info->grad_norm - norm) <= 1e-5 * norm,
+               "step " << s << ": grad norm " << info->grad_norm << ", handed over " << norm);
+    BOOST_REQUIRE(cudaStreamSynchronize(caller) == cudaSuccess);
+  }
+  cudaFree(ballast);
+  cudaStreamDestroy(caller);
+  for (size_t i = 0; i < device.size(); ++i) {
+    cudaFree(device[i]);
+    cudaFreeHost(host[i]);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(nccl_with_more_ranks_than_gpus_is_named) {

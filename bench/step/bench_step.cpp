@@ -60,7 +60,9 @@
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
-// host-to-device copy to reduce(), and its tail to step()).
+// host-to-device copy to reduce(), and its tail to step()): stream-ordered on the default stream,
+// as zmuon.Muon does on PyTorch's; with --reduce-waits, by the plain reduce(), which returns once
+// its copies have read them.
 #include <unistd.h>
 #ifdef ZMUON_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -184,6 +186,9 @@ int main(int argc, char* argv[]) {
   bool device_grads = false;
   app.add_flag("--device-grads", device_grads,
                "hand the gradients over as device buffers (cuda compute)");
+  bool reduce_waits = false;
+  app.add_flag("--reduce-waits", reduce_waits,
+               "--device-grads through the plain reduce(), which waits for its copies");
   bool time_calls = false;
   app.add_flag("--call-times", time_calls,
                "time the compute backends' calls (CUDA events) and print each call's time per "
@@ -298,8 +303,10 @@ int main(int argc, char* argv[]) {
   }
 #endif
   const auto hand_over = [&](int r) {
-    return device_grads ? eng->reduce(r, device_views[static_cast<size_t>(r) % device_views.size()])
-                        : eng->reduce(r, grads);
+    if (!device_grads)
+      return eng->reduce(r, grads);
+    const auto& views = device_views[static_cast<size_t>(r) % device_views.size()];
+    return reduce_waits ? eng->reduce(r, views) : eng->reduce(r, views, nullptr);
   };
 
   std::vector<double> reduce_ms, step_ms, transient_bytes, handover_bytes;

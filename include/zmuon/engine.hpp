@@ -15,6 +15,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -96,6 +97,14 @@ public:
   /// errc::unsupported unless the build and backend support device buffers.
   error reduce(int rank, const std::vector<tensor_view>& grads);
 
+  /// The same, stream-ordered for device gradients written on the caller's CUDA stream
+  /// `cuda_stream` (a cudaStream_t, nullptr for the default stream; PyTorch's
+  /// torch.cuda.current_stream().cuda_stream): the engine reads them after the work queued there
+  /// so far, with no need to synchronize first, and the work queued there afterwards (the next
+  /// backward pass) waits on the device until they are read, so reduce() does not wait for the
+  /// GPU. Host buffers are read during the call, as above.
+  error reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream);
+
   /// One optimizer step over everything handed over since the last step. Every rank must have
   /// handed over the same number of micro-batches (at least one).
   expected<step_info> step();
@@ -161,6 +170,8 @@ public:
 
 private:
   engine();
+  error reduce_views(int rank, const std::vector<tensor_view>& grads,
+                     std::optional<void*> caller_stream);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

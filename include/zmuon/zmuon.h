@@ -112,6 +112,11 @@ ZMUON_API int zmuon_engine_param_uses_muon(const zmuon_engine* eng, const char* 
 /* Hands over rank `rank`'s gradients of one micro-batch (parameters left out count as zero). */
 ZMUON_API int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
                                   size_t n);
+/* The same, stream-ordered for device gradients written on the CUDA stream `cuda_stream` (a
+ * cudaStream_t; NULL: the default stream): read after the work queued there so far, and the work
+ * queued there afterwards waits until they are read; returns without waiting for the GPU. */
+ZMUON_API int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank,
+                                            const zmuon_tensor* grads, size_t n, void* cuda_stream);
 /* One optimizer step over everything handed over since the last one. `out` may be NULL. */
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
 /* Writes the full parameters named in `params` into their buffers. */

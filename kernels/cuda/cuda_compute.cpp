@@ -489,6 +489,20 @@ void cuda_compute::synchronize() {
   streams_->synchronize();
 }
 
+// An event's wait takes the work recorded when cudaStreamWaitEvent is called, so one event each
+// serves every call.
+void cuda_compute::wait_for_stream(void* stream) {
+  const launch_guard guard = activate();
+  caller_ready_.record(static_cast<cudaStream_t>(stream));
+  ZMUON_CUDA_CHECK(cudaStreamWaitEvent(ctx_.stream, caller_ready_.get(), 0));
+}
+
+void cuda_compute::make_stream_wait(void* stream) {
+  const launch_guard guard = activate();
+  caller_may_go_.record(ctx_.stream);
+  ZMUON_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), caller_may_go_.get(), 0));
+}
+
 }  // namespace zmuon::gpu
 
 namespace zmuon {

@@ -94,6 +94,8 @@ public:
                     const std::vector<param_slice>& slices, const adamw_args& args) override;
 
   void synchronize() override;
+  void wait_for_stream(void* stream) override;
+  void make_stream_wait(void* stream) override;
 
   void when_done(std::function<void()> done) override;
   void scan_async(const float* x, int64_t n, scan_result* out) override;
@@ -223,6 +225,8 @@ private:
   std::shared_ptr<stream_set> streams_;
   std::shared_ptr<pinned_cache> pinned_cache_;
   launch_context ctx_;
+  cuda_event caller_ready_{cudaEventDisableTiming};   // wait_for_stream's
+  cuda_event caller_may_go_{cudaEventDisableTiming};  // make_stream_wait's
   device_array<double> partial_sums_;
   device_array<int> partial_flags_;
   device_array<reduction> result_;

@@ -133,6 +133,8 @@ def _load():
         "zmuon_engine_param_uses_muon": (c_int, [eng_p, ctypes.c_char_p,
                                                  ctypes.POINTER(c_i32)]),
         "zmuon_engine_reduce": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size]),
+        "zmuon_engine_reduce_on_stream": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
+                                                  ctypes.c_void_p]),
         "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_loss_scale": (c_int, [eng_p, ctypes.POINTER(c_f)]),
@@ -220,8 +222,15 @@ class Engine:
         _check(_lib.zmuon_engine_param_uses_muon(self._h(), name.encode(), ctypes.byref(out)))
         return bool(out.value)
 
-    def reduce(self, rank, entries):
-        _check(_lib.zmuon_engine_reduce(self._h(), rank, _tensor_array(entries), len(entries)))
+    def reduce(self, rank, entries, stream=None):
+        """`stream`: the CUDA stream (cudaStream_t as an int) the device gradients were written
+        on; the engine then orders its reads after it, and it after the reads (no waiting)."""
+        if stream is None:
+            _check(_lib.zmuon_engine_reduce(self._h(), rank, _tensor_array(entries),
+                                            len(entries)))
+        else:
+            _check(_lib.zmuon_engine_reduce_on_stream(self._h(), rank, _tensor_array(entries),
+                                                      len(entries), ctypes.c_void_p(stream)))
 
     def step(self):
         info = StepInfo()

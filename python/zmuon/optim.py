@@ -12,8 +12,10 @@ its backward pass (then zero the grads); `opt.step()` then steps on their mean.
 Parameters are float32 and contiguous: numpy arrays (gradients then come in through
 `accumulate(grads=...)`) or PyTorch tensors, both by data pointer (PyTorch is not imported).
 CUDA tensors go to the engine as device pointers (the cuda compute backend reads and writes them
-on the GPU; PyTorch's stream is synchronized first); a backend without device buffers (host)
-raises zmuon.Unsupported, unless `host_staging=True` copies them through host memory.
+on the GPU). Their gradients are handed over stream-ordered: the engine reads them after the work
+queued on PyTorch's current stream, and that stream's later work waits for the reads, so nothing
+waits for the GPU. A backend without device buffers (host) raises zmuon.Unsupported, unless
+`host_staging=True` copies them through host memory.
 """
 
 import json
@@ -45,6 +47,18 @@ def _synchronize_torch(tensors):
     torch = sys.modules.get("torch")
     if torch is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
         torch.cuda.synchronize()
+
+
+def _torch_stream(tensors):
+    """PyTorch's current CUDA stream (an int) for the torch CUDA tensors among `tensors`, when
+    they all live on one device; else None."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    devices = {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
+    if len(devices) != 1:
+        return None
+    return torch.cuda.current_stream(devices.pop()).cuda_stream
 
 
 def buffer_of(obj, what, writable=False):
@@ -252,9 +266,10 @@ class Muon:
             keep.append(g)
             ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
             entries.append((name, ptr, numel, device))
-        if any(device != HOST for _, _, _, device in entries):
+        stream = _torch_stream(keep)
+        if stream is None and any(device != HOST for _, _, _, device in entries):
             _synchronize_torch(keep)  # the gradients must be written before the engine reads them
-        self._engine.reduce(rank, entries)
+        self._engine.reduce(rank, entries, stream=stream)
         if 0 <= rank < len(self._micro):
             self._micro[rank] += 1
 
