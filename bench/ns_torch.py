@@ -181,7 +181,7 @@ def step_table(paths, zmuon_ns, reps):
             f"{r0['zmuon_muon_bytes'] / 1e6:.1f} / {r0['deepspeed_muon_bytes'] / 1e6:.1f} | "
             f"{peak} |")
     lines.append("")
-    lines.append("zmuon step ms: step() (vote, norm, momentum, gather/NS/scatter, apply, AdamW; "
+    lines.append("zmuon step ms: step() (the vote with the norm, momentum, gather/NS/scatter, apply, AdamW; "
                  "reduce() hand-over not included). NS in the step: with --call-times the "
                  "time per step during which a newton_schulz call ran on the phase table's rank "
                  "(CUDA: events around each call on its lane), else the trace's ns phase (on CUDA only the "
