@@ -40,6 +40,19 @@ inline size_t scheduler_threads(int local) {
   return std::min(cores, static_cast<size_t>(2 * std::max(local, 1) + 2));
 }
 
+/// Device buffers (memory_space::cuda) need the cuda compute backend; the engine then copies
+/// from and to them on the rank's stream (reduce(): engine_reduce.cpp; gather_params: the
+/// parameters are written when it returns).
+template <class View>
+error check_buffer(const View& v, const engine_options& opts) {
+  if (v.space != memory_space::host && opts.compute != "cuda")
+    return {errc::unsupported, "'" + v.name + "' is a CUDA device buffer (device "
+                                   + std::to_string(v.device) + "), which compute backend '"
+                                   + opts.compute
+                                   + "' cannot read: hand over host memory or use 'cuda'"};
+  return {};
+}
+
 struct engine::impl {
   engine_options opts;
   engine_config cfg;

@@ -1,0 +1,155 @@
+// engine::reduce: the hand-over of one micro-batch's gradients, packed into reduce buckets
+// (rank-major, for the reduce-scatter) and sent to the rank's reducer, within the bound on
+// buckets in flight; device gradients read before reduce() returns, or ordered on the caller's
+// stream.
+#include "zmuon/engine.hpp"
+
+#include "engine/impl.hpp"
+
+#include <cstring>
+
+#include "actors/staging.hpp"
+#include "plan/ownership.hpp"
+
+namespace zmuon {
+
+namespace {
+
+/// Fault injection: poison element 0 of a parameter's gradient (it lives in rank 0's part of the
+/// bucket's rank-major staging).
+void inject_nonfinite(const fault_options& faults, const plan& pl, const bucket_layout& bucket,
+                      uint64_t step, int rank, int micro, std::vector<float>& staging) {
+  for (const auto& f : faults.nonfinite) {
+    if (f.step != step || f.rank != rank || f.micro != micro)
+      continue;
+    int i = pl.find(f.param);
+    if (i >= bucket.first_param && i < bucket.end_param)
+      staging[pl.params[i].shard_offset - bucket.shard_offset] = f.value;
+  }
+}
+
+}  // namespace
+
+error engine::reduce(int rank, const tensor_map& grads) {
+  std::vector<tensor_view> views;
+  views.reserve(grads.size());
+  for (const auto& [name, data] : grads)
+    views.push_back({name, data.data(), static_cast<int64_t>(data.size())});
+  return reduce(rank, views);
+}
+
+error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
+  return reduce_views(rank, grads, std::nullopt);
+}
+
+error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream) {
+  return reduce_views(rank, grads, cuda_stream);
+}
+
+error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
+                           std::optional<void*> caller_stream) {
+  auto& d = *impl_;
+  if (auto err = d.check_local(rank))
+    return err;
+  if (auto err = d.start())
+    return err;
+  const auto& pl = *d.pl;
+  std::vector<const float*> source(pl.params.size(), nullptr);
+  std::vector<bool> on_device(pl.params.size(), false);
+  for (const auto& g : grads) {  // check everything before anything is sent
+    int i = pl.find(g.name);
+    if (i < 0)
+      return {errc::unknown_parameter,
+              "gradient for '" + g.name + "', which is not a registered parameter"};
+    if (g.size != pl.params[i].numel)
+      return {errc::shape_mismatch, "gradient of '" + g.name + "' has " + std::to_string(g.size)
+                                        + " elements, expected "
+                                        + std::to_string(pl.params[i].numel)};
+    if (auto err = check_buffer(g, d.opts))
+      return err;
+    if (!g.data)
+      return {errc::invalid_argument, "gradient of '" + g.name + "' is a null pointer"};
+    if (source[i])
+      return {errc::invalid_argument, "gradient of '" + g.name + "' is given twice"};
+    source[i] = g.data;
+    on_device[i] = g.space != memory_space::host;
+  }
+  // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
+  // copies before the reduce-scatter); everything else is packed in host memory.
+  const bool pack_on_device =
+      !comm_on_host(d.opts.comm)
+      && std::find(on_device.begin(), on_device.end(), true) != on_device.end();
+  const int local = rank - d.first_rank;
+  compute_backend& be = *d.ranks[local].backend;
+  int micro = d.micros[local]++;
+  uint64_t step = d.step + 1;
+  auto& window = d.windows[local];
+  const size_t most = d.buckets_in_flight();
+  error failed;
+  bool read_on_device = false;  // by copies queued on the rank's stream
+  for (size_t b = 0; b < pl.buckets.size(); ++b) {
+    const auto& bucket = pl.buckets[b];
+    // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
+    if (most > 0)
+      if ((failed = window.wait_until(most - 1)))
+        break;
+    // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
+    const int64_t size = bucket.shard_len * pl.world;
+    micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
+    std::shared_ptr<std::vector<float>> host;
+    // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
+    // gradient): most buckets are covered whole and skip the fill's pass over the memory.
+    int64_t covered = 0;
+    for (int i = bucket.first_param; i < bucket.end_param; ++i)
+      for (int q = 0; source[i] && q < pl.world; ++q)
+        covered += valid_len(pl.params[i], q);
+    if (pack_on_device) {
+      msg.device_data = std::make_shared<device_buffer>(
+          covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
+      msg.device_size = size;
+    } else {
+      host = d.packed[local].take(b, static_cast<size_t>(size), covered != size);
+    }
+    std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
+    for (int i = bucket.first_param; i < bucket.end_param; ++i) {
+      const auto& p = pl.params[i];
+      if (!source[i])
+        continue;
+      for (int q = 0; q < pl.world; ++q) {
+        int64_t n = valid_len(p, q);
+        if (n <= 0)
+          continue;
+        const int64_t at = q * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
+        const float* src = source[i] + q * p.shard_len;
+        if (pack_on_device && on_device[i])
+          device_pieces.push_back(copy_piece{src, at, n});
+        else if (pack_on_device)
+          be.copy_from_host_async(msg.device_data->data() + at, src, n);
+        else if (on_device[i])
+          be.copy_to_host(host->data() + at, src, n);
+        else
+          std::memcpy(host->data() + at, src, n * sizeof(float));
+      }
+    }
+    if (!device_pieces.empty()) {
+      if (caller_stream && !read_on_device)  // the gradients are written there
+        be.wait_for_stream(*caller_stream);
+      be.copy_pieces(msg.device_data->data(), device_pieces);
+      read_on_device = true;
+    }
+    if (host)  // fault injection (tests) acts on host-packed gradients
+      inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
+    msg.data = std::move(host);
+    window.hand_over(d.ranks[local].reducer, std::move(msg));
+  }
+  // Those copies read the caller's buffers after they are queued, and the caller may write or
+  // free them once reduce() returns (the next backward pass accumulates into them): they have
+  // run by then, on every way out, or the caller's stream waits for them.
+  if (read_on_device && caller_stream)
+    be.make_stream_wait(*caller_stream);
+  else if (read_on_device)
+    be.synchronize();
+  return failed;
+}
+
+}  // namespace zmuon
