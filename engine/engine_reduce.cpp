@@ -76,11 +76,12 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   }
   // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
   // copies before the reduce-scatter); everything else is packed in host memory.
-  const bool pack_on_device =
-      !comm_on_host(d.opts.comm)
-      && std::find(on_device.begin(), on_device.end(), true) != on_device.end();
+  const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
+  const bool pack_on_device = !comm_on_host(d.opts.comm) && any_on_device;
   const int local = rank - d.first_rank;
   compute_backend& be = *d.ranks[local].backend;
+  if (caller_stream && any_on_device)  // every read below comes after the caller's writes there
+    be.wait_for_stream(*caller_stream);
   int micro = d.micros[local]++;
   uint64_t step = d.step + 1;
   auto& window = d.windows[local];
@@ -132,8 +133,6 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       }
     }
     if (!device_pieces.empty()) {
-      if (caller_stream && !read_on_device)  // the gradients are written there
-        be.wait_for_stream(*caller_stream);
       be.copy_pieces(msg.device_data->data(), device_pieces);
       read_on_device = true;
     }
