@@ -288,15 +288,24 @@ void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const
 
 // BLAS dimensions are int: a matrix side past 2^31 (a >= 8 GiB matrix) is out of scope.
 
+namespace {
+
+/// The upper triangle of the symmetric [r, r] matrix m (what syrk writes) into its lower one.
+void mirror_upper(float* m, int64_t r) {
+  for (int64_t i = 0; i < r; ++i) {
+    for (int64_t j = i + 1; j < r; ++j)
+      m[j * r + i] = m[i * r + j];
+  }
+}
+
+}  // namespace
+
 void host_compute::gram(const float* x, int64_t r, int64_t c, float* out) {
-  // out = X X^T: syrk fills the upper triangle; mirror it into the lower one.
+  // out = X X^T: syrk computes the upper triangle only.
   const int ri = static_cast<int>(r);
   cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, static_cast<int>(c), 1.0f, x,
               static_cast<int>(c), 0.0f, out, ri);
-  for (int64_t i = 0; i < r; ++i) {
-    for (int64_t j = i + 1; j < r; ++j)
-      out[j * r + i] = out[i * r + j];
-  }
+  mirror_upper(out, r);
 }
 
 void host_compute::standard_step(const float* cur, float* next, int64_t r, int64_t c,
@@ -306,10 +315,11 @@ void host_compute::standard_step(const float* cur, float* next, int64_t r, int64
   float* a = a_.data();
   float* b = b_.data();
   gram(cur, r, c, a);
-  // B = b*A + c*A*A: start from B = A and let sgemm's beta carry b.
+  // B = b*A + c*A*A: A is symmetric, so A*A = A A^T is a syrk too (half of sgemm's work). Start
+  // from B = A, let syrk's beta carry b, and mirror its upper triangle.
   std::memcpy(b, a, static_cast<size_t>(r * r) * sizeof(float));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, abc[2], a, ri, a, ri, abc[1],
-              b, ri);
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, ri, abc[2], a, ri, abc[1], b, ri);
+  mirror_upper(b, r);
   // X' = a*X + B*X: start from X' = X and let sgemm's beta carry a.
   std::memcpy(next, cur, static_cast<size_t>(r * c) * sizeof(float));
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ci, ri, 1.0f, b, ri, cur, ci, abc[0],
