@@ -298,6 +298,15 @@ void mirror_upper(float* m, int64_t r) {
   }
 }
 
+/// out = b*M + c*M*M for a symmetric [r, r] M: M*M = M M^T is a syrk (half of sgemm's work).
+/// Starts from out = M, lets syrk's beta carry b, and mirrors the upper triangle it writes.
+void symmetric_square(const float* m, float* out, int64_t r, float b, float c) {
+  const int ri = static_cast<int>(r);
+  std::memcpy(out, m, static_cast<size_t>(r * r) * sizeof(float));
+  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, ri, c, m, ri, b, out, ri);
+  mirror_upper(out, r);
+}
+
 }  // namespace
 
 void host_compute::gram(const float* x, int64_t r, int64_t c, float* out) {
@@ -315,11 +324,7 @@ void host_compute::standard_step(const float* cur, float* next, int64_t r, int64
   float* a = a_.data();
   float* b = b_.data();
   gram(cur, r, c, a);
-  // B = b*A + c*A*A: A is symmetric, so A*A = A A^T is a syrk too (half of sgemm's work). Start
-  // from B = A, let syrk's beta carry b, and mirror its upper triangle.
-  std::memcpy(b, a, static_cast<size_t>(r * r) * sizeof(float));
-  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, ri, ri, abc[2], a, ri, abc[1], b, ri);
-  mirror_upper(b, r);
+  symmetric_square(a, b, r, abc[1], abc[2]);  // B = b*A + c*A*A
   // X' = a*X + B*X: start from X' = X and let sgemm's beta carry a.
   std::memcpy(next, cur, static_cast<size_t>(r * c) * sizeof(float));
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ci, ri, 1.0f, b, ri, cur, ci, abc[0],
@@ -345,11 +350,8 @@ void host_compute::gram_block(const float* cur, float* next, int64_t r, int64_t 
   gram(cur, r, c, rm);
   for (int j = 0; j < count; ++j) {
     const auto& abc = ns_coefficients_at(ns, first + j);
-    // Z = b*R + c*R*R.
-    std::memcpy(z, rm, gram_bytes);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ri, ri, ri, abc[2], rm, ri, rm, ri,
-                abc[1], z, ri);
-    if (j == 0) {  // Q = a I + Z
+    symmetric_square(rm, z, r, abc[1], abc[2]);  // Z = b*R + c*R*R
+    if (j == 0) {                                // Q = a I + Z
       std::memcpy(q, z, gram_bytes);
       for (int64_t i = 0; i < r; ++i)
         q[i * r + i] += abc[0];
