@@ -290,11 +290,16 @@ class Muon:
         return loss
 
     def _write_back(self):
-        entries = []
+        entries, targets = [], []
         for name, p, _ in self._params:
             target = self._staged.get(name, p)
+            targets.append(target)
             ptr, numel, device, _ = buffer_of(target, f"parameter '{name}'", writable=True)
             entries.append((name, ptr, numel, device))
+        # The engine writes device parameters on its own stream: PyTorch's queued work that may
+        # still read them (the gradients no longer make the caller wait: accumulate()) ends first.
+        if any(device != HOST for _, _, _, device in entries):
+            _synchronize_torch(targets)
         self._engine.gather_params(entries)
         for name, p, _ in self._params:
             if name in self._staged:
