@@ -101,8 +101,9 @@ public:
   /// `cuda_stream` (a cudaStream_t, nullptr for the default stream; PyTorch's
   /// torch.cuda.current_stream().cuda_stream): the engine reads them after the work queued there
   /// so far, with no need to synchronize first, and the work queued there afterwards (the next
-  /// backward pass) waits on the device until they are read, so reduce() does not wait for the
-  /// GPU. Host buffers are read during the call, as above.
+  /// backward pass) waits on the device until they are read. Under the nccl comm reduce() then
+  /// does not wait for the GPU; the caf comm copies them to host memory during the call, after
+  /// that work. Host buffers are read during the call, as above.
   error reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream);
 
   /// One optimizer step over everything handed over since the last step. Every rank must have

@@ -13,8 +13,9 @@ Parameters are float32 and contiguous: numpy arrays (gradients then come in thro
 `accumulate(grads=...)`) or PyTorch tensors, both by data pointer (PyTorch is not imported).
 CUDA tensors go to the engine as device pointers (the cuda compute backend reads and writes them
 on the GPU). Their gradients are handed over stream-ordered: the engine reads them after the work
-queued on PyTorch's current stream, and that stream's later work waits for the reads, so nothing
-waits for the GPU. A backend without device buffers (host) raises zmuon.Unsupported, unless
+queued on PyTorch's current stream, and that stream's later work waits for the reads (under the
+nccl comm nothing waits for the GPU; the caf comm copies them to host memory, which waits for
+that work). A backend without device buffers (host) raises zmuon.Unsupported, unless
 `host_staging=True` copies them through host memory.
 """
 
