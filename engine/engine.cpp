@@ -367,26 +367,11 @@ error engine::gather_params(const std::vector<tensor_span>& out) {
   if (auto err = d.start())
     return err;
   const auto& pl = *d.pl;
-  std::vector<float*> target(pl.params.size(), nullptr);
-  std::vector<bool> on_device(pl.params.size(), false);
-  for (const auto& o : out) {  // check everything before anything is written
-    int i = pl.find(o.name);
-    if (i < 0)
-      return {errc::unknown_parameter,
-              "buffer for '" + o.name + "', which is not a registered parameter"};
-    if (o.size != pl.params[i].numel)
-      return {errc::shape_mismatch, "buffer for '" + o.name + "' has " + std::to_string(o.size)
-                                        + " elements, expected "
-                                        + std::to_string(pl.params[i].numel)};
-    if (auto err = check_buffer(o, d.opts))
-      return err;
-    if (!o.data)
-      return {errc::invalid_argument, "buffer for '" + o.name + "' is a null pointer"};
-    if (target[i])
-      return {errc::invalid_argument, "buffer for '" + o.name + "' is given twice"};
-    target[i] = o.data;
-    on_device[i] = o.space != memory_space::host;
-  }
+  std::vector<float*> target;
+  std::vector<bool> on_device;
+  // Everything is checked before anything is written.
+  if (auto err = index_views(pl, d.opts, out, "buffer for", "buffer for", target, on_device))
+    return err;
   for (int r = 0; r < pl.world; ++r) {
     std::vector<float> shard;
     float_view device_shard;  // the store's own buffer, when a device buffer is asked for

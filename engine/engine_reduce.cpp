@@ -54,26 +54,11 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   if (auto err = d.start())
     return err;
   const auto& pl = *d.pl;
-  std::vector<const float*> source(pl.params.size(), nullptr);
-  std::vector<bool> on_device(pl.params.size(), false);
-  for (const auto& g : grads) {  // check everything before anything is sent
-    int i = pl.find(g.name);
-    if (i < 0)
-      return {errc::unknown_parameter,
-              "gradient for '" + g.name + "', which is not a registered parameter"};
-    if (g.size != pl.params[i].numel)
-      return {errc::shape_mismatch, "gradient of '" + g.name + "' has " + std::to_string(g.size)
-                                        + " elements, expected "
-                                        + std::to_string(pl.params[i].numel)};
-    if (auto err = check_buffer(g, d.opts))
-      return err;
-    if (!g.data)
-      return {errc::invalid_argument, "gradient of '" + g.name + "' is a null pointer"};
-    if (source[i])
-      return {errc::invalid_argument, "gradient of '" + g.name + "' is given twice"};
-    source[i] = g.data;
-    on_device[i] = g.space != memory_space::host;
-  }
+  std::vector<const float*> source;
+  std::vector<bool> on_device;
+  // Everything is checked before anything is sent.
+  if (auto err = index_views(pl, d.opts, grads, "gradient of", "gradient for", source, on_device))
+    return err;
   // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
   // copies before the reduce-scatter); everything else is packed in host memory.
   const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();

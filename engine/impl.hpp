@@ -53,6 +53,37 @@ error check_buffer(const View& v, const engine_options& opts) {
   return {};
 }
 
+/// The caller's views by parameter index (`at`: nullptr where none is given; `on_device`), once
+/// all of them pass: a registered name, its size, memory the backend can use, no null pointer,
+/// none given twice. The messages call a view `of` ("gradient of") and, when its name is
+/// unknown, `for_` ("gradient for").
+template <class View, class Ptr>
+error index_views(const plan& pl, const engine_options& opts, const std::vector<View>& views,
+                  const std::string& of, const std::string& for_, std::vector<Ptr>& at,
+                  std::vector<bool>& on_device) {
+  at.assign(pl.params.size(), nullptr);
+  on_device.assign(pl.params.size(), false);
+  for (const auto& v : views) {
+    const int i = pl.find(v.name);
+    if (i < 0)
+      return {errc::unknown_parameter,
+              for_ + " '" + v.name + "', which is not a registered parameter"};
+    if (v.size != pl.params[i].numel)
+      return {errc::shape_mismatch, of + " '" + v.name + "' has " + std::to_string(v.size)
+                                        + " elements, expected "
+                                        + std::to_string(pl.params[i].numel)};
+    if (auto err = check_buffer(v, opts))
+      return err;
+    if (!v.data)
+      return {errc::invalid_argument, of + " '" + v.name + "' is a null pointer"};
+    if (at[i])
+      return {errc::invalid_argument, of + " '" + v.name + "' is given twice"};
+    at[i] = v.data;
+    on_device[i] = v.space != memory_space::host;
+  }
+  return {};
+}
+
 struct engine::impl {
   engine_options opts;
   engine_config cfg;

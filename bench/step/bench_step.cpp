@@ -60,9 +60,8 @@
 //
 // --device-grads (cuda): the gradients are uploaded to the GPU once and handed over as device
 // buffers every step, as a training loop on the GPU does (host gradients add a pageable
-// host-to-device copy to reduce(), and its tail to step()): stream-ordered on the default stream,
-// as zmuon.Muon does on PyTorch's; with --reduce-waits, by the plain reduce(), which returns once
-// its copies have read them.
+// host-to-device copy to reduce(), and its tail to step()), stream-ordered on the default stream
+// as zmuon.Muon does on PyTorch's (--reduce-waits: the plain reduce(), which waits for its reads).
 #include <unistd.h>
 #ifdef ZMUON_HAVE_CUDA
 #include <cuda_runtime.h>
