@@ -11,7 +11,9 @@ import json
 import os
 import struct
 import subprocess
+import sys
 import tempfile
+import types
 import unittest
 
 import numpy as np
@@ -113,11 +115,20 @@ class FakeCudaTensor:
     pointer and comes back as the engine's 'not supported' error."""
 
     class _Device:
-        type, index = "cuda", 0
+        type = "cuda"
 
-    def __init__(self, arr):
+        def __init__(self, index):
+            self.index = index
+
+        def __eq__(self, other):  # as torch.device: by value
+            return (self.type, self.index) == (other.type, other.index)
+
+        def __hash__(self):
+            return hash((self.type, self.index))
+
+    def __init__(self, arr, device=0):
         self.arr, self.shape, self.dtype = arr, arr.shape, "torch.float32"
-        self.is_cuda, self.device, self.grad = True, self._Device(), None
+        self.is_cuda, self.device, self.grad = True, self._Device(device), None
 
     def data_ptr(self):
         return self.arr.__array_interface__["data"][0]
@@ -428,6 +439,74 @@ class BadArguments(unittest.TestCase):
             self.opt.step()
         for n, _ in TABLE:
             self.assertTrue(np.array_equal(self.params[n], before[n]))
+
+
+def fake_torch_module():
+    """A stand-in for `torch` in sys.modules: its Tensor is FakeCudaTensor, and torch.cuda records
+    current_stream() and synchronize() calls."""
+    mod = types.ModuleType("torch")
+    mod.Tensor = FakeCudaTensor
+    calls = {"synchronize": 0, "current_stream": []}
+
+    class Stream:
+        def __init__(self, device):
+            self.cuda_stream = 0x5000 + device.index
+
+    def current_stream(device):
+        calls["current_stream"].append(device.index)
+        return Stream(device)
+
+    def synchronize():
+        calls["synchronize"] += 1
+
+    mod.cuda = types.SimpleNamespace(current_stream=current_stream, synchronize=synchronize)
+    return mod, calls
+
+
+class TorchStreamHandOver(unittest.TestCase):
+    """zmuon.Muon hands CUDA gradients over on PyTorch's current stream (no synchronize) when
+    they are on one device, and falls back to synchronize + the plain reduce() otherwise."""
+
+    def setUp(self):
+        self.saved = sys.modules.get("torch")
+        self.fake, self.calls = fake_torch_module()
+        sys.modules["torch"] = self.fake
+
+    def tearDown(self):
+        if self.saved is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = self.saved
+
+    def test_the_stream_of_one_device_or_none(self):
+        ones = np.ones((8, 4), np.float32)
+        one_device = [FakeCudaTensor(ones), FakeCudaTensor(ones.copy())]
+        self.assertEqual(zmuon.optim._torch_stream(one_device), 0x5000)
+        self.assertEqual(self.calls["current_stream"], [0])
+        two_devices = [FakeCudaTensor(ones), FakeCudaTensor(ones.copy(), device=1)]
+        self.assertIsNone(zmuon.optim._torch_stream(two_devices))
+        self.assertIsNone(zmuon.optim._torch_stream([ones]))  # host memory only
+        self.assertEqual(self.calls["current_stream"], [0])
+
+    def test_cuda_gradients_go_to_the_stream_ordered_reduce_without_synchronize(self):
+        params = [(n, FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32))) for n in "ab"]
+        opt = zmuon.Muon(params)
+        streams, reduce = [], opt._engine.reduce
+
+        def recording(rank, entries, stream=None):
+            streams.append(stream)
+            return reduce(rank, entries, stream=stream)
+
+        opt._engine.reduce = recording
+        grad = np.ones((8, 4), np.float32)
+        with self.assertRaises(zmuon.Unsupported):  # the host backend reads no device memory
+            opt.accumulate({"a": FakeCudaTensor(grad), "b": FakeCudaTensor(grad.copy())})
+        self.assertEqual(streams, [0x5000])
+        self.assertEqual(self.calls["synchronize"], 0)
+        with self.assertRaises(zmuon.Unsupported):  # two devices: synchronize, plain reduce()
+            opt.accumulate({"a": FakeCudaTensor(grad), "b": FakeCudaTensor(grad.copy(), 1)})
+        self.assertEqual(streams, [0x5000, None])
+        self.assertEqual(self.calls["synchronize"], 1)
 
 
 @unittest.skipIf(torch is None, "PyTorch is not installed")
