@@ -160,5 +160,7 @@ int run_variants(gpu::cuda_compute& backend, int reps, const ns_options& base,
                  const std::vector<ns_variant>& variants, const std::string& schedule);
 /// --tables: the parameter tables group by group, standard and Gram (bench_modes.cpp).
 int run_tables(gpu::cuda_compute& backend, int reps, double gemm_tflops);
+/// --split: sub-batches of one group, serial and on the lanes, against one call (bench_modes.cpp).
+int run_split(gpu::cuda_compute& backend, int reps);
 
 }  // namespace zmuon::bench

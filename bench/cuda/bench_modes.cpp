@@ -150,4 +150,48 @@ int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) 
   return 0;
 }
 
+/// --split: one group as one call against the same matrices in serial sub-batches (the lanes
+/// joined after each, so that a sub-batch's operands can stay in L2 across its iterations) and
+/// in sub-batches on the lanes (consecutive calls side by side), bf16 in and out as the step.
+int run_split(zmuon::gpu::cuda_compute& backend, int reps) {
+  const main_stream stream{&backend};
+  const std::vector<shape> groups = {{"48x768x768", 48, 768, 768},
+                                     {"12x768x3072", 12, 768, 3072},
+                                     {"32x2048x2048", 32, 2048, 2048},
+                                     {"32x8192x2048", 32, 8192, 2048}};
+  std::printf("sub-batches (NS5, auto variant, bf16 in and out, median of %d): ms\n", reps);
+  std::printf("%-14s %6s %10s %10s %10s\n", "group", "sub", "whole", "serial", "lanes");
+  zmuon::ns_options ns;
+  ns.variant = zmuon::ns_variant::automatic;
+  for (const shape& g : groups) {
+    table_buffers buffers({g.label, {g}}, 17);
+    uint16_t* const x = buffers.x16[0].data();
+    const int64_t per = g.rows * g.cols;
+    const auto restore = [&] { buffers.restore(stream, true); };
+    const auto timed = [&](const std::function<void()>& run) {
+      warm_up(restore, run);
+      return median_ms(stream, reps, restore, run);
+    };
+    const double whole = timed([&] { backend.newton_schulz_bf16(x, g.batch, g.rows, g.cols, ns); });
+    for (const int64_t sub : {2, 4, 6, 8, 12, 16, 24}) {
+      if (sub >= g.batch || g.batch % sub != 0)
+        continue;
+      const auto pieces = [&](bool join) {
+        return [&, join] {
+          for (int64_t k = 0; k < g.batch; k += sub) {
+            backend.newton_schulz_bf16(x + k * per, sub, g.rows, g.cols, ns);
+            if (join)
+              (void)backend.stream();
+          }
+        };
+      };
+      const double serial = timed(pieces(true));
+      const double lanes = timed(pieces(false));
+      std::printf("%-14s %6lld %10.3f %10.3f %10.3f\n", g.label.c_str(),
+                  static_cast<long long>(sub), whole, serial, lanes);
+    }
+  }
+  return 0;
+}
+
 }  // namespace zmuon::bench

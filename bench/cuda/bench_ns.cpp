@@ -13,6 +13,8 @@
 //   bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]
 //   bench_ns [--reps N] --tables     # the tables only, group by group (ZMUON_GEMM_CANDIDATES=N
 //                                    # times N cuBLASLt algorithms per shape instead of 8)
+//   bench_ns [--reps N] --split      # one group as one call against its sub-batches, serial
+//                                    # (lanes joined between) and on the lanes
 //
 // With --variant standard|gram|both (default both), --schedule ns5|polar_express (default ns5),
 // --gram-restart N (default 3) or --steps N (default 5), it times the NS variants instead, on
@@ -141,12 +143,14 @@ int main(int argc, char* argv[]) {
   // --variant / --schedule / --gram-restart / --steps: the variants table instead (issue 8).
   bool variants_mode = false;
   bool tables_mode = false;  // --tables: only the tables, group by group
+  bool split_mode = false;   // --split: sub-batches of one group against one call
   std::vector<zmuon::ns_variant> variants = {zmuon::ns_variant::standard, zmuon::ns_variant::gram};
   std::string schedule = "ns5";
   zmuon::ns_options variant_ns;
   const char* usage =
       "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]\n"
       "       bench_ns [--reps N] --tables\n"
+      "       bench_ns [--reps N] --split\n"
       "       bench_ns [--reps N] [--variant standard|gram|both] [--schedule ns5|polar_express]\n"
       "                [--gram-restart N] [--steps N]\n";
   for (int i = 1; i < argc; ++i) {
@@ -156,6 +160,8 @@ int main(int argc, char* argv[]) {
       reps = std::max(1, std::atoi(argv[++i]));
     } else if (arg == "--tables") {
       tables_mode = true;
+    } else if (arg == "--split") {
+      split_mode = true;
     } else if (arg == "--json" && has_value) {
       json_path = argv[++i];
     } else if (arg == "--sym" && has_value) {
@@ -210,6 +216,8 @@ int main(int argc, char* argv[]) {
     auto& backend = dynamic_cast<zmuon::gpu::cuda_compute&>(**made);
     if (variants_mode)
       return run_variants(backend, reps, variant_ns, variants, schedule);
+    if (split_mode)
+      return run_split(backend, reps);
     const main_stream stream{&backend};
     cudaDeviceProp prop{};
     ZMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, backend.device()));
