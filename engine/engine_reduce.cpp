@@ -65,75 +65,83 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   const bool pack_on_device = !comm_on_host(d.opts.comm) && any_on_device;
   const int local = rank - d.first_rank;
   compute_backend& be = *d.ranks[local].backend;
-  if (caller_stream && any_on_device)  // every read below comes after the caller's writes there
-    be.wait_for_stream(*caller_stream);
+  if (caller_stream && any_on_device) {  // every read below comes after the caller's writes
+    if (auto err = be.check_caller_stream(*caller_stream))
+      return {err.code(), "reduce(): rank " + std::to_string(rank) + ": " + err.message()};
+    if (auto err = on_backend("reduce", rank, [&] { be.wait_for_stream(*caller_stream); }))
+      return err;
+  }
   int micro = d.micros[local]++;
   uint64_t step = d.step + 1;
   auto& window = d.windows[local];
   const size_t most = d.buckets_in_flight();
   error failed;
   bool read_on_device = false;  // by copies queued on the rank's stream
-  for (size_t b = 0; b < pl.buckets.size(); ++b) {
-    const auto& bucket = pl.buckets[b];
-    // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
-    if (most > 0)
-      if ((failed = window.wait_until(most - 1)))
-        break;
-    // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
-    const int64_t size = bucket.shard_len * pl.world;
-    micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
-    std::shared_ptr<std::vector<float>> host;
-    // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
-    // gradient): most buckets are covered whole and skip the fill's pass over the memory.
-    int64_t covered = 0;
-    for (int i = bucket.first_param; i < bucket.end_param; ++i)
-      for (int q = 0; source[i] && q < pl.world; ++q)
-        covered += valid_len(pl.params[i], q);
-    if (pack_on_device) {
-      msg.device_data = std::make_shared<device_buffer>(
-          covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
-      msg.device_size = size;
-    } else {
-      host = d.packed[local].take(b, static_cast<size_t>(size), covered != size);
-    }
-    std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
-    for (int i = bucket.first_param; i < bucket.end_param; ++i) {
-      const auto& p = pl.params[i];
-      if (!source[i])
-        continue;
-      for (int q = 0; q < pl.world; ++q) {
-        int64_t n = valid_len(p, q);
-        if (n <= 0)
-          continue;
-        const int64_t at = q * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
-        const float* src = source[i] + q * p.shard_len;
-        if (pack_on_device && on_device[i])
-          device_pieces.push_back(copy_piece{src, at, n});
-        else if (pack_on_device)
-          be.copy_from_host_async(msg.device_data->data() + at, src, n);
-        else if (on_device[i])
-          be.copy_to_host(host->data() + at, src, n);
-        else
-          std::memcpy(host->data() + at, src, n * sizeof(float));
+  // A backend failure here (a CUDA error) is returned like any other, the buckets handed over so
+  // far stay with their reducer.
+  const error device = on_backend("reduce", rank, [&] {
+    for (size_t b = 0; b < pl.buckets.size(); ++b) {
+      const auto& bucket = pl.buckets[b];
+      // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
+      if (most > 0)
+        if ((failed = window.wait_until(most - 1)))
+          break;
+      // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
+      const int64_t size = bucket.shard_len * pl.world;
+      micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
+      std::shared_ptr<std::vector<float>> host;
+      // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
+      // gradient): most buckets are covered whole and skip the fill's pass over the memory.
+      int64_t covered = 0;
+      for (int i = bucket.first_param; i < bucket.end_param; ++i)
+        for (int q = 0; source[i] && q < pl.world; ++q)
+          covered += valid_len(pl.params[i], q);
+      if (pack_on_device) {
+        msg.device_data = std::make_shared<device_buffer>(
+            covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
+        msg.device_size = size;
+      } else {
+        host = d.packed[local].take(b, static_cast<size_t>(size), covered != size);
       }
+      std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
+      for (int i = bucket.first_param; i < bucket.end_param; ++i) {
+        const auto& p = pl.params[i];
+        if (!source[i])
+          continue;
+        for (int q = 0; q < pl.world; ++q) {
+          int64_t n = valid_len(p, q);
+          if (n <= 0)
+            continue;
+          const int64_t at = q * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
+          const float* src = source[i] + q * p.shard_len;
+          if (pack_on_device && on_device[i])
+            device_pieces.push_back(copy_piece{src, at, n});
+          else if (pack_on_device)
+            be.copy_from_host_async(msg.device_data->data() + at, src, n);
+          else if (on_device[i])
+            be.copy_to_host(host->data() + at, src, n);
+          else
+            std::memcpy(host->data() + at, src, n * sizeof(float));
+        }
+      }
+      if (!device_pieces.empty()) {
+        be.copy_pieces(msg.device_data->data(), device_pieces);
+        read_on_device = true;
+      }
+      if (host)  // fault injection (tests) acts on host-packed gradients
+        inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
+      msg.data = std::move(host);
+      window.hand_over(d.ranks[local].reducer, std::move(msg));
     }
-    if (!device_pieces.empty()) {
-      be.copy_pieces(msg.device_data->data(), device_pieces);
-      read_on_device = true;
-    }
-    if (host)  // fault injection (tests) acts on host-packed gradients
-      inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
-    msg.data = std::move(host);
-    window.hand_over(d.ranks[local].reducer, std::move(msg));
-  }
-  // Those copies read the caller's buffers after they are queued, and the caller may write or
-  // free them once reduce() returns (the next backward pass accumulates into them): they have
-  // run by then, on every way out, or the caller's stream waits for them.
-  if (read_on_device && caller_stream)
-    be.make_stream_wait(*caller_stream);
-  else if (read_on_device)
-    be.synchronize();
-  return failed;
+    // Those copies read the caller's buffers after they are queued, and the caller may write or
+    // free them once reduce() returns (the next backward pass accumulates into them): they have
+    // run by then, on every way out, or the caller's stream waits for them.
+    if (read_on_device && caller_stream)
+      be.make_stream_wait(*caller_stream);
+    else if (read_on_device)
+      be.synchronize();
+  });
+  return device ? device : failed;
 }
 
 }  // namespace zmuon

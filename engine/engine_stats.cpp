@@ -27,7 +27,10 @@ expected<memory_stats> engine::memory(int rank) const {
   auto be = impl_->backend_of(rank, "memory");
   if (!be)
     return be.err();
-  return (*be)->memory();
+  memory_stats stats;
+  if (auto err = on_backend("memory", rank, [&] { stats = (*be)->memory(); }))
+    return err;
+  return stats;
 }
 
 void engine::reset_peak_memory() {
@@ -45,11 +48,11 @@ expected<call_times> engine::take_backend_call_times(int rank) {
   auto be = impl_->backend_of(rank, "take_backend_call_times");
   if (!be)
     return be.err();
-  try {
-    return (*be)->take_call_times();
-  } catch (const std::exception& e) {  // a CUDA failure while reading the events
-    return error{errc::device_failure, e.what()};
-  }
+  call_times times;
+  if (auto err = on_backend("take_backend_call_times", rank,
+                            [&] { times = (*be)->take_call_times(); }))
+    return err;
+  return times;
 }
 
 expected<std::vector<call_span>> engine::backend_call_spans(int rank) const {

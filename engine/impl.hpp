@@ -40,6 +40,20 @@ inline size_t scheduler_threads(int local) {
   return std::min(cores, static_cast<size_t>(2 * std::max(local, 1) + 2));
 }
 
+/// Runs `body`, backend calls made on the caller's thread (copies, waits: reduce(),
+/// gather_params), and returns the failure a backend throws there (a CUDA error) as the error
+/// it is, named after the engine's `call`: the C++ API returns errors, it never throws.
+template <class Body>
+error on_backend(const char* call, int rank, Body&& body) {
+  try {
+    body();
+    return {};
+  } catch (const std::exception& e) {
+    return {errc::device_failure,
+            std::string(call) + "(): rank " + std::to_string(rank) + ": " + e.what()};
+  }
+}
+
 /// Device buffers (memory_space::cuda) need the cuda compute backend; the engine then copies
 /// from and to them on the rank's stream (reduce(): engine_reduce.cpp; gather_params: the
 /// parameters are written when it returns).

@@ -272,6 +272,12 @@ public:
   /// caller's stream `stream` (a cudaStream_t; nullptr is the default stream). A backend without
   /// device memory runs each call when it is made: nothing to order.
   virtual void wait_for_stream(void* stream) { (void)stream; }
+  /// Why `stream` cannot be waited for here (on another device, or capturing a CUDA graph, into
+  /// which the engine's own work would be drawn), or no error. Checked before wait_for_stream.
+  virtual error check_caller_stream(void* stream) {
+    (void)stream;
+    return {};
+  }
   /// The work queued on `stream` from now on waits, on the device, for the work enqueued here
   /// so far.
   virtual void make_stream_wait(void* stream) { (void)stream; }

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <string>
 
 #include "zmuon/engine.hpp"
 
@@ -15,6 +16,14 @@ inline engine_options options(int world) {
   engine_options o;
   o.world = world;
   o.timeout_ms = 30'000;
+  return o;
+}
+
+/// options(world) on the cuda compute backend with `comm` (GPU tests).
+inline engine_options gpu_options(int world, const std::string& comm) {
+  auto o = options(world);
+  o.compute = "cuda";
+  o.comm = comm;
   return o;
 }
 

@@ -103,7 +103,9 @@ public:
   /// so far, with no need to synchronize first, and the work queued there afterwards (the next
   /// backward pass) waits on the device until they are read. Under the nccl comm reduce() then
   /// does not wait for the GPU; the caf comm copies them to host memory during the call, after
-  /// that work. Host buffers are read during the call, as above.
+  /// that work. Host buffers are read during the call, as above. A stream on another GPU than
+  /// the rank's, or one capturing a CUDA graph (the engine's work cannot be captured), is
+  /// errc::invalid_argument before anything is read or counted.
   error reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream);
 
   /// One optimizer step over everything handed over since the last step. Every rank must have

@@ -114,7 +114,8 @@ ZMUON_API int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_t
                                   size_t n);
 /* The same, stream-ordered for device gradients written on the CUDA stream `cuda_stream` (a
  * cudaStream_t; NULL: the default stream): read after the work queued there so far, and the work
- * queued there afterwards waits until they are read; returns without waiting for the GPU. */
+ * queued there afterwards waits until they are read; returns without waiting for the GPU. A
+ * stream on another GPU, or capturing a CUDA graph, is ZMUON_INVALID_ARGUMENT. */
 ZMUON_API int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank,
                                             const zmuon_tensor* grads, size_t n, void* cuda_stream);
 /* One optimizer step over everything handed over since the last one. `out` may be NULL. */

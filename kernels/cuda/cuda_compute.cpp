@@ -489,6 +489,31 @@ void cuda_compute::synchronize() {
   streams_->synchronize();
 }
 
+error cuda_compute::check_caller_stream(void* stream) {
+  const launch_guard guard = activate();
+  const auto caller = static_cast<cudaStream_t>(stream);
+  // A refused query leaves its error for the next launch check to find: cleared here.
+  const auto refused = [](cudaError_t code) -> error {
+    (void)cudaGetLastError();
+    return {errc::invalid_argument, "the caller's CUDA stream cannot be used: " + describe(code)};
+  };
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (const cudaError_t code = cudaStreamIsCapturing(caller, &capture); code != cudaSuccess)
+    return refused(code);
+  // Waiting for a capturing stream's event would draw the rank's stream into the caller's graph.
+  if (capture != cudaStreamCaptureStatusNone)
+    return {errc::invalid_argument,
+            "the caller's CUDA stream is capturing a CUDA graph: the engine's hand-over cannot be "
+            "captured (call it outside the capture)"};
+  int device = -1;
+  if (const cudaError_t code = cudaStreamGetDevice(caller, &device); code != cudaSuccess)
+    return refused(code);
+  if (device != device_)
+    return {errc::invalid_argument, "the caller's CUDA stream is on GPU " + std::to_string(device)
+                                        + ", this rank's on GPU " + std::to_string(device_)};
+  return {};
+}
+
 // An event's wait takes the work recorded when cudaStreamWaitEvent is called, so one event each
 // serves every call.
 void cuda_compute::wait_for_stream(void* stream) {

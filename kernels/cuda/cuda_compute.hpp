@@ -95,6 +95,7 @@ public:
 
   void synchronize() override;
   void wait_for_stream(void* stream) override;
+  error check_caller_stream(void* stream) override;
   void make_stream_wait(void* stream) override;
 
   void when_done(std::function<void()> done) override;
