@@ -63,7 +63,7 @@ error check_options(const engine_options& o) {
   if (f.enabled && !(f.min_loss_scale > 0))
     return bad("fp16 min_loss_scale must be > 0");
   if (o.comm != "caf" && o.comm != "nccl")
-    return bad("unknown comm backend '" + o.comm + "' (valid: caf, nccl)");
+    return bad("unknown comm backend '" + o.comm + "' (valid: auto, caf, nccl)");
   if (o.comm == "nccl" && o.compute != "cuda")
     return bad("comm backend 'nccl' needs compute backend 'cuda' (got '" + o.compute + "')");
 #ifndef ZMUON_HAVE_NCCL
@@ -76,6 +76,21 @@ error check_options(const engine_options& o) {
     return bad("max_buckets_in_flight must be >= 0 (0 = unbounded), got "
                + std::to_string(o.max_buckets_in_flight));
   return {};
+}
+
+/// `o` with comm "auto" decided (options.hpp): nccl for an engine of one process (`one_process`)
+/// on cuda with a GPU for each of its ranks, where nccl is built in; caf otherwise.
+engine_options with_comm_decided(engine_options o, bool one_process) {
+  if (o.comm != "auto")
+    return o;
+  o.comm = "caf";
+#ifdef ZMUON_HAVE_NCCL
+  if (one_process && o.compute == "cuda" && compute_device_count("cuda") >= o.world)
+    o.comm = "nccl";
+#else
+  (void)one_process;
+#endif
+  return o;
 }
 
 }  // namespace
@@ -143,7 +158,8 @@ engine::~engine() {
     caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
 }
 
-expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
+expected<std::unique_ptr<engine>> engine::create(const engine_options& options) {
+  const engine_options opts = with_comm_decided(options, true);
   if (auto err = check_options(opts))
     return err;
   if (auto be = make_compute_backend(opts.compute); !be)
@@ -157,8 +173,9 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& opts) {
   return eng;
 }
 
-expected<std::unique_ptr<engine>> engine::create(const engine_options& opts,
+expected<std::unique_ptr<engine>> engine::create(const engine_options& options,
                                                  const node_setup& node) {
+  const engine_options opts = with_comm_decided(options, false);
   if (auto err = check_options(opts))
     return err;
   int local = static_cast<int>(node.comms.size());

@@ -105,7 +105,8 @@ def zmuon_config(args, backend):
         "muon_lr": args.muon_lr, "adam_lr": args.adam_lr, "momentum": args.momentum,
         "nesterov": True, "weight_decay": args.weight_decay, "betas": [0.9, 0.95],
         "eps": 1e-10, "ns_steps": 5, "adjust_lr": "original"}},
-        "zmuon": {"ranks": 1, "backend": backend}}
+        "zmuon": {"ranks": 1, "backend": backend, **({"comm": args.zmuon_comm}
+                                                     if args.zmuon_comm else {})}}
 
 
 def make_zmuon(model, args):
@@ -275,6 +276,8 @@ def main():
     ap.add_argument("--momentum", type=float, default=0.95)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--zmuon-backend", default="host", help="zmuon compute backend: host | cuda")
+    ap.add_argument("--zmuon-comm", default=None,
+                    help="zmuon comm backend: caf | nccl (default: the engine's)")
     ap.add_argument("--zmuon-staging", default="auto", choices=["auto", "device", "host"],
                     help="CUDA tensors: device pointers, host copies, or device if supported")
     args = ap.parse_args()

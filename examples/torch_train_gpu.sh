@@ -9,7 +9,8 @@
 #                                        # logs to $OUT (default ./out)
 #
 # With the device tool: run(command="bash examples/torch_train_gpu.sh", carry=[".carry"]).
-# STEPS=N changes the step count.
+# STEPS=N changes the step count; ARGS="..." adds options of torch_train.py (e.g. ARGS="--d-model
+# 768 --heads 12 --layers 12 --zmuon-comm nccl"); DEVICES="cuda" runs only the given devices.
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -43,15 +44,18 @@ run() {
   tar -C "$lib" -xzf "$bundle" || { echo "no $bundle: run '$0 pack' first and carry .carry"; exit 2; }
   export LD_LIBRARY_PATH="$lib/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
   export ZMUON_LIBRARY="$lib/lib/libzmuon.so" PYTHONPATH="$root/python" PYTHONUNBUFFERED=1
-  local devices=(cpu) rc=0
-  python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' &&
+  # shellcheck disable=SC2206
+  local devices=(${DEVICES:-cpu}) rc=0
+  [[ -z "${DEVICES:-}" ]] &&
+    python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' &&
     devices=(cuda cpu)
   for dev in "${devices[@]}"; do
     echo "== examples/torch_train.py --steps ${STEPS:-200} --device $dev (zmuon backend: cuda on cuda)"
     local backend=host
     [[ $dev == cuda ]] && backend=cuda  # zmuon's own CUDA backend beside PyTorch's
+    # shellcheck disable=SC2086
     python3 examples/torch_train.py --steps "${STEPS:-200}" --device "$dev" \
-      --zmuon-backend "$backend" >"$out/torch_train_$dev.log" 2>&1 || rc=1
+      --zmuon-backend "$backend" ${ARGS:-} >"$out/torch_train_$dev.log" 2>&1 || rc=1
     grep '^#' "$out/torch_train_$dev.log"
     tail -3 "$out/torch_train_$dev.log"
   done

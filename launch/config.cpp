@@ -350,7 +350,7 @@ const std::vector<field>& schema() {
                              {"original", "match_rms_adamw"}),
         make<bool>("per_head_muon", ZMUON_SLOT(engine.per_head_muon)),
         make<std::string>("zmuon.backend", ZMUON_SLOT(engine.compute), {}, {"host", "cuda"}),
-        make<std::string>("zmuon.comm", ZMUON_SLOT(engine.comm), {}, {"caf", "nccl"}),
+        make<std::string>("zmuon.comm", ZMUON_SLOT(engine.comm), {}, {"auto", "caf", "nccl"}),
         make<muon_transport>("zmuon.muon_transport", ZMUON_SLOT(engine.muon.transport), {},
                              {"auto", "bf16", "fp32"}),
         make<int>("zmuon.ranks", ZMUON_SLOT(engine.world), r::closed(1, 1024)),

@@ -442,6 +442,16 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
     cudaFree(d);
 }
 
+// comm "auto": nccl where every rank of the process has a GPU of its own, caf where they share.
+BOOST_AUTO_TEST_CASE(auto_comm_is_nccl_with_a_gpu_per_rank) {
+  const int gpus = compute_device_count("cuda");
+  for (const int world : {gpus, gpus + 1}) {
+    auto eng = make_engine(gpu_options(world, "auto"));
+    const std::string expected = world <= gpus ? "nccl" : "caf";
+    BOOST_TEST(eng->options().comm == expected, "world " << world << " on " << gpus << " GPU(s)");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(nccl_with_more_ranks_than_gpus_is_named) {
   const int gpus = compute_device_count("cuda");
   auto eng = make_engine(gpu_options(gpus + 1, "nccl"));

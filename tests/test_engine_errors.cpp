@@ -192,4 +192,28 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   e = engine::create(o);
   BOOST_REQUIRE(!e);
   expect_error(e.err(), errc::invalid_argument, "tpu");
+  o = options(2);
+  o.comm = "mpi";
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument,
+               "unknown comm backend 'mpi' (valid: auto, caf, nccl)");
+  o = options(2);
+  o.comm = "nccl";
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "comm backend 'nccl' needs compute backend 'cuda'");
+}
+
+// comm "auto" (the default) decides at create(): caf for the host backend, whatever the world;
+// engine::options() shows the choice (nccl on cuda: test_engine_cuda).
+BOOST_AUTO_TEST_CASE(auto_comm_is_caf_on_the_host) {
+  BOOST_TEST(engine_options{}.comm == "auto");
+  for (const int world : {1, 3}) {
+    auto o = options(world);
+    o.comm = "auto";
+    auto e = engine::create(o);
+    BOOST_REQUIRE_MESSAGE(e, (e ? "" : e.err().to_string()));
+    BOOST_TEST((*e)->options().comm == "caf");
+  }
 }

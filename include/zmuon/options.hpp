@@ -111,11 +111,16 @@ struct engine_options {
   muon_options muon;
   adamw_options adamw;
   std::string compute = "host";  // compute backend: host | cuda
-  std::string comm = "caf";      // communication backend: caf | nccl
-  int64_t timeout_ms = 60'000;   // a request not answered in this time is an error
-  std::string trace_dir;         // message trace (DESIGN.md §6) into this directory; empty: the
-                                 // environment's ZMUON_TRACE, else off
-  fault_options faults;          // tests only
+  // Communication backend: caf | nccl | auto. auto is nccl where it applies, an engine of one
+  // process on the cuda backend with a GPU for each rank (nccl built in), and caf otherwise (a
+  // node of a multi-process job: the launcher's --comm decides). engine::options() shows the
+  // choice. caf moves device memory through the host, which on one GPU costs far more than
+  // the step (docs/NOTES.md, session 13).
+  std::string comm = "auto";
+  int64_t timeout_ms = 60'000;  // a request not answered in this time is an error
+  std::string trace_dir;        // message trace (DESIGN.md §6) into this directory; empty: the
+                                // environment's ZMUON_TRACE, else off
+  fault_options faults;         // tests only
 
   // reduce() keeps at most this many of a rank's reduce buckets handed to its reducer and not yet
   // landed in the store (it waits for the oldest first), which bounds the buckets' memory (host

@@ -298,10 +298,11 @@ int run(int argc, char** argv) {
            ->check(CLI::IsMember({"host", "cuda"})),
        "zmuon.backend"},
       {app.add_option("--comm", flags.engine.comm,
-                      "communication backend: caf (any world, ranks may share a GPU) | nccl (one "
-                      "GPU per rank) (zmuon.comm)")
+                      "communication backend: auto (nccl in one process on cuda with a GPU per "
+                      "rank, else caf) | caf (any world, ranks may share a GPU) | nccl (one GPU "
+                      "per rank) (zmuon.comm)")
            ->capture_default_str()
-           ->check(CLI::IsMember({"caf", "nccl"})),
+           ->check(CLI::IsMember({"auto", "caf", "nccl"})),
        "zmuon.comm"},
   };
   auto* fp16 = app.add_flag("--fp16", flags.engine.fp16.enabled,
