@@ -16,7 +16,11 @@ on the GPU). Their gradients are handed over stream-ordered: the engine reads th
 queued on PyTorch's current stream, and that stream's later work waits for the reads (under the
 nccl comm nothing waits for the GPU; the caf comm copies them to host memory, which waits for
 that work). A backend without device buffers (host) raises zmuon.Unsupported, unless
-`host_staging=True` copies them through host memory.
+`host_staging=True` copies them through host memory. With `"zmuon": {"backend": "cuda"}` and a
+GPU for each rank the comm is nccl unless the config says otherwise (`zmuon.comm`, default
+auto); the caf comm moves the gradients and the Muon phase through host memory, which costs
+far more than the step (a GPT-2-sized model on one H200: 1.2-1.3 s a step against 35 ms).
+Inside a CUDA graph capture the hand-over is refused (zmuon.InvalidArgument).
 """
 
 import json
