@@ -33,8 +33,10 @@ public:
   staged_buffer(compute_backend& be, int64_t n, bool comm_on_host, buffer_init init)
       : compute_(init == buffer_init::zeros ? be.allocate(n) : be.allocate_for_overwrite(n)),
         staged_(comm_on_host && be.device_memory()) {
+    // The comm side is written whole before it is read exactly where the compute side is
+    // (init): it stands in for the compute side's memory on the wire.
     if (staged_)
-      host_ = be.allocate_host(n);
+      host_ = init == buffer_init::zeros ? be.allocate_host(n) : be.allocate_host_for_overwrite(n);
   }
 
   int64_t size() const { return compute_.size(); }

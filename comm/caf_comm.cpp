@@ -1,6 +1,8 @@
 #include "comm/caf_comm.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <map>
 
 #include "caf/all.hpp"
@@ -81,6 +83,10 @@ T* elements(const segment& s) {
 template <class T = float>
 std::vector<T> concat(const std::vector<segment>& segs) {
   std::vector<T> out;
+  size_t n = 0;
+  for (auto& s : segs)
+    n += static_cast<size_t>(s.size);
+  out.reserve(n);
   for (auto& s : segs)
     out.insert(out.end(), elements<T>(s), elements<T>(s) + s.size);
   return out;
@@ -91,6 +97,46 @@ void copy_out(const T* src, const std::vector<segment>& segs) {
   for (auto& s : segs) {
     std::copy(src, src + s.size, elements<T>(s));
     src += s.size;
+  }
+}
+
+/// Whether any element of `a` shares memory with any of `b` (as T).
+template <class T>
+bool overlap(const std::vector<segment>& a, const std::vector<segment>& b) {
+  for (auto& x : a)
+    for (auto& y : b)
+      if (x.size > 0 && y.size > 0 && elements<T>(x) < elements<T>(y) + y.size
+          && elements<T>(y) < elements<T>(x) + x.size)
+        return true;
+  return false;
+}
+
+/// A rank's segments to itself: the elements of `from` in order into `to` in order (the same
+/// total, cut differently), straight across without a staging vector. Where the two share
+/// memory, through one (a copy of `from` first).
+template <class T>
+void copy_across(const std::vector<segment>& from, const std::vector<segment>& to) {
+  if (overlap<T>(from, to)) {
+    copy_out(concat<T>(from).data(), to);
+    return;
+  }
+  size_t i = 0, j = 0;
+  int64_t at_i = 0, at_j = 0;
+  while (i < from.size() && j < to.size()) {
+    const int64_t n = std::min(from[i].size - at_i, to[j].size - at_j);
+    if (n > 0)
+      std::memcpy(elements<T>(to[j]) + at_j, elements<T>(from[i]) + at_i,
+                  static_cast<size_t>(n) * sizeof(T));
+    at_i += n;
+    at_j += n;
+    if (at_i == from[i].size) {
+      ++i;
+      at_i = 0;
+    }
+    if (at_j == to[j].size) {
+      ++j;
+      at_j = 0;
+    }
   }
 }
 
@@ -346,9 +392,9 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
                                        + std::to_string(n) + " elements but expects "
                                        + std::to_string(total(req.recvs[q])));
             if (bf16)
-              copy_out(concat<uint16_t>(req.sends[q]).data(), req.recvs[q]);
+              copy_across<uint16_t>(req.sends[q], req.recvs[q]);
             else
-              copy_out(concat(req.sends[q]).data(), req.recvs[q]);
+              copy_across<float>(req.sends[q], req.recvs[q]);
           } else if (bf16) {
             trace::send(self, st.tr, st.peers[q],
                         peer_floats{req.tag, st.rank, {}, concat<uint16_t>(req.sends[q])}, q);

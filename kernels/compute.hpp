@@ -303,6 +303,8 @@ public:
   virtual void scan_parts_async(part_scans& scans, scan_result* out);
   /// Zero-filled host memory that the async copies below may use (pinned on CUDA).
   virtual device_buffer allocate_host(int64_t n) { return allocate(n); }
+  /// The same, unspecified values, for a user that writes every element first (no fill).
+  virtual device_buffer allocate_host_for_overwrite(int64_t n) { return allocate_host(n); }
   /// Copies between this backend's buffers and allocate_host() memory, enqueued without waiting
   /// (on the host backend: done at once).
   virtual void copy_to_host_async(float* host_dst, const float* src, int64_t n) {

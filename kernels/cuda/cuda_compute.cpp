@@ -435,7 +435,7 @@ void cuda_compute::land_result(scan_result* out) {
   landing.release();
 }
 
-device_buffer cuda_compute::allocate_host(int64_t n) {
+device_buffer cuda_compute::host_memory(int64_t n, bool zero) {
   if (n <= 0)
     return device_buffer{};
   const launch_guard guard = activate({});  // host memory: no lane uses it
@@ -443,7 +443,8 @@ device_buffer cuda_compute::allocate_host(int64_t n) {
   auto* data = static_cast<float*>(pinned_cache_->take(bytes));
   if (data == nullptr)
     ZMUON_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&data), bytes));
-  std::memset(data, 0, bytes);
+  if (zero)
+    std::memset(data, 0, bytes);
   return device_buffer(data, n, [cache = pinned_cache_, streams = streams_, bytes](float* p) {
     cudaStream_t stream = nullptr;
     try {

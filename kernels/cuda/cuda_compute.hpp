@@ -105,7 +105,8 @@ public:
   void accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
                           part_scans& scans, int part) override;
   void scan_parts_async(part_scans& scans, scan_result* out) override;
-  device_buffer allocate_host(int64_t n) override;
+  device_buffer allocate_host(int64_t n) override { return host_memory(n, true); }
+  device_buffer allocate_host_for_overwrite(int64_t n) override { return host_memory(n, false); }
   void copy_to_host_async(float* host_dst, const float* src, int64_t n) override;
   void copy_from_host_async(float* dst, const float* host_src, int64_t n) override;
 
@@ -129,6 +130,8 @@ public:
   void stream_done(const std::vector<touched>& memory) const { streams_->main_done(memory); }
 
 private:
+  /// n floats of pinned host memory from the cache, zero-filled when `zero`.
+  device_buffer host_memory(int64_t n, bool zero);
   class call_timer;  // (below)
 
 public:
