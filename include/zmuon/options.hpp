@@ -113,7 +113,8 @@ struct engine_options {
   std::string compute = "host";  // compute backend: host | cuda
   // Communication backend: caf | nccl | auto. auto is nccl where it applies, an engine of one
   // process on the cuda backend with a GPU for each rank (nccl built in), and caf otherwise (a
-  // node of a multi-process job: the launcher's --comm decides). engine::options() shows the
+  // node of a multi-process job takes what the launcher passes: nccl for --local-nodes with GPUs
+  // of its own per node, else caf unless --comm nccl). engine::options() shows the
   // choice. caf moves device memory through the host, which on one GPU costs far more than
   // the step (docs/NOTES.md, session 13).
   std::string comm = "auto";

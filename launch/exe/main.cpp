@@ -405,8 +405,10 @@ int run(int argc, char** argv) {
   topts.fp16 = eopts.fp16.enabled;
   if (nf.local_nodes > 0)
     return zmuon::example::run_local_nodes(
-        nf.local_nodes, zmuon::example::args_without_local_nodes(argc, argv), eopts.timeout_ms,
-        job->heartbeat_timeout_ms + 10'000, node_devices);
+        nf.local_nodes,
+        zmuon::example::args_with_comm_decided(zmuon::example::args_without_local_nodes(argc, argv),
+                                               eopts.comm, !node_devices.empty()),
+        eopts.timeout_ms, job->heartbeat_timeout_ms + 10'000, node_devices);
   if (nf.nodes > 1)
     return run_node(*job, topts, nf, save_params);
   if (nf.node_rank != 0) {
