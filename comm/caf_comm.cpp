@@ -7,6 +7,8 @@
 
 #include "caf/all.hpp"
 
+#include "comm/segments.hpp"
+
 #include "messages/errors.hpp"
 #include "trace/trace.hpp"
 
@@ -120,24 +122,11 @@ void copy_across(const std::vector<segment>& from, const std::vector<segment>& t
     copy_out(concat<T>(from).data(), to);
     return;
   }
-  size_t i = 0, j = 0;
-  int64_t at_i = 0, at_j = 0;
-  while (i < from.size() && j < to.size()) {
-    const int64_t n = std::min(from[i].size - at_i, to[j].size - at_j);
-    if (n > 0)
-      std::memcpy(elements<T>(to[j]) + at_j, elements<T>(from[i]) + at_i,
-                  static_cast<size_t>(n) * sizeof(T));
-    at_i += n;
-    at_j += n;
-    if (at_i == from[i].size) {
-      ++i;
-      at_i = 0;
-    }
-    if (at_j == to[j].size) {
-      ++j;
-      at_j = 0;
-    }
-  }
+  for_each_stretch(from, to,
+                   [](const segment& f, int64_t at_f, const segment& t, int64_t at_t, int64_t n) {
+                     std::memcpy(elements<T>(t) + at_t, elements<T>(f) + at_f,
+                                 static_cast<size_t>(n) * sizeof(T));
+                   });
 }
 
 // The first non-empty segment without a buffer of the request's element type, if any.

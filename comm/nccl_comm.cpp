@@ -12,6 +12,7 @@
 
 #include "caf/all.hpp"
 
+#include "comm/segments.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/elementwise.cuh"
@@ -186,23 +187,10 @@ bool copy_to_self(const std::vector<segment>& sends, const std::vector<segment>&
                 : reinterpret_cast<uint16_t*>(s.data + offset);
   };
   std::vector<gpu::unit_piece> pieces;
-  size_t i = 0, j = 0;
-  int64_t in_send = 0, in_recv = 0;  // elements of sends[i] and recvs[j] already copied
-  while (i < sends.size() && j < recvs.size()) {
-    const int64_t n = std::min(sends[i].size - in_send, recvs[j].size - in_recv);
-    if (n > 0)
-      pieces.push_back(gpu::unit_piece{at(sends[i], in_send), at(recvs[j], in_recv), n * units});
-    in_send += n;
-    in_recv += n;
-    if (in_send == sends[i].size) {
-      ++i;
-      in_send = 0;
-    }
-    if (in_recv == recvs[j].size) {
-      ++j;
-      in_recv = 0;
-    }
-  }
+  for_each_stretch(sends, recvs,
+                   [&](const segment& s, int64_t at_s, const segment& r, int64_t at_r, int64_t n) {
+                     pieces.push_back(gpu::unit_piece{at(s, at_s), at(r, at_r), n * units});
+                   });
   gpu::launch_copy_units(gpu::launch_context{stream}, pieces);
   return true;
 }

@@ -21,6 +21,7 @@
 
 #include "kernels/compute.hpp"
 #include "launch/exe/train.hpp"
+#include "tests/device_grads.hpp"
 #include "tests/scratch_dir.hpp"
 
 using namespace zmuon;
@@ -394,18 +395,8 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
   const std::vector<param_spec> table{{"a", {256, 256}}, {"b", {128, 512}}, {"c", {512, 128}},
                                       {"d", {256, 256}}, {"e", {65536}},    {"f", {256, 256}}};
   const int gas = 2;
-  std::vector<float*> device;
-  std::vector<tensor_view> views;
-  for (const auto& p : table) {
-    auto v = random_values(numel(p), 5 + device.size());
-    float* d = nullptr;
-    BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float))
-                  == cudaSuccess);
-    BOOST_REQUIRE(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice)
-                  == cudaSuccess);
-    device.push_back(d);
-    views.push_back({p.name, d, static_cast<int64_t>(v.size()), memory_space::cuda, 0});
-  }
+  const device_grads grads(table, 5);
+  const auto& views = grads.views;
   auto run = [&](int window, int64_t& handover_peak) {
     auto o = gpu_options(1, "nccl");
     o.reduce_bucket_size = bucket;
@@ -438,8 +429,6 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
     BOOST_TEST(peak <= 2 * window * bucket_bytes);
     BOOST_TEST(rel_diff(params, unbounded) == 0.0);
   }
-  for (float* d : device)
-    cudaFree(d);
 }
 
 // comm "auto": nccl where every rank of the process has a GPU of its own, caf where they share.

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <vector>
 
+#include "tests/device_grads.hpp"
+
 using namespace zmuon;
 using namespace zmuon::test;
 
@@ -148,18 +150,8 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_reads_between_the_callers_work) {
 // the bits of a run that never saw the refused call.
 BOOST_AUTO_TEST_CASE(a_capturing_stream_is_refused_and_nothing_is_counted) {
   const std::vector<param_spec> table{{"a", {256, 512}}, {"b", {128, 256}}, {"c", {512}}};
-  std::vector<float*> device;
-  std::vector<tensor_view> views;
-  for (const auto& p : table) {
-    const auto v = random_values(numel(p), 31 + device.size());
-    float* d = nullptr;
-    BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float))
-                  == cudaSuccess);
-    BOOST_REQUIRE(cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice)
-                  == cudaSuccess);
-    device.push_back(d);
-    views.push_back({p.name, d, numel(p), memory_space::cuda, 0});
-  }
+  const device_grads grads(table, 31);
+  const auto& views = grads.views;
   cudaStream_t caller = nullptr;
   BOOST_REQUIRE(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking) == cudaSuccess);
   for (const char* comm : {"nccl", "caf"}) {
@@ -194,6 +186,4 @@ BOOST_AUTO_TEST_CASE(a_capturing_stream_is_refused_and_nothing_is_counted) {
     BOOST_TEST(diff == 0.0);
   }
   cudaStreamDestroy(caller);
-  for (float* d : device)
-    cudaFree(d);
 }
