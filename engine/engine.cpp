@@ -406,17 +406,19 @@ error engine::gather_params(const std::vector<tensor_span>& out) {
     }
     compute_backend& be = *d.ranks[r].backend;
     const error device = on_backend("gather_params", r, [&] {
+      std::vector<copy_span> spans;  // to device buffers: one copy_spans call
       for (size_t i = 0; i < pl.params.size(); ++i) {
         const auto& p = pl.params[i];
         int64_t n = valid_len(p, r);
         if (!target[i] || n <= 0)
           continue;
         if (on_device[i])
-          be.copy(target[i] + r * p.shard_len, device_shard.data + p.shard_offset, n);
+          spans.push_back({device_shard.data + p.shard_offset, target[i] + r * p.shard_len, n});
         else
           std::memcpy(target[i] + r * p.shard_len, shard.data() + p.shard_offset,
                       n * sizeof(float));
       }
+      be.copy_spans(spans);
       be.synchronize();  // the caller may use its buffers when this returns
     });
     if (device)

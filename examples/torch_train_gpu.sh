@@ -10,7 +10,8 @@
 #
 # With the device tool: run(command="bash examples/torch_train_gpu.sh", carry=[".carry"]).
 # STEPS=N changes the step count; ARGS="..." adds options of torch_train.py (e.g. ARGS="--d-model
-# 768 --heads 12 --layers 12 --zmuon-comm nccl"); DEVICES="cuda" runs only the given devices.
+# 768 --heads 12 --layers 12 --zmuon-comm nccl"); DEVICES="cuda" runs only the given devices;
+# BENCH=bench/torch_optim_step.py runs that script instead (the optimizer step in its parts).
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -54,7 +55,7 @@ run() {
     local backend=host
     [[ $dev == cuda ]] && backend=cuda  # zmuon's own CUDA backend beside PyTorch's
     # shellcheck disable=SC2086
-    python3 examples/torch_train.py --steps "${STEPS:-200}" --device "$dev" \
+    python3 "${BENCH:-examples/torch_train.py}" --steps "${STEPS:-200}" --device "$dev" \
       --zmuon-backend "$backend" ${ARGS:-} >"$out/torch_train_$dev.log" 2>&1 || rc=1
     grep '^#' "$out/torch_train_$dev.log"
     tail -3 "$out/torch_train_$dev.log"

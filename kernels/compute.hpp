@@ -97,6 +97,14 @@ struct copy_piece {
   int64_t n = 0;
 };
 
+/// One of the copies of copy_spans(): `n` floats from `src` to `dst`, both memory the backend
+/// reaches (its buffers, or on CUDA any device memory).
+struct copy_span {
+  const float* src = nullptr;
+  float* dst = nullptr;
+  int64_t n = 0;
+};
+
 /// What accumulate_scanned() writes into its destination: the source, the sum of both, or zeros.
 enum class accumulate_mode { copy, add, zero };
 
@@ -151,6 +159,13 @@ public:
   virtual void copy_pieces(float* dst, const std::vector<copy_piece>& pieces) {
     for (const copy_piece& p : pieces)
       copy(dst + p.dst_offset, p.src, p.n);
+  }
+  /// copy() of each span (the destinations do not overlap each other or a source): one
+  /// parameter shard to each of many caller buffers. The CUDA backend copies up to 64 spans a
+  /// kernel instead of a cudaMemcpyAsync each.
+  virtual void copy_spans(const std::vector<copy_span>& spans) {
+    for (const copy_span& s : spans)
+      copy(s.dst, s.src, s.n);
   }
   virtual void fill_zero(float* x, int64_t n) = 0;
   /// dst (a buffer of this backend) += host_src (pageable host memory, reusable on return):

@@ -293,6 +293,32 @@ BOOST_AUTO_TEST_CASE(copy_units_equals_memcpy_piece_by_piece) {
   BOOST_TEST(std::memcmp(got.data(), expected.data(), units * sizeof(uint16_t)) == 0);
 }
 
+// copy_spans (gather_params into the caller's device buffers): one source buffer to 100 spans of
+// 0 to 40,000 floats in another, on the host backend and on CUDA; the same floats land, and
+// nothing between the spans is written.
+BOOST_AUTO_TEST_CASE(copy_spans_equal_on_host_and_cuda) {
+  const int64_t n = 1'000'000;
+  const std::vector<float> src_host = random_vector(n, 1.0f), dst_host = random_vector(n);
+  std::vector<float> results[2];
+  for (int b = 0; b < 2; ++b) {
+    compute_backend& be = b == 0 ? *env().host : *env().gpu;
+    device_buffer src = upload(be, src_host), dst = upload(be, dst_host);
+    std::vector<copy_span> spans;
+    int64_t from = 7, to = 1;
+    for (int k = 0; k < 100; ++k) {
+      const int64_t len = k % 13 == 0 ? 0 : k % 29 == 0 ? 40'000 : (k * 577) % 3000 + 1;
+      spans.push_back({src.data() + from, dst.data() + to, len});
+      from += len + 1;
+      to += len + 2;
+    }
+    BOOST_REQUIRE_LT(std::max(from, to), n);
+    be.copy_spans(spans);
+    results[b] = download(be, dst.data(), n);
+  }
+  BOOST_TEST(results[0] != dst_host);
+  BOOST_TEST(std::memcmp(results[0].data(), results[1].data(), n * sizeof(float)) == 0);
+}
+
 BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
   compute_backend& gpu = *env().gpu;
   const int64_t n = 1'000'003;

@@ -57,6 +57,7 @@ public:
   void copy_to_host(float* host_dst, const float* src, int64_t n) override;
   /// dst and src must not overlap (cudaMemcpy's rule; the host backend allows it).
   void copy(float* dst, const float* src, int64_t n) override;
+  void copy_spans(const std::vector<copy_span>& spans) override;
   void copy_pieces(float* dst, const std::vector<copy_piece>& pieces) override;
   void fill_zero(float* x, int64_t n) override;
 

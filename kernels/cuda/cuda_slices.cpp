@@ -1,6 +1,6 @@
-// The CUDA backend's calls over several parameters (compute_backend's *_slices calls and
-// copy_pieces): each names the span of every buffer its slices touch (stream_set.hpp) and runs
-// elementwise.cu's slice kernels, up to 64 slices a launch.
+// The CUDA backend's calls over several parameters (compute_backend's *_slices calls,
+// copy_pieces and copy_spans): each names the span of every buffer its slices touch
+// (stream_set.hpp) and runs elementwise.cu's slice kernels, up to 64 slices a launch.
 
 #include <algorithm>
 #include <cstdint>
@@ -85,6 +85,35 @@ void cuda_compute::copy_pieces(float* dst, const std::vector<copy_piece>& pieces
   const launch_guard guard = activate({touched{dst, static_cast<size_t>(end) * sizeof(float)}});
   const call_timer timer(*this, "copy", ctx_.stream);
   launch_copy_pieces(guard, dst, pieces);
+}
+
+void cuda_compute::copy_spans(const std::vector<copy_span>& spans) {
+  // The bounds of the sources and of the destinations, for the lanes' order (a bound wider than
+  // the memory can only make a lane's later work wait longer, never less).
+  const float* src_lo = nullptr;
+  const float* src_hi = nullptr;
+  float* dst_lo = nullptr;
+  float* dst_hi = nullptr;
+  std::vector<unit_piece> pieces;
+  for (const copy_span& s : spans) {
+    if (s.n <= 0 || s.src == s.dst)
+      continue;
+    src_lo = src_lo == nullptr ? s.src : std::min(src_lo, s.src);
+    src_hi = std::max(src_hi, s.src + s.n);
+    dst_lo = dst_lo == nullptr ? s.dst : std::min(dst_lo, s.dst);
+    dst_hi = std::max(dst_hi, s.dst + s.n);
+    pieces.push_back(unit_piece{reinterpret_cast<const uint16_t*>(s.src),
+                                reinterpret_cast<uint16_t*>(s.dst), 2 * s.n});
+  }
+  if (pieces.empty())
+    return;
+  const auto bytes = [](const float* lo, const float* hi) {
+    return static_cast<size_t>(hi - lo) * sizeof(float);
+  };
+  const launch_guard guard =
+      activate({touched{dst_lo, bytes(dst_lo, dst_hi)}, touched{src_lo, bytes(src_lo, src_hi)}});
+  const call_timer timer(*this, "copy", ctx_.stream);
+  launch_copy_units(guard, pieces);
 }
 
 }  // namespace zmuon::gpu
