@@ -49,8 +49,8 @@ expected<call_times> engine::take_backend_call_times(int rank) {
   if (!be)
     return be.err();
   call_times times;
-  if (auto err = on_backend("take_backend_call_times", rank,
-                            [&] { times = (*be)->take_call_times(); }))
+  if (auto err =
+          on_backend("take_backend_call_times", rank, [&] { times = (*be)->take_call_times(); }))
     return err;
   return times;
 }
