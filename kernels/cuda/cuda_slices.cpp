@@ -88,30 +88,28 @@ void cuda_compute::copy_pieces(float* dst, const std::vector<copy_piece>& pieces
 }
 
 void cuda_compute::copy_spans(const std::vector<copy_span>& spans) {
-  // The bounds of the sources and of the destinations, for the lanes' order (a bound wider than
-  // the memory can only make a lane's later work wait longer, never less).
-  const float* src_lo = nullptr;
-  const float* src_hi = nullptr;
-  float* dst_lo = nullptr;
-  float* dst_hi = nullptr;
+  // The bounds of the sources and of the destinations (addresses: the destinations are separate
+  // allocations), for the lanes' order: a bound wider than the memory can only make a lane's
+  // later work wait longer, never less.
+  uintptr_t src_lo = UINTPTR_MAX, src_hi = 0, dst_lo = UINTPTR_MAX, dst_hi = 0;
+  const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
   std::vector<unit_piece> pieces;
   for (const copy_span& s : spans) {
     if (s.n <= 0 || s.src == s.dst)
       continue;
-    src_lo = src_lo == nullptr ? s.src : std::min(src_lo, s.src);
-    src_hi = std::max(src_hi, s.src + s.n);
-    dst_lo = dst_lo == nullptr ? s.dst : std::min(dst_lo, s.dst);
-    dst_hi = std::max(dst_hi, s.dst + s.n);
+    const size_t bytes = static_cast<size_t>(s.n) * sizeof(float);
+    src_lo = std::min(src_lo, at(s.src));
+    src_hi = std::max(src_hi, at(s.src) + bytes);
+    dst_lo = std::min(dst_lo, at(s.dst));
+    dst_hi = std::max(dst_hi, at(s.dst) + bytes);
     pieces.push_back(unit_piece{reinterpret_cast<const uint16_t*>(s.src),
                                 reinterpret_cast<uint16_t*>(s.dst), 2 * s.n});
   }
   if (pieces.empty())
     return;
-  const auto bytes = [](const float* lo, const float* hi) {
-    return static_cast<size_t>(hi - lo) * sizeof(float);
-  };
   const launch_guard guard =
-      activate({touched{dst_lo, bytes(dst_lo, dst_hi)}, touched{src_lo, bytes(src_lo, src_hi)}});
+      activate({touched{reinterpret_cast<const void*>(dst_lo), dst_hi - dst_lo},
+                touched{reinterpret_cast<const void*>(src_lo), src_hi - src_lo}});
   const call_timer timer(*this, "copy", ctx_.stream);
   launch_copy_units(guard, pieces);
 }
