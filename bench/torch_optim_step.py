@@ -13,6 +13,7 @@ examples/torch_train_gpu.sh` (the carried libzmuon; see that script).
 """
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -56,7 +57,6 @@ def main():
     batches = [tt.synthetic_batch(args, s, device) for s in range(args.steps)]
     n_params = sum(p.numel() for p in base.parameters())
 
-    import copy
     model_z, model_t = copy.deepcopy(base), copy.deepcopy(base)
     z = tt.ZmuonStep(model_z, args)
     t = tt.TorchStep(model_t, args, z.muon_names)
