@@ -37,12 +37,6 @@ error bad(const std::string& path, const std::string& what) {
   return {errc::io_error, in_quotes(path) + ": " + what};
 }
 
-std::string shard_file_name(int rank) {
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);
-  return buf;
-}
-
 std::string step_dir_name(uint64_t step) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "step_%08llu", static_cast<unsigned long long>(step));
@@ -294,63 +288,88 @@ expected<checkpoint_manifest> parse_manifest(const std::string& text, const std:
   return m;
 }
 
-expected<std::string> write_checkpoint(const std::string& dir, const plan& pl,
-                                       const std::vector<rank_state>& states,
-                                       checkpoint_manifest meta,
-                                       const after_shard_file& after_file) {
-  if (static_cast<int>(states.size()) != pl.world)
-    return error{errc::internal, "write_checkpoint: " + std::to_string(states.size())
-                                     + " rank states for world " + std::to_string(pl.world)};
-  for (const auto& s : states)
-    if (static_cast<int64_t>(s.params.size()) != pl.shard_total
-        || static_cast<int64_t>(s.momentum.size()) != pl.muon_state_total
-        || static_cast<int64_t>(s.exp_avg.size()) != pl.adam_state_total
-        || static_cast<int64_t>(s.exp_avg_sq.size()) != pl.adam_state_total)
-      return error{errc::internal, "write_checkpoint: a rank state does not fit the plan"};
+std::string shard_file_name(int rank) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);
+  return buf;
+}
+
+std::string checkpoint_dir_name(uint64_t step, int suffix) {
+  return suffix == 0 ? step_dir_name(step) : step_dir_name(step) + "_" + std::to_string(suffix);
+}
+
+expected<int> create_checkpoint_dir(const std::string& dir, uint64_t step) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
     return error{errc::io_error,
                  "cannot create checkpoint directory " + in_quotes(dir) + ": " + ec.message()};
-  // A fresh directory for this checkpoint: never overwrite one `latest` may name.
-  std::string name = step_dir_name(meta.step);
-  for (int k = 1; fs::exists(fs::path(dir) / name, ec); ++k)
-    name = step_dir_name(meta.step) + "_" + std::to_string(k);
-  const std::string out = (fs::path(dir) / name).string();
+  int k = 0;
+  while (fs::exists(fs::path(dir) / checkpoint_dir_name(step, k), ec))
+    ++k;
+  const std::string out = (fs::path(dir) / checkpoint_dir_name(step, k)).string();
   fs::create_directory(out, ec);
   if (ec)
     return error{errc::io_error, "cannot create " + in_quotes(out) + ": " + ec.message()};
+  return k;
+}
 
+expected<checkpoint_file> write_shard_file(const std::string& out, const plan& pl, int rank,
+                                           const rank_state& st, uint64_t step) {
+  if (static_cast<int64_t>(st.params.size()) != pl.shard_total
+      || static_cast<int64_t>(st.momentum.size()) != pl.muon_state_total
+      || static_cast<int64_t>(st.exp_avg.size()) != pl.adam_state_total
+      || static_cast<int64_t>(st.exp_avg_sq.size()) != pl.adam_state_total)
+    return error{errc::internal, "write_shard_file: rank " + std::to_string(rank)
+                                     + "'s state does not fit the plan"};
+  std::vector<named_tensor> tensors;
+  for (const auto& p : pl.params) {
+    int64_t n = valid_of(p.numel, pl.world, rank);
+    for (const auto& k : state_kinds) {
+      if (!has_kind(k, p.muon))
+        continue;
+      const float* src = (st.*k.buffer).data() + offset_in(k, p);
+      tensors.push_back({k.prefix + p.name, {n}, std::vector<float>(src, src + n)});
+    }
+  }
+  auto bytes = encode_safetensors(tensors, {{"format", "zmuon-shard"},
+                                            {"rank", std::to_string(rank)},
+                                            {"world", std::to_string(pl.world)},
+                                            {"step", std::to_string(step)}});
+  if (!bytes)
+    return bytes.err();
+  std::string file = shard_file_name(rank);
+  if (auto err = write_file_atomically((fs::path(out) / file).string(), *bytes))
+    return err;
+  return checkpoint_file{file, rank, bytes->size(), crc32_of(*bytes)};
+}
+
+error commit_checkpoint(const std::string& dir, const std::string& name, const plan& pl,
+                        checkpoint_manifest meta) {
+  const std::string out = (fs::path(dir) / name).string();
+  if (static_cast<int>(meta.files.size()) != pl.world)
+    return {errc::internal, "commit_checkpoint: " + std::to_string(meta.files.size())
+                                + " shard files for world " + std::to_string(pl.world)};
+  std::error_code ec;
+  for (int r = 0; r < pl.world; ++r) {
+    const checkpoint_file& f = meta.files[r];
+    const std::string path = (fs::path(out) / shard_file_name(r)).string();
+    if (f.rank != r || f.name != shard_file_name(r))
+      return {errc::internal, "commit_checkpoint: file entry " + std::to_string(r) + " is "
+                                  + in_quotes(f.name) + " of rank " + std::to_string(f.rank)};
+    auto size = fs::file_size(path, ec);
+    if (ec || size != f.bytes)
+      return {errc::io_error,
+              "rank " + std::to_string(r) + "'s shard file " + in_quotes(path)
+                  + (ec ? " is not there" : " has " + std::to_string(size) + " bytes, not "
+                                                + std::to_string(f.bytes))
+                  + " after it was written: the checkpoint directory must be one every process "
+                    "of the job sees"};
+  }
   meta.world = pl.world;
   meta.params.clear();
   for (const auto& p : pl.params)
     meta.params.push_back({p.name, p.shape, p.muon});
-  meta.files.clear();
-  for (int r = 0; r < pl.world; ++r) {
-    const rank_state& st = states[r];
-    std::vector<named_tensor> tensors;
-    for (const auto& p : pl.params) {
-      int64_t n = valid_of(p.numel, pl.world, r);
-      for (const auto& k : state_kinds) {
-        if (!has_kind(k, p.muon))
-          continue;
-        const float* src = (st.*k.buffer).data() + offset_in(k, p);
-        tensors.push_back({k.prefix + p.name, {n}, std::vector<float>(src, src + n)});
-      }
-    }
-    auto bytes = encode_safetensors(tensors, {{"format", "zmuon-shard"},
-                                              {"rank", std::to_string(r)},
-                                              {"world", std::to_string(pl.world)},
-                                              {"step", std::to_string(meta.step)}});
-    if (!bytes)
-      return bytes.err();
-    std::string file = shard_file_name(r);
-    if (auto err = write_file_atomically((fs::path(out) / file).string(), *bytes))
-      return err;
-    meta.files.push_back({file, r, bytes->size(), crc32_of(*bytes)});
-    if (after_file)
-      after_file(r + 1);
-  }
   if (auto err =
           write_file_atomically((fs::path(out) / manifest_name).string(), manifest_text(meta)))
     return err;
@@ -376,7 +395,7 @@ expected<std::string> write_checkpoint(const std::string& dir, const plan& pl,
       fs::remove_all(entry.path(), ignored);
     }
   }
-  return out;
+  return {};
 }
 
 expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& target) {

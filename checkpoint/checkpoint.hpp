@@ -16,7 +16,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -51,16 +50,33 @@ struct checkpoint_manifest {
   std::vector<checkpoint_file> files;
 };
 
-/// Called after each shard file of a save is on disk, with the count so far (fault injection).
-using after_shard_file = std::function<void(int files_written)>;
+// A save in three parts, so that each process of a multi-process job writes its own ranks'
+// shard files and the first one alone names the directory and commits (engine_checkpoint.cpp):
+//   create_checkpoint_dir  (once)      a fresh directory for the step
+//   write_shard_file       (per rank)  its shard file, atomically
+//   commit_checkpoint      (once)      the manifest, then `latest`, then the older ones removed
 
-/// Writes one checkpoint of `states` (one per rank of `pl`) under `dir` (created if missing) and
-/// returns the checkpoint's own directory. `meta` gives step, AdamW steps, scaler and config; the
-/// world, table and files are filled in here.
-expected<std::string> write_checkpoint(const std::string& dir, const plan& pl,
-                                       const std::vector<rank_state>& states,
-                                       checkpoint_manifest meta,
-                                       const after_shard_file& after_file = {});
+/// Creates `dir` if missing and in it a fresh directory for `step`: step_NNNNNNNN, or
+/// step_NNNNNNNN_K with the first K >= 1 not taken (never one `latest` may name). Returns K
+/// (0: no suffix); checkpoint_dir_name(step, K) is its name.
+expected<int> create_checkpoint_dir(const std::string& dir, uint64_t step);
+std::string checkpoint_dir_name(uint64_t step, int suffix);
+
+/// rank_NNNNN.safetensors: rank `rank`'s shard file in a checkpoint directory.
+std::string shard_file_name(int rank);
+
+/// Writes rank `rank`'s shard file (its real elements) into the checkpoint directory `out` and
+/// returns its entry for the manifest.
+expected<checkpoint_file> write_shard_file(const std::string& out, const plan& pl, int rank,
+                                           const rank_state& state, uint64_t step);
+
+/// Writes dir/name/manifest.json from `meta` (step, AdamW steps, scaler, config and every
+/// rank's file entry, in rank order; world and table are filled in here from `pl`), then points
+/// `latest` at it and removes the checkpoints older than the one `latest` named before. A shard
+/// file that is not there with the size its entry says (another process's, on a directory not
+/// shared with this one) is an error, and nothing is committed.
+error commit_checkpoint(const std::string& dir, const std::string& name, const plan& pl,
+                        checkpoint_manifest meta);
 
 struct loaded_checkpoint {
   std::string path;  // the checkpoint's directory

@@ -1,5 +1,11 @@
 // engine::save_checkpoint / load_checkpoint / last_step over checkpoint/checkpoint.hpp: the
 // stores' and loss scalers' state in, the files out, and back (resharded by the reader).
+//
+// One process or several, the same steps: each process handles its own ranks, and the processes
+// agree through sum_over_nodes (the identity in one process) on a slot per rank that the
+// process running it fills. A process that fails still takes part in every agreement, so the
+// others end with an error naming it instead of waiting for it. The checkpoint directory must be
+// one every process sees (a shared filesystem).
 #include <csignal>
 
 #include <nlohmann/json.hpp>
@@ -9,68 +15,180 @@
 
 namespace zmuon {
 
+namespace {
+
+/// The first rank whose slot (`width` values from `first`, one slot per rank) does not start
+/// with 1, or -1.
+int first_failed(const std::vector<double>& slots, size_t first, int width, int world) {
+  for (int r = 0; r < world; ++r)
+    if (slots[first + static_cast<size_t>(r) * width] != 1.0)
+      return r;
+  return -1;
+}
+
+}  // namespace
+
 error engine::save_checkpoint(const std::string& dir, const std::string& config_json) {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
-  if (d.multi_node())
-    return {errc::unsupported, "save_checkpoint in a multi-process job is not supported yet"};
-  if (d.micros[0] != 0)
-    return {errc::bad_state, "save_checkpoint with micro-batches of step "
-                                 + std::to_string(d.step + 1)
-                                 + " handed over (save between steps)"};
+  const int world = d.opts.world;
+  const bool lead = d.first_rank == 0;  // names the directory and commits
+
+  // 1. This process's ranks' state. A failure here still joins the agreements below.
+  error own;
   checkpoint_manifest meta;
-  meta.config = nlohmann::json::parse(config_json, nullptr, false);
-  if (meta.config.is_discarded())
-    return {errc::invalid_argument, "save_checkpoint: the config is not valid JSON"};
   meta.step = d.step;
+  meta.config = nlohmann::json::parse(config_json, nullptr, false);
   std::vector<rank_state> states;
-  for (int r = 0; r < d.opts.world; ++r) {
-    auto st = d.ask<rank_state>(d.ranks[r].store, snapshot_atom::value);
-    if (!st)
-      return st.err();
-    auto sc = d.ask<loss_scale_snapshot>(d.ranks[r].scaler, scaler_state_atom::value);
-    if (!sc)
-      return sc.err();
-    if (r == 0) {
-      meta.adam_steps = st->adam_steps;
-      meta.scaler = *sc;
-    } else if (st->adam_steps != meta.adam_steps || sc->scale != meta.scaler.scale
-               || sc->iter != meta.scaler.iter) {
-      return {errc::internal, "rank " + std::to_string(r) + " disagrees with rank 0 on the AdamW "
-                                  "step count or the loss scale"};
+  std::vector<loss_scale_snapshot> scalers;
+  if (meta.config.is_discarded())
+    own = {errc::invalid_argument, "save_checkpoint: the config is not valid JSON"};
+  for (int i = 0; !own && i < d.local; ++i) {
+    if (d.micros[i] != 0) {
+      own = {errc::bad_state, "save_checkpoint with micro-batches of step "
+                                  + std::to_string(d.step + 1)
+                                  + " handed over (save between steps)"};
+      break;
+    }
+    auto st = d.ask<rank_state>(d.ranks[i].store, snapshot_atom::value);
+    auto sc = d.ask<loss_scale_snapshot>(d.ranks[i].scaler, scaler_state_atom::value);
+    if (!st || !sc) {
+      own = st ? sc.err() : st.err();
+      break;
     }
     states.push_back(std::move(*st));
+    scalers.push_back(*sc);
   }
+
+  // 2. The lead makes the step's directory; every process says whether its ranks are ready.
+  //    Slot 0: the directory's suffix + 1 (0: none made); then one per rank.
+  std::vector<double> ready(world + 1, 0.0);
+  if (lead && !own) {
+    auto suffix = create_checkpoint_dir(dir, d.step);
+    if (suffix)
+      ready[0] = *suffix + 1;
+    else
+      own = suffix.err();
+  }
+  for (int i = 0; i < d.local; ++i)
+    ready[1 + d.first_rank + i] = own ? 0.0 : 1.0;
+  auto agreed = sum_over_nodes(ready);
+  if (!agreed)
+    return agreed.err();
+  if (own)
+    return own;
+  if (int r = first_failed(*agreed, 1, 1, world); r >= 0 || (*agreed)[0] < 1)
+    return {errc::comm_failure,
+            "save_checkpoint: " + d.process_of(r >= 0 ? r : 0)
+                + " could not prepare its part of the checkpoint (its own error names why)"};
+  const std::string name = checkpoint_dir_name(d.step, static_cast<int>((*agreed)[0]) - 1);
+  const std::string out = dir + "/" + name;
+
+  // 3. Each process writes its ranks' shard files; their entries and counters go round.
+  constexpr int width = 6;  // written, bytes, CRC-32, AdamW steps, loss scale, scaler iteration
+  std::vector<double> files(static_cast<size_t>(world) * width, 0.0);
   const auto& f = d.opts.faults;
-  after_shard_file hook;
-  if (f.kill_in_save_at_step != 0 && f.kill_in_save_at_step == d.step)
-    hook = [after = f.kill_in_save_after_files](int written) {
-      if (written >= after)
-        std::raise(SIGKILL);  // fault injection: the process dies in the middle of the save
-    };
-  auto written = write_checkpoint(dir, *d.pl, states, std::move(meta), hook);
-  return written ? error{} : written.err();
+  for (int i = 0; i < d.local; ++i) {
+    const int r = d.first_rank + i;
+    auto file = write_shard_file(out, *d.pl, r, states[i], d.step);
+    if (!file) {
+      own = file.err();
+      break;
+    }
+    double* slot = files.data() + static_cast<size_t>(r) * width;
+    slot[0] = 1;
+    slot[1] = static_cast<double>(file->bytes);
+    slot[2] = file->crc32;
+    slot[3] = static_cast<double>(states[i].adam_steps);
+    slot[4] = scalers[i].scale;
+    slot[5] = static_cast<double>(scalers[i].iter);
+    if (f.kill_in_save_at_step != 0 && f.kill_in_save_at_step == d.step
+        && i + 1 >= f.kill_in_save_after_files)
+      std::raise(SIGKILL);  // fault injection: the process dies in the middle of the save
+  }
+  auto written = sum_over_nodes(files);
+  if (!written)
+    return written.err();
+  if (own)
+    return own;
+  const std::vector<double>& w = *written;
+  if (int r = first_failed(w, 0, width, world); r >= 0)
+    return {errc::comm_failure, "save_checkpoint: rank " + std::to_string(r)
+                                    + "'s shard file was not written (" + d.process_of(r)
+                                    + " failed: its own error names why)"};
+  for (int r = 1; r < world; ++r)
+    if (w[r * width + 3] != w[3] || w[r * width + 4] != w[4] || w[r * width + 5] != w[5])
+      return {errc::internal, "rank " + std::to_string(r) + " disagrees with rank 0 on the AdamW "
+                                  "step count or the loss scale"};
+
+  // 4. The lead writes the manifest and `latest`; every process learns whether it did.
+  std::vector<double> committed{0.0};
+  if (lead) {
+    meta.adam_steps = states[0].adam_steps;
+    meta.scaler = scalers[0];
+    for (int r = 0; r < world; ++r) {
+      const double* slot = w.data() + static_cast<size_t>(r) * width;
+      meta.files.push_back(
+          {shard_file_name(r), r, static_cast<uint64_t>(slot[1]), static_cast<uint32_t>(slot[2])});
+    }
+    own = commit_checkpoint(dir, name, *d.pl, std::move(meta));
+    committed[0] = own ? 0.0 : 1.0;
+  }
+  auto done = sum_over_nodes(committed);
+  if (!done)
+    return done.err();
+  if (own)
+    return own;
+  if ((*done)[0] != 1.0)
+    return {errc::comm_failure, "save_checkpoint: " + d.process_of(0)
+                                    + " could not commit the checkpoint (its own error names why)"};
+  return {};
 }
 
 expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
-  if (d.multi_node())
-    return error{errc::unsupported, "load_checkpoint in a multi-process job is not supported yet"};
-  if (d.micros[0] != 0)
-    return error{errc::bad_state, "load_checkpoint with micro-batches of step "
-                                      + std::to_string(d.step + 1) + " handed over"};
-  auto loaded = read_checkpoint(dir, *d.pl);
+  const int world = d.opts.world;
+  error own;
+  for (int i = 0; !own && i < d.local; ++i)
+    if (d.micros[i] != 0)
+      own = {errc::bad_state, "load_checkpoint with micro-batches of step "
+                                  + std::to_string(d.step + 1) + " handed over"};
+  auto loaded = own ? expected<loaded_checkpoint>(own) : read_checkpoint(dir, *d.pl);
   if (!loaded)
-    return loaded.err();
+    own = loaded.err();
+  // Every process must have read the same checkpoint: slot per rank {read, step}.
+  std::vector<double> read(static_cast<size_t>(world) * 2, 0.0);
+  for (int i = 0; i < d.local && !own; ++i) {
+    read[2 * (d.first_rank + i)] = 1;
+    read[2 * (d.first_rank + i) + 1] = static_cast<double>(loaded->manifest.step);
+  }
+  auto agreed = sum_over_nodes(read);
+  if (!agreed)
+    return agreed.err();
+  if (own)
+    return own;
+  if (int r = first_failed(*agreed, 0, 2, world); r >= 0)
+    return error{errc::comm_failure, "load_checkpoint: " + d.process_of(r)
+                                         + " could not read the checkpoint (its own error names "
+                                           "why)"};
+  for (int r = 0; r < world; ++r)
+    if ((*agreed)[2 * r + 1] != (*agreed)[1])
+      return error{errc::comm_failure,
+                   "load_checkpoint: " + d.process_of(r) + " read the checkpoint of step "
+                       + std::to_string(static_cast<uint64_t>((*agreed)[2 * r + 1]))
+                       + ", rank 0 that of step "
+                       + std::to_string(static_cast<uint64_t>((*agreed)[1]))
+                       + ": the directory must be one every process sees"};
+
   const auto& m = loaded->manifest;
-  for (int r = 0; r < d.opts.world; ++r) {
-    auto state = std::make_shared<const rank_state>(std::move(loaded->states[r]));
-    if (auto done = d.ask<ack>(d.ranks[r].store, load_state{m.step, state}); !done)
+  for (int i = 0; i < d.local; ++i) {
+    auto state = std::make_shared<const rank_state>(std::move(loaded->states[d.first_rank + i]));
+    if (auto done = d.ask<ack>(d.ranks[i].store, load_state{m.step, state}); !done)
       return done.err();
-    if (auto done = d.ask<ack>(d.ranks[r].scaler, restore_scaler{m.step, m.scaler}); !done)
+    if (auto done = d.ask<ack>(d.ranks[i].scaler, restore_scaler{m.step, m.scaler}); !done)
       return done.err();
   }
   d.step = m.step;

@@ -188,6 +188,21 @@ struct engine::impl {
   /// Local rank `rank`'s compute backend, or why there is none (`call` names the caller).
   expected<compute_backend*> backend_of(int rank, const char* call) const;
   bool multi_node() const { return !node_first_ranks.empty(); }
+  /// Who runs global rank `rank`, for errors: "node 1 (ranks 2-3)", "node 1 (rank 2)", or "rank 2"
+  /// in one process.
+  std::string process_of(int rank) const {
+    if (!multi_node())
+      return "rank " + std::to_string(rank);
+    const auto& firsts = node_first_ranks;
+    size_t n = 0;
+    while (n + 1 < firsts.size() && firsts[n + 1] <= rank)
+      ++n;
+    int last = n + 1 < firsts.size() ? firsts[n + 1] - 1 : opts.world - 1;
+    return "node " + std::to_string(n)
+           + (last == firsts[n]
+                  ? " (rank " + std::to_string(last) + ")"
+                  : " (ranks " + std::to_string(firsts[n]) + "-" + std::to_string(last) + ")");
+  }
   expected<tensor_map> gather_between_nodes();
 };
 

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -36,19 +37,22 @@ inline std::string run_launch(const std::string& args, int* status) {
   return run_command(std::string(ZMUON_LAUNCH) + " " + args, status);
 }
 
-/// zmuon-launch started in the background, stdout and stderr going to `log`. Killed (SIGKILL)
-/// when destroyed if it still runs.
+/// zmuon-launch started in the background, stdout and stderr going to `log`, in the directory
+/// `cwd` (empty: the test's). Killed (SIGKILL) when destroyed if it still runs.
 class launch_process {
 public:
   using clock = std::chrono::steady_clock;
 
-  launch_process(const std::string& args, std::string log) : log_(std::move(log)) {
+  launch_process(const std::string& args, const std::string& log, const std::string& cwd = "")
+      : log_(std::filesystem::absolute(log).string()) {
     std::remove(log_.c_str());
     std::string cmd = "exec " + std::string(ZMUON_LAUNCH) + " " + args + " > " + log_ + " 2>&1";
     pid_ = ::fork();
     BOOST_REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // a test killed midway leaves no job behind
+      if (!cwd.empty() && ::chdir(cwd.c_str()) != 0)
+        std::_Exit(126);
       ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
       std::_Exit(127);
     }

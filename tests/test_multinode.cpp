@@ -1,7 +1,8 @@
 // zmuon-launch as several processes on 127.0.0.1 (real processes, CAF's network layer, free
 // ports): the same weights as one process, a killed node ends the job on the others with a
-// message naming it, nodes that disagree are reported, and a node without a rendezvous gives
-// up in time.
+// message naming it, nodes that disagree are reported, a node without a rendezvous gives up in
+// time, and the job's checkpoints resume bit for bit (or fail by name where the nodes do not
+// share the directory).
 #define BOOST_TEST_MODULE multinode
 #include <boost/test/unit_test.hpp>
 
@@ -9,11 +10,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <memory>
 #include <regex>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "launch/safetensors.hpp"
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -63,14 +69,15 @@ int pid_of_node(const std::string& out, int node) {
   return std::stoi(m[1]);
 }
 
-/// Starts node 0 of `nodes` on a free port; returns its HOST:PORT in `master`.
-std::unique_ptr<launch_process> start_node0(int nodes, const std::string& args,
-                                            std::string& master) {
+/// Starts node 0 of `nodes` on a free port (in directory `cwd`, empty: the test's); returns its
+/// HOST:PORT in `master`.
+std::unique_ptr<launch_process> start_node0(int nodes, const std::string& args, std::string& master,
+                                            const std::string& cwd = "") {
   std::remove("test_mn_rendezvous");
   auto node0 = std::make_unique<launch_process>(
-      "--nodes " + std::to_string(nodes)
-          + " --node-rank 0 --master 127.0.0.1:0 --rendezvous-file test_mn_rendezvous " + args,
-      "test_mn_node0.log");
+      "--nodes " + std::to_string(nodes) + " --node-rank 0 --master 127.0.0.1:0 --rendezvous-file "
+          + fs::absolute("test_mn_rendezvous").string() + " " + args,
+      "test_mn_node0.log", cwd);
   BOOST_REQUIRE_MESSAGE(node0->wait_for_output("rendezvous listening on", 20s), node0->output());
   master.clear();
   for (auto until = launch_process::clock::now() + 5s;
@@ -216,6 +223,8 @@ BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
        "the config of node 1 differs from node 0's at 'optimizer.params.momentum': node 0 has "
        "0.95, node 1 has 0.9"},
       {"--seed 7", "the config of node 1 differs from node 0's at 'launch.seed'"},
+      // Loading a checkpoint is a collective: all nodes resume, or none.
+      {"--resume test_mn_nowhere", "the config of node 1 differs from node 0's at 'launch.resume'"},
   };
   for (const auto& c : cases) {
     BOOST_TEST_CONTEXT(c.node1_args) {
@@ -280,4 +289,151 @@ BOOST_AUTO_TEST_CASE(bad_node_flags_and_a_missing_rendezvous_are_errors) {
       out.find("node 1 found no rendezvous at 127.0.0.1:1 within 500 ms") != std::string::npos,
       out);
   BOOST_TEST(seconds < 10);
+}
+
+namespace {
+
+std::string text_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+bool bit_identical(const std::string& a_path, const std::string& b_path) {
+  auto a = zmuon::read_safetensors(a_path);
+  auto b = zmuon::read_safetensors(b_path);
+  BOOST_REQUIRE(a);
+  BOOST_REQUIRE(b);
+  if (a->size() != b->size())
+    return false;
+  for (size_t i = 0; i < a->size(); ++i)
+    if ((*a)[i].name != (*b)[i].name || (*a)[i].data != (*b)[i].data)
+      return false;
+  return true;
+}
+
+}  // namespace
+
+// A checkpoint of a multi-process job: each node writes its own ranks' shard files, node 0 the
+// manifest and `latest` once all are on disk; every node of the resumed job loads it.
+BOOST_AUTO_TEST_CASE(checkpoints_of_nodes_resume_bit_for_bit) {
+  const std::string common = "--gas 2 --micro-batch 4 --bucket-size 3000 ";
+  const std::string nodes = "--local-nodes 2 --ranks-per-node 2 ";
+  const std::string dir = "test_mn_ckpt";
+  fs::remove_all(dir);
+  int status = 0;
+  auto full = zmuon::test::run_launch(
+      common + nodes + "--steps 8 --save-params test_mn_ckpt_full.safetensors", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), full);
+  auto saved = zmuon::test::run_launch(
+      common + nodes + "--steps 6 --save-checkpoint " + dir + " --every 3", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), saved);
+  BOOST_TEST(text_of(dir + "/latest") == "step_00000006\n");
+  BOOST_TEST(fs::exists(dir + "/step_00000003/manifest.json"));  // the one before is kept
+  auto manifest = nlohmann::json::parse(text_of(dir + "/step_00000006/manifest.json"));
+  BOOST_TEST(manifest["world"] == 4);
+  BOOST_TEST(manifest["files"].size() == 4u);  // two from each node
+
+  auto resumed = zmuon::test::run_launch(common + nodes + "--steps 8 --resume " + dir
+                                             + " --save-params test_mn_ckpt_nodes.safetensors",
+                                         &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), resumed);
+  BOOST_TEST(resumed.find("resumed from " + dir + "/step_00000006 at step 6 (saved by 4 ranks)")
+                 != std::string::npos,
+             resumed);
+  BOOST_TEST(losses(resumed).size() == 2u, resumed);  // steps 7 and 8 only
+  BOOST_TEST(bit_identical("test_mn_ckpt_nodes.safetensors", "test_mn_ckpt_full.safetensors"));
+
+  // The same files resume in one process (4 ranks), within the nodes-vs-one-process tolerance.
+  auto one = zmuon::test::run_launch(common + "--ranks 4 --steps 8 --resume " + dir
+                                         + " --save-params test_mn_ckpt_one.safetensors",
+                                     &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), one);
+  double diff =
+      relative_difference("test_mn_ckpt_one.safetensors", "test_mn_ckpt_full.safetensors");
+  BOOST_TEST_MESSAGE("nodes' checkpoint resumed in one process: max relative difference " << diff);
+  BOOST_TEST(diff <= 1e-6);
+
+  // Every node killed in the save of step 6 after one of its files: `latest` still names step 3,
+  // and the job resumes from there to the same weights.
+  const std::string killed_dir = "test_mn_ckpt_killed";
+  fs::remove_all(killed_dir);
+  auto killed = zmuon::test::run_launch(common + nodes + "--steps 6 --save-checkpoint " + killed_dir
+                                            + " --every 3 --kill-in-save 6:1",
+                                        &status);
+  BOOST_TEST(!exited_with(status, 0), killed);
+  BOOST_TEST(killed.find("node 1 was killed by signal 9") != std::string::npos, killed);
+  BOOST_TEST(text_of(killed_dir + "/latest") == "step_00000003\n");
+  BOOST_TEST(fs::exists(killed_dir + "/step_00000006/rank_00002.safetensors"));  // node 1's first
+  BOOST_TEST(!fs::exists(killed_dir + "/step_00000006/manifest.json"));
+  resumed = zmuon::test::run_launch(common + nodes + "--steps 8 --resume " + killed_dir
+                                        + " --save-params test_mn_ckpt_killed.safetensors",
+                                    &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), resumed);
+  BOOST_TEST(resumed.find("at step 3") != std::string::npos, resumed);
+  BOOST_TEST(bit_identical("test_mn_ckpt_killed.safetensors", "test_mn_ckpt_full.safetensors"));
+
+  // A truncated shard file: every node names it and the job ends, nothing runs.
+  fs::resize_file(dir + "/step_00000006/rank_00003.safetensors", 1000);
+  auto bad = zmuon::test::run_launch(common + nodes + "--steps 8 --resume " + dir, &status);
+  BOOST_TEST(!exited_with(status, 0), bad);
+  for (int node : {0, 1})
+    BOOST_TEST(
+        bad.find("zmuon-launch[node " + std::to_string(node) + "]: cannot resume: io_error: '" + dir
+                 + "/step_00000006/rank_00003.safetensors': file is 1000 bytes")
+            != std::string::npos,
+        bad);
+  BOOST_TEST(losses(bad).empty(), bad);
+}
+
+// Nodes whose checkpoint directories are not the same (here: one relative path from two working
+// directories, as on hosts without a shared filesystem) fail the save and the load by name,
+// without waiting for each other.
+BOOST_AUTO_TEST_CASE(nodes_without_a_shared_checkpoint_directory_fail_by_name) {
+  const std::string dirs[] = {"test_mn_host0", "test_mn_host1"};
+  for (const auto& d : dirs) {
+    fs::remove_all(d);
+    fs::create_directories(d);
+  }
+  const std::string args = "--ranks-per-node 1 --steps 2 --save-checkpoint ck --every 2";
+  std::string master;
+  auto node0 = start_node0(2, args, master, dirs[0]);
+  launch_process node1("--nodes 2 --node-rank 1 --master " + master + " " + args,
+                       "test_mn_node1.log", dirs[1]);
+  BOOST_REQUIRE_MESSAGE(node0->wait(30s), node0->output());
+  BOOST_REQUIRE_MESSAGE(node1.wait(30s), node1.output());
+  BOOST_TEST(!exited_with(node0->status(), 0), node0->output());
+  BOOST_TEST(!exited_with(node1.status(), 0), node1.output());
+  // Node 1 cannot write into the step directory node 0 made (it is not in its own ck/); node 0
+  // names the rank whose file is missing (or node 1 as lost, when it has already gone).
+  BOOST_TEST(node1.output().find("ck/step_00000002/rank_00001.safetensors") != std::string::npos,
+             node1.output());
+  BOOST_TEST((node0->output().find("rank 1's shard file was not written (node 1 (rank 1) "
+                                   "failed: its own error names why)")
+                  != std::string::npos
+              || node0->output().find("node 1 (rank 1) lost") != std::string::npos),
+             node0->output());
+  BOOST_TEST(!fs::exists(dirs[0] + "/ck/latest"));  // nothing committed
+
+  // A checkpoint that only node 0 sees: node 1 cannot read one, node 0 says which node failed.
+  fs::remove_all(dirs[0] + "/ck");
+  int status = 0;
+  auto saved = zmuon::test::run_launch(
+      "--ranks 2 --steps 2 --save-checkpoint " + dirs[0] + "/ck --every 2", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), saved);
+  const std::string resume = "--ranks-per-node 1 --steps 3 --resume ck";
+  node0 = start_node0(2, resume, master, dirs[0]);
+  launch_process node1b("--nodes 2 --node-rank 1 --master " + master + " " + resume,
+                        "test_mn_node1.log", dirs[1]);
+  BOOST_REQUIRE_MESSAGE(node0->wait(30s), node0->output());
+  BOOST_REQUIRE_MESSAGE(node1b.wait(30s), node1b.output());
+  BOOST_TEST(exited_with(node0->status(), 1), node0->output());
+  BOOST_TEST(exited_with(node1b.status(), 1), node1b.output());
+  BOOST_TEST(
+      node1b.output().find("cannot resume: io_error: no checkpoint in 'ck'") != std::string::npos,
+      node1b.output());
+  BOOST_TEST(node0->output().find("cannot resume: comm_failure: load_checkpoint: node 1 (rank 1) "
+                                  "could not read the checkpoint")
+                 != std::string::npos,
+             node0->output());
+  BOOST_TEST(losses(node0->output()).empty(), node0->output());
 }

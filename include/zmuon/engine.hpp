@@ -128,12 +128,17 @@ public:
   /// Saves every rank's state (parameters, momentum, Adam moments, AdamW and loss-scaler
   /// counters, the step) under `dir` (checkpoint/checkpoint.hpp: per-rank safetensors, a
   /// manifest with a CRC-32 per file, atomic writes). `config_json` (JSON text) is stored in the
-  /// manifest. Only between steps (no micro-batch handed over).
+  /// manifest. Only between steps (no micro-batch handed over). In a multi-process job it is a
+  /// collective: each node writes its own ranks' files, the first node the manifest and `latest`
+  /// once all are on disk, and every node returns the same outcome (an error naming the node that
+  /// failed); `dir` must be a directory every node sees.
   error save_checkpoint(const std::string& dir, const std::string& config_json = "null");
 
   /// Restores the state saved under `dir` (a checkpoint directory, or one holding `latest`),
   /// resharding when it was saved with another world size. The same parameters (names, shapes,
-  /// Muon or AdamW) must be registered. Only between steps. Errors name what is wrong.
+  /// Muon or AdamW) must be registered. Only between steps. Errors name what is wrong. In a
+  /// multi-process job a collective: every node reads the checkpoint and keeps its own ranks'
+  /// part; a node that cannot read it, or reads another step's, fails the load on every node.
   expected<checkpoint_info> load_checkpoint(const std::string& dir);
 
   /// Steps done so far (0 for a fresh engine, the checkpoint's step after load_checkpoint).

@@ -109,10 +109,41 @@ int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const s
   return 0;
 }
 
+/// What each checkpoint records of the job, and what a resume compares with the saved run's.
+std::string checkpoint_settings(const zmuon::job_config& job,
+                                const zmuon::example::train_options& topts) {
+  const nlohmann::json settings{{"config", zmuon::config_json(job)}, {"seed", topts.seed}};
+  return settings.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+/// Restores the checkpoint in `dir` (every node of a job calls it: it is a collective there);
+/// `lead` says from where, and names each setting that differs from the saved run's: allowed (a
+/// new learning rate, another world size), but said, since a different seed, for one, means
+/// other data from here on than the saved run would have seen. Returns false on failure.
+bool resume_from(zmuon::engine& eng, const std::string& dir, const std::string& settings, bool lead,
+                 const std::string& who) {
+  auto info = eng.load_checkpoint(dir);
+  if (!info) {
+    std::cerr << who << "cannot resume: " << info.err().to_string() << "\n";
+    return false;
+  }
+  if (!lead)
+    return true;
+  std::printf("resumed from %s at step %llu (saved by %d ranks)\n", info->path.c_str(),
+              static_cast<unsigned long long>(info->step), info->world);
+  std::fflush(stdout);  // before the notes on stderr
+  const auto saved = nlohmann::json::parse(info->config, nullptr, false);
+  if (saved.is_object())
+    for (const std::string& change : zmuon::json_changes(saved, nlohmann::json::parse(settings)))
+      std::fprintf(stderr, "%sresuming with a setting the saved run did not have: %s\n",
+                   who.c_str(), change.c_str());
+  return true;
+}
+
 /// One node of a multi-process job. The node and the engine are the caller's, so that it can
 /// guard their shutdown.
 int run_node_job(const zmuon::job_config& job, zmuon::example::train_options topts,
-                 const node_flags& nf, const std::string& save_params,
+                 const node_flags& nf, const std::string& save_params, const std::string& resume,
                  std::unique_ptr<zmuon::node>& nd, std::unique_ptr<zmuon::engine>& eng) {
   std::string who = "zmuon-launch[node " + std::to_string(nf.node_rank) + "]: ";
   auto master = zmuon::parse_host_port(nf.master);
@@ -136,10 +167,11 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
       return id ? *id : std::string();
     };
 #endif
-  // What every node must agree on: the config (but this node's rank count) and the host loop.
+  // What every node must agree on: the config (but this node's rank count) and the host loop
+  // (a resume is a collective: every node loads the checkpoint, or none).
   auto agreed = zmuon::config_json(job);
   agreed["zmuon"].erase("ranks");
-  agreed["launch"] = {{"steps", topts.steps}, {"seed", topts.seed}};
+  agreed["launch"] = {{"steps", topts.steps}, {"seed", topts.seed}, {"resume", resume}};
   auto joined = zmuon::node::join(nopts, table_lines(topts.model), agreed.dump());
   if (!joined) {
     std::cerr << who << joined.err().message() << "\n";
@@ -162,6 +194,9 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
     return exit_bad_input;
   }
   bool lead = nf.node_rank == 0;
+  topts.checkpoint_config = checkpoint_settings(job, topts);
+  if (!resume.empty() && !resume_from(*eng, resume, topts.checkpoint_config, lead, who))
+    return 1;
   if (lead)
     std::printf(
         "zmuon-launch: %d nodes, %d ranks, gas %d, micro-batch %d, global batch %d, "
@@ -184,8 +219,15 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   if (!records || code != 0) {
     std::string own = records ? "saving the parameters failed" : records.err().to_string();
     std::string lost = nd->explain_failure(own);
-    if (!lost.empty())
-      return exit_node_lost;  // the supervisor said which node, rank and step
+    if (!lost.empty()) {  // the supervisor said which node, rank and step
+      // A failure of this node's own (a file it could not write) is said as well; a
+      // collective's failure or timeout is the lost node's consequence.
+      auto code = records ? zmuon::errc::none : records.err().code();
+      if (code != zmuon::errc::none && code != zmuon::errc::comm_failure
+          && code != zmuon::errc::timeout)
+        std::cerr << who << own << "\n";
+      return exit_node_lost;
+    }
     std::cerr << who << own << "\n";
     return 1;
   }
@@ -197,10 +239,10 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
 }
 
 int run_node(const zmuon::job_config& job, const zmuon::example::train_options& topts,
-             const node_flags& nf, const std::string& save_params) {
+             const node_flags& nf, const std::string& save_params, const std::string& resume) {
   std::unique_ptr<zmuon::node> nd;
   std::unique_ptr<zmuon::engine> eng;
-  int code = run_node_job(job, topts, nf, save_params, nd, eng);
+  int code = run_node_job(job, topts, nf, save_params, resume, nd, eng);
   // Shutting down waits for every actor; should one not stop (a peer vanished mid-message),
   // the process still ends, with the job's exit code.
   std::thread([code] {
@@ -395,11 +437,12 @@ int run(int argc, char** argv) {
     int gpus = zmuon::compute_device_count("cuda");
     job->engine.world = gpus > 0 ? gpus : 1;
   }
-  zmuon::engine_options eopts = job->engine;
-  if (auto err = zmuon::example::apply_fault_flags(faults, eopts.faults)) {
+  // Into the job, so that a node of a multi-process job gets them too.
+  if (auto err = zmuon::example::apply_fault_flags(faults, job->engine.faults)) {
     std::cerr << "zmuon-launch: " << err.message() << "\n";
     return exit_bad_input;
   }
+  zmuon::engine_options eopts = job->engine;
   topts.gas = job->gas;
   topts.micro_batch = job->micro_batch;
   topts.fp16 = eopts.fp16.enabled;
@@ -410,7 +453,7 @@ int run(int argc, char** argv) {
                                                eopts.comm, !node_devices.empty()),
         eopts.timeout_ms, job->heartbeat_timeout_ms + 10'000, node_devices);
   if (nf.nodes > 1)
-    return run_node(*job, topts, nf, save_params);
+    return run_node(*job, topts, nf, save_params, resume);
   if (nf.node_rank != 0) {
     std::cerr << "zmuon-launch: --node-rank " << nf.node_rank << " needs --nodes > " << nf.node_rank
               << "\n";
@@ -425,28 +468,10 @@ int run(int argc, char** argv) {
     std::cerr << "zmuon-launch: " << err.to_string() << "\n";
     return 2;
   }
-  // What each checkpoint records of the job, and what a resume compares with the saved run's.
-  const nlohmann::json settings{{"config", zmuon::config_json(*job)}, {"seed", topts.seed}};
-  topts.checkpoint_config = settings.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  if (!resume.empty()) {
-    auto info = (*eng)->load_checkpoint(resume);
-    if (!info) {
-      std::cerr << "zmuon-launch: cannot resume: " << info.err().to_string() << "\n";
-      return 1;
-    }
-    std::printf("resumed from %s at step %llu (saved by %d ranks)\n", info->path.c_str(),
-                static_cast<unsigned long long>(info->step), info->world);
-    std::fflush(stdout);  // before the notes on stderr
-    // Allowed (a new learning rate, another world size), but said: a different seed, for one,
-    // means other data from here on than the saved run would have seen.
-    const auto saved = nlohmann::json::parse(info->config, nullptr, false);
-    if (saved.is_object()) {
-      for (const std::string& change : zmuon::json_changes(saved, settings))
-        std::fprintf(stderr,
-                     "zmuon-launch: resuming with a setting the saved run did not have: %s\n",
-                     change.c_str());
-    }
-  }
+  topts.checkpoint_config = checkpoint_settings(*job, topts);
+  if (!resume.empty()
+      && !resume_from(**eng, resume, topts.checkpoint_config, true, "zmuon-launch: "))
+    return 1;
   std::printf("zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s\n",
               eopts.world, topts.gas, topts.micro_batch,
               eopts.world * topts.gas * topts.micro_batch, topts.steps,
