@@ -187,6 +187,19 @@ check() {
     timeout 120 "$work/bin/zmuon-launch" --local-nodes 2 --ranks-per-node 1 --backend cuda \
       --comm nccl --steps 3 2>&1 | tail -n 6
     echo "exit ${PIPESTATUS[0]} (with one GPU: non-zero expected)"
+
+    echo "== zmuon-launch, 2 node processes, comm auto on one GPU, a checkpoint saved and resumed"
+    # Both nodes bring the same GPU: the rendezvous makes no NCCL id and the job runs on caf.
+    rm -rf "$work/ckpt_nodes"
+    for args in "--steps 3 --save-checkpoint $work/ckpt_nodes --every 3" \
+      "--steps 5 --resume $work/ckpt_nodes"; do
+      # shellcheck disable=SC2086
+      timeout 120 "$work/bin/zmuon-launch" --local-nodes 2 --ranks-per-node 1 --backend cuda \
+        $args 2>&1 | grep -E "comm|resumed|step +[35] |exit|rror"
+      rc=${PIPESTATUS[0]}
+      echo "exit $rc"
+      [[ $rc -ne 0 ]] && status=1
+    done
   fi
 
   if [[ -n "${SKIP_NS:-}" ]]; then

@@ -78,17 +78,19 @@ error check_options(const engine_options& o) {
   return {};
 }
 
-/// `o` with comm "auto" decided (options.hpp): nccl for an engine of one process (`one_process`)
-/// on cuda with a GPU for each of its ranks, where nccl is built in; caf otherwise.
-engine_options with_comm_decided(engine_options o, bool one_process) {
+/// `o` with comm "auto" decided (options.hpp): nccl where every rank has a GPU of its own
+/// (`own_gpus`) and nccl is built in, caf otherwise. One process: on cuda with a GPU for each
+/// rank; a node of a multi-process job: the rendezvous handed out an NCCL id, which it makes for
+/// "auto" only when every rank of the job has a GPU no other rank lists.
+engine_options with_comm_decided(engine_options o, bool own_gpus) {
   if (o.comm != "auto")
     return o;
   o.comm = "caf";
 #ifdef ZMUON_HAVE_NCCL
-  if (one_process && o.compute == "cuda" && compute_device_count("cuda") >= o.world)
+  if (own_gpus && o.compute == "cuda")
     o.comm = "nccl";
 #else
-  (void)one_process;
+  (void)own_gpus;
 #endif
   return o;
 }
@@ -159,7 +161,8 @@ engine::~engine() {
 }
 
 expected<std::unique_ptr<engine>> engine::create(const engine_options& options) {
-  const engine_options opts = with_comm_decided(options, true);
+  const engine_options opts = with_comm_decided(
+      options, options.compute == "cuda" && compute_device_count("cuda") >= options.world);
   if (auto err = check_options(opts))
     return err;
   if (auto be = make_compute_backend(opts.compute); !be)
@@ -175,7 +178,7 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& options) 
 
 expected<std::unique_ptr<engine>> engine::create(const engine_options& options,
                                                  const node_setup& node) {
-  const engine_options opts = with_comm_decided(options, false);
+  const engine_options opts = with_comm_decided(options, !node.nccl_unique_id.empty());
   if (auto err = check_options(opts))
     return err;
   int local = static_cast<int>(node.comms.size());

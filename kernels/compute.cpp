@@ -3,6 +3,8 @@
 #include "kernels/compute.hpp"
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kernels/host/host_compute.hpp"
 
@@ -13,6 +15,7 @@ namespace zmuon {
 // headers. Fails, with a message, when no usable GPU is present.
 expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend(int device);
 int cuda_device_count();
+std::vector<std::string> cuda_device_ids();
 #endif
 
 expected<std::unique_ptr<compute_backend>> make_compute_backend(const std::string& name) {
@@ -25,6 +28,15 @@ int compute_device_count(const std::string& name) {
     return cuda_device_count();
 #endif
   return name == "host" ? 1 : 0;
+}
+
+std::vector<std::string> compute_device_ids(const std::string& name) {
+#ifdef ZMUON_HAVE_CUDA
+  if (name == "cuda")
+    return cuda_device_ids();
+#endif
+  (void)name;
+  return {};
 }
 
 expected<std::unique_ptr<compute_backend>> make_compute_backend(const std::string& name,

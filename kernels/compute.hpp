@@ -416,4 +416,9 @@ int share_host_blas_threads(int local_ranks);
 /// How many devices backend `name` can use: visible GPUs for cuda (0 without any), 1 for host.
 int compute_device_count(const std::string& name);
 
+/// The devices of backend `name` by a name unique to each physical device, in device order: the
+/// visible GPUs' UUIDs for cuda ("GPU-8c0d..."), none for host. Two processes that list the same
+/// id share that GPU.
+std::vector<std::string> compute_device_ids(const std::string& name);
+
 }  // namespace zmuon

@@ -83,7 +83,8 @@ struct node::impl {
 expected<rendezvous_actor> node::impl::find_rendezvous() {
   auto where = opts.master_host + ":" + std::to_string(opts.master_port);
   if (opts.node_rank == 0) {
-    rendezvous = spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id);
+    rendezvous =
+        spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id, opts.nccl_only_on_own_gpus);
     auto port = sys->middleman().publish(rendezvous, opts.master_port, opts.master_host.c_str(),
                                          /*reuse_addr=*/true);
     if (!port)
@@ -140,7 +141,7 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   auto& d = *n->impl_;
   d.opts = opts;
   d.sys = std::make_unique<caf::actor_system>(d.cfg);
-  join_request req{opts.node_rank, opts.ranks, table, job, {}, {}};
+  join_request req{opts.node_rank, opts.ranks, table, job, {}, {}, opts.gpus};
   for (int i = 0; i < opts.ranks; ++i) {
     d.comms.push_back(spawn_caf_comm(*d.sys, 0, 1));  // rank and world come with connect_peers
     req.comms.push_back(caf::actor_cast<caf::actor>(d.comms.back()));

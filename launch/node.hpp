@@ -33,6 +33,11 @@ struct node_options {
   /// Node 0 only, for the nccl comm backend: makes the unique id (the bytes of ncclGetUniqueId)
   /// that the rendezvous hands to every node (node_setup::nccl_unique_id).
   std::function<std::string()> nccl_unique_id;
+  /// Node 0 only (comm "auto"): make that id only if every rank of the job has a GPU of its own
+  /// (every node's `gpus` one per rank, no GPU listed twice); otherwise the job runs caf.
+  bool nccl_only_on_own_gpus = false;
+  /// The GPUs this node's ranks would run on under nccl (join_request::gpus).
+  std::vector<std::string> gpus;
 };
 
 class node {

@@ -32,6 +32,9 @@ struct join_request {
   std::string job;                 // the job's config (JSON), zmuon.ranks left out
   caf::actor supervisor;           // the node's supervisor
   std::vector<caf::actor> comms;   // the comm actors of its ranks, by local rank
+  /// The GPUs (compute_device_ids) its ranks would run on under the nccl comm, one per rank;
+  /// empty where it cannot run it (host backend, fewer GPUs than ranks, no NCCL built in).
+  std::vector<std::string> gpus;
 };
 
 /// Rendezvous -> node, once every node has joined and all agree.
@@ -41,7 +44,7 @@ struct join_reply {
   std::vector<int32_t> node_first_ranks;  // by node rank; node n has ranks up to the next entry
   std::vector<caf::actor> comms;          // every rank's comm actor, by global rank
   std::vector<caf::actor> supervisors;    // every node's supervisor, by node rank
-  std::string nccl_unique_id;  // the bytes of an ncclUniqueId when zmuon.comm is nccl; else empty
+  std::string nccl_unique_id;  // the bytes of an ncclUniqueId when the job runs the nccl comm
 };
 
 /// Supervisor -> supervisor, every heartbeat interval: alive, and in `step`.
@@ -65,7 +68,7 @@ struct node_done {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_request& x) {
   return f(caf::meta::type_name("join_request"), x.node, x.ranks, x.table, x.job, x.supervisor,
-           x.comms);
+           x.comms, x.gpus);
 }
 
 template <class Inspector>

@@ -1,6 +1,7 @@
 #include "launch/rendezvous.hpp"
 
 #include <map>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -41,6 +42,7 @@ std::string node_name(const join_request& r) {
 struct rendezvous_state {
   int nodes = 0;
   std::function<std::string()> unique_id;
+  bool only_on_own_gpus = false;
   std::map<int32_t, join_request> joined;  // by node rank
   std::map<int32_t, caf::typed_response_promise<join_reply>> waiting;
   std::string failed;  // why the job cannot start (a node lost while the others join)
@@ -73,7 +75,10 @@ void complete(rendezvous_pointer self) {
     reply.comms.insert(reply.comms.end(), req.comms.begin(), req.comms.end());
     reply.supervisors.push_back(req.supervisor);
   }
-  if (st.unique_id)
+  std::vector<join_request> nodes;
+  for (const auto& [node, req] : st.joined)
+    nodes.push_back(req);
+  if (st.unique_id && (!st.only_on_own_gpus || own_gpus(nodes)))
     reply.nccl_unique_id = st.unique_id();
   for (auto& [node, promise] : st.waiting) {
     reply.first_rank = reply.node_first_ranks[node];
@@ -83,9 +88,11 @@ void complete(rendezvous_pointer self) {
 }
 
 rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nodes,
-                                                std::function<std::string()> unique_id) {
+                                                std::function<std::string()> unique_id,
+                                                bool only_on_own_gpus) {
   self->state.nodes = nodes;
   self->state.unique_id = std::move(unique_id);
+  self->state.only_on_own_gpus = only_on_own_gpus;
   // A node that dies while the others still join fails the join at once (not at the timeout).
   self->set_down_handler([=](const caf::down_msg& dm) {
     auto& st = self->state;
@@ -136,8 +143,20 @@ rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nod
 }  // namespace
 
 rendezvous_actor spawn_rendezvous(caf::actor_system& sys, int nodes,
-                                  std::function<std::string()> unique_id) {
-  return sys.spawn(rendezvous_impl, nodes, std::move(unique_id));
+                                  std::function<std::string()> unique_id, bool only_on_own_gpus) {
+  return sys.spawn(rendezvous_impl, nodes, std::move(unique_id), only_on_own_gpus);
+}
+
+bool own_gpus(const std::vector<join_request>& nodes) {
+  std::set<std::string> seen;
+  for (const auto& n : nodes) {
+    if (static_cast<int32_t>(n.gpus.size()) != n.ranks)
+      return false;
+    for (const auto& gpu : n.gpus)
+      if (!seen.insert(gpu).second)
+        return false;
+  }
+  return true;
 }
 
 std::string first_difference(const join_request& base, const join_request& other) {

@@ -26,9 +26,15 @@ namespace zmuon {
 using rendezvous_actor = caf::typed_actor<caf::replies_to<join_request>::with<join_reply>>;
 
 /// `unique_id`, when set, is called once every node has joined; its bytes go to every node as
-/// join_reply::nccl_unique_id (the nccl comm backend's ncclGetUniqueId).
+/// join_reply::nccl_unique_id (the nccl comm backend's ncclGetUniqueId). With
+/// `only_on_own_gpus` (comm "auto") only if every rank has a GPU of its own (own_gpus).
 rendezvous_actor spawn_rendezvous(caf::actor_system& sys, int nodes,
-                                  std::function<std::string()> unique_id = {});
+                                  std::function<std::string()> unique_id = {},
+                                  bool only_on_own_gpus = false);
+
+/// Whether every rank of the joined nodes has a GPU of its own: each node lists one GPU per rank
+/// and no GPU is listed twice (two processes on one host may see the same GPU).
+bool own_gpus(const std::vector<join_request>& nodes);
 
 /// The first difference between node `base`'s and node `other`'s request: parameter table first,
 /// then the config key by key. Empty when they agree.

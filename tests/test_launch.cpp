@@ -117,22 +117,6 @@ BOOST_AUTO_TEST_CASE(progress_on_a_terminal_is_one_updating_line) {
 // --local-nodes on GPUs: each node gets its own run of the visible GPUs, from the launcher's
 // CUDA_VISIBLE_DEVICES (indices or UUIDs) or, unset, from the device count; none when there are
 // fewer GPUs than ranks (the nodes then share them).
-// comm auto across local node processes: nccl only where every node has GPUs of its own, given
-// to all of them (an earlier --comm dropped); otherwise their arguments stay as they are.
-BOOST_AUTO_TEST_CASE(local_nodes_decide_comm_auto_together) {
-  using zmuon::example::args_with_comm_decided;
-  using args = std::vector<std::string>;
-  const args given = {"--backend", "cuda", "--comm", "auto", "--steps", "3"};
-  BOOST_TEST((args_with_comm_decided(given, "auto", true)
-              == args{"--backend", "cuda", "--steps", "3", "--comm", "nccl"}));
-  BOOST_TEST((args_with_comm_decided({"--comm=auto", "--steps", "3"}, "auto", true)
-              == args{"--steps", "3", "--comm", "nccl"}));
-  BOOST_TEST((args_with_comm_decided({"--steps", "3"}, "auto", true)
-              == args{"--steps", "3", "--comm", "nccl"}));
-  BOOST_TEST((args_with_comm_decided(given, "auto", false) == given));
-  BOOST_TEST((args_with_comm_decided(given, "caf", true) == given));
-}
-
 BOOST_AUTO_TEST_CASE(local_nodes_get_their_own_gpus) {
   using zmuon::example::node_visible_devices;
   BOOST_TEST(node_visible_devices(nullptr, 8, 2, 4, 0) == "0,1,2,3");

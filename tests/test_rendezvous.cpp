@@ -1,6 +1,7 @@
 // The rendezvous actor alone, under CAF's testing scheduler: ranks in node-rank order whatever
 // the join order, no answer before every node is in, the first difference between nodes named to
-// all of them, bad joins refused one by one, a node dying while others join, the NCCL id hook.
+// all of them, bad joins refused one by one, a node dying while others join, the NCCL id hook
+// and comm "auto"'s decision from the GPUs the nodes bring.
 // Plus the small pure helpers of the launch (describe_node, parse_host_port).
 #define BOOST_TEST_MODULE rendezvous
 #include <boost/test/unit_test.hpp>
@@ -29,7 +30,7 @@ struct fixture : actor_fixture {
   }
 
   join_request request(int node, int ranks) {
-    join_request req{node, ranks, table, job, idle(), {}};
+    join_request req{node, ranks, table, job, idle(), {}, {}};
     for (int i = 0; i < ranks; ++i)
       req.comms.push_back(idle());
     return req;
@@ -149,6 +150,49 @@ BOOST_FIXTURE_TEST_CASE(the_nccl_unique_id_goes_to_every_node, fixture) {
   BOOST_TEST(made == 1);
   BOOST_TEST(zmuon::test::value_of(a0).nccl_unique_id == std::string("\x01\x00\x02", 3));
   BOOST_TEST(zmuon::test::value_of(a1).nccl_unique_id == std::string("\x01\x00\x02", 3));
+}
+
+// comm "auto" across processes: the id (and so nccl) only when every rank of the job has a GPU
+// of its own. Nodes on one host may see the same GPU; a node without GPUs lists none.
+BOOST_FIXTURE_TEST_CASE(auto_comm_is_nccl_only_on_gpus_of_their_own, fixture) {
+  using gpus = std::vector<std::string>;
+  struct job_case {
+    gpus node0, node1;  // node 0 runs 2 ranks, node 1 one
+    bool nccl;
+  };
+  const job_case cases[] = {
+      {{"GPU-a", "GPU-b"}, {"GPU-c"}, true},
+      {{"GPU-a", "GPU-b"}, {"GPU-a"}, false},  // node 1 shares node 0's first GPU
+      {{"GPU-a", "GPU-a"}, {"GPU-c"}, false},  // two ranks on one GPU
+      {{"GPU-a", "GPU-b"}, {}, false},         // node 1 cannot run nccl (host backend, no GPU)
+      {{"GPU-a"}, {"GPU-c"}, false},           // fewer GPUs than ranks on node 0
+  };
+  for (const auto& c : cases) {
+    BOOST_TEST_CONTEXT("node 0 " << c.node0.size() << " GPUs, node 1 " << c.node1.size()) {
+      int made = 0;
+      auto rdv = keep(zmuon::spawn_rendezvous(
+          sys, 2,
+          [&made] {
+            ++made;
+            return std::string("id");
+          },
+          /*only_on_own_gpus=*/true));
+      auto r0 = request(0, 2), r1 = request(1, 1);
+      r0.gpus = c.node0;
+      r1.gpus = c.node1;
+      auto a0 = ask<join_reply>(rdv, r0);
+      auto a1 = ask<join_reply>(rdv, r1);
+      run();
+      BOOST_TEST(made == (c.nccl ? 1 : 0));
+      for (auto* a : {&a0, &a1})
+        BOOST_TEST(zmuon::test::value_of(*a).nccl_unique_id == (c.nccl ? "id" : ""));
+    }
+  }
+  // comm "nccl": the id whatever the GPUs (the engines then refuse what NCCL cannot run).
+  auto rdv = keep(zmuon::spawn_rendezvous(sys, 1, [] { return std::string("id"); }));
+  auto a = ask<join_reply>(rdv, request(0, 2));
+  run();
+  BOOST_TEST(zmuon::test::value_of(a).nccl_unique_id == "id");
 }
 
 BOOST_AUTO_TEST_CASE(helpers) {

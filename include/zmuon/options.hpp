@@ -111,12 +111,12 @@ struct engine_options {
   muon_options muon;
   adamw_options adamw;
   std::string compute = "host";  // compute backend: host | cuda
-  // Communication backend: caf | nccl | auto. auto is nccl where it applies, an engine of one
-  // process on the cuda backend with a GPU for each rank (nccl built in), and caf otherwise (a
-  // node of a multi-process job takes what the launcher passes: nccl for --local-nodes with GPUs
-  // of its own per node, else caf unless --comm nccl). engine::options() shows the
-  // choice. caf moves device memory through the host, which on one GPU costs far more than
-  // the step (docs/NOTES.md, session 13).
+  // Communication backend: caf | nccl | auto. auto is nccl where every rank has a GPU of its
+  // own on the cuda backend (nccl built in), and caf otherwise: in one process, a GPU for each
+  // rank; in a multi-process job, the rendezvous decides for all nodes from the GPUs each brings
+  // (their UUIDs: one per rank, none listed twice). engine::options() shows the choice. caf
+  // moves device memory through the host, which on one GPU costs far more than the step
+  // (docs/NOTES.md, session 13).
   std::string comm = "auto";
   int64_t timeout_ms = 60'000;  // a request not answered in this time is an error
   std::string trace_dir;        // message trace (DESIGN.md §6) into this directory; empty: the

@@ -569,15 +569,6 @@ expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend(int device)
   }
 }
 
-int cuda_device_count() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return count;
-}
-
 expected<std::unique_ptr<compute_backend>> make_cuda_compute_backend() {
   int device = 0;
   const cudaError_t status = cudaGetDevice(&device);

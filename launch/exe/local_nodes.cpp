@@ -118,15 +118,6 @@ std::vector<std::string> args_without_local_nodes(int argc, char** argv) {
   return without(std::vector<std::string>(argv + 1, argv + argc), "--local-nodes");
 }
 
-std::vector<std::string> args_with_comm_decided(const std::vector<std::string>& args,
-                                                const std::string& comm, bool own_gpus) {
-  if (comm != "auto" || !own_gpus)
-    return args;
-  std::vector<std::string> out = without(args, "--comm");
-  out.insert(out.end(), {"--comm", "nccl"});
-  return out;
-}
-
 int run_local_nodes(int nodes, const std::vector<std::string>& args, long long join_timeout_ms,
                     long long grace_ms, const std::vector<std::string>& node_devices) {
   auto devices_of = [&](int n) {

@@ -30,11 +30,4 @@ std::string node_visible_devices(const char* visible, int device_count, int node
 /// `argv[1..]` without `--local-nodes K` / `--local-nodes=K`.
 std::vector<std::string> args_without_local_nodes(int argc, char** argv);
 
-/// The node processes' `args` with the job's comm `comm` decided where it is "auto": nccl when
-/// every node has GPUs of its own for its ranks (`own_gpus`: node_visible_devices gave each one),
-/// so that all of them agree and node 0 makes the NCCL id; otherwise `args` as they are (each
-/// node's engine then takes caf).
-std::vector<std::string> args_with_comm_decided(const std::vector<std::string>& args,
-                                                const std::string& comm, bool own_gpus);
-
 }  // namespace zmuon::example

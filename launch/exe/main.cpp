@@ -161,11 +161,18 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   nopts.join_timeout_ms = job.engine.timeout_ms;
   nopts.heartbeat_timeout_ms = job.heartbeat_timeout_ms;
 #ifdef ZMUON_HAVE_NCCL
-  if (job.engine.comm == "nccl")  // node 0 makes the id, the rendezvous hands it to every node
+  // Node 0 makes the NCCL id and the rendezvous hands it to every node; for comm "auto" only
+  // when every rank of the job has a GPU of its own, judged from the GPUs each node brings.
+  if (job.engine.compute == "cuda" && job.engine.comm != "caf") {
     nopts.nccl_unique_id = [] {
       auto id = zmuon::make_nccl_unique_id();
       return id ? *id : std::string();
     };
+    nopts.nccl_only_on_own_gpus = job.engine.comm == "auto";
+    auto gpus = zmuon::compute_device_ids("cuda");
+    if (static_cast<int>(gpus.size()) >= job.engine.world)
+      nopts.gpus.assign(gpus.begin(), gpus.begin() + job.engine.world);
+  }
 #endif
   // What every node must agree on: the config (but this node's rank count) and the host loop
   // (a resume is a collective: every node loads the checkpoint, or none).
@@ -200,10 +207,10 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   if (lead)
     std::printf(
         "zmuon-launch: %d nodes, %d ranks, gas %d, micro-batch %d, global batch %d, "
-        "%d steps%s\n",
+        "%d steps%s, comm %s\n",
         nf.nodes, eopts.world, topts.gas, topts.micro_batch,
         eopts.world * topts.gas * topts.micro_batch, topts.steps,
-        topts.fp16 ? ", fp16 loss scaling" : "");
+        topts.fp16 ? ", fp16 loss scaling" : "", eng->options().comm.c_str());
   std::printf("zmuon-launch: %s joined\n", nd->name().c_str());
   std::fflush(stdout);
   zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
@@ -340,9 +347,9 @@ int run(int argc, char** argv) {
            ->check(CLI::IsMember({"host", "cuda"})),
        "zmuon.backend"},
       {app.add_option("--comm", flags.engine.comm,
-                      "communication backend: auto (nccl in one process on cuda with a GPU per "
-                      "rank, else caf) | caf (any world, ranks may share a GPU) | nccl (one GPU "
-                      "per rank) (zmuon.comm)")
+                      "communication backend: auto (nccl on cuda when every rank of the job has "
+                      "a GPU of its own, else caf) | caf (any world, ranks may share a GPU) | "
+                      "nccl (one GPU per rank) (zmuon.comm)")
            ->capture_default_str()
            ->check(CLI::IsMember({"auto", "caf", "nccl"})),
        "zmuon.comm"},
@@ -448,10 +455,8 @@ int run(int argc, char** argv) {
   topts.fp16 = eopts.fp16.enabled;
   if (nf.local_nodes > 0)
     return zmuon::example::run_local_nodes(
-        nf.local_nodes,
-        zmuon::example::args_with_comm_decided(zmuon::example::args_without_local_nodes(argc, argv),
-                                               eopts.comm, !node_devices.empty()),
-        eopts.timeout_ms, job->heartbeat_timeout_ms + 10'000, node_devices);
+        nf.local_nodes, zmuon::example::args_without_local_nodes(argc, argv), eopts.timeout_ms,
+        job->heartbeat_timeout_ms + 10'000, node_devices);
   if (nf.nodes > 1)
     return run_node(*job, topts, nf, save_params, resume);
   if (nf.node_rank != 0) {
@@ -472,10 +477,11 @@ int run(int argc, char** argv) {
   if (!resume.empty()
       && !resume_from(**eng, resume, topts.checkpoint_config, true, "zmuon-launch: "))
     return 1;
-  std::printf("zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s\n",
-              eopts.world, topts.gas, topts.micro_batch,
-              eopts.world * topts.gas * topts.micro_batch, topts.steps,
-              topts.fp16 ? ", fp16 loss scaling" : "");
+  std::printf(
+      "zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s, comm "
+      "%s\n",
+      eopts.world, topts.gas, topts.micro_batch, eopts.world * topts.gas * topts.micro_batch,
+      topts.steps, topts.fp16 ? ", fp16 loss scaling" : "", (*eng)->options().comm.c_str());
   zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
   auto records = zmuon::example::train(**eng, topts, [&](const auto& rec) { show.step(rec); });
   show.done();
