@@ -15,9 +15,13 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <map>
+#include <regex>
+#include <set>
 
 #include "kernels/compute.hpp"
 #include "launch/exe/train.hpp"
@@ -439,6 +443,33 @@ BOOST_AUTO_TEST_CASE(auto_comm_is_nccl_with_a_gpu_per_rank) {
     const std::string expected = world <= gpus ? "nccl" : "caf";
     BOOST_TEST(eng->options().comm == expected, "world " << world << " on " << gpus << " GPU(s)");
   }
+}
+
+// The GPUs' UUIDs, which the rendezvous compares for comm "auto" across processes: one per
+// visible GPU, distinct, in nvidia-smi's form and order (where it runs and lists every GPU).
+BOOST_AUTO_TEST_CASE(device_ids_are_the_gpus_uuids) {
+  const auto ids = compute_device_ids("cuda");
+  BOOST_TEST(static_cast<int>(ids.size()) == compute_device_count("cuda"));
+  BOOST_TEST(std::set<std::string>(ids.begin(), ids.end()).size() == ids.size());
+  const std::regex form("GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}");
+  for (const auto& id : ids)
+    BOOST_TEST(std::regex_match(id, form), id);
+  std::vector<std::string> smi;
+  if (FILE* p = popen("nvidia-smi --query-gpu=uuid --format=csv,noheader 2>/dev/null", "r")) {
+    char line[128];
+    while (std::fgets(line, sizeof line, p)) {
+      std::string id(line);
+      while (!id.empty() && (id.back() == '\n' || id.back() == ' '))
+        id.pop_back();
+      smi.push_back(id);
+    }
+    pclose(p);
+  }
+  BOOST_TEST_MESSAGE("compute_device_ids: " << (ids.empty() ? "none" : ids[0]) << " ...; "
+                                            << "nvidia-smi lists " << smi.size());
+  if (!smi.empty() && std::getenv("CUDA_VISIBLE_DEVICES") == nullptr)
+    BOOST_TEST((smi == ids));
+  BOOST_TEST(compute_device_ids("host").empty());
 }
 
 BOOST_AUTO_TEST_CASE(nccl_with_more_ranks_than_gpus_is_named) {
