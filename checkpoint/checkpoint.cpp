@@ -398,7 +398,13 @@ error commit_checkpoint(const std::string& dir, const std::string& name, const p
   return {};
 }
 
-expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& target) {
+expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& target, int first,
+                                            int count) {
+  const int last = count < 0 ? target.world : first + count;
+  if (first < 0 || last > target.world || first > last)
+    return error{errc::invalid_argument, "read_checkpoint: ranks [" + std::to_string(first) + ", "
+                                             + std::to_string(last) + ") of world "
+                                             + std::to_string(target.world)};
   loaded_checkpoint out;
   // A checkpoint directory, or a directory whose `latest` names one.
   std::error_code ec;
@@ -449,14 +455,37 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
                                              + shape_text(t.shape) + (t.muon ? " muon" : " adamw")};
   }
 
-  // Full tensors of every kind, put together from the shards of all ranks.
-  std::vector<std::map<const state_kind*, std::vector<float>>> full(target.params.size());
-  for (size_t i = 0; i < target.params.size(); ++i)
-    for (const auto& k : state_kinds)
-      if (has_kind(k, target.params[i].muon))
-        full[i][&k].resize(target.params[i].numel);
+  // The target ranks' states, filled straight from the shard files that hold a part of them,
+  // read one at a time: no full tensors, no file this process does not need.
+  out.states.resize(target.world);
+  for (int r = first; r < last; ++r) {
+    rank_state& st = out.states[r];
+    st.params.assign(target.shard_total, 0.0f);
+    st.momentum.assign(target.muon_state_total, 0.0f);
+    st.exp_avg.assign(target.adam_state_total, 0.0f);
+    st.exp_avg_sq.assign(target.adam_state_total, 0.0f);
+    st.adam_steps = m.adam_steps;
+  }
+  // Elements [begin, end) of parameter p that saved rank s holds, and that target ranks
+  // [first, last) hold.
+  auto saved_range = [&](const param_layout& p, int s) {
+    int64_t begin = static_cast<int64_t>(s) * shard_len_of(p.numel, m.world);
+    return std::pair<int64_t, int64_t>{begin, begin + valid_of(p.numel, m.world, s)};
+  };
+  auto wanted_range = [&](const param_layout& p) {
+    return std::pair<int64_t, int64_t>{std::min(p.numel, first * p.shard_len),
+                                       std::min(p.numel, last * p.shard_len)};
+  };
   const std::string expected_step = std::to_string(m.step);
   for (const auto& f : m.files) {
+    bool needed = false;
+    for (const auto& p : target.params) {
+      auto [sb, se] = saved_range(p, f.rank);
+      auto [wb, we] = wanted_range(p);
+      needed = needed || (std::max(sb, wb) < std::min(se, we));
+    }
+    if (!needed)
+      continue;
     const std::string path = (fs::path(out.path) / f.name).string();
     if (!fs::exists(path, ec))
       return error{errc::io_error, "missing shard file " + in_quotes(path) + " (rank "
@@ -476,6 +505,8 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     auto tensors = parse_safetensors(*bytes, path, &meta);
     if (!tensors)
       return tensors.err();
+    bytes->clear();
+    bytes->shrink_to_fit();
     if (meta["format"] != "zmuon-shard" || meta["rank"] != std::to_string(f.rank)
         || meta["world"] != std::to_string(m.world) || meta["step"] != expected_step)
       return bad(path, "shard file was written for rank " + meta["rank"] + " of world "
@@ -486,48 +517,34 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     for (const auto& t : *tensors)
       by_name[t.name] = &t;
     size_t used = 0;
-    for (size_t i = 0; i < target.params.size(); ++i) {
-      const auto& p = target.params[i];
-      int64_t n = valid_of(p.numel, m.world, f.rank);
-      int64_t begin = static_cast<int64_t>(f.rank) * shard_len_of(p.numel, m.world);
-      for (auto& [kind, values] : full[i]) {
-        std::string tname = kind->prefix + p.name;
+    for (const auto& p : target.params) {
+      auto [sb, se] = saved_range(p, f.rank);
+      for (const auto& kind : state_kinds) {
+        if (!has_kind(kind, p.muon))
+          continue;
+        std::string tname = kind.prefix + p.name;
         auto it = by_name.find(tname);
         if (it == by_name.end())
           return bad(path, "shard file lacks tensor " + in_quotes(tname));
-        if (static_cast<int64_t>(it->second->data.size()) != n)
+        if (static_cast<int64_t>(it->second->data.size()) != se - sb)
           return bad(path, "tensor " + in_quotes(tname) + " has "
                                + std::to_string(it->second->data.size()) + " values, rank "
                                + std::to_string(f.rank) + " of world " + std::to_string(m.world)
-                               + " holds " + std::to_string(n));
-        if (n > 0)
-          std::memcpy(values.data() + begin, it->second->data.data(), n * sizeof(float));
+                               + " holds " + std::to_string(se - sb));
         ++used;
+        for (int r = first; r < last; ++r) {  // the part of it each target rank holds
+          int64_t rb = static_cast<int64_t>(r) * p.shard_len;
+          int64_t lo = std::max(sb, rb);
+          int64_t hi = std::min(se, rb + valid_of(p.numel, target.world, r));
+          if (lo < hi)
+            std::memcpy((out.states[r].*kind.buffer).data() + offset_in(kind, p) + (lo - rb),
+                        it->second->data.data() + (lo - sb), (hi - lo) * sizeof(float));
+        }
       }
     }
     if (used != tensors->size())
       return bad(path, "shard file holds " + std::to_string(tensors->size() - used)
                            + " tensors that belong to no parameter of the table");
-  }
-
-  // Split for the target world.
-  out.states.resize(target.world);
-  for (int r = 0; r < target.world; ++r) {
-    rank_state& st = out.states[r];
-    st.params.assign(target.shard_total, 0.0f);
-    st.momentum.assign(target.muon_state_total, 0.0f);
-    st.exp_avg.assign(target.adam_state_total, 0.0f);
-    st.exp_avg_sq.assign(target.adam_state_total, 0.0f);
-    st.adam_steps = m.adam_steps;
-    for (size_t i = 0; i < target.params.size(); ++i) {
-      const auto& p = target.params[i];
-      int64_t n = valid_of(p.numel, target.world, r);
-      int64_t begin = static_cast<int64_t>(r) * p.shard_len;
-      for (auto& [kind, values] : full[i])
-        if (n > 0)
-          std::memcpy((st.*kind->buffer).data() + offset_in(*kind, p), values.data() + begin,
-                      n * sizeof(float));
-    }
   }
   return out;
 }

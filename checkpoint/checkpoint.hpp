@@ -11,8 +11,8 @@
 // manifest is written after all shard files and `latest` after the manifest, so a save that dies
 // halfway leaves `latest` naming the previous complete checkpoint. The two newest complete
 // checkpoints are kept; older ones and incomplete ones are removed after a successful save.
-// Loading reads the shards of every rank back into full tensors and splits them by the target
-// plan, so the world size may differ from the one that saved.
+// Loading splits the saved shards by the target plan, so the world size may differ from the one
+// that saved; a process reads only the shard files its own ranks need.
 #pragma once
 
 #include <cstdint>
@@ -81,15 +81,20 @@ error commit_checkpoint(const std::string& dir, const std::string& name, const p
 struct loaded_checkpoint {
   std::string path;  // the checkpoint's directory
   checkpoint_manifest manifest;
-  std::vector<rank_state> states;  // one per rank of the target plan; gradients empty
+  std::vector<rank_state> states;  // by rank of the target plan: the ranks asked for; gradients
+                                   // empty, and every other rank's state empty too
 };
 
 /// Reads the checkpoint at `dir` (a checkpoint directory, or a directory with `latest`) and
-/// splits it for `target`. Every problem is an error naming the file and what is wrong: no
-/// checkpoint, a manifest that is not valid, a missing shard file, a size or CRC-32 that differs
-/// from the manifest, a shard file that is not valid safetensors or was written for another
-/// rank, world or step, a parameter table that differs from the target's.
-expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& target);
+/// splits it for ranks [first, first + count) of `target` (count -1: all of them). Only the shard
+/// files holding a part of those ranks' shards are read, one at a time, straight into the ranks'
+/// states: a process holds its own ranks' state and one shard file, never the full tensors.
+/// Every problem is an error naming the file and what is wrong: no checkpoint, a manifest that
+/// is not valid, a missing shard file, a size or CRC-32 that differs from the manifest, a shard
+/// file that is not valid safetensors or was written for another rank, world or step, a
+/// parameter table that differs from the target's.
+expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& target,
+                                            int first = 0, int count = -1);
 
 /// The manifest as JSON text, and back (strict: unknown or missing keys, wrong types and
 /// inconsistent values are errors naming the key). `path` names the file in errors.

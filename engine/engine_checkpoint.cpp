@@ -156,7 +156,8 @@ expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
     if (d.micros[i] != 0)
       own = {errc::bad_state, "load_checkpoint with micro-batches of step "
                                   + std::to_string(d.step + 1) + " handed over"};
-  auto loaded = own ? expected<loaded_checkpoint>(own) : read_checkpoint(dir, *d.pl);
+  auto loaded =
+      own ? expected<loaded_checkpoint>(own) : read_checkpoint(dir, *d.pl, d.first_rank, d.local);
   if (!loaded)
     own = loaded.err();
   // Every process must have read the same checkpoint: slot per rank {read, step}.

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
+#include "plan/plan.hpp"
 #include "tests/scratch_dir.hpp"
 
 using namespace zmuon;
@@ -146,6 +147,48 @@ BOOST_AUTO_TEST_CASE(loading_onto_another_world_size_reshards) {
                                      << diff);
     BOOST_TEST(diff <= 1e-6);
   }
+}
+
+// A process of a multi-process job loads only its own ranks: their states equal those of a load
+// of every rank, the other ranks' stay empty, and shard files they do not need are not read.
+BOOST_AUTO_TEST_CASE(a_range_of_ranks_reads_only_the_files_it_needs) {
+  scratch_dir dir;
+  auto a = fresh_engine(4);
+  train_steps(*a, 1, 2);
+  BOOST_REQUIRE(!a->save_checkpoint(dir.path().string()));
+  auto target = make_plan(table, 3, 64);
+  BOOST_REQUIRE(target);
+  auto all = read_checkpoint(dir.path().string(), *target);
+  BOOST_REQUIRE_MESSAGE(all, (all ? "" : all.err().to_string()));
+  for (const auto& [first, count] : std::vector<std::pair<int, int>>{{0, 1}, {1, 2}, {2, 1}}) {
+    auto part = read_checkpoint(dir.path().string(), *target, first, count);
+    BOOST_REQUIRE_MESSAGE(part, (part ? "" : part.err().to_string()));
+    for (int r = 0; r < 3; ++r) {
+      const auto& got = part->states[r];
+      if (r < first || r >= first + count) {
+        BOOST_TEST((got.params.empty() && got.momentum.empty() && got.exp_avg.empty()),
+                   "rank " << r << " of [" << first << ", " << first + count << ")");
+        continue;
+      }
+      const auto& want = all->states[r];
+      BOOST_TEST(same_bits(got.params, want.params), "params of rank " << r);
+      BOOST_TEST(same_bits(got.momentum, want.momentum), "momentum of rank " << r);
+      BOOST_TEST(same_bits(got.exp_avg, want.exp_avg), "exp_avg of rank " << r);
+      BOOST_TEST(same_bits(got.exp_avg_sq, want.exp_avg_sq), "exp_avg_sq of rank " << r);
+      BOOST_TEST(got.adam_steps == want.adam_steps);
+    }
+  }
+  // Target rank 0 of 3 holds the first third of each tensor: saved ranks 0 and 1 of 4, never 3.
+  const auto step_dir = fs::path(all->path);
+  fs::remove(step_dir / "rank_00003.safetensors");
+  auto first_third = read_checkpoint(dir.path().string(), *target, 0, 1);
+  BOOST_TEST(static_cast<bool>(first_third), (first_third ? "" : first_third.err().to_string()));
+  auto last_third = read_checkpoint(dir.path().string(), *target, 2, 1);
+  BOOST_REQUIRE(!last_third);
+  BOOST_TEST(last_third.err().message().find("missing shard file") != std::string::npos,
+             last_third.err().message());
+  BOOST_TEST(
+      !static_cast<bool>(read_checkpoint(dir.path().string(), *target, 2, 2)));  // past the world
 }
 
 BOOST_AUTO_TEST_CASE(loss_scaler_state_is_restored) {
