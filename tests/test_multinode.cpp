@@ -440,3 +440,25 @@ BOOST_AUTO_TEST_CASE(nodes_without_a_shared_checkpoint_directory_fail_by_name) {
              node0->output());
   BOOST_TEST(losses(node0->output()).empty(), node0->output());
 }
+
+// One node dies in the middle of a save (after writing its shard file): the other does not wait
+// for it, names it as lost, and `latest` keeps naming the previous checkpoint.
+BOOST_AUTO_TEST_CASE(a_node_killed_in_the_save_leaves_the_previous_checkpoint) {
+  const std::string dir = fs::absolute("test_mn_ckpt_one_killed").string();
+  fs::remove_all(dir);
+  const std::string args = "--ranks-per-node 1 --steps 4 --save-checkpoint " + dir + " --every 2";
+  std::string master;
+  auto node0 = start_node0(2, args, master);
+  launch_process node1(
+      "--nodes 2 --node-rank 1 --master " + master + " " + args + " --kill-in-save 4:1",
+      "test_mn_node1.log");
+  BOOST_REQUIRE_MESSAGE(node0->wait(30s), node0->output());
+  BOOST_REQUIRE(node1.wait(30s));
+  BOOST_TEST(WIFSIGNALED(node1.status()));
+  BOOST_TEST(exited_with(node0->status(), 3), node0->output());
+  BOOST_TEST(node0->output().find("node 1 (rank 1) lost in step 4") != std::string::npos,
+             node0->output());
+  BOOST_TEST(text_of(dir + "/latest") == "step_00000002\n");
+  BOOST_TEST(fs::exists(dir + "/step_00000004/rank_00001.safetensors"));
+  BOOST_TEST(!fs::exists(dir + "/step_00000004/manifest.json"));
+}
