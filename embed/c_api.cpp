@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "launch/config.hpp"
 #include "plan/plan.hpp"
 #include "zmuon/engine.hpp"
 
@@ -145,6 +146,49 @@ int zmuon_engine_create_from_file(const char* path, const char* const* overrides
   return create("zmuon_engine_create_from_file", out, [&] {
     return zmuon::engine::create_from_file(path, override_list(overrides, n_overrides));
   });
+}
+
+int zmuon_engine_create_node(const char* config_json, const char* const* overrides,
+                             size_t n_overrides, int32_t nodes, int32_t node_rank, int32_t ranks,
+                             const char* master, zmuon_engine** out) {
+  const char* fn = "zmuon_engine_create_node";
+  if (n_overrides > 0 && !overrides)
+    return fail(null_arg(fn, "overrides"));
+  if (!master)
+    return fail(null_arg(fn, "master"));
+  return create(fn, out, [&]() -> zmuon::expected<std::unique_ptr<zmuon::engine>> {
+    auto cfg = zmuon::parse_config_text(config_json ? config_json : "",
+                                        override_list(overrides, n_overrides));
+    if (!cfg)
+      return cfg.err();
+    zmuon::join_options join;
+    join.nodes = nodes;
+    join.node_rank = node_rank;
+    join.ranks = ranks;
+    join.master = master;
+    join.join_timeout_ms = cfg->engine.timeout_ms;
+    join.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms;
+    auto agreed = zmuon::config_json(*cfg);  // what every process must agree on
+    agreed["zmuon"].erase("ranks");
+    join.job = agreed.dump();
+    return zmuon::engine::create_node(cfg->engine, join);
+  });
+}
+
+int zmuon_engine_start(zmuon_engine* eng) {
+  const char* fn = "zmuon_engine_start";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    return eng->eng->start();
+  });
+}
+
+int zmuon_engine_first_rank(const zmuon_engine* eng, int32_t* out) {
+  if (!eng || !out)
+    return fail(null_arg("zmuon_engine_first_rank", eng ? "out" : "eng"));
+  *out = eng->eng->first_rank();
+  return ZMUON_OK;
 }
 
 void zmuon_engine_destroy(zmuon_engine* eng) {

@@ -152,6 +152,8 @@ error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backen
 engine::engine() : impl_(std::make_unique<impl>()) {}
 
 engine::~engine() {
+  if (impl_->leave_job)
+    impl_->leave_job();
   for (auto& r : impl_->ranks)
     stop_rank(r);
   for (auto& c : impl_->rank_comms)
@@ -178,29 +180,36 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& options) 
 
 expected<std::unique_ptr<engine>> engine::create(const engine_options& options,
                                                  const node_setup& node) {
-  const engine_options opts = with_comm_decided(options, !node.nccl_unique_id.empty());
-  if (auto err = check_options(opts))
-    return err;
-  int local = static_cast<int>(node.comms.size());
-  if (!node.system || local < 1 || node.first_rank < 0 || node.first_rank + local > opts.world
-      || node.node_first_ranks.empty())
-    return error{errc::invalid_argument, "node setup: ranks [" + std::to_string(node.first_rank)
-                                             + ", " + std::to_string(node.first_rank + local)
-                                             + ") do not fit in world " + std::to_string(opts.world)
-                                             + " (or no actor system / node table)"};
-  if (auto be = make_compute_backend(opts.compute); !be)
-    return be.err();
   std::unique_ptr<engine> eng(new engine());
-  auto& d = *eng->impl_;
+  if (auto err = eng->impl_->adopt(options, node))
+    return err;
+  return eng;
+}
+
+error engine::impl::adopt(const engine_options& options, const node_setup& node) {
+  engine_options o = with_comm_decided(options, !node.nccl_unique_id.empty());
+  if (node.world > 0)
+    o.world = node.world;
+  if (auto err = check_options(o))
+    return err;
+  int local_ranks = static_cast<int>(node.comms.size());
+  if (!node.system || local_ranks < 1 || node.first_rank < 0
+      || node.first_rank + local_ranks > o.world || node.node_first_ranks.empty())
+    return {errc::invalid_argument, "node setup: ranks [" + std::to_string(node.first_rank) + ", "
+                                        + std::to_string(node.first_rank + local_ranks)
+                                        + ") do not fit in world " + std::to_string(o.world)
+                                        + " (or no actor system / node table)"};
+  if (auto be = make_compute_backend(o.compute); !be)
+    return be.err();
   int node_index = static_cast<int>(
       std::find(node.node_first_ranks.begin(), node.node_first_ranks.end(), node.first_rank)
       - node.node_first_ranks.begin());
-  if (auto err = d.configure(opts, node.system, node.first_rank, local, node_index))
+  if (auto err = configure(o, node.system, node.first_rank, local_ranks, node_index))
     return err;
-  d.comms = node.comms;
-  d.nccl_id = node.nccl_unique_id;
-  d.node_first_ranks = node.node_first_ranks;
-  return eng;
+  comms = node.comms;
+  nccl_id = node.nccl_unique_id;
+  node_first_ranks = node.node_first_ranks;
+  return {};
 }
 
 error engine::impl::check_local(int rank) const {
@@ -209,6 +218,10 @@ error engine::impl::check_local(int rank) const {
   return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside ["
                                       + std::to_string(first_rank) + ", "
                                       + std::to_string(first_rank + local) + ")"};
+}
+
+error engine::start() {
+  return impl_->start();
 }
 
 error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
@@ -236,6 +249,13 @@ error engine::impl::start() {
     return {};
   if (table.empty())
     return {errc::bad_state, "no parameter is registered"};
+  if (join_job && !sys) {  // create_node(): join the job now that the table is known
+    auto joined = join_job(table);
+    if (!joined)
+      return joined.err();
+    if (auto err = adopt(opts, *joined))
+      return err;
+  }
   auto made = make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon);
   if (!made)
     return made.err();
@@ -307,6 +327,8 @@ expected<step_info> engine::step() {
       return err;
   uint64_t step = ++d.step;
   d.host_collectives = 0;
+  if (d.step_started)
+    d.step_started(step);
   if (d.opts.faults.kill_at_step == step)
     std::raise(SIGKILL);  // fault injection: the process dies as this step begins
   step_request req{step, d.muon_lr(step), d.adam_lr(step)};
@@ -357,6 +379,9 @@ expected<step_info> engine::step() {
 
 expected<rank_state> engine::snapshot(int rank) {
   auto& d = *impl_;
+  if (d.join_job)  // a process of a multi-process job knows its ranks once it has joined
+    if (auto err = d.start())
+      return err;
   if (auto err = d.check_local(rank))
     return err;
   if (auto err = d.start())
@@ -392,6 +417,26 @@ error engine::gather_params(const std::vector<tensor_span>& out) {
   // Everything is checked before anything is written.
   if (auto err = index_views(pl, d.opts, out, "buffer for", "buffer for", target, on_device))
     return err;
+  if (d.multi_node()) {
+    // The other processes' shards come over the caf comms (a collective: every node calls it),
+    // into host memory first.
+    auto full = d.gather_between_nodes();
+    if (!full)
+      return full.err();
+    return on_backend("gather_params", d.first_rank, [&] {
+      compute_backend& be = *d.ranks[0].backend;
+      for (size_t i = 0; i < pl.params.size(); ++i) {
+        if (!target[i])
+          continue;
+        const std::vector<float>& v = full->at(pl.params[i].name);
+        if (on_device[i])
+          be.copy_from_host(target[i], v.data(), static_cast<int64_t>(v.size()));
+        else
+          std::memcpy(target[i], v.data(), v.size() * sizeof(float));
+      }
+      be.synchronize();
+    });
+  }
   for (int r = 0; r < pl.world; ++r) {
     std::vector<float> shard;
     float_view device_shard;  // the store's own buffer, when a device buffer is asked for

@@ -20,6 +20,7 @@
 #include "messages/registry.hpp"
 #include "trace/trace.hpp"
 #include "zmuon/engine.hpp"
+#include "zmuon/node_setup.hpp"
 
 namespace zmuon {
 
@@ -102,6 +103,12 @@ struct engine::impl {
   engine_options opts;
   engine_config cfg;
   std::unique_ptr<caf::actor_system> own_sys;  // null when running on a node's actor system
+  // A process made by create_node(): joins the job with the registered table when it starts and
+  // returns the node's setup; the node it made lives in these functions' captures (declared
+  // before the actors' handles, so it is destroyed after them). leave_job: the end-of-job barrier.
+  std::function<expected<node_setup>(const std::vector<param_spec>& table)> join_job;
+  std::function<void()> leave_job;
+  std::function<void(uint64_t step)> step_started;  // tells the node's supervisor
   caf::actor_system* sys = nullptr;
   int first_rank = 0;  // this process runs ranks [first_rank, first_rank + local)
   int local = 0;
@@ -167,6 +174,9 @@ struct engine::impl {
     return {};
   }
   error start();
+  /// Runs on `node`'s actor system as its ranks (engine::create(opts, node), and a joining
+  /// process once it has joined).
+  error adopt(const engine_options& options, const node_setup& node);
   expected<std::vector<std::shared_ptr<compute_backend>>> make_backends() const;
   error spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends);
 

@@ -13,10 +13,14 @@
 #include "caf/io/all.hpp"
 
 #include "comm/caf_comm.hpp"
+#include "kernels/compute.hpp"
 #include "launch/node_supervisor.hpp"
 #include "launch/rendezvous.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
+#ifdef ZMUON_HAVE_NCCL
+#include "comm/nccl_comm.hpp"
+#endif
 
 namespace zmuon {
 
@@ -179,6 +183,7 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
 node_setup node::setup() const {
   node_setup s;
   s.system = impl_->sys.get();
+  s.world = impl_->reply.world;
   s.first_rank = impl_->reply.first_rank;
   for (auto& c : impl_->comms)
     s.comms.push_back(c);
@@ -186,6 +191,39 @@ node_setup node::setup() const {
                             impl_->reply.node_first_ranks.end());
   s.nccl_unique_id = impl_->reply.nccl_unique_id;
   return s;
+}
+
+std::vector<std::string> table_lines(const std::vector<param_spec>& table) {
+  std::vector<std::string> lines;
+  for (const auto& spec : table) {
+    std::string line = spec.name + " [";
+    for (size_t i = 0; i < spec.shape.size(); ++i)
+      line += (i ? ", " : "") + std::to_string(spec.shape[i]);
+    const char* groups[] = {"automatic", "muon", "adamw"};
+    line += "] " + std::string(groups[static_cast<int>(spec.group)]) + ", heads "
+            + std::to_string(spec.heads);
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+void choose_comm(node_options& opts, const std::string& compute, const std::string& comm) {
+#ifdef ZMUON_HAVE_NCCL
+  if (compute != "cuda" || comm == "caf")
+    return;
+  opts.nccl_unique_id = [] {
+    auto id = make_nccl_unique_id();
+    return id ? *id : std::string();
+  };
+  opts.nccl_only_on_own_gpus = comm == "auto";
+  auto gpus = compute_device_ids("cuda");
+  if (static_cast<int>(gpus.size()) >= opts.ranks)
+    opts.gpus.assign(gpus.begin(), gpus.begin() + opts.ranks);
+#else
+  (void)opts;
+  (void)compute;
+  (void)comm;
+#endif
 }
 
 int node::world() const {

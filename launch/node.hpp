@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "zmuon/node_setup.hpp"
+#include "zmuon/param.hpp"
 #include "zmuon/status.hpp"
 
 namespace zmuon {
@@ -74,6 +75,16 @@ private:
   struct impl;
   std::unique_ptr<impl> impl_;
 };
+
+/// The parameter table as the rendezvous compares it: one line per parameter
+/// ("fc1.weight [128, 64] automatic, heads 0").
+std::vector<std::string> table_lines(const std::vector<param_spec>& table);
+
+/// Sets `opts` up for the job's compute backend and comm (`opts.ranks` set): on cuda under comm
+/// nccl or auto, node 0 makes the NCCL id (for auto only when every rank of the job has a GPU of
+/// its own) and the node brings the GPUs its ranks would use (compute_device_ids). Nothing
+/// otherwise, or without NCCL built in.
+void choose_comm(node_options& opts, const std::string& compute, const std::string& comm);
 
 /// "HOST:PORT" -> host and port (0..65535); an error names what is wrong.
 expected<std::pair<std::string, uint16_t>> parse_host_port(const std::string& text);

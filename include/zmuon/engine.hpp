@@ -48,6 +48,23 @@ using lr_schedule = std::function<float(uint64_t step)>;
 struct plan;        // plan/plan.hpp (internal): where every parameter's shards live
 struct node_setup;  // zmuon/node_setup.hpp
 
+/// How a process joins a multi-process job as one of its nodes (engine::create_node): the
+/// launcher's --nodes, --node-rank and --master for an embedder started by torchrun or the like.
+struct join_options {
+  int nodes = 1;      // processes of the job
+  int node_rank = 0;  // this process's, in [0, nodes)
+  /// HOST:PORT of the rendezvous, which node 0 publishes (port 0: a free port, written to
+  /// `rendezvous_file`) and the other nodes find.
+  std::string master = "127.0.0.1:29500";
+  int ranks = 1;  // ranks this process runs (one per GPU under the nccl comm)
+  /// What every process must agree on besides the parameter table (the job's config as JSON
+  /// text); the first difference is named on every process.
+  std::string job = "null";
+  int64_t join_timeout_ms = 60'000;
+  int64_t heartbeat_timeout_ms = 10'000;  // a process silent this long is lost
+  std::string rendezvous_file;            // node 0 writes "HOST:PORT" here once it listens
+};
+
 /// What load_checkpoint found.
 struct checkpoint_info {
   std::string path;    // the checkpoint's directory
@@ -77,6 +94,15 @@ public:
   /// sum_over_nodes() are collectives that every node calls in the same order.
   static expected<std::unique_ptr<engine>> create(const engine_options& opts,
                                                   const node_setup& node);
+  /// One process of a multi-process job, joined when it starts (start(), or the first call that
+  /// needs the ranks): register the parameters first, since every process must bring the same
+  /// table and `join.job`. This process then runs ranks [first_rank(), first_rank() + ranks) of
+  /// world() over all processes; reduce() takes those ranks, and step(), parameters(),
+  /// gather_params(), checkpoints and sum_over_nodes() are collectives every process calls in
+  /// the same order. Comm "auto" is nccl when every rank of the job has a GPU of its own.
+  /// Destroying it waits (up to the join timeout) until every process is done.
+  static expected<std::unique_ptr<engine>> create_node(const engine_options& opts,
+                                                       const join_options& join);
   ~engine();
   engine(const engine&) = delete;
   engine& operator=(const engine&) = delete;
@@ -84,6 +110,10 @@ public:
   /// Registers a parameter with its initial values (empty: zeros). Only before the first
   /// reduce() or step().
   error add_parameter(const param_spec& spec, const std::vector<float>& init = {});
+
+  /// Lays out the shards and starts the ranks, as the first reduce() or step() would; a process
+  /// made by create_node() joins its job here (blocking until every process has joined).
+  error start();
 
   /// Hands over rank `rank`'s gradient of one micro-batch: full tensors by name. Parameters
   /// left out count as zero. Unknown names and wrong sizes are errors and change nothing.
@@ -116,7 +146,8 @@ public:
   expected<tensor_map> parameters();
 
   /// Gathers the full fp32 parameters named in `out` into the caller's buffers (for the forward
-  /// pass). Any subset of the registered parameters, each of its full size.
+  /// pass). Any subset of the registered parameters, each of its full size. In a multi-process
+  /// job a collective; the other processes' shards come through host memory.
   error gather_params(const std::vector<tensor_span>& out);
   /// Sums host values (e.g. the loss) over the processes of a multi-process job, each passing
   /// the sum over its own ranks; in one process, returns `values`.

@@ -20,6 +20,7 @@ struct node_setup {
   std::vector<comm_actor> comms;        // this node's ranks' comm actors, by local rank
   std::vector<int> node_first_ranks;    // first global rank of every node, by node rank
   std::string nccl_unique_id;  // from node 0 when node_options::nccl_unique_id is set; else empty
+  int world = 0;               // ranks of the job (0: the engine options' world)
 };
 
 }  // namespace zmuon

@@ -95,10 +95,27 @@ ZMUON_API int zmuon_engine_create(const char* config_json, const char* const* ov
 /* The same from a JSON file. */
 ZMUON_API int zmuon_engine_create_from_file(const char* path, const char* const* overrides,
                                             size_t n_overrides, zmuon_engine** out);
+/* One process of a multi-process job (engine::create_node), for hosts started by torchrun or
+ * the like: `nodes` processes, this one `node_rank` in [0, nodes), running `ranks` ranks (one
+ * per GPU under nccl); node 0 publishes the rendezvous at `master` ("HOST:PORT") and the others
+ * find it there. Register the parameters, then zmuon_engine_start() joins the job, blocking
+ * until every process has joined: all must bring the same config (zmuon.ranks aside) and
+ * parameter table, otherwise every process fails naming the first difference. reduce() then
+ * takes this process's ranks [first_rank, first_rank + ranks) of the job's world; step(),
+ * gather_params() and the checkpoints are collectives every process calls in the same order.
+ * Destroying the engine waits until every process is done (up to zmuon.timeout_ms). */
+ZMUON_API int zmuon_engine_create_node(const char* config_json, const char* const* overrides,
+                                       size_t n_overrides, int32_t nodes, int32_t node_rank,
+                                       int32_t ranks, const char* master, zmuon_engine** out);
+/* Lays out the shards and starts the ranks (the first reduce or step does it otherwise); a
+ * process made by zmuon_engine_create_node joins its job here. */
+ZMUON_API int zmuon_engine_start(zmuon_engine* eng);
+/* The first rank this process runs (0 unless it is one process of a multi-process job). */
+ZMUON_API int zmuon_engine_first_rank(const zmuon_engine* eng, int32_t* out);
 /* Stops the engine's ranks and frees the handle. NULL is fine. */
 ZMUON_API void zmuon_engine_destroy(zmuon_engine* eng);
 
-/* In-process ranks. */
+/* Ranks of the job (in-process ranks, or all processes' once a node has joined). */
 ZMUON_API int zmuon_engine_world(const zmuon_engine* eng, int32_t* out);
 
 /* Registers a parameter (before the first reduce or step). `init` (numel elements) may be NULL

@@ -26,9 +26,6 @@
 #include "launch/node.hpp"
 #include "launch/safetensors.hpp"
 #include "zmuon/node_setup.hpp"
-#ifdef ZMUON_HAVE_NCCL
-#include "comm/nccl_comm.hpp"
-#endif
 
 namespace {
 
@@ -73,21 +70,6 @@ struct node_flags {
   int local_nodes = 0;
   std::string rendezvous_file;
 };
-
-/// The parameter table as the rendezvous compares it: one line per parameter.
-std::vector<std::string> table_lines(const zmuon::example::model_config& model) {
-  std::vector<std::string> lines;
-  for (const auto& spec : zmuon::example::param_table(model)) {
-    std::string line = spec.name + " [";
-    for (size_t i = 0; i < spec.shape.size(); ++i)
-      line += (i ? ", " : "") + std::to_string(spec.shape[i]);
-    const char* groups[] = {"automatic", "muon", "adamw"};
-    line += "] " + std::string(groups[static_cast<int>(spec.group)]) + ", heads "
-            + std::to_string(spec.heads);
-    lines.push_back(line);
-  }
-  return lines;
-}
 
 int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const std::string& path,
          const std::string& who) {
@@ -160,26 +142,14 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   nopts.rendezvous_file = nf.rendezvous_file;
   nopts.join_timeout_ms = job.engine.timeout_ms;
   nopts.heartbeat_timeout_ms = job.heartbeat_timeout_ms;
-#ifdef ZMUON_HAVE_NCCL
-  // Node 0 makes the NCCL id and the rendezvous hands it to every node; for comm "auto" only
-  // when every rank of the job has a GPU of its own, judged from the GPUs each node brings.
-  if (job.engine.compute == "cuda" && job.engine.comm != "caf") {
-    nopts.nccl_unique_id = [] {
-      auto id = zmuon::make_nccl_unique_id();
-      return id ? *id : std::string();
-    };
-    nopts.nccl_only_on_own_gpus = job.engine.comm == "auto";
-    auto gpus = zmuon::compute_device_ids("cuda");
-    if (static_cast<int>(gpus.size()) >= job.engine.world)
-      nopts.gpus.assign(gpus.begin(), gpus.begin() + job.engine.world);
-  }
-#endif
+  zmuon::choose_comm(nopts, job.engine.compute, job.engine.comm);
   // What every node must agree on: the config (but this node's rank count) and the host loop
   // (a resume is a collective: every node loads the checkpoint, or none).
   auto agreed = zmuon::config_json(job);
   agreed["zmuon"].erase("ranks");
   agreed["launch"] = {{"steps", topts.steps}, {"seed", topts.seed}, {"resume", resume}};
-  auto joined = zmuon::node::join(nopts, table_lines(topts.model), agreed.dump());
+  auto joined = zmuon::node::join(
+      nopts, zmuon::table_lines(zmuon::example::param_table(topts.model)), agreed.dump());
   if (!joined) {
     std::cerr << who << joined.err().message() << "\n";
     auto code = joined.err().code();

@@ -126,6 +126,11 @@ def _load():
         "zmuon_engine_create_from_file": (c_int, [ctypes.c_char_p,
                                                   ctypes.POINTER(ctypes.c_char_p), c_size,
                                                   ctypes.POINTER(eng_p)]),
+        "zmuon_engine_create_node": (c_int, [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
+                                             c_size, c_i32, c_i32, c_i32, ctypes.c_char_p,
+                                             ctypes.POINTER(eng_p)]),
+        "zmuon_engine_start": (c_int, [eng_p]),
+        "zmuon_engine_first_rank": (c_int, [eng_p, ctypes.POINTER(c_i32)]),
         "zmuon_engine_destroy": (None, [eng_p]),
         "zmuon_engine_world": (c_int, [eng_p, ctypes.POINTER(c_i32)]),
         "zmuon_engine_add_parameter": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(c_i64),
@@ -179,11 +184,21 @@ class Engine:
     """The engine behind the C ABI, one method per C function. Buffers are given as
     (name, data pointer, numel, device) tuples, device = HOST or a CUDA ordinal."""
 
-    def __init__(self, config_json="", overrides=(), config_file=None):
+    def __init__(self, config_json="", overrides=(), config_file=None, node=None):
+        """`node`: (nodes, node_rank, ranks, master) for one process of a multi-process job
+        (zmuon_engine_create_node; config_file is then read here)."""
         handle = ctypes.c_void_p()
         ov = [o.encode() for o in overrides]
         ov_arr = (ctypes.c_char_p * max(len(ov), 1))(*ov)
-        if config_file is not None:
+        if node is not None:
+            if config_file is not None:
+                with open(config_file, encoding="utf-8") as f:
+                    config_json = f.read()
+            nodes, node_rank, ranks, master = node
+            _check(_lib.zmuon_engine_create_node(config_json.encode(), ov_arr, len(ov), nodes,
+                                                 node_rank, ranks, str(master).encode(),
+                                                 ctypes.byref(handle)))
+        elif config_file is not None:
             _check(_lib.zmuon_engine_create_from_file(os.fsencode(config_file), ov_arr, len(ov),
                                                       ctypes.byref(handle)))
         else:
@@ -211,6 +226,15 @@ class Engine:
         out = ctypes.c_int32()
         _check(_lib.zmuon_engine_world(self._h(), ctypes.byref(out)))
         return out.value
+
+    @property
+    def first_rank(self):
+        out = ctypes.c_int32()
+        _check(_lib.zmuon_engine_first_rank(self._h(), ctypes.byref(out)))
+        return out.value
+
+    def start(self):
+        _check(_lib.zmuon_engine_start(self._h()))
 
     def add_parameter(self, name, shape, group=GROUP_AUTO, heads=0, init_ptr=None, numel=0):
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)

@@ -132,10 +132,21 @@ class Muon:
     ranks:    in-process ranks (default 1, or the config's zmuon.ranks); with more than one,
               hand over every rank's gradients with accumulate(rank=r).
     host_staging: copy CUDA tensors through host memory instead of handing over device pointers.
+    nodes, node_rank, master: this process is node `node_rank` of a job of `nodes` processes
+              (one per GPU, as torchrun starts them), running `ranks` ranks (default 1); node 0
+              publishes the rendezvous at `master` ("HOST:PORT", a port of its host that
+              torch.distributed does not use) and the constructor returns once every process
+              has joined with the same config and parameters. Each process then hands over its
+              own gradients and calls step(), which reduce-scatters them across the processes
+              and writes the new values into every process's parameters. Under torchrun:
+              nodes=int(os.environ["WORLD_SIZE"]), node_rank=int(os.environ["RANK"]),
+              master=f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}".
+              save_checkpoint and load_checkpoint are collectives on a directory every process
+              sees; state_dict is not available there.
     """
 
     def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
-                 ranks=None, host_staging=False):
+                 ranks=None, host_staging=False, nodes=None, node_rank=None, master=None):
         named = list(params.items()) if isinstance(params, dict) else list(params)
         for item in named:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
@@ -155,11 +166,21 @@ class Muon:
         else:
             raise TypeError(f"config: expected a dict, a path or None, got {type(config).__name__}")
         has_ranks = isinstance(config_dict.get("zmuon"), dict) and "ranks" in config_dict["zmuon"]
-        if ranks is not None:
+        node = None
+        if nodes is not None or node_rank is not None or master is not None:
+            if nodes is None or node_rank is None or master is None:
+                raise InvalidArgument("a process of a multi-process job needs nodes, node_rank "
+                                      "and master")
+            node = (int(nodes), int(node_rank), int(ranks) if ranks is not None else 1,
+                    str(master))
+        elif ranks is not None:
             overrides.append(f"zmuon.ranks={int(ranks)}")
         elif not has_ranks:
             overrides.insert(0, "zmuon.ranks=1")
-        if config_file is not None:
+        if node is not None:
+            self._engine = _capi.Engine(json.dumps(config_dict) if config_file is None else "",
+                                        overrides, config_file=config_file, node=node)
+        elif config_file is not None:
             self._engine = _capi.Engine(overrides=overrides, config_file=config_file)
         else:
             self._engine = _capi.Engine(json.dumps(config_dict), overrides)
@@ -182,7 +203,11 @@ class Muon:
             self._params.append((name, p, shape))
         if heads:
             raise InvalidArgument(f"heads given for {sorted(heads)}, which are not parameters")
-        self._micro = [0] * self._engine.world
+        self._node = node
+        if node is not None:
+            self._engine.start()  # joins the job: blocks until every process is in
+        self._first_rank = self._engine.first_rank
+        self._micro = [0] * (node[2] if node is not None else self._engine.world)
         muon_lr, adam_lr = _lrs_of(config_dict, overrides)
         self._lrs = (muon_lr, adam_lr)
         uses = {name: self._engine.uses_muon(name) for name, _, _ in self._params}
@@ -244,10 +269,12 @@ class Muon:
                 else:
                     p.grad.zero_()
 
-    def accumulate(self, grads=None, rank=0):
-        """Hands over one micro-batch's gradients of rank `rank`: by default each torch
-        parameter's .grad (None counts as zero); else `grads`, a dict name -> array/tensor or a
-        list in the order of the parameters."""
+    def accumulate(self, grads=None, rank=None):
+        """Hands over one micro-batch's gradients of rank `rank` (default: this process's first
+        rank): by default each torch parameter's .grad (None counts as zero); else `grads`, a
+        dict name -> array/tensor or a list in the order of the parameters."""
+        if rank is None:
+            rank = self._first_rank
         if grads is None:
             missing = [n for n, p, _ in self._params if not _is_torch(p)]
             if missing:
@@ -275,8 +302,8 @@ class Muon:
         if stream is None and any(device != HOST for _, _, _, device in entries):
             _synchronize_torch(keep)  # the gradients must be written before the engine reads them
         self._engine.reduce(rank, entries, stream=stream)
-        if 0 <= rank < len(self._micro):
-            self._micro[rank] += 1
+        if 0 <= rank - self._first_rank < len(self._micro):
+            self._micro[rank - self._first_rank] += 1
 
     def step(self, closure=None):
         """One optimizer step on everything handed over since the last one (if nothing was,
@@ -338,6 +365,9 @@ class Muon:
         of a zmuon checkpoint (parameters, momentum, Adam moments, step, loss scale; every rank's
         shards) read into memory, and each param group's learning rate. Between steps.
         load_state_dict restores it, also into an optimizer with another rank count."""
+        if self._node is not None:
+            raise Unsupported("state_dict in a multi-process job: use save_checkpoint(dir) on a "
+                              "directory every process sees")
         with tempfile.TemporaryDirectory() as tmp:
             self._engine.save_checkpoint(tmp)
             files = {}
@@ -353,6 +383,9 @@ class Muon:
         and the param groups' learning rates are set. A dict that is not one raises
         zmuon.InvalidArgument naming what is wrong; a damaged checkpoint, the engine's error
         (the optimizer is then unchanged)."""
+        if self._node is not None:
+            raise Unsupported("load_state_dict in a multi-process job: use load_checkpoint(dir) "
+                              "on a directory every process sees")
         if not isinstance(state, dict) or not isinstance(state.get("zmuon_checkpoint"), dict):
             raise InvalidArgument("load_state_dict: not a zmuon.Muon state_dict (no "
                                   "'zmuon_checkpoint' dict of checkpoint files)")

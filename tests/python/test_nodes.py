@@ -1,0 +1,156 @@
+"""zmuon.Muon as one process of a multi-process job (nodes=, node_rank=, master=), the way
+torchrun starts one process per GPU: two processes of one rank each give the same parameters as
+one process of two ranks, every process ends with the same parameters, processes that disagree
+on the config both fail naming the difference, and checkpoints are collectives on a shared
+directory.
+
+Run by ctest with Debian's /usr/bin/python3, PYTHONPATH=python and ZMUON_LIBRARY=libzmuon.so. The
+processes are real (subprocess), joined over CAF's network layer on 127.0.0.1.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+import zmuon
+
+SHAPES = {"layer.w": (12, 8), "layer.v": (8, 6), "head.bias": (6,)}
+STEPS = 3
+
+
+def initial_params():
+    rng = np.random.default_rng(7)
+    return {n: rng.standard_normal(s).astype(np.float32) * 0.3 for n, s in SHAPES.items()}
+
+
+def grads_of(rank, step):
+    rng = np.random.default_rng(1000 * step + rank)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
+def read_json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker(node_rank, master, out_path, config_json, checkpoint_dir):
+    """One process of the job: STEPS steps on its own rank's gradients, then its parameters (and
+    whether state_dict refused) into `out_path`."""
+    params = initial_params()
+    try:
+        opt = zmuon.Muon(params, json.loads(config_json), nodes=2, node_rank=node_rank,
+                         master=master)
+    except zmuon.ZmuonError as e:
+        with open(out_path, "w", encoding="utf-8") as f:
+            json.dump({"error": type(e).__name__, "message": str(e)}, f)
+        return
+    result = {"world": opt.world}
+    for step in range(1, STEPS + 1):
+        opt.accumulate(grads=grads_of(node_rank, step))  # its own rank by default
+        opt.step()
+    try:
+        opt.state_dict()
+        result["state_dict"] = "allowed"
+    except zmuon.Unsupported as e:
+        result["state_dict"] = str(e)
+    if checkpoint_dir:
+        opt.save_checkpoint(checkpoint_dir)
+        for p in params.values():  # scribbled over, then restored by the collective load
+            p[...] = 0
+        result["loaded_step"] = opt.load_checkpoint(checkpoint_dir)
+    opt.close()
+    np.savez(out_path, **params)
+    with open(out_path + ".json", "w", encoding="utf-8") as f:
+        json.dump(result, f)
+
+
+def run_job(tmp, configs, checkpoint_dir=""):
+    """Starts node 0 and node 1 (configs[i] as JSON text) and waits for both."""
+    master = f"127.0.0.1:{free_port()}"
+    procs, outs = [], []
+    for node_rank in (0, 1):
+        out = os.path.join(tmp, f"node{node_rank}")
+        outs.append(out)
+        procs.append(subprocess.Popen(
+            [sys.executable, __file__, "worker", str(node_rank), master, out, configs[node_rank],
+             checkpoint_dir],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=120)[0] for p in procs]
+    return [p.returncode for p in procs], outs, logs
+
+
+class NodesTest(unittest.TestCase):
+    def test_two_processes_match_two_ranks_in_one(self):
+        config = {"optimizer": {"params": {"lr": 0.05}}}
+        reference = initial_params()
+        opt = zmuon.Muon(reference, config, ranks=2)
+        for step in range(1, STEPS + 1):
+            for rank in (0, 1):
+                opt.accumulate(grads=grads_of(rank, step), rank=rank)
+            opt.step()
+        opt.close()
+        with tempfile.TemporaryDirectory() as tmp:
+            ckpt = os.path.join(tmp, "ckpt")
+            codes, outs, logs = run_job(tmp, [json.dumps(config)] * 2, ckpt)
+            self.assertEqual(codes, [0, 0], "\n".join(logs))
+            got = [np.load(o + ".npz") for o in outs]
+            info = [read_json(o + ".json") for o in outs]
+            with open(os.path.join(ckpt, "latest"), encoding="utf-8") as f:
+                latest = f.read().strip()
+            manifest = read_json(os.path.join(ckpt, latest, "manifest.json"))
+        for i in (0, 1):
+            self.assertEqual(info[i]["world"], 2)
+            self.assertIn("save_checkpoint(dir)", info[i]["state_dict"])
+            self.assertEqual(info[i]["loaded_step"], STEPS)
+        self.assertEqual(latest, f"step_{STEPS:08d}")
+        self.assertEqual([f["rank"] for f in manifest["files"]], [0, 1])
+        moved, worst = 0.0, 0.0
+        for name in SHAPES:
+            # Every process ends with the same full parameters (after the checkpoint round trip).
+            np.testing.assert_array_equal(got[0][name], got[1][name], err_msg=name)
+            diff = np.abs(got[0][name] - reference[name]).max()
+            scale = np.abs(reference[name]).max()
+            self.assertLessEqual(diff, 1e-6 * scale, f"{name}: {diff} against {scale}")
+            worst = max(worst, diff / scale)
+            moved = max(moved, np.abs(reference[name] - initial_params()[name]).max())
+        self.assertGreater(moved, 1e-3)  # the steps changed the parameters
+        print(f"2 processes x 1 rank vs 2 ranks in one: max relative difference {worst:g}",
+              file=sys.stderr)
+
+    def test_processes_that_disagree_both_fail_naming_the_difference(self):
+        configs = [json.dumps({"optimizer": {"params": {"momentum": m}}}) for m in (0.95, 0.9)]
+        with tempfile.TemporaryDirectory() as tmp:
+            codes, outs, logs = run_job(tmp, configs)
+            self.assertEqual(codes, [0, 0], "\n".join(logs))
+            for out in outs:
+                failed = read_json(out)
+                self.assertEqual(failed["error"], "InvalidArgument")
+                self.assertIn("the config of node 1 differs from node 0's at "
+                              "'optimizer.params.momentum'", failed["message"])
+
+    def test_incomplete_node_arguments_are_refused(self):
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "needs nodes, node_rank and master"):
+            zmuon.Muon(initial_params(), nodes=2, node_rank=0)
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "node rank 2 is outside"):
+            zmuon.Muon(initial_params(), nodes=2, node_rank=2, master="127.0.0.1:1")
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "expected HOST:PORT"):
+            zmuon.Muon(initial_params(), nodes=2, node_rank=0, master="nohost")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        worker(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6])
+    else:
+        unittest.main()
