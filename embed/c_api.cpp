@@ -316,6 +316,19 @@ int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, si
   });
 }
 
+int zmuon_engine_gather_params_on_stream(zmuon_engine* eng, const zmuon_tensor* params, size_t n,
+                                         void* cuda_stream) {
+  const char* fn = "zmuon_engine_gather_params_on_stream";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_span> spans;
+    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
+      return err;
+    return eng->eng->gather_params(spans, cuda_stream);
+  });
+}
+
 int zmuon_engine_loss_scale(zmuon_engine* eng, float* out) {
   const char* fn = "zmuon_engine_loss_scale";
   return guarded(fn, [&]() -> zmuon::error {

@@ -1,6 +1,7 @@
-// test_engine_cuda, continued: the hand-over of device gradients. reduce() reads them before it
-// returns, or in the caller's stream order (reduce(rank, views, stream)); a stream that cannot
-// be waited for is refused by name, before anything is read or counted.
+// test_engine_cuda, continued: the hand-over of device gradients and the write-back of the
+// parameters. reduce() reads the gradients before it returns, or in the caller's stream order
+// (reduce(rank, views, stream)); gather_params(out, stream) writes in that order too; a stream
+// that cannot be waited for is refused by name, before anything is read, written or counted.
 #include "tests/engine_fixture.hpp"
 
 #include <cuda_runtime.h>
@@ -185,5 +186,74 @@ BOOST_AUTO_TEST_CASE(a_capturing_stream_is_refused_and_nothing_is_counted) {
     BOOST_TEST_MESSAGE(comm << ": weights after refused calls vs without: " << diff);
     BOOST_TEST(diff == 0.0);
   }
+  cudaStreamDestroy(caller);
+}
+
+// gather_params(out, stream) writes device buffers between the caller's work on its stream,
+// without waiting on the host: the caller's copy queued before it (behind a 16 GB memset, as a
+// forward pass still reading the old values would be) reads the old values, the copy queued
+// after it reads the new ones, and the call returns before the memset has finished. A capturing
+// stream is refused by name with the buffers untouched.
+BOOST_AUTO_TEST_CASE(stream_ordered_gather_params_writes_between_the_callers_work) {
+  const std::vector<param_spec> table{{"a", {4096, 4096}}, {"b", {2048, 4096}}};
+  const device_grads grads(table, 41);
+  const device_grads buffers(table, 42);  // the caller's parameters (old values: these)
+  const device_grads before(table, 43), after(table, 44);  // what the caller's copies saw
+  std::vector<tensor_span> out;
+  for (size_t i = 0; i < table.size(); ++i)
+    out.push_back({table[i].name, buffers.data[i], buffers.views[i].size, memory_space::cuda, 0});
+  cudaStream_t caller = nullptr;
+  BOOST_REQUIRE(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking) == cudaSuccess);
+  const size_t ballast_bytes = size_t{16} << 30;
+  void* ballast = nullptr;
+  BOOST_REQUIRE(cudaMalloc(&ballast, ballast_bytes) == cudaSuccess);
+  auto host_of = [](const float* d, int64_t n) {
+    std::vector<float> h(static_cast<size_t>(n));
+    BOOST_REQUIRE(cudaMemcpy(h.data(), d, h.size() * sizeof(float), cudaMemcpyDeviceToHost)
+                  == cudaSuccess);
+    return h;
+  };
+  for (const char* comm : {"nccl", "caf"}) {
+    auto eng = make_engine(gpu_options(1, comm));
+    register_table(*eng, table, 6);
+    BOOST_REQUIRE(!eng->reduce(0, grads.views));
+    BOOST_REQUIRE(eng->step());
+    const tensor_map fresh = params_of(*eng);
+    std::vector<std::vector<float>> old;
+    for (size_t i = 0; i < table.size(); ++i)
+      old.push_back(host_of(buffers.data[i], buffers.views[i].size));
+
+    BOOST_REQUIRE(cudaStreamBeginCapture(caller, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    const error refused = eng->gather_params(out, caller);
+    cudaGraph_t graph = nullptr;
+    BOOST_REQUIRE(cudaStreamEndCapture(caller, &graph) == cudaSuccess);
+    cudaGraphDestroy(graph);
+    BOOST_TEST((refused.code() == errc::invalid_argument), refused.to_string());
+    BOOST_TEST(refused.message().find("capturing a CUDA graph") != std::string::npos);
+
+    BOOST_REQUIRE(cudaMemsetAsync(ballast, 0, ballast_bytes, caller) == cudaSuccess);
+    for (size_t i = 0; i < table.size(); ++i)  // the caller still reads the old values
+      BOOST_REQUIRE(cudaMemcpyAsync(before.data[i], buffers.data[i], out[i].size * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, caller)
+                    == cudaSuccess);
+    BOOST_REQUIRE(!eng->gather_params(out, caller));
+    const bool returned_early = cudaStreamQuery(caller) == cudaErrorNotReady;
+    for (size_t i = 0; i < table.size(); ++i)  // the caller's next work: the new values
+      BOOST_REQUIRE(cudaMemcpyAsync(after.data[i], buffers.data[i], out[i].size * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, caller)
+                    == cudaSuccess);
+    BOOST_REQUIRE(cudaStreamSynchronize(caller) == cudaSuccess);
+    BOOST_TEST(returned_early, comm << ": gather_params waited for the caller's stream");
+    for (size_t i = 0; i < table.size(); ++i) {
+      const auto& name = table[i].name;
+      const auto seen_before = host_of(before.data[i], out[i].size);
+      const auto seen_after = host_of(after.data[i], out[i].size);
+      BOOST_TEST(same_bits(seen_before, old[i]),
+                 comm << ": '" << name << "' was overwritten before the caller's queued read");
+      BOOST_TEST(same_bits(seen_after, fresh.at(name)),
+                 comm << ": the caller's next read of '" << name << "' missed the new values");
+    }
+  }
+  cudaFree(ballast);
   cudaStreamDestroy(caller);
 }

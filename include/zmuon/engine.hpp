@@ -149,6 +149,14 @@ public:
   /// pass). Any subset of the registered parameters, each of its full size. In a multi-process
   /// job a collective; the other processes' shards come through host memory.
   error gather_params(const std::vector<tensor_span>& out);
+  /// The same, stream-ordered for device buffers used on the caller's CUDA stream `cuda_stream`
+  /// (a cudaStream_t, nullptr for the default stream): the engine writes them after the work
+  /// queued there so far (which may still read the old values), and the work queued there
+  /// afterwards (the next forward pass) waits on the device until they are written; no waiting
+  /// on the host. A stream on another GPU than a rank's, or one capturing a CUDA graph, is
+  /// errc::invalid_argument before anything is written. Host buffers are written during the
+  /// call, as above.
+  error gather_params(const std::vector<tensor_span>& out, void* cuda_stream);
   /// Sums host values (e.g. the loss) over the processes of a multi-process job, each passing
   /// the sum over its own ranks; in one process, returns `values`.
   expected<std::vector<double>> sum_over_nodes(const std::vector<double>& values);
@@ -211,6 +219,7 @@ private:
   engine();
   error reduce_views(int rank, const std::vector<tensor_view>& grads,
                      std::optional<void*> caller_stream);
+  error gather_params_on(const std::vector<tensor_span>& out, std::optional<void*> caller_stream);
   struct impl;
   std::unique_ptr<impl> impl_;
 };

@@ -139,6 +139,12 @@ ZMUON_API int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank,
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
 /* Writes the full parameters named in `params` into their buffers. */
 ZMUON_API int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n);
+/* The same, stream-ordered for device buffers used on the CUDA stream `cuda_stream` (NULL: the
+ * default stream): written after the work queued there so far, and the work queued there
+ * afterwards waits until they are written; returns without waiting for the GPU. A stream on
+ * another GPU, or capturing a CUDA graph, is ZMUON_INVALID_ARGUMENT. */
+ZMUON_API int zmuon_engine_gather_params_on_stream(zmuon_engine* eng, const zmuon_tensor* params,
+                                                   size_t n, void* cuda_stream);
 /* The loss scale for the next step (1 without fp16). */
 ZMUON_API int zmuon_engine_loss_scale(zmuon_engine* eng, float* out);
 /* Constant learning rates from the next step on (a host-side schedule calls this each step).

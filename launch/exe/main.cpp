@@ -71,11 +71,16 @@ struct node_flags {
   std::string rendezvous_file;
 };
 
+/// One line on stderr in one write: a node's supervisor prints from its own thread.
+void say(const std::string& who, const std::string& what) {
+  std::fputs((who + what + "\n").c_str(), stderr);
+}
+
 int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const std::string& path,
          const std::string& who) {
   auto params = eng.parameters();  // a collective on a node: every node calls it
   if (!params) {
-    std::cerr << who << params.err().to_string() << "\n";
+    say(who, params.err().to_string());
     return 1;
   }
   if (path.empty())
@@ -84,7 +89,7 @@ int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const s
   for (const auto& spec : zmuon::example::param_table(topts.model))
     tensors.push_back({spec.name, spec.shape, params->at(spec.name)});
   if (auto err = zmuon::write_safetensors(path, tensors, {{"producer", "zmuon-launch"}})) {
-    std::cerr << who << err.to_string() << "\n";
+    say(who, err.to_string());
     return 1;
   }
   std::printf("saved %zu parameters to %s\n", tensors.size(), path.c_str());
@@ -106,7 +111,7 @@ bool resume_from(zmuon::engine& eng, const std::string& dir, const std::string& 
                  const std::string& who) {
   auto info = eng.load_checkpoint(dir);
   if (!info) {
-    std::cerr << who << "cannot resume: " << info.err().to_string() << "\n";
+    say(who, "cannot resume: " + info.err().to_string());
     return false;
   }
   if (!lead)
@@ -130,7 +135,7 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   std::string who = "zmuon-launch[node " + std::to_string(nf.node_rank) + "]: ";
   auto master = zmuon::parse_host_port(nf.master);
   if (!master) {
-    std::cerr << who << master.err().message() << "\n";
+    say(who, master.err().message());
     return exit_bad_input;
   }
   zmuon::node_options nopts;
@@ -151,7 +156,7 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   auto joined = zmuon::node::join(
       nopts, zmuon::table_lines(zmuon::example::param_table(topts.model)), agreed.dump());
   if (!joined) {
-    std::cerr << who << joined.err().message() << "\n";
+    say(who, joined.err().message());
     auto code = joined.err().code();
     return code == zmuon::errc::invalid_argument ? exit_bad_input
            : code == zmuon::errc::comm_failure   ? exit_node_lost
@@ -162,12 +167,12 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   eopts.world = nd->world();
   auto created = zmuon::engine::create(eopts, nd->setup());
   if (!created) {
-    std::cerr << who << created.err().to_string() << "\n";
+    say(who, created.err().to_string());
     return exit_bad_input;
   }
   eng = std::move(*created);
   if (auto err = zmuon::example::register_model(*eng, topts)) {
-    std::cerr << who << err.to_string() << "\n";
+    say(who, err.to_string());
     return exit_bad_input;
   }
   bool lead = nf.node_rank == 0;
@@ -202,14 +207,14 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
       auto code = records ? zmuon::errc::none : records.err().code();
       if (code != zmuon::errc::none && code != zmuon::errc::comm_failure
           && code != zmuon::errc::timeout)
-        std::cerr << who << own << "\n";
+        say(who, own);
       return exit_node_lost;
     }
-    std::cerr << who << own << "\n";
+    say(who, own);
     return 1;
   }
   if (auto err = nd->finish()) {
-    std::cerr << who << err.message() << "\n";
+    say(who, err.message());
     return exit_node_lost;
   }
   return 0;

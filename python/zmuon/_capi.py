@@ -142,6 +142,8 @@ def _load():
                                                   ctypes.c_void_p]),
         "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
+        "zmuon_engine_gather_params_on_stream": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size,
+                                                         ctypes.c_void_p]),
         "zmuon_engine_loss_scale": (c_int, [eng_p, ctypes.POINTER(c_f)]),
         "zmuon_engine_set_lr": (c_int, [eng_p, c_f, c_f]),
         "zmuon_engine_time_calls": (c_int, [eng_p, c_i32]),
@@ -261,8 +263,16 @@ class Engine:
         _check(_lib.zmuon_engine_step(self._h(), ctypes.byref(info)))
         return info.as_dict()
 
-    def gather_params(self, entries):
-        _check(_lib.zmuon_engine_gather_params(self._h(), _tensor_array(entries), len(entries)))
+    def gather_params(self, entries, stream=None):
+        """`stream`: the CUDA stream (cudaStream_t as an int) that uses the device buffers; the
+        engine then writes them between its queued work and its next (no waiting)."""
+        if stream is None:
+            _check(_lib.zmuon_engine_gather_params(self._h(), _tensor_array(entries),
+                                                   len(entries)))
+        else:
+            _check(_lib.zmuon_engine_gather_params_on_stream(self._h(), _tensor_array(entries),
+                                                             len(entries),
+                                                             ctypes.c_void_p(stream)))
 
     def loss_scale(self):
         out = ctypes.c_float()

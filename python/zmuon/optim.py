@@ -328,11 +328,14 @@ class Muon:
             targets.append(target)
             ptr, numel, device, _ = buffer_of(target, f"parameter '{name}'", writable=True)
             entries.append((name, ptr, numel, device))
-        # The engine writes device parameters on its own stream: PyTorch's queued work that may
-        # still read them (the gradients no longer make the caller wait: accumulate()) ends first.
-        if any(device != HOST for _, _, _, device in entries):
+        # The engine writes device parameters on its own stream, after PyTorch's queued work
+        # that may still read them and before PyTorch's next (stream-ordered: no waiting), where
+        # this process runs one rank and the parameters share one device; otherwise that work
+        # ends first.
+        stream = _torch_stream(targets) if len(self._micro) == 1 else None
+        if stream is None and any(device != HOST for _, _, _, device in entries):
             _synchronize_torch(targets)
-        self._engine.gather_params(entries)
+        self._engine.gather_params(entries, stream=stream)
         for name, p, _ in self._params:
             if name in self._staged:
                 p.data.copy_(self._staged[name])

@@ -508,6 +508,24 @@ class TorchStreamHandOver(unittest.TestCase):
         self.assertEqual(streams, [0x5000, None])
         self.assertEqual(self.calls["synchronize"], 1)
 
+    def test_the_write_back_is_stream_ordered_for_one_rank(self):
+        for ranks, expected_stream, expected_syncs in ((1, 0x5000, 0), (2, None, 1)):
+            params = [(n, FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32)))
+                      for n in "ab"]
+            opt = zmuon.Muon(params, ranks=ranks)
+            streams, gather = [], opt._engine.gather_params
+
+            def recording(entries, stream=None, gather=gather, streams=streams):
+                streams.append(stream)
+                return gather(entries, stream=stream)
+
+            opt._engine.gather_params = recording
+            self.calls["synchronize"] = 0
+            with self.assertRaises(zmuon.Unsupported):  # the host backend writes no device memory
+                opt._write_back()
+            self.assertEqual(streams, [expected_stream], f"ranks {ranks}")
+            self.assertEqual(self.calls["synchronize"], expected_syncs, f"ranks {ranks}")
+
 
 @unittest.skipIf(torch is None, "PyTorch is not installed")
 class TorchTensors(unittest.TestCase):

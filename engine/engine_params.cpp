@@ -1,0 +1,124 @@
+// engine::parameters / gather_params: the full parameters out of the ranks' shards, into a
+// tensor_map or the caller's buffers (host, or device buffers on the cuda backend; in one process
+// straight from the stores' buffers, in a multi-process job over the caf comms).
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+#include "engine/impl.hpp"
+#include "plan/ownership.hpp"
+
+namespace zmuon {
+
+expected<tensor_map> engine::parameters() {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  if (d.multi_node())
+    return d.gather_between_nodes();
+  tensor_map out;
+  std::vector<tensor_span> spans;
+  for (const auto& p : d.pl->params) {
+    auto& v = out[p.name];
+    v.resize(p.numel);
+    spans.push_back({p.name, v.data(), p.numel});
+  }
+  if (auto err = gather_params(spans))
+    return err;
+  return out;
+}
+
+error engine::gather_params(const std::vector<tensor_span>& out) {
+  return gather_params_on(out, std::nullopt);
+}
+
+error engine::gather_params(const std::vector<tensor_span>& out, void* cuda_stream) {
+  return gather_params_on(out, cuda_stream);
+}
+
+error engine::gather_params_on(const std::vector<tensor_span>& out,
+                               std::optional<void*> caller_stream) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  const auto& pl = *d.pl;
+  std::vector<float*> target;
+  std::vector<bool> on_device;
+  // Everything is checked before anything is written.
+  if (auto err = index_views(pl, d.opts, out, "buffer for", "buffer for", target, on_device))
+    return err;
+  const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
+  const bool any_on_host = std::find(on_device.begin(), on_device.end(), false) != on_device.end();
+  const bool ordered = caller_stream && any_on_device;
+  for (int i = 0; ordered && i < d.local; ++i)
+    if (auto err = d.ranks[i].backend->check_caller_stream(*caller_stream))
+      return {err.code(),
+              "gather_params(): rank " + std::to_string(d.first_rank + i) + ": " + err.message()};
+  if (d.multi_node()) {
+    // The other processes' shards come over the caf comms (a collective: every node calls it),
+    // into host memory first.
+    auto full = d.gather_between_nodes();
+    if (!full)
+      return full.err();
+    return on_backend("gather_params", d.first_rank, [&] {
+      compute_backend& be = *d.ranks[0].backend;
+      if (ordered)  // the caller's queued work reads the old values first
+        be.wait_for_stream(*caller_stream);
+      for (size_t i = 0; i < pl.params.size(); ++i) {
+        if (!target[i])
+          continue;
+        const std::vector<float>& v = full->at(pl.params[i].name);
+        if (on_device[i])
+          be.copy_from_host(target[i], v.data(), static_cast<int64_t>(v.size()));
+        else
+          std::memcpy(target[i], v.data(), v.size() * sizeof(float));
+      }
+      be.synchronize();
+    });
+  }
+  for (int r = 0; r < pl.world; ++r) {
+    std::vector<float> shard;
+    float_view device_shard;  // the store's own buffer, when a device buffer is asked for
+    if (any_on_device) {
+      auto view = d.ask<float_view>(d.ranks[r].store, params_view_atom::value);
+      if (!view)
+        return view.err();
+      device_shard = *view;
+    }
+    if (any_on_host) {
+      auto host = d.ask<std::vector<float>>(d.ranks[r].store, params_atom::value);
+      if (!host)
+        return host.err();
+      shard = std::move(*host);
+    }
+    compute_backend& be = *d.ranks[r].backend;
+    const error device = on_backend("gather_params", r, [&] {
+      std::vector<copy_span> spans;  // to device buffers: one copy_spans call
+      for (size_t i = 0; i < pl.params.size(); ++i) {
+        const auto& p = pl.params[i];
+        int64_t n = valid_len(p, r);
+        if (!target[i] || n <= 0)
+          continue;
+        if (on_device[i])
+          spans.push_back({device_shard.data + p.shard_offset, target[i] + r * p.shard_len, n});
+        else
+          std::memcpy(target[i] + r * p.shard_len, shard.data() + p.shard_offset,
+                      n * sizeof(float));
+      }
+      if (!ordered) {
+        be.copy_spans(spans);
+        be.synchronize();  // the caller may use its buffers when this returns
+        return;
+      }
+      // Between the caller's work on its stream: after what is queued there (which may still
+      // read the old values), before what is queued there next. No waiting on the host.
+      be.wait_for_stream(*caller_stream);
+      be.copy_spans(spans);
+      be.make_stream_wait(*caller_stream);
+    });
+    if (device)
+      return device;
+  }
+  return {};
+}
+}  // namespace zmuon
