@@ -15,7 +15,9 @@ CUDA tensors go to the engine as device pointers (the cuda compute backend reads
 on the GPU). Their gradients are handed over stream-ordered: the engine reads them after the work
 queued on PyTorch's current stream, and that stream's later work waits for the reads (under the
 nccl comm nothing waits for the GPU; the caf comm copies them to host memory, which waits for
-that work). A backend without device buffers (host) raises zmuon.Unsupported, unless
+that work). The new values are written back the same way: after PyTorch's queued work, before
+its next (one rank in the process; otherwise after torch.cuda.synchronize()). A backend without
+device buffers (host) raises zmuon.Unsupported, unless
 `host_staging=True` copies them through host memory. With `"zmuon": {"backend": "cuda"}` and a
 GPU for each rank the comm is nccl unless the config says otherwise (`zmuon.comm`, default
 auto); the caf comm moves the gradients and the Muon phase through host memory, which costs
