@@ -1,5 +1,6 @@
 // The host's collectives between the processes of a multi-process job (engine::impl's
-// gather_between_nodes behind parameters(), and sum_over_nodes), over the ranks' caf comms.
+// gather_between_nodes behind parameters(), and sum_over_nodes), over the ranks' caf comms; and
+// gather_params' all-to-all into device buffers over the ranks' NCCL comms.
 #include <cstring>
 
 #include "engine/impl.hpp"
@@ -53,6 +54,66 @@ expected<tensor_map> engine::impl::gather_between_nodes() {
   if (failed)
     return failed;
   return out;
+}
+
+error engine::impl::gather_over_nccl(const std::vector<float*>& target,
+                                     std::optional<void*> caller_stream) {
+  const auto& p = *pl;
+  std::vector<float_view> shards;  // the stores' own device buffers
+  for (auto& r : ranks) {
+    auto view = ask<float_view>(r.store, params_view_atom::value);
+    if (!view)
+      return view.err();
+    shards.push_back(*view);
+  }
+  auto is_leader = [&](int rank) {
+    return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
+           != node_first_ranks.end();
+  };
+  // The buffers may still be read by the caller's queued work: the copies wait for it.
+  for (int i = 0; caller_stream && i < local; ++i)
+    if (auto err = on_backend("gather_params", first_rank + i,
+                              [&] { ranks[i].backend->wait_for_stream(*caller_stream); }))
+      return err;
+  collective_tag tag{collective_kind::params, step, 0, host_collectives++};
+  caf::scoped_actor self{*sys};
+  using handle = decltype(self->request(rank_comms[0], timeout(), all_to_all_req{}));
+  std::vector<handle> pending;
+  for (int i = 0; i < local; ++i) {
+    // Every rank sends its shards to each node's first rank, which receives them in place.
+    all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
+                       std::vector<std::vector<segment>>(p.world)};
+    for (int peer = 0; peer < p.world; ++peer)
+      for (size_t k = 0; k < p.params.size(); ++k) {
+        const auto& q = p.params[k];
+        int64_t n = valid_len(q, first_rank + i);
+        if (n > 0 && is_leader(peer))
+          req.sends[peer].push_back(segment{shards[i].data + q.shard_offset, n});
+        int64_t m = valid_len(q, peer);
+        if (m > 0 && i == 0)
+          req.recvs[peer].push_back(segment{target[k] + peer * q.shard_len, m});
+      }
+    pending.push_back(self->request(rank_comms[i], timeout(), std::move(req)));
+  }
+  error failed;
+  for (auto& h : pending)
+    h.receive([](comm_done&) {},
+              [&](caf::error& err) {
+                if (!failed)
+                  failed = from_caf_error(err);
+              });
+  if (failed)
+    return failed;
+  // Enqueued on the ranks' streams: the caller's buffers are written once they have run.
+  for (int i = 0; i < local; ++i)
+    if (auto err = on_backend("gather_params", first_rank + i, [&] {
+          if (!caller_stream)
+            ranks[i].backend->synchronize();
+          else if (i == 0)
+            ranks[i].backend->make_stream_wait(*caller_stream);
+        }))
+      return err;
+  return {};
 }
 
 expected<std::vector<double>> engine::sum_over_nodes(const std::vector<double>& values) {

@@ -50,13 +50,21 @@ error engine::gather_params_on(const std::vector<tensor_span>& out,
   const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
   const bool any_on_host = std::find(on_device.begin(), on_device.end(), false) != on_device.end();
   const bool ordered = caller_stream && any_on_device;
-  for (int i = 0; ordered && i < d.local; ++i)
+  for (int i = 0; ordered && i < d.local; ++i)  // before anything is read or written
     if (auto err = d.ranks[i].backend->check_caller_stream(*caller_stream))
       return {err.code(),
               "gather_params(): rank " + std::to_string(d.first_rank + i) + ": " + err.message()};
   if (d.multi_node()) {
-    // The other processes' shards come over the caf comms (a collective: every node calls it),
-    // into host memory first.
+    // A collective: every process calls it. Where every process asks for every parameter into
+    // device buffers and the ranks run nccl, the shards go there over NCCL; otherwise over the
+    // caf comms, through host memory.
+    const bool every_on_device =
+        std::find(target.begin(), target.end(), nullptr) == target.end() && !any_on_host;
+    auto votes = sum_over_nodes({every_on_device && !d.rank_comms.empty() ? 1.0 : 0.0});
+    if (!votes)
+      return votes.err();
+    if ((*votes)[0] == static_cast<double>(d.node_first_ranks.size()))
+      return d.gather_over_nccl(target, caller_stream);
     auto full = d.gather_between_nodes();
     if (!full)
       return full.err();

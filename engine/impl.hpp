@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -214,6 +215,10 @@ struct engine::impl {
                   : " (ranks " + std::to_string(firsts[n]) + "-" + std::to_string(last) + ")");
   }
   expected<tensor_map> gather_between_nodes();
+  /// gather_params into device buffers for every parameter (`target`, by parameter index) in a
+  /// multi-process job under nccl: each node's first rank receives every rank's shards in place;
+  /// in the caller's stream order when `caller_stream` is set (else it waits for the copies).
+  error gather_over_nccl(const std::vector<float*>& target, std::optional<void*> caller_stream);
 };
 
 }  // namespace zmuon

@@ -445,6 +445,63 @@ BOOST_AUTO_TEST_CASE(auto_comm_is_nccl_with_a_gpu_per_rank) {
   }
 }
 
+// One process of a multi-process job (engine::create_node; one node, its rendezvous on a free
+// port of 127.0.0.1): comm auto is nccl on its own GPU, and gather_params into device buffers
+// for every parameter goes over NCCL (an "nccl all_to_all" call), plainly and on a caller's
+// stream; both equal parameters(), which gathers over the caf comm through host memory.
+BOOST_AUTO_TEST_CASE(a_node_process_gathers_device_parameters_over_nccl) {
+  const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
+  join_options join;
+  join.nodes = 1;
+  join.master = "127.0.0.1:0";
+  auto made = engine::create_node(gpu_options(1, "auto"), join);
+  BOOST_REQUIRE_MESSAGE(made, (made ? "" : made.err().to_string()));
+  engine& eng = **made;
+  register_table(eng, table, 9);
+  BOOST_REQUIRE(!eng.start());
+  BOOST_TEST(eng.options().comm == "nccl");
+  BOOST_TEST(eng.world() == 1);
+  for (int s = 1; s <= 2; ++s) {
+    reduce_ok(eng, 0, random_grads(table, 9, s, 0, 0));
+    step_ok(eng);
+  }
+  const tensor_map host = params_of(eng);
+  std::vector<float*> buffers;
+  std::vector<tensor_span> spans;
+  for (const auto& p : table) {
+    float* d = nullptr;
+    BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), numel(p) * sizeof(float))
+                  == cudaSuccess);
+    buffers.push_back(d);
+    spans.push_back({p.name, d, numel(p), memory_space::cuda, 0});
+  }
+  cudaStream_t caller = nullptr;
+  BOOST_REQUIRE(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking) == cudaSuccess);
+  for (const bool on_stream : {false, true}) {
+    for (size_t i = 0; i < table.size(); ++i)  // NaN until written
+      BOOST_REQUIRE(cudaMemset(buffers[i], 0xff, spans[i].size * sizeof(float)) == cudaSuccess);
+    eng.time_backend_calls(true);
+    const error err = on_stream ? eng.gather_params(spans, caller) : eng.gather_params(spans);
+    BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+    BOOST_REQUIRE(cudaStreamSynchronize(caller) == cudaSuccess);
+    auto calls = eng.take_backend_call_times(0);
+    eng.time_backend_calls(false);
+    BOOST_REQUIRE(calls);
+    BOOST_TEST(calls->count("nccl all_to_all") == 1u, "on stream " << on_stream);
+    for (size_t i = 0; i < table.size(); ++i) {
+      std::vector<float> got(static_cast<size_t>(spans[i].size));
+      BOOST_REQUIRE(
+          cudaMemcpy(got.data(), buffers[i], got.size() * sizeof(float), cudaMemcpyDeviceToHost)
+          == cudaSuccess);
+      BOOST_TEST(same_bits(got, host.at(table[i].name)),
+                 table[i].name << ", on stream " << on_stream);
+    }
+  }
+  cudaStreamDestroy(caller);
+  for (float* d : buffers)
+    cudaFree(d);
+}
+
 // The GPUs' UUIDs, which the rendezvous compares for comm "auto" across processes: one per
 // visible GPU, distinct, in nvidia-smi's form and order (where it runs and lists every GPU).
 BOOST_AUTO_TEST_CASE(device_ids_are_the_gpus_uuids) {
