@@ -10,7 +10,7 @@ into every process's model.
 torchrun's WORLD_SIZE, RANK and MASTER_ADDR say which process this is and where node 0's
 rendezvous listens (MASTER_PORT + 1: torch's own store keeps MASTER_PORT). --device cuda puts
 process r on cuda:LOCAL_RANK with zmuon's cuda backend; the comm is then nccl when every process
-has a GPU of its own. --check: process 0 then runs the same job in one process with WORLD_SIZE
+has a GPU of its own (with fewer GPUs than processes they share them, and the comm is caf). --check: process 0 then runs the same job in one process with WORLD_SIZE
 ranks (each rank's share handed over with accumulate(rank=r)) and compares the parameters.
 """
 
@@ -80,7 +80,8 @@ def main():
         sys.exit(f"--batch {args.batch} does not split over {world} processes")
     device = "cpu"
     if args.device == "cuda":
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        # cuda:LOCAL_RANK; with fewer GPUs than processes they share them (comm auto: caf).
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}"
         torch.cuda.set_device(device)
     if rank == 0:
         print(f"# {world} processes, batch {args.batch} ({args.batch // world} each), "
