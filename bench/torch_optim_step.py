@@ -35,17 +35,12 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--d-model", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=256)
+    tt.add_model_args(ap, d_model=768, heads=12, layers=12, seq=128, batch=8)  # GPT-2-sized
     ap.add_argument("--zmuon-comm", default=None, help="caf | nccl (default: the engine's)")
     ap.add_argument("--zmuon-backend", default=None, help="host | cuda (default: the device's)")
     args = ap.parse_args()
     # What examples/torch_train.py's optimizers read from its arguments.
-    args.seed, args.muon_lr, args.adam_lr, args.momentum, args.weight_decay = 0, 0.02, 3e-3, 0.95, 0.01
+    args.muon_lr, args.adam_lr, args.momentum, args.weight_decay = 0.02, 3e-3, 0.95, 0.01
     if args.zmuon_backend is None:
         args.zmuon_backend = "cuda" if args.device.startswith("cuda") else "host"
     args.zmuon_staging = "auto"

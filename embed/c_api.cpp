@@ -270,6 +270,19 @@ int reduce_views(const char* fn, zmuon_engine* eng, int32_t rank, const zmuon_te
   });
 }
 
+int gather_spans(const char* fn, zmuon_engine* eng, const zmuon_tensor* params, size_t n,
+                 std::optional<void*> cuda_stream) {
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_span> spans;
+    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
+      return err;
+    return cuda_stream ? eng->eng->gather_params(spans, *cuda_stream)
+                       : eng->eng->gather_params(spans);
+  });
+}
+
 }  // namespace
 
 int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads, size_t n) {
@@ -305,28 +318,12 @@ int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
 }
 
 int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n) {
-  const char* fn = "zmuon_engine_gather_params";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    std::vector<zmuon::tensor_span> spans;
-    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
-      return err;
-    return eng->eng->gather_params(spans);
-  });
+  return gather_spans("zmuon_engine_gather_params", eng, params, n, std::nullopt);
 }
 
 int zmuon_engine_gather_params_on_stream(zmuon_engine* eng, const zmuon_tensor* params, size_t n,
                                          void* cuda_stream) {
-  const char* fn = "zmuon_engine_gather_params_on_stream";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    std::vector<zmuon::tensor_span> spans;
-    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
-      return err;
-    return eng->eng->gather_params(spans, cuda_stream);
-  });
+  return gather_spans("zmuon_engine_gather_params_on_stream", eng, params, n, cuda_stream);
 }
 
 int zmuon_engine_loss_scale(zmuon_engine* eng, float* out) {

@@ -8,41 +8,32 @@
 
 namespace zmuon {
 
-// Every rank sends its parameter shard to the first rank of every node (an all-to-all-v through
-// the comm actors); this process's first rank receives all shards, in place in the result.
-expected<tensor_map> engine::impl::gather_between_nodes() {
+error engine::impl::shards_to_node_leaders(const std::vector<comm_actor>& via,
+                                           const std::vector<float*>& shards,
+                                           const std::vector<float*>& target) {
   const auto& p = *pl;
-  std::vector<std::vector<float>> shards;
-  for (auto& r : ranks) {
-    auto shard = ask<std::vector<float>>(r.store, params_atom::value);
-    if (!shard)
-      return shard.err();
-    shards.push_back(std::move(*shard));
-  }
-  tensor_map out;
-  for (const auto& q : p.params)
-    out[q.name].resize(q.numel);
   auto is_leader = [&](int rank) {
     return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
            != node_first_ranks.end();
   };
   collective_tag tag{collective_kind::params, step, 0, host_collectives++};
   caf::scoped_actor self{*sys};
-  using handle = decltype(self->request(comms[0], timeout(), all_to_all_req{}));
+  using handle = decltype(self->request(via[0], timeout(), all_to_all_req{}));
   std::vector<handle> pending;
   for (int i = 0; i < local; ++i) {
     all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
                        std::vector<std::vector<segment>>(p.world)};
-    for (const auto& q : p.params)
-      for (int dst = 0; dst < p.world; ++dst) {
+    for (size_t k = 0; k < p.params.size(); ++k)
+      for (int peer = 0; peer < p.world; ++peer) {
+        const auto& q = p.params[k];
         int64_t n = valid_len(q, first_rank + i);
-        if (n > 0 && is_leader(dst))
-          req.sends[dst].push_back(segment{shards[i].data() + q.shard_offset, n});
-        int64_t m = valid_len(q, dst);
+        if (n > 0 && is_leader(peer))
+          req.sends[peer].push_back(segment{shards[i] + q.shard_offset, n});
+        int64_t m = valid_len(q, peer);
         if (m > 0 && i == 0)
-          req.recvs[dst].push_back(segment{out[q.name].data() + dst * q.shard_len, m});
+          req.recvs[peer].push_back(segment{target[k] + peer * q.shard_len, m});
       }
-    pending.push_back(self->request(comms[i], timeout(), std::move(req)));
+    pending.push_back(self->request(via[i], timeout(), std::move(req)));
   }
   error failed;
   for (auto& h : pending)
@@ -51,59 +42,47 @@ expected<tensor_map> engine::impl::gather_between_nodes() {
                 if (!failed)
                   failed = from_caf_error(err);
               });
-  if (failed)
-    return failed;
+  return failed;
+}
+
+expected<tensor_map> engine::impl::gather_between_nodes() {
+  std::vector<std::vector<float>> copies;  // the stores' shards in host memory
+  std::vector<float*> shards;
+  for (auto& r : ranks) {
+    auto shard = ask<std::vector<float>>(r.store, params_atom::value);
+    if (!shard)
+      return shard.err();
+    copies.push_back(std::move(*shard));
+    shards.push_back(copies.back().data());
+  }
+  tensor_map out;
+  std::vector<float*> target;
+  for (const auto& q : pl->params) {
+    auto& v = out[q.name];
+    v.resize(q.numel);
+    target.push_back(v.data());
+  }
+  if (auto err = shards_to_node_leaders(comms, shards, target))
+    return err;
   return out;
 }
 
 error engine::impl::gather_over_nccl(const std::vector<float*>& target,
                                      std::optional<void*> caller_stream) {
-  const auto& p = *pl;
-  std::vector<float_view> shards;  // the stores' own device buffers
+  std::vector<float*> shards;  // the stores' own device buffers
   for (auto& r : ranks) {
     auto view = ask<float_view>(r.store, params_view_atom::value);
     if (!view)
       return view.err();
-    shards.push_back(*view);
+    shards.push_back(view->data);
   }
-  auto is_leader = [&](int rank) {
-    return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
-           != node_first_ranks.end();
-  };
   // The buffers may still be read by the caller's queued work: the copies wait for it.
   for (int i = 0; caller_stream && i < local; ++i)
     if (auto err = on_backend("gather_params", first_rank + i,
                               [&] { ranks[i].backend->wait_for_stream(*caller_stream); }))
       return err;
-  collective_tag tag{collective_kind::params, step, 0, host_collectives++};
-  caf::scoped_actor self{*sys};
-  using handle = decltype(self->request(rank_comms[0], timeout(), all_to_all_req{}));
-  std::vector<handle> pending;
-  for (int i = 0; i < local; ++i) {
-    // Every rank sends its shards to each node's first rank, which receives them in place.
-    all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
-                       std::vector<std::vector<segment>>(p.world)};
-    for (int peer = 0; peer < p.world; ++peer)
-      for (size_t k = 0; k < p.params.size(); ++k) {
-        const auto& q = p.params[k];
-        int64_t n = valid_len(q, first_rank + i);
-        if (n > 0 && is_leader(peer))
-          req.sends[peer].push_back(segment{shards[i].data + q.shard_offset, n});
-        int64_t m = valid_len(q, peer);
-        if (m > 0 && i == 0)
-          req.recvs[peer].push_back(segment{target[k] + peer * q.shard_len, m});
-      }
-    pending.push_back(self->request(rank_comms[i], timeout(), std::move(req)));
-  }
-  error failed;
-  for (auto& h : pending)
-    h.receive([](comm_done&) {},
-              [&](caf::error& err) {
-                if (!failed)
-                  failed = from_caf_error(err);
-              });
-  if (failed)
-    return failed;
+  if (auto err = shards_to_node_leaders(rank_comms, shards, target))
+    return err;
   // Enqueued on the ranks' streams: the caller's buffers are written once they have run.
   for (int i = 0; i < local; ++i)
     if (auto err = on_backend("gather_params", first_rank + i, [&] {

@@ -214,6 +214,14 @@ struct engine::impl {
                   ? " (rank " + std::to_string(last) + ")"
                   : " (ranks " + std::to_string(firsts[n]) + "-" + std::to_string(last) + ")");
   }
+  /// Every local rank sends its parameter shard (`shards[i]`, in the plan's shard layout) to
+  /// each node's first rank through `via` (an all-to-all-v); this process's first rank
+  /// receives rank r's part of parameter k at `target[k] + r * shard_len`. Returns once every
+  /// comm has answered (nccl: enqueued on the ranks' streams).
+  error shards_to_node_leaders(const std::vector<comm_actor>& via,
+                               const std::vector<float*>& shards,
+                               const std::vector<float*>& target);
+  /// The full parameters on this process's first rank, over the caf comms (parameters()).
   expected<tensor_map> gather_between_nodes();
   /// gather_params into device buffers for every parameter (`target`, by parameter index) in a
   /// multi-process job under nccl: each node's first rank receives every rank's shards in place;

@@ -77,6 +77,17 @@ class TinyLM(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
+def add_model_args(ap, d_model=128, heads=4, layers=2, seq=64, batch=16):
+    """The options of the model (TinyLM) and its data (synthetic_batch), with these defaults."""
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--d-model", type=int, default=d_model)
+    ap.add_argument("--heads", type=int, default=heads)
+    ap.add_argument("--layers", type=int, default=layers)
+    ap.add_argument("--seq", type=int, default=seq)
+    ap.add_argument("--batch", type=int, default=batch)
+
+
 def synthetic_batch(args, step, device):
     """Tokens from a fixed sparse Markov chain (4 likely successors per token): learnable, so
     the loss falls well below log(vocab). The same batch for a given (seed, step)."""
@@ -264,13 +275,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16)
+    add_model_args(ap)
     ap.add_argument("--muon-lr", type=float, default=0.02)
     ap.add_argument("--adam-lr", type=float, default=3e-3)
     ap.add_argument("--momentum", type=float, default=0.95)

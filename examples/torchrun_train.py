@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_train import TinyLM, loss_of, synthetic_batch, zmuon  # noqa: E402
+from torch_train import TinyLM, add_model_args, loss_of, synthetic_batch, zmuon  # noqa: E402
 
 
 def config(args):
@@ -61,13 +61,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--device", default="cpu", help="cpu or cuda (cuda:LOCAL_RANK)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--d-model", type=int, default=128)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=16, help="the job's batch, split over processes")
+    add_model_args(ap)  # --batch: the job's batch, split over the processes
     ap.add_argument("--muon-lr", type=float, default=0.02)
     ap.add_argument("--adam-lr", type=float, default=3e-3)
     ap.add_argument("--check", action="store_true")
