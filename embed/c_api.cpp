@@ -191,6 +191,19 @@ int zmuon_engine_first_rank(const zmuon_engine* eng, int32_t* out) {
   return ZMUON_OK;
 }
 
+int zmuon_engine_sum_over_nodes(zmuon_engine* eng, double* values, size_t n) {
+  const char* fn = "zmuon_engine_sum_over_nodes";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || (n > 0 && !values))
+      return null_arg(fn, !eng ? "eng" : "values");
+    auto sums = eng->eng->sum_over_nodes(std::vector<double>(values, values + n));
+    if (!sums)
+      return sums.err();
+    std::copy(sums->begin(), sums->end(), values);
+    return {};
+  });
+}
+
 void zmuon_engine_destroy(zmuon_engine* eng) {
   try {
     delete eng;

@@ -51,8 +51,10 @@ def train(args, rank, world, device, **job):
             opt.accumulate(rank=r)
             opt.zero_grad()
         opt.step()
-        if "nodes" in job and rank == 0 and (step % 10 == 0 or step == 1):
-            print(f"step {step:4d}  loss of process 0's share {loss.item():.6f}", flush=True)
+        if "nodes" in job and (step % 10 == 0 or step == 1):
+            job_loss = opt.sum_over_processes([loss.item()])[0] / world  # every process calls it
+            if rank == 0:
+                print(f"step {step:4d}  loss {job_loss:.6f}", flush=True)
     opt.close()
     return model
 

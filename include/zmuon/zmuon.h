@@ -112,6 +112,10 @@ ZMUON_API int zmuon_engine_create_node(const char* config_json, const char* cons
 ZMUON_API int zmuon_engine_start(zmuon_engine* eng);
 /* The first rank this process runs (0 unless it is one process of a multi-process job). */
 ZMUON_API int zmuon_engine_first_rank(const zmuon_engine* eng, int32_t* out);
+/* Sums `n` values (e.g. the loss of this process's share) over the processes of a multi-process
+ * job, in place: every process calls it with its own and gets the sums. In one process the
+ * values stay as they are. */
+ZMUON_API int zmuon_engine_sum_over_nodes(zmuon_engine* eng, double* values, size_t n);
 /* Stops the engine's ranks and frees the handle. NULL is fine. */
 ZMUON_API void zmuon_engine_destroy(zmuon_engine* eng);
 

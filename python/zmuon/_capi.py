@@ -131,6 +131,7 @@ def _load():
                                              ctypes.POINTER(eng_p)]),
         "zmuon_engine_start": (c_int, [eng_p]),
         "zmuon_engine_first_rank": (c_int, [eng_p, ctypes.POINTER(c_i32)]),
+        "zmuon_engine_sum_over_nodes": (c_int, [eng_p, ctypes.POINTER(ctypes.c_double), c_size]),
         "zmuon_engine_destroy": (None, [eng_p]),
         "zmuon_engine_world": (c_int, [eng_p, ctypes.POINTER(c_i32)]),
         "zmuon_engine_add_parameter": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(c_i64),
@@ -237,6 +238,11 @@ class Engine:
 
     def start(self):
         _check(_lib.zmuon_engine_start(self._h()))
+
+    def sum_over_nodes(self, values):
+        arr = (ctypes.c_double * max(len(values), 1))(*values)
+        _check(_lib.zmuon_engine_sum_over_nodes(self._h(), arr, len(values)))
+        return list(arr[:len(values)])
 
     def add_parameter(self, name, shape, group=GROUP_AUTO, heads=0, init_ptr=None, numel=0):
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)

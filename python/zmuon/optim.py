@@ -259,6 +259,12 @@ class Muon:
     def uses_muon(self, name):
         return self._engine.uses_muon(name)
 
+    def sum_over_processes(self, values):
+        """The sums of `values` (numbers, e.g. this process's loss) over the processes of a
+        multi-process job: every process calls it, in the same order; in one process, the
+        values. No torch.distributed needed for logging the job's loss."""
+        return self._engine.sum_over_nodes([float(v) for v in values])
+
     def loss_scale(self):
         """The scale to multiply the next loss by (1 without fp16)."""
         return self._engine.loss_scale()

@@ -56,7 +56,7 @@ def worker(node_rank, master, out_path, config_json, checkpoint_dir):
         with open(out_path, "w", encoding="utf-8") as f:
             json.dump({"error": type(e).__name__, "message": str(e)}, f)
         return
-    result = {"world": opt.world}
+    result = {"world": opt.world, "sums": opt.sum_over_processes([node_rank + 1, 0.25])}
     for step in range(1, STEPS + 1):
         opt.accumulate(grads=grads_of(node_rank, step))  # its own rank by default
         opt.step()
@@ -96,6 +96,7 @@ class NodesTest(unittest.TestCase):
         config = {"optimizer": {"params": {"lr": 0.05}}}
         reference = initial_params()
         opt = zmuon.Muon(reference, config, ranks=2)
+        self.assertEqual(opt.sum_over_processes([1.5, -2]), [1.5, -2.0])  # one process
         for step in range(1, STEPS + 1):
             for rank in (0, 1):
                 opt.accumulate(grads=grads_of(rank, step), rank=rank)
@@ -112,6 +113,7 @@ class NodesTest(unittest.TestCase):
             manifest = read_json(os.path.join(ckpt, latest, "manifest.json"))
         for i in (0, 1):
             self.assertEqual(info[i]["world"], 2)
+            self.assertEqual(info[i]["sums"], [3.0, 0.5])  # 1 + 2, 0.25 + 0.25
             self.assertIn("save_checkpoint(dir)", info[i]["state_dict"])
             self.assertEqual(info[i]["loaded_step"], STEPS)
         self.assertEqual(latest, f"step_{STEPS:08d}")
