@@ -142,6 +142,16 @@ class NodesTest(unittest.TestCase):
                 self.assertIn("the config of node 1 differs from node 0's at "
                               "'optimizer.params.momentum'", failed["message"])
 
+    def test_a_missing_process_is_a_timeout_not_a_hang(self):
+        quick = ["zmuon.timeout_ms=500"]
+        with self.assertRaisesRegex(zmuon.Timeout, "not every node joined within 500 ms"):
+            zmuon.Muon(initial_params(), overrides=quick, nodes=2, node_rank=0,
+                       master="127.0.0.1:0")
+        with self.assertRaisesRegex(zmuon.Timeout, "node 1 found no rendezvous at "
+                                                   "127.0.0.1:1 within 500 ms"):
+            zmuon.Muon(initial_params(), overrides=quick, nodes=2, node_rank=1,
+                       master="127.0.0.1:1")
+
     def test_incomplete_node_arguments_are_refused(self):
         with self.assertRaisesRegex(zmuon.InvalidArgument, "needs nodes, node_rank and master"):
             zmuon.Muon(initial_params(), nodes=2, node_rank=0)
