@@ -237,3 +237,60 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
              == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::strstr(zmuon_last_error(), "zmuon_engine_reduce_on_stream") != nullptr);
 }
+
+// One process of a multi-process job through the C ABI: bad arguments are named; a one-node job
+// (its rendezvous on a free port) with two ranks runs the same steps as a plain two-rank engine,
+// to the same bits, and its sums over the nodes are the values themselves.
+BOOST_AUTO_TEST_CASE(a_node_process_through_the_c_abi) {
+  zmuon_engine* eng = nullptr;
+  BOOST_TEST(zmuon_engine_create_node(nullptr, nullptr, 0, 2, 0, 1, nullptr, &eng)
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "master is NULL") != nullptr);
+  BOOST_TEST(zmuon_engine_create_node(nullptr, nullptr, 0, 2, 2, 1, "127.0.0.1:0", &eng)
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "node rank 2 is outside [0, 2)") != nullptr);
+  BOOST_TEST(zmuon_engine_create_node(nullptr, nullptr, 0, 1, 0, 1, "nohost", &eng)
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "expected HOST:PORT") != nullptr);
+  BOOST_TEST(zmuon_engine_start(nullptr) == ZMUON_INVALID_ARGUMENT);
+
+  const int64_t shape[] = {4, 6};
+  std::vector<float> init(24, 0.5f);
+  auto run = [&](bool node) {
+    zmuon_engine* e = nullptr;
+    const char* two = R"({"zmuon": {"ranks": 2}})";
+    BOOST_REQUIRE((node ? zmuon_engine_create_node(nullptr, nullptr, 0, 1, 0, 2, "127.0.0.1:0", &e)
+                        : zmuon_engine_create(two, nullptr, 0, &e))
+                  == ZMUON_OK);
+    BOOST_REQUIRE(zmuon_engine_add_parameter(e, "w", shape, 2, ZMUON_GROUP_AUTO, 0, init.data(), 24)
+                  == ZMUON_OK);
+    BOOST_REQUIRE(zmuon_engine_start(e) == ZMUON_OK);
+    int32_t world = 0, first = -1;
+    BOOST_TEST(zmuon_engine_world(e, &world) == ZMUON_OK);
+    BOOST_TEST(zmuon_engine_first_rank(e, &first) == ZMUON_OK);
+    BOOST_TEST(world == 2);
+    BOOST_TEST(first == 0);
+    std::vector<float> g(24);
+    for (int step = 1; step <= 2; ++step) {
+      for (int r = 0; r < 2; ++r) {
+        for (size_t i = 0; i < g.size(); ++i)
+          g[i] = std::sin(0.3f * float(i + 7 * r + 13 * step));
+        zmuon_tensor t{"w", g.data(), 24, ZMUON_HOST};
+        BOOST_REQUIRE(zmuon_engine_reduce(e, r, &t, 1) == ZMUON_OK);
+      }
+      BOOST_REQUIRE(zmuon_engine_step(e, nullptr) == ZMUON_OK);
+    }
+    double sums[2] = {1.5, -2.0};
+    BOOST_TEST(zmuon_engine_sum_over_nodes(e, sums, 2) == ZMUON_OK);
+    BOOST_TEST((sums[0] == 1.5 && sums[1] == -2.0));
+    std::vector<float> w(24, NAN);
+    zmuon_tensor out{"w", w.data(), 24, ZMUON_HOST};
+    BOOST_REQUIRE(zmuon_engine_gather_params_on_stream(e, &out, 1, nullptr) == ZMUON_OK);
+    zmuon_engine_destroy(e);
+    return w;
+  };
+  const auto plain = run(false);
+  const auto node = run(true);
+  BOOST_TEST(node == plain);
+  BOOST_TEST(plain != init);  // the steps moved it
+}
