@@ -212,6 +212,15 @@ error engine::impl::adopt(const engine_options& options, const node_setup& node)
   return {};
 }
 
+error engine::impl::start_for(int rank) {
+  if (join_job)  // a process of a multi-process job knows its ranks once it has joined
+    if (auto err = start())
+      return err;
+  if (auto err = check_local(rank))
+    return err;
+  return start();
+}
+
 error engine::impl::check_local(int rank) const {
   if (rank >= first_rank && rank < first_rank + local)
     return {};
@@ -379,12 +388,7 @@ expected<step_info> engine::step() {
 
 expected<rank_state> engine::snapshot(int rank) {
   auto& d = *impl_;
-  if (d.join_job)  // a process of a multi-process job knows its ranks once it has joined
-    if (auto err = d.start())
-      return err;
-  if (auto err = d.check_local(rank))
-    return err;
-  if (auto err = d.start())
+  if (auto err = d.start_for(rank))
     return err;
   return d.ask<rank_state>(d.ranks[rank - d.first_rank].store, snapshot_atom::value);
 }

@@ -49,12 +49,7 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda
 error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
                            std::optional<void*> caller_stream) {
   auto& d = *impl_;
-  if (d.join_job)  // a process of a multi-process job knows its ranks once it has joined
-    if (auto err = d.start())
-      return err;
-  if (auto err = d.check_local(rank))
-    return err;
-  if (auto err = d.start())
+  if (auto err = d.start_for(rank))
     return err;
   const auto& pl = *d.pl;
   std::vector<const float*> source;

@@ -196,6 +196,9 @@ struct engine::impl {
     rec.flush();
   }
   error check_local(int rank) const;
+  /// start() for a call on global rank `rank`: the rank is checked first (a bad one starts
+  /// nothing), except where a joining process learns its ranks only when it starts.
+  error start_for(int rank);
   /// Local rank `rank`'s compute backend, or why there is none (`call` names the caller).
   expected<compute_backend*> backend_of(int rank, const char* call) const;
   bool multi_node() const { return !node_first_ranks.empty(); }
