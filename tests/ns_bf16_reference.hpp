@@ -69,6 +69,7 @@ inline std::vector<float> bf16_reference(const std::vector<float>& input, const 
           b[ij] =
               round_bf16(static_cast<float>(abc[2] * dot + static_cast<double>(abc[1]) * a[ij]));
         }
+        b[static_cast<size_t>(i * m + i)] = round_bf16(b[static_cast<size_t>(i * m + i)] + abc[0]);
       }
       for (int64_t i = 0; i < m; ++i) {
         for (int64_t j = 0; j < n; ++j) {
@@ -77,7 +78,7 @@ inline std::vector<float> bf16_reference(const std::vector<float>& input, const 
             dot += static_cast<double>(b[static_cast<size_t>(i * m + l)])
                    * x[static_cast<size_t>(l * n + j)];
           const size_t ij = static_cast<size_t>(i * n + j);
-          next[ij] = round_bf16(static_cast<float>(dot + static_cast<double>(abc[0]) * x[ij]));
+          next[ij] = round_bf16(static_cast<float>(dot));
         }
       }
       std::swap(x, next);

@@ -1,5 +1,5 @@
-// The Gram variant of Newton-Schulz with cuBLAS (see gram_newton_schulz.hpp), and its one small
-// kernel: Q = a*I + Z.
+// The Gram variant of Newton-Schulz with cuBLAS and the own Hopper GEMM (see
+// gram_newton_schulz.hpp).
 
 #include "kernels/cuda/gram_newton_schulz.hpp"
 
@@ -14,18 +14,6 @@
 
 namespace zmuon::gpu {
 namespace {
-
-/// q = z + a*I for `batch` column-major [m, m] matrices stored back to back.
-__global__ void plus_identity_kernel(const __nv_bfloat16* __restrict__ z, int64_t m, int64_t n,
-                                     float a, __nv_bfloat16* __restrict__ q) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    const int64_t within = i % (m * m);
-    const float v = __bfloat162float(z[i]) + (within / m == within % m ? a : 0.0f);
-    q[i] = __float2bfloat16_rn(v);
-  }
-}
 
 [[noreturn]] void reject(const std::string& what) {
   throw failure(error(errc::invalid_argument, "newton_schulz (gram): " + what));
@@ -117,7 +105,7 @@ void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int
   const auto product = [&](float alpha, const __nv_bfloat16* p, const __nv_bfloat16* q, float beta,
                            const __nv_bfloat16* c, __nv_bfloat16* d) {
     if (!own_square) {
-      gemm_.run(stream, square, alpha, p, q, beta, c, d);
+      gemm_.run(stream, square, alpha, p, q, beta, beta != 0.0f ? c : d, d);
       return;
     }
     sm90_gemm_args g;
@@ -150,20 +138,22 @@ void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int
   } else {
     gemm_.run(stream, gram_shape, 1.0f, cur, cur, 0.0f, r, r);
   }
+  // Z' = Z + a*I carries every "+ a*..." term: Q = a*I + Z is Z' itself, and Z*Q + a*Q,
+  // Z*R + a*R and T*Z + a*T are Z'*Q, Z'*R and T*Z', products that read no C.
   for (int j = 0; j < count; ++j) {
     const auto& abc = ns_coefficients_at(ns, first + j);
     product(abc[2], r, r, abc[1], r, z);  // Z = c*R*R + b*R
-    if (j == 0) {                         // Q = a*I + Z
-      plus_identity_kernel<<<grid_for(batch * gram), kThreads, 0, stream>>>(z, m, batch * gram,
-                                                                            abc[0], q);
-      ZMUON_LAUNCH_CHECK();
-    } else {  // Q = Z*Q + a*Q
-      product(1.0f, z, q, abc[0], q, q_next);
+    launch_add_to_diagonal(stream, z, m, batch, abc[0]);
+    const __nv_bfloat16* const z_plus = z;
+    if (j == 0) {  // Q = Z'; z takes Q's free buffer for the next Z
+      std::swap(q, z);
+    } else {  // Q = Z' Q
+      product(1.0f, z_plus, q, 0.0f, nullptr, q_next);
       std::swap(q, q_next);
     }
     if (j + 1 < count) {
-      product(1.0f, z, r, abc[0], r, t);  // T = Z*R + a*R
-      product(1.0f, t, z, abc[0], t, r);  // R = T*Z + a*T
+      product(1.0f, z_plus, r, 0.0f, nullptr, t);  // T = Z' R
+      product(1.0f, t, z_plus, 0.0f, nullptr, r);  // R = T Z'
     }
   }
   if (tall) {

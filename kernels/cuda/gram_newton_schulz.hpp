@@ -1,7 +1,8 @@
 // The Gram variant of Newton-Schulz on the GPU (ns_variant::gram, kernels/ns_variants.hpp): per
-// block of steps, R = X X^T once, then only [m, m] products — Z = b*R + c*R*R, Q = a*Q + Z*Q
-// (Q = a*I + Z on the block's first step), T = a*R + Z*R, R = a*T + T*Z — and X = Q X once at
-// the block's end. bf16 operands and fp32 accumulation throughout (gemm_runner, gemm.hpp), as
+// block of steps, R = X X^T once, then only [m, m] products — Z = b*R + c*R*R, Z' = Z + a*I (a
+// kernel on the diagonals), Q = Z'*Q (Q = Z' on the block's first step), T = Z'*R, R = T*Z' —
+// and X = Q X once at the block's end. Z' carries every "+ a*..." term, so only Z's product
+// reads a C. bf16 operands and fp32 accumulation throughout (gemm_runner, gemm.hpp), as
 // the standard path; restarts every ns.gram_restart steps (the Polar Express paper's remedy for
 // Q's conditioning in low precision) recompute R from X.
 //

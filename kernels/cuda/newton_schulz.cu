@@ -1,5 +1,6 @@
-// Newton-Schulz iteration with cuBLAS (see newton_schulz.hpp), and its three small kernels: the
-// per-matrix sum of squares, the per-matrix 1/(||X||_F + eps), and the fp32 <-> bf16 passes.
+// Newton-Schulz iteration with cuBLAS (see newton_schulz.hpp), and its small kernels: the
+// per-matrix sum of squares, the per-matrix 1/(||X||_F + eps), the fp32 <-> bf16 passes, the
+// diagonal shift B += a*I and the mirror copies of the symmetric products' blocks.
 
 #include "kernels/cuda/newton_schulz.hpp"
 
@@ -140,6 +141,18 @@ __global__ void from_bf16_kernel(const __nv_bfloat16* __restrict__ in, int64_t n
     float v[Width];
     load<Width>(in + i * Width, v);
     store<Width>(out + i * Width, v);
+  }
+}
+
+/// B[q] += a*I for `batch` column-major [m, m] matrices stored back to back (only the diagonal
+/// is read and written): the update X' = B X + a X then needs no read of X as the GEMM's C.
+__global__ void add_to_diagonal_kernel(__nv_bfloat16* __restrict__ b, int64_t m, int64_t count,
+                                       float a) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    __nv_bfloat16* at = b + (i / m) * m * m + (i % m) * (m + 1);
+    *at = __float2bfloat16_rn(__bfloat162float(*at) + a);
   }
 }
 
@@ -353,7 +366,7 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
   // B = c*A*A + b*A.
   const gemm_shape square_shape{CUBLAS_OP_N, CUBLAS_OP_N, mi,   mi,   mi,   mi,
                                 mi,          mi,          gram, gram, gram, bi};
-  // X' = B*X + a*X (wide: Xc' = Xc B^T + a*Xc; tall: X' = B X + a*X).
+  // X' = B' X with B' = B + a*I (wide: Xc' = Xc B'^T; tall: X' = B' X).
   const gemm_shape update_shape =
       tall ? gemm_shape{CUBLAS_OP_N, CUBLAS_OP_N, mi, ni, mi, mi, mi, mi, gram, numel, numel, bi}
            : gemm_shape{CUBLAS_OP_N, CUBLAS_OP_T, ni, mi, mi, ni, mi, ni, numel, gram, numel, bi};
@@ -426,10 +439,12 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
     } else {
       gemm_.run(stream, square_shape, abc[2], a_.data(), a_.data(), abc[1], a_.data(), b_.data());
     }
+    // B' = B + a*I, so that X' = B' X reads X once (as a GEMM operand, not again as its C).
+    launch_add_to_diagonal(stream, b_.data(), m, batch, abc[0]);
     if (tall) {
-      gemm_.run(stream, update_shape, 1.0f, b_.data(), cur, abc[0], cur, next);
+      gemm_.run(stream, update_shape, 1.0f, b_.data(), cur, 0.0f, next, next);
     } else {
-      gemm_.run(stream, update_shape, 1.0f, cur, b_.data(), abc[0], cur, next);
+      gemm_.run(stream, update_shape, 1.0f, cur, b_.data(), 0.0f, next, next);
     }
     cur = next;
   }
@@ -529,6 +544,14 @@ void launch_normalize_to_bf16(const launch_context& ctx, ns_io x, int64_t batch,
     normalize_to_bf16(ctx, x.bf16, batch, numel, eps, partial_sums, inv_norms, out);
   else
     normalize_to_bf16(ctx, x.f32, batch, numel, eps, partial_sums, inv_norms, out);
+}
+
+void launch_add_to_diagonal(cudaStream_t stream, __nv_bfloat16* b, int64_t m, int64_t batch,
+                            float a) {
+  if (batch <= 0 || m <= 0)
+    return;
+  add_to_diagonal_kernel<<<grid_for(batch * m), kThreads, 0, stream>>>(b, m, batch * m, a);
+  ZMUON_LAUNCH_CHECK();
 }
 
 void launch_ns_result(const launch_context& ctx, const __nv_bfloat16* result, int64_t n,

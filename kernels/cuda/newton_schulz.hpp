@@ -1,6 +1,7 @@
 // Newton-Schulz on the GPU: bf16 operands, fp32 accumulation, one strided-batched cuBLAS GEMM per
-// product over all `batch` same-shape matrices (gemm.hpp), with b*A and a*X carried by the GEMMs'
-// beta: per iteration, A = X X^T; B = c*A*A + b*A; X' = B*X + a*X, three GEMMs and nothing else.
+// product over all `batch` same-shape matrices (gemm.hpp): per iteration, A = X X^T;
+// B = c*A*A + b*A (b*A carried by the GEMM's beta); B += a*I (a kernel on the diagonals only);
+// X' = B*X, so that the update reads X once, as an operand, and not again as the GEMM's C.
 //
 // Symmetric products: A and B are symmetric, so when the Gram side m splits into k blocks (each
 // a multiple of 32, at least the configured side) only the k(k+1)/2 lower blocks of A and of

@@ -1,7 +1,8 @@
-// The per-matrix normalization and bf16 conversions of Newton-Schulz (kernels defined in
-// newton_schulz.cu), for the other NS evaluations (gram_newton_schulz.cu) to share, and where an
-// evaluation reads its input and writes its result: fp32 values, or the bf16 bits of the Muon
-// phase's bf16 transport (read and written directly, so that no fp32 copy of the chunk exists).
+// The per-matrix normalization, bf16 conversions and diagonal shift of Newton-Schulz (kernels
+// defined in newton_schulz.cu), for the other NS evaluations (gram_newton_schulz.cu) to share,
+// and where an evaluation reads its input and writes its result: fp32 values, or the bf16 bits of
+// the Muon phase's bf16 transport (read and written directly, so that no fp32 copy of the chunk
+// exists).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,6 +45,12 @@ inline bool lands_in_caller_buffer(const ns_io& x) {
 inline __nv_bfloat16* step_output(int i, int total, __nv_bfloat16* out, __nv_bfloat16* spare) {
   return (total - i) % 2 == 0 ? out : spare;
 }
+
+/// b[q] += a*I for `batch` column-major [m, m] bf16 matrices stored back to back, on `stream`
+/// (the diagonals only are read and written): folds NS's "+ a*X" term into the matrix that
+/// multiplies X, so that the product reads no C.
+void launch_add_to_diagonal(cudaStream_t stream, __nv_bfloat16* b, int64_t m, int64_t batch,
+                            float a);
 
 /// out = result, n elements, on ctx.stream: widened to fp32, or copied as bf16.
 void launch_ns_result(const launch_context& ctx, const __nv_bfloat16* result, int64_t n, ns_io out);
