@@ -1,14 +1,16 @@
 // bench_ns: zmuon's CUDA Newton-Schulz (NS5) against the device's own ceilings, in one run.
 //
 // Measures the bf16 GEMM ceiling (cuBLAS, 8192^3, random data) and the device-to-device copy
-// bandwidth, then times the backend's newton_schulz() on the issue's shapes, the batch of
-// 48 x 768x768 and the same 48 matrices one call each, and the Muon matrices of a GPT-2 124M
-// and a Llama-style 1B table batched by shape ("TABLE table" rows: batch = matrices, "graph ms"
-// holds the full-GEMM floor at the measured ceiling). Each timing: input restored, stream
-// idle, events around the one call (so host launch overhead counts), median of --reps.
-// Prints a table and, with --json PATH, writes the figures for bench/ns_torch.py's final table.
-// Then the symmetric products' sweep: every shape and table again at each smallest block side
-// of --sym (0: full products), direct and replayed from graphs, with the blocks per side used.
+// bandwidth, then times the backend's newton_schulz() with the engine's default variant
+// (automatic: Gram on wide batches with the work for it; the standard iteration beside it
+// there) on the issue's shapes, the batch of 48 x 768x768 and the same 48 matrices one call
+// each, and the Muon matrices of a GPT-2 124M and a Llama-style 1B table batched by shape
+// ("TABLE table" rows: batch = matrices, "graph ms" holds the full-GEMM floor at the measured
+// ceiling). Each timing: input restored, stream idle, events around the one call (so host
+// launch overhead counts), median of --reps. Prints a table and, with --json PATH, writes the
+// figures for bench/ns_torch.py's final table. Then the symmetric products' sweep (standard
+// iteration): every shape and table again at each smallest block side of --sym (0: full
+// products), direct and replayed from graphs, with the blocks per side used.
 //
 //   bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]
 //   bench_ns [--reps N] --tables     # the tables only, group by group (ZMUON_GEMM_CANDIDATES=N
@@ -112,11 +114,13 @@ ceilings measure_ceilings(const main_stream& stream, int reps) {
 
 struct result {
   shape s;
-  double ms;  // the backend as the engine runs it (cuBLASLt GEMMs, C != D)
+  double ms;  // the backend as the engine runs it (its default variant, cuBLASLt GEMMs)
   double tflops;
-  double copy_ms;     // the fallback path: copy C into D, cublasGemmStridedBatchedEx
-  double graph_ms;    // the iterations' GEMMs replayed from a CUDA graph
-  double enqueue_ms;  // host time to enqueue one call (launch overhead)
+  double copy_ms;                    // the fallback path: copy C into D, cublasGemmStridedBatchedEx
+  double graph_ms;                   // the iterations' GEMMs replayed from a CUDA graph
+  double enqueue_ms;                 // host time to enqueue one call (launch overhead)
+  const char* variant = "standard";  // what the default variant ran
+  double standard_ms = 0;            // the standard iteration, where the default ran Gram
 };
 
 /// Median host milliseconds that `body` takes to return (it only enqueues).
@@ -231,7 +235,11 @@ int main(int argc, char* argv[]) {
     if (tables_mode)
       return run_tables(backend, reps, top.gemm_tflops);
 
-    const zmuon::ns_options ns;  // NS5, (3.4445, -4.7750, 2.0315)
+    // NS5, (3.4445, -4.7750, 2.0315), with the variant the engine runs by default (automatic:
+    // Gram for wide batches with the work for it); `standard` times the plain iteration.
+    const zmuon::ns_options ns = zmuon::automatic_ns();
+    zmuon::ns_options standard = ns;
+    standard.variant = zmuon::ns_variant::standard;
     const std::vector<shape> shapes = {
         {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
         {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"8192x8192", 1, 8192, 8192},
@@ -261,6 +269,12 @@ int main(int argc, char* argv[]) {
       backend.set_ns_graphs(zmuon::gpu::graph_mode::on);
       r.graph_ms = measure(run);
       backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
+      if (zmuon::ns_uses_gram(ns, s.rows, s.cols,
+                              zmuon::gpu_automatic_variant(s.batch, s.rows, s.cols))) {
+        r.variant = "gram";
+        r.standard_ms =
+            measure([&] { backend.newton_schulz(x, s.batch, s.rows, s.cols, standard); });
+      }
       results.push_back(r);
 
       if (s.batch > 1) {  // the same matrices, one call each
@@ -312,7 +326,7 @@ int main(int argc, char* argv[]) {
     for (const table& t : sweep) {
       table_buffers buffers(t, 13);
       const auto restore = [&] { buffers.restore(stream); };
-      const auto run = [&] { buffers.run(backend, ns); };
+      const auto run = [&] { buffers.run(backend, standard); };
       std::printf("SYM %-12s", t.label.c_str());
       for (const int64_t side : sym_sides) {
         backend.set_ns_symmetric_block(side);
@@ -345,14 +359,18 @@ int main(int argc, char* argv[]) {
 
     std::printf("\nzmuon NS5 (cuda backend, bf16 GEMMs, fp32 in/out), median of %d\n", reps);
     std::printf(
-        "(copy: C copied into D + cublasGemmStridedBatchedEx; graph: the GEMMs replayed "
+        "(the engine's default variant, named; standard: the plain iteration where that is "
+        "Gram; copy: C copied into D + cublasGemmStridedBatchedEx; graph: the GEMMs replayed "
         "from a CUDA graph; enqueue: host time to issue the call)\n");
-    std::printf("%-18s %10s %10s %9s %10s %10s %10s\n", "shape", "ms", "TFLOP/s", "ceiling",
-                "copy ms", "graph ms", "enqueue");
+    std::printf("%-18s %-9s %10s %10s %9s %12s %10s %10s %10s\n", "shape", "variant", "ms",
+                "TFLOP/s", "ceiling", "standard ms", "copy ms", "graph ms", "enqueue");
     for (const result& r : results) {
-      std::printf("%-18s %10.3f %10.1f %8.0f%% %10.3f %10.3f %10.3f\n", r.s.label.c_str(), r.ms,
-                  r.tflops, 100.0 * r.tflops / top.gemm_tflops, r.copy_ms, r.graph_ms,
-                  r.enqueue_ms);
+      char standard_text[16] = "";
+      if (r.standard_ms > 0)
+        std::snprintf(standard_text, sizeof standard_text, "%.3f", r.standard_ms);
+      std::printf("%-18s %-9s %10.3f %10.1f %8.0f%% %12s %10.3f %10.3f %10.3f\n", r.s.label.c_str(),
+                  r.variant, r.ms, r.tflops, 100.0 * r.tflops / top.gemm_tflops, standard_text,
+                  r.copy_ms, r.graph_ms, r.enqueue_ms);
     }
     if (!json_path.empty()) {
       std::ofstream out(json_path);
@@ -365,7 +383,8 @@ int main(int argc, char* argv[]) {
         out << "    {\"label\": \"" << r.s.label << "\", \"batch\": " << r.s.batch
             << ", \"rows\": " << r.s.rows << ", \"cols\": " << r.s.cols << ", \"ms\": " << r.ms
             << ", \"tflops\": " << r.tflops << ", \"copy_ms\": " << r.copy_ms
-            << ", \"graph_ms\": " << r.graph_ms << ", \"enqueue_ms\": " << r.enqueue_ms << "}"
+            << ", \"graph_ms\": " << r.graph_ms << ", \"enqueue_ms\": " << r.enqueue_ms
+            << ", \"variant\": \"" << r.variant << "\", \"standard_ms\": " << r.standard_ms << "}"
             << (i + 1 < results.size() ? ",\n" : "\n");
       }
       out << "  ]\n}\n";

@@ -2,7 +2,9 @@
 // their P rows; layout of a block (Consumers * 128 + 32 threads):
 //   threads 0 .. 128*Consumers-1   consumer warpgroups, one per tile: wgmma over the stages,
 //                                  then the tile's epilogue;
-//   the last warp                  the producer: one thread issues the bulk tensor copies.
+//   the last warp                  the producer: one thread issues the bulk tensor copies
+//                                  (and, with beta, asks the epilogue's C rows into L2 a few
+//                                  slices before the last).
 // Shared memory: `Stages` stages of [P slice 128x64 | Q slice (128*Consumers)x64] bf16, each
 // slice 128-byte swizzled as the tensor maps write it (and as wgmma's descriptors read it), then
 // the stages' full/empty barriers. Stage s is "full" when both copies have landed (the copy
@@ -32,6 +34,7 @@ constexpr int kSliceBytes = kTile * kSlice * 2;       // 16 KB
 constexpr int kStagedLd = kTile + 8;  // floats per staged epilogue row: 8 more keeps half-warps
                                       // off each other's banks when the fragments go in
 constexpr int kStagedBytes = kTile * kStagedLd * 4;
+constexpr int kPrefetchSlices = 6;  // how many slices before the last the C tile is prefetched
 
 template <int Consumers>
 __host__ __device__ constexpr int threads() {
@@ -105,6 +108,13 @@ __device__ __forceinline__ void copy_slice(void* dst, const CUtensorMap* map, ui
       "[%0], [%1, {%2, %3, %4}], [%5];" ::"r"(shared_address(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(matrix), "r"(shared_address(bar))
       : "memory");
+}
+
+/// Starts moving `bytes` (a multiple of 16) at `p` (16-byte aligned) from memory into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)),
+               "r"(bytes)
+               : "memory");
 }
 
 /// wgmma's shared-memory descriptor of a K-major operand in 128-byte swizzled rows: 8-row
@@ -317,7 +327,17 @@ __global__ void __launch_bounds__(threads<Consumers>())
 
   if (threadIdx.x >= Consumers * kGroupThreads) {
     if (threadIdx.x == Consumers * kGroupThreads) {
+      // The epilogue's C rows, asked into L2 a few slices before the last, so that the epilogue
+      // reads them from L2 rather than waiting on memory (the tile's last act otherwise).
+      const int prefetch_at = max(0, prm.slices - kPrefetchSlices);
       for (int kb = 0; kb < prm.slices; ++kb) {
+        if (kb == prefetch_at && prm.c != nullptr) {
+          const __nv_bfloat16* c = prm.c + w.matrix * prm.stride_c
+                                   + int64_t{w.tile_m} * kTile * prm.ld_c
+                                   + int64_t{w.tile_n0} * kTile;
+          for (int row = 0; row < kTile; ++row)
+            prefetch_l2(c + row * prm.ld_c, w.active * kTile * 2);
+        }
         const int s = kb % Stages;
         barrier_wait(&empty[s], ((kb / Stages) & 1) ^ 1);
         barrier_expect_bytes(&full[s], kStageBytes);
