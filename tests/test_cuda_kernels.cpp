@@ -409,10 +409,11 @@ std::vector<float> floats_of(const gpu::device_array<__nv_bfloat16>& d, int64_t 
 
 // The own Hopper GEMM (sm90_gemm.hpp) against cuBLAS's whole product on the same bf16 operands:
 // D = alpha P Q^T + beta C, plain and symmetric (upper tiles computed, the rest mirrored: D
-// must then be symmetric bit for bit), with and without C, batched, tiles of several k slices,
-// each block shape (one or two tiles per block; odd tile counts leave a block's second tile
-// outside D). D starts as NaNs, so a tile left unwritten fails. Both sum in fp32, so only the
-// order of the sums may differ: within 1e-2 relative (bf16's rounding of the outputs is 4e-3).
+// must then be symmetric bit for bit), with and without C (also C in P's own buffer, as NS's
+// B = c A A + b A has it), batched, tiles of several k slices, each block shape (one or two
+// tiles per block; odd tile counts leave a block's second tile outside D). D starts as NaNs, so
+// a tile left unwritten fails. Both sum in fp32, so only the order of the sums may differ:
+// within 1e-2 relative (bf16's rounding of the outputs is 4e-3).
 BOOST_AUTO_TEST_CASE(against_cublas) {
   if (!gpu::sm90_gemm_available()) {
     BOOST_TEST_MESSAGE("own_gemm: not a compute capability 9.0 device, skipped");
@@ -422,19 +423,33 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
     int64_t batch, m, n, k;
     float alpha, beta;
     bool symmetric;
+    bool c_is_p = false;  // C is P's own buffer (B = c A A + b A)
   };
-  const gemm_case cases[] = {
-      {3, 256, 384, 192, 1.0f, 0.0f, false},        {2, 128, 256, 512, 0.5f, 3.4445f, false},
-      {1, 384, 640, 128, 1.0f, 1.0f, false},        {3, 384, 384, 256, 1.0f, 0.0f, true},
-      {2, 512, 512, 2048, 2.0315f, -4.7750f, true}, {2, 640, 640, 64, 1.0f, -1.0f, true},
-      {2, 768, 768, 192, 1.0f, 0.5f, true},         {1, 512, 640, 128, 1.0f, 0.0f, false}};
+  const gemm_case cases[] = {{3, 256, 384, 192, 1.0f, 0.0f, false},
+                             {2, 128, 256, 512, 0.5f, 3.4445f, false},
+                             {1, 384, 640, 128, 1.0f, 1.0f, false},
+                             {3, 384, 384, 256, 1.0f, 0.0f, true},
+                             {2, 512, 512, 2048, 2.0315f, -4.7750f, true},
+                             {2, 640, 640, 64, 1.0f, -1.0f, true},
+                             {2, 768, 768, 192, 1.0f, 0.5f, true},
+                             {1, 512, 640, 128, 1.0f, 0.0f, false},
+                             {2, 384, 384, 384, 2.0315f, -4.7750f, true, true},
+                             {2, 640, 640, 640, 1.0f, -1.0f, true, true},
+                             {1, 256, 512, 512, 0.5f, 3.4445f, false, true}};
   const gpu::sm90_block shapes[] = {gpu::sm90_block::automatic, gpu::sm90_block::one_tile,
                                     gpu::sm90_block::two_tiles};
   gpu::cublas_handle cublas;
   gpu::gemm_runner runner(cublas.get());
   for (const gemm_case& g : cases)
     for (const gpu::sm90_block shape : shapes) {
-      const std::vector<float> p_host = random_vector(g.batch * g.m * g.k);
+      std::vector<float> p_host = random_vector(g.batch * g.m * g.k);
+      if (g.c_is_p && g.symmetric) {  // P = A symmetric, as C must be
+        for (int64_t b = 0; b < g.batch; ++b)
+          for (int64_t i = 0; i < g.m; ++i)
+            for (int64_t j = 0; j < i; ++j)
+              p_host[static_cast<size_t>(b * g.m * g.m + j * g.m + i)] =
+                  p_host[static_cast<size_t>(b * g.m * g.m + i * g.m + j)];
+      }
       const std::vector<float> q_host = g.symmetric ? p_host : random_vector(g.batch * g.n * g.k);
       std::vector<float> c_host = random_vector(g.batch * g.m * g.n);
       if (g.symmetric) {  // C symmetric too, as B = c A A + b A needs
@@ -460,7 +475,8 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
       a.q = {q.data(), g.k, g.n * g.k};
       a.alpha = g.alpha;
       a.beta = g.beta;
-      a.c = {c.data(), g.n, g.m * g.n};
+      a.c = g.c_is_p ? gpu::sm90_operand{p.data(), g.k, g.m * g.k}
+                     : gpu::sm90_operand{c.data(), g.n, g.m * g.n};
       a.d = {ours.data(), g.n, g.m * g.n};
       a.symmetric = g.symmetric;
       a.shape = shape;
@@ -474,7 +490,8 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
       const double error = relative_error(got, ref);
       BOOST_TEST_MESSAGE("own GEMM " << g.batch << " x [" << g.m << ", " << g.n << "] over k "
                                      << g.k << (g.symmetric ? " (symmetric)" : "")
-                                     << ", block shape " << static_cast<int>(shape)
+                                     << (g.c_is_p ? " (C is P)" : "") << ", block shape "
+                                     << static_cast<int>(shape)
                                      << ": relative difference to cuBLAS " << error);
       BOOST_TEST(error <= 1e-2);
       if (g.symmetric) {
