@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <set>
@@ -147,19 +148,38 @@ error exact_keys(const json& obj, const std::set<std::string>& keys, const std::
   return {};
 }
 
+/// `crc` (zlib's CRC-32 of what came before) extended over `size` more bytes.
+uLong crc32_over(uLong crc, const void* data, size_t size) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (size > 0) {
+    uInt n = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = ::crc32(crc, p, n);
+    p += n;
+    size -= n;
+  }
+  return crc;
+}
+
+/// zlib's CRC-32 of the whole file at `path`, read in pieces (never all of it in memory).
+expected<uint32_t> crc32_of_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    return error{errc::io_error, "cannot open " + in_quotes(path)};
+  std::vector<char> piece(size_t{16} << 20);
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  while (in) {
+    in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
+    crc = crc32_over(crc, piece.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad())
+    return error{errc::io_error, "cannot read " + in_quotes(path)};
+  return static_cast<uint32_t>(crc);
+}
+
 }  // namespace
 
 uint32_t crc32_of(const std::string& bytes) {
-  uLong crc = ::crc32(0L, Z_NULL, 0);
-  const auto* p = reinterpret_cast<const Bytef*>(bytes.data());
-  size_t left = bytes.size();
-  while (left > 0) {
-    uInt n = static_cast<uInt>(std::min<size_t>(left, 1u << 30));
-    crc = ::crc32(crc, p, n);
-    p += n;
-    left -= n;
-  }
-  return static_cast<uint32_t>(crc);
+  return static_cast<uint32_t>(crc32_over(::crc32(0L, Z_NULL, 0), bytes.data(), bytes.size()));
 }
 
 std::string manifest_text(const checkpoint_manifest& m) {
@@ -322,26 +342,30 @@ expected<checkpoint_file> write_shard_file(const std::string& out, const plan& p
       || static_cast<int64_t>(st.exp_avg_sq.size()) != pl.adam_state_total)
     return error{errc::internal, "write_shard_file: rank " + std::to_string(rank)
                                      + "'s state does not fit the plan"};
-  std::vector<named_tensor> tensors;
+  // Written straight from the state (no copy of it), the CRC-32 taken on the way.
+  std::vector<safetensors_view> tensors;
   for (const auto& p : pl.params) {
-    int64_t n = valid_of(p.numel, pl.world, rank);
+    const int64_t n = valid_of(p.numel, pl.world, rank);
     for (const auto& k : state_kinds) {
-      if (!has_kind(k, p.muon))
-        continue;
-      const float* src = (st.*k.buffer).data() + offset_in(k, p);
-      tensors.push_back({k.prefix + p.name, {n}, std::vector<float>(src, src + n)});
+      if (has_kind(k, p.muon))
+        tensors.push_back({k.prefix + p.name,
+                           {n},
+                           (st.*k.buffer).data() + offset_in(k, p),
+                           static_cast<size_t>(n)});
     }
   }
-  auto bytes = encode_safetensors(tensors, {{"format", "zmuon-shard"},
-                                            {"rank", std::to_string(rank)},
-                                            {"world", std::to_string(pl.world)},
-                                            {"step", std::to_string(step)}});
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  const std::string file = shard_file_name(rank);
+  auto bytes = write_safetensors_views(
+      (fs::path(out) / file).string(), tensors,
+      {{"format", "zmuon-shard"},
+       {"rank", std::to_string(rank)},
+       {"world", std::to_string(pl.world)},
+       {"step", std::to_string(step)}},
+      [&](const void* data, size_t size) { crc = crc32_over(crc, data, size); });
   if (!bytes)
     return bytes.err();
-  std::string file = shard_file_name(rank);
-  if (auto err = write_file_atomically((fs::path(out) / file).string(), *bytes))
-    return err;
-  return checkpoint_file{file, rank, bytes->size(), crc32_of(*bytes)};
+  return checkpoint_file{file, rank, *bytes, static_cast<uint32_t>(crc)};
 }
 
 error commit_checkpoint(const std::string& dir, const std::string& name, const plan& pl,
@@ -491,30 +515,33 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
       return error{errc::io_error, "missing shard file " + in_quotes(path) + " (rank "
                                        + std::to_string(f.rank) + " of world "
                                        + std::to_string(m.world) + ")"};
-    auto bytes = read_file(path);
-    if (!bytes)
-      return bytes.err();
-    if (bytes->size() != f.bytes)
-      return bad(path, "file is " + std::to_string(bytes->size()) + " bytes, the manifest says "
+    // Size and CRC-32 first (the file read in pieces), then the header, then each needed range
+    // of values straight into the states: the file is never in memory as a whole.
+    const uint64_t size = fs::file_size(path, ec);
+    if (ec)
+      return error{errc::io_error,
+                   "cannot read the size of " + in_quotes(path) + ": " + ec.message()};
+    if (size != f.bytes)
+      return bad(path, "file is " + std::to_string(size) + " bytes, the manifest says "
                            + std::to_string(f.bytes) + " (truncated or overwritten)");
-    uint32_t crc = crc32_of(*bytes);
-    if (crc != f.crc32)
-      return bad(path, "checksum mismatch: CRC-32 " + std::to_string(crc) + ", the manifest says "
+    auto crc = crc32_of_file(path);
+    if (!crc)
+      return crc.err();
+    if (*crc != f.crc32)
+      return bad(path, "checksum mismatch: CRC-32 " + std::to_string(*crc) + ", the manifest says "
                            + std::to_string(f.crc32) + " (corrupted file)");
-    std::map<std::string, std::string> meta;
-    auto tensors = parse_safetensors(*bytes, path, &meta);
-    if (!tensors)
-      return tensors.err();
-    bytes->clear();
-    bytes->shrink_to_fit();
+    auto file = safetensors_file::open(path);
+    if (!file)
+      return file.err();
+    std::map<std::string, std::string> meta = file->metadata();
     if (meta["format"] != "zmuon-shard" || meta["rank"] != std::to_string(f.rank)
         || meta["world"] != std::to_string(m.world) || meta["step"] != expected_step)
       return bad(path, "shard file was written for rank " + meta["rank"] + " of world "
                            + meta["world"] + " at step " + meta["step"]
                            + ", the manifest says rank " + std::to_string(f.rank) + " of world "
                            + std::to_string(m.world) + " at step " + expected_step);
-    std::map<std::string, const named_tensor*> by_name;
-    for (const auto& t : *tensors)
+    std::map<std::string, const safetensors_entry*> by_name;
+    for (const auto& t : file->tensors())
       by_name[t.name] = &t;
     size_t used = 0;
     for (const auto& p : target.params) {
@@ -526,9 +553,9 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
         auto it = by_name.find(tname);
         if (it == by_name.end())
           return bad(path, "shard file lacks tensor " + in_quotes(tname));
-        if (static_cast<int64_t>(it->second->data.size()) != se - sb)
+        if (static_cast<int64_t>(it->second->count) != se - sb)
           return bad(path, "tensor " + in_quotes(tname) + " has "
-                               + std::to_string(it->second->data.size()) + " values, rank "
+                               + std::to_string(it->second->count) + " values, rank "
                                + std::to_string(f.rank) + " of world " + std::to_string(m.world)
                                + " holds " + std::to_string(se - sb));
         ++used;
@@ -536,14 +563,17 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
           int64_t rb = static_cast<int64_t>(r) * p.shard_len;
           int64_t lo = std::max(sb, rb);
           int64_t hi = std::min(se, rb + valid_of(p.numel, target.world, r));
-          if (lo < hi)
-            std::memcpy((out.states[r].*kind.buffer).data() + offset_in(kind, p) + (lo - rb),
-                        it->second->data.data() + (lo - sb), (hi - lo) * sizeof(float));
+          if (lo >= hi)
+            continue;
+          float* into = (out.states[r].*kind.buffer).data() + offset_in(kind, p) + (lo - rb);
+          if (auto err = file->read(*it->second, static_cast<uint64_t>(lo - sb),
+                                    static_cast<uint64_t>(hi - lo), into))
+            return err;
         }
       }
     }
-    if (used != tensors->size())
-      return bad(path, "shard file holds " + std::to_string(tensors->size() - used)
+    if (used != file->tensors().size())
+      return bad(path, "shard file holds " + std::to_string(file->tensors().size() - used)
                            + " tensors that belong to no parameter of the table");
   }
   return out;

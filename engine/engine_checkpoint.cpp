@@ -35,12 +35,13 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   const int world = d.opts.world;
   const bool lead = d.first_rank == 0;  // names the directory and commits
 
-  // 1. This process's ranks' state. A failure here still joins the agreements below.
+  // 1. This process's ranks' loss scalers (their shards come one rank at a time in 3, so that
+  //    at most one rank's state is copied at once). A failure here still joins the agreements
+  //    below.
   error own;
   checkpoint_manifest meta;
   meta.step = d.step;
   meta.config = nlohmann::json::parse(config_json, nullptr, false);
-  std::vector<rank_state> states;
   std::vector<loss_scale_snapshot> scalers;
   if (meta.config.is_discarded())
     own = {errc::invalid_argument, "save_checkpoint: the config is not valid JSON"};
@@ -51,13 +52,11 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
                                   + " handed over (save between steps)"};
       break;
     }
-    auto st = d.ask<rank_state>(d.ranks[i].store, snapshot_atom::value);
     auto sc = d.ask<loss_scale_snapshot>(d.ranks[i].scaler, scaler_state_atom::value);
-    if (!st || !sc) {
-      own = st ? sc.err() : st.err();
+    if (!sc) {
+      own = sc.err();
       break;
     }
-    states.push_back(std::move(*st));
     scalers.push_back(*sc);
   }
 
@@ -85,13 +84,19 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   const std::string name = checkpoint_dir_name(d.step, static_cast<int>((*agreed)[0]) - 1);
   const std::string out = dir + "/" + name;
 
-  // 3. Each process writes its ranks' shard files; their entries and counters go round.
+  // 3. Each process writes its ranks' shard files, one rank's state at a time (a copy from its
+  //    store, written straight to the file and dropped); their entries and counters go round.
   constexpr int width = 6;  // written, bytes, CRC-32, AdamW steps, loss scale, scaler iteration
   std::vector<double> files(static_cast<size_t>(world) * width, 0.0);
   const auto& f = d.opts.faults;
   for (int i = 0; i < d.local; ++i) {
     const int r = d.first_rank + i;
-    auto file = write_shard_file(out, *d.pl, r, states[i], d.step);
+    auto state = d.ask<rank_state>(d.ranks[i].store, snapshot_atom::value);
+    if (!state) {
+      own = state.err();
+      break;
+    }
+    auto file = write_shard_file(out, *d.pl, r, *state, d.step);
     if (!file) {
       own = file.err();
       break;
@@ -100,7 +105,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
     slot[0] = 1;
     slot[1] = static_cast<double>(file->bytes);
     slot[2] = file->crc32;
-    slot[3] = static_cast<double>(states[i].adam_steps);
+    slot[3] = static_cast<double>(state->adam_steps);
     slot[4] = scalers[i].scale;
     slot[5] = static_cast<double>(scalers[i].iter);
     if (f.kill_in_save_at_step != 0 && f.kill_in_save_at_step == d.step
@@ -125,7 +130,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   // 4. The lead writes the manifest and `latest`; every process learns whether it did.
   std::vector<double> committed{0.0};
   if (lead) {
-    meta.adam_steps = states[0].adam_steps;
+    meta.adam_steps = static_cast<int64_t>(w[3]);  // rank 0's; every rank agreed on it
     meta.scaler = scalers[0];
     for (int r = 0; r < world; ++r) {
       const double* slot = w.data() + static_cast<size_t>(r) * width;

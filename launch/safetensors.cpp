@@ -11,6 +11,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <utility>
 
 namespace zmuon {
 
@@ -36,6 +37,8 @@ public:
 
   int get() const { return fd_; }
   bool valid() const { return fd_ >= 0; }
+  /// Gives the descriptor up (the caller closes it).
+  int release() { return std::exchange(fd_, -1); }
   /// Closes now, reporting the error that a deferred write may only show here.
   int close() {
     int rc = ::close(fd_);
@@ -113,24 +116,43 @@ std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+std::vector<safetensors_view> views_of(const std::vector<named_tensor>& tensors) {
+  std::vector<safetensors_view> views;
+  views.reserve(tensors.size());
+  for (const named_tensor& t : tensors)
+    views.push_back({t.name, t.shape, t.data.data(), t.data.size()});
+  return views;
+}
+
+/// The 8-byte little-endian length that starts the file.
+std::string length_field(uint64_t length) {
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    bytes[i] = static_cast<char>(length >> (8 * i));
+  return bytes;
+}
+
 /// Checks the tensors and builds the header, padded with spaces to a multiple of 8 bytes.
-expected<std::string> make_header(const std::vector<named_tensor>& tensors,
+expected<std::string> make_header(const std::vector<safetensors_view>& tensors,
                                   const std::map<std::string, std::string>& metadata) {
   header_json header = header_json::object();
   if (!metadata.empty())
     header[metadata_key] = metadata;
   std::set<std::string> names;
   uint64_t offset = 0;
-  for (const named_tensor& t : tensors) {
+  for (const safetensors_view& t : tensors) {
     if (t.name.empty() || t.name == metadata_key)
       return error{errc::invalid_argument, "tensor name " + in_quotes(t.name) + " is reserved"};
     if (!names.insert(t.name).second)
       return error{errc::invalid_argument, "tensor " + in_quotes(t.name) + " is given twice"};
     uint64_t count = 0;
-    if (!element_count(t.shape, count) || count != t.data.size())
+    if (!element_count(t.shape, count) || count != t.size)
       return error{errc::invalid_argument, "tensor " + in_quotes(t.name) + " has shape "
                                                + shape_string(t.shape) + " but "
-                                               + std::to_string(t.data.size()) + " values"};
+                                               + std::to_string(t.size) + " values"};
+    if (t.size > 0 && t.data == nullptr)
+      return error{errc::invalid_argument, "tensor " + in_quotes(t.name) + " has no data for its "
+                                               + std::to_string(t.size) + " values"};
     uint64_t end = offset + count * sizeof(float);
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
@@ -145,18 +167,23 @@ expected<std::string> make_header(const std::vector<named_tensor>& tensors,
   return text;
 }
 
-/// Writes the whole file to an open descriptor and syncs it.
+using observer = std::function<void(const void*, size_t)>;
+
+/// Writes the whole file to an open descriptor, each piece also to `observe`, and syncs it.
 error write_contents(int fd, const std::string& tmp_path, const std::string& header,
-                     const std::vector<named_tensor>& tensors) {
-  uint64_t length = header.size();
-  unsigned char length_bytes[8];
-  for (int i = 0; i < 8; ++i)
-    length_bytes[i] = static_cast<unsigned char>(length >> (8 * i));
-  if (!write_all(fd, length_bytes, sizeof length_bytes)
-      || !write_all(fd, header.data(), header.size()))
+                     const std::vector<safetensors_view>& tensors, const observer& observe) {
+  const auto put = [&](const void* data, size_t bytes) {
+    if (!write_all(fd, data, bytes))
+      return false;
+    if (observe)
+      observe(data, bytes);
+    return true;
+  };
+  const std::string length = length_field(header.size());
+  if (!put(length.data(), length.size()) || !put(header.data(), header.size()))
     return io_failure("cannot write", tmp_path);
-  for (const named_tensor& t : tensors)
-    if (!write_all(fd, t.data.data(), t.data.size() * sizeof(float)))
+  for (const safetensors_view& t : tensors)
+    if (!put(t.data, t.size * sizeof(float)))
       return io_failure("cannot write tensor " + in_quotes(t.name) + " to", tmp_path);
   if (::fsync(fd) != 0)
     return io_failure("cannot fsync", tmp_path);
@@ -279,6 +306,44 @@ error check_layout(const std::string& path, const std::vector<entry>& entries, u
   return {};
 }
 
+/// A file's tensors (offsets within its data), metadata and where the data starts.
+struct file_index {
+  std::vector<entry> entries;
+  std::map<std::string, std::string> metadata;
+  uint64_t data_start = 0;
+};
+
+/// Reads and checks the length field and header of a file of `file_size` bytes, whose bytes
+/// [offset, offset + n) `bytes_at(offset, n)` gives, and the layout of its data.
+template <class BytesAt>
+expected<file_index> index_of(const std::string& path, uint64_t file_size, BytesAt&& bytes_at) {
+  if (file_size < 8)
+    return bad_file(path, "file is " + std::to_string(file_size)
+                              + " bytes, shorter than the 8-byte header length");
+  expected<std::string> length = bytes_at(0, 8);
+  if (!length)
+    return length.err();
+  uint64_t header_size = 0;
+  for (int i = 0; i < 8; ++i)
+    header_size |= static_cast<uint64_t>(static_cast<unsigned char>((*length)[i])) << (8 * i);
+  if (header_size > file_size - 8)
+    return bad_file(path, "header length " + std::to_string(header_size) + " exceeds the "
+                              + std::to_string(file_size - 8)
+                              + " bytes after the length field (truncated file)");
+  expected<std::string> header = bytes_at(8, header_size);
+  if (!header)
+    return header.err();
+  file_index index;
+  expected<std::vector<entry>> entries = parse_header(path, *header, index.metadata);
+  if (!entries)
+    return entries.err();
+  index.entries = std::move(*entries);
+  index.data_start = 8 + header_size;
+  if (error err = check_layout(path, index.entries, file_size - index.data_start))
+    return err;
+  return index;
+}
+
 /// Writes `path` through `path + ".tmp.<pid>"`: `fill` writes and fsyncs the temporary file,
 /// which is then renamed over `path`, and the directory fsynced, so `path` holds either the old
 /// file or the complete new one. The temporary file is removed on failure.
@@ -307,26 +372,35 @@ error write_atomically(const std::string& path, Fill&& fill) {
 
 }  // namespace
 
-error write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
-                        const std::map<std::string, std::string>& metadata) {
+expected<uint64_t> write_safetensors_views(const std::string& path,
+                                           const std::vector<safetensors_view>& tensors,
+                                           const std::map<std::string, std::string>& metadata,
+                                           const observer& observe) {
   expected<std::string> header = make_header(tensors, metadata);
   if (!header)
     return header.err();
-  return write_atomically(path, [&](int fd, const std::string& tmp_path) {
-    return write_contents(fd, tmp_path, *header, tensors);
-  });
+  uint64_t size = 8 + header->size();
+  for (const safetensors_view& t : tensors)
+    size += t.size * sizeof(float);
+  if (error err = write_atomically(path, [&](int fd, const std::string& tmp_path) {
+        return write_contents(fd, tmp_path, *header, tensors, observe);
+      }))
+    return err;
+  return size;
+}
+
+error write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
+                        const std::map<std::string, std::string>& metadata) {
+  expected<uint64_t> written = write_safetensors_views(path, views_of(tensors), metadata);
+  return written ? error{} : written.err();
 }
 
 expected<std::string> encode_safetensors(const std::vector<named_tensor>& tensors,
                                          const std::map<std::string, std::string>& metadata) {
-  expected<std::string> header = make_header(tensors, metadata);
+  expected<std::string> header = make_header(views_of(tensors), metadata);
   if (!header)
     return header.err();
-  uint64_t length = header->size();
-  std::string bytes(8, '\0');
-  for (int i = 0; i < 8; ++i)
-    bytes[i] = static_cast<char>(length >> (8 * i));
-  bytes += *header;
+  std::string bytes = length_field(header->size()) + *header;
   for (const named_tensor& t : tensors)
     bytes.append(reinterpret_cast<const char*>(t.data.data()), t.data.size() * sizeof(float));
   return bytes;
@@ -335,36 +409,22 @@ expected<std::string> encode_safetensors(const std::vector<named_tensor>& tensor
 expected<std::vector<named_tensor>> parse_safetensors(
     const std::string& bytes, const std::string& path,
     std::map<std::string, std::string>* metadata) {
-  const uint64_t file_size = bytes.size();
-  if (file_size < 8)
-    return bad_file(path, "file is " + std::to_string(file_size)
-                              + " bytes, shorter than the 8-byte header length");
-  uint64_t header_size = 0;
-  for (int i = 0; i < 8; ++i)
-    header_size |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
-  if (header_size > file_size - 8)
-    return bad_file(path, "header length " + std::to_string(header_size) + " exceeds the "
-                              + std::to_string(file_size - 8)
-                              + " bytes after the length field (truncated file)");
-  std::map<std::string, std::string> found_metadata;
-  expected<std::vector<entry>> entries =
-      parse_header(path, bytes.substr(8, header_size), found_metadata);
-  if (!entries)
-    return entries.err();
-  const uint64_t data_start = 8 + header_size;
-  if (error err = check_layout(path, *entries, file_size - data_start))
-    return err;
-
+  expected<file_index> index =
+      index_of(path, bytes.size(), [&](uint64_t offset, uint64_t n) -> expected<std::string> {
+        return bytes.substr(offset, n);
+      });
+  if (!index)
+    return index.err();
   std::vector<named_tensor> tensors;
-  tensors.reserve(entries->size());
-  for (const entry& e : *entries) {
+  tensors.reserve(index->entries.size());
+  for (const entry& e : index->entries) {
     named_tensor t{e.name, e.shape, std::vector<float>((e.end - e.begin) / sizeof(float))};
     if (e.end > e.begin)
-      std::memcpy(t.data.data(), bytes.data() + data_start + e.begin, e.end - e.begin);
+      std::memcpy(t.data.data(), bytes.data() + index->data_start + e.begin, e.end - e.begin);
     tensors.push_back(std::move(t));
   }
   if (metadata)
-    *metadata = std::move(found_metadata);
+    *metadata = std::move(index->metadata);
   return tensors;
 }
 
@@ -389,6 +449,58 @@ expected<std::vector<named_tensor>> read_safetensors(const std::string& path,
   if (!bytes)
     return bytes.err();
   return parse_safetensors(*bytes, path, metadata);
+}
+
+safetensors_file::safetensors_file(safetensors_file&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      path_(std::move(other.path_)),
+      tensors_(std::move(other.tensors_)),
+      metadata_(std::move(other.metadata_)) {}
+
+safetensors_file::~safetensors_file() {
+  if (fd_ >= 0)
+    ::close(fd_);
+}
+
+expected<safetensors_file> safetensors_file::open(const std::string& path) {
+  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid())
+    return io_failure("cannot open", path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    return io_failure("cannot stat", path);
+  if (!S_ISREG(st.st_mode))
+    return bad_file(path, "not a regular file");
+  expected<file_index> index =
+      index_of(path, static_cast<uint64_t>(st.st_size),
+               [&](uint64_t offset, uint64_t n) -> expected<std::string> {
+                 std::string bytes(static_cast<size_t>(n), '\0');
+                 if (!read_all(fd.get(), bytes.data(), bytes.size(), offset))
+                   return io_failure("cannot read", path);
+                 return bytes;
+               });
+  if (!index)
+    return index.err();
+  safetensors_file file;
+  file.path_ = path;
+  file.metadata_ = std::move(index->metadata);
+  for (const entry& e : index->entries)
+    file.tensors_.push_back(
+        {e.name, e.shape, index->data_start + e.begin, (e.end - e.begin) / sizeof(float)});
+  file.fd_ = fd.release();
+  return expected<safetensors_file>(std::move(file));
+}
+
+error safetensors_file::read(const safetensors_entry& t, uint64_t from, uint64_t n,
+                             float* out) const {
+  if (from > t.count || n > t.count - from)
+    return {errc::invalid_argument, "safetensors_file::read: values [" + std::to_string(from) + ", "
+                                        + std::to_string(from + n) + ") of tensor "
+                                        + in_quotes(t.name) + ", which has "
+                                        + std::to_string(t.count)};
+  if (n > 0 && !read_all(fd_, out, n * sizeof(float), t.offset + from * sizeof(float)))
+    return io_failure("cannot read tensor " + in_quotes(t.name) + " from", path_);
+  return {};
 }
 
 error write_file_atomically(const std::string& path, const std::string& bytes) {

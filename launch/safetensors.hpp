@@ -4,6 +4,9 @@
 // (offsets relative to the start of the data) and may hold "__metadata__": {string: string}.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -21,6 +24,23 @@ namespace zmuon {
 error write_safetensors(const std::string& path, const std::vector<named_tensor>& tensors,
                         const std::map<std::string, std::string>& metadata = {});
 
+/// A tensor the streaming writer reads where it is: `size` fp32 values at `data` (not owned; they
+/// must stay valid during the call).
+struct safetensors_view {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+  size_t size = 0;
+};
+
+/// Writes `tensors` as write_safetensors does, straight from the caller's memory (no copy of the
+/// data is made), and hands every piece written, in file order, to `observe` when given (a
+/// checksum of the file, without reading it back). Returns the file's size in bytes.
+expected<uint64_t> write_safetensors_views(
+    const std::string& path, const std::vector<safetensors_view>& tensors,
+    const std::map<std::string, std::string>& metadata = {},
+    const std::function<void(const void* data, size_t bytes)>& observe = {});
+
 /// Reads every tensor of the file, in the order of their data. Validates strictly and names what
 /// is wrong: a missing or short file, a header length past the end of the file, a header that is
 /// not JSON or not of the expected form, a dtype other than F32, a shape that does not match its
@@ -29,6 +49,42 @@ error write_safetensors(const std::string& path, const std::vector<named_tensor>
 /// "__metadata__" (empty when the file has none).
 expected<std::vector<named_tensor>> read_safetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+/// One tensor of a safetensors file: its shape and where its values lie in the file.
+struct safetensors_entry {
+  std::string name;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;  // of its first byte, from the start of the file
+  uint64_t count = 0;   // fp32 values
+};
+
+/// A safetensors file read one range of values at a time, into the caller's memory (checkpoints
+/// fill a rank's state this way, with no copy of the file in memory). open() reads only the
+/// length field and the header and checks them, and the layout of the data against the file's
+/// size, as read_safetensors does (every problem an io_error naming the file).
+class safetensors_file {
+public:
+  static expected<safetensors_file> open(const std::string& path);
+  safetensors_file(safetensors_file&& other) noexcept;
+  safetensors_file& operator=(safetensors_file&&) = delete;
+  safetensors_file(const safetensors_file&) = delete;
+  safetensors_file& operator=(const safetensors_file&) = delete;
+  ~safetensors_file();
+
+  /// The tensors in the order of their data.
+  const std::vector<safetensors_entry>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// Values [from, from + n) of `t` (one of tensors()) into `out`: invalid_argument for a range
+  /// outside the tensor, io_error naming the file when the read fails or ends early.
+  error read(const safetensors_entry& t, uint64_t from, uint64_t n, float* out) const;
+
+private:
+  safetensors_file() = default;
+  int fd_ = -1;
+  std::string path_;
+  std::vector<safetensors_entry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
 
 /// The same checks on a file's bytes already in memory (checkpoints verify a checksum first; the
 /// fuzz target feeds arbitrary bytes). `path` only names the file in error messages.

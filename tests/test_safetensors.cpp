@@ -72,6 +72,10 @@ void expect_read_error(const std::string& path, const std::string& problem) {
   BOOST_TEST(e.message().find(path) != std::string::npos, e.message());
   BOOST_TEST(e.message().find(problem) != std::string::npos,
              "'" << e.message() << "' does not say '" << problem << "'");
+  // The streaming reader (checkpoints) checks the same, in the same words.
+  auto opened = zmuon::safetensors_file::open(path);
+  BOOST_TEST_REQUIRE(!opened, "safetensors_file::open(" << path << ") succeeded");
+  BOOST_TEST(opened.err().to_string() == e.to_string());
 }
 
 /// A good file written by write_safetensors, and its bytes.
@@ -116,6 +120,68 @@ BOOST_AUTO_TEST_CASE(round_trip_is_bit_exact_and_keeps_order_and_metadata) {
   BOOST_TEST_REQUIRE(static_cast<bool>(read));
   BOOST_TEST(read_metadata.empty());
   BOOST_TEST(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()) == 1);
+}
+
+// The streaming writer (what checkpoints use: no copy of the state) writes the bytes the
+// in-memory encoder makes, hands exactly those bytes to its observer in file order, and
+// returns the file's size.
+BOOST_AUTO_TEST_CASE(views_write_the_encoded_bytes_and_observe_them_in_order) {
+  scratch_dir dir;
+  const std::string path = dir.file("v.safetensors");
+  const std::vector<named_tensor> tensors = sample_tensors();
+  const std::map<std::string, std::string> metadata = {{"rank", "3"}};
+  std::vector<zmuon::safetensors_view> views;
+  for (const named_tensor& t : tensors)
+    views.push_back({t.name, t.shape, t.data.data(), t.data.size()});
+  std::string observed;
+  auto size = zmuon::write_safetensors_views(path, views, metadata, [&](const void* p, size_t n) {
+    observed.append(static_cast<const char*>(p), n);
+  });
+  BOOST_TEST_REQUIRE(static_cast<bool>(size), (size ? "" : size.err().to_string()));
+  auto encoded = zmuon::encode_safetensors(tensors, metadata);
+  BOOST_TEST_REQUIRE(static_cast<bool>(encoded));
+  const std::string on_disk = read_bytes(path);
+  BOOST_TEST(on_disk.size() == *size);
+  BOOST_TEST((on_disk == *encoded), "the file differs from encode_safetensors' bytes");
+  BOOST_TEST((observed == on_disk), "the observer saw other bytes than the file holds");
+  // A view that claims values it does not point to is refused before anything is written.
+  const std::string bad = dir.file("bad.safetensors");
+  auto refused = zmuon::write_safetensors_views(bad, {{"w", {2}, nullptr, 2}});
+  BOOST_TEST_REQUIRE(!refused);
+  BOOST_TEST((refused.err().code() == zmuon::errc::invalid_argument));
+  BOOST_TEST(refused.err().message().find("'w' has no data for its 2 values") != std::string::npos,
+             refused.err().message());
+  BOOST_TEST(!fs::exists(bad));
+}
+
+// The streaming reader gives every range of every tensor bit for bit as read_safetensors does,
+// and refuses a range outside its tensor.
+BOOST_AUTO_TEST_CASE(file_reads_ranges_of_tensors_in_place) {
+  good_file f;
+  auto whole = zmuon::read_safetensors(f.path);
+  BOOST_TEST_REQUIRE(static_cast<bool>(whole));
+  auto file = zmuon::safetensors_file::open(f.path);
+  BOOST_TEST_REQUIRE(static_cast<bool>(file), (file ? "" : file.err().to_string()));
+  BOOST_TEST((file->metadata() == std::map<std::string, std::string>{{"step", "12"}}));
+  BOOST_TEST_REQUIRE(file->tensors().size() == whole->size());
+  for (size_t i = 0; i < whole->size(); ++i) {
+    const zmuon::safetensors_entry& t = file->tensors()[i];
+    const named_tensor& want = (*whole)[i];
+    BOOST_TEST(t.name == want.name);
+    BOOST_TEST(t.shape == want.shape);
+    BOOST_TEST_REQUIRE(t.count == want.data.size());
+    for (uint64_t from = 0; from < t.count; ++from) {  // every suffix, then a one-value read
+      std::vector<float> got(t.count - from);
+      BOOST_TEST_REQUIRE(!file->read(t, from, got.size(), got.data()));
+      BOOST_TEST(std::memcmp(got.data(), want.data.data() + from, got.size() * sizeof(float)) == 0,
+                 t.name << " from " << from << " differs bitwise");
+    }
+  }
+  const zmuon::safetensors_entry& first = file->tensors()[0];
+  float sink[8];
+  zmuon::error e = file->read(first, 2, first.count - 1, sink);
+  BOOST_TEST((e.code() == zmuon::errc::invalid_argument));
+  BOOST_TEST(e.message().find(first.name) != std::string::npos, e.message());
 }
 
 BOOST_AUTO_TEST_CASE(header_is_padded_json_with_contiguous_offsets) {
