@@ -160,12 +160,14 @@ uLong crc32_over(uLong crc, const void* data, size_t size) {
   return crc;
 }
 
-/// zlib's CRC-32 of the whole file at `path`, read in pieces (never all of it in memory).
-expected<uint32_t> crc32_of_file(const std::string& path) {
+/// zlib's CRC-32 of the whole file at `path` (`size` bytes), read in pieces of at most 16 MB
+/// (never all of it in memory).
+expected<uint32_t> crc32_of_file(const std::string& path, uint64_t size) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return error{errc::io_error, "cannot open " + in_quotes(path)};
-  std::vector<char> piece(size_t{16} << 20);
+  std::vector<char> piece(
+      static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(size, 1), 16u << 20)));
   uLong crc = ::crc32(0L, Z_NULL, 0);
   while (in) {
     in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
@@ -524,7 +526,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     if (size != f.bytes)
       return bad(path, "file is " + std::to_string(size) + " bytes, the manifest says "
                            + std::to_string(f.bytes) + " (truncated or overwritten)");
-    auto crc = crc32_of_file(path);
+    auto crc = crc32_of_file(path, size);
     if (!crc)
       return crc.err();
     if (*crc != f.crc32)

@@ -92,6 +92,21 @@ bool read_all(int fd, void* data, size_t size, uint64_t offset) {
   return true;
 }
 
+/// Opens `path` for reading and gives its size; io_error naming the file when it cannot be
+/// opened or is not a regular file. The caller owns the returned descriptor.
+expected<int> open_regular(const std::string& path, uint64_t& size) {
+  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid())
+    return io_failure("cannot open", path);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0)
+    return io_failure("cannot stat", path);
+  if (!S_ISREG(st.st_mode))
+    return bad_file(path, "not a regular file");
+  size = static_cast<uint64_t>(st.st_size);
+  return fd.release();
+}
+
 /// Product of the dimensions, or false when one is negative or the product overflows u64.
 bool element_count(const std::vector<int64_t>& shape, uint64_t& count) {
   count = 1;
@@ -429,15 +444,12 @@ expected<std::vector<named_tensor>> parse_safetensors(
 }
 
 expected<std::string> read_file(const std::string& path) {
-  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid())
-    return io_failure("cannot open", path);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0)
-    return io_failure("cannot stat", path);
-  if (!S_ISREG(st.st_mode))
-    return bad_file(path, "not a regular file");
-  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  uint64_t size = 0;
+  expected<int> opened = open_regular(path, size);
+  if (!opened)
+    return opened.err();
+  file_descriptor fd(*opened);
+  std::string bytes(static_cast<size_t>(size), '\0');
   if (!read_all(fd.get(), bytes.data(), bytes.size(), 0))
     return io_failure("cannot read", path);
   return bytes;
@@ -463,22 +475,18 @@ safetensors_file::~safetensors_file() {
 }
 
 expected<safetensors_file> safetensors_file::open(const std::string& path) {
-  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid())
-    return io_failure("cannot open", path);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0)
-    return io_failure("cannot stat", path);
-  if (!S_ISREG(st.st_mode))
-    return bad_file(path, "not a regular file");
+  uint64_t size = 0;
+  expected<int> opened = open_regular(path, size);
+  if (!opened)
+    return opened.err();
+  file_descriptor fd(*opened);
   expected<file_index> index =
-      index_of(path, static_cast<uint64_t>(st.st_size),
-               [&](uint64_t offset, uint64_t n) -> expected<std::string> {
-                 std::string bytes(static_cast<size_t>(n), '\0');
-                 if (!read_all(fd.get(), bytes.data(), bytes.size(), offset))
-                   return io_failure("cannot read", path);
-                 return bytes;
-               });
+      index_of(path, size, [&](uint64_t offset, uint64_t n) -> expected<std::string> {
+        std::string bytes(static_cast<size_t>(n), '\0');
+        if (!read_all(fd.get(), bytes.data(), bytes.size(), offset))
+          return io_failure("cannot read", path);
+        return bytes;
+      });
   if (!index)
     return index.err();
   safetensors_file file;

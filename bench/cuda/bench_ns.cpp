@@ -310,7 +310,7 @@ int main(int argc, char* argv[]) {
       r.tflops = flops / (r.ms * 1e-3) / 1e12;
       r.enqueue_ms = median_enqueue_ms(stream, std::max(3, reps / 4), run);
       r.graph_ms = flops / (top.gemm_tflops * 1e12) * 1e3;  // the full-GEMM floor
-      r.variant = "auto";  // per group, as the engine runs it
+      r.variant = "auto";                                   // per group, as the engine runs it
       results.push_back(r);
     }
     backend.synchronize();

@@ -103,16 +103,10 @@ int main(int argc, char* argv[]) {
   auto eng = std::move(*made);
   const auto table = zmuon::bench::make_table(table_name);
   zmuon::tensor_map grads;
-  int64_t total = 0;
-  for (size_t i = 0; i < table.size(); ++i) {
-    int64_t n = 1;
-    for (auto d : table[i].shape)
-      n *= d;
-    total += n;
-    if (auto err = eng->add_parameter(table[i], zmuon::bench::random_floats(n, 100 + i, 0.04f)))
-      return fail(err);
-    grads[table[i].name] = zmuon::bench::random_floats(n, 900 + i, 2e-3f);
-  }
+  const auto added = zmuon::bench::add_table(*eng, table, grads);
+  if (!added)
+    return fail(added.err());
+  const int64_t total = *added;
   for (int r = 0; r < opts.world; ++r)
     if (auto err = eng->reduce(r, grads))
       return fail(err);

@@ -249,18 +249,12 @@ int main(int argc, char* argv[]) {
   }
   auto eng = std::move(*made);
   zmuon::tensor_map grads;
-  int64_t total = 0;
-  for (size_t i = 0; i < table.size(); ++i) {
-    int64_t n = 1;
-    for (auto d : table[i].shape)
-      n *= d;
-    total += n;
-    if (auto err = eng->add_parameter(table[i], zmuon::bench::random_floats(n, 100 + i, 0.04f))) {
-      std::fprintf(stderr, "zmuon-bench-step: %s\n", err.to_string().c_str());
-      return 2;
-    }
-    grads[table[i].name] = zmuon::bench::random_floats(n, 900 + i, 2e-3f);
+  const auto added = zmuon::bench::add_table(*eng, table, grads);
+  if (!added) {
+    std::fprintf(stderr, "zmuon-bench-step: %s\n", added.err().to_string().c_str());
+    return 2;
   }
+  const int64_t total = *added;
 
   // --device-grads: one device copy of the gradients per GPU, handed over by every rank on it.
   std::vector<std::vector<zmuon::tensor_view>> device_views;  // by device

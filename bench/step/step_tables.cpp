@@ -60,6 +60,20 @@ std::vector<float> random_floats(int64_t n, uint64_t seed, float scale) {
   return v;
 }
 
+expected<int64_t> add_table(engine& eng, const std::vector<param_spec>& table, tensor_map& grads) {
+  int64_t total = 0;
+  for (size_t i = 0; i < table.size(); ++i) {
+    int64_t n = 1;
+    for (auto d : table[i].shape)
+      n *= d;
+    total += n;
+    if (auto err = eng.add_parameter(table[i], random_floats(n, 100 + i, 0.04f)))
+      return err;
+    grads[table[i].name] = random_floats(n, 900 + i, 2e-3f);
+  }
+  return total;
+}
+
 std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int muon_elem) {
   const int w = pl.world;
   std::map<std::string, int64_t> out;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "plan/plan.hpp"
+#include "zmuon/engine.hpp"
 #include "zmuon/param.hpp"
 
 namespace zmuon::bench {
@@ -17,6 +18,10 @@ std::vector<param_spec> make_table(const std::string& name);
 
 /// Deterministic values in [-scale/2, scale/2).
 std::vector<float> random_floats(int64_t n, uint64_t seed, float scale);
+
+/// Registers `table` with `eng`, each parameter at deterministic random values, and fills
+/// `grads` with a deterministic random gradient for each. Returns the table's elements.
+expected<int64_t> add_table(engine& eng, const std::vector<param_spec>& table, tensor_map& grads);
 
 /// Bytes rank `rank` sends to its peers per step with the caf comm, by collective kind, counted
 /// from the plan: reduce_scatter (every bucket's padded fp32 shard to each other rank, per
