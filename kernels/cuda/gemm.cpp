@@ -11,6 +11,7 @@
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/owners.hpp"
+#include "kernels/cuda/sm90_gemm.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -221,6 +222,28 @@ void gemm_runner::run_pointers(cudaStream_t stream, const gemm_shape& g, float a
   ZMUON_CUBLAS_CHECK(cublasGemmBatchedEx(
       cublas_, g.op_a, g.op_b, g.m, g.n, g.k, &alpha, a, CUDA_R_16BF, g.lda, b, CUDA_R_16BF, g.ldb,
       &beta, c, CUDA_R_16BF, g.ldc, count, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// The own Hopper GEMM's reference (sm90_gemm.hpp): the same product on cuBLAS, every tile.
+void sm90_gemm_on_cublas(gemm_runner& runner, cudaStream_t stream, const sm90_gemm_args& a,
+                         __nv_bfloat16* out) {
+  // Column-major: D^T [n, m] = Q P^T, with Q read as [k, n] transposed and P as [k, m].
+  const gemm_shape shape{CUBLAS_OP_T,
+                         CUBLAS_OP_N,
+                         static_cast<int>(a.n),
+                         static_cast<int>(a.m),
+                         static_cast<int>(a.k),
+                         static_cast<int>(a.q.ld),
+                         static_cast<int>(a.p.ld),
+                         static_cast<int>(a.d.ld),
+                         a.q.stride,
+                         a.p.stride,
+                         a.d.stride,
+                         static_cast<int>(a.batch)};
+  if (a.beta != 0.0f && a.c.ld != a.d.ld)
+    throw failure(error(errc::invalid_argument, "sm90_gemm_on_cublas: C and D need one ld"));
+  runner.run(stream, shape, a.alpha, a.q.data, a.p.data, a.beta, a.beta != 0.0f ? a.c.data : out,
+             out);
 }
 
 }  // namespace zmuon::gpu

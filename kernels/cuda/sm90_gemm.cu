@@ -22,7 +22,6 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
-#include "kernels/cuda/gemm.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -592,27 +591,6 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
     launch<2, 4>(stream, a, prm);
   else
     launch<1, 3>(stream, a, prm);
-}
-
-void sm90_gemm_on_cublas(gemm_runner& runner, cudaStream_t stream, const sm90_gemm_args& a,
-                         __nv_bfloat16* out) {
-  // Column-major: D^T [n, m] = Q P^T, with Q read as [k, n] transposed and P as [k, m].
-  const gemm_shape shape{CUBLAS_OP_T,
-                         CUBLAS_OP_N,
-                         static_cast<int>(a.n),
-                         static_cast<int>(a.m),
-                         static_cast<int>(a.k),
-                         static_cast<int>(a.q.ld),
-                         static_cast<int>(a.p.ld),
-                         static_cast<int>(a.d.ld),
-                         a.q.stride,
-                         a.p.stride,
-                         a.d.stride,
-                         static_cast<int>(a.batch)};
-  if (a.beta != 0.0f && a.c.ld != a.d.ld)
-    throw failure(error(errc::invalid_argument, "sm90_gemm_on_cublas: C and D need one ld"));
-  runner.run(stream, shape, a.alpha, a.q.data, a.p.data, a.beta, a.beta != 0.0f ? a.c.data : out,
-             out);
 }
 
 }  // namespace zmuon::gpu
