@@ -160,22 +160,104 @@ uLong crc32_over(uLong crc, const void* data, size_t size) {
   return crc;
 }
 
-/// zlib's CRC-32 of the whole file at `path` (`size` bytes), read in pieces of at most 16 MB
-/// (never all of it in memory).
-expected<uint32_t> crc32_of_file(const std::string& path, uint64_t size) {
+/// Elements [begin, end) of parameter `p` that rank `rank` of a world of `world` held.
+std::pair<int64_t, int64_t> saved_range(const param_layout& p, int world, int rank) {
+  const int64_t begin = static_cast<int64_t>(rank) * shard_len_of(p.numel, world);
+  return {begin, begin + valid_of(p.numel, world, rank)};
+}
+
+/// `bytes` bytes at offset `at` of a file, and where they go.
+struct file_range {
+  uint64_t at = 0;
+  uint64_t bytes = 0;
+  char* into = nullptr;
+};
+
+/// Reads the file at `path` (`size` bytes) once, in pieces of at most 16 MB (never all of it in
+/// memory): copies each of `ranges` (sorted by offset, disjoint) into its place and returns
+/// zlib's CRC-32 of the whole file.
+expected<uint32_t> read_once(const std::string& path, uint64_t size,
+                             const std::vector<file_range>& ranges) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     return error{errc::io_error, "cannot open " + in_quotes(path)};
   std::vector<char> piece(
       static_cast<size_t>(std::min<uint64_t>(std::max<uint64_t>(size, 1), 16u << 20)));
   uLong crc = ::crc32(0L, Z_NULL, 0);
+  uint64_t offset = 0;
+  size_t next = 0;  // the first range not wholly before `offset`
   while (in) {
     in.read(piece.data(), static_cast<std::streamsize>(piece.size()));
-    crc = crc32_over(crc, piece.data(), static_cast<size_t>(in.gcount()));
+    const auto n = static_cast<uint64_t>(in.gcount());
+    crc = crc32_over(crc, piece.data(), n);
+    while (next < ranges.size() && ranges[next].at + ranges[next].bytes <= offset)
+      ++next;
+    for (size_t k = next; k < ranges.size() && ranges[k].at < offset + n; ++k) {
+      const uint64_t lo = std::max(ranges[k].at, offset);
+      const uint64_t hi = std::min(ranges[k].at + ranges[k].bytes, offset + n);
+      std::memcpy(ranges[k].into + (lo - ranges[k].at), piece.data() + (lo - offset), hi - lo);
+    }
+    offset += n;
   }
   if (in.bad())
     return error{errc::io_error, "cannot read " + in_quotes(path)};
   return static_cast<uint32_t>(crc);
+}
+
+/// Checks the header of shard file `path` (saved rank f.rank of `m`) against the manifest and
+/// the target's table, and lists where the values target ranks [first, last) hold lie in it,
+/// sorted by offset, each with its place in `states`.
+error shard_ranges(const std::string& path, const checkpoint_file& f, const checkpoint_manifest& m,
+                   const plan& target, int first, int last, std::vector<rank_state>& states,
+                   std::vector<file_range>& ranges) {
+  auto index = read_safetensors_index(path);
+  if (!index)
+    return index.err();
+  std::map<std::string, std::string> meta = index->metadata;
+  const std::string step = std::to_string(m.step);
+  if (meta["format"] != "zmuon-shard" || meta["rank"] != std::to_string(f.rank)
+      || meta["world"] != std::to_string(m.world) || meta["step"] != step)
+    return bad(path, "shard file was written for rank " + meta["rank"] + " of world "
+                         + meta["world"] + " at step " + meta["step"] + ", the manifest says rank "
+                         + std::to_string(f.rank) + " of world " + std::to_string(m.world)
+                         + " at step " + step);
+  std::map<std::string, const safetensors_entry*> by_name;
+  for (const auto& t : index->tensors)
+    by_name[t.name] = &t;
+  size_t used = 0;
+  for (const auto& p : target.params) {
+    auto [sb, se] = saved_range(p, m.world, f.rank);
+    for (const auto& kind : state_kinds) {
+      if (!has_kind(kind, p.muon))
+        continue;
+      const std::string name = kind.prefix + p.name;
+      auto it = by_name.find(name);
+      if (it == by_name.end())
+        return bad(path, "shard file lacks tensor " + in_quotes(name));
+      const safetensors_entry& t = *it->second;
+      if (static_cast<int64_t>(t.count) != se - sb)
+        return bad(path, "tensor " + in_quotes(name) + " has " + std::to_string(t.count)
+                             + " values, rank " + std::to_string(f.rank) + " of world "
+                             + std::to_string(m.world) + " holds " + std::to_string(se - sb));
+      ++used;
+      for (int r = first; r < last; ++r) {  // the part of it each target rank holds
+        const int64_t rb = static_cast<int64_t>(r) * p.shard_len;
+        const int64_t lo = std::max(sb, rb);
+        const int64_t hi = std::min(se, rb + valid_of(p.numel, target.world, r));
+        if (lo < hi)
+          ranges.push_back({t.offset + static_cast<uint64_t>(lo - sb) * sizeof(float),
+                            static_cast<uint64_t>(hi - lo) * sizeof(float),
+                            reinterpret_cast<char*>((states[r].*kind.buffer).data()
+                                                    + offset_in(kind, p) + (lo - rb))});
+      }
+    }
+  }
+  if (used != index->tensors.size())
+    return bad(path, "shard file holds " + std::to_string(index->tensors.size() - used)
+                         + " tensors that belong to no parameter of the table");
+  std::sort(ranges.begin(), ranges.end(),
+            [](const file_range& a, const file_range& b) { return a.at < b.at; });
+  return {};
 }
 
 }  // namespace
@@ -492,21 +574,15 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     st.exp_avg_sq.assign(target.adam_state_total, 0.0f);
     st.adam_steps = m.adam_steps;
   }
-  // Elements [begin, end) of parameter p that saved rank s holds, and that target ranks
-  // [first, last) hold.
-  auto saved_range = [&](const param_layout& p, int s) {
-    int64_t begin = static_cast<int64_t>(s) * shard_len_of(p.numel, m.world);
-    return std::pair<int64_t, int64_t>{begin, begin + valid_of(p.numel, m.world, s)};
-  };
+  // Elements [begin, end) of parameter p that target ranks [first, last) hold.
   auto wanted_range = [&](const param_layout& p) {
     return std::pair<int64_t, int64_t>{std::min(p.numel, first * p.shard_len),
                                        std::min(p.numel, last * p.shard_len)};
   };
-  const std::string expected_step = std::to_string(m.step);
   for (const auto& f : m.files) {
     bool needed = false;
     for (const auto& p : target.params) {
-      auto [sb, se] = saved_range(p, f.rank);
+      auto [sb, se] = saved_range(p, m.world, f.rank);
       auto [wb, we] = wanted_range(p);
       needed = needed || (std::max(sb, wb) < std::min(se, we));
     }
@@ -526,57 +602,21 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     if (size != f.bytes)
       return bad(path, "file is " + std::to_string(size) + " bytes, the manifest says "
                            + std::to_string(f.bytes) + " (truncated or overwritten)");
-    auto crc = crc32_of_file(path, size);
+    // The header says where each tensor lies; one pass over the file then copies the ranges the
+    // target ranks hold straight into their states and takes the CRC-32 of every byte. A header
+    // that is not right in a file whose checksum is wrong is reported as the checksum.
+    std::vector<file_range> ranges;
+    const error header = shard_ranges(path, f, m, target, first, last, out.states, ranges);
+    if (header)
+      ranges.clear();
+    auto crc = read_once(path, size, ranges);
     if (!crc)
       return crc.err();
     if (*crc != f.crc32)
       return bad(path, "checksum mismatch: CRC-32 " + std::to_string(*crc) + ", the manifest says "
                            + std::to_string(f.crc32) + " (corrupted file)");
-    auto file = safetensors_file::open(path);
-    if (!file)
-      return file.err();
-    std::map<std::string, std::string> meta = file->metadata();
-    if (meta["format"] != "zmuon-shard" || meta["rank"] != std::to_string(f.rank)
-        || meta["world"] != std::to_string(m.world) || meta["step"] != expected_step)
-      return bad(path, "shard file was written for rank " + meta["rank"] + " of world "
-                           + meta["world"] + " at step " + meta["step"]
-                           + ", the manifest says rank " + std::to_string(f.rank) + " of world "
-                           + std::to_string(m.world) + " at step " + expected_step);
-    std::map<std::string, const safetensors_entry*> by_name;
-    for (const auto& t : file->tensors())
-      by_name[t.name] = &t;
-    size_t used = 0;
-    for (const auto& p : target.params) {
-      auto [sb, se] = saved_range(p, f.rank);
-      for (const auto& kind : state_kinds) {
-        if (!has_kind(kind, p.muon))
-          continue;
-        std::string tname = kind.prefix + p.name;
-        auto it = by_name.find(tname);
-        if (it == by_name.end())
-          return bad(path, "shard file lacks tensor " + in_quotes(tname));
-        if (static_cast<int64_t>(it->second->count) != se - sb)
-          return bad(path, "tensor " + in_quotes(tname) + " has "
-                               + std::to_string(it->second->count) + " values, rank "
-                               + std::to_string(f.rank) + " of world " + std::to_string(m.world)
-                               + " holds " + std::to_string(se - sb));
-        ++used;
-        for (int r = first; r < last; ++r) {  // the part of it each target rank holds
-          int64_t rb = static_cast<int64_t>(r) * p.shard_len;
-          int64_t lo = std::max(sb, rb);
-          int64_t hi = std::min(se, rb + valid_of(p.numel, target.world, r));
-          if (lo >= hi)
-            continue;
-          float* into = (out.states[r].*kind.buffer).data() + offset_in(kind, p) + (lo - rb);
-          if (auto err = file->read(*it->second, static_cast<uint64_t>(lo - sb),
-                                    static_cast<uint64_t>(hi - lo), into))
-            return err;
-        }
-      }
-    }
-    if (used != file->tensors().size())
-      return bad(path, "shard file holds " + std::to_string(file->tensors().size() - used)
-                           + " tensors that belong to no parameter of the table");
+    if (header)
+      return header;
   }
   return out;
 }

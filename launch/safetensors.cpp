@@ -463,18 +463,7 @@ expected<std::vector<named_tensor>> read_safetensors(const std::string& path,
   return parse_safetensors(*bytes, path, metadata);
 }
 
-safetensors_file::safetensors_file(safetensors_file&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)),
-      path_(std::move(other.path_)),
-      tensors_(std::move(other.tensors_)),
-      metadata_(std::move(other.metadata_)) {}
-
-safetensors_file::~safetensors_file() {
-  if (fd_ >= 0)
-    ::close(fd_);
-}
-
-expected<safetensors_file> safetensors_file::open(const std::string& path) {
+expected<safetensors_index> read_safetensors_index(const std::string& path) {
   uint64_t size = 0;
   expected<int> opened = open_regular(path, size);
   if (!opened)
@@ -489,26 +478,12 @@ expected<safetensors_file> safetensors_file::open(const std::string& path) {
       });
   if (!index)
     return index.err();
-  safetensors_file file;
-  file.path_ = path;
-  file.metadata_ = std::move(index->metadata);
+  safetensors_index out;
+  out.metadata = std::move(index->metadata);
   for (const entry& e : index->entries)
-    file.tensors_.push_back(
+    out.tensors.push_back(
         {e.name, e.shape, index->data_start + e.begin, (e.end - e.begin) / sizeof(float)});
-  file.fd_ = fd.release();
-  return expected<safetensors_file>(std::move(file));
-}
-
-error safetensors_file::read(const safetensors_entry& t, uint64_t from, uint64_t n,
-                             float* out) const {
-  if (from > t.count || n > t.count - from)
-    return {errc::invalid_argument, "safetensors_file::read: values [" + std::to_string(from) + ", "
-                                        + std::to_string(from + n) + ") of tensor "
-                                        + in_quotes(t.name) + ", which has "
-                                        + std::to_string(t.count)};
-  if (n > 0 && !read_all(fd_, out, n * sizeof(float), t.offset + from * sizeof(float)))
-    return io_failure("cannot read tensor " + in_quotes(t.name) + " from", path_);
-  return {};
+  return out;
 }
 
 error write_file_atomically(const std::string& path, const std::string& bytes) {

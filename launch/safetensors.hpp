@@ -58,33 +58,17 @@ struct safetensors_entry {
   uint64_t count = 0;   // fp32 values
 };
 
-/// A safetensors file read one range of values at a time, into the caller's memory (checkpoints
-/// fill a rank's state this way, with no copy of the file in memory). open() reads only the
-/// length field and the header and checks them, and the layout of the data against the file's
-/// size, as read_safetensors does (every problem an io_error naming the file).
-class safetensors_file {
-public:
-  static expected<safetensors_file> open(const std::string& path);
-  safetensors_file(safetensors_file&& other) noexcept;
-  safetensors_file& operator=(safetensors_file&&) = delete;
-  safetensors_file(const safetensors_file&) = delete;
-  safetensors_file& operator=(const safetensors_file&) = delete;
-  ~safetensors_file();
-
-  /// The tensors in the order of their data.
-  const std::vector<safetensors_entry>& tensors() const { return tensors_; }
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  /// Values [from, from + n) of `t` (one of tensors()) into `out`: invalid_argument for a range
-  /// outside the tensor, io_error naming the file when the read fails or ends early.
-  error read(const safetensors_entry& t, uint64_t from, uint64_t n, float* out) const;
-
-private:
-  safetensors_file() = default;
-  int fd_ = -1;
-  std::string path_;
-  std::vector<safetensors_entry> tensors_;
-  std::map<std::string, std::string> metadata_;
+/// A safetensors file's tensors and metadata, from its header alone.
+struct safetensors_index {
+  std::vector<safetensors_entry> tensors;  // in the order of their data
+  std::map<std::string, std::string> metadata;
 };
+
+/// Reads only the length field and the header of the file at `path` and checks them, and the
+/// layout of the data against the file's size, as read_safetensors does (every problem an
+/// io_error naming the file, in the same words). The values stay on disk: checkpoints read the
+/// ranges they need straight into a rank's state.
+expected<safetensors_index> read_safetensors_index(const std::string& path);
 
 /// The same checks on a file's bytes already in memory (checkpoints verify a checksum first; the
 /// fuzz target feeds arbitrary bytes). `path` only names the file in error messages.

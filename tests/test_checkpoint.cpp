@@ -265,6 +265,17 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
     bytes[bytes.size() - 7] ^= 0x10;
     write_all(f, bytes);
   }
+  // A header byte changed so that the header still parses but names another step: the loader
+  // reads the header first, yet the cause it names is the checksum.
+  std::string header_changed = copy("header_changed");
+  {
+    std::string f = header_changed + "/rank_00000.safetensors";
+    std::string bytes = read_all(f);
+    const size_t at = bytes.find("\"step\":\"2\"");
+    BOOST_REQUIRE(at != std::string::npos);
+    bytes[at + 8] = '3';
+    write_all(f, bytes);
+  }
   std::string deleted = copy("deleted");
   fs::remove(deleted + "/rank_00003.safetensors");
   std::string wrong_world = copy("wrong_world");
@@ -281,6 +292,7 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
   std::vector<corruption_case> cases = {
       {truncated, "rank_00001.safetensors': file is"},
       {flipped, "rank_00002.safetensors': checksum mismatch"},
+      {header_changed, "rank_00000.safetensors': checksum mismatch"},
       {deleted, "missing shard file"},
       {wrong_world, "manifest says world 3 but lists 4 shard files"},
   };
