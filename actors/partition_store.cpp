@@ -324,6 +324,14 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                               to_host(be, st.momentum),   to_host(be, st.exp_avg),
                               to_host(be, st.exp_avg_sq), st.adam_steps};
       },
+      [=](saved_state_atom) -> store_snapshot {
+        auto& st = self->state;
+        auto& be = *st.be;
+        be.synchronize();
+        return store_snapshot{to_host(be, st.params),     {},
+                              to_host(be, st.momentum),   to_host(be, st.exp_avg),
+                              to_host(be, st.exp_avg_sq), st.adam_steps};
+      },
       [=](params_view_atom) -> float_view {
         auto& st = self->state;
         return float_view{st.params.data(), st.params.size()};

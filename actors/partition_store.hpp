@@ -18,6 +18,9 @@
 //   load_state -> ack        (host, checkpoint load) set params, momentum, Adam moments and the
 //                            AdamW step count; zero the gradient
 //   snapshot_atom -> store_snapshot  (host, tests) a copy of all state
+//   saved_state_atom -> store_snapshot  (host, checkpoint save) a copy of what a checkpoint
+//                                    keeps: all state but the gradient (left empty, and the
+//                                    gradient buffer not written: it is only marked zero)
 //   params_atom -> vector<float>     (host) a copy of the parameter shard
 //   params_view_atom -> float_view   (host, between steps) the parameter shard's buffer itself,
 //                                    for copies into the caller's device buffers
@@ -44,6 +47,7 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<adamw_step>::with<ack>, caf::replies_to<finish_step>::with<ack>,
     caf::replies_to<load_params>::with<ack>, caf::replies_to<load_state>::with<ack>,
     caf::replies_to<snapshot_atom>::with<store_snapshot>,
+    caf::replies_to<saved_state_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>,
     caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>>;
 

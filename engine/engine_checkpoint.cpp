@@ -91,7 +91,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   const auto& f = d.opts.faults;
   for (int i = 0; i < d.local; ++i) {
     const int r = d.first_rank + i;
-    auto state = d.ask<rank_state>(d.ranks[i].store, snapshot_atom::value);
+    auto state = d.ask<rank_state>(d.ranks[i].store, saved_state_atom::value);
     if (!state) {
       own = state.err();
       break;

@@ -24,7 +24,9 @@ class device_buffer;  // kernels/compute.hpp
 // -- atoms ---------------------------------------------------------------------------------------
 using scale_atom = caf::atom_constant<caf::atom("scale")>;        // ask the loss scaler its scale
 using snapshot_atom = caf::atom_constant<caf::atom("snapshot")>;  // ask the store for its state
-using params_atom = caf::atom_constant<caf::atom("params")>;      // ask the store for its params
+// ... the state a checkpoint keeps (no gradient)
+using saved_state_atom = caf::atom_constant<caf::atom("savestate")>;
+using params_atom = caf::atom_constant<caf::atom("params")>;  // ask the store for its params
 using params_view_atom = caf::atom_constant<caf::atom("paramview")>;  // its params buffer itself
 using scaler_state_atom = caf::atom_constant<caf::atom("scalerst")>;  // the loss scaler's counters
 

@@ -337,6 +337,29 @@ BOOST_AUTO_TEST_CASE(adamw_step_matches_a_reference_on_non_muon_shards_only) {
   BOOST_CHECK(snap.momentum == std::vector<float>(pl->muon_state_total, 0.0f));
 }
 
+// What a checkpoint save asks for: every state but the gradient, equal bit for bit to the full
+// snapshot's, after a step that left momentum and Adam moments non-zero.
+BOOST_AUTO_TEST_CASE(saved_state_is_the_snapshot_without_the_gradient) {
+  load(eighths(pl->shard_total, 30));
+  accumulate_all(1, eighths(pl->shard_total, 31));
+  momentum_all(1, 0.9f, true);
+  value_of(call(adamw_step{1, 0.01f, 0.9f, 0.95f, 1e-8f, 0.0f}));
+  value_of(call(finish_step{1}));
+  const store_snapshot saved = value_of(call<store_snapshot>(saved_state_atom::value));
+  const store_snapshot full = snapshot();
+  BOOST_TEST(saved.grads.empty());
+  BOOST_TEST(saved.params == full.params);
+  BOOST_TEST(saved.momentum == full.momentum);
+  BOOST_TEST(saved.exp_avg == full.exp_avg);
+  BOOST_TEST(saved.exp_avg_sq == full.exp_avg_sq);
+  BOOST_TEST(saved.adam_steps == full.adam_steps);
+  BOOST_TEST(saved.adam_steps == 1);
+  const bool momentum_moved = saved.momentum != std::vector<float>(pl->muon_state_total, 0.0f);
+  const bool moments_moved = saved.exp_avg != std::vector<float>(pl->adam_state_total, 0.0f);
+  BOOST_TEST(momentum_moved);
+  BOOST_TEST(moments_moved);
+}
+
 BOOST_AUTO_TEST_CASE(wrong_size_views_are_errors_that_change_nothing) {
   load(eighths(pl->shard_total, 13));
   accumulate_all(1, eighths(pl->shard_total, 14));
