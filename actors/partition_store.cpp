@@ -131,6 +131,17 @@ std::vector<float> to_host(compute_backend& be, const device_buffer& buf) {
   return out;
 }
 
+// Everything but the gradient, copied to host vectors once the queued work has finished: what a
+// checkpoint keeps.
+store_snapshot saved_state(store_pointer self) {
+  auto& st = self->state;
+  auto& be = *st.be;
+  be.synchronize();
+  return store_snapshot{to_host(be, st.params),     {},
+                        to_host(be, st.momentum),   to_host(be, st.exp_avg),
+                        to_host(be, st.exp_avg_sq), st.adam_steps};
+}
+
 caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, const char* what) {
   if (chunk < 0 || chunk >= static_cast<int32_t>(pl.chunks.size()))
     return make_caf_error(errc::invalid_argument,
@@ -316,22 +327,12 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return ack{msg.step};
       },
       [=](snapshot_atom) -> store_snapshot {
-        auto& st = self->state;
-        auto& be = *st.be;
-        materialize(self);
-        be.synchronize();
-        return store_snapshot{to_host(be, st.params),     to_host(be, st.grads),
-                              to_host(be, st.momentum),   to_host(be, st.exp_avg),
-                              to_host(be, st.exp_avg_sq), st.adam_steps};
+        materialize(self);  // the gradient too: written first where it is only marked zero
+        store_snapshot snap = saved_state(self);
+        snap.grads = to_host(*self->state.be, self->state.grads);
+        return snap;
       },
-      [=](saved_state_atom) -> store_snapshot {
-        auto& st = self->state;
-        auto& be = *st.be;
-        be.synchronize();
-        return store_snapshot{to_host(be, st.params),     {},
-                              to_host(be, st.momentum),   to_host(be, st.exp_avg),
-                              to_host(be, st.exp_avg_sq), st.adam_steps};
-      },
+      [=](saved_state_atom) -> store_snapshot { return saved_state(self); },
       [=](params_view_atom) -> float_view {
         auto& st = self->state;
         return float_view{st.params.data(), st.params.size()};
