@@ -203,10 +203,6 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
 
 }  // namespace
 
-uint32_t crc32_of(const std::string& bytes) {
-  return static_cast<uint32_t>(crc32_over(::crc32(0L, Z_NULL, 0), bytes.data(), bytes.size()));
-}
-
 std::string shard_file_name(int rank) {
   char buf[40];
   std::snprintf(buf, sizeof buf, "rank_%05d.safetensors", rank);

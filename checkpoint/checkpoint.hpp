@@ -101,7 +101,4 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
 std::string manifest_text(const checkpoint_manifest& m);
 expected<checkpoint_manifest> parse_manifest(const std::string& text, const std::string& path);
 
-/// zlib's CRC-32 of `bytes`.
-uint32_t crc32_of(const std::string& bytes);
-
 }  // namespace zmuon
