@@ -410,8 +410,10 @@ std::vector<float> floats_of(const gpu::device_array<__nv_bfloat16>& d, int64_t 
 // The own Hopper GEMM (sm90_gemm.hpp) against cuBLAS's whole product on the same bf16 operands:
 // D = alpha P Q^T + beta C, plain and symmetric (upper tiles computed, the rest mirrored: D
 // must then be symmetric bit for bit), with and without C (also C in P's own buffer, as NS's
-// B = c A A + b A has it), batched, tiles of several k slices, each block shape (one or two
-// tiles per block; odd tile counts leave a block's second tile outside D). D starts as NaNs, so
+// B = c A A + b A has it), batched, tiles of several k slices, each block shape: one or two
+// tiles per block (an odd count of tiles a row leaves a block with one; symmetric sides of 3 to
+// 8 tiles pair the odd rows' last tiles down the last column, sharing Q's slices, and leave the
+// last block with one for 5 and 6; sm90_tiles.hpp). D starts as NaNs, so
 // a tile left unwritten fails. Both sum in fp32, so only the order of the sums may differ:
 // within 1e-2 relative (bf16's rounding of the outputs is 4e-3).
 BOOST_AUTO_TEST_CASE(against_cublas) {
@@ -435,7 +437,9 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
                              {1, 512, 640, 128, 1.0f, 0.0f, false},
                              {2, 384, 384, 384, 2.0315f, -4.7750f, true, true},
                              {2, 640, 640, 640, 1.0f, -1.0f, true, true},
-                             {1, 256, 512, 512, 0.5f, 3.4445f, false, true}};
+                             {1, 256, 512, 512, 0.5f, 3.4445f, false, true},
+                             {2, 896, 896, 128, 1.0f, 0.5f, true},
+                             {1, 1024, 1024, 1024, 2.0315f, -4.7750f, true, true}};
   const gpu::sm90_block shapes[] = {gpu::sm90_block::automatic, gpu::sm90_block::one_tile,
                                     gpu::sm90_block::two_tiles};
   gpu::cublas_handle cublas;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/compute.hpp"
+#include "kernels/cuda/sm90_tiles.hpp"  // plain C++: which tiles each block computes
 #ifdef ZMUON_HAVE_CUDA
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/sm90_gemm.hpp"
@@ -123,6 +124,44 @@ BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
   refusal("more than 2^31 - 1 tiles");
 }
 #endif
+
+// The own GEMM's blocks cover every tile of D once (every tile on and above the diagonal when
+// symmetric), for one and two tiles a block and 1 to 70 tiles a side; two-tile blocks share P's
+// rows or Q's, and a symmetric product leaves at most its last block with one tile.
+BOOST_AUTO_TEST_CASE(sm90_blocks_cover_each_tile_once) {
+  for (const int consumers : {1, 2})
+    for (const bool symmetric : {false, true})
+      for (int tiles = 1; tiles <= 70; ++tiles) {
+        const int rows = symmetric ? tiles : tiles / 2 + 1;
+        const int64_t blocks = gpu::sm90::blocks_per_matrix(consumers, symmetric, rows, tiles);
+        std::vector<int> count(static_cast<size_t>(rows * tiles), 0);
+        int64_t alone = 0;
+        for (int b = 0; b < blocks; ++b) {
+          const gpu::sm90::block_work w = gpu::sm90::tiles_of_block(consumers, symmetric, tiles, b);
+          BOOST_TEST_REQUIRE((w.active >= 1 && w.active <= consumers));
+          if (w.active == 2)
+            BOOST_TEST_REQUIRE((w.share_q ? w.n[0] == w.n[1] : w.m[0] == w.m[1]));
+          alone += consumers - w.active;
+          for (int g = 0; g < w.active; ++g) {
+            BOOST_TEST_REQUIRE((w.m[g] >= 0 && w.m[g] < rows && w.n[g] >= 0 && w.n[g] < tiles),
+                               "block " << b << " of " << blocks << ", tiles " << tiles);
+            ++count[static_cast<size_t>(w.m[g] * tiles + w.n[g])];
+          }
+        }
+        for (int i = 0; i < rows; ++i)
+          for (int j = 0; j < tiles; ++j)
+            BOOST_TEST_REQUIRE(
+                count[static_cast<size_t>(i * tiles + j)] == (symmetric && j < i ? 0 : 1),
+                "tile (" << i << ", " << j << ") of " << tiles << " a side, " << consumers
+                         << " a block");
+        if (symmetric)
+          BOOST_TEST(alone <= 1);
+      }
+  // The figures the block choice rests on: 4096^2 (32 tiles a side) in 264 two-tile blocks, two
+  // waves of the H200's 132 multiprocessors; 8192^2 in 1040.
+  BOOST_TEST(gpu::sm90::blocks_per_matrix(2, true, 32, 32) == 264);
+  BOOST_TEST(gpu::sm90::blocks_per_matrix(2, true, 64, 64) == 1040);
+}
 
 // The host backend's BLAS threads share the cores among the ranks that run NS at once.
 BOOST_AUTO_TEST_CASE(blas_threads_share_the_cores_among_the_ranks) {

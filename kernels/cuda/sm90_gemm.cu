@@ -1,15 +1,16 @@
-// The Hopper GEMM of sm90_gemm.hpp. One block per row of `Consumers` 128x128 tiles sharing
-// their P rows; layout of a block (Consumers * 128 + 32 threads):
+// The Hopper GEMM of sm90_gemm.hpp. A block computes `Consumers` 128x128 tiles sharing one
+// operand's rows (sm90_tiles.hpp says which); layout of a block (Consumers * 128 + 32 threads):
 //   threads 0 .. 128*Consumers-1   consumer warpgroups, one per tile: wgmma over the stages,
 //                                  then the tile's epilogue;
 //   the last warp                  the producer: one thread issues the bulk tensor copies
 //                                  (and, with beta, asks the epilogue's C rows into L2 a few
 //                                  slices before the last).
-// Shared memory: `Stages` stages of [P slice 128x64 | Q slice (128*Consumers)x64] bf16, each
-// slice 128-byte swizzled as the tensor maps write it (and as wgmma's descriptors read it), then
-// the stages' full/empty barriers. Stage s is "full" when both copies have landed (the copy
-// engine counts the bytes), "empty" when every active consumer warp is done with its wgmmas.
-// Two consumers load 3/4 of the bytes per FLOP that one does (a P slice serves two tiles).
+// Shared memory: `Stages` stages of 1 + Consumers 128x64 bf16 slices (P's rows of tile 0, Q's
+// rows of tile 0, and for tile 1 the rows of the operand it does not share), each slice
+// 128-byte swizzled as the tensor maps write it (and as wgmma's descriptors read it), then the
+// stages' full/empty barriers. Stage s is "full" when its copies have landed (the copy engine
+// counts the bytes), "empty" when every active consumer warp is done with its wgmmas. Two
+// consumers load 3/4 of the bytes per FLOP that one does (a slice serves two tiles).
 #include "kernels/cuda/sm90_gemm.hpp"
 
 #include <cuda.h>
@@ -22,6 +23,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/sm90_tiles.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -51,7 +53,7 @@ __host__ __device__ constexpr int smem_bytes() {
 }
 
 struct kernel_params {
-  int blocks_per_matrix;  // (block_tiles)
+  int blocks_per_matrix;  // sm90::blocks_per_matrix
   int tiles_n;            // tiles per row of D
   int slices;             // k / kSlice
   int symmetric;
@@ -271,34 +273,6 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   }
 }
 
-/// Block `b`'s tiles: D's tile row `tile_m` of matrix `matrix`, tiles tile_n0 ..
-/// tile_n0 + Consumers - 1 of it (those inside D, `active` of them; with `symmetric` those from
-/// the diagonal on), the blocks row-major over each matrix's tile rows.
-template <int Consumers>
-struct block_tiles {
-  int matrix, tile_m, tile_n0, active;
-
-  __device__ block_tiles(const kernel_params& prm, int b) {
-    matrix = b / prm.blocks_per_matrix;
-    int t = b % prm.blocks_per_matrix;
-    tile_m = 0;
-    if (prm.symmetric != 0) {
-      int groups = (prm.tiles_n + Consumers - 1) / Consumers;
-      while (t >= groups) {
-        t -= groups;
-        ++tile_m;
-        groups = (prm.tiles_n - tile_m + Consumers - 1) / Consumers;
-      }
-      tile_n0 = tile_m + t * Consumers;
-    } else {
-      const int groups = (prm.tiles_n + Consumers - 1) / Consumers;
-      tile_m = t / groups;
-      tile_n0 = t % groups * Consumers;
-    }
-    active = min(Consumers, prm.tiles_n - tile_n0);
-  }
-};
-
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <int Consumers, int Stages>
@@ -313,7 +287,10 @@ __global__ void __launch_bounds__(threads<Consumers>())
   constexpr int kBarrierOffset = smem_bytes<Consumers, Stages>() - 1024 - 2 * Stages * 8;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
   uint64_t* empty = full + Stages;
-  const block_tiles<Consumers> w(prm, static_cast<int>(blockIdx.x));
+  const int matrix = static_cast<int>(blockIdx.x) / prm.blocks_per_matrix;
+  const sm90::block_work w =
+      sm90::tiles_of_block(Consumers, prm.symmetric != 0, prm.tiles_n,
+                           static_cast<int>(blockIdx.x) % prm.blocks_per_matrix);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < Stages; ++s) {
@@ -331,27 +308,38 @@ __global__ void __launch_bounds__(threads<Consumers>())
       const int prefetch_at = max(0, prm.slices - kPrefetchSlices);
       for (int kb = 0; kb < prm.slices; ++kb) {
         if (kb == prefetch_at && prm.c != nullptr) {
-          const __nv_bfloat16* c = prm.c + w.matrix * prm.stride_c
-                                   + int64_t{w.tile_m} * kTile * prm.ld_c
-                                   + int64_t{w.tile_n0} * kTile;
-          for (int row = 0; row < kTile; ++row)
-            prefetch_l2(c + row * prm.ld_c, w.active * kTile * 2);
+          for (int g = 0; g < w.active; ++g) {
+            const int tile_m = g == 0 ? w.m[0] : w.m[1];
+            const int tile_n = g == 0 ? w.n[0] : w.n[1];
+            const __nv_bfloat16* c = prm.c + matrix * prm.stride_c
+                                     + int64_t{tile_m} * kTile * prm.ld_c + int64_t{tile_n} * kTile;
+            for (int row = 0; row < kTile; ++row)
+              prefetch_l2(c + row * prm.ld_c, kTile * 2);
+          }
         }
         const int s = kb % Stages;
         barrier_wait(&empty[s], ((kb / Stages) & 1) ^ 1);
-        barrier_expect_bytes(&full[s], kStageBytes);
+        barrier_expect_bytes(&full[s], (1 + w.active) * kSliceBytes);
         uint8_t* stage = smem + s * kStageBytes;
-        copy_slice(stage, &map_p, &full[s], kb * kSlice, w.tile_m * kTile, w.matrix);
-        // Q rows past D's last tile are out of the tensor: the copy fills them with zeros (and
-        // counts their bytes), and no consumer reads them.
-        copy_slice(stage + kSliceBytes, &map_q, &full[s], kb * kSlice, w.tile_n0 * kTile, w.matrix);
+        const int k0 = kb * kSlice;
+        copy_slice(stage, &map_p, &full[s], k0, w.m[0] * kTile, matrix);
+        copy_slice(stage + kSliceBytes, &map_q, &full[s], k0, w.n[0] * kTile, matrix);
+        if (w.active > 1) {
+          if (w.share_q)
+            copy_slice(stage + 2 * kSliceBytes, &map_p, &full[s], k0, w.m[1] * kTile, matrix);
+          else
+            copy_slice(stage + 2 * kSliceBytes, &map_q, &full[s], k0, w.n[1] * kTile, matrix);
+        }
       }
     }
     return;
   }
 
   const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
-  const int tile_n = w.tile_n0 + group;
+  // The group's slices in a stage: P's and Q's rows of tile 0, or the third slice in place of
+  // the one tile 1 does not share.
+  const int p_at = group == 1 && w.share_q ? 2 : 0;
+  const int q_at = group == 0 || w.share_q ? 1 : 2;
   // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
   // zeroing them here would make ptxas serialize the wgmmas.
   float acc0[64];  // rows 0-63 of the tile
@@ -360,8 +348,9 @@ __global__ void __launch_bounds__(threads<Consumers>())
     for (int kb = 0; kb < prm.slices; ++kb) {
       const int s = kb % Stages;
       barrier_wait(&full[s], (kb / Stages) & 1);
-      const uint32_t p_slice = shared_address(smem + s * kStageBytes);
-      const uint32_t q_slice = p_slice + (1 + group) * kSliceBytes;
+      const uint32_t stage = shared_address(smem + s * kStageBytes);
+      const uint32_t p_slice = stage + p_at * kSliceBytes;
+      const uint32_t q_slice = stage + q_at * kSliceBytes;
       pin(acc0);
       pin(acc1);
       wgmma_fence();
@@ -387,9 +376,11 @@ __global__ void __launch_bounds__(threads<Consumers>())
   consumers_sync<Consumers>();  // every group's wgmmas have read their stages
   if (group >= w.active)
     return;
-  const bool mirror = prm.symmetric != 0 && w.tile_m != tile_n;
+  const int tile_m = group == 0 ? w.m[0] : w.m[1];
+  const int tile_n = group == 0 ? w.n[0] : w.n[1];
+  const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
   float* staged = reinterpret_cast<float*>(smem + group * kStagedBytes);
-  store_staged(acc0, acc1, staged, prm, w.matrix, w.tile_m, tile_n, mirror, group,
+  store_staged(acc0, acc1, staged, prm, matrix, tile_m, tile_n, mirror, group,
                static_cast<int>(threadIdx.x) % kGroupThreads);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
@@ -448,17 +439,10 @@ int multiprocessors() {
   return sms;
 }
 
-/// Blocks per matrix of a block shape: per tile row, ceil(tiles / consumers) of the row's tiles
-/// (with `symmetric` those from the diagonal on).
+/// Blocks per matrix of a block shape (sm90_tiles.hpp).
 int64_t blocks_per_matrix(const sm90_gemm_args& a, int consumers) {
-  const int64_t tiles_m = a.m / kSm90Tile;
-  const int64_t tiles_n = a.n / kSm90Tile;
-  int64_t blocks = 0;
-  for (int64_t row = 0; row < tiles_m; ++row) {
-    const int64_t tiles = tiles_n - (a.symmetric ? row : 0);
-    blocks += (tiles + consumers - 1) / consumers;
-  }
-  return blocks;
+  return sm90::blocks_per_matrix(consumers, a.symmetric, static_cast<int>(a.m / kSm90Tile),
+                                 static_cast<int>(a.n / kSm90Tile));
 }
 
 template <int Consumers, int Stages>
@@ -476,22 +460,25 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
     raised.fetch_or(bit);
   }
   const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch, kTile);
-  const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch, Consumers * kTile);
+  const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch, kTile);
   prm.blocks_per_matrix = static_cast<int>(blocks_per_matrix(a, Consumers));
   const int64_t blocks = prm.blocks_per_matrix * a.batch;
   kernel<<<static_cast<unsigned>(blocks), threads<Consumers>(), kSmem, stream>>>(map_p, map_q, prm);
   ZMUON_LAUNCH_CHECK();
 }
 
-/// The block shape for `a` (measured, docs/NOTES.md session 8): two tiles per block load 3/4
-/// of the bytes per FLOP and win over long k (2-10 % at k >= 2048) where there are blocks for
-/// three waves of one per multiprocessor; one tile, two blocks per multiprocessor (one's
-/// epilogue beside the other's wgmmas), wins over short k and on few blocks (1.36x at 12 x
-/// [768, 768] over k 3072, 144 two-tile blocks on 132 multiprocessors).
+/// The block shape for `a` (measured, docs/NOTES.md sessions 8 and 16). Over k >= 2048 a tile
+/// runs at about 90 % of the ceiling in a two-tile block (3/4 of the bytes per FLOP) and at about
+/// 70 % in one-tile blocks (two a multiprocessor), so two tiles win unless they take more waves
+/// of the device: 7 * waves(two tiles) <= 9 * waves(one tile). Over short k one tile wins (one
+/// block's epilogue beside the other's wgmmas).
 sm90_block choose_block(const sm90_gemm_args& a) {
-  return a.k >= 2048 && blocks_per_matrix(a, 2) * a.batch >= 3 * int64_t{multiprocessors()}
-             ? sm90_block::two_tiles
-             : sm90_block::one_tile;
+  if (a.k < 2048)
+    return sm90_block::one_tile;
+  const int64_t sms = multiprocessors();
+  const int64_t two = (blocks_per_matrix(a, 2) * a.batch + sms - 1) / sms;
+  const int64_t one = (blocks_per_matrix(a, 1) * a.batch + 2 * sms - 1) / (2 * sms);
+  return 7 * two <= 9 * one ? sm90_block::two_tiles : sm90_block::one_tile;
 }
 
 bool aligned(const void* p) {

@@ -9,12 +9,12 @@
 // (m == n, and P Q^T and C symmetric, as A = X X^T and B = b A + c A A are), only the tiles on
 // and above the diagonal are computed, each off-diagonal one also written mirrored: (T-1)/(2T)
 // of the FLOPs saved for T tiles per side.
-// A block computes one or two neighbouring 128 x 128 tiles of a row of one matrix: a producer
+// A block computes one or two 128 x 128 tiles of one matrix (sm90_tiles.hpp): a producer
 // warp streams 64-wide slices of P and Q into a ring of shared-memory stages, a consumer
 // warpgroup per tile multiplies them with wgmma into fp32 registers and writes the tile once
 // with alpha and beta applied, through shared memory so that every global access is 16 bytes
-// wide. Two tiles share P's slices (3/4 of the bytes per FLOP), one tile lets two blocks share
-// a multiprocessor (one's epilogue beside the other's wgmmas); sm90_gemm picks per product.
+// wide. Two tiles share one operand's slices (3/4 of the bytes per FLOP), one tile lets two blocks
+// share a multiprocessor (one's epilogue beside the other's wgmmas); sm90_gemm picks per product.
 //
 // Measured on the H200 (docs/NOTES.md, sessions 7 and 8): per tile it runs at 73-91 % of
 // cuBLAS's rate (91 % at 8192^3, 73 % over k = 768), so it pays only where the skipped tiles
@@ -44,8 +44,9 @@ struct sm90_output {
 /// The kernel's block shapes (sm90_gemm chooses by the shape of the product unless told; tests
 /// and bench_sm90_gemm compare them):
 ///   one_tile     one 128 x 128 tile per block, 3 stages, two blocks per multiprocessor;
-///   two_tiles    two neighbouring tiles of a row per block (128 x 256, sharing P's slices),
-///                4 stages, one block per multiprocessor.
+///   two_tiles    two tiles per block sharing one operand's slices (a row's neighbours, or
+///                with `symmetric` also two tiles of the last column), 4 stages, one block per
+///                multiprocessor.
 enum class sm90_block { automatic, one_tile, two_tiles };
 
 struct sm90_gemm_args {
