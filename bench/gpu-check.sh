@@ -25,6 +25,12 @@
 #                                    # --only "48x768, k 768" --reps 1
 #   TABLES_CANDIDATES="8 32" bench/gpu-check.sh   # only bench_ns --tables, once per count of
 #                                    # cuBLASLt algorithms timed per shape
+#   bench/gpu-check.sh base REV  # here: bench_ns and bench_sm90_gemm built at git revision REV
+#                                # into .carry/base/ (a worktree in build-gpu-base/), for "ab"
+#   bench/gpu-check.sh ab        # there: base and packed binaries alternating, twice each
+#                                # (bench_sm90_gemm, bench_ns --variant standard, the tables):
+#                                # a change between versions counts only past the spread of
+#                                # each version's own two runs. Logs ab_*.log in $OUT
 #
 # With the device tool: run(command="bash bench/gpu-check.sh", carry=[".carry"]).
 set -uo pipefail
@@ -253,10 +259,60 @@ check() {
   return $status
 }
 
+# Here: the two A/B binaries at revision $1, built in a worktree of their own.
+base() {
+  set -e
+  local rev="${1:?usage: bench/gpu-check.sh base REV}" tree=build-gpu-base/tree
+  git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
+  git worktree prune
+  git worktree add --detach "$tree" "$rev" >/dev/null
+  cmake -S "$tree/bench/cuda" -B build-gpu-base/build -G Ninja >/dev/null
+  ninja -C build-gpu-base/build -j"${JOBS:-2}" bench_ns bench_sm90_gemm
+  mkdir -p .carry/base
+  cp build-gpu-base/build/bench_ns build-gpu-base/build/bench_sm90_gemm .carry/base/
+  git -C "$tree" log -1 --format='%h %s' >.carry/base/REVISION
+  echo "base: $(cat .carry/base/REVISION) in .carry/base/"
+}
+
+# There: base (.carry/base) against new (the packed bundle), alternating, two runs each.
+ab() {
+  local out="${OUT:-$root/out}"
+  mkdir -p "$out"
+  if [[ ! -x .carry/base/bench_ns || ! -x .carry/base/bench_sm90_gemm ]]; then
+    echo "gpu-check ab: .carry/base/ has no binaries: run 'bench/gpu-check.sh base REV' here" >&2
+    return 1
+  fi
+  echo "base: $(cat .carry/base/REVISION 2>/dev/null), new: the packed bundle"
+  local work=/tmp/zmuon-gpu-ab
+  rm -rf "$work" && mkdir -p "$work/base"
+  cp .carry/base/bench_ns .carry/base/bench_sm90_gemm "$work/base/"
+  local status=0 round version bin
+  run_pair() {  # $1 log name, $2 binary, $3 rows to print, rest: its arguments
+    local log="$out/ab_$1.log" binary="$2" rows="$3"
+    shift 3
+    for round in 1 2; do
+      for version in base new; do
+        bin="../../zmuon-gpu-ab/base/$binary"
+        [[ $version == new ]] && bin="$binary"
+        echo "== $version, round $round: $binary $*" | tee -a "$log"
+        check "$bin" "$@" 2>&1 | tee -a "$log" | grep -E "$rows"
+        [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
+      done
+    done
+  }
+  run_pair gemm bench_sm90_gemm "case|sym|full" --reps 30
+  run_pair variants bench_ns "x[0-9]" --variant standard --reps 20
+  ZMUON_GEMM_CANDIDATES=8 run_pair tables bench_ns "ceiling|gpt2-124m  |llama|x 768 x|2048x2048" \
+    --tables --reps 20
+  return $status
+}
+
 case "${1:-check}" in
   pack) pack ;;
+  base) shift && base "$@" ;;
+  ab) ab ;;
   check) check ;;
   exec) shift && check "$@" ;;
   profile) shift && check --profile "$@" ;;
-  *) echo "usage: bench/gpu-check.sh [pack|check|exec BINARY ARGS...|profile REGEX COUNT BINARY ARGS...]" >&2; exit 2 ;;
+  *) echo "usage: bench/gpu-check.sh [pack|base REV|check|ab|exec BINARY ARGS...|profile REGEX COUNT BINARY ARGS...]" >&2; exit 2 ;;
 esac
