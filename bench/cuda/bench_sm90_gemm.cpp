@@ -4,6 +4,10 @@
 //   - each case's median ms and TFLOP/s, counted as full GEMMs (a symmetric product's skipped
 //     tiles count too: that is its gain), cuBLAS's and each block shape's of ours (one 128x128
 //     tile per block, two per block, and the shape sm90_gemm chooses), and the best speedup.
+// Then NS's update X' = B' X on cuBLAS in each operand layout it could take (B' is symmetric, so
+// op(B') may be N or T; TN, both operands K-major, is the layout of the whole products above),
+// each as the median of single calls and as the mean of 20 calls back to back (sustained, as
+// in NS, where the clocks may drop under the power limit).
 // Usage: bench_sm90_gemm [--reps N] [--only TEXT]   (exit 1 when a result differs by more than
 // 1e-2; --only runs the cases whose label contains TEXT, e.g. under a profiler)
 #include <cublas_v2.h>
@@ -74,6 +78,80 @@ std::vector<float> download(const device_array<bf16>& d, int64_t n) {
   for (size_t i = 0; i < host.size(); ++i)
     out[i] = __bfloat162float(host[i]);
   return out;
+}
+
+/// Max |a - b| / max |b|.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  double scale = 0.0;
+  double diff = 0.0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    scale = std::max(scale, static_cast<double>(std::fabs(b[i])));
+    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
+  }
+  if (!std::isfinite(diff))
+    return 1e30;
+  return scale > 0 ? diff / scale : diff;
+}
+
+/// The update table (see the header); false when NN's result differs from NT's by more than 1e-2.
+bool update_layouts(zmuon::gpu::gemm_runner& runner, cudaStream_t stream, int reps,
+                    const std::string& only) {
+  constexpr int kSustained = 20;
+  struct layout {
+    const char* name;
+    cublasOperation_t a, b;
+  };
+  const layout layouts[] = {{"NT (NS)", CUBLAS_OP_N, CUBLAS_OP_T},
+                            {"NN", CUBLAS_OP_N, CUBLAS_OP_N},
+                            {"TN", CUBLAS_OP_T, CUBLAS_OP_N}};
+  std::printf("\n%-30s", "X'=B'X on cuBLAS, ms");
+  for (const layout& l : layouts)
+    std::printf(" %10s %10s", l.name, "sustained");
+  std::printf(" %10s\n", "NN vs NT");
+  bool ok = true;
+  const std::pair<int, int> sides[] = {{2048, 8192}, {4096, 4096}, {4096, 11008}, {8192, 8192}};
+  for (const auto& [m, n] : sides) {
+    const std::string label = "update " + std::to_string(m) + "x" + std::to_string(n);
+    if (label.find(only) == std::string::npos)
+      continue;
+    std::vector<bf16> b_host = random_bf16(static_cast<size_t>(m) * m, 4);
+    symmetrize(b_host, 1, m);
+    device_array<bf16> b = upload(b_host);
+    device_array<bf16> x = upload(random_bf16(static_cast<size_t>(m) * n, 5));
+    device_array<bf16> out(int64_t{m} * n);
+    std::printf("%-30s", label.c_str());
+    std::vector<float> nt;
+    double diff = 0.0;
+    for (const layout& l : layouts) {
+      // Column-major: X' seen as [n, m] = op(X seen as [n, m]) op(B'); TN reads X's buffer as
+      // [m, n] transposed (same bytes and FLOPs; its result is another product).
+      const int lda = l.a == CUBLAS_OP_N ? n : m;
+      const zmuon::gpu::gemm_shape shape{l.a, l.b, n, m, m, lda, m, n, 0, 0, 0, 1};
+      auto once = [&] {
+        runner.run(stream, shape, 1.0f, x.data(), b.data(), 0.0f, out.data(), out.data());
+      };
+      once();
+      ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
+      if (l.b == CUBLAS_OP_T && l.a == CUBLAS_OP_N)
+        nt = download(out, int64_t{m} * n);
+      else if (l.a == CUBLAS_OP_N)
+        diff = relative_difference(download(out, int64_t{m} * n), nt);
+      const double single = zmuon::bench::median_ms(
+          stream, reps, [] {}, once);
+      const double sustained = zmuon::bench::median_ms(
+                                   stream, 3, [] {},
+                                   [&] {
+                                     for (int r = 0; r < kSustained; ++r)
+                                       once();
+                                   })
+                               / kSustained;
+      std::printf(" %10.4f %10.4f", single, sustained);
+    }
+    ok = ok && diff <= 1e-2;
+    std::printf(" %10.2e%s\n", diff, diff <= 1e-2 ? "" : "  FAIL");
+    std::fflush(stdout);
+  }
+  return ok;
 }
 
 }  // namespace
@@ -186,15 +264,7 @@ int main(int argc, char** argv) {
         run_ours();
         ZMUON_CUDA_CHECK(cudaStreamSynchronize(stream));
         const std::vector<float> o = download(ours, out_numel);
-        double scale = 0.0;
-        double diff = 0.0;
-        for (size_t i = 0; i < r.size(); ++i) {
-          scale = std::max(scale, static_cast<double>(std::fabs(r[i])));
-          diff = std::max(diff, static_cast<double>(std::fabs(r[i] - o[i])));
-        }
-        if (!std::isfinite(diff))
-          diff = 1e30;
-        worst = std::max(worst, scale > 0 ? diff / scale : diff);
+        worst = std::max(worst, relative_difference(o, r));
         const double ms = zmuon::bench::median_ms(
             stream, reps, [] {}, run_ours);
         best_ms = std::min(best_ms, ms);
@@ -204,6 +274,7 @@ int main(int argc, char** argv) {
       std::printf(" %10.2fx %10.2e%s\n", ms_ref / best_ms, worst, worst <= 1e-2 ? "" : "  FAIL");
       std::fflush(stdout);
     }
+    ok = update_layouts(runner, stream, reps, only) && ok;
     ZMUON_CUBLAS_CHECK(cublasDestroy(cublas));
     ZMUON_CUDA_CHECK(cudaStreamDestroy(stream));
     return ok ? 0 : 1;
