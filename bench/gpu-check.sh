@@ -300,7 +300,7 @@ ab() {
       done
     done
   }
-  run_pair gemm bench_sm90_gemm "case|sym|full" --reps 30
+  run_pair gemm bench_sm90_gemm "case|sym|full|update|X'=" --reps 30
   run_pair variants bench_ns "x[0-9]" --variant standard --reps 20
   ZMUON_GEMM_CANDIDATES=8 run_pair tables bench_ns "ceiling|gpt2-124m  |llama|x 768 x|2048x2048" \
     --tables --reps 20
