@@ -28,7 +28,8 @@
 #   bench/gpu-check.sh base REV  # here: bench_ns and bench_sm90_gemm built at git revision REV
 #                                # into .carry/base/ (a worktree in build-gpu-base/), for "ab"
 #   bench/gpu-check.sh ab        # there: base and packed binaries alternating, twice each
-#                                # (bench_sm90_gemm, bench_ns --variant standard, the tables):
+#                                # (bench_sm90_gemm, bench_ns --variant standard, the tables;
+#                                # AB="gemm variants" picks parts: all three take over 10 min):
 #                                # a change between versions counts only past the spread of
 #                                # each version's own two runs. Logs ab_*.log in $OUT
 #
@@ -300,10 +301,11 @@ ab() {
       done
     done
   }
-  run_pair gemm bench_sm90_gemm "case|sym|full|update|X'=" --reps 30
-  run_pair variants bench_ns "x[0-9]" --variant standard --reps 20
-  ZMUON_GEMM_CANDIDATES=8 run_pair tables bench_ns "ceiling|gpt2-124m  |llama|x 768 x|2048x2048" \
-    --tables --reps 20
+  local parts=" ${AB:-gemm variants tables} "
+  [[ $parts == *" gemm "* ]] && run_pair gemm bench_sm90_gemm "case|sym|full|update|X'=" --reps 30
+  [[ $parts == *" variants "* ]] && run_pair variants bench_ns "x[0-9]" --variant standard --reps 20
+  [[ $parts == *" tables "* ]] && ZMUON_GEMM_CANDIDATES=8 run_pair tables bench_ns \
+    "ceiling|gpt2-124m  |llama|x 768 x|2048x2048" --tables --reps 20
   return $status
 }
 
