@@ -1,5 +1,6 @@
 #include "launch/node.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -45,9 +46,6 @@ struct node_config : caf::actor_system_config {
     // proxies of a live node ("lost in step 1: remote_link_unreachable", 1 run in ~50 of
     // test_multinode with 3 nodes).
     set("middleman.enable-automatic-connections", false);
-    // Two threads more than cores, so that the supervisor's heartbeats find a thread while the
-    // ranks compute inside their handlers.
-    set("scheduler.max-threads", static_cast<size_t>(std::thread::hardware_concurrency() + 2));
   }
 };
 
@@ -67,6 +65,11 @@ error write_file_atomically(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+
+size_t node_scheduler_threads(int ranks) {
+  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::max(cores, static_cast<size_t>(2 * std::max(ranks, 1))) + 2;
+}
 
 struct node::impl {
   node_options opts;
@@ -144,6 +147,7 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   std::unique_ptr<node> n(new node());
   auto& d = *n->impl_;
   d.opts = opts;
+  d.cfg.set("scheduler.max-threads", node_scheduler_threads(opts.ranks));
   d.sys = std::make_unique<caf::actor_system>(d.cfg);
   join_request req{opts.node_rank, opts.ranks, table, job, {}, {}, opts.gpus};
   for (int i = 0; i < opts.ranks; ++i) {

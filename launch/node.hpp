@@ -9,6 +9,7 @@
 //   (*n)->finish();                                      // barrier: every node is done
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,6 +41,11 @@ struct node_options {
   /// The GPUs this node's ranks would run on under nccl (join_request::gpus).
   std::vector<std::string> gpus;
 };
+
+/// The scheduler threads of a node of `ranks` ranks: at least the cores, two a rank (a rank's
+/// coordinator and store may both compute inside handlers, the host backend's NS for seconds),
+/// plus two, so that the node supervisor's heartbeats always find a free thread.
+size_t node_scheduler_threads(int ranks);
 
 class node {
 public:

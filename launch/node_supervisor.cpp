@@ -213,9 +213,10 @@ node_supervisor_actor::behavior_type supervisor_impl(supervisor_pointer self,
 }  // namespace
 
 node_supervisor_actor spawn_node_supervisor(caf::actor_system& sys, supervisor_options opts) {
-  // A thread of its own: the ranks' handlers may hold every scheduler thread for as long as a
-  // step's compute takes (the host backend's NS), and heartbeats must not wait for them.
-  return sys.spawn<caf::detached>(supervisor_impl, std::move(opts));
+  // Scheduled, not detached (a detached supervisor hung ~actor_system in 1 of ~17 runs, see
+  // docs/NOTES.md "Multi-process launch"): the node's scheduler keeps threads free for it
+  // (node_scheduler_threads).
+  return sys.spawn(supervisor_impl, std::move(opts));
 }
 
 std::string describe_node(int node, const std::vector<int32_t>& node_first_ranks, int world) {

@@ -3,8 +3,9 @@
 // once) and heartbeats (a node that stops answering for `heartbeat_timeout` is lost too). A lost
 // node ends the job on every node: the supervisor that notices tells the others, aborts this
 // node's comm actors (their pending collectives fail, so the host loop unwinds) and, should
-// something still block, ends the process after a grace period. Never a hang. It runs on a
-// thread of its own (detached), so that its heartbeats do not wait for the node's compute.
+// something still block, ends the process after a grace period. Never a hang. It is a
+// scheduled actor: its heartbeats need a scheduler thread that no rank's handler holds
+// (node_scheduler_threads).
 //
 // Interface:
 //   watch_nodes               from the node after the rendezvous: every node's supervisor and

@@ -26,6 +26,6 @@ zmuon_add_test(test_host_buckets
 # engine::reduce's bound on the reduce buckets in flight, read from the message trace.
 zmuon_add_test(test_reduce_window
   SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_reduce_window.cpp LIBS zmuon_core)
-# The node supervisor on a real one-thread scheduler (heartbeats beside a busy node).
+# The node supervisor on a real scheduler sized as a node's (heartbeats beside computing ranks).
 zmuon_add_test(test_node_supervisor SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_node_supervisor.cpp
   LIBS zmuon_node)
