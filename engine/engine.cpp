@@ -254,6 +254,8 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
 }
 
 error engine::impl::start() {
+  if (!stopped.empty())
+    return {errc::bad_state, stopped};
   if (pl)
     return {};
   if (table.empty())
@@ -280,13 +282,15 @@ error engine::impl::start() {
       muon_params.emplace_back(static_cast<int>(i), pl->params[i].name);
   for (auto& rec : traces)
     rec->plan(muon_params, static_cast<int>(pl->chunks.size()));
+  // From here on a failure leaves a part-started engine: it stops.
+  const std::string starting = "while starting";
   auto backends = make_backends();
   if (!backends)
-    return backends.err();
+    return stop(backends.err(), starting);
   for (auto& be : *backends)
     be->time_calls(time_calls);
   if (auto err = spawn_comms(*backends))
-    return err;
+    return stop(err, starting);
   for (int i = 0; i < local; ++i) {
     windows.emplace_back(*sys, first_rank + i, opts.timeout_ms,
                          traces.empty() ? nullptr : traces[i]);
@@ -309,7 +313,7 @@ error engine::impl::start() {
     }
     auto done = ask<ack>(ranks[k].store, load_params{0, shard});
     if (!done)
-      return done.err();
+      return stop(done.err(), starting);
   }
   init.clear();
   return {};
@@ -333,7 +337,7 @@ expected<step_info> engine::step() {
   // their buffers are gone before the step's own.
   for (auto& w : d.windows)
     if (auto err = w.drain())
-      return err;
+      return d.stop(err, impl::in_step(d.step + 1));
   uint64_t step = ++d.step;
   d.host_collectives = 0;
   if (d.step_started)
@@ -356,7 +360,7 @@ expected<step_info> engine::step() {
     auto& h = pending[r];
     expected<step_result> out = error{errc::internal, "no reply"};
     h.receive([&](step_result& res) { out = std::move(res); },
-              [&](caf::error& err) { out = from_caf_error(err); });
+              [&](caf::error& err) { out = d.reply_error(err, "step " + std::to_string(step)); });
     if (!d.traces.empty())
       d.trace_step(static_cast<int>(r), req, trace::request_id(self->id(), h.id()), sent_at[r],
                    out);
@@ -366,8 +370,9 @@ expected<step_info> engine::step() {
   step_info info;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])
-      return error{results[r].err().code(),
-                   "rank " + std::to_string(d.first_rank + r) + ": " + results[r].err().message()};
+      return d.stop(error{results[r].err().code(), "rank " + std::to_string(d.first_rank + r) + ": "
+                                                       + results[r].err().message()},
+                    impl::in_step(step));
     const auto& res = *results[r];
     if (r == 0) {
       info.step = res.step;
@@ -378,7 +383,8 @@ expected<step_info> engine::step() {
       info.next_loss_scale = res.next_loss_scale;
       info.micro_batches = res.micros;
     } else if (res.skipped != info.skipped || res.next_loss_scale != info.next_loss_scale) {
-      return error{errc::internal, "ranks disagree on step " + std::to_string(step)};
+      return d.stop(error{errc::internal, "ranks disagree on step " + std::to_string(step)},
+                    impl::in_step(step));
     }
     info.ns_params += res.ns_params;
     info.ns_matrices += res.ns_matrices;

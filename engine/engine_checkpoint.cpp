@@ -190,12 +190,16 @@ expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
                        + ": the directory must be one every process sees"};
 
   const auto& m = loaded->manifest;
+  // Once a rank has taken its state, the ranks hold two checkpoints' states until all have: a
+  // failure here stops the engine.
+  const std::string handing =
+      "while handing the checkpoint of step " + std::to_string(m.step) + " to its ranks";
   for (int i = 0; i < d.local; ++i) {
     auto state = std::make_shared<const rank_state>(std::move(loaded->states[d.first_rank + i]));
     if (auto done = d.ask<ack>(d.ranks[i].store, load_state{m.step, state}); !done)
-      return done.err();
+      return d.stop(done.err(), handing);
     if (auto done = d.ask<ack>(d.ranks[i].scaler, restore_scaler{m.step, m.scaler}); !done)
-      return done.err();
+      return d.stop(done.err(), handing);
   }
   d.step = m.step;
   return checkpoint_info{loaded->path, m.step, m.world, m.config.dump()};

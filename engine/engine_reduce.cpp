@@ -139,7 +139,8 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
     else if (read_on_device)
       be.synchronize();
   });
-  return device ? device : failed;
+  // Some buckets of this micro-batch may be with the reducer, others not: the step is broken.
+  return d.stop(device ? device : failed, impl::in_step(step));
 }
 
 }  // namespace zmuon

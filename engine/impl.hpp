@@ -141,6 +141,15 @@ struct engine::impl {
     return caf::duration{std::chrono::milliseconds(opts.timeout_ms)};
   }
 
+  /// A request's failure as a zmuon::error; one not answered in time names `what` and the
+  /// setting.
+  error reply_error(const caf::error& err, const std::string& what) const {
+    if (err == caf::sec::request_timeout)
+      return {errc::timeout, what + " was not answered within " + std::to_string(opts.timeout_ms)
+                                 + " ms (timeout_ms, zmuon.timeout_ms)"};
+    return from_caf_error(err);
+  }
+
   // Blocking request from the host thread; errors come back as zmuon::error.
   template <class Reply, class Handle, class Msg>
   expected<Reply> ask(const Handle& h, Msg msg) {
@@ -148,7 +157,7 @@ struct engine::impl {
     expected<Reply> out = error{errc::internal, "no reply"};
     self->request(h, timeout(), std::move(msg))
         .receive([&](Reply& r) { out = std::move(r); },
-                 [&](caf::error& err) { out = from_caf_error(err); });
+                 [&](caf::error& err) { out = reply_error(err, "a request to a rank's actor"); });
     return out;
   }
 
@@ -175,6 +184,22 @@ struct engine::impl {
     return {};
   }
   error start();
+  /// The first failure that may have left the ranks in an unknown state: work of a step in
+  /// flight or half applied (a bucket or a step not answered in time, a rank's step failing, a
+  /// backend failure while handing over), or a start that got only part of the way. start()
+  /// refuses every later call with it.
+  std::string stopped;
+  /// Latches `err` (when set) as the failure that stops the engine `when` ("in step 3",
+  /// "while starting"); returns it.
+  error stop(error err, const std::string& when) {
+    if (err && stopped.empty())
+      stopped = "the engine stopped " + when + " (" + err.to_string()
+                + "); its ranks may be part of the way through it, so it takes no further call: "
+                  "load a checkpoint into a new engine, and raise timeout_ms (zmuon.timeout_ms) if "
+                  "the work only needs longer";
+    return err;
+  }
+  static std::string in_step(uint64_t step) { return "in step " + std::to_string(step); }
   /// Runs on `node`'s actor system as its ranks (engine::create(opts, node), and a joining
   /// process once it has joined).
   error adopt(const engine_options& options, const node_setup& node);

@@ -44,7 +44,7 @@ error reduce_window::wait_until(size_t keep) {
                   + " of micro-batch " + std::to_string(p.micro) + " of step "
                   + std::to_string(p.step)
                   + (late ? " was not answered by the reducer within " + std::to_string(timeout_ms_)
-                                + " ms (timeout_ms)"
+                                + " ms (timeout_ms, zmuon.timeout_ms)"
                           : " got no answer from the reducer: " + caf::to_string(failed))};
     }
   }

@@ -218,3 +218,34 @@ BOOST_AUTO_TEST_CASE(auto_comm_is_caf_on_the_host) {
     BOOST_TEST((*e)->options().comm == "caf");
   }
 }
+
+// Work that takes longer than timeout_ms: the call that waits for it says so, naming the setting,
+// and the engine then takes no further call (its ranks are still part of the way through it),
+// each refusal naming the first failure; destroying it does not hang. One 1024 x 1536 Muon
+// matrix is about 30 GFLOP of Newton-Schulz, far more than 20 ms of any CPU's work, so the
+// start, the reduce-scatter or the step is not answered in time (which one depends on the load).
+BOOST_AUTO_TEST_CASE(work_past_the_timeout_stops_the_engine) {
+  const std::vector<param_spec> big{{"w", {1024, 1536}}, {"b", {64}}};
+  auto o = options(2);
+  o.timeout_ms = 20;
+  auto eng = make_engine(o);
+  register_table(*eng, big, 24);
+  error first;
+  for (int r = 0; r < 2 && !first; ++r)
+    first = eng->reduce(r, random_grads(big, 24, 1, r, 0));
+  if (!first) {
+    auto s = eng->step();
+    BOOST_REQUIRE_MESSAGE(!s, "step 1 took less than 20 ms");
+    first = s.err();
+  }
+  expect_error(first, errc::timeout, "ms (timeout_ms, zmuon.timeout_ms)");
+  const std::string stopped = "the engine stopped ";
+  const std::string cause = "(" + first.to_string() + ")";
+  const error refusals[] = {eng->reduce(0, random_grads(big, 24, 2, 0, 0)), eng->step().err(),
+                            eng->snapshot(1).err(), eng->parameters().err()};
+  for (const error& e : refusals) {
+    expect_error(e, errc::bad_state, stopped);
+    BOOST_TEST(e.message().find(cause) != std::string::npos);
+    BOOST_TEST(e.message().find("load a checkpoint into a new engine") != std::string::npos);
+  }
+}
