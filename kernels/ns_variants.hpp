@@ -82,11 +82,17 @@ inline ns_variant gpu_automatic_variant(int64_t batch, int64_t rows, int64_t col
                                                                     : ns_variant::standard;
 }
 
+/// What ns_variant::automatic means on the host: Gram wherever its aspect pays (ns_uses_gram),
+/// since the host has no launches to amortize. Measured (docs/NOTES.md, session 16): GPT-2's
+/// table NS on this 2-core VM 7.7-8.3 -> 5.9-7.0 s a step (`zmuon-bench-step --table gpt2-124m
+/// --world 1 --compute host --ns-variant standard|gram`); 1.2-1.5x per aspect-4 matrix (session 3).
+inline constexpr ns_variant kHostAutomaticVariant = ns_variant::gram;
+
 /// Whether a [rows, cols] matrix runs the Gram variant under `ns` on a backend whose
 /// ns_variant::automatic means `automatic_is` (on cuda gpu_automatic_variant, on the host
-/// standard).
+/// kHostAutomaticVariant).
 inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols,
-                         ns_variant automatic_is = ns_variant::standard) {
+                         ns_variant automatic_is) {
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
   const ns_variant v = ns.variant == ns_variant::automatic ? automatic_is : ns.variant;
   return v == ns_variant::gram && ns.steps > 0

@@ -451,7 +451,8 @@ BOOST_AUTO_TEST_CASE(gram_against_standard_and_host) {
   for (const ns_options& base : {ns_options{}, polar_express_ns()}) {
     const ns_options gram = gram_ns(base);
     for (const ns_case& c : cases) {
-      BOOST_REQUIRE(ns_uses_gram(gram, c.rows, c.cols));
+      BOOST_REQUIRE(
+          ns_uses_gram(gram, c.rows, c.cols, gpu_automatic_variant(c.batch, c.rows, c.cols)));
       const std::vector<float> input = random_vector(c.batch * c.rows * c.cols);
       const auto standard = gpu_newton_schulz(input, c, base);
       const auto got = gpu_newton_schulz(input, c, gram);
@@ -515,7 +516,8 @@ BOOST_AUTO_TEST_CASE(own_gemm_gram) {
   // R over k = 3072 and 4096 (wide inputs only); every [m, m] product when m = 2048.
   const ns_case cases[] = {{3, 768, 3072}, {1, 2048, 4096}, {1, 4096, 2048}};
   for (const ns_case& c : cases) {
-    BOOST_REQUIRE(ns_uses_gram(gram, c.rows, c.cols));
+    BOOST_REQUIRE(
+        ns_uses_gram(gram, c.rows, c.cols, gpu_automatic_variant(c.batch, c.rows, c.cols)));
     const std::vector<float> input = random_vector(c.batch * c.rows * c.cols);
     const std::vector<float> own = gpu_newton_schulz(input, c, gram);
     cuda.set_ns_own_gemm(false);

@@ -122,14 +122,15 @@ BOOST_AUTO_TEST_CASE(gram_newton_schulz_dispatch) {
   // bitwise the same result. A restart interval of 1 is the standard iteration up to rounding
   // order: relative Frobenius difference <= 1e-5.
   auto be = host_backend();
-  BOOST_TEST(!ns_uses_gram(gram_of(ns5(), 3), 40, 60));
-  BOOST_TEST(ns_uses_gram(gram_of(ns5(), 3), 40, 61));
-  BOOST_TEST(ns_uses_gram(gram_of(ns5(), 3), 61, 40));
-  BOOST_TEST(!ns_uses_gram(ns5(), 40, 200));
-  // ns_variant::automatic is whatever the backend says: gram on cuda, standard on the host.
+  BOOST_TEST(!ns_uses_gram(gram_of(ns5(), 3), 40, 60, kHostAutomaticVariant));
+  BOOST_TEST(ns_uses_gram(gram_of(ns5(), 3), 40, 61, kHostAutomaticVariant));
+  BOOST_TEST(ns_uses_gram(gram_of(ns5(), 3), 61, 40, kHostAutomaticVariant));
+  BOOST_TEST(!ns_uses_gram(ns5(), 40, 200, kHostAutomaticVariant));
+  // ns_variant::automatic is whatever the backend says (gram on the host, on cuda by the work).
   ns_options automatic = ns5();
   automatic.variant = ns_variant::automatic;
-  BOOST_TEST(!ns_uses_gram(automatic, 40, 200));
+  BOOST_TEST(!ns_uses_gram(automatic, 40, 200, ns_variant::standard));
+  BOOST_TEST(ns_uses_gram(automatic, 40, 200, kHostAutomaticVariant));
   BOOST_TEST(ns_uses_gram(automatic, 40, 200, ns_variant::gram));
   BOOST_TEST(!ns_uses_gram(automatic, 40, 60, ns_variant::gram));
   BOOST_TEST(!ns_uses_gram(ns5(), 40, 200, ns_variant::gram));

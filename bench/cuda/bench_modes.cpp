@@ -78,7 +78,8 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
       const double orth = orthogonality_error(stream, x, s.rows, s.cols);
       if (first_ms == 0.0)
         first_ms = ms;
-      const bool gram = zmuon::ns_uses_gram(ns, s.rows, s.cols);
+      const bool gram = zmuon::ns_uses_gram(ns, s.rows, s.cols,
+                                            zmuon::gpu_automatic_variant(s.batch, s.rows, s.cols));
       std::printf("%-12s %-9s %10.3f %9.2fx %14.4g\n", s.label.c_str(),
                   v == zmuon::ns_variant::gram ? (gram ? "gram" : "gram(std)") : "standard", ms,
                   first_ms / ms, orth);

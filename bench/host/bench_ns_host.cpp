@@ -102,7 +102,7 @@ int main(int argc, char* argv[]) {
       std::sort(times.begin(), times.end());
       std::vector<float> out(static_cast<size_t>(n));
       be.copy_to_host(out.data(), x.data(), n);
-      const bool gram = zmuon::ns_uses_gram(m.ns, s.rows, s.cols);
+      const bool gram = zmuon::ns_uses_gram(m.ns, s.rows, s.cols, zmuon::kHostAutomaticVariant);
       const std::string label =
           std::string(m.name) + (m.ns.variant == zmuon::ns_variant::gram && !gram ? "*" : "");
       std::printf("%5lldx%-5lld %-10s %10.1f %14.4g\n", static_cast<long long>(s.rows),

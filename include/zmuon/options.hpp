@@ -29,7 +29,8 @@ enum class ns_variant : uint8_t {
               // whose long side is below kGramMinAspect times the short one run `standard`
   automatic,  // the engine's default: on the cuda backend `gram` for batches with enough work
               // that it was measured faster (gpu_automatic_variant, kernels/ns_variants.hpp),
-              // else `standard`; `standard` on the host, the fp32 reference
+              // else `standard`; `gram` on the host (kHostAutomaticVariant), where no launch
+              // overhead offsets its fewer FLOPs
 };
 
 /// Newton-Schulz iteration parameters.

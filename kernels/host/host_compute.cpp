@@ -265,7 +265,7 @@ void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const
   for (size_t i = 0; i < numel; ++i)
     cur[i] = static_cast<float>(cur[i] / denom);
 
-  if (ns_uses_gram(ns, rows, cols)) {
+  if (ns_uses_gram(ns, rows, cols, kHostAutomaticVariant)) {
     for (int step = 0; step < ns.steps;) {
       const int block = gram_block_steps(ns, ns.steps - step);
       gram_block(cur, next, r, c, ns, step, block);
