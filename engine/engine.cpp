@@ -253,9 +253,7 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
   return {};
 }
 
-error engine::impl::start() {
-  if (!stopped.empty())
-    return {errc::bad_state, stopped};
+error engine::impl::start_locked() {
   if (pl)
     return {};
   if (table.empty())

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -183,15 +184,29 @@ struct engine::impl {
     }
     return {};
   }
-  error start();
+  /// Starts the ranks at the first call that needs them (once, whichever thread gets there
+  /// first: reduce() for different ranks may run on different threads), or says why not.
+  error start() {
+    {
+      std::lock_guard<std::mutex> lock(stop_mutex);
+      if (!stopped.empty())
+        return {errc::bad_state, stopped};
+    }
+    std::lock_guard<std::mutex> lock(start_mutex);
+    return start_locked();
+  }
+  error start_locked();
+  std::mutex start_mutex;
   /// The first failure that may have left the ranks in an unknown state: work of a step in
   /// flight or half applied (a bucket or a step not answered in time, a rank's step failing, a
   /// backend failure while handing over), or a start that got only part of the way. start()
   /// refuses every later call with it.
   std::string stopped;
+  std::mutex stop_mutex;  // guards `stopped` (two ranks' reduce() may fail at once)
   /// Latches `err` (when set) as the failure that stops the engine `when` ("in step 3",
   /// "while starting"); returns it.
   error stop(error err, const std::string& when) {
+    std::lock_guard<std::mutex> lock(stop_mutex);
     if (err && stopped.empty())
       stopped = "the engine stopped " + when + " (" + err.to_string()
                 + "); its ranks may be part of the way through it, so it takes no further call: "

@@ -5,6 +5,9 @@
 #define BOOST_TEST_MODULE engine_numerics
 #include "tests/engine_fixture.hpp"
 
+#include <atomic>
+#include <thread>
+
 #include "actors/muon_coordinator.hpp"
 #include "kernels/compute.hpp"
 #include "kernels/ns_variants.hpp"
@@ -156,6 +159,51 @@ BOOST_AUTO_TEST_CASE(ns_variants_reach_every_owner) {
   BOOST_TEST(rel_diff(automatic, train_model(with(1, false, ns_variant::gram), 1, 32, 3)) == 0.0);
   BOOST_TEST(d_auto > 0.0);
   BOOST_TEST(d_auto <= 1e-4);
+}
+
+// reduce() for different ranks from a thread each (the first calls racing to start the engine,
+// micro-batches of different ranks interleaving as the threads run) gives the weights of one
+// thread handing over rank by rank, bit for bit: collectives are matched by tag and reduced in
+// rank order, whatever the arrival.
+BOOST_AUTO_TEST_CASE(reduce_from_a_thread_per_rank_equals_one_thread) {
+  const std::vector<param_spec> table{{"w1", {24, 40}}, {"w2", {40, 24}}, {"bias", {40}}};
+  const int world = 4, gas = 2, steps = 3;
+  auto run = [&](bool threads) {
+    auto eng = make_engine(options(world));
+    register_table(*eng, table, 31);
+    for (int s = 1; s <= steps; ++s) {
+      auto hand_over = [&](int r) {
+        for (int k = 0; k < gas; ++k)
+          if (auto err = eng->reduce(r, random_grads(table, 31, s, r, k)))
+            return err;
+        return error{};
+      };
+      std::vector<error> errs(world);
+      if (threads) {
+        std::atomic<int> ready{0};  // the threads call reduce() at once
+        std::vector<std::thread> pool;
+        for (int r = 0; r < world; ++r)
+          pool.emplace_back([&, r] {
+            ++ready;
+            while (ready.load() < world)
+              std::this_thread::yield();
+            errs[static_cast<size_t>(r)] = hand_over(r);
+          });
+        for (auto& t : pool)
+          t.join();
+      } else {
+        for (int r = 0; r < world; ++r)
+          errs[static_cast<size_t>(r)] = hand_over(r);
+      }
+      for (const error& e : errs)
+        BOOST_REQUIRE_MESSAGE(!e, e.to_string());
+      step_ok(*eng);
+    }
+    return params_of(*eng);
+  };
+  const tensor_map one = run(false);
+  for (int attempt = 0; attempt < 3; ++attempt)
+    BOOST_TEST(rel_diff(run(true), one) == 0.0);
 }
 
 BOOST_AUTO_TEST_CASE(fp16_loss_scale_does_not_change_the_result) {

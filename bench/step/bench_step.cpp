@@ -75,6 +75,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -189,6 +190,10 @@ int main(int argc, char* argv[]) {
   app.add_flag("--reduce-waits", reduce_waits,
                "--device-grads through the plain reduce(), which waits for its copies");
   bool time_calls = false;
+  bool host_threads = false;
+  app.add_flag("--host-threads", host_threads,
+               "hand over each rank's micro-batches on a thread of its own (reduce() for different "
+               "ranks at once), not rank by rank on one thread");
   app.add_flag("--call-times", time_calls,
                "time the compute backends' calls (CUDA events) and print each call's time per "
                "step");
@@ -315,12 +320,29 @@ int main(int argc, char* argv[]) {
     if (s > 0)
       eng->reset_peak_memory();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int k = 0; k < gas; ++k)
+    // Micro-batch by micro-batch, rank by rank on this thread, or a thread per rank (as a host
+    // loop with a thread per GPU would).
+    std::vector<zmuon::error> handed_errors(static_cast<size_t>(opts.world));
+    if (host_threads) {
+      std::vector<std::thread> pool;
       for (int r = 0; r < opts.world; ++r)
-        if (auto err = hand_over(r)) {
-          std::fprintf(stderr, "zmuon-bench-step: %s\n", err.to_string().c_str());
-          return 1;
-        }
+        pool.emplace_back([&, r] {
+          auto& err = handed_errors[static_cast<size_t>(r)];
+          for (int k = 0; k < gas && !err; ++k)
+            err = hand_over(r);
+        });
+      for (auto& t : pool)
+        t.join();
+    }
+    bool failed = false;
+    for (int k = 0; k < gas && !host_threads && !failed; ++k)
+      for (int r = 0; r < opts.world && !failed; ++r)
+        failed = static_cast<bool>(handed_errors[static_cast<size_t>(r)] = hand_over(r));
+    for (const auto& err : handed_errors)
+      if (err) {
+        std::fprintf(stderr, "zmuon-bench-step: %s\n", err.to_string().c_str());
+        return 1;
+      }
     const auto t1 = std::chrono::steady_clock::now();
     // The hand-over's own peak, then the step's from what is held when it starts.
     std::vector<int64_t> handed(static_cast<size_t>(opts.world), 0);

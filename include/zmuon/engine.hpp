@@ -11,6 +11,14 @@
 // From a JSON config and the caller's own buffers (no tensor_map in between):
 // create_from_json(), reduce(rank, vector<tensor_view>), gather_params(vector<tensor_span>).
 // The C ABI (zmuon/zmuon.h) and the Python binding sit on these.
+//
+// Threads: reduce() for different ranks may run on different threads at once (a host thread
+// per rank; the first calls may race to start the engine). Every other call, and reduce() for
+// one rank, must not overlap another call on the same engine.
+//
+// A failure that may leave the ranks part of the way through a step (a timeout, a rank's step
+// failing, a backend failure while handing over) stops the engine: every later call is refused
+// with errc::bad_state naming that failure (a new engine can load a checkpoint).
 #pragma once
 
 #include <functional>
