@@ -15,6 +15,11 @@
  *   zmuon_tensor p = {"fc1.weight", param, 128 * 64, ZMUON_HOST};
  *   zmuon_engine_gather_params(eng, &p, 1);      // full parameters into the caller's buffers
  *   zmuon_engine_destroy(eng);
+ *
+ * Threads: zmuon_engine_reduce for different ranks may run on different threads at once; no
+ * other call may overlap another on the same engine. After a failure that may leave the ranks
+ * part of the way through a step (a timeout, a failed rank), every later call fails with
+ * ZMUON_BAD_STATE naming it.
  */
 #ifndef ZMUON_ZMUON_H
 #define ZMUON_ZMUON_H
