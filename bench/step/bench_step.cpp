@@ -63,9 +63,6 @@
 // host-to-device copy to reduce(), and its tail to step()), stream-ordered on the default stream
 // as zmuon.Muon does on PyTorch's (--reduce-waits: the plain reduce(), which waits for its reads).
 #include <unistd.h>
-#ifdef ZMUON_HAVE_CUDA
-#include <cuda_runtime.h>
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -81,6 +78,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench/step/device_grads.hpp"
 #include "bench/step/report.hpp"
 #include "bench/step/step_tables.hpp"
 #include "plan/plan.hpp"
@@ -178,7 +176,8 @@ int main(int argc, char* argv[]) {
                  "when the engine drives one local rank, i.e. --world 1)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--ns-variant", opts.muon.ns.variant,
-                 "standard, gram or auto (the default: gram on cuda, standard on host)")
+                 "standard, gram or auto (the default: gram on the host, on cuda where the batch "
+                 "pays)")
       ->transform(CLI::CheckedTransformer(kVariants));
   app.add_option("--trace", trace_dir,
                  "keep the trace in this directory (default: a temporary one)");
@@ -204,12 +203,6 @@ int main(int argc, char* argv[]) {
   time_calls = time_calls || !timeline_out.empty();
   if (app.count("--comm") == 0 && opts.compute == "host")
     opts.comm = "caf";  // nccl needs the cuda compute
-#ifndef ZMUON_HAVE_CUDA
-  if (device_grads) {
-    std::fprintf(stderr, "zmuon-bench-step: --device-grads needs a build with CUDA\n");
-    return 2;
-  }
-#endif
   if (device_grads && opts.compute != "cuda") {
     std::fprintf(stderr, "zmuon-bench-step: --device-grads needs --compute cuda\n");
     return 2;
@@ -261,49 +254,16 @@ int main(int argc, char* argv[]) {
   }
   const int64_t total = *added;
 
-  // --device-grads: one device copy of the gradients per GPU, handed over by every rank on it.
-  std::vector<std::vector<zmuon::tensor_view>> device_views;  // by device
-  std::vector<float*> device_memory;
-  struct free_device {
-    std::vector<float*>& p;
-    ~free_device() {
-#ifdef ZMUON_HAVE_CUDA
-      for (float* q : p)
-        (void)cudaFree(q);
-#endif
-    }
-  } free_at_exit{device_memory};
-#ifdef ZMUON_HAVE_CUDA
-  if (device_grads) {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-      std::fprintf(stderr, "zmuon-bench-step: --device-grads: no CUDA device\n");
+  zmuon::bench::device_grads on_device;  // --device-grads
+  if (device_grads)
+    if (auto err = on_device.upload(grads, opts.world)) {
+      std::fprintf(stderr, "zmuon-bench-step: %s\n", err.message().c_str());
       return 2;
     }
-    device_views.resize(static_cast<size_t>(std::min(devices, opts.world)));
-    for (size_t d = 0; d < device_views.size(); ++d) {
-      (void)cudaSetDevice(static_cast<int>(d));
-      for (const auto& [name, values] : grads) {
-        float* p = nullptr;
-        const size_t bytes = values.size() * sizeof(float);
-        if (cudaMalloc(reinterpret_cast<void**>(&p), bytes) != cudaSuccess
-            || cudaMemcpy(p, values.data(), bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
-          std::fprintf(stderr, "zmuon-bench-step: --device-grads: cannot upload '%s'\n",
-                       name.c_str());
-          return 2;
-        }
-        device_memory.push_back(p);
-        device_views[d].push_back(zmuon::tensor_view{name, p, static_cast<int64_t>(values.size()),
-                                                     zmuon::memory_space::cuda,
-                                                     static_cast<int>(d)});
-      }
-    }
-  }
-#endif
   const auto hand_over = [&](int r) {
     if (!device_grads)
       return eng->reduce(r, grads);
-    const auto& views = device_views[static_cast<size_t>(r) % device_views.size()];
+    const auto& views = on_device.views_of(r);
     return reduce_waits ? eng->reduce(r, views) : eng->reduce(r, views, nullptr);
   };
 
