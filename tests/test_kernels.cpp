@@ -127,7 +127,9 @@ BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
 
 // The own GEMM's blocks cover every tile of D once (every tile on and above the diagonal when
 // symmetric), for one and two tiles a block and 1 to 70 tiles a side; two-tile blocks share P's
-// rows or Q's, and a symmetric product leaves at most its last block with one tile.
+// rows or Q's, and a symmetric product leaves at most its last block with one tile. Each
+// consumer's stage slots hold its own tile's P and Q rows (what the kernel's producer loads and
+// its consumers read, sm90_tiles.hpp).
 BOOST_AUTO_TEST_CASE(sm90_blocks_cover_each_tile_once) {
   for (const int consumers : {1, 2})
     for (const bool symmetric : {false, true})
@@ -143,6 +145,13 @@ BOOST_AUTO_TEST_CASE(sm90_blocks_cover_each_tile_once) {
             BOOST_TEST_REQUIRE((w.share_q ? w.n[0] == w.n[1] : w.m[0] == w.m[1]));
           alone += consumers - w.active;
           for (int g = 0; g < w.active; ++g) {
+            // The slots the consumer multiplies hold its tile's P rows and Q rows, among the
+            // 1 + active slots the producer fills.
+            const int p = gpu::sm90::p_slot(w, g), q = gpu::sm90::q_slot(w, g);
+            BOOST_TEST_REQUIRE((p <= w.active && q <= w.active));
+            const auto p_rows = gpu::sm90::slot_of(w, p), q_rows = gpu::sm90::slot_of(w, q);
+            BOOST_TEST_REQUIRE((p_rows.p && p_rows.tile == w.m[g]));
+            BOOST_TEST_REQUIRE((!q_rows.p && q_rows.tile == w.n[g]));
             BOOST_TEST_REQUIRE((w.m[g] >= 0 && w.m[g] < rows && w.n[g] >= 0 && w.n[g] < tiles),
                                "block " << b << " of " << blocks << ", tiles " << tiles);
             ++count[static_cast<size_t>(w.m[g] * tiles + w.n[g])];

@@ -321,14 +321,10 @@ __global__ void __launch_bounds__(threads<Consumers>())
         barrier_wait(&empty[s], ((kb / Stages) & 1) ^ 1);
         barrier_expect_bytes(&full[s], (1 + w.active) * kSliceBytes);
         uint8_t* stage = smem + s * kStageBytes;
-        const int k0 = kb * kSlice;
-        copy_slice(stage, &map_p, &full[s], k0, w.m[0] * kTile, matrix);
-        copy_slice(stage + kSliceBytes, &map_q, &full[s], k0, w.n[0] * kTile, matrix);
-        if (w.active > 1) {
-          if (w.share_q)
-            copy_slice(stage + 2 * kSliceBytes, &map_p, &full[s], k0, w.m[1] * kTile, matrix);
-          else
-            copy_slice(stage + 2 * kSliceBytes, &map_q, &full[s], k0, w.n[1] * kTile, matrix);
+        for (int slot = 0; slot <= w.active; ++slot) {
+          const sm90::slot_rows rows = sm90::slot_of(w, slot);
+          copy_slice(stage + slot * kSliceBytes, rows.p ? &map_p : &map_q, &full[s], kb * kSlice,
+                     rows.tile * kTile, matrix);
         }
       }
     }
@@ -336,10 +332,8 @@ __global__ void __launch_bounds__(threads<Consumers>())
   }
 
   const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
-  // The group's slices in a stage: P's and Q's rows of tile 0, or the third slice in place of
-  // the one tile 1 does not share.
-  const int p_at = group == 1 && w.share_q ? 2 : 0;
-  const int q_at = group == 0 || w.share_q ? 1 : 2;
+  const int p_at = sm90::p_slot(w, group);  // the group's slices in a stage
+  const int q_at = sm90::q_slot(w, group);
   // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
   // zeroing them here would make ptxas serialize the wgmmas.
   float acc0[64];  // rows 0-63 of the tile

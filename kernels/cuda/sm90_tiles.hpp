@@ -98,4 +98,27 @@ ZMUON_SM90_HD inline block_work tiles_of_block(int consumers, bool symmetric, in
   return w;
 }
 
+/// What slot `slot` (0 .. active) of a stage holds: P's rows (`p`) or Q's rows of tile row or
+/// column `tile`. Slot 0: P's rows of tile 0; slot 1: Q's rows of tile 0; slot 2 (two tiles):
+/// the rows of the operand the second tile does not share.
+struct slot_rows {
+  bool p = true;
+  int tile = 0;
+};
+ZMUON_SM90_HD inline slot_rows slot_of(const block_work& w, int slot) {
+  if (slot == 0)
+    return {true, w.m[0]};
+  if (slot == 1)
+    return {false, w.n[0]};
+  return w.share_q ? slot_rows{true, w.m[1]} : slot_rows{false, w.n[1]};
+}
+
+/// The slots consumer `group` multiplies: P's rows of its tile and Q's rows of its tile.
+ZMUON_SM90_HD inline int p_slot(const block_work& w, int group) {
+  return group == 1 && w.share_q ? 2 : 0;
+}
+ZMUON_SM90_HD inline int q_slot(const block_work& w, int group) {
+  return group == 0 || w.share_q ? 1 : 2;
+}
+
 }  // namespace zmuon::gpu::sm90
