@@ -309,10 +309,9 @@ __global__ void __launch_bounds__(threads<Consumers>())
       for (int kb = 0; kb < prm.slices; ++kb) {
         if (kb == prefetch_at && prm.c != nullptr) {
           for (int g = 0; g < w.active; ++g) {
-            const int tile_m = g == 0 ? w.m[0] : w.m[1];
-            const int tile_n = g == 0 ? w.n[0] : w.n[1];
             const __nv_bfloat16* c = prm.c + matrix * prm.stride_c
-                                     + int64_t{tile_m} * kTile * prm.ld_c + int64_t{tile_n} * kTile;
+                                     + int64_t{w.row(g)} * kTile * prm.ld_c
+                                     + int64_t{w.col(g)} * kTile;
             for (int row = 0; row < kTile; ++row)
               prefetch_l2(c + row * prm.ld_c, kTile * 2);
           }
@@ -370,8 +369,8 @@ __global__ void __launch_bounds__(threads<Consumers>())
   consumers_sync<Consumers>();  // every group's wgmmas have read their stages
   if (group >= w.active)
     return;
-  const int tile_m = group == 0 ? w.m[0] : w.m[1];
-  const int tile_n = group == 0 ? w.n[0] : w.n[1];
+  const int tile_m = w.row(group);
+  const int tile_n = w.col(group);
   const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
   float* staged = reinterpret_cast<float*>(smem + group * kStagedBytes);
   store_staged(acc0, acc1, staged, prm, matrix, tile_m, tile_n, mirror, group,

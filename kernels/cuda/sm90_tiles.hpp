@@ -27,6 +27,11 @@ struct block_work {
   int n[2] = {0, 0};
   int active = 1;
   bool share_q = false;
+
+  /// Consumer g's tile row and column (g a runtime value: no indexing, so `m` and `n` stay in
+  /// registers on the device).
+  ZMUON_SM90_HD int row(int g) const { return g == 0 ? m[0] : m[1]; }
+  ZMUON_SM90_HD int col(int g) const { return g == 0 ? n[0] : n[1]; }
 };
 
 ZMUON_SM90_HD constexpr int row_pairs(int tiles, int row) {
