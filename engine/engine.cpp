@@ -287,6 +287,10 @@ error engine::impl::start_locked() {
     return stop(backends.err(), starting);
   for (auto& be : *backends)
     be->time_calls(time_calls);
+  for (size_t i = 0; i < traces.size(); ++i)  // the backend's calls as trace spans
+    (*backends)[i]->trace_calls([rec = traces[i]](const compute_backend::traced_call& c) {
+      rec->compute(c.name, c.track, c.start_ns, c.end_ns - c.start_ns);
+    });
   if (auto err = spawn_comms(*backends))
     return stop(err, starting);
   for (int i = 0; i < local; ++i) {

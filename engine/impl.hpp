@@ -233,6 +233,8 @@ struct engine::impl {
     else
       rec.reply("host", t, {}, id, out.err().to_string());
     rec.span("host", "step", sent, t - sent, f, nullptr, true);
+    if (r < static_cast<int>(ranks.size()))
+      ranks[r].backend->read_traced_calls();  // the step's device work, done by now
     rec.flush();
   }
   error check_local(int rank) const;

@@ -35,7 +35,7 @@ void compute_backend::time_calls(bool on) {
   if (on && !timing_.load()) {
     spans_.clear();
     period_spans_.clear();
-    epoch_ = std::chrono::steady_clock::now();
+    epoch_ns_ = steady_ns();
   }
   timing_.store(on);
 }
@@ -52,7 +52,7 @@ call_times compute_backend::take_call_times() {
   period_spans_.clear();
   std::stable_sort(last_spans_.begin(), last_spans_.end(),
                    [](const call_span& a, const call_span& b) { return a.start_ms < b.start_ms; });
-  epoch_ = std::chrono::steady_clock::now();
+  epoch_ns_ = steady_ns();
   return out;
 }
 
@@ -61,21 +61,21 @@ std::vector<call_span> compute_backend::last_call_spans() const {
   return last_spans_;
 }
 
-void compute_backend::add_call_span(const char* name, double start_ms, double end_ms, int track) {
+void compute_backend::add_call(const char* name, int64_t start_ns, int64_t end_ns, int track) {
+  end_ns = std::max(start_ns, end_ns);
+  if (sink_)
+    sink_(traced_call{name, track, start_ns, end_ns});
+  if (!timing_.load())
+    return;
   std::lock_guard<std::mutex> lock(times_mutex_);
-  end_ms = std::max(start_ms, end_ms);
+  const double start_ms = static_cast<double>(start_ns - epoch_ns_) / 1e6;
+  const double end_ms = static_cast<double>(end_ns - epoch_ns_) / 1e6;
   auto& s = spans_[name];
   s.open.emplace_back(start_ms, end_ms);
   if (period_spans_.size() < kKeptSpans)
     period_spans_.push_back(call_span{name, track, start_ms, end_ms});
   if (s.open.size() >= kSpansPerFold)
     fold_call_spans(s.open, s.folded);
-}
-
-double compute_backend::host_clock_ms() const {
-  std::lock_guard<std::mutex> lock(times_mutex_);
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - epoch_)
-      .count();
 }
 
 }  // namespace zmuon

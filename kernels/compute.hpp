@@ -337,7 +337,7 @@ public:
   /// Starts a new peak from what is in use now (e.g. the persistent state, before a step).
   void reset_peak_memory() { meter_->reset_peak(); }
 
-  // -- call timing (benchmarks: a step's device time by phase) ----------------------------------
+  // -- call timing (benchmarks: a step's device time by phase; the message trace) -------------
   /// Off by default. On, every call that does work records when it ran, under its name
   /// (call_times.hpp); switching it on starts a new period.
   virtual void time_calls(bool on);
@@ -350,30 +350,55 @@ public:
   std::vector<call_span> last_call_spans() const;
   static constexpr size_t kKeptSpans = size_t{1} << 16;
 
+  /// One call as the message trace records it: its name, its track (call_span::track) and its
+  /// times on the host's steady clock in ns (trace::now_ns's clock).
+  struct traced_call {
+    const char* name;
+    int track;
+    int64_t start_ns;
+    int64_t end_ns;
+  };
+  using call_sink = std::function<void(const traced_call&)>;
+  /// Hands every call that does work to `sink` once its time is known: on the host as it
+  /// returns; on CUDA once its work has run (read at a later call, at take_call_times or
+  /// read_traced_calls, and at the backend's end), from its device events mapped onto the
+  /// host's clock. Set it before the backend's first call; while it is set calls are timed
+  /// whether or not time_calls is on.
+  void trace_calls(call_sink sink) { sink_ = std::move(sink); }
+  /// Hands the calls whose work has run to the sink now, without waiting for the others (CUDA;
+  /// the host's are handed over as they return).
+  virtual void read_traced_calls() {}
+
 protected:
-  /// One call ran from start_ms to end_ms, in ms since the period began (the backend's clock),
-  /// on `track` (call_span).
-  void add_call_span(const char* name, double start_ms, double end_ms, int track = 0);
-  /// Now, in ms since the period began on the host's steady clock.
-  double host_clock_ms() const;
-  /// Times a call that runs to its end on the calling thread (the host backend's), when timing.
+  /// Whether calls are timed: for the call times or for the trace.
+  bool timing_or_tracing() const { return timing_.load() || sink_ != nullptr; }
+  /// One call ran from start_ns to end_ns (steady_ns's clock) on `track` (call_span).
+  void add_call(const char* name, int64_t start_ns, int64_t end_ns, int track = 0);
+  /// Now on the host's steady clock, in ns.
+  static int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  /// Times a call that runs to its end on the calling thread (the host backend's), when timing
+  /// or tracing.
   class scoped_call_timer {
   public:
     scoped_call_timer(compute_backend& be, const char* name)
-        : be_(be.timing_calls() ? &be : nullptr),
+        : be_(be.timing_or_tracing() ? &be : nullptr),
           name_(name),
-          start_ms_(be_ != nullptr ? be.host_clock_ms() : 0.0) {}
+          start_ns_(be_ != nullptr ? steady_ns() : 0) {}
     scoped_call_timer(const scoped_call_timer&) = delete;
     scoped_call_timer& operator=(const scoped_call_timer&) = delete;
     ~scoped_call_timer() {
       if (be_ != nullptr)
-        be_->add_call_span(name_, start_ms_, be_->host_clock_ms());
+        be_->add_call(name_, start_ns_, steady_ns());
     }
 
   private:
     compute_backend* be_;
     const char* name_;
-    double start_ms_;
+    int64_t start_ns_;
   };
 
   int64_t ns_matrices_ = 0;
@@ -382,7 +407,8 @@ protected:
 private:
   std::atomic<bool> timing_{false};
   mutable std::mutex times_mutex_;
-  std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
+  int64_t epoch_ns_ = steady_ns();  // where the timing period began
+  call_sink sink_;
   /// Per call name: the spans not yet summed, and what earlier spans summed to (spans are folded
   /// into it in batches, so that a long period keeps little).
   struct spans {

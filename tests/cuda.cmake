@@ -11,6 +11,7 @@ endfunction()
 if(TARGET zmuon_cuda)
   # every kernel against the host backend
   zmuon_add_gpu_test(test_cuda_kernels zmuon_kernels test_cuda_newton_schulz.cpp)
-  zmuon_add_gpu_test(test_engine_cuda "zmuon_train;zmuon_node" test_engine_cuda_handover.cpp)
+  zmuon_add_gpu_test(test_engine_cuda "zmuon_train;zmuon_node" test_engine_cuda_handover.cpp
+                     test_engine_cuda_trace.cpp)
   # the engine on CUDA vs host, the core contract, the hand-over of device gradients, a node
 endif()

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
@@ -141,6 +142,42 @@ void recorder::write(const std::string& body) {
   std::fwrite("}\n", 1, 2, file_);
 }
 
+void recorder::write(const std::string& body, uint64_t step, int64_t t) {
+  if (step > 0) {
+    std::lock_guard<std::mutex> guard(mu_);
+    if (step_starts_.empty() || step > step_starts_.back().first) {
+      step_starts_.emplace_back(step, t);
+      if (step_starts_.size() > kSteps)
+        step_starts_.erase(step_starts_.begin());
+    } else {
+      for (auto it = step_starts_.rbegin(); it != step_starts_.rend(); ++it)
+        if (it->first == step) {
+          it->second = std::min(it->second, t);
+          break;
+        }
+    }
+  }
+  write(body);
+}
+
+uint64_t recorder::step_at(int64_t t) const {
+  for (auto it = step_starts_.rbegin(); it != step_starts_.rend(); ++it)
+    if (it->second <= t)
+      return it->first;
+  return 0;
+}
+
+void recorder::compute(const char* name, int track, int64_t t, int64_t dur) {
+  uint64_t step = 0;
+  {
+    std::lock_guard<std::mutex> guard(mu_);
+    step = step_at(t);
+  }
+  auto b = head("span", "compute", t);
+  b.num("dur", dur).str("phase", name).num("step", static_cast<int64_t>(step)).num("track", track);
+  write(b.s);
+}
+
 void recorder::flush() {
   std::lock_guard<std::mutex> guard(mu_);
   std::fflush(file_);
@@ -155,7 +192,7 @@ void recorder::send(const char* actor, int64_t t, const fields& f, const std::st
   b.str("id", id);
   if (request)
     b.boolean("req", true);
-  write(b.s);
+  write(b.s, f.step, t);
 }
 
 void recorder::recv(const char* actor, int64_t t, int64_t dur, const fields& f,
@@ -164,7 +201,7 @@ void recorder::recv(const char* actor, int64_t t, int64_t dur, const fields& f,
   b.num("dur", dur);
   message_fields(b, f);
   b.str("id", id);
-  write(b.s);
+  write(b.s, f.step, t);
 }
 
 void recorder::reply(const char* actor, int64_t t, const fields& answer, const std::string& id,
@@ -177,7 +214,7 @@ void recorder::reply(const char* actor, int64_t t, const fields& answer, const s
   else
     b.str("type", "error").raw("error", nlohmann::json(error).dump());
   b.str("id", id);
-  write(b.s);
+  write(b.s, answer.step, t);
 }
 
 void recorder::span(const char* actor, const char* phase, int64_t t, int64_t dur, const fields& f,
@@ -195,7 +232,7 @@ void recorder::span(const char* actor, const char* phase, int64_t t, int64_t dur
     b.raw("params", nlohmann::json(*params).dump());
   if (wait)
     b.boolean("wait", true);
-  write(b.s);
+  write(b.s, f.step, t);
 }
 
 void recorder::plan(const std::vector<std::pair<int, std::string>>& muon_params, int chunks) {

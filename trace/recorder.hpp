@@ -13,6 +13,12 @@
 //          momentum, ... `wait: true` for a requester's wait from request to answer; ns (the
 //          compute itself) carries `params`, the Muon parameters it orthogonalized; `buffers`
 //          is buffer work inside a handler (allocation, staging copies, release, packing)
+//          actor `compute`: one call of the rank's compute backend (compute_backend::trace_calls;
+//          `phase` the call's name: newton_schulz, momentum, accumulate, nccl all_to_all, ...),
+//          when its work ran: on CUDA on the device (its events mapped onto this clock), with
+//          `track` 0 for the main stream and 1 + i for Newton-Schulz lane i; on the host on the
+//          handler's thread (track 0). Its `step` is the step whose first record in this file
+//          began last at or before the call (0 before the first step)
 // Messages carry `type`, `step`, and where they apply `micro`, `index` (bucket or chunk), `op`
 // (collective kind), `bytes` (tensor data the message carries or lends), `peer` (rank), and `id`,
 // the correlation id shared by a send, its recv and its reply.
@@ -74,6 +80,8 @@ public:
   /// work), else work the actor itself did in that time.
   void span(const char* actor, const char* phase, int64_t t, int64_t dur, const fields& f,
             const std::vector<int>* params = nullptr, bool wait = false);
+  /// One call of the rank's compute backend, from t for dur ns (compute_backend::traced_call).
+  void compute(const char* name, int track, int64_t t, int64_t dur);
   /// The Muon parameters (plan order index, name) and the number of chunks.
   void plan(const std::vector<std::pair<int, std::string>>& muon_params, int chunks);
 
@@ -82,7 +90,14 @@ public:
 
 private:
   recorder() = default;
+  /// write(), noting first that a record of `step` began at t (for compute()'s step).
+  void write(const std::string& body, uint64_t step, int64_t t);
+  /// The step whose first record began last at or before t; under mu_.
+  uint64_t step_at(int64_t t) const;
   std::mutex mu_;
+  /// (step, earliest t of its records) for the last kSteps steps seen, in step order.
+  std::vector<std::pair<uint64_t, int64_t>> step_starts_;
+  static constexpr size_t kSteps = 64;
   FILE* file_ = nullptr;
   uint64_t seq_ = 0;
   int node_ = 0;

@@ -23,9 +23,11 @@ struct call_time {
 
 using call_times = std::map<std::string, call_time>;
 
-/// One call's span within a timing period, for timelines: ms since the period began, on the
-/// backend's clock (CUDA: the device's, from events; host: the steady clock), and the track it
-/// ran on: 0 the rank's main stream (host: the calling thread), 1.. CUDA's Newton-Schulz lanes.
+/// One call's span within a timing period, for timelines: ms since the period began on the
+/// host's steady clock (CUDA: the call's device events, mapped onto that clock through an event
+/// recorded on an idle stream, to within the few microseconds such an event takes to pass), and
+/// the track it ran on: 0 the rank's main stream (host: the calling thread), 1.. CUDA's
+/// Newton-Schulz lanes.
 struct call_span {
   std::string name;
   int track = 0;

@@ -146,6 +146,7 @@ cuda_compute::~cuda_compute() {
   (void)cudaSetDevice(device_);
   try {
     streams_->synchronize();
+    read_timed_calls(true);   // the trace's last calls
   } catch (const failure&) {  // a broken context: nothing left to wait for
   }
 }

@@ -118,6 +118,7 @@ public:
   void time_calls(bool on) override;
   /// Each timed call's events read once its work is done (waits for the rest).
   call_times take_call_times() override;
+  void read_traced_calls() override;
 
   /// For the NCCL communication backend and for benchmarks: where this backend's work runs.
   int device() const { return device_; }
@@ -248,9 +249,15 @@ private:
   };
   std::array<std::unique_ptr<ns_lane>, stream_set::kLanes> lanes_;
 
-  /// With timing on (compute_backend::time_calls), a call's work on its stream between two
-  /// events; the pairs wait in `timed_` until read (take_call_times, or once done when the next
-  /// is queued). Used under the backend's lock, after activate().
+  /// Where the device's clock meets the host's: an event recorded on a stream that never has
+  /// work (so it passes as soon as the device takes it), and the host's time just before.
+  struct clock_anchor {
+    cuda_event event;
+    int64_t host_ns = 0;
+  };
+  /// With timing on (compute_backend::time_calls) or a trace sink set, a call's work on its stream
+  /// between two events; the pairs wait in `timed_` until read (take_call_times, or once done when
+  /// the next is queued). Used under the backend's lock, after activate().
   class call_timer {
   public:
     call_timer(cuda_compute& be, const char* name, cudaStream_t stream);
@@ -262,23 +269,29 @@ private:
     cuda_compute* be_ = nullptr;
     const char* name_;
     cudaStream_t stream_;
+    std::shared_ptr<const clock_anchor> anchor_;
     std::optional<cuda_event> start_;
   };
   struct timed_call {
     const char* name;
     int track;  // call_span::track: 0 the main stream, 1 + i lane i
+    std::shared_ptr<const clock_anchor> anchor;
     cuda_event start;
     cuda_event end;
   };
   int track_of(cudaStream_t stream) const;
   cuda_event take_event();
-  /// Adds the timed calls that are done (all of them when `wait`) to the spans.
+  /// The anchor a call timed now is read against: a new one once the last is older than
+  /// kAnchorNs, so that the events' float milliseconds from it stay exact to about 0.1 us.
+  std::shared_ptr<const clock_anchor> current_anchor();
+  static constexpr int64_t kAnchorNs = 1'000'000'000;
+  /// Hands the timed calls that are done (all of them when `wait`) to add_call, on the host's
+  /// clock.
   void read_timed_calls(bool wait);
-  /// Where the timing period begins; recorded under activate() (after every lane).
-  void begin_timing_period();
   std::deque<timed_call> timed_;
   std::vector<cuda_event> spare_events_;
-  std::optional<cuda_event> period_start_;
+  std::shared_ptr<const clock_anchor> anchor_;
+  std::optional<cuda_stream> clock_stream_;  // the anchors' stream: nothing else runs on it
 
   template <class F>
   void for_each_lane(F f) {

@@ -150,6 +150,21 @@ void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vecto
                        {&r}});
 }
 
+// The compute backend's own record: no call that changes the optimizer's state ran in a skipped
+// step (a check below the messages: it sees work a handler did without a message saying so).
+void skipped_compute(const trace_set& ts, const std::set<uint64_t>& skipped,
+                     std::vector<violation>& out) {
+  static const std::set<std::string> updates{"momentum", "newton_schulz", "apply_update", "adamw"};
+  for (const auto& rt : ts.ranks)
+    for (const auto& r : rt.records)
+      if (r.is_compute() && skipped.count(r.step) && updates.count(r.phase))
+        out.push_back({"compute",
+                       rt.rank,
+                       r.step,
+                       "compute call " + r.phase + " ran in skipped step " + std::to_string(r.step),
+                       {&r}});
+}
+
 // The first position where the ranks' sequences disagree; the expected collective there is the
 // one most ranks issued (ties: the lowest rank's), and every rank that issued another is reported.
 void collectives(const trace_set& ts, std::vector<violation>& out) {
@@ -225,6 +240,7 @@ std::vector<violation> check(const trace_set& ts) {
   ns_once(ts, all, skipped, out);
   after_report(ts, out);
   momentum(ts, skipped, out);
+  skipped_compute(ts, skipped, out);
   collectives(ts, out);
   answered(ts, out);
   return out;

@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
   auto* chk = app.add_subcommand(
       "check",
       "check the protocol: NS once per matrix per applied step, nothing of Muon before "
-      "the overflow report, no momentum write on a skipped step, the same collectives "
+      "the overflow report, no momentum write or state-changing compute call on a "
+      "skipped step, the same collectives "
       "on every rank, every request answered");
   chk->add_option("DIR", dir, "trace directory")->required();
   CLI11_PARSE(app, argc, argv);

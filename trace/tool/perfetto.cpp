@@ -1,5 +1,6 @@
 #include "trace/tool/perfetto.hpp"
 
+#include <algorithm>
 #include <map>
 
 namespace zmuon::trace_tool {
@@ -35,6 +36,8 @@ json args_of(const record& r) {
     a["skipped"] = *r.skipped;
   if (!r.params.empty())
     a["params"] = r.params;
+  if (r.track >= 0)
+    a["track"] = r.track;
   if (!r.error.empty())
     a["error"] = r.error;
   return a;
@@ -48,6 +51,20 @@ int actor_tid(const std::string& actor) {
       return i + 1;
   return 7;
 }
+
+int record_tid(const record& r) {
+  return r.is_compute() ? 8 + std::max(0, r.track) : actor_tid(r.actor);
+}
+
+namespace {
+
+std::string track_name(const record& r) {
+  if (r.is_compute())
+    return r.track <= 0 ? "compute" : "compute, NS lane " + std::to_string(r.track - 1);
+  return actor_tid(r.actor) == 7 ? "other" : r.actor;
+}
+
+}  // namespace
 
 json to_perfetto(const trace_set& ts) {
   json events = json::array();
@@ -64,7 +81,7 @@ json to_perfetto(const trace_set& ts) {
                       {"args", {{"sort_index", rt.rank}}}});
     std::map<int, std::string> tracks;
     for (const auto& r : rt.records)
-      tracks[actor_tid(r.actor)] = actor_tid(r.actor) == 7 ? "other" : r.actor;
+      tracks[record_tid(r)] = track_name(r);
     for (const auto& [tid, name] : tracks)
       events.push_back({{"ph", "M"},
                         {"name", "thread_name"},
@@ -83,7 +100,7 @@ json to_perfetto(const trace_set& ts) {
   for (size_t i = 0; i < ts.ranks.size(); ++i) {
     const auto& rt = ts.ranks[i];
     for (const auto& r : rt.records) {
-      int tid = actor_tid(r.actor);
+      int tid = record_tid(r);
       json e = {{"pid", rt.rank}, {"tid", tid}, {"ts", us(ts, r.t)}, {"args", args_of(r)}};
       if (r.ev == "send") {
         e["ph"] = "X";
@@ -111,7 +128,7 @@ json to_perfetto(const trace_set& ts) {
       } else if (r.ev == "span") {
         e["ph"] = "X";
         e["name"] = r.phase;
-        e["cat"] = "phase";
+        e["cat"] = r.is_compute() ? "compute" : "phase";
         e["dur"] = static_cast<double>(r.dur) / 1000.0;
       } else if (r.ev == "reply") {
         e["ph"] = "i";

@@ -80,6 +80,7 @@ expected<rank_trace> read_file(const fs::path& path) {
       get(j, "peer", r.peer);
       get(j, "req", r.req);
       get(j, "wait", r.wait);
+      get(j, "track", r.track);
       if (j.contains("overflow"))
         r.overflow = j["overflow"].get<bool>();
       if (j.contains("skipped"))

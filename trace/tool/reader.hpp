@@ -40,10 +40,13 @@ struct record {
   int peer = -1;
   bool req = false;
   bool wait = false;             // span records: a wait for an answer
+  int track = -1;                // compute spans: 0 the main stream, 1 + i Newton-Schulz lane i
   std::optional<bool> overflow;  // overflow_report
   std::optional<bool> skipped;   // step_result
   std::vector<int> params;       // ns spans: the Muon parameters orthogonalized
   std::string text;              // the line as written
+  /// A call of the rank's compute backend (actor `compute`), not a phase of the protocol.
+  bool is_compute() const { return ev == "span" && actor == "compute"; }
 };
 
 struct rank_trace {

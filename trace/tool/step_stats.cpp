@@ -100,7 +100,7 @@ std::vector<step_figures> step_stats(const trace_set& ts) {
         if (r.step != step)
           continue;
         ++out.records;
-        if (r.ev == "span" && r.actor != "host") {
+        if (r.ev == "span" && r.actor != "host" && !r.is_compute()) {
           int64_t b = std::max(r.t, w.first), e = std::min(r.t + r.dur, w.second);
           if (e > b)
             spans.push_back(piece{b, e, r.t, i, &r.phase});

@@ -10,7 +10,8 @@
 //          `send micro_grads`, i.e. the start of reduce()) to the end of the last host `step`
 //          span (step() answered). reduce() hand-over and step() together.
 // phases   the window cut into disjoint pieces: at each instant the time goes to the span (any
-//          actor of the rank, that step, the host's `step` span excepted) that started last among
+//          actor of the rank, that step, the host's `step` span and the compute backend's calls
+//          excepted) that started last among
 //          those active then, the innermost one for nested spans (vote inside overflow_check, ns
 //          after its gather); time covered by no span is `other` (the coordinator between
 //          messages, or on CUDA waiting for the GPU's completion). So the phases, `other`

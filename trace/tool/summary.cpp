@@ -1,5 +1,7 @@
 #include "trace/tool/summary.hpp"
 
+#include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -29,6 +31,18 @@ struct tally {
   int64_t bytes = 0;
 };
 
+// The time during which at least one of the intervals [begin, end) ran.
+int64_t busy(std::vector<std::pair<int64_t, int64_t>> spans) {
+  std::sort(spans.begin(), spans.end());
+  int64_t total = 0, covered_to = INT64_MIN;
+  for (const auto& [b, e] : spans)
+    if (e > covered_to) {
+      total += e - std::max(b, covered_to);
+      covered_to = e;
+    }
+  return total;
+}
+
 }  // namespace
 
 std::string summary(const trace_set& ts) {
@@ -39,10 +53,18 @@ std::string summary(const trace_set& ts) {
   std::map<uint64_t, std::map<int, int64_t>> step_start, step_end;
   std::map<std::string, tally> by_type;
   std::map<std::string, std::pair<tally, tally>> by_actor;  // sent, received
+  // step -> call -> rank -> the compute backend's calls ("all": every call)
+  using intervals = std::vector<std::pair<int64_t, int64_t>>;
+  std::map<uint64_t, std::map<std::string, std::map<int, intervals>>> calls;
   uint64_t bytes = 0;
   for (const auto& rt : ts.ranks) {
     bytes += rt.file_bytes;
     for (const auto& r : rt.records) {
+      if (r.is_compute()) {
+        calls[r.step][r.phase][rt.rank].emplace_back(r.t, r.t + r.dur);
+        calls[r.step]["all"][rt.rank].emplace_back(r.t, r.t + r.dur);
+        continue;
+      }
       if (r.ev == "span")
         phases[r.step][r.phase][rt.rank] += r.dur;
       // The coordinator's own step: from taking the request to its last answer of the step.
@@ -113,6 +135,19 @@ std::string summary(const trace_set& ts) {
       row(p);
     for (const auto& [p, v] : by_phase)
       row(p);
+    if (!calls.count(step))
+      continue;
+    // The backend's own record of its work: on CUDA the device's time, so this is where the
+    // enqueue-only spans above (ns on CUDA) find what the work took.
+    os << "  compute calls, busy (time during which one of them ran)\n";
+    for (auto& [call, by_rank] : calls[step]) {
+      os << "  " << cell(call, 16);
+      for (int r : ranks) {
+        auto it = by_rank.find(r);
+        os << cell(it == by_rank.end() ? "-" : ms(busy(it->second)), 11);
+      }
+      os << "\n";
+    }
   }
   os << "\nmessages sent, by type (all ranks)\n  " << cell("type", 22) << cell("count", 10)
      << "bytes\n";
