@@ -29,7 +29,8 @@
 #                                # into .carry/base/ (a worktree in build-gpu-base/), for "ab"
 #   bench/gpu-check.sh ab        # there: base and packed binaries alternating, twice each
 #                                # (bench_sm90_gemm, bench_ns --variant standard, the tables;
-#                                # AB="gemm variants" picks parts: all three take over 10 min):
+#                                # AB="gemm variants" picks parts: all three take over 10 min;
+#                                # AB=flip: the new bench_ns with and without --update-flipped):
 #                                # a change between versions counts only past the spread of
 #                                # each version's own two runs. Logs ab_*.log in $OUT
 #
@@ -306,6 +307,15 @@ ab() {
   [[ $parts == *" variants "* ]] && run_pair variants bench_ns "x[0-9]" --variant standard --reps 20
   [[ $parts == *" tables "* ]] && ZMUON_GEMM_CANDIDATES=8 run_pair tables bench_ns \
     "ceiling|gpt2-124m  |llama|x 768 x|2048x2048" --tables --reps 20
+  if [[ $parts == *" flip "* ]]; then  # the new bench_ns alone: NS's update layout, both ways
+    for round in 1 2; do
+      for flag in "" --update-flipped; do
+        echo "== round $round: bench_ns --sym 256 --reps 20 $flag" | tee -a "$out/ab_flip.log"
+        check bench_ns --sym 256 --reps 20 $flag 2>&1 | tee -a "$out/ab_flip.log" |
+          grep -E "x[0-9]|flipped"
+      done
+    done
+  fi
   return $status
 }
 

@@ -148,11 +148,13 @@ int main(int argc, char* argv[]) {
   bool variants_mode = false;
   bool tables_mode = false;  // --tables: only the tables, group by group
   bool split_mode = false;   // --split: sub-batches of one group against one call
+  // --update-flipped: NS's update reads B' in the other operand layout (newton_schulz.hpp)
+  bool update_flipped = false;
   std::vector<zmuon::ns_variant> variants = {zmuon::ns_variant::standard, zmuon::ns_variant::gram};
   std::string schedule = "ns5";
   zmuon::ns_options variant_ns;
   const char* usage =
-      "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]\n"
+      "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024] [--update-flipped]\n"
       "       bench_ns [--reps N] --tables\n"
       "       bench_ns [--reps N] --split\n"
       "       bench_ns [--reps N] [--variant standard|gram|both] [--schedule ns5|polar_express]\n"
@@ -162,6 +164,8 @@ int main(int argc, char* argv[]) {
     const bool has_value = i + 1 < argc;
     if (arg == "--reps" && has_value) {
       reps = std::max(1, std::atoi(argv[++i]));
+    } else if (arg == "--update-flipped") {
+      update_flipped = true;
     } else if (arg == "--tables") {
       tables_mode = true;
     } else if (arg == "--split") {
@@ -218,6 +222,9 @@ int main(int argc, char* argv[]) {
   }
   try {
     auto& backend = dynamic_cast<zmuon::gpu::cuda_compute&>(**made);
+    backend.set_ns_update_flipped(update_flipped);
+    if (update_flipped)
+      std::printf("NS update: B' in the other operand layout (--update-flipped)\n");
     if (variants_mode)
       return run_variants(backend, reps, variant_ns, variants, schedule);
     if (split_mode)

@@ -190,6 +190,10 @@ public:
     return square ? lanes_[0]->ns.own_square_product(batch, m)
                   : lanes_[0]->ns.own_gram_product(batch, m, std::max(rows, cols), rows > cols);
   }
+  /// For benchmarks: NS's update reads B' in the other operand layout (newton_schulz.hpp).
+  void set_ns_update_flipped(bool on) {
+    for_each_lane([&](ns_lane& lane) { lane.ns.set_update_flipped(on); });
+  }
 
 private:
   /// The launch context, usable while the guard lives: holds the backend's lock (the actors of

@@ -366,10 +366,14 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
   // B = c*A*A + b*A.
   const gemm_shape square_shape{CUBLAS_OP_N, CUBLAS_OP_N, mi,   mi,   mi,   mi,
                                 mi,          mi,          gram, gram, gram, bi};
-  // X' = B' X with B' = B + a*I (wide: Xc' = Xc B'^T; tall: X' = B' X).
+  // X' = B' X with B' = B + a*I (wide: Xc' = Xc B'^T; tall: X' = B' X). B' is symmetric, so
+  // its operand may be read either way (set_update_flipped).
+  const cublasOperation_t keep = CUBLAS_OP_N, flip = CUBLAS_OP_T;
+  const cublasOperation_t b_op =
+      tall ? (update_flipped_ ? flip : keep) : (update_flipped_ ? keep : flip);
   const gemm_shape update_shape =
-      tall ? gemm_shape{CUBLAS_OP_N, CUBLAS_OP_N, mi, ni, mi, mi, mi, mi, gram, numel, numel, bi}
-           : gemm_shape{CUBLAS_OP_N, CUBLAS_OP_T, ni, mi, mi, ni, mi, ni, numel, gram, numel, bi};
+      tall ? gemm_shape{b_op, CUBLAS_OP_N, mi, ni, mi, mi, mi, mi, gram, numel, numel, bi}
+           : gemm_shape{CUBLAS_OP_N, b_op, ni, mi, mi, ni, mi, ni, numel, gram, numel, bi};
   // The symmetric products' block GEMMs: one pointer-array batched call per product.
   const int64_t k = symmetric_blocks(m, batch);
   void* const* pointers = k > 1 ? block_pointers(stream, batch, m, n, tall, k) : nullptr;
@@ -460,7 +464,8 @@ const graph_exec* ns_workspace::graph_for(cudaStream_t stream, int64_t batch, in
                            ns.steps,
                            symmetric_blocks(m, batch),
                            own_gram_product(batch, m, n, tall) ? 1 : 0,
-                           own_square_product(batch, m) ? 1 : 0};
+                           own_square_product(batch, m) ? 1 : 0,
+                           update_flipped_ ? 1 : 0};
   for (int step = 0; step < ns.steps; ++step) {
     const auto& abc = ns.schedule.empty()
                           ? ns.coefficients

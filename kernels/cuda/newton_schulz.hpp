@@ -82,6 +82,14 @@ public:
     own_gemm_ = on;
     graphs_.clear();
   }
+  /// For benchmarks: NS's update X' = B'X reads B' (symmetric, both triangles stored) in the
+  /// other operand layout: for a wide X, B' untransposed (NN) in place of transposed (NT); for
+  /// a tall X, transposed (TN) in place of untransposed (NN). The same product in exact
+  /// arithmetic; cuBLAS may run either faster.
+  void set_update_flipped(bool on) {
+    update_flipped_ = on;
+    graphs_.clear();
+  }
   /// Whether the own GEMM computes A = X X^T of a wide X [m, n] (its rows are the operands:
   /// never for a tall input, whose rows are X's columns), and A*A.
   bool own_gram_product(int64_t batch, int64_t m, int64_t n, bool tall) const;
@@ -109,6 +117,7 @@ private:
   graph_mode graphs_mode_ = graph_mode::automatic;
   int64_t symmetric_min_side_ = kDefaultSymmetricBlock;
   bool own_gemm_ = true;
+  bool update_flipped_ = false;
   bool own_gemm_device_ = false;  // whether the device runs sm_90a code
   std::map<std::vector<int64_t>, graph_exec> graphs_;
   std::map<std::vector<int64_t>, device_array<void*>> block_pointers_;
