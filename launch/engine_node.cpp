@@ -31,6 +31,7 @@ expected<std::unique_ptr<engine>> engine::create_node(const engine_options& opts
   nopts.master_port = master->second;
   nopts.ranks = join.ranks;
   nopts.rendezvous_file = join.rendezvous_file;
+  nopts.host = join.host;
   nopts.join_timeout_ms = join.join_timeout_ms;
   nopts.heartbeat_timeout_ms = join.heartbeat_timeout_ms;
   nopts.quiet = true;

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -26,6 +27,8 @@
 namespace zmuon {
 
 void register_node_messages(caf::actor_system_config& cfg) {
+  cfg.add_message_type<hello>("zmuon::hello");
+  cfg.add_message_type<hello_reply>("zmuon::hello_reply");
   cfg.add_message_type<join_request>("zmuon::join_request");
   cfg.add_message_type<join_reply>("zmuon::join_reply");
   cfg.add_message_type<heartbeat>("zmuon::heartbeat");
@@ -41,10 +44,10 @@ struct node_config : caf::actor_system_config {
     register_node_messages(*this);
     load<caf::io::middleman>();
     set("logger.verbosity", caf::atom("quiet"));
-    // No automatic connections: nodes other than 0 reach each other through node 0. With them
-    // on, the switch from the route through node 0 to a direct connection sometimes killed the
-    // proxies of a live node ("lost in step 1: remote_link_unreachable", 1 run in ~50 of
-    // test_multinode with 3 nodes).
+    // No automatic connections: with them on, the switch from the route through node 0 to a
+    // direct connection sometimes killed the proxies of a live node ("lost in step 1:
+    // remote_link_unreachable", 1 run in ~50 of test_multinode with 3 nodes). The nodes connect
+    // to each other before they hold each other's handles instead (connect_peers_directly).
     set("middleman.enable-automatic-connections", false);
   }
 };
@@ -64,6 +67,28 @@ error write_file_atomically(const std::string& path, const std::string& text) {
   return {};
 }
 
+node_door_actor::behavior_type door_impl(int32_t node) {
+  return {[node](door_atom) { return node; }};
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// node_options::host's default.
+std::string advertised_host(const node_options& opts) {
+  if (!opts.host.empty())
+    return opts.host;
+  if (const char* env = std::getenv("ZMUON_NODE_HOST"); env != nullptr && *env != '\0')
+    return env;
+  if (is_loopback(opts.master_host))
+    return opts.master_host;
+  char name[256] = "";
+  if (::gethostname(name, sizeof name - 1) == 0 && name[0] != '\0')
+    return name;
+  return opts.master_host;
+}
+
 }  // namespace
 
 size_t node_scheduler_threads(int ranks) {
@@ -78,6 +103,7 @@ struct node::impl {
   std::vector<caf_comm_actor> comms;
   rendezvous_actor rendezvous;  // node 0 only
   node_supervisor_actor supervisor;
+  node_door_actor door;
   join_reply reply;
 
   std::chrono::milliseconds join_timeout() const {
@@ -85,7 +111,66 @@ struct node::impl {
   }
 
   expected<rendezvous_actor> find_rendezvous();
+  /// Says hello to the rendezvous with this node's door (published here when the job has three
+  /// or more nodes), then connects to the doors of the nodes 1..node_rank-1 (each pair once: the
+  /// higher rank connects), so that once join_reply hands out the actor handles, CAF routes
+  /// every message between two nodes over their own connection.
+  error connect_peers_directly(const rendezvous_actor& rdv);
 };
+
+error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
+  hello h{opts.node_rank, caf::actor_cast<caf::actor>(supervisor), advertised_host(opts), 0};
+  const std::string who = "zmuon-launch[node " + std::to_string(opts.node_rank) + "]: ";
+  if (opts.nodes > 2 && opts.node_rank > 0) {
+    door = sys->spawn(door_impl, opts.node_rank);
+    auto port = sys->middleman().publish(door, 0, h.host.c_str(), /*reuse_addr=*/true);
+    if (port)
+      h.port = *port;
+    else
+      std::fprintf(stderr,
+                   "%scannot listen for the other nodes on %s (%s); their messages to this "
+                   "node go through node 0\n",
+                   who.c_str(), h.host.c_str(), sys->render(port.error()).c_str());
+  }
+  hello_reply doors;
+  error failed;
+  caf::scoped_actor self{*sys};
+  self->request(rdv, join_timeout(), std::move(h))
+      .receive([&](hello_reply& r) { doors = std::move(r); },
+               [&](caf::error& err) { failed = from_caf_error(err); });
+  if (failed)
+    return failed.code() == errc::timeout
+               ? error{errc::timeout, "not every node joined within "
+                                          + std::to_string(opts.join_timeout_ms)
+                                          + " ms (zmuon.timeout_ms)"}
+               : failed;
+  for (int j = 1; j < opts.node_rank && j < static_cast<int>(doors.ports.size()); ++j) {
+    if (doors.ports[j] == 0)
+      continue;  // it said why on its own stderr
+    const std::string where = doors.hosts[j] + ":" + std::to_string(doors.ports[j]);
+    std::string problem;
+    auto found = sys->middleman().remote_actor<node_door_actor>(doors.hosts[j], doors.ports[j]);
+    if (!found) {
+      problem = sys->render(found.error());
+    } else {
+      // The answer comes back over the new connection: node j knows it before any handle of
+      // this node's actors reaches it.
+      self->request(*found, join_timeout(), door_atom::value)
+          .receive(
+              [&](int32_t rank) {
+                if (rank != j)
+                  problem = "the door there is node " + std::to_string(rank) + "'s";
+              },
+              [&](caf::error& err) { problem = sys->render(err); });
+    }
+    if (!problem.empty())
+      std::fprintf(stderr,
+                   "%sno direct connection to node %d at %s (%s); messages between "
+                   "them go through node 0\n",
+                   who.c_str(), j, where.c_str(), problem.c_str());
+  }
+  return {};
+}
 
 expected<rendezvous_actor> node::impl::find_rendezvous() {
   auto where = opts.master_host + ":" + std::to_string(opts.master_port);
@@ -129,6 +214,8 @@ node::~node() {
   if (!d.sys)
     return;
   caf::anon_send_exit(d.supervisor, caf::exit_reason::user_shutdown);
+  if (d.door)
+    caf::anon_send_exit(d.door, caf::exit_reason::user_shutdown);
   if (d.rendezvous)
     caf::anon_send_exit(d.rendezvous, caf::exit_reason::user_shutdown);
   for (auto& c : d.comms)
@@ -164,6 +251,8 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   auto rdv = d.find_rendezvous();
   if (!rdv)
     return rdv.err();
+  if (auto err = d.connect_peers_directly(*rdv))
+    return err;
   error failed;
   caf::scoped_actor self{*d.sys};
   self->request(*rdv, d.join_timeout(), std::move(req))

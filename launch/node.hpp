@@ -32,6 +32,11 @@ struct node_options {
   int64_t join_timeout_ms = 60'000;
   int64_t heartbeat_timeout_ms = 10'000;
   bool quiet = false;  // no "listening on" line
+  /// Where the other nodes reach this one directly (jobs of three or more nodes; node 0 is
+  /// reached at --master). Empty: $ZMUON_NODE_HOST, else the master's host when that is a
+  /// loopback address (every node on one machine), else this machine's host name. A node that
+  /// cannot be reached there is reached through node 0 (with a warning).
+  std::string host;
   /// Node 0 only, for the nccl comm backend: makes the unique id (the bytes of ncclGetUniqueId)
   /// that the rendezvous hands to every node (node_setup::nccl_unique_id).
   std::function<std::string()> nccl_unique_id;

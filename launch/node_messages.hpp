@@ -10,6 +10,8 @@
 #include "caf/actor.hpp"
 #include "caf/atom.hpp"
 #include "caf/meta/type_name.hpp"
+#include "caf/replies_to.hpp"
+#include "caf/typed_actor.hpp"
 
 namespace caf {
 class actor_system_config;
@@ -22,6 +24,29 @@ using finish_atom = caf::atom_constant<caf::atom("finish")>;    // host -> super
 using failure_atom = caf::atom_constant<caf::atom("failure")>;  // host -> supervisor: what failed?
 using fail_atom = caf::atom_constant<caf::atom("fail")>;        // host -> supervisor: I failed
 using tick_atom = caf::atom_constant<caf::atom("tick")>;        // supervisor -> itself
+
+using door_atom = caf::atom_constant<caf::atom("door")>;  // node -> another node's door
+
+/// Node -> rendezvous, before join_request: where the node takes direct connections from the
+/// other nodes (its door, published at host:port; port 0: none), so that the nodes connect to
+/// each other before any of them holds a handle of another's actors, and nothing between two
+/// nodes goes through node 0. The supervisor is monitored from here on.
+struct hello {
+  int32_t node = 0;
+  caf::actor supervisor;
+  std::string host;
+  uint16_t port = 0;
+};
+
+/// Rendezvous -> node, once every node said hello: every node's door, by node rank.
+struct hello_reply {
+  std::vector<std::string> hosts;
+  std::vector<uint16_t> ports;
+};
+
+/// A node's door (nodes of a job of three or more): the actor the others connect to directly;
+/// it answers with its node's rank, so that a node knows it reached the one it meant.
+using node_door_actor = caf::typed_actor<caf::replies_to<door_atom>::with<int32_t>>;
 
 /// Node -> rendezvous: what a node brings to the job. Everything but `ranks` and the handles
 /// must be the same on every node.
@@ -64,6 +89,16 @@ struct node_lost {
 struct node_done {
   int32_t node = 0;
 };
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, hello& x) {
+  return f(caf::meta::type_name("hello"), x.node, x.supervisor, x.host, x.port);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, hello_reply& x) {
+  return f(caf::meta::type_name("hello_reply"), x.hosts, x.ports);
+}
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, join_request& x) {

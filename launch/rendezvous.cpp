@@ -43,8 +43,11 @@ struct rendezvous_state {
   int nodes = 0;
   std::function<std::string()> unique_id;
   bool only_on_own_gpus = false;
+  std::map<int32_t, hello> hellos;  // by node rank
+  std::map<int32_t, caf::typed_response_promise<hello_reply>> greeted;
   std::map<int32_t, join_request> joined;  // by node rank
   std::map<int32_t, caf::typed_response_promise<join_reply>> waiting;
+  std::map<int32_t, caf::actor_addr> supervisors;  // monitored, by node rank
   std::string failed;  // why the job cannot start (a node lost while the others join)
   bool answered = false;
   static const char* name;
@@ -87,6 +90,25 @@ void complete(rendezvous_pointer self) {
   st.waiting.clear();
 }
 
+// A node rank this request may take, or why not ("joined" or "said hello").
+std::string rank_problem(const rendezvous_state& st, int32_t node, bool seen, const char* twice) {
+  if (node < 0 || node >= st.nodes)
+    return "node rank " + std::to_string(node) + " is outside [0, " + std::to_string(st.nodes)
+           + ") (--nodes " + std::to_string(st.nodes) + " on node 0)";
+  if (seen)
+    return "node rank " + std::to_string(node) + " " + twice
+           + " (two processes with the same --node-rank)";
+  return {};
+}
+
+void watch(rendezvous_pointer self, int32_t node, const caf::actor& supervisor) {
+  auto& known = self->state.supervisors[node];
+  if (known != supervisor.address()) {
+    known = supervisor.address();
+    self->monitor(supervisor);
+  }
+}
+
 rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nodes,
                                                 std::function<std::string()> unique_id,
                                                 bool only_on_own_gpus) {
@@ -98,38 +120,60 @@ rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nod
     auto& st = self->state;
     if (st.answered)
       return;
-    for (const auto& [node, req] : st.joined)
-      if (req.supervisor.address() == dm.source) {
-        st.failed = node_name(req) + " was lost while the nodes were joining ("
+    for (const auto& [node, addr] : st.supervisors)
+      if (addr == dm.source) {
+        st.failed = "node " + std::to_string(node) + " was lost while the nodes were joining ("
                     + to_string(dm.reason) + ")";
+        for (auto& [other, promise] : st.greeted)
+          if (other != node)
+            promise.deliver(make_caf_error(errc::comm_failure, st.failed));
         for (auto& [other, promise] : st.waiting)
           if (other != node)
             promise.deliver(make_caf_error(errc::comm_failure, st.failed));
+        st.greeted.clear();
         st.waiting.clear();
         st.answered = true;
         return;
       }
   });
   return {
+      [=](hello& h) -> caf::result<hello_reply> {
+        auto& st = self->state;
+        if (!st.failed.empty())
+          return make_caf_error(errc::comm_failure, st.failed);
+        auto problem = rank_problem(st, h.node, st.hellos.count(h.node) > 0, "said hello twice");
+        if (!problem.empty())
+          return make_caf_error(errc::invalid_argument, problem);
+        const int32_t node = h.node;
+        watch(self, node, h.supervisor);
+        st.hellos.emplace(node, std::move(h));
+        auto promise = self->make_response_promise<hello_reply>();
+        st.greeted.emplace(node, promise);
+        if (static_cast<int>(st.hellos.size()) == st.nodes) {
+          hello_reply reply;
+          for (const auto& [n, each] : st.hellos) {
+            reply.hosts.push_back(each.host);
+            reply.ports.push_back(each.port);
+          }
+          for (auto& [n, p] : st.greeted)
+            p.deliver(reply);
+          st.greeted.clear();
+        }
+        return promise;
+      },
       [=](join_request& req) -> caf::result<join_reply> {
         auto& st = self->state;
         if (!st.failed.empty())
           return make_caf_error(errc::comm_failure, st.failed);
-        if (req.node < 0 || req.node >= st.nodes)
-          return make_caf_error(errc::invalid_argument,
-                                "node rank " + std::to_string(req.node) + " is outside [0, "
-                                    + std::to_string(st.nodes) + ") (--nodes "
-                                    + std::to_string(st.nodes) + " on node 0)");
-        if (st.joined.count(req.node))
-          return make_caf_error(errc::invalid_argument,
-                                "node rank " + std::to_string(req.node)
-                                    + " joined twice (two processes with the same --node-rank)");
+        auto problem = rank_problem(st, req.node, st.joined.count(req.node) > 0, "joined twice");
+        if (!problem.empty())
+          return make_caf_error(errc::invalid_argument, problem);
         if (req.ranks < 1 || static_cast<int32_t>(req.comms.size()) != req.ranks)
           return make_caf_error(errc::invalid_argument,
                                 node_name(req) + " brings " + std::to_string(req.comms.size())
                                     + " comm actors for " + std::to_string(req.ranks) + " ranks");
         int32_t node = req.node;
-        self->monitor(req.supervisor);
+        watch(self, node, req.supervisor);
         st.joined.emplace(node, std::move(req));
         auto promise = self->make_response_promise<join_reply>();
         st.waiting.emplace(node, promise);

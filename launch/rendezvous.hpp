@@ -3,6 +3,11 @@
 // the same parameter table and config, and hands out the handles the nodes need (DESIGN.md §7).
 //
 // Interface:
+//   hello -> hello_reply   from each node's launcher, first (optional: a node that skips it gets
+//     no direct connections): answered when all `nodes` said hello, with every node's door
+//     (host and port), so that the nodes connect to each other before join_request hands out
+//     actor handles. The same node rank checks as join_request's. The node's supervisor is
+//     monitored from here on.
 //   join_request -> join_reply   from each node's launcher. Answered when all `nodes` have joined:
 //     ranks in node-rank order (node n's first rank is the sum of the ranks of nodes < n), every
 //     rank's comm actor, every node's supervisor, and the NCCL unique id when one is made.
@@ -23,7 +28,8 @@
 
 namespace zmuon {
 
-using rendezvous_actor = caf::typed_actor<caf::replies_to<join_request>::with<join_reply>>;
+using rendezvous_actor = caf::typed_actor<caf::replies_to<hello>::with<hello_reply>,
+                                          caf::replies_to<join_request>::with<join_reply>>;
 
 /// `unique_id`, when set, is called once every node has joined; its bytes go to every node as
 /// join_reply::nccl_unique_id (the nccl comm backend's ncclGetUniqueId). With

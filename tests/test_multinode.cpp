@@ -11,8 +11,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -466,4 +468,108 @@ BOOST_AUTO_TEST_CASE(a_node_killed_in_the_save_leaves_the_previous_checkpoint) {
   BOOST_TEST(text_of(dir + "/latest") == "step_00000002\n");
   BOOST_TEST(fs::exists(dir + "/step_00000004/rank_00001.safetensors"));
   BOOST_TEST(!fs::exists(dir + "/step_00000004/manifest.json"));
+}
+
+namespace {
+
+/// An established TCP connection as the kernel's socket table shows it (iproute2's ss).
+struct tcp_socket {
+  std::string local, peer;  // HOST:PORT
+  int pid = -1;
+  int64_t bytes_sent = 0;
+};
+
+std::vector<tcp_socket> tcp_sockets() {
+  int status = 0;
+  const auto out = zmuon::test::run_command("ss -tinpH state established", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), "ss (iproute2, in .ci/deps) failed: " << out);
+  std::vector<tcp_socket> sockets;
+  const std::regex head(R"(^\s*\d+\s+\d+\s+(\S+)\s+(\S+)\s+users:.*pid=(\d+))");
+  const std::regex sent(R"(bytes_sent:(\d+))");
+  std::istringstream in(out);
+  bool ours = false;  // the info line below belongs to a socket with a process
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (std::regex_search(line, m, head)) {
+      sockets.push_back({m[1], m[2], std::stoi(m[3]), 0});
+      ours = true;
+    } else if (ours && std::regex_search(line, m, sent)) {
+      sockets.back().bytes_sent = std::stoll(m[1]);
+      ours = false;
+    } else if (line.find("users:") == std::string::npos && !line.empty() && line[0] != '\t'
+               && line[0] != ' ') {
+      ours = false;
+    }
+  }
+  return sockets;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(three_nodes_connect_to_each_other_directly) {
+  // Each pair of nodes has a connection of its own, and nodes 1 and 2 exchange over theirs as
+  // much as each does with node 0 (the step's collectives are symmetric): nothing between them
+  // goes through node 0, which before session 17 relayed it (each of its two connections then
+  // carried twice the bytes, and nodes 1 and 2 had none).
+  {
+    launch_process job("--local-nodes 3 --ranks-per-node 1 --steps 1000000", "test_mn_mesh.log");
+    BOOST_REQUIRE_MESSAGE(job.wait_for_output("step   50 ", 30s), job.output());
+    std::map<int, int> node_of;  // pid -> node
+    for (int n = 0; n < 3; ++n)
+      node_of[pid_of_node(job.output(), n)] = n;
+    const auto sockets = tcp_sockets();
+    std::map<std::string, int> owner;  // local HOST:PORT -> pid
+    for (const auto& s : sockets)
+      owner[s.local] = s.pid;
+    std::map<std::pair<int, int>, int64_t> sent;  // (from node, to node) -> bytes
+    for (const auto& s : sockets)
+      if (node_of.count(s.pid) && owner.count(s.peer) && node_of.count(owner[s.peer]))
+        sent[{node_of[s.pid], node_of[owner[s.peer]]}] += s.bytes_sent;
+    job.kill();
+    auto bytes = [&](int from, int to) { return sent[std::make_pair(from, to)]; };
+    for (int a = 0; a < 3; ++a)
+      for (int b = 0; b < 3; ++b)
+        if (a != b) {
+          BOOST_TEST_MESSAGE("node " << a << " -> node " << b << ": " << bytes(a, b) << " bytes");
+          BOOST_TEST(bytes(a, b) > 0, "no connection from node " << a << " to node " << b);
+        }
+    BOOST_TEST(bytes(1, 2) >= bytes(1, 0) / 2);
+    BOOST_TEST(bytes(2, 1) >= bytes(2, 0) / 2);
+    BOOST_TEST(job.output().find("no direct connection") == std::string::npos, job.output());
+  }
+  // The same job to its end: one process's weights.
+  const std::string common = "--steps 6 --gas 2 --micro-batch 4 --bucket-size 3000 ";
+  int status = 0;
+  auto one =
+      zmuon::test::run_launch(common + "--ranks 3 --save-params test_mn_one3.safetensors", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), one);
+  auto three = zmuon::test::run_launch(
+      common + "--local-nodes 3 --ranks-per-node 1 --save-params test_mn_mesh.safetensors",
+      &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), three);
+  const double diff = relative_difference("test_mn_mesh.safetensors", "test_mn_one3.safetensors");
+  BOOST_TEST_MESSAGE("3 processes vs 3 ranks in one: max relative weight difference " << diff);
+  BOOST_TEST(diff <= 1e-6);
+}
+
+BOOST_AUTO_TEST_CASE(nodes_that_cannot_take_connections_go_through_node_0) {
+  // Nodes 1 and 2 cannot listen on the address they are told to (TEST-NET-1, not this host's):
+  // each says so, and the job runs with their messages to each other relayed by node 0, to the
+  // same bits as over their own connection (the route changes no arithmetic).
+  const std::string job = std::string(ZMUON_LAUNCH)
+                          + " --local-nodes 3 --ranks-per-node 1 --steps 6 --gas 2 --micro-batch 4 "
+                            "--bucket-size 3000 --save-params ";
+  int status = 0;
+  const auto relayed = zmuon::test::run_command(
+      "ZMUON_NODE_HOST=192.0.2.1 " + job + "test_mn_relay.safetensors", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), relayed);
+  for (int n : {1, 2})
+    BOOST_TEST(relayed.find("zmuon-launch[node " + std::to_string(n)
+                            + "]: cannot listen for the other nodes on 192.0.2.1")
+                   != std::string::npos,
+               relayed);
+  const auto direct = zmuon::test::run_command(job + "test_mn_direct.safetensors", &status);
+  BOOST_REQUIRE_MESSAGE(exited_with(status, 0), direct);
+  BOOST_TEST(direct.find("cannot listen") == std::string::npos, direct);
+  BOOST_TEST(relative_difference("test_mn_relay.safetensors", "test_mn_direct.safetensors") == 0.0);
 }

@@ -71,6 +71,10 @@ struct join_options {
   int64_t join_timeout_ms = 60'000;
   int64_t heartbeat_timeout_ms = 10'000;  // a process silent this long is lost
   std::string rendezvous_file;            // node 0 writes "HOST:PORT" here once it listens
+  /// Where the other processes reach this one directly (jobs of three or more processes).
+  /// Empty: $ZMUON_NODE_HOST, else the master's host when that is a loopback address, else
+  /// this machine's host name; unreachable there, its traffic goes through node 0.
+  std::string host;
 };
 
 /// What load_checkpoint found.

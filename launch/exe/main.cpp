@@ -69,6 +69,7 @@ struct node_flags {
   std::string master = "127.0.0.1:29500";
   int local_nodes = 0;
   std::string rendezvous_file;
+  std::string host;  // node_options::host
 };
 
 /// One line on stderr in one write: a node's supervisor prints from its own thread.
@@ -145,6 +146,7 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   nopts.master_port = master->second;
   nopts.ranks = job.engine.world;
   nopts.rendezvous_file = nf.rendezvous_file;
+  nopts.host = nf.host;
   nopts.join_timeout_ms = job.engine.timeout_ms;
   nopts.heartbeat_timeout_ms = job.heartbeat_timeout_ms;
   zmuon::choose_comm(nopts, job.engine.compute, job.engine.comm);
@@ -355,6 +357,10 @@ int run(int argc, char** argv) {
                      "HOST:PORT where node 0 publishes the rendezvous and the others find it "
                      "(node 0 with port 0: a free port, printed)")
           ->capture_default_str();
+  app.add_option("--host", nf.host,
+                 "the address the other nodes reach this one at, for connections of their own "
+                 "(jobs of 3+ nodes; default: $ZMUON_NODE_HOST, else --master's host when it is "
+                 "a loopback address, else this machine's host name)");
   app.add_option("--local-nodes", nf.local_nodes,
                  "run the job as this many node processes on 127.0.0.1 (each with the other "
                  "flags; --save-params goes to node 0)")
