@@ -1,6 +1,7 @@
 // The rendezvous actor alone, under CAF's testing scheduler: ranks in node-rank order whatever
 // the join order, no answer before every node is in, the first difference between nodes named to
-// all of them, bad joins refused one by one, a node dying while others join, the NCCL id hook
+// all of them, bad joins refused one by one, a node dying while others join, the hello phase's
+// doors, the NCCL id hook
 // and comm "auto"'s decision from the GPUs the nodes bring.
 // Plus the small pure helpers of the launch (describe_node, parse_host_port).
 #define BOOST_TEST_MODULE rendezvous
@@ -136,6 +137,41 @@ BOOST_FIXTURE_TEST_CASE(a_node_lost_while_joining_fails_the_others_at_once, fixt
   auto a2 = ask<join_reply>(rdv, request(2, 1));  // a late node hears it too
   run();
   zmuon::test::check_error(a2, zmuon::errc::comm_failure, "node 1 was lost");
+}
+
+// hello: every node's door, answered to all once all said it (no handles in it), refused for a
+// bad or repeated node rank; a node lost after its hello fails the others' hello and join.
+BOOST_FIXTURE_TEST_CASE(hello_hands_every_node_the_doors_once_all_said_it, fixture) {
+  auto rdv = keep(zmuon::spawn_rendezvous(sys, 3));
+  auto h2 = ask<zmuon::hello_reply>(rdv, zmuon::hello{2, idle(), "host-c", 7002});
+  auto h0 = ask<zmuon::hello_reply>(rdv, zmuon::hello{0, idle(), "host-a", 0});
+  auto bad = ask<zmuon::hello_reply>(rdv, zmuon::hello{3, idle(), "x", 1});
+  auto twice = ask<zmuon::hello_reply>(rdv, zmuon::hello{2, idle(), "x", 1});
+  run();
+  zmuon::test::check_error(bad, zmuon::errc::invalid_argument, "node rank 3 is outside [0, 3)");
+  zmuon::test::check_error(twice, zmuon::errc::invalid_argument, "node rank 2 said hello twice");
+  BOOST_TEST(!h2->done);
+  BOOST_TEST(!h0->done);
+  auto h1 = ask<zmuon::hello_reply>(rdv, zmuon::hello{1, idle(), "host-b", 7001});
+  run();
+  for (auto* h : {&h0, &h1, &h2}) {
+    const auto& doors = zmuon::test::value_of(*h);
+    BOOST_TEST(doors.hosts == (std::vector<std::string>{"host-a", "host-b", "host-c"}));
+    BOOST_TEST(doors.ports == (std::vector<uint16_t>{0, 7001, 7002}));
+  }
+
+  auto rdv2 = keep(zmuon::spawn_rendezvous(sys, 3));
+  auto lost = idle();
+  auto g0 = ask<zmuon::hello_reply>(rdv2, zmuon::hello{0, idle(), "a", 0});
+  auto g1 = ask<zmuon::hello_reply>(rdv2, zmuon::hello{1, lost, "b", 1});
+  run();
+  caf::anon_send_exit(lost, caf::exit_reason::kill);
+  run();
+  zmuon::test::check_error(g0, zmuon::errc::comm_failure,
+                           "node 1 was lost while the nodes were joining");
+  auto j2 = ask<join_reply>(rdv2, request(2, 1));
+  run();
+  zmuon::test::check_error(j2, zmuon::errc::comm_failure, "node 1 was lost");
 }
 
 BOOST_FIXTURE_TEST_CASE(the_nccl_unique_id_goes_to_every_node, fixture) {
