@@ -9,6 +9,9 @@
 #include <fstream>
 #include <thread>
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "caf/all.hpp"
@@ -70,6 +73,9 @@ error write_file_atomically(const std::string& path, const std::string& text) {
 node_door_actor::behavior_type door_impl(int32_t node) {
   return {[node](door_atom) { return node; }};
 }
+
+/// How long a node waits for another's door to take a connection before it goes through node 0.
+constexpr std::chrono::milliseconds kDoorProbe{3000};
 
 bool is_loopback(const std::string& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
@@ -144,13 +150,31 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
                                           + std::to_string(opts.join_timeout_ms)
                                           + " ms (zmuon.timeout_ms)"}
                : failed;
-  for (int j = 1; j < opts.node_rank && j < static_cast<int>(doors.ports.size()); ++j) {
+  // Nodes 1..node_rank-1, each door first probed (all at once) with a short timeout: CAF's
+  // connect would wait out the system's SYN retries (about two minutes) at a door a firewall
+  // hides, past every other node's join timeout.
+  const int lower = std::min<int>(opts.node_rank, static_cast<int>(doors.ports.size()));
+  std::vector<char> reachable(static_cast<size_t>(std::max(lower, 0)), 0);
+  {
+    std::vector<std::thread> probes;
+    for (int j = 1; j < lower; ++j)
+      if (doors.ports[j] != 0)
+        probes.emplace_back([&, j] {
+          reachable[j] = tcp_reachable(doors.hosts[j], doors.ports[j], kDoorProbe) ? 1 : 0;
+        });
+    for (auto& t : probes)
+      t.join();
+  }
+  for (int j = 1; j < lower; ++j) {
     if (doors.ports[j] == 0)
       continue;  // it said why on its own stderr
     const std::string where = doors.hosts[j] + ":" + std::to_string(doors.ports[j]);
     std::string problem;
-    auto found = sys->middleman().remote_actor<node_door_actor>(doors.hosts[j], doors.ports[j]);
-    if (!found) {
+    if (reachable[j] == 0) {
+      problem = "no connection within " + std::to_string(kDoorProbe.count()) + " ms";
+    } else if (auto found =
+                   sys->middleman().remote_actor<node_door_actor>(doors.hosts[j], doors.ports[j]);
+               !found) {
       problem = sys->render(found.error());
     } else {
       // The answer comes back over the new connection: node j knows it before any handle of
@@ -349,6 +373,32 @@ error node::finish() {
   self->request(d.supervisor, d.join_timeout(), finish_atom::value)
       .receive([](bool) {}, [&](caf::error& err) { failed = from_caf_error(err); });
   return failed;
+}
+
+bool tcp_reachable(const std::string& host, uint16_t port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0)
+    return false;
+  bool open = false;
+  for (addrinfo* a = found; a != nullptr && !open; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0)
+      continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      open = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int err = 0;
+      socklen_t len = sizeof err;
+      open = ::poll(&p, 1, static_cast<int>(timeout.count())) == 1
+             && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return open;
 }
 
 expected<std::pair<std::string, uint16_t>> parse_host_port(const std::string& text) {

@@ -9,6 +9,7 @@
 //   (*n)->finish();                                      // barrier: every node is done
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -96,6 +97,10 @@ std::vector<std::string> table_lines(const std::vector<param_spec>& table);
 /// its own) and the node brings the GPUs its ranks would use (compute_device_ids). Nothing
 /// otherwise, or without NCCL built in.
 void choose_comm(node_options& opts, const std::string& compute, const std::string& comm);
+
+/// Whether a TCP connection to host:port opens within `timeout` (it is closed at once): a door
+/// behind a firewall that drops the handshake costs this long, not the system's minutes.
+bool tcp_reachable(const std::string& host, uint16_t port, std::chrono::milliseconds timeout);
 
 /// "HOST:PORT" -> host and port (0..65535); an error names what is wrong.
 expected<std::pair<std::string, uint16_t>> parse_host_port(const std::string& text);

@@ -553,7 +553,7 @@ BOOST_AUTO_TEST_CASE(three_nodes_connect_to_each_other_directly) {
 }
 
 BOOST_AUTO_TEST_CASE(nodes_that_cannot_take_connections_go_through_node_0) {
-  // Nodes 1 and 2 cannot listen on the address they are told to (TEST-NET-1, not this host's):
+  // Nodes 1 and 2 cannot listen on the address they are told to (TEST-NET-3, not this host's):
   // each says so, and the job runs with their messages to each other relayed by node 0, to the
   // same bits as over their own connection (the route changes no arithmetic).
   const std::string job = std::string(ZMUON_LAUNCH)
@@ -561,11 +561,11 @@ BOOST_AUTO_TEST_CASE(nodes_that_cannot_take_connections_go_through_node_0) {
                             "--bucket-size 3000 --save-params ";
   int status = 0;
   const auto relayed = zmuon::test::run_command(
-      "ZMUON_NODE_HOST=192.0.2.1 " + job + "test_mn_relay.safetensors", &status);
+      "ZMUON_NODE_HOST=203.0.113.1 " + job + "test_mn_relay.safetensors", &status);
   BOOST_REQUIRE_MESSAGE(exited_with(status, 0), relayed);
   for (int n : {1, 2})
     BOOST_TEST(relayed.find("zmuon-launch[node " + std::to_string(n)
-                            + "]: cannot listen for the other nodes on 192.0.2.1")
+                            + "]: cannot listen for the other nodes on 203.0.113.1")
                    != std::string::npos,
                relayed);
   const auto direct = zmuon::test::run_command(job + "test_mn_direct.safetensors", &status);

@@ -9,6 +9,15 @@
 
 #include "tests/actor_fixture.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
 #include "launch/node.hpp"
 #include "launch/node_supervisor.hpp"
 #include "launch/rendezvous.hpp"
@@ -241,4 +250,46 @@ BOOST_AUTO_TEST_CASE(helpers) {
   BOOST_TEST(hp->second == 29500);
   for (const char* bad : {"host", "host:", ":80", "host:65536", "host:8o"})
     BOOST_TEST(!zmuon::parse_host_port(bad), bad);
+}
+
+// The door probe: a listening port opens, a closed one does not, and a port that drops the
+// handshake (a listener whose queue of unaccepted connections is full: the kernel drops new
+// SYNs, as a firewall would) answers no after the timeout, not the system's minutes.
+BOOST_AUTO_TEST_CASE(tcp_probe) {
+  using namespace std::chrono;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  BOOST_REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  BOOST_REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t len = sizeof addr;
+  BOOST_REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const uint16_t port = ntohs(addr.sin_port);
+  BOOST_TEST(!zmuon::tcp_reachable("127.0.0.1", port, 1000ms));  // bound, not listening
+  BOOST_REQUIRE(::listen(fd, 4) == 0);
+  BOOST_TEST(zmuon::tcp_reachable("127.0.0.1", port, 1000ms));
+  ::close(fd);
+  BOOST_TEST(!zmuon::tcp_reachable("no such host name", 80, 1000ms));
+
+  const int full = ::socket(AF_INET, SOCK_STREAM, 0);
+  addr.sin_port = 0;
+  BOOST_REQUIRE(::bind(full, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  BOOST_REQUIRE(::getsockname(full, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  BOOST_REQUIRE(::listen(full, 0) == 0);
+  std::vector<int> queued;  // connections nobody accepts
+  for (int i = 0; i < 3; ++i) {
+    queued.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
+    (void)::connect(queued.back(), reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  }
+  std::this_thread::sleep_for(100ms);
+  const auto start = steady_clock::now();
+  BOOST_TEST(!zmuon::tcp_reachable("127.0.0.1", ntohs(addr.sin_port), 300ms));
+  const auto waited = duration_cast<milliseconds>(steady_clock::now() - start).count();
+  BOOST_TEST_MESSAGE("probe of a full listener: no after " << waited << " ms");
+  BOOST_TEST(waited >= 250);
+  BOOST_TEST(waited < 1000);
+  for (int q : queued)
+    ::close(q);
+  ::close(full);
 }
