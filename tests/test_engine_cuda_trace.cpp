@@ -2,7 +2,7 @@
 // (compute_backend::trace_calls). Their times come from device events mapped onto the host's
 // steady clock through an anchor event on an idle stream, so they must fall where the host saw
 // the step, within the anchor's error (the few microseconds the device takes to reach an event
-// on an idle stream; bound below: 50 us).
+// on an idle stream; bound below: 50 us), and the device's Muon work after the overflow report.
 #include "tests/engine_fixture.hpp"
 
 #include <map>
@@ -39,6 +39,7 @@ BOOST_AUTO_TEST_CASE(compute_spans_on_the_device) {
   // the coordinator's NS spans (the enqueue of NS's work).
   std::map<int64_t, std::pair<int64_t, int64_t>> host;  // step -> (first t, answered t)
   std::map<int64_t, int64_t> ns_enqueued;               // step -> first ns span's start
+  std::map<int64_t, int64_t> reported;                  // step -> the overflow report's arrival
   for (const auto& r : recs) {
     const int64_t step = r.value("step", int64_t{0});
     if (step == 0 || r.value("actor", "") == "compute")
@@ -50,6 +51,8 @@ BOOST_AUTO_TEST_CASE(compute_spans_on_the_device) {
       h.second = t + r["dur"].get<int64_t>();
     if (r["ev"] == "span" && r["phase"] == "ns" && !ns_enqueued.count(step))
       ns_enqueued[step] = t;
+    if (r["ev"] == "reply" && r.value("type", "") == "overflow_report" && !reported.count(step))
+      reported[step] = t;
   }
   BOOST_REQUIRE_EQUAL(host.size(), 3u);
   std::map<std::string, int64_t> counted;
@@ -72,6 +75,8 @@ BOOST_AUTO_TEST_CASE(compute_spans_on_the_device) {
     bool ok = t0 >= first - slack_ns && t1 <= answered + slack_ns;
     if (name == "newton_schulz")
       ok = ok && t0 >= ns_enqueued.at(step) - slack_ns;
+    if (name == "momentum" || name == "newton_schulz" || name == "apply_update")
+      ok = ok && t0 >= reported.at(step) - slack_ns;  // the device's work after the vote
     if (!ok && ++misplaced <= 5)
       BOOST_TEST_MESSAGE(name << " of step " << step << " at [" << t0 - first << ", " << t1 - first
                               << "] ns from the step's first record, answered at "

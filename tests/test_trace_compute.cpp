@@ -162,38 +162,56 @@ BOOST_AUTO_TEST_CASE(a_call_gets_the_step_whose_first_record_began_last_before_i
   BOOST_TEST(got == want, "got " << json(got).dump());
 }
 
-BOOST_AUTO_TEST_CASE(check_fails_a_state_changing_call_in_a_skipped_step) {
+// A copy of the run's traces with a momentum call added to `rank`'s file at time t in `step`;
+// `zmuon-trace check` on it must fail with exactly one violation whose text contains `expected`.
+void momentum_call_fails_check(const std::string& name, int rank, uint64_t step, int64_t t,
+                               const std::string& expected) {
+  const std::string dir = "test_trace_compute_" + name;
+  fs::remove_all(dir);
+  fs::copy(run().dir, dir);
+  auto recs = read_jsonl(trace_file(dir, rank));
+  recs.push_back({{"seq", 1000000},
+                  {"ev", "span"},
+                  {"t", t},
+                  {"actor", "compute"},
+                  {"dur", 50},
+                  {"phase", "momentum"},
+                  {"step", step},
+                  {"track", 0}});
+  std::ofstream f(trace_file(dir, rank), std::ios::trunc);
+  for (const auto& c : recs)
+    f << c.dump() << "\n";
+  f.close();
+  int status = 0;
+  const auto out = tool("check " + dir, &status);
+  BOOST_TEST(WEXITSTATUS(status) == 1, out);
+  BOOST_TEST(out.find(expected) != std::string::npos, out);
+  BOOST_TEST(out.find("check: 1 violation(s)") != std::string::npos, out);
+}
+
+BOOST_AUTO_TEST_CASE(check_fails_a_state_changing_call_skipped_or_before_the_report) {
   const auto& r = run();
   int status = 0;
   auto out = tool("check " + r.dir, &status);
   BOOST_TEST(status == 0, out);
-  const std::string dir = "test_trace_compute_skipped";
-  fs::remove_all(dir);
-  fs::copy(r.dir, dir);
-  auto recs = read_jsonl(trace_file(dir, 1));
+  // The skipped step: any state-changing call in it.
   int64_t t = 0;
-  for (const auto& c : recs)
+  for (const auto& c : read_jsonl(trace_file(r.dir, 1)))
     if (is_compute(c) && c["step"] == bad_step)
       t = c["t"];
   BOOST_REQUIRE(t > 0);
-  recs.push_back({{"seq", 1000000},
-                  {"ev", "span"},
-                  {"t", t + 10},
-                  {"actor", "compute"},
-                  {"dur", 50},
-                  {"phase", "momentum"},
-                  {"step", bad_step},
-                  {"track", 0}});
-  std::ofstream f(trace_file(dir, 1), std::ios::trunc);
-  for (const auto& c : recs)
-    f << c.dump() << "\n";
-  f.close();
-  out = tool("check " + dir, &status);
-  BOOST_TEST(WEXITSTATUS(status) == 1, out);
-  BOOST_TEST(out.find("[compute] rank 1, step 2: compute call momentum ran in skipped step 2")
-                 != std::string::npos,
-             out);
-  BOOST_TEST(out.find("check: 1 violation(s)") != std::string::npos, out);
+  momentum_call_fails_check(
+      "skipped", 1, bad_step, t + 10,
+      "[compute] rank 1, step 2: compute call momentum ran in skipped step 2");
+  // An applied step: a momentum call 1 ms before the report reached the coordinator.
+  int64_t report = 0;
+  for (const auto& c : read_jsonl(trace_file(r.dir, 0)))
+    if (c.value("ev", "") == "reply" && c.value("type", "") == "overflow_report" && c["step"] == 1)
+      report = c["t"];
+  BOOST_REQUIRE(report > 0);
+  momentum_call_fails_check("early", 0, 1, report - 1'000'000,
+                            "[compute] rank 0, step 1: compute call momentum of step 1 began "
+                            "1.000 ms before the overflow report of that step");
 }
 
 BOOST_AUTO_TEST_CASE(summary_and_perfetto_show_the_calls) {

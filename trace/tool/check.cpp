@@ -1,5 +1,6 @@
 #include "trace/tool/check.hpp"
 
+#include <cstdio>
 #include <map>
 #include <set>
 #include <sstream>
@@ -150,19 +151,46 @@ void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vecto
                        {&r}});
 }
 
-// The compute backend's own record: no call that changes the optimizer's state ran in a skipped
-// step (a check below the messages: it sees work a handler did without a message saying so).
-void skipped_compute(const trace_set& ts, const std::set<uint64_t>& skipped,
-                     std::vector<violation>& out) {
+// The compute backend's own record of the calls that change the optimizer's state: none in a
+// skipped step, and none of a step before that rank's overflow report (a check below the
+// messages: it sees the work itself, on CUDA when the device ran it). Device times are mapped
+// onto the host's clock to within a few microseconds (compute_backend::trace_calls), hence the
+// slack.
+void compute_after_report(const trace_set& ts, const std::set<uint64_t>& skipped,
+                          std::vector<violation>& out) {
   static const std::set<std::string> updates{"momentum", "newton_schulz", "apply_update", "adamw"};
-  for (const auto& rt : ts.ranks)
+  const int64_t slack_ns = 50'000;
+  for (const auto& rt : ts.ranks) {
+    std::map<uint64_t, const record*> report;  // this rank's, by step
     for (const auto& r : rt.records)
-      if (r.is_compute() && skipped.count(r.step) && updates.count(r.phase))
+      if (is_report(r) && !report.count(r.step))
+        report[r.step] = &r;
+    std::set<uint64_t> flagged;  // the first early call of a step is enough
+    for (const auto& r : rt.records) {
+      if (!r.is_compute() || !updates.count(r.phase))
+        continue;
+      const std::string step = std::to_string(r.step);
+      if (skipped.count(r.step)) {
         out.push_back({"compute",
                        rt.rank,
                        r.step,
-                       "compute call " + r.phase + " ran in skipped step " + std::to_string(r.step),
+                       "compute call " + r.phase + " ran in skipped step " + step,
                        {&r}});
+        continue;
+      }
+      auto it = report.find(r.step);
+      if (it == report.end() || r.t >= it->second->t - slack_ns || !flagged.insert(r.step).second)
+        continue;
+      char early[32];
+      std::snprintf(early, sizeof early, "%.3f", static_cast<double>(it->second->t - r.t) / 1e6);
+      out.push_back({"compute",
+                     rt.rank,
+                     r.step,
+                     "compute call " + r.phase + " of step " + step + " began " + early
+                         + " ms before the overflow report of that step",
+                     {&r, it->second}});
+    }
+  }
 }
 
 // The first position where the ranks' sequences disagree; the expected collective there is the
@@ -240,7 +268,7 @@ std::vector<violation> check(const trace_set& ts) {
   ns_once(ts, all, skipped, out);
   after_report(ts, out);
   momentum(ts, skipped, out);
-  skipped_compute(ts, skipped, out);
+  compute_after_report(ts, skipped, out);
   collectives(ts, out);
   answered(ts, out);
   return out;

@@ -4,8 +4,10 @@
 //                  rank's overflow report of the step
 //   momentum       no momentum write (the store handling muon_momentum) on a skipped step
 //   compute        no compute backend call that changes the optimizer's state (momentum,
-//                  newton_schulz, apply_update, adamw) in a skipped step: the backend's own
-//                  record, below the messages (compute spans, trace/recorder.hpp)
+//                  newton_schulz, apply_update, adamw) in a skipped step, nor one of a step
+//                  before that rank's overflow report (50 us of slack: on CUDA the device's
+//                  clock is mapped onto the host's): the backend's own record, below the
+//                  messages (compute spans, trace/recorder.hpp)
 //   collectives    the same sequence of collectives on every rank: at the first divergence,
 //                  each rank that differs from the majority (ties: the lowest rank)
 //   answered       every request answered
