@@ -117,6 +117,15 @@ struct node::impl {
   }
 
   expected<rendezvous_actor> find_rendezvous();
+  /// The rendezvous' answer as an error: its own, or, when it did not come in time, which wait
+  /// ran out.
+  error join_failure(const caf::error& err) const {
+    error failed = from_caf_error(err);
+    if (failed.code() != errc::timeout)
+      return failed;
+    return {errc::timeout, "not every node joined within " + std::to_string(opts.join_timeout_ms)
+                               + " ms (zmuon.timeout_ms)"};
+  }
   /// Says hello to the rendezvous with this node's door (published here when the job has three
   /// or more nodes), then connects to the doors of the nodes 1..node_rank-1 (each pair once: the
   /// higher rank connects), so that once join_reply hands out the actor handles, CAF routes
@@ -143,13 +152,9 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
   caf::scoped_actor self{*sys};
   self->request(rdv, join_timeout(), std::move(h))
       .receive([&](hello_reply& r) { doors = std::move(r); },
-               [&](caf::error& err) { failed = from_caf_error(err); });
+               [&](caf::error& err) { failed = join_failure(err); });
   if (failed)
-    return failed.code() == errc::timeout
-               ? error{errc::timeout, "not every node joined within "
-                                          + std::to_string(opts.join_timeout_ms)
-                                          + " ms (zmuon.timeout_ms)"}
-               : failed;
+    return failed;
   // Nodes 1..node_rank-1, each door first probed (all at once) with a short timeout: CAF's
   // connect would wait out the system's SYN retries (about two minutes) at a door a firewall
   // hides, past every other node's join timeout.
@@ -281,13 +286,7 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   caf::scoped_actor self{*d.sys};
   self->request(*rdv, d.join_timeout(), std::move(req))
       .receive([&](join_reply& reply) { d.reply = std::move(reply); },
-               [&](caf::error& err) {
-                 failed = from_caf_error(err);
-                 if (failed.code() == errc::timeout)
-                   failed = {errc::timeout, "not every node joined within "
-                                                + std::to_string(opts.join_timeout_ms)
-                                                + " ms (zmuon.timeout_ms)"};
-               });
+               [&](caf::error& err) { failed = d.join_failure(err); });
   if (failed)
     return failed;
   for (int i = 0; i < opts.ranks; ++i)
