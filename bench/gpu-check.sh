@@ -189,6 +189,13 @@ check() {
     [[ -f "$json" && $variant == auto ]] && step_jsons+=("$json")
   done
 
+  echo "== NS load balance of the owners at world 8 (issue 10's <= 1.15), one rank at a time"
+  for table in gpt2-124m llama-1b; do
+    timeout 300 "$work/bin/zmuon-bench-step" --ns-owners --table "$table" --world 8 \
+      --compute cuda --steps 10 --json "$out/owners_${table}_w8.json" 2>&1 | tee -a "$out/owners.log"
+    [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "zmuon-bench-step --ns-owners: exit non-zero"
+  done
+
   if [[ -z "${ONLY_STEP:-}" ]]; then
     echo "== zmuon-launch, 2 node processes, nccl (the rendezvous hands out the NCCL id)"
     # With one GPU, NCCL must refuse two ranks on it: both nodes exit non-zero, naming it, no hang.

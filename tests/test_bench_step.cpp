@@ -3,7 +3,8 @@
 // count (fp32) at world 2 and 4, and the phases are non-negative, sum to the coordinator's step
 // and fit inside the step's wall time; on a synthetic trace with hand-computed answers the
 // plumbing time, its record count, the phase cut, the window, the wall time and the bytes are
-// exact; the bytes report flags a trace that disagrees with the plan, and the call-time report
+// exact, the compute backend's calls left out of it; the bytes report flags a trace that
+// disagrees with the plan, --ns-owners times each rank's own matrices, and the call-time report
 // gives per-step means of summed steps.
 #define BOOST_TEST_MODULE test_bench_step
 #include <boost/test/unit_test.hpp>
@@ -11,9 +12,11 @@
 #include <chrono>
 #include <filesystem>
 
+#include "bench/step/ns_owners.hpp"
 #include "bench/step/report.hpp"
 #include "bench/step/step_tables.hpp"
 #include "engine_fixture.hpp"
+#include "plan/ownership.hpp"
 #include "plan/plan.hpp"
 #include "trace/recorder.hpp"
 #include "trace/tool/reader.hpp"
@@ -175,6 +178,9 @@ BOOST_AUTO_TEST_CASE(plumbing_and_phases_of_a_synthetic_trace) {
     r.span("muon_coordinator", "overflow_check", 2600, 400, f("x"), nullptr, true);
     r.reply("muon_coordinator", 3000, f("overflow_report"), "r2.2", {}, 1000);  // 300 of it
     r.span("muon_coordinator", "ns", 3100, 700, f("ns"));  // compute inside that continuation
+    // The backend's own calls (trace_calls) are not phases: they change no figure below.
+    r.compute("newton_schulz", 1, 3150, 600);
+    r.compute("scan", 0, 2510, 80);
     r.send("muon_coordinator", 3900, f("muon_momentum"), "r2.3", true);
     r.send("caf_comm", 3920, f("peer_floats", "gather", 4096), "p", false, 1);
     r.send("caf_comm", 3930, f("peer_floats", "scatter", 100), "p", false, 1);
@@ -228,6 +234,43 @@ BOOST_AUTO_TEST_CASE(bytes_report_flags_a_trace_that_disagrees_with_the_plan) {
   sent[1]["gather"] += 4;  // one float more than the plan
   BOOST_TEST(bench::report_bytes(*made, sent, 1, 4, true).mismatch);
   BOOST_TEST(!bench::report_bytes(*made, sent, 1, 4, false).mismatch);  // plan only: no check
+}
+
+// --ns-owners on the tiny table: every Muon matrix timed once, on the rank the plan names, in as
+// many calls as its shape groups make, with the plan's cost per rank (ns_cost summed here over
+// the owned matrices: another path to the same figure) and its max / mean.
+BOOST_AUTO_TEST_CASE(ns_owners_times_each_rank_s_own_matrices) {
+  engine_options o;
+  o.world = 3;
+  o.compute = "host";
+  o.reduce_bucket_size = 1 << 14;
+  const auto table = bench::make_table("tiny");
+  auto report = bench::time_ns_owners(table, o, 2);
+  BOOST_REQUIRE_MESSAGE(report, (report ? "" : report.err().to_string()));
+  auto made = make_plan(table, o.world, o.reduce_bucket_size);
+  BOOST_REQUIRE(made);
+  BOOST_REQUIRE_EQUAL(report->ranks.size(), 3u);
+  int matrices = 0;
+  std::vector<double> cost(3, 0.0);
+  for (const auto& p : made->params)
+    if (p.muon)
+      cost[static_cast<size_t>(p.owner)] += ns_cost(p.rows, p.cols);
+  double most = 0, sum = 0;
+  for (const auto& t : report->ranks) {
+    matrices += t.matrices;
+    int groups = 0;
+    for (const auto& c : make_ownership(*made, t.rank))
+      groups += static_cast<int>(c.groups.size());
+    BOOST_TEST(t.calls == groups);
+    BOOST_TEST(t.predicted == cost[static_cast<size_t>(t.rank)]);
+    BOOST_TEST((t.matrices == 0 ? t.ms >= 0.0 : t.ms > 0.0));
+    most = std::max(most, t.predicted);
+    sum += t.predicted;
+  }
+  BOOST_TEST(matrices == made->muon_count());
+  BOOST_TEST(report->predicted_imbalance == most / (sum / 3.0),
+             boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(report->measured_imbalance >= 1.0);
 }
 
 BOOST_AUTO_TEST_CASE(call_time_report_gives_per_step_means) {

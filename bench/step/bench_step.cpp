@@ -79,6 +79,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/step/device_grads.hpp"
+#include "bench/step/ns_owners.hpp"
 #include "bench/step/report.hpp"
 #include "bench/step/step_tables.hpp"
 #include "plan/plan.hpp"
@@ -199,7 +200,24 @@ int main(int argc, char* argv[]) {
   app.add_option("--timeline", timeline_out,
                  "write the backend calls of the phase table's step as Chrome Trace Event JSON "
                  "(Perfetto) to this file; implies --call-times");
+  bool ns_owners = false;
+  app.add_flag("--ns-owners", ns_owners,
+               "only time each rank's Newton-Schulz as the plan's owner of its matrices, one rank "
+               "at a time on this process's backend (--steps repetitions each), and the load "
+               "balance across ranks (bench/step/ns_owners.hpp)");
   CLI11_PARSE(app, argc, argv);
+  if (ns_owners) {
+    auto report = zmuon::bench::time_ns_owners(zmuon::bench::make_table(table_name), opts, steps);
+    if (!report) {
+      std::fprintf(stderr, "zmuon-bench-step: %s\n", report.err().to_string().c_str());
+      return 1;
+    }
+    std::printf(
+        "command: zmuon-bench-step --ns-owners --table %s --world %d --compute %s "
+        "--steps %d\n",
+        table_name.c_str(), opts.world, opts.compute.c_str(), steps);
+    return json_out.empty() || zmuon::bench::write_file(json_out, to_json(*report).dump(2)) ? 0 : 1;
+  }
   time_calls = time_calls || !timeline_out.empty();
   if (app.count("--comm") == 0 && opts.compute == "host")
     opts.comm = "caf";  // nccl needs the cuda compute
