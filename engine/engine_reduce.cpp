@@ -1,12 +1,13 @@
 // engine::reduce: the hand-over of one micro-batch's gradients, packed into reduce buckets
 // (rank-major, for the reduce-scatter) and sent to the rank's reducer, within the bound on
 // buckets in flight; device gradients read before reduce() returns, or ordered on the caller's
-// stream.
+// stream. engine::reduce_all: every local rank's at once, a thread each.
 #include "zmuon/engine.hpp"
 
 #include "engine/impl.hpp"
 
 #include <cstring>
+#include <thread>
 
 #include "actors/staging.hpp"
 #include "plan/ownership.hpp"
@@ -39,15 +40,55 @@ error engine::reduce(int rank, const tensor_map& grads) {
 }
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
-  return reduce_views(rank, grads, std::nullopt);
+  return reduce_views(rank, grads, std::nullopt, impl_->buckets_in_flight());
 }
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream) {
-  return reduce_views(rank, grads, cuda_stream);
+  return reduce_views(rank, grads, cuda_stream, impl_->buckets_in_flight());
+}
+
+error engine::reduce_all(const std::vector<tensor_map>& grads) {
+  std::vector<std::vector<tensor_view>> views(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i)
+    for (const auto& [name, data] : grads[i])
+      views[i].push_back({name, data.data(), static_cast<int64_t>(data.size())});
+  return reduce_all(views);
+}
+
+error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  if (static_cast<int>(grads.size()) != d.local)
+    return {errc::invalid_argument, "reduce_all(): " + std::to_string(grads.size())
+                                        + " gradient sets for " + std::to_string(d.local)
+                                        + " local rank(s)"};
+  for (int i = 0; i < d.local; ++i) {  // all checked before any rank hands over
+    std::vector<const float*> source;
+    std::vector<bool> on_device;
+    if (auto err =
+            index_views(*d.pl, d.opts, grads[i], "gradient of", "gradient for", source, on_device))
+      return {err.code(),
+              "reduce_all(): rank " + std::to_string(d.first_rank + i) + ": " + err.message()};
+  }
+  if (d.local == 1)
+    return reduce_views(d.first_rank, grads[0], std::nullopt, d.buckets_in_flight());
+  const auto window = static_cast<size_t>(d.opts.max_buckets_in_flight);
+  std::vector<error> failed(static_cast<size_t>(d.local));
+  std::vector<std::thread> hand_over;
+  for (int i = 0; i < d.local; ++i)
+    hand_over.emplace_back(
+        [&, i] { failed[i] = reduce_views(d.first_rank + i, grads[i], std::nullopt, window); });
+  for (auto& t : hand_over)
+    t.join();
+  for (auto& err : failed)
+    if (err)
+      return err;
+  return {};
 }
 
 error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
-                           std::optional<void*> caller_stream) {
+                           std::optional<void*> caller_stream, size_t window) {
   auto& d = *impl_;
   if (auto err = d.start_for(rank))
     return err;
@@ -71,8 +112,7 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   }
   int micro = d.micros[local]++;
   uint64_t step = d.step + 1;
-  auto& window = d.windows[local];
-  const size_t most = d.buckets_in_flight();
+  auto& in_flight = d.windows[local];
   error failed;
   bool read_on_device = false;  // by copies queued on the rank's stream
   // A backend failure here (a CUDA error) is returned like any other, the buckets handed over so
@@ -81,8 +121,8 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
     for (size_t b = 0; b < pl.buckets.size(); ++b) {
       const auto& bucket = pl.buckets[b];
       // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
-      if (most > 0)
-        if ((failed = window.wait_until(most - 1)))
+      if (window > 0)
+        if ((failed = in_flight.wait_until(window - 1)))
           break;
       // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
       const int64_t size = bucket.shard_len * pl.world;
@@ -129,7 +169,7 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       if (host)  // fault injection (tests) acts on host-packed gradients
         inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
       msg.data = std::move(host);
-      window.hand_over(d.ranks[local].reducer, std::move(msg));
+      in_flight.hand_over(d.ranks[local].reducer, std::move(msg));
     }
     // Those copies read the caller's buffers after they are queued, and the caller may write or
     // free them once reduce() returns (the next backward pass accumulates into them): they have

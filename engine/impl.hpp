@@ -133,7 +133,8 @@ struct engine::impl {
   lr_schedule adam_lr;
 
   // reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
-  // several, the host hands over rank after rank and a bucket lands only once all did.
+  // several, the host hands over rank after rank and a bucket lands only once all did
+  // (reduce_all hands over on a thread per rank and keeps the bound).
   size_t buckets_in_flight() const {
     return local == 1 ? static_cast<size_t>(opts.max_buckets_in_flight) : 0;
   }

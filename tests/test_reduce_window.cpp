@@ -2,7 +2,8 @@
 // the message trace: the host records each bucket it hands over (`send micro_grads`) and the
 // reducer's answer when it takes it (`reply`), in the order it does both, so the trace shows how
 // many of a rank's buckets were unanswered at every hand-over. One engine of one rank, one engine
-// of two ranks (unbounded), and two engines of one rank each connected in one process (two nodes
+// of two ranks (unbounded; with reduce_all, a thread per rank, bounded), and two engines of one
+// rank each connected in one process (two nodes
 // of a launcher job, world 2: the window holds, the bits match one engine of two ranks, and a
 // bucket that cannot land times out naming itself).
 #define BOOST_TEST_MODULE reduce_window
@@ -67,7 +68,9 @@ void read_window(const std::vector<std::string>& files, traced_run& out) {
   }
 }
 
-traced_run run(int world, int window, const std::string& name) {
+// `all`: each micro-batch of every rank through one reduce_all() (a thread per rank), else
+// reduce() rank after rank on this thread.
+traced_run run(int world, int window, const std::string& name, bool all = false) {
   const std::string dir = "test_reduce_window_" + name;
   fs::remove_all(dir);
   auto o = test::options(world);
@@ -81,9 +84,18 @@ traced_run run(int world, int window, const std::string& name) {
     auto t = table();
     test::register_table(*eng, t, 3);
     for (int s = 1; s <= steps; ++s) {
-      for (int k = 0; k < gas; ++k)
+      for (int k = 0; k < gas; ++k) {
+        std::vector<tensor_map> grads;
         for (int r = 0; r < world; ++r)
-          test::reduce_ok(*eng, r, test::random_grads(t, 3, s, r, k));
+          grads.push_back(test::random_grads(t, 3, s, r, k));
+        if (all) {
+          const auto err = eng->reduce_all(grads);
+          BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+        } else {
+          for (int r = 0; r < world; ++r)
+            test::reduce_ok(*eng, r, grads[r]);
+        }
+      }
       test::step_ok(*eng);
     }
     out.params = test::params_of(*eng);
@@ -163,6 +175,40 @@ BOOST_AUTO_TEST_CASE(several_local_ranks_hand_over_unbounded) {
   // in flight until step(), and the steps succeed.
   auto r = run(2, 2, "two_local");
   BOOST_TEST(r.most_in_flight == gas * r.buckets);
+}
+
+BOOST_AUTO_TEST_CASE(reduce_all_keeps_the_window_with_several_local_ranks) {
+  // The ranks hand over on a thread each: the window holds on every rank (and fills), and the
+  // result is the unbounded one's, bit for bit.
+  const auto unbounded = run(3, 0, "all_unbounded");
+  for (int window : {1, 2}) {
+    auto r = run(3, window, "all_w" + std::to_string(window), true);
+    BOOST_TEST(r.most_in_flight == window, "window " << window);
+    BOOST_TEST(same_params(r.params, unbounded.params), "window " << window);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(reduce_all_checks_every_rank_before_any_hands_over) {
+  auto o = test::options(2);
+  o.reduce_bucket_size = 64;
+  auto eng = test::make_engine(o);
+  test::register_table(*eng, table(), 3);
+  std::vector<tensor_map> grads{test::random_grads(table(), 3, 1, 0, 0),
+                                test::random_grads(table(), 3, 1, 1, 0)};
+  grads[1]["bias"].pop_back();  // rank 1's is one element short
+  auto err = eng->reduce_all(grads);
+  BOOST_TEST((err.code() == errc::shape_mismatch));
+  BOOST_TEST(err.to_string().find("reduce_all(): rank 1: ") != std::string::npos, err.to_string());
+  BOOST_TEST(err.to_string().find("bias") != std::string::npos, err.to_string());
+  err = eng->reduce_all({grads[0]});
+  BOOST_TEST((err.code() == errc::invalid_argument));
+  BOOST_TEST(err.to_string().find("1 gradient sets for 2 local rank(s)") != std::string::npos);
+  // Nothing was handed over: a step now has no micro-batch, and a whole one goes through.
+  grads[1] = test::random_grads(table(), 3, 1, 1, 0);
+  BOOST_TEST(!eng->reduce_all(grads));
+  const auto info = eng->step();
+  BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
+  BOOST_TEST(info->micro_batches == 1);
 }
 
 BOOST_AUTO_TEST_CASE(one_rank_per_node_keeps_the_window_and_the_result) {

@@ -194,6 +194,12 @@ int main(int argc, char* argv[]) {
   app.add_flag("--host-threads", host_threads,
                "hand over each rank's micro-batches on a thread of its own (reduce() for different "
                "ranks at once), not rank by rank on one thread");
+  bool reduce_all = false;
+  app.add_flag("--reduce-all", reduce_all,
+               "hand over each micro-batch of every rank through one engine::reduce_all (a thread "
+               "per rank inside the engine; the bound on buckets in flight applies with several "
+               "ranks; device gradients through the plain, waiting read)")
+      ->excludes("--host-threads");
   app.add_flag("--call-times", time_calls,
                "time the compute backends' calls (CUDA events) and print each call's time per "
                "step");
@@ -301,6 +307,19 @@ int main(int argc, char* argv[]) {
     // Micro-batch by micro-batch, rank by rank on this thread, or a thread per rank (as a host
     // loop with a thread per GPU would).
     std::vector<zmuon::error> handed_errors(static_cast<size_t>(opts.world));
+    for (int k = 0; k < gas && reduce_all && !handed_errors[0]; ++k) {
+      std::vector<std::vector<zmuon::tensor_view>> views;  // every rank hands over `grads`
+      for (int r = 0; r < opts.world; ++r) {
+        if (device_grads) {
+          views.push_back(on_device.views_of(r));
+          continue;
+        }
+        views.emplace_back();
+        for (const auto& [name, v] : grads)
+          views.back().push_back({name, v.data(), static_cast<int64_t>(v.size())});
+      }
+      handed_errors[0] = eng->reduce_all(views);
+    }
     if (host_threads) {
       std::vector<std::thread> pool;
       for (int r = 0; r < opts.world; ++r)
@@ -313,7 +332,7 @@ int main(int argc, char* argv[]) {
         t.join();
     }
     bool failed = false;
-    for (int k = 0; k < gas && !host_threads && !failed; ++k)
+    for (int k = 0; k < gas && !host_threads && !reduce_all && !failed; ++k)
       for (int r = 0; r < opts.world && !failed; ++r)
         failed = static_cast<bool>(handed_errors[static_cast<size_t>(r)] = hand_over(r));
     for (const auto& err : handed_errors)

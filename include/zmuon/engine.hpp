@@ -150,6 +150,15 @@ public:
   /// errc::invalid_argument before anything is read or counted.
   error reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream);
 
+  /// One micro-batch of every local rank at once: grads[i] is local rank first_rank() + i's.
+  /// Every rank's gradients are checked first (nothing is handed over if one is wrong); then each
+  /// rank hands over on a thread of its own, so that the ranks pack in parallel and the bound on
+  /// buckets in flight (max_buckets_in_flight) holds with several local ranks too (one thread
+  /// calling reduce() rank after rank cannot keep it: a bucket lands only once every rank handed
+  /// it over). With one local rank this is reduce().
+  error reduce_all(const std::vector<tensor_map>& grads);
+  error reduce_all(const std::vector<std::vector<tensor_view>>& grads);
+
   /// One optimizer step over everything handed over since the last step. Every rank must have
   /// handed over the same number of micro-batches (at least one).
   expected<step_info> step();
@@ -229,8 +238,9 @@ public:
 
 private:
   engine();
+  /// `window`: the bound on the rank's unlanded buckets (0: none).
   error reduce_views(int rank, const std::vector<tensor_view>& grads,
-                     std::optional<void*> caller_stream);
+                     std::optional<void*> caller_stream, size_t window);
   error gather_params_on(const std::vector<tensor_span>& out, std::optional<void*> caller_stream);
   struct impl;
   std::unique_ptr<impl> impl_;

@@ -55,7 +55,8 @@ expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
       scale = *current;
     }
     double loss = 0;
-    for (int k = 0; k < opts.gas; ++k)  // this process's ranks (all of them in one process)
+    for (int k = 0; k < opts.gas; ++k) {  // this process's ranks (all of them in one process)
+      std::vector<tensor_map> grads;      // of micro-batch k, by local rank
       for (int r = eng.first_rank(); r < eng.first_rank() + eng.local_ranks(); ++r) {
         int64_t first = static_cast<int64_t>(r * opts.gas + k) * opts.micro_batch;
         auto b = make_batch(opts.model, opts.seed, s, first, opts.micro_batch);
@@ -63,9 +64,12 @@ expected<std::vector<step_record>> train(engine& eng, const train_options& opts,
         loss += lg.loss;
         if (opts.fp16)
           scale_like_fp16(lg.grads, scale);
-        if (auto err = eng.reduce(r, lg.grads))
-          return err;
+        grads.push_back(std::move(lg.grads));
       }
+      // Every local rank at once: they pack in parallel, within the bound on buckets in flight.
+      if (auto err = eng.reduce_all(grads))
+        return err;
+    }
     auto info = eng.step();
     if (!info)
       return info.err();
