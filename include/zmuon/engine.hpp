@@ -4,7 +4,8 @@
 //
 //   auto eng = zmuon::engine::create(opts);            // expected<unique_ptr<engine>>
 //   (*eng)->add_parameter({"fc1.weight", {128, 64}}, init);
-//   for (k in micro-batches) for (r in ranks) (*eng)->reduce(r, grads_of(r, k));
+//   for (k in micro-batches) (*eng)->reduce_all({grads_of(0, k), grads_of(1, k), ...});
+//     // or for (r in ranks) (*eng)->reduce(r, grads_of(r, k)): the bucket window needs one rank
 //   auto res = (*eng)->step();                        // expected<step_info>
 //   auto params = (*eng)->parameters();               // expected<tensor_map>
 //
@@ -13,8 +14,8 @@
 // The C ABI (zmuon/zmuon.h) and the Python binding sit on these.
 //
 // Threads: reduce() for different ranks may run on different threads at once (a host thread
-// per rank; the first calls may race to start the engine). Every other call, and reduce() for
-// one rank, must not overlap another call on the same engine.
+// per rank; the first calls may race to start the engine; reduce_all() does that itself). Every
+// other call, and reduce() for one rank, must not overlap another call on the same engine.
 //
 // A failure that may leave the ranks part of the way through a step (a timeout, a rank's step
 // failing, a backend failure while handing over) stops the engine: every later call is refused
