@@ -2,6 +2,7 @@
 // become a status code plus the thread's last-error message, never an exception across the ABI.
 #include "zmuon/zmuon.h"
 
+#include <algorithm>
 #include <exception>
 #include <functional>
 #include <map>
@@ -305,6 +306,22 @@ int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* gra
 int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
                                   size_t n, void* cuda_stream) {
   return reduce_views("zmuon_engine_reduce_on_stream", eng, rank, grads, n, cuda_stream);
+}
+
+int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* const* grads,
+                            const size_t* counts, int32_t ranks) {
+  const char* fn = "zmuon_engine_reduce_all";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (ranks > 0 && (!grads || !counts))
+      return null_arg(fn, !grads ? "grads" : "counts");
+    std::vector<std::vector<zmuon::tensor_view>> views(static_cast<size_t>(std::max(ranks, 0)));
+    for (size_t i = 0; i < views.size(); ++i)
+      if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads[i], counts[i], views[i]))
+        return err;
+    return eng->eng->reduce_all(views);
+  });
 }
 
 int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {

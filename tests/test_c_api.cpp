@@ -143,6 +143,9 @@ BOOST_AUTO_TEST_CASE(null_arguments_are_errors_not_crashes) {
   BOOST_TEST(zmuon_engine_world(eng, &world) == ZMUON_OK);
   BOOST_TEST(world == 4);  // the config's default zmuon.ranks
   BOOST_TEST(zmuon_engine_reduce(eng, 0, nullptr, 1) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(zmuon_engine_reduce_all(nullptr, nullptr, nullptr, 0) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(zmuon_engine_reduce_all(eng, nullptr, nullptr, 4) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "grads is NULL") != nullptr, zmuon_last_error());
   zmuon_tensor unnamed{nullptr, nullptr, 0, ZMUON_HOST};
   BOOST_TEST(zmuon_engine_gather_params(eng, &unnamed, 1) == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::strstr(zmuon_last_error(), "NULL name") != nullptr);

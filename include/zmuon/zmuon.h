@@ -144,6 +144,13 @@ ZMUON_API int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_t
  * stream on another GPU, or capturing a CUDA graph, is ZMUON_INVALID_ARGUMENT. */
 ZMUON_API int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank,
                                             const zmuon_tensor* grads, size_t n, void* cuda_stream);
+/* One micro-batch of every local rank at once: grads[i] (counts[i] tensors) for local rank
+ * first_rank + i, `ranks` of them (this process's local ranks). Every rank's gradients are
+ * checked before any is handed over; then each rank hands over on a thread of its own inside
+ * the engine, within the bound on reduce buckets in flight (zmuon.max_buckets_in_flight), which
+ * zmuon_engine_reduce rank after rank on one thread cannot keep with several local ranks. */
+ZMUON_API int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* const* grads,
+                                      const size_t* counts, int32_t ranks);
 /* One optimizer step over everything handed over since the last one. `out` may be NULL. */
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
 /* Writes the full parameters named in `params` into their buffers. */

@@ -141,6 +141,8 @@ def _load():
         "zmuon_engine_reduce": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_reduce_on_stream": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                                   ctypes.c_void_p]),
+        "zmuon_engine_reduce_all": (c_int, [eng_p, ctypes.POINTER(ctypes.POINTER(Tensor)),
+                                            ctypes.POINTER(c_size), c_i32]),
         "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_gather_params_on_stream": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size,
@@ -263,6 +265,15 @@ class Engine:
         else:
             _check(_lib.zmuon_engine_reduce_on_stream(self._h(), rank, _tensor_array(entries),
                                                       len(entries), ctypes.c_void_p(stream)))
+
+    def reduce_all(self, entries_by_rank):
+        """One micro-batch of every local rank (entries_by_rank[i]: local rank i's), each
+        handed over on a thread of its own inside the engine."""
+        arrays = [_tensor_array(entries) for entries in entries_by_rank]
+        pointers = (ctypes.POINTER(Tensor) * len(arrays))(
+            *[ctypes.cast(a, ctypes.POINTER(Tensor)) for a in arrays])
+        counts = (ctypes.c_size_t * len(arrays))(*[len(entries) for entries in entries_by_rank])
+        _check(_lib.zmuon_engine_reduce_all(self._h(), pointers, counts, len(arrays)))
 
     def step(self):
         info = StepInfo()

@@ -283,6 +283,35 @@ class Muon:
         dict name -> array/tensor or a list in the order of the parameters."""
         if rank is None:
             rank = self._first_rank
+        entries, keep = self._entries(grads)
+        stream = _torch_stream(keep)
+        if stream is None and any(device != HOST for _, _, _, device in entries):
+            _synchronize_torch(keep)  # the gradients must be written before the engine reads them
+        self._engine.reduce(rank, entries, stream=stream)
+        if 0 <= rank - self._first_rank < len(self._micro):
+            self._micro[rank - self._first_rank] += 1
+
+    def accumulate_all(self, grads_by_rank):
+        """One micro-batch of every rank of this process at once: grads_by_rank[i] is local
+        rank i's (as accumulate's `grads`). The ranks hand over on a thread each inside the
+        engine, within the bound on reduce buckets in flight (zmuon.max_buckets_in_flight),
+        which accumulate() rank after rank cannot keep; every rank's gradients are checked
+        before any is handed over."""
+        grads_by_rank = list(grads_by_rank)
+        entries, keep = [], []
+        for grads in grads_by_rank:
+            e, k = self._entries(grads)
+            entries.append(e)
+            keep.extend(k)
+        if any(device != HOST for e in entries for _, _, _, device in e):
+            _synchronize_torch(keep)  # read during the call, after the work that wrote them
+        self._engine.reduce_all(entries)
+        for i in range(min(len(grads_by_rank), len(self._micro))):
+            self._micro[i] += 1
+
+    def _entries(self, grads):
+        """accumulate's `grads` as the engine's (name, pointer, numel, device) entries, and the
+        objects that must live until the engine has read them."""
         if grads is None:
             missing = [n for n, p, _ in self._params if not _is_torch(p)]
             if missing:
@@ -306,12 +335,7 @@ class Muon:
             keep.append(g)
             ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
             entries.append((name, ptr, numel, device))
-        stream = _torch_stream(keep)
-        if stream is None and any(device != HOST for _, _, _, device in entries):
-            _synchronize_torch(keep)  # the gradients must be written before the engine reads them
-        self._engine.reduce(rank, entries, stream=stream)
-        if 0 <= rank - self._first_rank < len(self._micro):
-            self._micro[rank - self._first_rank] += 1
+        return entries, keep
 
     def step(self, closure=None):
         """One optimizer step on everything handed over since the last one (if nothing was,

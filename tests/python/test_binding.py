@@ -170,9 +170,12 @@ class BindingMatchesEngine(unittest.TestCase):
         for step in (1, 2):
             for micro in (0, 1):
                 for rank in (0, 1):
-                    g = make_grads(7, step, rank, micro)
-                    grads[(step, rank, micro)] = g
-                    opt.accumulate(g, rank=rank)
+                    grads[(step, rank, micro)] = make_grads(7, step, rank, micro)
+                if step == 1:  # rank after rank
+                    for rank in (0, 1):
+                        opt.accumulate(grads[(step, rank, micro)], rank=rank)
+                else:  # both ranks at once, a thread each in the engine
+                    opt.accumulate_all([grads[(step, rank, micro)] for rank in (0, 1)])
             opt.step()
             self.assertEqual(opt.last_step["micro_batches"], 2)
             self.assertEqual(opt.last_step["ns_matrices"], 3 + 1)  # qkv's 3 heads + fc
@@ -395,6 +398,19 @@ class BadArguments(unittest.TestCase):
             self.assertIn("invalid JSON", str(cm.exception))
         finally:
             os.unlink(f.name)
+
+    def test_accumulate_all_checks_every_rank_first(self):
+        opt = zmuon.Muon(make_params(5), CONFIG)  # two ranks
+        good = make_grads(2, 1, 0, 0)
+        short = dict(make_grads(2, 1, 1, 0))
+        short["norm.weight"] = short["norm.weight"][:-1]
+        with self.assertRaisesRegex(zmuon.ShapeMismatch, r"reduce_all\(\): rank 1: .*norm\.weight"):
+            opt.accumulate_all([good, short])
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "1 gradient sets for 2 local rank"):
+            opt.accumulate_all([good])
+        opt.accumulate_all([good, make_grads(2, 1, 1, 0)])  # nothing was handed over before
+        opt.step()
+        self.assertEqual(opt.last_step["micro_batches"], 1)
 
     def test_step_before_any_gradient(self):
         with self.assertRaises(zmuon.BadState) as cm:
