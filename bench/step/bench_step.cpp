@@ -106,31 +106,6 @@ double ms(int64_t ns) {
   return static_cast<double>(ns) / 1e6;
 }
 
-// The cost of one trace record (format, lock, buffered write) on this machine: median of 5 runs
-// of 20000 records into a scratch file, ns per record.
-int64_t record_cost_ns(const std::string& dir) {
-  auto rec = zmuon::trace::recorder::open(dir, 99, 0, 1);
-  if (!rec)
-    return 0;
-  zmuon::trace::fields f;
-  f.type = "ack";
-  f.step = 7;
-  f.index = 3;
-  f.bytes = 123456;
-  std::vector<double> per;
-  for (int rep = 0; rep < 5; ++rep) {
-    const int n = 20000;
-    auto t0 = zmuon::trace::now_ns();
-    for (int i = 0; i < n; ++i)
-      (*rec)->recv("muon_coordinator", t0, 1234, f, "r12.345");
-    per.push_back(static_cast<double>(zmuon::trace::now_ns() - t0) / n);
-  }
-  std::string path = (*rec)->path();
-  rec->reset();
-  fs::remove(path);
-  return static_cast<int64_t>(median(per));
-}
-
 // The rank whose coordinator's step took longest.
 const rank_step& critical(const step_figures& s) {
   return *std::max_element(
@@ -260,7 +235,7 @@ int main(int argc, char* argv[]) {
         fs::remove_all(dir, ec);
     }
   } clean{temp_trace, trace_dir};
-  const int64_t record_ns = record_cost_ns(trace_dir);
+  const int64_t record_ns = zmuon::bench::trace_record_cost_ns(trace_dir);
   opts.trace_dir = trace_dir;
 
   const auto table = zmuon::bench::make_table(table_name);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "bench/step/step_tables.hpp"
+#include "trace/recorder.hpp"
 
 namespace zmuon::bench {
 
@@ -165,6 +167,30 @@ nlohmann::json report_timeline(const timeline_figures& t) {
           {"longest_gap_at_ms", t.longest_gap_at},
           {"first_ns_ms", t.first_ns_ms},
           {"last_ns_end_ms", t.last_ns_end_ms}};
+}
+
+int64_t trace_record_cost_ns(const std::string& dir) {
+  auto rec = trace::recorder::open(dir, 99, 0, 1);
+  if (!rec)
+    return 0;
+  trace::fields f;
+  f.type = "ack";
+  f.step = 7;
+  f.index = 3;
+  f.bytes = 123456;
+  std::vector<double> per;
+  for (int rep = 0; rep < 5; ++rep) {
+    const int n = 20000;
+    auto t0 = trace::now_ns();
+    for (int i = 0; i < n; ++i)
+      (*rec)->recv("muon_coordinator", t0, 1234, f, "r12.345");
+    per.push_back(static_cast<double>(trace::now_ns() - t0) / n);
+  }
+  const std::string path = (*rec)->path();
+  rec->reset();
+  std::filesystem::remove(path);
+  std::sort(per.begin(), per.end());
+  return static_cast<int64_t>(per[per.size() / 2]);
 }
 
 }  // namespace zmuon::bench
