@@ -133,31 +133,33 @@ recorder::~recorder() {
 }
 
 void recorder::write(const std::string& body) {
-  char head[32] = "{\"seq\":";
   std::lock_guard<std::mutex> guard(mu_);
+  append(body);
+}
+
+void recorder::write(const std::string& body, uint64_t step, int64_t t) {
+  std::lock_guard<std::mutex> guard(mu_);
+  if (step > 0 && (step_starts_.empty() || step > step_starts_.back().first)) {
+    step_starts_.emplace_back(step, t);
+    if (step_starts_.size() > kSteps)
+      step_starts_.erase(step_starts_.begin());
+  } else if (step > 0) {
+    for (auto it = step_starts_.rbegin(); it != step_starts_.rend(); ++it)
+      if (it->first == step) {
+        it->second = std::min(it->second, t);
+        break;
+      }
+  }
+  append(body);
+}
+
+void recorder::append(const std::string& body) {
+  char head[32] = "{\"seq\":";
   char* end = std::to_chars(head + 7, head + sizeof head - 1, seq_++).ptr;
   *end++ = ',';
   std::fwrite(head, 1, end - head, file_);
   std::fwrite(body.data(), 1, body.size(), file_);
   std::fwrite("}\n", 1, 2, file_);
-}
-
-void recorder::write(const std::string& body, uint64_t step, int64_t t) {
-  if (step > 0) {
-    std::lock_guard<std::mutex> guard(mu_);
-    if (step_starts_.empty() || step > step_starts_.back().first) {
-      step_starts_.emplace_back(step, t);
-      if (step_starts_.size() > kSteps)
-        step_starts_.erase(step_starts_.begin());
-    } else {
-      for (auto it = step_starts_.rbegin(); it != step_starts_.rend(); ++it)
-        if (it->first == step) {
-          it->second = std::min(it->second, t);
-          break;
-        }
-    }
-  }
-  write(body);
 }
 
 uint64_t recorder::step_at(int64_t t) const {
@@ -168,14 +170,11 @@ uint64_t recorder::step_at(int64_t t) const {
 }
 
 void recorder::compute(const char* name, int track, int64_t t, int64_t dur) {
-  uint64_t step = 0;
-  {
-    std::lock_guard<std::mutex> guard(mu_);
-    step = step_at(t);
-  }
   auto b = head("span", "compute", t);
-  b.num("dur", dur).str("phase", name).num("step", static_cast<int64_t>(step)).num("track", track);
-  write(b.s);
+  b.num("dur", dur).str("phase", name);
+  std::lock_guard<std::mutex> guard(mu_);
+  b.num("step", static_cast<int64_t>(step_at(t))).num("track", track);
+  append(b.s);
 }
 
 void recorder::flush() {

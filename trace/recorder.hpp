@@ -92,6 +92,8 @@ private:
   recorder() = default;
   /// write(), noting first that a record of `step` began at t (for compute()'s step).
   void write(const std::string& body, uint64_t step, int64_t t);
+  /// Appends one record with the next sequence number; under mu_.
+  void append(const std::string& body);
   /// The step whose first record began last at or before t; under mu_.
   uint64_t step_at(int64_t t) const;
   std::mutex mu_;
