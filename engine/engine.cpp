@@ -287,7 +287,7 @@ error engine::impl::start_locked() {
     return stop(backends.err(), starting);
   for (auto& be : *backends)
     be->time_calls(time_calls);
-  for (size_t i = 0; i < traces.size(); ++i)  // the backend's calls as trace spans
+  for (size_t i = 0; opts.trace_compute_calls && i < traces.size(); ++i)  // calls as spans
     (*backends)[i]->trace_calls([rec = traces[i]](const compute_backend::traced_call& c) {
       rec->compute(c.name, c.track, c.start_ns, c.end_ns - c.start_ns);
     });

@@ -132,6 +132,28 @@ BOOST_AUTO_TEST_CASE(each_backend_call_is_a_span_inside_its_handler_with_its_ste
   }
 }
 
+BOOST_AUTO_TEST_CASE(trace_compute_calls_off_keeps_the_messages_only) {
+  const std::string dir = "test_trace_compute_off";
+  fs::remove_all(dir);
+  {
+    auto o = test::options(1);
+    o.trace_dir = dir;
+    o.trace_compute_calls = false;
+    auto eng = test::make_engine(o);
+    const std::vector<param_spec> t{{"w", {8, 8}}, {"b", {8}}};
+    test::register_table(*eng, t, 2);
+    test::reduce_ok(*eng, 0, test::random_grads(t, 2, 1, 0, 0));
+    test::step_ok(*eng);
+  }
+  int compute = 0, messages = 0;
+  for (const auto& r : read_jsonl(trace_file(dir, 0))) {
+    compute += is_compute(r) ? 1 : 0;
+    messages += r.value("ev", "") == "recv" ? 1 : 0;
+  }
+  BOOST_TEST(compute == 0);
+  BOOST_TEST(messages > 0);
+}
+
 BOOST_AUTO_TEST_CASE(a_call_gets_the_step_whose_first_record_began_last_before_it) {
   const std::string dir = "test_trace_compute_recorder";
   fs::remove_all(dir);

@@ -122,7 +122,10 @@ struct engine_options {
   int64_t timeout_ms = 60'000;  // a request not answered in this time is an error
   std::string trace_dir;        // message trace (DESIGN.md §6) into this directory; empty: the
                                 // environment's ZMUON_TRACE, else off
-  fault_options faults;         // tests only
+  // With the trace on, every compute-backend call is a `compute` span too (on CUDA each call is
+  // then timed with two events). Off: the messages only (benchmarks that time the step traced).
+  bool trace_compute_calls = true;
+  fault_options faults;  // tests only
 
   // reduce() keeps at most this many of a rank's reduce buckets handed to its reducer and not yet
   // landed in the store (it waits for the oldest first), which bounds the buckets' memory (host
