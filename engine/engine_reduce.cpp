@@ -29,14 +29,19 @@ void inject_nonfinite(const fault_options& faults, const plan& pl, const bucket_
   }
 }
 
-}  // namespace
-
-error engine::reduce(int rank, const tensor_map& grads) {
+/// Views of host tensors by name, for the buffer-based calls.
+std::vector<tensor_view> host_views(const tensor_map& grads) {
   std::vector<tensor_view> views;
   views.reserve(grads.size());
   for (const auto& [name, data] : grads)
     views.push_back({name, data.data(), static_cast<int64_t>(data.size())});
-  return reduce(rank, views);
+  return views;
+}
+
+}  // namespace
+
+error engine::reduce(int rank, const tensor_map& grads) {
+  return reduce(rank, host_views(grads));
 }
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
@@ -48,10 +53,10 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda
 }
 
 error engine::reduce_all(const std::vector<tensor_map>& grads) {
-  std::vector<std::vector<tensor_view>> views(grads.size());
-  for (size_t i = 0; i < grads.size(); ++i)
-    for (const auto& [name, data] : grads[i])
-      views[i].push_back({name, data.data(), static_cast<int64_t>(data.size())});
+  std::vector<std::vector<tensor_view>> views;
+  views.reserve(grads.size());
+  for (const auto& g : grads)
+    views.push_back(host_views(g));
   return reduce_all(views);
 }
 
