@@ -410,7 +410,8 @@ std::vector<float> floats_of(const gpu::device_array<__nv_bfloat16>& d, int64_t 
 // The own Hopper GEMM (sm90_gemm.hpp) against cuBLAS's whole product on the same bf16 operands:
 // D = alpha P Q^T + beta C, plain and symmetric (upper tiles computed, the rest mirrored: D
 // must then be symmetric bit for bit), with and without C (also C in P's own buffer, as NS's
-// B = c A A + b A has it), batched, tiles of several k slices, each block shape: one or two
+// B = c A A + b A has it; and with a diagonal term, B' = c A A + b A + a I, plain and
+// symmetric), batched, tiles of several k slices, each block shape: one or two
 // tiles per block (an odd count of tiles a row leaves a block with one; symmetric sides of 3 to
 // 8 tiles pair the odd rows' last tiles down the last column, sharing Q's slices, and leave the
 // last block with one for 5 and 6; sm90_tiles.hpp). D starts as NaNs, so
@@ -425,7 +426,8 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
     int64_t batch, m, n, k;
     float alpha, beta;
     bool symmetric;
-    bool c_is_p = false;  // C is P's own buffer (B = c A A + b A)
+    bool c_is_p = false;    // C is P's own buffer (B = c A A + b A)
+    float diagonal = 0.0f;  // + diagonal * I (B' = c A A + b A + a I)
   };
   const gemm_case cases[] = {{3, 256, 384, 192, 1.0f, 0.0f, false},
                              {2, 128, 256, 512, 0.5f, 3.4445f, false},
@@ -439,7 +441,10 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
                              {2, 640, 640, 640, 1.0f, -1.0f, true, true},
                              {1, 256, 512, 512, 0.5f, 3.4445f, false, true},
                              {2, 896, 896, 128, 1.0f, 0.5f, true},
-                             {1, 1024, 1024, 1024, 2.0315f, -4.7750f, true, true}};
+                             {1, 1024, 1024, 1024, 2.0315f, -4.7750f, true, true},
+                             {2, 768, 768, 192, 1.0f, 0.5f, true, false, 3.4445f},
+                             {1, 1024, 1024, 1024, 2.0315f, -4.7750f, true, true, 3.4445f},
+                             {2, 256, 256, 128, 1.0f, 0.5f, false, false, -2.0f}};
   const gpu::sm90_block shapes[] = {gpu::sm90_block::automatic, gpu::sm90_block::one_tile,
                                     gpu::sm90_block::two_tiles};
   gpu::cublas_handle cublas;
@@ -482,6 +487,7 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
       a.c = g.c_is_p ? gpu::sm90_operand{p.data(), g.k, g.m * g.k}
                      : gpu::sm90_operand{c.data(), g.n, g.m * g.n};
       a.d = {ours.data(), g.n, g.m * g.n};
+      a.diagonal = g.diagonal;
       a.symmetric = g.symmetric;
       a.shape = shape;
       BOOST_REQUIRE(gpu::sm90_gemm_fits(a));
@@ -490,13 +496,26 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
       gpu::sm90_gemm_on_cublas(runner, nullptr, a, want.data());
       ZMUON_CUDA_CHECK(cudaDeviceSynchronize());
       const std::vector<float> got = floats_of(ours, out);
-      const std::vector<float> ref = floats_of(want, out);
+      std::vector<float> ref = floats_of(want, out);
+      // cuBLAS has no diagonal term: add it to the rounded reference, and hold the diagonal to
+      // 1e-2 of its terms one by one (it is 1/m of the entries, so a missing or misplaced term
+      // would hide in the relative error).
+      int64_t bad_diagonal = 0;
+      for (int64_t b = 0; b < g.batch && g.diagonal != 0.0f; ++b)
+        for (int64_t i = 0; i < g.m; ++i) {
+          float& r = ref[static_cast<size_t>(b * g.m * g.n + i * g.n + i)];
+          const float tolerance = 1e-2f * (std::fabs(r) + std::fabs(g.diagonal)) + 1e-3f;
+          r += g.diagonal;
+          bad_diagonal +=
+              std::fabs(got[static_cast<size_t>(b * g.m * g.n + i * g.n + i)] - r) > tolerance;
+        }
+      BOOST_TEST(bad_diagonal == 0);
       const double error = relative_error(got, ref);
-      BOOST_TEST_MESSAGE("own GEMM " << g.batch << " x [" << g.m << ", " << g.n << "] over k "
-                                     << g.k << (g.symmetric ? " (symmetric)" : "")
-                                     << (g.c_is_p ? " (C is P)" : "") << ", block shape "
-                                     << static_cast<int>(shape)
-                                     << ": relative difference to cuBLAS " << error);
+      BOOST_TEST_MESSAGE("own GEMM "
+                         << g.batch << " x [" << g.m << ", " << g.n << "] over k " << g.k
+                         << (g.symmetric ? " (symmetric)" : "") << (g.c_is_p ? " (C is P)" : "")
+                         << (g.diagonal != 0.0f ? " (+ diagonal)" : "") << ", block shape "
+                         << static_cast<int>(shape) << ": relative difference to cuBLAS " << error);
       BOOST_TEST(error <= 1e-2);
       if (g.symmetric) {
         int64_t asymmetric = 0;

@@ -7,12 +7,14 @@
 // each, and the Muon matrices of a GPT-2 124M and a Llama-style 1B table batched by shape
 // ("TABLE table" rows: batch = matrices, "graph ms" holds the full-GEMM floor at the measured
 // ceiling). Each timing: input restored, stream idle, events around the one call (so host
-// launch overhead counts), median of --reps. Prints a table and, with --json PATH, writes the
-// figures for bench/ns_torch.py's final table. Then the symmetric products' sweep (standard
-// iteration): every shape and table again at each smallest block side of --sym (0: full
+// launch overhead counts), median of --reps. The shapes' rows time fp32 in and out, and (the
+// "bf16 ms" column) bf16 in and out, which is what the step runs. Prints a table and, with --json
+// PATH, writes the figures for bench/ns_torch.py's final table. Then the symmetric products' sweep
+// (standard iteration): every shape and table again at each smallest block side of --sym (0: full
 // products), direct and replayed from graphs, with the blocks per side used.
 //
-//   bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024]
+//   bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024] [--only 4096x4096,...]
+//                                    # --only: those shapes' rows (and sweep), no tables
 //   bench_ns [--reps N] --tables     # the tables only, group by group (ZMUON_GEMM_CANDIDATES=N
 //                                    # times N cuBLASLt algorithms per shape instead of 8)
 //   bench_ns [--reps N] --split      # one group as one call against its sub-batches, serial
@@ -117,11 +119,24 @@ struct result {
   double ms;  // the backend as the engine runs it (its default variant, cuBLASLt GEMMs)
   double tflops;
   double copy_ms;                    // the fallback path: copy C into D, cublasGemmStridedBatchedEx
+  double bf16_ms;                    // bf16 in and out, as the step's coordinator calls it
   double graph_ms;                   // the iterations' GEMMs replayed from a CUDA graph
   double enqueue_ms;                 // host time to enqueue one call (launch overhead)
   const char* variant = "standard";  // what the default variant ran
   double standard_ms = 0;            // the standard iteration, where the default ran Gram
 };
+
+/// "a,b,c" -> {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> items;
+  for (size_t at = 0; at <= list.size();) {
+    const size_t comma = std::min(list.find(',', at), list.size());
+    if (comma > at)
+      items.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return items;
+}
 
 /// Median host milliseconds that `body` takes to return (it only enqueues).
 double median_enqueue_ms(const main_stream& stream, int reps, const std::function<void()>& body) {
@@ -144,6 +159,7 @@ int main(int argc, char* argv[]) {
   int reps = 20;
   std::string json_path;
   std::vector<int64_t> sym_sides = {0, 256, 512, 1024};
+  std::vector<std::string> only;  // --only: these shapes' rows, no tables
   // --variant / --schedule / --gram-restart / --steps: the variants table instead (issue 8).
   bool variants_mode = false;
   bool tables_mode = false;  // --tables: only the tables, group by group
@@ -155,6 +171,7 @@ int main(int argc, char* argv[]) {
   zmuon::ns_options variant_ns;
   const char* usage =
       "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024] [--update-flipped]\n"
+      "                [--only 4096x4096,8192x8192]\n"
       "       bench_ns [--reps N] --tables\n"
       "       bench_ns [--reps N] --split\n"
       "       bench_ns [--reps N] [--variant standard|gram|both] [--schedule ns5|polar_express]\n"
@@ -174,13 +191,10 @@ int main(int argc, char* argv[]) {
       json_path = argv[++i];
     } else if (arg == "--sym" && has_value) {
       sym_sides.clear();
-      const std::string list = argv[++i];
-      for (size_t at = 0; at <= list.size();) {
-        const size_t comma = std::min(list.find(',', at), list.size());
-        if (comma > at)
-          sym_sides.push_back(std::atoll(list.substr(at, comma - at).c_str()));
-        at = comma + 1;
-      }
+      for (const std::string& side : split_list(argv[++i]))
+        sym_sides.push_back(std::atoll(side.c_str()));
+    } else if (arg == "--only" && has_value) {
+      only = split_list(argv[++i]);
     } else if (arg == "--variant" && has_value) {
       variants_mode = true;
       const std::string v = argv[++i];
@@ -247,11 +261,26 @@ int main(int argc, char* argv[]) {
     const zmuon::ns_options ns = zmuon::automatic_ns();
     zmuon::ns_options standard = ns;
     standard.variant = zmuon::ns_variant::standard;
-    const std::vector<shape> shapes = {
+    std::vector<shape> shapes = {
         {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
         {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"8192x8192", 1, 8192, 8192},
         {"48x768x768", 48, 768, 768},
     };
+    if (!only.empty()) {
+      for (const std::string& label : only) {
+        if (std::none_of(shapes.begin(), shapes.end(),
+                         [&](const shape& s) { return s.label == label; })) {
+          std::fprintf(stderr, "bench_ns: --only %s: no such shape\n%s", label.c_str(), usage);
+          return 2;
+        }
+      }
+      shapes.erase(std::remove_if(shapes.begin(), shapes.end(),
+                                  [&](const shape& s) {
+                                    return std::find(only.begin(), only.end(), s.label)
+                                           == only.end();
+                                  }),
+                   shapes.end());
+    }
     std::vector<result> results;
     for (const shape& s : shapes) {
       table_buffers buffers({s.label, {s}}, 7);  // one group: the shape's input, kept pristine
@@ -266,11 +295,17 @@ int main(int argc, char* argv[]) {
         }
         return median_ms(stream, reps, restore, body);
       };
-      result r{s, 0, 0, 0, 0, 0};
+      result r{s, 0, 0, 0, 0, 0, 0};
       backend.set_ns_gemm_path(zmuon::gpu::gemm_path::copy_then_gemm);
       r.copy_ms = measure(run);
       backend.set_ns_gemm_path(zmuon::gpu::gemm_path::lt);
       r.ms = measure(run);
+      {
+        const auto restore16 = [&] { buffers.restore(stream, true); };
+        const auto run16 = [&] { buffers.run(backend, ns, true); };
+        warm_up(restore16, run16);
+        r.bf16_ms = median_ms(stream, reps, restore16, run16);
+      }
       r.tflops = flops(r.ms);
       r.enqueue_ms = median_enqueue_ms(stream, reps, run);
       backend.set_ns_graphs(zmuon::gpu::graph_mode::on);
@@ -290,7 +325,7 @@ int main(int argc, char* argv[]) {
           for (int64_t k = 0; k < s.batch; ++k)
             backend.newton_schulz(x + k * per, 1, s.rows, s.cols, ns);
         };
-        result l{shape{s.label + " loop", s.batch, s.rows, s.cols}, 0, 0, 0, 0, 0};
+        result l{shape{s.label + " loop", s.batch, s.rows, s.cols}, 0, 0, 0, 0, 0, 0};
         l.ms = measure(loop);
         l.tflops = flops(l.ms);
         l.enqueue_ms = median_enqueue_ms(stream, reps, loop);
@@ -300,7 +335,7 @@ int main(int argc, char* argv[]) {
         results.push_back(l);
       }
     }
-    const std::vector<table> tables = parameter_tables();
+    const std::vector<table> tables = only.empty() ? parameter_tables() : std::vector<table>{};
     for (const table& t : tables) {
       double flops = 0;
       int64_t matrices = 0;
@@ -312,7 +347,7 @@ int main(int argc, char* argv[]) {
       const auto restore = [&] { buffers.restore(stream); };
       const auto run = [&] { buffers.run(backend, ns); };
       warm_up(restore, run);
-      result r{shape{t.label + " table", matrices, 0, 0}, 0, 0, 0, 0, 0};
+      result r{shape{t.label + " table", matrices, 0, 0}, 0, 0, 0, 0, 0, 0};
       r.ms = median_ms(stream, std::max(3, reps / 4), restore, run);
       r.tflops = flops / (r.ms * 1e-3) / 1e12;
       r.enqueue_ms = median_enqueue_ms(stream, std::max(3, reps / 4), run);
@@ -368,17 +403,18 @@ int main(int argc, char* argv[]) {
     std::printf("\nzmuon NS5 (cuda backend, bf16 GEMMs, fp32 in/out), median of %d\n", reps);
     std::printf(
         "(the engine's default variant, named; standard: the plain iteration where that is "
-        "Gram; copy: C copied into D + cublasGemmStridedBatchedEx; graph: the GEMMs replayed "
-        "from a CUDA graph; enqueue: host time to issue the call)\n");
-    std::printf("%-18s %-9s %10s %10s %9s %12s %10s %10s %10s\n", "shape", "variant", "ms",
-                "TFLOP/s", "ceiling", "standard ms", "copy ms", "graph ms", "enqueue");
+        "Gram; copy: C copied into D + cublasGemmStridedBatchedEx; bf16: bf16 in and out, as "
+        "the step's coordinator calls it; graph: the GEMMs replayed from a CUDA graph; enqueue: "
+        "host time to issue the call)\n");
+    std::printf("%-18s %-9s %10s %10s %9s %12s %10s %10s %10s %10s\n", "shape", "variant", "ms",
+                "TFLOP/s", "ceiling", "standard ms", "copy ms", "bf16 ms", "graph ms", "enqueue");
     for (const result& r : results) {
       char standard_text[16] = "";
       if (r.standard_ms > 0)
         std::snprintf(standard_text, sizeof standard_text, "%.3f", r.standard_ms);
-      std::printf("%-18s %-9s %10.3f %10.1f %8.0f%% %12s %10.3f %10.3f %10.3f\n", r.s.label.c_str(),
-                  r.variant, r.ms, r.tflops, 100.0 * r.tflops / top.gemm_tflops, standard_text,
-                  r.copy_ms, r.graph_ms, r.enqueue_ms);
+      std::printf("%-18s %-9s %10.3f %10.1f %8.0f%% %12s %10.3f %10.3f %10.3f %10.3f\n",
+                  r.s.label.c_str(), r.variant, r.ms, r.tflops, 100.0 * r.tflops / top.gemm_tflops,
+                  standard_text, r.copy_ms, r.bf16_ms, r.graph_ms, r.enqueue_ms);
     }
     if (!json_path.empty()) {
       std::ofstream out(json_path);
@@ -391,8 +427,9 @@ int main(int argc, char* argv[]) {
         out << "    {\"label\": \"" << r.s.label << "\", \"batch\": " << r.s.batch
             << ", \"rows\": " << r.s.rows << ", \"cols\": " << r.s.cols << ", \"ms\": " << r.ms
             << ", \"tflops\": " << r.tflops << ", \"copy_ms\": " << r.copy_ms
-            << ", \"graph_ms\": " << r.graph_ms << ", \"enqueue_ms\": " << r.enqueue_ms
-            << ", \"variant\": \"" << r.variant << "\", \"standard_ms\": " << r.standard_ms << "}"
+            << ", \"bf16_ms\": " << r.bf16_ms << ", \"graph_ms\": " << r.graph_ms
+            << ", \"enqueue_ms\": " << r.enqueue_ms << ", \"variant\": \"" << r.variant
+            << "\", \"standard_ms\": " << r.standard_ms << "}"
             << (i + 1 < results.size() ? ",\n" : "\n");
       }
       out << "  ]\n}\n";

@@ -431,6 +431,7 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
       }
       own_b.alpha = abc[2];
       own_b.beta = abc[1];
+      own_b.diagonal = abc[0];  // B' = B + a*I in the epilogue
       sm90_gemm(stream, own_b);
     } else if (k > 1) {
       // A's upper blocks, and A's lower blocks into B (the beta * A term of B's GEMM).
@@ -443,8 +444,10 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
     } else {
       gemm_.run(stream, square_shape, abc[2], a_.data(), a_.data(), abc[1], a_.data(), b_.data());
     }
-    // B' = B + a*I, so that X' = B' X reads X once (as a GEMM operand, not again as its C).
-    launch_add_to_diagonal(stream, b_.data(), m, batch, abc[0]);
+    // B' = B + a*I, so that X' = B' X reads X once (as a GEMM operand, not again as its C);
+    // the own GEMM adds it before rounding B.
+    if (!own_square)
+      launch_add_to_diagonal(stream, b_.data(), m, batch, abc[0]);
     if (tall) {
       gemm_.run(stream, update_shape, 1.0f, b_.data(), cur, 0.0f, next, next);
     } else {

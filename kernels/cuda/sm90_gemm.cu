@@ -59,6 +59,7 @@ struct kernel_params {
   int symmetric;
   float alpha;
   float beta;
+  float diagonal;  // added where row == col (diagonal tiles only)
   const __nv_bfloat16* c;
   int64_t ld_c, stride_c;
   __nv_bfloat16* d;
@@ -237,6 +238,8 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
         v[2 * e + 1] += prm.beta * __high2float(old[e]);
       }
     }
+    if (tile_m == tile_n && row >= col && row < col + 8)  // this run holds (row, row)
+      v[row - col] += prm.diagonal;
     uint4 out;
     __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
@@ -497,6 +500,8 @@ std::string misfit(const sm90_gemm_args& a) {
     return "more than 2^31 - 1 tiles in all (the grid's size)";
   if (a.symmetric && a.m != a.n)
     return "a symmetric product must be square";
+  if (a.diagonal != 0.0f && a.m != a.n)
+    return "a diagonal term needs a square product";
   if (!sm90_gemm_fits(a))
     return "every operand's rows and matrices must be 16-byte aligned (ld and stride multiples "
            "of 8), with ld at least the row's length";
@@ -518,7 +523,8 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
                  || (a.c.data != nullptr && aligned(a.c.data) && a.c.ld >= a.n && a.c.ld % 8 == 0
                      && a.c.stride % 8 == 0);
   const bool symmetric = !a.symmetric || a.m == a.n;
-  return sides && rows && c && symmetric;
+  const bool diagonal = a.diagonal == 0.0f || a.m == a.n;
+  return sides && rows && c && symmetric && diagonal;
 }
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
@@ -558,6 +564,7 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   prm.symmetric = a.symmetric ? 1 : 0;
   prm.alpha = a.alpha;
   prm.beta = a.beta;
+  prm.diagonal = a.diagonal;
   if (a.beta != 0.0f) {
     prm.c = a.c.data;
     prm.ld_c = a.c.ld;
