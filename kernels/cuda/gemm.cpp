@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/owners.hpp"
@@ -155,51 +156,58 @@ bool gemm_runner::can_repeat(const operands& x) const {
 gemm_runner::choice gemm_runner::fastest(const gemm_shape& g, const plan& p, const operands& x,
                                          const cublasLtMatmulHeuristicResult_t* candidates,
                                          int count) {
-  constexpr int kWarmups = 1;
+  // Each candidate runs kReps times back to back per round, the candidates in turn, kRounds
+  // rounds: the device's clock drifts as it warms, and interleaving spreads that over all of
+  // them. The least total time wins.
+  constexpr int kRounds = 3;
   constexpr int kReps = 3;
   cuda_event start;
   cuda_event stop;
-  // Milliseconds of kReps calls after the warm-ups, or a negative value when a call refuses.
-  const auto time = [&](const auto& once) {
-    for (int w = 0; w < kWarmups; ++w)
-      if (once() != CUBLAS_STATUS_SUCCESS)
-        return -1.0f;
-    start.record(x.stream);
-    for (int r = 0; r < kReps; ++r)
-      ZMUON_CUBLAS_CHECK(once());
-    stop.record(x.stream);
-    ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-    float ms = 0.0f;
-    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    return ms;
+  const auto lt_call = [&](int i) {
+    return cublasLtMatmul(lt_, p.desc.get(), &x.alpha, x.a, p.a.get(), x.b, p.b.get(), &x.beta, x.c,
+                          p.cd.get(), x.d, p.cd.get(), &candidates[i].algo, workspace_.data(),
+                          workspace_.bytes(), x.stream);
   };
-  choice best{candidates[0].algo, false};
-  float best_ms = -1.0f;
-  for (int i = 0; i < count; ++i) {
-    const float ms = time([&] {
-      return cublasLtMatmul(lt_, p.desc.get(), &x.alpha, x.a, p.a.get(), x.b, p.b.get(), &x.beta,
-                            x.c, p.cd.get(), x.d, p.cd.get(), &candidates[i].algo,
-                            workspace_.data(), workspace_.bytes(), x.stream);
-    });
-    if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms)) {
-      best_ms = ms;
-      best = choice{candidates[i].algo, false};
+  // cublasGemmStridedBatchedEx is a candidate too where it needs no copy of C into D (its own
+  // heuristic may pick kernels cuBLASLt's first candidates do not offer; docs/NOTES.md session
+  // 18; the environment's ZMUON_GEMM_NO_LEGACY leaves it out).
+  static const bool legacy_wanted = std::getenv("ZMUON_GEMM_NO_LEGACY") == nullptr;
+  const bool legacy = legacy_wanted && (x.beta == 0.0f || x.c == x.d);
+  const auto legacy_call = [&] {
+    return cublasGemmStridedBatchedEx(cublas_, g.op_a, g.op_b, g.m, g.n, g.k, &x.alpha, x.a,
+                                      CUDA_R_16BF, g.lda, g.stride_a, x.b, CUDA_R_16BF, g.ldb,
+                                      g.stride_b, &x.beta, x.d, CUDA_R_16BF, g.ldc, g.stride_c,
+                                      g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  };
+  const int total = count + (legacy ? 1 : 0);  // index `count` is the legacy call
+  const auto call = [&](int i) { return i < count ? lt_call(i) : legacy_call(); };
+  std::vector<float> ms(static_cast<size_t>(total), 0.0f);
+  // A candidate that refuses its warm-up call is out (-1).
+  for (int i = 0; i < total; ++i)
+    if (call(i) != CUBLAS_STATUS_SUCCESS)
+      ms[static_cast<size_t>(i)] = -1.0f;
+  for (int round = 0; round < kRounds; ++round) {
+    for (int i = 0; i < total; ++i) {
+      if (ms[static_cast<size_t>(i)] < 0.0f)
+        continue;
+      start.record(x.stream);
+      for (int r = 0; r < kReps; ++r)
+        ZMUON_CUBLAS_CHECK(call(i));
+      stop.record(x.stream);
+      ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+      float elapsed = 0.0f;
+      ZMUON_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
+      ms[static_cast<size_t>(i)] += elapsed;
     }
   }
-  // cublasGemmStridedBatchedEx is a candidate too where it needs no copy of C into D (its own
-  // heuristic picked faster kernels than cuBLASLt's first candidates for NS's square update,
-  // docs/NOTES.md session 18).
-  if (x.beta == 0.0f || x.c == x.d) {
-    const float ms = time([&] {
-      return cublasGemmStridedBatchedEx(cublas_, g.op_a, g.op_b, g.m, g.n, g.k, &x.alpha, x.a,
-                                        CUDA_R_16BF, g.lda, g.stride_a, x.b, CUDA_R_16BF, g.ldb,
-                                        g.stride_b, &x.beta, x.d, CUDA_R_16BF, g.ldc, g.stride_c,
-                                        g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    });
-    if (ms >= 0.0f && (best_ms < 0.0f || ms < best_ms))
-      best = choice{candidates[0].algo, true};
-  }
-  return best;
+  int best = -1;
+  for (int i = 0; i < total; ++i)
+    if (ms[static_cast<size_t>(i)] >= 0.0f
+        && (best < 0 || ms[static_cast<size_t>(i)] < ms[static_cast<size_t>(best)]))
+      best = i;
+  if (best < 0 || best == count)
+    return choice{candidates[0].algo, best == count};
+  return choice{candidates[best].algo, false};
 }
 
 void gemm_runner::run(cudaStream_t stream, const gemm_shape& g, float alpha, const __nv_bfloat16* a,
