@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <utility>
-#include <vector>
 
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/owners.hpp"
@@ -57,7 +56,7 @@ matrix_layout make_layout(int rows, int cols, int ld, int64_t stride, int batch)
 struct gemm_runner::plan {
   matmul_desc desc;
   matrix_layout a, b, cd;
-  choice chosen;
+  cublasLtMatmulAlgo_t algo;
 };
 
 gemm_runner::gemm_runner(cublasHandle_t cublas) : cublas_(cublas), workspace_(kWorkspaceBytes) {
@@ -117,19 +116,19 @@ const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g, const opera
     plans_.emplace(k, nullptr);  // remembered: the fallback path, without asking again
     return nullptr;
   }
-  p->chosen = choice{results[0].algo, false};
-  if (autotune_ && can_repeat(x)) {
+  p->algo = results[0].algo;
+  if (found_count > 1 && can_repeat(x)) {
     // One choice per shape and device for the whole process, so that every rank's backend
     // runs the same algorithm and results do not depend on which backend timed what.
     static std::mutex chosen_mutex;
-    static std::map<std::pair<int, key>, choice> chosen;
+    static std::map<std::pair<int, key>, cublasLtMatmulAlgo_t> chosen;
     int device = 0;
     ZMUON_CUDA_CHECK(cudaGetDevice(&device));
     const std::lock_guard<std::mutex> lock(chosen_mutex);
     const auto earlier = chosen.find({device, k});
-    p->chosen = earlier != chosen.end()
-                    ? earlier->second
-                    : (chosen[{device, k}] = fastest(g, *p, x, results.data(), found_count));
+    p->algo = earlier != chosen.end()
+                  ? earlier->second
+                  : (chosen[{device, k}] = fastest(*p, x, results.data(), found_count));
   }
   return plans_.emplace(k, std::move(p)).first->second.get();
 }
@@ -153,61 +152,39 @@ bool gemm_runner::can_repeat(const operands& x) const {
   return capture == cudaStreamCaptureStatusNone;
 }
 
-gemm_runner::choice gemm_runner::fastest(const gemm_shape& g, const plan& p, const operands& x,
-                                         const cublasLtMatmulHeuristicResult_t* candidates,
-                                         int count) {
-  // Each candidate runs kReps times back to back per round, the candidates in turn, kRounds
-  // rounds: the device's clock drifts as it warms, and interleaving spreads that over all of
-  // them. The least total time wins.
-  constexpr int kRounds = 3;
+cublasLtMatmulAlgo_t gemm_runner::fastest(const plan& p, const operands& x,
+                                          const cublasLtMatmulHeuristicResult_t* candidates,
+                                          int count) {
+  constexpr int kWarmups = 1;
   constexpr int kReps = 3;
   cuda_event start;
   cuda_event stop;
-  const auto lt_call = [&](int i) {
-    return cublasLtMatmul(lt_, p.desc.get(), &x.alpha, x.a, p.a.get(), x.b, p.b.get(), &x.beta, x.c,
-                          p.cd.get(), x.d, p.cd.get(), &candidates[i].algo, workspace_.data(),
-                          workspace_.bytes(), x.stream);
-  };
-  // cublasGemmStridedBatchedEx is a candidate too where it needs no copy of C into D (its own
-  // heuristic may pick kernels cuBLASLt's first candidates do not offer; docs/NOTES.md session
-  // 18; the environment's ZMUON_GEMM_NO_LEGACY leaves it out).
-  static const bool legacy_wanted = std::getenv("ZMUON_GEMM_NO_LEGACY") == nullptr;
-  const bool legacy = legacy_wanted && (x.beta == 0.0f || x.c == x.d);
-  const auto legacy_call = [&] {
-    return cublasGemmStridedBatchedEx(cublas_, g.op_a, g.op_b, g.m, g.n, g.k, &x.alpha, x.a,
-                                      CUDA_R_16BF, g.lda, g.stride_a, x.b, CUDA_R_16BF, g.ldb,
-                                      g.stride_b, &x.beta, x.d, CUDA_R_16BF, g.ldc, g.stride_c,
-                                      g.batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  };
-  const int total = count + (legacy ? 1 : 0);  // index `count` is the legacy call
-  const auto call = [&](int i) { return i < count ? lt_call(i) : legacy_call(); };
-  std::vector<float> ms(static_cast<size_t>(total), 0.0f);
-  // A candidate that refuses its warm-up call is out (-1).
-  for (int i = 0; i < total; ++i)
-    if (call(i) != CUBLAS_STATUS_SUCCESS)
-      ms[static_cast<size_t>(i)] = -1.0f;
-  for (int round = 0; round < kRounds; ++round) {
-    for (int i = 0; i < total; ++i) {
-      if (ms[static_cast<size_t>(i)] < 0.0f)
-        continue;
-      start.record(x.stream);
-      for (int r = 0; r < kReps; ++r)
-        ZMUON_CUBLAS_CHECK(call(i));
-      stop.record(x.stream);
-      ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
-      float elapsed = 0.0f;
-      ZMUON_CUDA_CHECK(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
-      ms[static_cast<size_t>(i)] += elapsed;
+  cublasLtMatmulAlgo_t best = candidates[0].algo;
+  float best_ms = 0.0f;
+  for (int i = 0; i < count; ++i) {
+    const auto once = [&] {
+      return cublasLtMatmul(lt_, p.desc.get(), &x.alpha, x.a, p.a.get(), x.b, p.b.get(), &x.beta,
+                            x.c, p.cd.get(), x.d, p.cd.get(), &candidates[i].algo,
+                            workspace_.data(), workspace_.bytes(), x.stream);
+    };
+    bool usable = true;
+    for (int w = 0; w < kWarmups && usable; ++w)
+      usable = once() == CUBLAS_STATUS_SUCCESS;
+    if (!usable)
+      continue;
+    start.record(x.stream);
+    for (int r = 0; r < kReps; ++r)
+      ZMUON_CUBLAS_CHECK(once());
+    stop.record(x.stream);
+    ZMUON_CUDA_CHECK(cudaEventSynchronize(stop.get()));
+    float ms = 0.0f;
+    ZMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, start.get(), stop.get()));
+    if (i == 0 || ms < best_ms) {
+      best_ms = ms;
+      best = candidates[i].algo;
     }
   }
-  int best = -1;
-  for (int i = 0; i < total; ++i)
-    if (ms[static_cast<size_t>(i)] >= 0.0f
-        && (best < 0 || ms[static_cast<size_t>(i)] < ms[static_cast<size_t>(best)]))
-      best = i;
-  if (best < 0 || best == count)
-    return choice{candidates[0].algo, best == count};
-  return choice{candidates[best].algo, false};
+  return best;
 }
 
 void gemm_runner::run(cudaStream_t stream, const gemm_shape& g, float alpha, const __nv_bfloat16* a,
@@ -215,10 +192,10 @@ void gemm_runner::run(cudaStream_t stream, const gemm_shape& g, float alpha, con
                       __nv_bfloat16* d) {
   const plan* p =
       path_ == gemm_path::lt ? find_plan(g, operands{stream, alpha, a, b, beta, c, d}) : nullptr;
-  if (p != nullptr && !p->chosen.legacy) {
+  if (p != nullptr) {
     const cublasStatus_t status = cublasLtMatmul(
         lt_, p->desc.get(), &alpha, a, p->a.get(), b, p->b.get(), &beta, c, p->cd.get(), d,
-        p->cd.get(), &p->chosen.algo, workspace_.data(), workspace_.bytes(), stream);
+        p->cd.get(), &p->algo, workspace_.data(), workspace_.bytes(), stream);
     if (status == CUBLAS_STATUS_SUCCESS)
       return;
     if (status != CUBLAS_STATUS_NOT_SUPPORTED)

@@ -3,9 +3,8 @@
 // writes D), which lets Newton-Schulz fold b*A and a*X into the GEMMs without copying A or X
 // first. Plans (descriptors and an algorithm) are cached per shape: the first call of a shape
 // times the heuristic's first candidates() algorithms on its own operands and keeps the fastest
-// (cuBLASLt's first choice is often not, for the odd sizes NS runs), with
-// cublasGemmStridedBatchedEx timed beside them where it needs no copy (beta 0 or C == D). When
-// cuBLASLt offers no algorithm, or the copy path is asked for, D = C is copied and
+// (cuBLASLt's first choice is often not, for the odd sizes NS runs). When cuBLASLt
+// offers no algorithm, or the copy path is asked for, D = C is copied and
 // cublasGemmStridedBatchedEx runs with beta on D.
 #pragma once
 
@@ -68,11 +67,6 @@ public:
 
 private:
   struct plan;
-  /// What runs a shape: one of cuBLASLt's algorithms, or cublasGemmStridedBatchedEx (legacy).
-  struct choice {
-    cublasLtMatmulAlgo_t algo;
-    bool legacy;
-  };
   /// One call's operands (what timing the candidates runs on).
   struct operands {
     cudaStream_t stream;
@@ -89,8 +83,8 @@ private:
   /// The cached plan for g, or nullptr when cuBLASLt has no algorithm for it.
   const plan* find_plan(const gemm_shape& g, const operands& x);
   bool can_repeat(const operands& x) const;
-  choice fastest(const gemm_shape& g, const plan& p, const operands& x,
-                 const cublasLtMatmulHeuristicResult_t* candidates, int count);
+  cublasLtMatmulAlgo_t fastest(const plan& p, const operands& x,
+                               const cublasLtMatmulHeuristicResult_t* candidates, int count);
 
   cublasHandle_t cublas_;
   cublasLtHandle_t lt_ = nullptr;

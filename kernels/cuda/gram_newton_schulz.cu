@@ -101,14 +101,11 @@ void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int
   const bool own = own_gemm_ && own_gemm_device_;
   const bool own_gram = own && !tall && sm90_gemm_suits_symmetric(batch, m, n);
   const bool own_square = own && sm90_gemm_suits_symmetric(batch, m, m);
-  // D = alpha * P Q + beta * C + diagonal * I for [m, m] matrices (the own GEMM adds the
-  // diagonal before rounding D, cuBLAS's path in a pass of its own).
+  // D = alpha * P Q + beta * C for [m, m] matrices.
   const auto product = [&](float alpha, const __nv_bfloat16* p, const __nv_bfloat16* q, float beta,
-                           const __nv_bfloat16* c, __nv_bfloat16* d, float diagonal = 0.0f) {
+                           const __nv_bfloat16* c, __nv_bfloat16* d) {
     if (!own_square) {
       gemm_.run(stream, square, alpha, p, q, beta, beta != 0.0f ? c : d, d);
-      if (diagonal != 0.0f)
-        launch_add_to_diagonal(stream, d, m, batch, diagonal);
       return;
     }
     sm90_gemm_args g;
@@ -120,7 +117,6 @@ void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int
     g.beta = beta;
     g.c = {c, m, gram};
     g.d = {d, m, gram};
-    g.diagonal = diagonal;
     g.symmetric = true;
     sm90_gemm(stream, g);
   };
@@ -146,7 +142,8 @@ void gram_ns_workspace::block(cudaStream_t stream, int64_t batch, int64_t m, int
   // Z*R + a*R and T*Z + a*T are Z'*Q, Z'*R and T*Z', products that read no C.
   for (int j = 0; j < count; ++j) {
     const auto& abc = ns_coefficients_at(ns, first + j);
-    product(abc[2], r, r, abc[1], r, z, abc[0]);  // Z' = c*R*R + b*R + a*I
+    product(abc[2], r, r, abc[1], r, z);  // Z = c*R*R + b*R
+    launch_add_to_diagonal(stream, z, m, batch, abc[0]);
     const __nv_bfloat16* const z_plus = z;
     if (j == 0) {  // Q = Z'; z takes Q's free buffer for the next Z
       std::swap(q, z);

@@ -103,30 +103,23 @@ __global__ void matrix_sum_squares_kernel(const T* __restrict__ x, int64_t numel
     partial_sums[static_cast<int64_t>(blockIdx.x) * gridDim.y + blockIdx.y] = sum;
 }
 
-/// inv_norms[k] = 1 / (||x[k]|| + eps) and, when given, inv_squares[k] its square.
 __global__ void matrix_inv_norm_kernel(const double* __restrict__ partial_sums, int slices,
-                                       double eps, float* __restrict__ inv_norms,
-                                       float* __restrict__ inv_squares) {
+                                       double eps, float* __restrict__ inv_norms) {
   const double* parts = partial_sums + static_cast<int64_t>(blockIdx.x) * slices;
   double sum = 0.0;
   for (int i = static_cast<int>(threadIdx.x); i < slices; i += static_cast<int>(blockDim.x))
     sum += parts[i];
   sum = block_sum(sum);
-  if (threadIdx.x == 0) {
-    const double inv = 1.0 / (sqrt(sum) + eps);
-    inv_norms[blockIdx.x] = static_cast<float>(inv);
-    if (inv_squares != nullptr)
-      inv_squares[blockIdx.x] = static_cast<float>(inv * inv);
-  }
+  if (threadIdx.x == 0)
+    inv_norms[blockIdx.x] = static_cast<float>(1.0 / (sqrt(sum) + eps));
 }
 
-/// out = bf16(x * inv_norms[matrix]), or bf16(x) without inv_norms.
 template <int Width, class T>
 __global__ void to_bf16_scaled_kernel(const T* __restrict__ x, int64_t numel,
                                       const float* __restrict__ inv_norms,
                                       __nv_bfloat16* __restrict__ out) {
   const int64_t offset = static_cast<int64_t>(blockIdx.x) * numel;
-  const float factor = inv_norms != nullptr ? inv_norms[blockIdx.x] : 1.0f;
+  const float factor = inv_norms[blockIdx.x];
   const int64_t groups = numel / Width;
   const int64_t stride = static_cast<int64_t>(gridDim.y) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x; i < groups;
@@ -205,54 +198,6 @@ int slices_for(int64_t batch, int64_t numel, int sm_count) {
 
 [[noreturn]] void reject(const std::string& what) {
   throw failure(error(errc::invalid_argument, "newton_schulz: " + what));
-}
-
-/// What the normalization writes to `out`: x / (||x|| + eps), x itself (the norm folded into
-/// the first GEMMs), or nothing (those GEMMs read the caller's bf16 x).
-enum class normalized { scaled, raw, none };
-
-template <int Width, class T>
-void normalize_to_bf16(const launch_context& ctx, const T* x, int64_t batch, int64_t numel,
-                       double eps, double* partial_sums, float* inv_norms, float* inv_squares,
-                       __nv_bfloat16* out, normalized what) {
-  // No more slices than normalize_slices(batch, numel) reserved room for.
-  const int slices = slices_for(batch, numel / Width, ctx.sm_count);
-  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
-  matrix_sum_squares_kernel<Width><<<grid, kThreads, 0, ctx.stream>>>(x, numel, partial_sums);
-  ZMUON_LAUNCH_CHECK();
-  matrix_inv_norm_kernel<<<static_cast<unsigned>(batch), kThreads, 0, ctx.stream>>>(
-      partial_sums, slices, eps, inv_norms, inv_squares);
-  ZMUON_LAUNCH_CHECK();
-  if (what == normalized::none)
-    return;
-  to_bf16_scaled_kernel<Width><<<grid, kThreads, 0, ctx.stream>>>(
-      x, numel, what == normalized::scaled ? inv_norms : nullptr, out);
-  ZMUON_LAUNCH_CHECK();
-}
-
-template <class T>
-void normalize_to_bf16(const launch_context& ctx, const T* x, int64_t batch, int64_t numel,
-                       double eps, double* partial_sums, float* inv_norms, float* inv_squares,
-                       __nv_bfloat16* out, normalized what) {
-  // The same width for fp32 and bf16 inputs of the same layout: the sums' order, and so the
-  // norms' bits, then agree (bf16 calls give the fp32 calls' bits: ns_normalize.hpp).
-  if (vector_width(numel, {x, out}) == kWidth)
-    normalize_to_bf16<kWidth>(ctx, x, batch, numel, eps, partial_sums, inv_norms, inv_squares, out,
-                              what);
-  else
-    normalize_to_bf16<1>(ctx, x, batch, numel, eps, partial_sums, inv_norms, inv_squares, out,
-                         what);
-}
-
-void normalize_to_bf16(const launch_context& ctx, ns_io x, int64_t batch, int64_t numel, double eps,
-                       double* partial_sums, float* inv_norms, float* inv_squares,
-                       __nv_bfloat16* out, normalized what) {
-  if (x.bf16 != nullptr)
-    normalize_to_bf16(ctx, x.bf16, batch, numel, eps, partial_sums, inv_norms, inv_squares, out,
-                      what);
-  else
-    normalize_to_bf16(ctx, x.f32, batch, numel, eps, partial_sums, inv_norms, inv_squares, out,
-                      what);
 }
 
 }  // namespace
@@ -369,12 +314,16 @@ void ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_
   moved |= x_next_.reserve(batch * numel);
   moved |= a_.reserve(batch * m * m);
   moved |= b_.reserve(batch * m * m);
-  moved |= inv_norms_.reserve(2 * batch);
   if (moved) {  // these point into the old buffers
     graphs_.clear();
     block_pointers_.clear();
   }
   partial_sums_.reserve(batch * slices_for(batch, numel, ctx.sm_count));
+  inv_norms_.reserve(batch);
+
+  // X = x / (||x||_F + eps), per matrix, in bf16.
+  launch_normalize_to_bf16(ctx, x, batch, numel, static_cast<double>(ns.eps), partial_sums_.data(),
+                           inv_norms_.data(), x_.data());
 
   // Outside any graph capture: the symmetric products' pointer arrays for this shape.
   const int64_t blocks = symmetric_blocks(m, batch);
@@ -384,37 +333,24 @@ void ns_workspace::run(const launch_context& ctx, ns_io x, int64_t batch, int64_
   const graph_exec* graph = ns.steps > 0 && graphs_wanted(batch, m, n)
                                 ? graph_for(ctx.stream, batch, m, n, tall, ns)
                                 : nullptr;
-  // bf16 in and out: the last iteration writes x itself (no copy back), unless A = X X^T runs
-  // on block pointer arrays, which point into x_ and x_next_ only.
-  const bool pointers_into_x = blocks > 1 && !own_gram_product(batch, m, n, tall);
-  const bool lands =
-      graph == nullptr && lands_in_caller_buffer(x) && ns.steps > 0 && !pointers_into_x;
-  // X = x / (||x||_F + eps) per matrix in bf16 into x_; where folds_norm(), only the norms, with
-  // x itself into x_ unless the first iteration can read it where it is.
-  const bool folded = ns.steps > 0 && folds_norm(batch, m, n, tall);
-  const bool reads_caller = folded && lands && ns.steps >= 2;
-  normalize_to_bf16(ctx, x, batch, numel, static_cast<double>(ns.eps), partial_sums_.data(),
-                    inv_norms_.data(), folded ? inv_norms_.data() + batch : nullptr, x_.data(),
-                    !folded        ? normalized::scaled
-                    : reads_caller ? normalized::none
-                                   : normalized::raw);
-
   if (graph != nullptr) {
     graph->launch(ctx.stream);
     // Back in place (fp32 or bf16); the layout never changed.
     launch_ns_result(ctx, ns.steps % 2 == 0 ? x_.data() : x_next_.data(), batch * numel, x);
     return;
   }
-  if (lands) {
-    iterate(ctx.stream, batch, m, n, tall, ns, x.bf16, reads_caller ? x.bf16 : nullptr);
+  // bf16 in and out: the last iteration writes x itself (no copy back), unless A = X X^T runs
+  // on block pointer arrays, which point into x_ and x_next_ only.
+  const bool pointers_into_x = blocks > 1 && !own_gram_product(batch, m, n, tall);
+  if (lands_in_caller_buffer(x) && ns.steps > 0 && !pointers_into_x) {
+    iterate(ctx.stream, batch, m, n, tall, ns, x.bf16);
     return;
   }
   launch_ns_result(ctx, iterate(ctx.stream, batch, m, n, tall, ns), batch * numel, x);
 }
 
 __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n,
-                                     bool tall, const ns_options& ns, __nv_bfloat16* out,
-                                     __nv_bfloat16* in) {
+                                     bool tall, const ns_options& ns, __nv_bfloat16* out) {
   // In cuBLAS's column-major terms a wide row-major X is Xc = X^T ([n, m], ld n), and a tall
   // row-major input is X itself ([m, n], ld m).
   const int mi = static_cast<int>(m);
@@ -467,21 +403,11 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
   own_b.d = {b_.data(), m, gram};
   own_b.symmetric = true;
 
-  // The normalization folded into the first products (folds_norm): A = (X X^T) / ||X||^2 and
-  // B' = (c A A + b A + a I) / ||X||, so that X' = B' X of X itself.
-  const bool folded = folds_norm(batch, m, n, tall);
-  const float* const inv_norm = inv_norms_.data();
-  const float* const inv_square = inv_norms_.data() + batch;
-
-  __nv_bfloat16* cur = in != nullptr ? in : x_.data();
+  __nv_bfloat16* cur = x_.data();
   for (int step = 0; step < ns.steps; ++step) {
-    __nv_bfloat16* next = nullptr;
-    if (in != nullptr)  // `in` is `out`: written only by the last step
-      next = step + 1 == ns.steps ? out : (step % 2 == 0 ? x_next_.data() : x_.data());
-    else if (out != nullptr)
-      next = step_output(step + 1, ns.steps, out, x_next_.data());
-    else
-      next = cur == x_.data() ? x_next_.data() : x_.data();
+    __nv_bfloat16* const next = out != nullptr
+                                    ? step_output(step + 1, ns.steps, out, x_next_.data())
+                                    : (cur == x_.data() ? x_next_.data() : x_.data());
     // As the host backend: the schedule (if any) has ns.steps entries; the modulo only guards.
     const auto& abc = ns.schedule.empty()
                           ? ns.coefficients
@@ -489,7 +415,6 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
     // A = X X^T.
     if (own_gram) {
       own_a.p = own_a.q = {cur, n, numel};
-      own_a.scale = folded && step == 0 ? inv_square : nullptr;
       sm90_gemm(stream, own_a);
     } else if (k > 1) {
       const int parity = cur == x_.data() ? 0 : 1;
@@ -506,8 +431,6 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
       }
       own_b.alpha = abc[2];
       own_b.beta = abc[1];
-      own_b.diagonal = abc[0];  // B' = B + a*I in the epilogue
-      own_b.scale = folded && step == 0 ? inv_norm : nullptr;
       sm90_gemm(stream, own_b);
     } else if (k > 1) {
       // A's upper blocks, and A's lower blocks into B (the beta * A term of B's GEMM).
@@ -520,10 +443,8 @@ __nv_bfloat16* ns_workspace::iterate(cudaStream_t stream, int64_t batch, int64_t
     } else {
       gemm_.run(stream, square_shape, abc[2], a_.data(), a_.data(), abc[1], a_.data(), b_.data());
     }
-    // B' = B + a*I, so that X' = B' X reads X once (as a GEMM operand, not again as its C);
-    // the own GEMM adds it before rounding B.
-    if (!own_square)
-      launch_add_to_diagonal(stream, b_.data(), m, batch, abc[0]);
+    // B' = B + a*I, so that X' = B' X reads X once (as a GEMM operand, not again as its C).
+    launch_add_to_diagonal(stream, b_.data(), m, batch, abc[0]);
     if (tall) {
       gemm_.run(stream, update_shape, 1.0f, b_.data(), cur, 0.0f, next, next);
     } else {
@@ -591,11 +512,43 @@ int normalize_slices(int64_t batch, int64_t numel, int sm_count) {
   return slices_for(batch, numel, sm_count);
 }
 
+namespace {
+
+template <int Width, class T>
+void normalize_to_bf16(const launch_context& ctx, const T* x, int64_t batch, int64_t numel,
+                       double eps, double* partial_sums, float* inv_norms, __nv_bfloat16* out) {
+  // No more slices than normalize_slices(batch, numel) reserved room for.
+  const int slices = slices_for(batch, numel / Width, ctx.sm_count);
+  const dim3 grid(static_cast<unsigned>(batch), static_cast<unsigned>(slices));
+  matrix_sum_squares_kernel<Width><<<grid, kThreads, 0, ctx.stream>>>(x, numel, partial_sums);
+  ZMUON_LAUNCH_CHECK();
+  matrix_inv_norm_kernel<<<static_cast<unsigned>(batch), kThreads, 0, ctx.stream>>>(
+      partial_sums, slices, eps, inv_norms);
+  ZMUON_LAUNCH_CHECK();
+  to_bf16_scaled_kernel<Width><<<grid, kThreads, 0, ctx.stream>>>(x, numel, inv_norms, out);
+  ZMUON_LAUNCH_CHECK();
+}
+
+template <class T>
+void normalize_to_bf16(const launch_context& ctx, const T* x, int64_t batch, int64_t numel,
+                       double eps, double* partial_sums, float* inv_norms, __nv_bfloat16* out) {
+  // The same width for fp32 and bf16 inputs of the same layout: the sums' order, and so the
+  // norms' bits, then agree (bf16 calls give the fp32 calls' bits: ns_normalize.hpp).
+  if (vector_width(numel, {x, out}) == kWidth)
+    normalize_to_bf16<kWidth>(ctx, x, batch, numel, eps, partial_sums, inv_norms, out);
+  else
+    normalize_to_bf16<1>(ctx, x, batch, numel, eps, partial_sums, inv_norms, out);
+}
+
+}  // namespace
+
 void launch_normalize_to_bf16(const launch_context& ctx, ns_io x, int64_t batch, int64_t numel,
                               double eps, double* partial_sums, float* inv_norms,
                               __nv_bfloat16* out) {
-  normalize_to_bf16(ctx, x, batch, numel, eps, partial_sums, inv_norms, nullptr, out,
-                    normalized::scaled);
+  if (x.bf16 != nullptr)
+    normalize_to_bf16(ctx, x.bf16, batch, numel, eps, partial_sums, inv_norms, out);
+  else
+    normalize_to_bf16(ctx, x.f32, batch, numel, eps, partial_sums, inv_norms, out);
 }
 
 void launch_add_to_diagonal(cudaStream_t stream, __nv_bfloat16* b, int64_t m, int64_t batch,

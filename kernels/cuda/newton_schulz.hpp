@@ -99,21 +99,11 @@ public:
   int64_t bytes() const;
 
 private:
-  /// Enqueues the `ns.steps` iterations from x_; returns the final X. x_ holds X normalized, or
-  /// where folds_norm(), X itself: the first iteration's products then take 1/||X||^2 (A) and
-  /// 1/||X|| (B') from inv_norms_ as the own GEMM's scale. They alternate between x_ and
-  /// x_next_, or, given `out`, between `out` and x_next_ so that the last one writes `out`
-  /// (step_output), which needs no pointer arrays into X (see run()). Given `in` as well (X
-  /// itself where folds_norm(), and ns.steps >= 2), the first reads `in` in place of x_, and
-  /// the others alternate between x_next_ and x_ until the last writes `out`.
+  /// Enqueues the `ns.steps` iterations from x_ (X, normalized); returns the final X. They
+  /// alternate between x_ and x_next_, or, given `out`, between `out` and x_next_ so that the
+  /// last one writes `out` (step_output), which needs no pointer arrays into X (see run()).
   __nv_bfloat16* iterate(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
-                         const ns_options& ns, __nv_bfloat16* out = nullptr,
-                         __nv_bfloat16* in = nullptr);
-  /// Whether the normalization is folded into the first iteration's products (both on the own
-  /// GEMM), so that no normalized copy of X is written.
-  bool folds_norm(int64_t batch, int64_t m, int64_t n, bool tall) const {
-    return own_gram_product(batch, m, n, tall) && own_square_product(batch, m);
-  }
+                         const ns_options& ns, __nv_bfloat16* out = nullptr);
   /// The graph for this call, or nullptr the first time a shape is seen.
   const graph_exec* graph_for(cudaStream_t stream, int64_t batch, int64_t m, int64_t n, bool tall,
                               const ns_options& ns);
@@ -136,7 +126,7 @@ private:
   device_array<__nv_bfloat16> a_;
   device_array<__nv_bfloat16> b_;
   device_array<double> partial_sums_;
-  device_array<float> inv_norms_;  // 1/(||X|| + eps) per matrix, then (folded) their squares
+  device_array<float> inv_norms_;
 };
 
 }  // namespace zmuon::gpu

@@ -59,8 +59,6 @@ struct kernel_params {
   int symmetric;
   float alpha;
   float beta;
-  float diagonal;      // added where row == col (diagonal tiles only)
-  const float* scale;  // per matrix, times everything (nullptr: 1)
   const __nv_bfloat16* c;
   int64_t ld_c, stride_c;
   __nv_bfloat16* d;
@@ -188,8 +186,7 @@ __device__ __forceinline__ void group_sync(int group) {
 
 /// The tile through shared memory (the stages are free by now), so that every global access is
 /// 16 bytes wide and whole rows of D and of its mirror are written by neighbouring threads: the
-/// accumulators go in as fp32, scale * (alpha * acc + beta * C + diagonal * I) is formed and
-/// rounded along D's rows
+/// accumulators go in as fp32, alpha * acc + beta * C is formed and rounded along D's rows
 /// (C read 16 bytes at a time), the rounded values go back, and the mirror pass writes them
 /// down D's columns into the mirror's rows. `t` is the thread's index in its warpgroup.
 __device__ __forceinline__ void store_staged(const float (&acc0)[64], const float (&acc1)[64],
@@ -217,10 +214,6 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   const int64_t col0 = int64_t{tile_n} * kTile;
   const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
   __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
-  const float scale = prm.scale != nullptr ? prm.scale[matrix] : 1.0f;
-  const float alpha = scale * prm.alpha;
-  const float beta = scale * prm.beta;
-  const float diagonal = scale * prm.diagonal;
   // Rows: 16 runs of 8 columns per row, one run per thread per pass; unrolled so that several
   // passes' loads of C are in flight at once.
 #pragma unroll 4
@@ -234,18 +227,16 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
     *reinterpret_cast<float4*>(v + 4) = *reinterpret_cast<const float4*>(at + 4);
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      v[e] *= alpha;
+      v[e] *= prm.alpha;
     if (c != nullptr) {
       const uint4 raw = *reinterpret_cast<const uint4*>(c + (row0 + row) * prm.ld_c + col0 + col);
       const __nv_bfloat162* old = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        v[2 * e] += beta * __low2float(old[e]);
-        v[2 * e + 1] += beta * __high2float(old[e]);
+        v[2 * e] += prm.beta * __low2float(old[e]);
+        v[2 * e + 1] += prm.beta * __high2float(old[e]);
       }
     }
-    if (tile_m == tile_n && row >= col && row < col + 8)  // this run holds (row, row)
-      v[row - col] += diagonal;
     uint4 out;
     __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(&out);
 #pragma unroll
@@ -506,8 +497,6 @@ std::string misfit(const sm90_gemm_args& a) {
     return "more than 2^31 - 1 tiles in all (the grid's size)";
   if (a.symmetric && a.m != a.n)
     return "a symmetric product must be square";
-  if (a.diagonal != 0.0f && a.m != a.n)
-    return "a diagonal term needs a square product";
   if (!sm90_gemm_fits(a))
     return "every operand's rows and matrices must be 16-byte aligned (ld and stride multiples "
            "of 8), with ld at least the row's length";
@@ -529,8 +518,7 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
                  || (a.c.data != nullptr && aligned(a.c.data) && a.c.ld >= a.n && a.c.ld % 8 == 0
                      && a.c.stride % 8 == 0);
   const bool symmetric = !a.symmetric || a.m == a.n;
-  const bool diagonal = a.diagonal == 0.0f || a.m == a.n;
-  return sides && rows && c && symmetric && diagonal;
+  return sides && rows && c && symmetric;
 }
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
@@ -570,8 +558,6 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   prm.symmetric = a.symmetric ? 1 : 0;
   prm.alpha = a.alpha;
   prm.beta = a.beta;
-  prm.diagonal = a.diagonal;
-  prm.scale = a.scale;
   if (a.beta != 0.0f) {
     prm.c = a.c.data;
     prm.ld_c = a.c.ld;

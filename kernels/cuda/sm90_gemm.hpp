@@ -2,7 +2,7 @@
 // products of Newton-Schulz, A = X X^T and B = c A A + b A (and the Gram variant's [m, m]
 // products), which cuBLAS can only compute whole:
 //
-//   D[b] = scale[b] * (alpha * P[b] Q[b]^T + beta * C[b] + diagonal * I)   for b in [0, batch)
+//   D[b] = alpha * P[b] Q[b]^T + beta * C[b]      for b in [0, batch)
 //
 // P is [m, k] and Q is [n, k], both row-major with k contiguous (both operands "K-major", the
 // layout wgmma reads without transposing); C and D are [m, n] row-major. With `symmetric`
@@ -56,12 +56,6 @@ struct sm90_gemm_args {
   float beta = 0.0f;
   sm90_operand c;  // read only when beta != 0
   sm90_output d;
-  /// Added to each matrix's diagonal of D (m == n) before D is rounded to bf16: NS's "+ a*I"
-  /// (B' = c A A + b A + a I) without a pass of its own.
-  float diagonal = 0.0f;
-  /// Optional, `batch` floats on the device: D[b] = scale[b] * (the above), read when the
-  /// kernel runs (NS's 1/||X|| folded into its first products).
-  const float* scale = nullptr;
   bool symmetric = false;
   sm90_block shape = sm90_block::automatic;
 };
