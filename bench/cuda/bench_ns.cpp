@@ -266,20 +266,18 @@ int main(int argc, char* argv[]) {
         {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"8192x8192", 1, 8192, 8192},
         {"48x768x768", 48, 768, 768},
     };
-    if (!only.empty()) {
+    if (!only.empty()) {  // the shapes named, in the order named
+      std::vector<shape> picked;
       for (const std::string& label : only) {
-        if (std::none_of(shapes.begin(), shapes.end(),
-                         [&](const shape& s) { return s.label == label; })) {
+        const auto found = std::find_if(shapes.begin(), shapes.end(),
+                                        [&](const shape& s) { return s.label == label; });
+        if (found == shapes.end()) {
           std::fprintf(stderr, "bench_ns: --only %s: no such shape\n%s", label.c_str(), usage);
           return 2;
         }
+        picked.push_back(*found);
       }
-      shapes.erase(std::remove_if(shapes.begin(), shapes.end(),
-                                  [&](const shape& s) {
-                                    return std::find(only.begin(), only.end(), s.label)
-                                           == only.end();
-                                  }),
-                   shapes.end());
+      shapes = picked;
     }
     std::vector<result> results;
     for (const shape& s : shapes) {
@@ -288,24 +286,23 @@ int main(int argc, char* argv[]) {
       const auto restore = [&] { buffers.restore(stream); };
       const auto run = [&] { backend.newton_schulz(x, s.batch, s.rows, s.cols, ns); };
       const auto flops = [&](double ms) { return ns_flops(s, ns.steps) / (ms * 1e-3) / 1e12; };
-      const auto measure = [&](const std::function<void()>& body) {
+      // Three untimed runs, then the median; `before` restores the input (fp32 by default).
+      const auto measure = [&](const std::function<void()>& body,
+                               const std::function<void()>& before = {}) {
+        const std::function<void()>& again = before ? before : restore;
         for (int i = 0; i < 3; ++i) {
-          restore();
+          again();
           body();
         }
-        return median_ms(stream, reps, restore, body);
+        return median_ms(stream, reps, again, body);
       };
       result r{s, 0, 0, 0, 0, 0, 0};
       backend.set_ns_gemm_path(zmuon::gpu::gemm_path::copy_then_gemm);
       r.copy_ms = measure(run);
       backend.set_ns_gemm_path(zmuon::gpu::gemm_path::lt);
       r.ms = measure(run);
-      {
-        const auto restore16 = [&] { buffers.restore(stream, true); };
-        const auto run16 = [&] { buffers.run(backend, ns, true); };
-        warm_up(restore16, run16);
-        r.bf16_ms = median_ms(stream, reps, restore16, run16);
-      }
+      r.bf16_ms =
+          measure([&] { buffers.run(backend, ns, true); }, [&] { buffers.restore(stream, true); });
       r.tflops = flops(r.ms);
       r.enqueue_ms = median_enqueue_ms(stream, reps, run);
       backend.set_ns_graphs(zmuon::gpu::graph_mode::on);
