@@ -439,13 +439,20 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
                              {2, 640, 640, 640, 1.0f, -1.0f, true, true},
                              {1, 256, 512, 512, 0.5f, 3.4445f, false, true},
                              {2, 896, 896, 128, 1.0f, 0.5f, true},
-                             {1, 1024, 1024, 1024, 2.0315f, -4.7750f, true, true}};
-  const gpu::sm90_block shapes[] = {gpu::sm90_block::automatic, gpu::sm90_block::one_tile,
-                                    gpu::sm90_block::two_tiles};
+                             {1, 1024, 1024, 1024, 2.0315f, -4.7750f, true, true},
+                             {1, 4096, 4096, 128, 2.0315f, -4.7750f, true},
+                             {2, 2048, 2048, 64, 1.0f, 0.0f, false}};
+  // The persistent blocks also with 5 blocks in all, so that every block takes several items
+  // (the stages' rounds running on across them, some with one tile).
+  const std::pair<gpu::sm90_block, int> shapes[] = {{gpu::sm90_block::automatic, 0},
+                                                    {gpu::sm90_block::one_tile, 0},
+                                                    {gpu::sm90_block::two_tiles, 0},
+                                                    {gpu::sm90_block::persistent, 0},
+                                                    {gpu::sm90_block::persistent, 5}};
   gpu::cublas_handle cublas;
   gpu::gemm_runner runner(cublas.get());
   for (const gemm_case& g : cases)
-    for (const gpu::sm90_block shape : shapes) {
+    for (const auto& [shape, max_blocks] : shapes) {
       std::vector<float> p_host = random_vector(g.batch * g.m * g.k);
       if (g.c_is_p && g.symmetric) {  // P = A symmetric, as C must be
         for (int64_t b = 0; b < g.batch; ++b)
@@ -484,6 +491,7 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
       a.d = {ours.data(), g.n, g.m * g.n};
       a.symmetric = g.symmetric;
       a.shape = shape;
+      a.max_blocks = max_blocks;
       BOOST_REQUIRE(gpu::sm90_gemm_fits(a));
       ZMUON_CUDA_CHECK(cudaMemset(ours.data(), 0xff, static_cast<size_t>(out) * 2));
       gpu::sm90_gemm(nullptr, a);
@@ -495,7 +503,8 @@ BOOST_AUTO_TEST_CASE(against_cublas) {
       BOOST_TEST_MESSAGE("own GEMM " << g.batch << " x [" << g.m << ", " << g.n << "] over k "
                                      << g.k << (g.symmetric ? " (symmetric)" : "")
                                      << (g.c_is_p ? " (C is P)" : "") << ", block shape "
-                                     << static_cast<int>(shape)
+                                     << static_cast<int>(shape) << " (at most " << max_blocks
+                                     << " blocks)"
                                      << ": relative difference to cuBLAS " << error);
       BOOST_TEST(error <= 1e-2);
       if (g.symmetric) {

@@ -116,6 +116,9 @@ BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
   a.d = {x + 1, 256, 0};  // rows not 16-byte aligned
   refusal("16-byte aligned");
   a.d = {x, 256, 0};
+  a.max_blocks = -1;
+  refusal("max_blocks must be 0 (one block per multiprocessor) or positive");
+  a.max_blocks = 0;
   BOOST_TEST(gpu::sm90_gemm_fits(a));
   a.symmetric = false;  // 65535 x 256 x 256 tiles: past the grid's 2^31 - 1 blocks
   a.batch = 65535;

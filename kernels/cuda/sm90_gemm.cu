@@ -11,6 +11,11 @@
 // stages' full/empty barriers. Stage s is "full" when its copies have landed (the copy engine
 // counts the bytes), "empty" when every active consumer warp is done with its wgmmas. Two
 // consumers load 3/4 of the bytes per FLOP that one does (a slice serves two tiles).
+// Persistent blocks (sm90_block::persistent: two tiles, 3 stages, one block per multiprocessor)
+// take one work item after another; their epilogue stages each tile in a bf16 buffer of its own
+// after the stages (sm90_epilogue.cuh), so the producer fills the stages with the next item's
+// slices while the consumers write the last item's tiles: the pipeline's fill and the epilogue,
+// which nothing overlaps in the other shapes' lockstep waves, overlap here.
 #include "kernels/cuda/sm90_gemm.hpp"
 
 #include <cuda.h>
@@ -19,22 +24,22 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/sm90_epilogue.cuh"
+#include "kernels/cuda/sm90_ptx.cuh"
 #include "kernels/cuda/sm90_tiles.hpp"
 
 namespace zmuon::gpu {
 namespace {
 
-constexpr int kTile = static_cast<int>(kSm90Tile);
+using namespace sm90;
+
 constexpr int kSlice = static_cast<int>(kSm90Slice);  // 64 bf16 = 128 bytes: the swizzle's width
-constexpr int kGroupThreads = 128;                    // one consumer warpgroup
 constexpr int kSliceBytes = kTile * kSlice * 2;       // 16 KB
-constexpr int kStagedLd = kTile + 8;  // floats per staged epilogue row: 8 more keeps half-warps
-                                      // off each other's banks when the fragments go in
-constexpr int kStagedBytes = kTile * kStagedLd * 4;
 constexpr int kPrefetchSlices = 6;  // how many slices before the last the C tile is prefetched
 
 template <int Consumers>
@@ -45,130 +50,18 @@ template <int Consumers>
 __host__ __device__ constexpr int stage_bytes() {
   return (1 + Consumers) * kSliceBytes;
 }
-template <int Consumers, int Stages>
+/// Shared memory of a block: the stages, the epilogue's staging (the non-persistent kernel's
+/// reuses the stages; the persistent kernel's follows them), the barriers and alignment slack.
+template <int Consumers, int Stages, bool Persistent>
 __host__ __device__ constexpr int smem_bytes() {
   constexpr int stages = Stages * stage_bytes<Consumers>();
-  constexpr int staged = Consumers * kStagedBytes;  // the epilogue reuses the stages
-  return (stages > staged ? stages : staged) + 2 * Stages * 8 + 1024;  // + barriers + slack
+  constexpr int staged =
+      Persistent ? stages + Consumers * kBf16StagedBytes
+                 : (stages > Consumers * kStagedBytes ? stages : Consumers * kStagedBytes);
+  return staged + 2 * Stages * 8 + 1024;
 }
-
-struct kernel_params {
-  int blocks_per_matrix;  // sm90::blocks_per_matrix
-  int tiles_n;            // tiles per row of D
-  int slices;             // k / kSlice
-  int symmetric;
-  float alpha;
-  float beta;
-  const __nv_bfloat16* c;
-  int64_t ld_c, stride_c;
-  __nv_bfloat16* d;
-  int64_t ld_d, stride_d;
-};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void barrier_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void barrier_expect_bytes(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(shared_address(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void barrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
-}
-
-__device__ __forceinline__ void barrier_wait(uint64_t* bar, uint32_t parity) {
-  const uint32_t address = shared_address(bar);
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(done)
-        : "r"(address), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-
-/// One [128 rows, 64 k] slice of a 3-d (k, rows, matrix) tensor into shared memory.
-__device__ __forceinline__ void copy_slice(void* dst, const CUtensorMap* map, uint64_t* bar, int k,
-                                           int row, int matrix) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
-      "[%0], [%1, {%2, %3, %4}], [%5];" ::"r"(shared_address(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(k), "r"(row), "r"(matrix), "r"(shared_address(bar))
-      : "memory");
-}
-
-/// Starts moving `bytes` (a multiple of 16) at `p` (16-byte aligned) from memory into L2.
-__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(reinterpret_cast<uint64_t>(p)),
-               "r"(bytes)
-               : "memory");
-}
-
-/// wgmma's shared-memory descriptor of a K-major operand in 128-byte swizzled rows: 8-row
-/// groups 1024 bytes apart (the stride byte offset); the leading offset is unused with this
-/// swizzle. Advancing 16 k (32 bytes) is adding 32 to the address.
-__device__ __forceinline__ uint64_t operand_descriptor(uint32_t address) {
-  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (uint64_t{1} << 16)
-         | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 62);
-}
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-}
-template <int Pending>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(Pending) : "memory");
-}
-/// Keeps the compiler from moving accumulator reads or writes across the asynchronous wgmmas.
-__device__ __forceinline__ void pin(float (&d)[64]) {
-#pragma unroll
-  for (int i = 0; i < 64; ++i)
-    asm volatile("" : "+f"(d[i])::"memory");
-}
-
-/// D[64 x 128] (+)= A[64 x 16] B[128 x 16]^T, A and B from shared memory, fp32 accumulators.
-__device__ __forceinline__ void wgmma_m64n128(float (&d)[64], uint64_t a, uint64_t b,
-                                              uint32_t accumulate) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
-      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
-      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
-      "%56, %57, %58, %59, %60, %61, %62, %63}, "
-      "%64, %65, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(a), "l"(b), "r"(accumulate));
-}
 
 /// Syncs the consumer warpgroups only (named barrier 1; the producer warp has left).
 template <int Consumers>
@@ -176,171 +69,66 @@ __device__ __forceinline__ void consumers_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(Consumers * kGroupThreads) : "memory");
 }
 
-/// Syncs one consumer warpgroup (named barrier 2 + group).
-__device__ __forceinline__ void group_sync(int group) {
-  if (group == 0)
-    asm volatile("bar.sync 2, %0;" ::"n"(kGroupThreads) : "memory");
-  else
-    asm volatile("bar.sync 3, %0;" ::"n"(kGroupThreads) : "memory");
+/// Block `item`'s tiles (sm90_tiles.hpp) and the matrix they belong to.
+__device__ __forceinline__ block_work work_of(const kernel_params& prm, int item, int& matrix,
+                                              int consumers) {
+  matrix = item / prm.blocks_per_matrix;
+  return tiles_of_block(consumers, prm.symmetric != 0, prm.tiles_n, item % prm.blocks_per_matrix);
 }
 
-/// The tile through shared memory (the stages are free by now), so that every global access is
-/// 16 bytes wide and whole rows of D and of its mirror are written by neighbouring threads: the
-/// accumulators go in as fp32, alpha * acc + beta * C is formed and rounded along D's rows
-/// (C read 16 bytes at a time), the rounded values go back, and the mirror pass writes them
-/// down D's columns into the mirror's rows. `t` is the thread's index in its warpgroup.
-__device__ __forceinline__ void store_staged(const float (&acc0)[64], const float (&acc1)[64],
-                                             float* tile, const kernel_params& prm, int64_t matrix,
-                                             int tile_m, int tile_n, bool mirror, int group,
-                                             int t) {
-  const int lane = t % 32;
-  const int warp = t / 32;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float(&acc)[64] = h == 0 ? acc0 : acc1;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
-        const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(tile + row * kStagedLd + col) =
-            make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      }
-    }
-  }
-  group_sync(group);
-  const int64_t row0 = int64_t{tile_m} * kTile;
-  const int64_t col0 = int64_t{tile_n} * kTile;
-  const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
-  __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
-  // Rows: 16 runs of 8 columns per row, one run per thread per pass; unrolled so that several
-  // passes' loads of C are in flight at once.
-#pragma unroll 4
-  for (int pass = 0; pass < kTile * (kTile / 8) / kGroupThreads; ++pass) {
-    const int i = t + pass * kGroupThreads;
-    const int row = i / (kTile / 8);
-    const int col = (i % (kTile / 8)) * 8;
-    float* at = tile + row * kStagedLd + col;
-    float v[8];
-    *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(at);
-    *reinterpret_cast<float4*>(v + 4) = *reinterpret_cast<const float4*>(at + 4);
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      v[e] *= prm.alpha;
-    if (c != nullptr) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(c + (row0 + row) * prm.ld_c + col0 + col);
-      const __nv_bfloat162* old = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[2 * e] += prm.beta * __low2float(old[e]);
-        v[2 * e + 1] += prm.beta * __high2float(old[e]);
-      }
-    }
-    uint4 out;
-    __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      packed[e] = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
-    *reinterpret_cast<uint4*>(d + (row0 + row) * prm.ld_d + col0 + col) = out;
-    if (mirror) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        v[2 * e] = __low2float(packed[e]);
-        v[2 * e + 1] = __high2float(packed[e]);
-      }
-      *reinterpret_cast<float4*>(at) = *reinterpret_cast<const float4*>(v);
-      *reinterpret_cast<float4*>(at + 4) = *reinterpret_cast<const float4*>(v + 4);
-    }
-  }
-  if (!mirror)
-    return;
-  group_sync(group);
-  // Columns: each thread takes 16 rows of one column (32 bytes of a row of the mirror) per pass;
-  // neighbouring threads take neighbouring columns, so the shared-memory reads do not conflict.
-  for (int i = t; i < kTile * (kTile / 16); i += kGroupThreads) {
-    const int col = i % kTile;
-    const int row = (i / kTile) * 16;
-    uint4 out[2];
-    __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(out);
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      packed[e] = __floats2bfloat162_rn(tile[(row + 2 * e) * kStagedLd + col],
-                                        tile[(row + 2 * e + 1) * kStagedLd + col]);
-    uint4* to = reinterpret_cast<uint4*>(d + (col0 + col) * prm.ld_d + row0 + row);
-    to[0] = out[0];
-    to[1] = out[1];
-  }
-}
-
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
+/// The producer's part of one work item: its slices into the stages. `filled` counts the
+/// slices the block has loaded so far (stage filled % Stages, round filled / Stages).
 template <int Consumers, int Stages>
-__global__ void __launch_bounds__(threads<Consumers>())
-    sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_p,
-                     const __grid_constant__ CUtensorMap map_q, const kernel_params prm) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kStageBytes = stage_bytes<Consumers>();
-  extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023)
-                                             & ~static_cast<uintptr_t>(1023));
-  constexpr int kBarrierOffset = smem_bytes<Consumers, Stages>() - 1024 - 2 * Stages * 8;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
-  uint64_t* empty = full + Stages;
-  const int matrix = static_cast<int>(blockIdx.x) / prm.blocks_per_matrix;
-  const sm90::block_work w =
-      sm90::tiles_of_block(Consumers, prm.symmetric != 0, prm.tiles_n,
-                           static_cast<int>(blockIdx.x) % prm.blocks_per_matrix);
-
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < Stages; ++s) {
-      barrier_init(&full[s], 1);
-      barrier_init(&empty[s], 4 * w.active);  // one arrival per working consumer warp
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  __syncthreads();
-
-  if (threadIdx.x >= Consumers * kGroupThreads) {
-    if (threadIdx.x == Consumers * kGroupThreads) {
-      // The epilogue's C rows, asked into L2 a few slices before the last, so that the epilogue
-      // reads them from L2 rather than waiting on memory (the tile's last act otherwise).
-      const int prefetch_at = max(0, prm.slices - kPrefetchSlices);
-      for (int kb = 0; kb < prm.slices; ++kb) {
-        if (kb == prefetch_at && prm.c != nullptr) {
-          for (int g = 0; g < w.active; ++g) {
-            const __nv_bfloat16* c = prm.c + matrix * prm.stride_c
-                                     + int64_t{w.row(g)} * kTile * prm.ld_c
-                                     + int64_t{w.col(g)} * kTile;
-            for (int row = 0; row < kTile; ++row)
-              prefetch_l2(c + row * prm.ld_c, kTile * 2);
-          }
-        }
-        const int s = kb % Stages;
-        barrier_wait(&empty[s], ((kb / Stages) & 1) ^ 1);
-        barrier_expect_bytes(&full[s], (1 + w.active) * kSliceBytes);
-        uint8_t* stage = smem + s * kStageBytes;
-        for (int slot = 0; slot <= w.active; ++slot) {
-          const sm90::slot_rows rows = sm90::slot_of(w, slot);
-          copy_slice(stage + slot * kSliceBytes, rows.p ? &map_p : &map_q, &full[s], kb * kSlice,
-                     rows.tile * kTile, matrix);
-        }
+__device__ __forceinline__ void produce(const CUtensorMap* map_p, const CUtensorMap* map_q,
+                                        const kernel_params& prm, uint8_t* smem, uint64_t* full,
+                                        uint64_t* empty, int item, int& filled) {
+  int matrix = 0;
+  const block_work w = work_of(prm, item, matrix, Consumers);
+  // The epilogue's C rows, asked into L2 a few slices before the last, so that the epilogue
+  // reads them from L2 rather than waiting on memory (the tile's last act otherwise).
+  const int prefetch_at = max(0, prm.slices - kPrefetchSlices);
+  for (int kb = 0; kb < prm.slices; ++kb, ++filled) {
+    if (kb == prefetch_at && prm.c != nullptr) {
+      for (int g = 0; g < w.active; ++g) {
+        const __nv_bfloat16* c = prm.c + matrix * prm.stride_c
+                                 + int64_t{w.row(g)} * kTile * prm.ld_c + int64_t{w.col(g)} * kTile;
+        for (int row = 0; row < kTile; ++row)
+          prefetch_l2(c + row * prm.ld_c, kTile * 2);
       }
     }
-    return;
+    const int s = filled % Stages;
+    barrier_wait(&empty[s], ((filled / Stages) & 1) ^ 1);
+    barrier_expect_bytes(&full[s], (1 + w.active) * kSliceBytes);
+    uint8_t* stage = smem + s * stage_bytes<Consumers>();
+    for (int slot = 0; slot <= w.active; ++slot) {
+      const slot_rows rows = slot_of(w, slot);
+      copy_slice(stage + slot * kSliceBytes, rows.p ? map_p : map_q, &full[s], kb * kSlice,
+                 rows.tile * kTile, matrix);
+    }
   }
+}
 
-  const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
-  const int p_at = sm90::p_slot(w, group);  // the group's slices in a stage
-  const int q_at = sm90::q_slot(w, group);
+/// A consumer group's part of one work item: wgmma over its slices, then its tile's epilogue.
+/// `used` counts the slices the block consumed before this item (as produce()'s `filled`).
+/// Persistent: every consumer warp arrives on `empty` for every slice, a group without a tile
+/// in this item without multiplying, so that the barriers' count stays fixed across items.
+template <int Consumers, int Stages, bool Persistent>
+__device__ __forceinline__ void consume(const kernel_params& prm, uint8_t* smem, uint64_t* full,
+                                        uint64_t* empty, int item, int used, int group) {
+  constexpr int kStageBytes = stage_bytes<Consumers>();
+  int matrix = 0;
+  const block_work w = work_of(prm, item, matrix, Consumers);
+  const bool arrives = threadIdx.x % 32 == 0;  // one arrival per warp
   // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
   // zeroing them here would make ptxas serialize the wgmmas.
   float acc0[64];  // rows 0-63 of the tile
   float acc1[64];  // rows 64-127
   if (group < w.active) {
+    const int p_at = p_slot(w, group);  // the group's slices in a stage
+    const int q_at = q_slot(w, group);
     for (int kb = 0; kb < prm.slices; ++kb) {
-      const int s = kb % Stages;
-      barrier_wait(&full[s], (kb / Stages) & 1);
+      const int s = (used + kb) % Stages;
+      barrier_wait(&full[s], ((used + kb) / Stages) & 1);
       const uint32_t stage = shared_address(smem + s * kStageBytes);
       const uint32_t p_slice = stage + p_at * kSliceBytes;
       const uint32_t q_slice = stage + q_at * kSliceBytes;
@@ -359,22 +147,100 @@ __global__ void __launch_bounds__(threads<Consumers>())
       pin(acc1);
       // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is free.
       wgmma_wait<1>();
-      if (kb > 0 && threadIdx.x % 32 == 0)
-        barrier_arrive(&empty[(kb - 1) % Stages]);
+      if (kb > 0 && arrives)
+        barrier_arrive(&empty[(used + kb - 1) % Stages]);
     }
     wgmma_wait<0>();
     pin(acc0);
     pin(acc1);
+    if (Persistent && arrives)
+      barrier_arrive(&empty[(used + prm.slices - 1) % Stages]);
+  } else if (Persistent) {
+    for (int kb = 0; kb < prm.slices; ++kb) {
+      const int s = (used + kb) % Stages;
+      barrier_wait(&full[s], ((used + kb) / Stages) & 1);
+      if (arrives)
+        barrier_arrive(&empty[s]);
+    }
   }
-  consumers_sync<Consumers>();  // every group's wgmmas have read their stages
-  if (group >= w.active)
+  if constexpr (Persistent) {
+    // The item's tiles again rather than held through the main loop (registers: the
+    // accumulators leave few).
+    const block_work e = work_of(prm, item, matrix, Consumers);
+    const int tile_m = e.row(group);
+    const int tile_n = e.col(group);
+    const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
+    const int t = static_cast<int>(threadIdx.x) % kGroupThreads;
+    if (group < e.active)
+      store_bf16_staged(
+          acc0, acc1,
+          reinterpret_cast<__nv_bfloat16*>(smem + Stages * kStageBytes + group * kBf16StagedBytes),
+          prm, matrix, tile_m, tile_n, mirror, group, t);
+  } else {
+    const int tile_m = w.row(group);
+    const int tile_n = w.col(group);
+    const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
+    const int t = static_cast<int>(threadIdx.x) % kGroupThreads;
+    consumers_sync<Consumers>();  // every group's wgmmas have read their stages
+    if (group < w.active)
+      store_staged(acc0, acc1, reinterpret_cast<float*>(smem + group * kStagedBytes), prm, matrix,
+                   tile_m, tile_n, mirror, group, t);
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+/// A block computes work item blockIdx.x (sm90_tiles.hpp); with `Persistent` (one block per
+/// multiprocessor) also items blockIdx.x + gridDim.x, + 2 gridDim.x, ..., the stages' rounds
+/// running on from one item to the next, so that the producer loads an item's first slices
+/// while the consumers write the last item's tiles.
+template <int Consumers, int Stages, bool Persistent>
+__global__ void __launch_bounds__(threads<Consumers>())
+    sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_p,
+                     const __grid_constant__ CUtensorMap map_q, const kernel_params prm) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023)
+                                             & ~static_cast<uintptr_t>(1023));
+  constexpr int kBarrierOffset =
+      smem_bytes<Consumers, Stages, Persistent>() - 1024 - 2 * Stages * 8;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
+  uint64_t* empty = full + Stages;
+  const int first = static_cast<int>(blockIdx.x);
+
+  if (threadIdx.x == 0) {
+    int matrix = 0;
+    const int arrivals =
+        4 * (Persistent ? Consumers : work_of(prm, first, matrix, Consumers).active);
+    for (int s = 0; s < Stages; ++s) {
+      barrier_init(&full[s], 1);
+      barrier_init(&empty[s], arrivals);  // one arrival per (working) consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= Consumers * kGroupThreads) {
+    if (threadIdx.x == Consumers * kGroupThreads) {
+      int filled = 0;
+      if constexpr (Persistent) {
+        for (int item = first; item < prm.items; item += static_cast<int>(gridDim.x))
+          produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, item, filled);
+      } else {
+        produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, first, filled);
+      }
+    }
     return;
-  const int tile_m = w.row(group);
-  const int tile_n = w.col(group);
-  const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
-  float* staged = reinterpret_cast<float*>(smem + group * kStagedBytes);
-  store_staged(acc0, acc1, staged, prm, matrix, tile_m, tile_n, mirror, group,
-               static_cast<int>(threadIdx.x) % kGroupThreads);
+  }
+  const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
+  if constexpr (Persistent) {
+    int used = 0;
+    for (int item = first; item < prm.items;
+         item += static_cast<int>(gridDim.x), used += prm.slices)
+      consume<Consumers, Stages, true>(prm, smem, full, empty, item, used, group);
+  } else {
+    consume<Consumers, Stages, false>(prm, smem, full, empty, first, 0, group);
+  }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -438,10 +304,11 @@ int64_t blocks_per_matrix(const sm90_gemm_args& a, int consumers) {
                                  static_cast<int>(a.n / kSm90Tile));
 }
 
-template <int Consumers, int Stages>
+template <int Consumers, int Stages, bool Persistent = false>
 void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
-  constexpr auto kernel = sm90_gemm_kernel<Consumers, Stages>;
-  constexpr int kSmem = smem_bytes<Consumers, Stages>();
+  constexpr auto kernel = sm90_gemm_kernel<Consumers, Stages, Persistent>;
+  constexpr int kSmem = smem_bytes<Consumers, Stages, Persistent>();
+  static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
   // The shared-memory limit is raised once per device (a process may drive several).
   static std::atomic<uint64_t> raised{0};
   int device = 0;
@@ -455,7 +322,10 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
   const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch, kTile);
   const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch, kTile);
   prm.blocks_per_matrix = static_cast<int>(blocks_per_matrix(a, Consumers));
-  const int64_t blocks = prm.blocks_per_matrix * a.batch;
+  prm.items = static_cast<int>(prm.blocks_per_matrix * a.batch);  // tiles_fit_grid
+  int64_t blocks = prm.items;
+  if (Persistent)
+    blocks = std::min<int64_t>(blocks, a.max_blocks > 0 ? a.max_blocks : multiprocessors());
   kernel<<<static_cast<unsigned>(blocks), threads<Consumers>(), kSmem, stream>>>(map_p, map_q, prm);
   ZMUON_LAUNCH_CHECK();
 }
@@ -471,7 +341,13 @@ sm90_block choose_block(const sm90_gemm_args& a) {
   const int64_t sms = multiprocessors();
   const int64_t two = (blocks_per_matrix(a, 2) * a.batch + sms - 1) / sms;
   const int64_t one = (blocks_per_matrix(a, 1) * a.batch + 2 * sms - 1) / (2 * sms);
-  return 7 * two <= 9 * one ? sm90_block::two_tiles : sm90_block::one_tile;
+  if (7 * two > 9 * one)
+    return sm90_block::one_tile;
+  static const bool persistent = [] {
+    const char* v = std::getenv("ZMUON_SM90_PERSISTENT");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return persistent ? sm90_block::persistent : sm90_block::two_tiles;
 }
 
 bool aligned(const void* p) {
@@ -497,6 +373,8 @@ std::string misfit(const sm90_gemm_args& a) {
     return "more than 2^31 - 1 tiles in all (the grid's size)";
   if (a.symmetric && a.m != a.n)
     return "a symmetric product must be square";
+  if (a.max_blocks < 0)
+    return "max_blocks must be 0 (one block per multiprocessor) or positive";
   if (!sm90_gemm_fits(a))
     return "every operand's rows and matrices must be 16-byte aligned (ld and stride multiples "
            "of 8), with ld at least the row's length";
@@ -518,7 +396,7 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
                  || (a.c.data != nullptr && aligned(a.c.data) && a.c.ld >= a.n && a.c.ld % 8 == 0
                      && a.c.stride % 8 == 0);
   const bool symmetric = !a.symmetric || a.m == a.n;
-  return sides && rows && c && symmetric;
+  return sides && rows && c && symmetric && a.max_blocks >= 0;
 }
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
@@ -569,6 +447,8 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   const sm90_block shape = a.shape == sm90_block::automatic ? choose_block(a) : a.shape;
   if (shape == sm90_block::two_tiles)
     launch<2, 4>(stream, a, prm);
+  else if (shape == sm90_block::persistent)
+    launch<2, 3, true>(stream, a, prm);
   else
     launch<1, 3>(stream, a, prm);
 }

@@ -47,7 +47,12 @@ struct sm90_output {
 ///   two_tiles    two tiles per block sharing one operand's slices (a row's neighbours, or
 ///                with `symmetric` also two tiles of the last column), 4 stages, one block per
 ///                multiprocessor.
-enum class sm90_block { automatic, one_tile, two_tiles };
+///   persistent   the two-tile blocks' work, but one block per multiprocessor that takes one
+///                block's work after another (3 stages; the epilogue stages its tiles in bf16
+///                buffers of its own, so the producer loads the next tiles' slices while the
+///                consumers write the last ones). `automatic` picks it in place of two_tiles
+///                only with ZMUON_SM90_PERSISTENT=1 in the environment (unmeasured: A/B runs).
+enum class sm90_block { automatic, one_tile, two_tiles, persistent };
 
 struct sm90_gemm_args {
   int64_t batch = 0, m = 0, n = 0, k = 0;
@@ -58,6 +63,9 @@ struct sm90_gemm_args {
   sm90_output d;
   bool symmetric = false;
   sm90_block shape = sm90_block::automatic;
+  /// persistent only: at most this many blocks (0: one per multiprocessor). Tests use it to
+  /// give every block several tiles' work.
+  int max_blocks = 0;
 };
 
 /// The tile sides: m and n must be multiples of kSm90Tile, k of kSm90Slice.
