@@ -30,7 +30,10 @@
 #   bench/gpu-check.sh ab        # there: base and packed binaries alternating, twice each
 #                                # (bench_sm90_gemm, bench_ns --variant standard, the tables;
 #                                # AB="gemm variants" picks parts: all three take over 10 min;
-#                                # AB=flip: the new bench_ns with and without --update-flipped):
+#                                # AB=flip: the new bench_ns with and without --update-flipped;
+#                                # AB=persistent: bench_sm90_gemm, then the new bench_ns's
+#                                # squares, Gram rows and tables without and with
+#                                # ZMUON_SM90_PERSISTENT=1, twice; no base binaries needed):
 #                                # a change between versions counts only past the spread of
 #                                # each version's own two runs. Logs ab_*.log in $OUT
 #
@@ -287,14 +290,16 @@ base() {
 ab() {
   local out="${OUT:-$root/out}"
   mkdir -p "$out"
-  if [[ ! -x .carry/base/bench_ns || ! -x .carry/base/bench_sm90_gemm ]]; then
+  local parts=" ${AB:-gemm variants tables} "
+  if [[ $parts != " persistent " && $parts != " flip " ]] &&
+    [[ ! -x .carry/base/bench_ns || ! -x .carry/base/bench_sm90_gemm ]]; then
     echo "gpu-check ab: .carry/base/ has no binaries: run 'bench/gpu-check.sh base REV' here" >&2
     return 1
   fi
   echo "base: $(cat .carry/base/REVISION 2>/dev/null), new: the packed bundle"
   local work=/tmp/zmuon-gpu-ab
   rm -rf "$work" && mkdir -p "$work/base"
-  cp .carry/base/bench_ns .carry/base/bench_sm90_gemm "$work/base/"
+  cp .carry/base/bench_ns .carry/base/bench_sm90_gemm "$work/base/" 2>/dev/null
   local status=0 round version bin
   run_pair() {  # $1 log name, $2 binary, $3 rows to print, rest: its arguments
     local log="$out/ab_$1.log" binary="$2" rows="$3"
@@ -309,7 +314,6 @@ ab() {
       done
     done
   }
-  local parts=" ${AB:-gemm variants tables} "
   [[ $parts == *" gemm "* ]] && run_pair gemm bench_sm90_gemm "case|sym|full|update|X'=" --reps 30
   [[ $parts == *" variants "* ]] && run_pair variants bench_ns "x[0-9]" --variant standard --reps 20
   [[ $parts == *" tables "* ]] && ZMUON_GEMM_CANDIDATES=8 run_pair tables bench_ns \
@@ -320,6 +324,19 @@ ab() {
         echo "== round $round: bench_ns --sym 256 --reps 20 $flag" | tee -a "$out/ab_flip.log"
         check bench_ns --sym 256 --reps 20 $flag 2>&1 | tee -a "$out/ab_flip.log" |
           grep -E "x[0-9]|flipped"
+      done
+    done
+  fi
+  if [[ $parts == *" persistent "* ]]; then  # the new binaries alone, sm90_gemm's persistent
+    local log="$out/ab_persistent.log" p      # blocks off and on (ZMUON_SM90_PERSISTENT)
+    check bench_sm90_gemm --reps 30 2>&1 | tee -a "$log" | grep -E "case|sym|full|FAIL"
+    for round in 1 2; do
+      for p in 0 1; do
+        echo "== round $round: ZMUON_SM90_PERSISTENT=$p bench_ns" | tee -a "$log"
+        ZMUON_SM90_PERSISTENT=$p check bench_ns --only 4096x4096,8192x8192,2048x8192,4096x11008 \
+          --reps 20 2>&1 | tee -a "$log" | grep -E "x[0-9]"
+        ZMUON_SM90_PERSISTENT=$p ZMUON_GEMM_CANDIDATES=8 check bench_ns --tables --reps 20 2>&1 |
+          tee -a "$log" | grep -E "ceiling|gpt2-124m  |llama"
       done
     done
   fi
