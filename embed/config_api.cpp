@@ -1,5 +1,6 @@
 // The public config entry points (zmuon/config.hpp) and engine creation from a config, over the
 // strict schema of launch/config.cpp.
+#include <algorithm>
 #include <string>
 
 #include "launch/config.hpp"
@@ -34,6 +35,48 @@ expected<job_config> load_config_file(const std::string& path,
   if (path.empty())
     return error{errc::invalid_argument, "config file path is empty"};
   return load_config(path, overrides);
+}
+
+expected<ns_options> parse_ns_options(const std::string& json_text) {
+  static const std::vector<std::string> keys = {"ns_steps", "ns_coefficients", "ns_schedule",
+                                                "ns_variant", "ns_gram_restart"};
+  const std::string section = "optimizer.params.";
+  nlohmann::json j = nlohmann::json::object();
+  if (json_text.find_first_not_of(" \t\r\n") != std::string::npos) {
+    try {  // nlohmann::json reports a parse error's position only through its exception
+      j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/true,
+                                /*ignore_comments=*/true);
+    } catch (const nlohmann::json::parse_error& e) {
+      std::string what = e.what();
+      return error{errc::invalid_argument, "the Newton-Schulz options are not valid JSON: "
+                                               + what.substr(what.find(']') + 2)};
+    }
+  }
+  std::string valid;
+  for (const auto& k : keys)
+    valid += (valid.empty() ? "" : ", ") + k;
+  if (!j.is_object())
+    return error{errc::invalid_argument, "the Newton-Schulz options: expected a JSON object of "
+                                             + valid + ", got " + j.dump()};
+  for (const auto& item : j.items()) {
+    if (std::find(keys.begin(), keys.end(), item.key()) != keys.end())
+      continue;
+    std::string message = "unknown key '" + item.key() + "'";
+    const std::string guess = nearest_key(item.key(), keys);
+    return error{errc::invalid_argument,
+                 message
+                     + (guess.empty() ? " (valid keys: " + valid + ")"
+                                      : " (did you mean '" + guess + "'?)")};
+  }
+  // ns_schedule needs ns_steps, which the schema reads first wherever it stands.
+  auto cfg = parse_config(nlohmann::json{{"optimizer", {{"params", j}}}});
+  if (!cfg) {
+    std::string message = cfg.err().message();
+    for (size_t at; (at = message.find(section)) != std::string::npos;)
+      message.erase(at, section.size());
+    return error{cfg.err().code(), message};
+  }
+  return cfg->engine.muon.ns;
 }
 
 expected<std::unique_ptr<engine>> engine::create_from_json(

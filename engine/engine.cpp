@@ -36,22 +36,8 @@ error check_options(const engine_options& o) {
   const auto& m = o.muon;
   if (!(m.momentum >= 0 && m.momentum < 1))
     return bad("muon momentum must be in [0, 1)");
-  if (m.ns.steps < 1)
-    return bad("ns_steps must be >= 1");
-  if (!m.ns.schedule.empty() && static_cast<int>(m.ns.schedule.size()) != m.ns.steps)
-    return bad("ns coefficient schedule has " + std::to_string(m.ns.schedule.size())
-               + " entries but ns_steps is " + std::to_string(m.ns.steps));
-  if (m.ns.gram_restart < 0)
-    return bad("ns_gram_restart must be >= 0 (0 = never restart), got "
-               + std::to_string(m.ns.gram_restart));
-  if (m.ns.variant != ns_variant::standard && o.compute == "cuda"
-      && (m.ns.gram_restart == 0 || m.ns.gram_restart > kGramMaxBlockBf16))
-    return bad("ns_gram_restart " + std::to_string(m.ns.gram_restart) + " with ns_variant "
-               + (m.ns.variant == ns_variant::gram ? "gram" : "auto (gram)")
-               + " on the cuda backend: bf16 Gram blocks of more than "
-               + std::to_string(kGramMaxBlockBf16)
-               + " steps diverge on ill-conditioned gradients (docs/NOTES.md, issue 8); use 1.."
-               + std::to_string(kGramMaxBlockBf16));
+  if (auto err = check_ns_options(m.ns, o.compute))
+    return err;
   const auto& a = o.adamw;
   if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
     return bad("adamw betas must be in [0, 1)");

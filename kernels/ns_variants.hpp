@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "zmuon/options.hpp"
+#include "zmuon/status.hpp"
 
 namespace zmuon {
 
@@ -105,6 +107,29 @@ inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols,
 /// orthogonality error of 7-19 and 5 steps diverge for NS5 too. The engine refuses longer blocks
 /// (and 0, one block of all steps) on the cuda backend.
 inline constexpr int kGramMaxBlockBf16 = 3;
+
+/// Why `ns` cannot run on compute backend `backend` ("host" or "cuda"), or no error: what the
+/// engine's options check and the standalone orthogonalizer (zmuon/orthogonalize.hpp) both refuse.
+inline error check_ns_options(const ns_options& ns, const std::string& backend) {
+  auto bad = [](const std::string& what) { return error{errc::invalid_argument, what}; };
+  if (ns.steps < 1)
+    return bad("ns_steps must be >= 1");
+  if (!ns.schedule.empty() && static_cast<int>(ns.schedule.size()) != ns.steps)
+    return bad("ns coefficient schedule has " + std::to_string(ns.schedule.size())
+               + " entries but ns_steps is " + std::to_string(ns.steps));
+  if (ns.gram_restart < 0)
+    return bad("ns_gram_restart must be >= 0 (0 = never restart), got "
+               + std::to_string(ns.gram_restart));
+  if (ns.variant != ns_variant::standard && backend == "cuda"
+      && (ns.gram_restart == 0 || ns.gram_restart > kGramMaxBlockBf16))
+    return bad("ns_gram_restart " + std::to_string(ns.gram_restart) + " with ns_variant "
+               + (ns.variant == ns_variant::gram ? "gram" : "auto (gram)")
+               + " on the cuda backend: bf16 Gram blocks of more than "
+               + std::to_string(kGramMaxBlockBf16)
+               + " steps diverge on ill-conditioned gradients (docs/NOTES.md, issue 8); use 1.."
+               + std::to_string(kGramMaxBlockBf16));
+  return {};
+}
 
 /// Steps of one Gram block: the restart interval, or all of the remaining steps when 0.
 inline int gram_block_steps(const ns_options& ns, int remaining) {

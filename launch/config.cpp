@@ -579,6 +579,10 @@ std::vector<std::string> json_changes(const json& before, const json& after) {
   return out;
 }
 
+std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates) {
+  return nearest(key, candidates);
+}
+
 json default_config_json() {
   return config_json(job_config{});
 }

@@ -38,6 +38,10 @@ nlohmann::json config_json(const job_config& cfg);
 /// leaf, its dotted path first: "optimizer.lr 0.02 -> 0.01", "seed 1 -> 7", "x (none) -> 3".
 std::vector<std::string> json_changes(const nlohmann::json& before, const nlohmann::json& after);
 
+/// The candidate nearest to `key` (case-insensitive edit distance), or "" when none is close: the
+/// schema's "did you mean" suggestion, for key sets of its own (parse_ns_options).
+std::string nearest_key(const std::string& key, const std::vector<std::string>& candidates);
+
 /// The defaults as JSON: config_json(job_config{}).
 nlohmann::json default_config_json();
 

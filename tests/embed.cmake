@@ -7,6 +7,10 @@ target_include_directories(c_api_checks PRIVATE ${PROJECT_SOURCE_DIR}/include ${
 zmuon_add_test(test_c_api SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_c_api.cpp
   LIBS c_api_checks zmuon)
 target_include_directories(test_c_api PRIVATE ${PROJECT_SOURCE_DIR})
+# Newton-Schulz on its own (zmuon_orthogonalize, zmuon::orthogonalizer) against a double NS5.
+zmuon_add_test(test_orthogonalize SOURCES ${CMAKE_CURRENT_SOURCE_DIR}/test_orthogonalize.cpp
+  LIBS zmuon LABEL embed)
+target_include_directories(test_orthogonalize PRIVATE ${PROJECT_SOURCE_DIR})
 
 # One step of a job (params, gradients per rank and micro-batch) through the C++ engine; the
 # Python test compares the binding's result with this program's, bit for bit.

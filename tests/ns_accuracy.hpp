@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -227,6 +228,57 @@ inline test_matrix gaussian(int64_t rows, int64_t cols, uint32_t seed) {
   t.cols = cols;
   store_wide(t, w, p);
   return t;
+}
+
+/// NS5's (a, b, c), DESIGN.md §2.
+inline constexpr std::array<double, 3> kNs5Coefficients = {3.4445, -4.7750, 2.0315};
+
+/// Double-precision Newton-Schulz of one row-major [rows, cols] matrix, written independently of
+/// the backends: transpose tall to wide, X / (||X||_F + 1e-7), `steps` iterations of
+/// X <- a X + (b A + c A^2) X, A = X X^T.
+inline std::vector<double> ns5_reference(const std::vector<double>& g, int64_t rows, int64_t cols,
+                                         int steps = 5,
+                                         const std::array<double, 3>& abc = kNs5Coefficients) {
+  const double a = abc[0], b = abc[1], c = abc[2];
+  const bool tall = rows > cols;
+  const int64_t m = tall ? cols : rows, n = tall ? rows : cols;
+  std::vector<double> x(m * n);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      (tall ? x[j * n + i] : x[i * n + j]) = g[i * cols + j];
+  double norm = 0;
+  for (double v : x)
+    norm += v * v;
+  norm = std::sqrt(norm) + 1e-7;
+  for (double& v : x)
+    v /= norm;
+  for (int it = 0; it < steps; ++it) {
+    std::vector<double> A(m * m, 0), B(m * m, 0), X(m * n, 0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j)
+        for (int64_t k = 0; k < n; ++k)
+          A[i * m + j] += x[i * n + k] * x[j * n + k];
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j) {
+        double aa = 0;
+        for (int64_t k = 0; k < m; ++k)
+          aa += A[i * m + k] * A[k * m + j];
+        B[i * m + j] = b * A[i * m + j] + c * aa;
+      }
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double bx = 0;
+        for (int64_t k = 0; k < m; ++k)
+          bx += B[i * m + k] * x[k * n + j];
+        X[i * n + j] = a * x[i * n + j] + bx;
+      }
+    x = X;
+  }
+  std::vector<double> out(rows * cols);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j)
+      out[i * cols + j] = tall ? x[j * n + i] : x[i * n + j];
+  return out;
 }
 
 }  // namespace zmuon::ns_accuracy

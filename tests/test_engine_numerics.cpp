@@ -13,6 +13,7 @@
 #include "kernels/ns_variants.hpp"
 #include "launch/exe/train.hpp"
 #include "plan/ownership.hpp"
+#include "tests/ns_accuracy.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;
@@ -34,51 +35,6 @@ tensor_map train_model(const engine_options& o, int gas, int micro_batch, int st
 
 tensor_map train_model(int world, int gas, int micro_batch, int steps) {
   return train_model(options(world), gas, micro_batch, steps);
-}
-
-// Double-precision Newton-Schulz of one row-major [rows, cols] matrix, written independently of
-// the backends: transpose tall to wide, normalize, 5 iterations of the quintic.
-std::vector<double> ns5_reference(std::vector<double> g, int64_t rows, int64_t cols) {
-  const double a = 3.4445, b = -4.7750, c = 2.0315;
-  bool tall = rows > cols;
-  int64_t m = tall ? cols : rows, n = tall ? rows : cols;
-  std::vector<double> x(m * n);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      (tall ? x[j * n + i] : x[i * n + j]) = g[i * cols + j];
-  double norm = 0;
-  for (double v : x)
-    norm += v * v;
-  norm = std::sqrt(norm) + 1e-7;
-  for (double& v : x)
-    v /= norm;
-  for (int it = 0; it < 5; ++it) {
-    std::vector<double> A(m * m, 0), B(m * m, 0), X(m * n, 0);
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < m; ++j)
-        for (int64_t k = 0; k < n; ++k)
-          A[i * m + j] += x[i * n + k] * x[j * n + k];
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < m; ++j) {
-        double aa = 0;
-        for (int64_t k = 0; k < m; ++k)
-          aa += A[i * m + k] * A[k * m + j];
-        B[i * m + j] = b * A[i * m + j] + c * aa;
-      }
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) {
-        double bx = 0;
-        for (int64_t k = 0; k < m; ++k)
-          bx += B[i * m + k] * x[k * n + j];
-        X[i * n + j] = a * x[i * n + j] + bx;
-      }
-    x = X;
-  }
-  std::vector<double> out(rows * cols);
-  for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j)
-      out[i * cols + j] = tall ? x[j * n + i] : x[i * n + j];
-  return out;
 }
 
 }  // namespace
@@ -352,7 +308,7 @@ BOOST_AUTO_TEST_CASE(one_muon_step_matches_a_double_precision_reference) {
     double m = (1 - beta) * g;         // momentum from zero
     u[i] = (1 - beta) * g + beta * m;  // Nesterov
   }
-  auto ortho = ns5_reference(u, rows, cols);
+  auto ortho = ns_accuracy::ns5_reference(u, rows, cols);
   double scale = std::sqrt(std::max(1.0, static_cast<double>(rows) / cols));
   std::vector<float> want(u.size()), got(u.size());
   for (size_t i = 0; i < u.size(); ++i) {

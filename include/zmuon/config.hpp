@@ -30,4 +30,11 @@ expected<job_config> parse_config_text(const std::string& json_text,
 expected<job_config> load_config_file(const std::string& path,
                                       const std::vector<std::string>& overrides = {});
 
+/// Newton-Schulz options from JSON text: an object of the config's NS keys, named as under
+/// `optimizer.params` (ns_steps, ns_coefficients, ns_schedule, ns_variant, ns_gram_restart), e.g.
+/// {"ns_steps": 5, "ns_variant": "standard"}; empty text: the engine's defaults. Read by the
+/// config's own schema, so a bad value gives the config's error (without the
+/// "optimizer.params." prefix) and a misspelled key names the nearest NS key.
+expected<ns_options> parse_ns_options(const std::string& json_text);
+
 }  // namespace zmuon

@@ -183,6 +183,59 @@ ZMUON_API int zmuon_engine_write_call_timeline(zmuon_engine* eng, const char* pa
 ZMUON_API int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir);
 ZMUON_API int zmuon_engine_load_checkpoint(zmuon_engine* eng, const char* dir, uint64_t* step_out);
 
+/* -- Newton-Schulz on its own (zmuon/orthogonalize.hpp), without an engine --------------------
+ * Orthogonalizes the caller's matrices in place with a compute backend that keeps its workspace
+ * across calls:
+ *
+ *   zmuon_orthogonalizer* ns;
+ *   zmuon_orthogonalizer_create("host", 0, "{\"ns_steps\": 5}", &ns);
+ *   int64_t shape[3] = {3, 256, 64};             // or {256, 64}
+ *   zmuon_array x = {data, ZMUON_FLOAT32, 3, shape, ZMUON_HOST};
+ *   zmuon_orthogonalize(ns, &x);
+ *   zmuon_orthogonalizer_destroy(ns);
+ *
+ * Per matrix X: tall ones as their transpose, X / (||X||_F + 1e-7), then ns_steps iterations of
+ * X <- a X + (b A + c A^2) X with A = X X^T (or its Gram form: ns_variant). fp32 arithmetic on
+ * the host backend, bf16 with fp32 sums on cuda. Non-finite input is not checked: such a matrix
+ * comes back all NaN. One orthogonalizer runs one call at a time. */
+
+/* zmuon_array.dtype */
+typedef enum zmuon_dtype { ZMUON_FLOAT32 = 0, ZMUON_BFLOAT16 = 1 } zmuon_dtype;
+
+/* Contiguous row-major matrices: ndim 2, shape {rows, cols}, or ndim 3, shape {batch, rows,
+ * cols}. On the cuda backend `data` is device memory on the orthogonalizer's GPU (device = that
+ * ordinal); on the host backend host memory (device = ZMUON_HOST). */
+typedef struct zmuon_array {
+  void* data;
+  int32_t dtype; /* zmuon_dtype */
+  int32_t ndim;
+  const int64_t* shape;
+  int32_t device; /* ZMUON_HOST or a CUDA device ordinal */
+} zmuon_array;
+
+typedef struct zmuon_orthogonalizer zmuon_orthogonalizer;
+
+/* A backend ("host", or "cuda" when built with it) on CUDA device `device` (ignored by "host"),
+ * with the options in `ns_json`: an object of the config's Newton-Schulz keys ("ns_steps",
+ * "ns_coefficients", "ns_schedule", "ns_variant", "ns_gram_restart"; NULL or "": the engine's
+ * defaults). A misspelled key or a bad value is ZMUON_INVALID_ARGUMENT naming it, as in the
+ * engine's config. */
+ZMUON_API int zmuon_orthogonalizer_create(const char* backend, int32_t device, const char* ns_json,
+                                          zmuon_orthogonalizer** out);
+/* New options (the same JSON) for the calls that follow; on failure the old ones stay. */
+ZMUON_API int zmuon_orthogonalizer_set_options(zmuon_orthogonalizer* ns, const char* ns_json);
+/* NULL is fine. */
+ZMUON_API void zmuon_orthogonalizer_destroy(zmuon_orthogonalizer* ns);
+/* Orthogonalizes x's matrices in place. On cuda it returns once the result is written; the
+ * caller must have finished writing x. */
+ZMUON_API int zmuon_orthogonalize(zmuon_orthogonalizer* ns, const zmuon_array* x);
+/* The same, ordered on the CUDA stream `cuda_stream` (a cudaStream_t; NULL: the default
+ * stream) without waiting: after the work queued there so far, before the work queued there
+ * afterwards. A stream on another GPU, or capturing a CUDA graph, is ZMUON_INVALID_ARGUMENT. The
+ * host backend runs the call to its end and ignores the stream. */
+ZMUON_API int zmuon_orthogonalize_on_stream(zmuon_orthogonalizer* ns, const zmuon_array* x,
+                                            void* cuda_stream);
+
 #ifdef __cplusplus
 }
 #endif
