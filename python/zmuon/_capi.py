@@ -11,6 +11,8 @@ import os
 
 HOST = -1  # zmuon_tensor.device for host memory
 
+FLOAT32, BFLOAT16 = 0, 1  # zmuon_array.dtype
+
 GROUP_AUTO, GROUP_MUON, GROUP_ADAMW = 0, 1, 2
 
 
@@ -81,6 +83,11 @@ _ERRORS = [None, InvalidArgument, UnknownParameter, DuplicateParameter, ShapeMis
 class Tensor(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char_p), ("data", ctypes.c_void_p), ("numel", ctypes.c_int64),
                 ("device", ctypes.c_int32)]
+
+
+class Array(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("device", ctypes.c_int32)]
 
 
 class StepInfo(ctypes.Structure):
@@ -154,6 +161,13 @@ def _load():
         "zmuon_engine_save_checkpoint": (c_int, [eng_p, ctypes.c_char_p]),
         "zmuon_engine_load_checkpoint": (c_int, [eng_p, ctypes.c_char_p,
                                                  ctypes.POINTER(ctypes.c_uint64)]),
+        "zmuon_orthogonalizer_create": (c_int, [ctypes.c_char_p, c_i32, ctypes.c_char_p,
+                                                ctypes.POINTER(ctypes.c_void_p)]),
+        "zmuon_orthogonalizer_set_options": (c_int, [ctypes.c_void_p, ctypes.c_char_p]),
+        "zmuon_orthogonalizer_destroy": (None, [ctypes.c_void_p]),
+        "zmuon_orthogonalize": (c_int, [ctypes.c_void_p, ctypes.POINTER(Array)]),
+        "zmuon_orthogonalize_on_stream": (c_int, [ctypes.c_void_p, ctypes.POINTER(Array),
+                                                  ctypes.c_void_p]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -314,3 +328,46 @@ class Engine:
         _check(_lib.zmuon_engine_load_checkpoint(self._h(), os.fsencode(directory),
                                                  ctypes.byref(step)))
         return step.value
+
+
+class Orthogonalizer:
+    """zmuon_orthogonalizer: a compute backend ("host" or "cuda" on `device`) kept for
+    Newton-Schulz calls, with its workspace. `options_json`: an object of the config's NS keys
+    (ns_steps, ns_coefficients, ns_schedule, ns_variant, ns_gram_restart); "" for the defaults.
+    One call at a time."""
+
+    def __init__(self, backend="host", device=0, options_json=""):
+        handle = ctypes.c_void_p()
+        _check(_lib.zmuon_orthogonalizer_create(str(backend).encode(), device,
+                                                options_json.encode(), ctypes.byref(handle)))
+        self._handle = handle
+        self.backend, self.device, self.options_json = backend, device, options_json
+
+    def close(self, _destroy=_lib.zmuon_orthogonalizer_destroy):
+        if getattr(self, "_handle", None):
+            _destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        self.close()
+
+    def _h(self):
+        if not self._handle:
+            raise BadState("the orthogonalizer is closed")
+        return self._handle
+
+    def set_options(self, options_json):
+        _check(_lib.zmuon_orthogonalizer_set_options(self._h(), options_json.encode()))
+        self.options_json = options_json
+
+    def run(self, ptr, dtype, shape, device=HOST, stream=None):
+        """Orthogonalizes the contiguous matrices at `ptr` ([rows, cols] or [batch, rows, cols],
+        FLOAT32 or BFLOAT16) in place; `stream` (a cudaStream_t as an int) orders the work on it
+        without waiting, else a cuda call returns once done."""
+        dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        arr = Array(ptr, dtype, len(shape), dims, device)
+        if stream is None:
+            _check(_lib.zmuon_orthogonalize(self._h(), ctypes.byref(arr)))
+        else:
+            _check(_lib.zmuon_orthogonalize_on_stream(self._h(), ctypes.byref(arr),
+                                                      ctypes.c_void_p(stream)))
