@@ -25,9 +25,8 @@ constexpr int kBf16StagedBytes = kTile * kBf16StagedLd * 2;
 /// What the kernel is launched with (besides the operands' tensor maps).
 struct kernel_params {
   int blocks_per_matrix;  // sm90::blocks_per_matrix
-  int items;    // blocks_per_matrix * batch: the blocks' work the persistent kernel shares
-  int tiles_n;  // tiles per row of D
-  int slices;   // k / kSlice
+  int tiles_n;            // tiles per row of D
+  int slices;             // k / kSlice
   int symmetric;
   float alpha;
   float beta;
@@ -35,6 +34,7 @@ struct kernel_params {
   int64_t ld_c, stride_c;
   __nv_bfloat16* d;
   int64_t ld_d, stride_d;
+  int items;  // blocks_per_matrix * batch: the blocks' work the persistent kernel shares
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)

@@ -76,14 +76,14 @@ __device__ __forceinline__ block_work work_of(const kernel_params& prm, int item
   return tiles_of_block(consumers, prm.symmetric != 0, prm.tiles_n, item % prm.blocks_per_matrix);
 }
 
-/// The producer's part of one work item: its slices into the stages. `filled` counts the
-/// slices the block has loaded so far (stage filled % Stages, round filled / Stages).
+/// The producer's part of one work item (tiles `w` of `matrix`): its slices into the stages.
+/// `filled` counts the slices the block has loaded so far (stage filled % Stages, round filled /
+/// Stages).
 template <int Consumers, int Stages>
 __device__ __forceinline__ void produce(const CUtensorMap* map_p, const CUtensorMap* map_q,
                                         const kernel_params& prm, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty, int item, int& filled) {
-  int matrix = 0;
-  const block_work w = work_of(prm, item, matrix, Consumers);
+                                        uint64_t* empty, const block_work& w, int matrix,
+                                        int& filled) {
   // The epilogue's C rows, asked into L2 a few slices before the last, so that the epilogue
   // reads them from L2 rather than waiting on memory (the tile's last act otherwise).
   const int prefetch_at = max(0, prm.slices - kPrefetchSlices);
@@ -114,10 +114,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_p, const CUtensor
 /// in this item without multiplying, so that the barriers' count stays fixed across items.
 template <int Consumers, int Stages, bool Persistent>
 __device__ __forceinline__ void consume(const kernel_params& prm, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty, int item, int used, int group) {
+                                        uint64_t* empty, const block_work& w, int matrix, int used,
+                                        int group) {
   constexpr int kStageBytes = stage_bytes<Consumers>();
-  int matrix = 0;
-  const block_work w = work_of(prm, item, matrix, Consumers);
   const bool arrives = threadIdx.x % 32 == 0;  // one arrival per warp
   // The first slice's wgmmas overwrite the accumulators (scale-d 0), so they start undefined:
   // zeroing them here would make ptxas serialize the wgmmas.
@@ -163,24 +162,17 @@ __device__ __forceinline__ void consume(const kernel_params& prm, uint8_t* smem,
         barrier_arrive(&empty[s]);
     }
   }
+  const int tile_m = w.row(group);
+  const int tile_n = w.col(group);
+  const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
+  const int t = static_cast<int>(threadIdx.x) % kGroupThreads;
   if constexpr (Persistent) {
-    // The item's tiles again rather than held through the main loop (registers: the
-    // accumulators leave few).
-    const block_work e = work_of(prm, item, matrix, Consumers);
-    const int tile_m = e.row(group);
-    const int tile_n = e.col(group);
-    const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
-    const int t = static_cast<int>(threadIdx.x) % kGroupThreads;
-    if (group < e.active)
+    if (group < w.active)
       store_bf16_staged(
           acc0, acc1,
           reinterpret_cast<__nv_bfloat16*>(smem + Stages * kStageBytes + group * kBf16StagedBytes),
           prm, matrix, tile_m, tile_n, mirror, group, t);
   } else {
-    const int tile_m = w.row(group);
-    const int tile_n = w.col(group);
-    const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
-    const int t = static_cast<int>(threadIdx.x) % kGroupThreads;
     consumers_sync<Consumers>();  // every group's wgmmas have read their stages
     if (group < w.active)
       store_staged(acc0, acc1, reinterpret_cast<float*>(smem + group * kStagedBytes), prm, matrix,
@@ -207,11 +199,11 @@ __global__ void __launch_bounds__(threads<Consumers>())
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
   uint64_t* empty = full + Stages;
   const int first = static_cast<int>(blockIdx.x);
+  int matrix = 0;  // the first item's (the only one's, unless persistent)
+  const block_work w = work_of(prm, first, matrix, Consumers);
 
   if (threadIdx.x == 0) {
-    int matrix = 0;
-    const int arrivals =
-        4 * (Persistent ? Consumers : work_of(prm, first, matrix, Consumers).active);
+    const int arrivals = 4 * (Persistent ? Consumers : w.active);
     for (int s = 0; s < Stages; ++s) {
       barrier_init(&full[s], 1);
       barrier_init(&empty[s], arrivals);  // one arrival per (working) consumer warp
@@ -224,10 +216,12 @@ __global__ void __launch_bounds__(threads<Consumers>())
     if (threadIdx.x == Consumers * kGroupThreads) {
       int filled = 0;
       if constexpr (Persistent) {
-        for (int item = first; item < prm.items; item += static_cast<int>(gridDim.x))
-          produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, item, filled);
+        for (int item = first; item < prm.items; item += static_cast<int>(gridDim.x)) {
+          const block_work work = work_of(prm, item, matrix, Consumers);
+          produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, work, matrix, filled);
+        }
       } else {
-        produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, first, filled);
+        produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, w, matrix, filled);
       }
     }
     return;
@@ -236,10 +230,12 @@ __global__ void __launch_bounds__(threads<Consumers>())
   if constexpr (Persistent) {
     int used = 0;
     for (int item = first; item < prm.items;
-         item += static_cast<int>(gridDim.x), used += prm.slices)
-      consume<Consumers, Stages, true>(prm, smem, full, empty, item, used, group);
+         item += static_cast<int>(gridDim.x), used += prm.slices) {
+      const block_work work = work_of(prm, item, matrix, Consumers);
+      consume<Consumers, Stages, true>(prm, smem, full, empty, work, matrix, used, group);
+    }
   } else {
-    consume<Consumers, Stages, false>(prm, smem, full, empty, first, 0, group);
+    consume<Consumers, Stages, false>(prm, smem, full, empty, w, matrix, 0, group);
   }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
