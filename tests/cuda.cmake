@@ -14,4 +14,7 @@ if(TARGET zmuon_cuda)
   zmuon_add_gpu_test(test_engine_cuda "zmuon_train;zmuon_node" test_engine_cuda_handover.cpp
                      test_engine_cuda_trace.cpp)
   # the engine on CUDA vs host, the core contract, the hand-over of device gradients, a node
+  # Newton-Schulz on its own (zmuon::orthogonalizer) on device memory vs the host, through libzmuon
+  zmuon_add_gpu_test(test_orthogonalize_cuda "zmuon;CUDA::cudart")
+  target_include_directories(test_orthogonalize_cuda PRIVATE ${PROJECT_SOURCE_DIR})
 endif()
