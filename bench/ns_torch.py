@@ -18,6 +18,16 @@ strongest PyTorch baseline) and per matrix, timed here in the same run, and the 
 plumbing share and Muon-phase bytes against DeepSpeed's ZeRO-3 scheme.
 
     bench/ns_torch.py --step-json OUT/step_*.json [--zmuon OUT/bench_ns.json] [--out FILE]
+
+With --interleave (needs `import zmuon` to work, on a CUDA build of libzmuon, and a GPU) it times
+zmuon.newton_schulz itself in this process instead of reading bench_ns: per shape, bf16 in and
+out, in place on a fresh copy of one bf16 input, against eager NS5 on the same input, one timed
+call of each per round (CUDA events, the order alternating), after a warm-up; the medians, the
+ratio eager / zmuon and the 1.5x verdict. zmuon's time includes the Python call (ctypes) that
+launches it.
+
+    PYTHONPATH=python ZMUON_LIBRARY=build/embed/libzmuon.so bench/ns_torch.py --interleave \
+        [--rounds 10] [--out FILE]
 """
 
 import argparse
@@ -138,6 +148,80 @@ def time_table(groups, reps):
     return median_ms(per_matrix, reps), median_ms(batched, reps)
 
 
+def time_once(body, before=lambda: None):
+    """One call of `body` on an idle stream, in ms (CUDA events)."""
+    start = torch.cuda.Event(enable_timing=True)
+    stop = torch.cuda.Event(enable_timing=True)
+    before()
+    torch.cuda.synchronize()
+    start.record()
+    body()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
+
+
+def interleave_table(rounds, warmup=3):
+    """zmuon.newton_schulz against eager NS5 on the same bf16 inputs, timed alternately."""
+    try:
+        import zmuon  # pylint: disable=import-outside-toplevel
+    except (ImportError, OSError) as e:
+        sys.exit(f"--interleave needs the zmuon package and libzmuon (PYTHONPATH, "
+                 f"ZMUON_LIBRARY): {e}")
+    if not torch.cuda.is_available():
+        sys.exit("--interleave needs a CUDA device")
+    lines = [f"device: {torch.cuda.get_device_name()} (torch {torch.__version__}, zmuon "
+             f"{zmuon.version()}); bf16 in and out, NS5, the engine's default variant; "
+             f"median of {rounds} rounds, each one timed call of each (CUDA events), "
+             f"after {warmup} warm-up calls of each",
+             "",
+             "| shape | zmuon ms | eager ms | x eager | relative difference |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    verdicts = []
+    for label, batch, rows, cols in SHAPES:
+        shape = (batch, rows, cols) if batch > 1 else (rows, cols)
+        G = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        work = torch.empty_like(G)
+
+        def refill():
+            work.copy_(G)
+
+        def ours():
+            zmuon.newton_schulz(work, out=work)
+
+        def eager():
+            ns5_reference(G)
+
+        for _ in range(warmup):
+            refill()
+            ours()
+            eager()
+        ours_ms, eager_ms = [], []
+        for r in range(rounds):
+            if r % 2 == 0:
+                ours_ms.append(time_once(ours, refill))
+                eager_ms.append(time_once(eager))
+            else:
+                eager_ms.append(time_once(eager))
+                ours_ms.append(time_once(ours, refill))
+        refill()
+        ours()
+        want = ns5_reference(G).float()
+        diff = ((work.float() - want).norm() / want.norm()).item()
+        z, e = statistics.median(ours_ms), statistics.median(eager_ms)
+        ratio = e / z
+        print(f"{label}: zmuon {z:.3f} ms, eager {e:.3f} ms, {ratio:.2f}x", flush=True)
+        lines.append(f"| {label} | {z:.3f} | {e:.3f} | {ratio:.2f} | {diff:.2e} |")
+        verdicts.append(f"{label}, zmuon.newton_schulz bf16: {ratio:.2f}x eager (target >= 1.5x):"
+                        f" {'met' if ratio >= 1.5 else 'BELOW'}")
+    lines.append("")
+    lines.append("relative difference: ||zmuon - eager||_F / ||eager||_F of one call's results "
+                 "(both bf16 NS5; a few 1e-2 is bf16 noise)")
+    lines.append("")
+    lines.extend(verdicts)
+    return "\n".join(lines)
+
+
 def fmt(value, spec):
     return "n/a" if value is None else format(value, spec)
 
@@ -202,7 +286,19 @@ def main():
     parser.add_argument("--step-json", nargs="+", help="zmuon-bench-step --json outputs")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", help="also write the table (markdown) here")
+    parser.add_argument("--interleave", action="store_true",
+                        help="time zmuon.newton_schulz (this process) against eager NS5, "
+                             "alternating, on the same bf16 inputs")
+    parser.add_argument("--rounds", type=int, default=10, help="--interleave: timed rounds")
     args = parser.parse_args()
+
+    if args.interleave:
+        table = interleave_table(args.rounds)
+        print("\n" + table)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(table + "\n")
+        return
 
     if args.step_json:
         zmuon_ns = None
@@ -216,7 +312,7 @@ def main():
                 f.write(table + "\n")
         return
     if not args.zmuon:
-        parser.error("--zmuon or --step-json is needed")
+        parser.error("--zmuon, --step-json or --interleave is needed")
 
     with open(args.zmuon) as f:
         zmuon = json.load(f)
