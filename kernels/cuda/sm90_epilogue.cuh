@@ -47,6 +47,55 @@ __device__ __forceinline__ void group_sync(int group) {
     asm volatile("bar.sync 3, %0;" ::"n"(kGroupThreads) : "memory");
 }
 
+/// Calls f(row, col, x, y) for each pair of neighbouring accumulators thread `t` of a consumer
+/// warpgroup holds: (row, col) and (row, col + 1) of the tile, in wgmma's m64n128 fp32 layout
+/// (acc0 rows 0-63, acc1 rows 64-127).
+template <typename F>
+__device__ __forceinline__ void for_each_pair(const float (&acc0)[64], const float (&acc1)[64],
+                                              int t, F&& f) {
+  const int lane = t % 32;
+  const int warp = t / 32;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float(&acc)[64] = h == 0 ? acc0 : acc1;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        f(h * 64 + warp * 16 + lane / 4 + half * 8, j * 8 + (lane % 4) * 2, acc[4 * j + 2 * half],
+          acc[4 * j + 2 * half + 1]);
+    }
+  }
+}
+
+__device__ __forceinline__ __nv_bfloat162 bf16_pair(float x, float y) {
+  return __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ __nv_bfloat162 bf16_pair(__nv_bfloat16 x, __nv_bfloat16 y) {
+  return __halves2bfloat162(x, y);
+}
+
+/// The mirror of a staged tile (rows `Ld` elements apart, holding D's rounded values): its
+/// columns written as the rows of D's tile (col0, row0). Each thread takes 16 rows of one column
+/// (32 bytes of a row of the mirror) per pass; neighbouring threads take neighbouring columns, so
+/// the shared-memory reads do not conflict.
+template <int Ld, typename T>
+__device__ __forceinline__ void write_mirror(const T* tile, __nv_bfloat16* d, int64_t ld_d,
+                                             int64_t row0, int64_t col0, int t) {
+  for (int i = t; i < kTile * (kTile / 16); i += kGroupThreads) {
+    const int col = i % kTile;
+    const int row = (i / kTile) * 16;
+    uint4 out[2];
+    __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(out);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      packed[e] = bf16_pair(tile[(row + 2 * e) * Ld + col], tile[(row + 2 * e + 1) * Ld + col]);
+    uint4* to = reinterpret_cast<uint4*>(d + (col0 + col) * ld_d + row0 + row);
+    to[0] = out[0];
+    to[1] = out[1];
+  }
+}
+
 /// The tile through shared memory (the stages are free by now), so that every global access is
 /// 16 bytes wide and whole rows of D and of its mirror are written by neighbouring threads: the
 /// accumulators go in as fp32, alpha * acc + beta * C is formed and rounded along D's rows
@@ -56,22 +105,9 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
                                              float* tile, const kernel_params& prm, int64_t matrix,
                                              int tile_m, int tile_n, bool mirror, int group,
                                              int t) {
-  const int lane = t % 32;
-  const int warp = t / 32;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float(&acc)[64] = h == 0 ? acc0 : acc1;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
-        const int col = j * 8 + (lane % 4) * 2;
-        *reinterpret_cast<float2*>(tile + row * kStagedLd + col) =
-            make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      }
-    }
-  }
+  for_each_pair(acc0, acc1, t, [&](int row, int col, float x, float y) {
+    *reinterpret_cast<float2*>(tile + row * kStagedLd + col) = make_float2(x, y);
+  });
   group_sync(group);
   const int64_t row0 = int64_t{tile_m} * kTile;
   const int64_t col0 = int64_t{tile_n} * kTile;
@@ -119,21 +155,7 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   if (!mirror)
     return;
   group_sync(group);
-  // Columns: each thread takes 16 rows of one column (32 bytes of a row of the mirror) per pass;
-  // neighbouring threads take neighbouring columns, so the shared-memory reads do not conflict.
-  for (int i = t; i < kTile * (kTile / 16); i += kGroupThreads) {
-    const int col = i % kTile;
-    const int row = (i / kTile) * 16;
-    uint4 out[2];
-    __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(out);
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      packed[e] = __floats2bfloat162_rn(tile[(row + 2 * e) * kStagedLd + col],
-                                        tile[(row + 2 * e + 1) * kStagedLd + col]);
-    uint4* to = reinterpret_cast<uint4*>(d + (col0 + col) * prm.ld_d + row0 + row);
-    to[0] = out[0];
-    to[1] = out[1];
-  }
+  write_mirror<kStagedLd>(tile, d, prm.ld_d, row0, col0, t);
 }
 
 /// The persistent kernel's epilogue, through the group's own bf16 tile so that the stages stay
@@ -162,29 +184,17 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc0)[64], const
     }
     group_sync(group);
   }
-  const int lane = t % 32;
-  const int warp = t / 32;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float(&acc)[64] = h == 0 ? acc0 : acc1;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = h * 64 + warp * 16 + lane / 4 + half * 8;
-        const int col = j * 8 + (lane % 4) * 2;
-        __nv_bfloat162* at = reinterpret_cast<__nv_bfloat162*>(tile + row * kBf16StagedLd + col);
-        float v0 = acc[4 * j + 2 * half] * prm.alpha;
-        float v1 = acc[4 * j + 2 * half + 1] * prm.alpha;
-        if (c != nullptr) {
-          const __nv_bfloat162 old = *at;
-          v0 += prm.beta * __low2float(old);
-          v1 += prm.beta * __high2float(old);
-        }
-        *at = __floats2bfloat162_rn(v0, v1);
-      }
+  for_each_pair(acc0, acc1, t, [&](int row, int col, float x, float y) {
+    __nv_bfloat162* at = reinterpret_cast<__nv_bfloat162*>(tile + row * kBf16StagedLd + col);
+    x *= prm.alpha;
+    y *= prm.alpha;
+    if (c != nullptr) {
+      const __nv_bfloat162 old = *at;
+      x += prm.beta * __low2float(old);
+      y += prm.beta * __high2float(old);
     }
-  }
+    *at = __floats2bfloat162_rn(x, y);
+  });
   group_sync(group);
 #pragma unroll 4
   for (int pass = 0; pass < kTile * kRuns / kGroupThreads; ++pass) {
@@ -194,23 +204,8 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc0)[64], const
     *reinterpret_cast<uint4*>(d + (row0 + row) * prm.ld_d + col0 + col) =
         *reinterpret_cast<const uint4*>(tile + row * kBf16StagedLd + col);
   }
-  if (!mirror)
-    return;
-  // 16 rows of one column a pass (32 bytes of one of the mirror's rows); neighbouring threads
-  // read neighbouring columns, so the 2-byte reads share words rather than banks.
-  for (int i = t; i < kTile * (kTile / 16); i += kGroupThreads) {
-    const int col = i % kTile;
-    const int row = (i / kTile) * 16;
-    uint4 out[2];
-    __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(out);
-#pragma unroll
-    for (int e = 0; e < 8; ++e)
-      packed[e] = __halves2bfloat162(tile[(row + 2 * e) * kBf16StagedLd + col],
-                                     tile[(row + 2 * e + 1) * kBf16StagedLd + col]);
-    uint4* to = reinterpret_cast<uint4*>(d + (col0 + col) * prm.ld_d + row0 + row);
-    to[0] = out[0];
-    to[1] = out[1];
-  }
+  if (mirror)
+    write_mirror<kBf16StagedLd>(tile, d, prm.ld_d, row0, col0, t);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
