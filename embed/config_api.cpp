@@ -8,22 +8,34 @@
 #include "zmuon/engine.hpp"
 
 namespace zmuon {
+namespace {
+
+/// `text` as JSON (comments allowed; blank text is an empty object). `what` names it in the
+/// error: nlohmann::json reports a parse error's position only through its exception.
+expected<nlohmann::json> parse_json_text(const std::string& text, const std::string& what) {
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    return nlohmann::json::object();
+  try {
+    return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/true,
+                                 /*ignore_comments=*/true);
+  } catch (const nlohmann::json::parse_error& e) {
+    std::string message = e.what();
+    return error{errc::invalid_argument,
+                 what + " not valid JSON: " + message.substr(message.find(']') + 2)};
+  }
+}
+
+}  // namespace
 
 expected<job_config> parse_config_text(const std::string& json_text,
                                        const std::vector<std::string>& overrides) {
-  nlohmann::json j = nlohmann::json::object();
-  if (json_text.find_first_not_of(" \t\r\n") != std::string::npos) {
-    try {  // nlohmann::json reports a parse error's position only through its exception
-      j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/true,
-                                /*ignore_comments=*/true);
-    } catch (const nlohmann::json::parse_error& e) {
-      std::string what = e.what();
-      return error{errc::invalid_argument,
-                   "the config is not valid JSON: " + what.substr(what.find(']') + 2)};
-    }
-    if (auto checked = parse_config(j); !checked)
+  auto parsed = parse_json_text(json_text, "the config is");
+  if (!parsed)
+    return parsed.err();
+  nlohmann::json j = std::move(*parsed);
+  if (json_text.find_first_not_of(" \t\r\n") != std::string::npos)
+    if (auto checked = parse_config(j); !checked)  // the text's own errors, before overrides'
       return checked.err();
-  }
   for (const auto& o : overrides)
     if (auto err = apply_override(j, o))
       return err;
@@ -41,17 +53,10 @@ expected<ns_options> parse_ns_options(const std::string& json_text) {
   static const std::vector<std::string> keys = {"ns_steps", "ns_coefficients", "ns_schedule",
                                                 "ns_variant", "ns_gram_restart"};
   const std::string section = "optimizer.params.";
-  nlohmann::json j = nlohmann::json::object();
-  if (json_text.find_first_not_of(" \t\r\n") != std::string::npos) {
-    try {  // nlohmann::json reports a parse error's position only through its exception
-      j = nlohmann::json::parse(json_text, nullptr, /*allow_exceptions=*/true,
-                                /*ignore_comments=*/true);
-    } catch (const nlohmann::json::parse_error& e) {
-      std::string what = e.what();
-      return error{errc::invalid_argument, "the Newton-Schulz options are not valid JSON: "
-                                               + what.substr(what.find(']') + 2)};
-    }
-  }
+  auto parsed = parse_json_text(json_text, "the Newton-Schulz options are");
+  if (!parsed)
+    return parsed.err();
+  const nlohmann::json j = std::move(*parsed);
   std::string valid;
   for (const auto& k : keys)
     valid += (valid.empty() ? "" : ", ") + k;

@@ -191,6 +191,20 @@ def _check(status):
     raise cls(message)
 
 
+def _close_handle(obj, destroy):
+    """Destroys obj._handle once. (Callers bind `destroy` as a default argument, so that closing
+    at interpreter exit does not depend on module globals.)"""
+    if getattr(obj, "_handle", None):
+        destroy(obj._handle)
+        obj._handle = None
+
+
+def _open_handle(obj, closed_message):
+    if not getattr(obj, "_handle", None):
+        raise BadState(closed_message)
+    return obj._handle
+
+
 def _tensor_array(entries):
     """entries: (name, data pointer, numel, device) tuples -> a ctypes array (names kept alive)."""
     arr = (Tensor * max(len(entries), 1))()
@@ -226,19 +240,14 @@ class Engine:
         self._handle = handle
 
     def close(self, _destroy=_lib.zmuon_engine_destroy):
-        """Stops the engine's ranks; later calls raise BadState. (The destroy function is bound
-        at definition, so that closing at interpreter exit does not depend on module globals.)"""
-        if getattr(self, "_handle", None):
-            _destroy(self._handle)
-            self._handle = None
+        """Stops the engine's ranks; later calls raise BadState."""
+        _close_handle(self, _destroy)
 
     def __del__(self):
         self.close()
 
     def _h(self):
-        if not self._handle:
-            raise BadState("the engine is closed")
-        return self._handle
+        return _open_handle(self, "the engine is closed")
 
     @property
     def world(self):
@@ -344,17 +353,13 @@ class Orthogonalizer:
         self.backend, self.device, self.options_json = backend, device, options_json
 
     def close(self, _destroy=_lib.zmuon_orthogonalizer_destroy):
-        if getattr(self, "_handle", None):
-            _destroy(self._handle)
-            self._handle = None
+        _close_handle(self, _destroy)
 
     def __del__(self):
         self.close()
 
     def _h(self):
-        if not self._handle:
-            raise BadState("the orthogonalizer is closed")
-        return self._handle
+        return _open_handle(self, "the orthogonalizer is closed")
 
     def set_options(self, options_json):
         _check(_lib.zmuon_orthogonalizer_set_options(self._h(), options_json.encode()))
