@@ -54,18 +54,20 @@ pack() {
   if [[ -z "${QUICK:-}" ]]; then
     # The whole engine with the CUDA backend and the nccl comm (CAF comes along as libraries).
     cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
-    ninja -C build-cuda -j"$jobs" test_engine_cuda zmuon-launch zmuon-bench-step
+    ninja -C build-cuda -j"$jobs" test_engine_cuda test_orthogonalize_cuda zmuon-launch \
+      zmuon-bench-step zmuon
   fi
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/bin" "$stage/lib"
   cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns build-gpu-check/bench_sm90_gemm "$stage/bin/"
   if [[ -z "${QUICK:-}" ]]; then
-    cp build-cuda/tests/test_engine_cuda build-cuda/launch/exe/zmuon-launch \
-      build-cuda/bench/step/zmuon-bench-step "$stage/bin/"
+    cp build-cuda/tests/test_engine_cuda build-cuda/tests/test_orthogonalize_cuda \
+      build-cuda/launch/exe/zmuon-launch build-cuda/bench/step/zmuon-bench-step "$stage/bin/"
+    cp -L build-cuda/embed/libzmuon.so "$stage/lib/libzmuon.so"  # the Python package's
   fi
   # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).
-  ldd "$stage"/bin/* | awk '/=> \// {print $3}' | sort -u |
+  ldd "$stage"/bin/* "$stage"/lib/* | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
     grep -Ev '/(libcudart|libcublas|libcublasLt|libnccl)\.so' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
@@ -147,12 +149,21 @@ check() {
     return $status
   fi
   if [[ -z "${ONLY_STEP:-}" ]]; then
-    for test in test_cuda_kernels test_engine_cuda; do
+    for test in test_cuda_kernels test_engine_cuda test_orthogonalize_cuda; do
       echo "== $test"
       timeout 300 "$work/bin/$test" --log_level=message --report_level=short \
         2>&1 | tee "$out/$test.log"
       rc=${PIPESTATUS[0]}
       echo "$test: exit $rc"
+      [[ $rc -ne 0 ]] && status=1
+    done
+
+    echo "== zmuon.newton_schulz from Python (libzmuon with the CUDA backend, PyTorch's tensors)"
+    for script in tests/python/test_newton_schulz.py tests/python/gpu_newton_schulz_check.py; do
+      ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
+        python3 "$script" 2>&1 | tee -a "$out/python_newton_schulz.log" | tail -n 5
+      rc=${PIPESTATUS[0]}
+      echo "$script: exit $rc"
       [[ $rc -ne 0 ]] && status=1
     done
 
@@ -247,6 +258,12 @@ check() {
         2>&1 | tee "$out/ns_torch.log" | grep -v -E '^\s*$|Warning|warn\(' 
       rc=${PIPESTATUS[0]}
       [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py: exit $rc"
+      echo "== ns_torch.py --interleave: zmuon.newton_schulz and eager NS5 alternating, one process"
+      ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 420 \
+        python3 bench/ns_torch.py --interleave --out "$out/ns_interleave.md" 2>&1 |
+        tee "$out/ns_interleave.log" | grep -v -E '^\s*$|Warning|warn\('
+      rc=${PIPESTATUS[0]}
+      [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py --interleave: exit $rc"
     fi
   fi
 
@@ -267,6 +284,7 @@ check() {
     grep -E 'relative|NS per|error|No errors|Test module' "$out/test_engine_cuda.log"
   fi
   [[ -f "$out/ns_table.md" ]] && cat "$out/ns_table.md"
+  [[ -f "$out/ns_interleave.md" ]] && cat "$out/ns_interleave.md"
   [[ -f "$out/step_table.md" ]] && cat "$out/step_table.md"
   return $status
 }
