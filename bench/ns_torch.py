@@ -74,19 +74,21 @@ def ns_flops(batch, rows, cols, steps=5):
     return batch * steps * (2 * m * m * n + 2 * m * m * m + 2 * m * m * n)
 
 
-def median_ms(body, reps, before=lambda: None):
+def time_once(body, before=lambda: None):
+    """One call of `body` on an idle stream, in ms (CUDA events)."""
     start = torch.cuda.Event(enable_timing=True)
     stop = torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        before()
-        torch.cuda.synchronize()
-        start.record()
-        body()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
+    before()
+    torch.cuda.synchronize()
+    start.record()
+    body()
+    stop.record()
+    stop.synchronize()
+    return start.elapsed_time(stop)
+
+
+def median_ms(body, reps, before=lambda: None):
+    return statistics.median(time_once(body, before) for _ in range(reps))
 
 
 def time_ns(fn, batch, rows, cols, reps, warmup=3, dtype=torch.float32):
@@ -146,19 +148,6 @@ def time_table(groups, reps):
         batched()
     reps = max(3, reps // 4)
     return median_ms(per_matrix, reps), median_ms(batched, reps)
-
-
-def time_once(body, before=lambda: None):
-    """One call of `body` on an idle stream, in ms (CUDA events)."""
-    start = torch.cuda.Event(enable_timing=True)
-    stop = torch.cuda.Event(enable_timing=True)
-    before()
-    torch.cuda.synchronize()
-    start.record()
-    body()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop)
 
 
 def interleave_table(rounds, warmup=3):

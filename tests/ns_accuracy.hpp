@@ -12,6 +12,16 @@
 
 namespace zmuon::ns_accuracy {
 
+/// n standard normal floats from `seed`.
+inline std::vector<float> gaussian(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (auto& x : v)
+    x = normal(gen);
+  return v;
+}
+
 /// Element (i, k) of the wide view (r <= c) of a row-major [rows, cols] matrix.
 template <class T>
 double wide_at(const std::vector<T>& m, int64_t rows, int64_t cols, int64_t i, int64_t k) {

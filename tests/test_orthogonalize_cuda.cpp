@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/bf16_reference.hpp"
+#include "tests/ns_accuracy.hpp"
 #include "zmuon/orthogonalize.hpp"
 
 namespace {
@@ -38,15 +39,6 @@ struct device_memory {
   ~device_memory() { cudaFree(data); }
   void* data = nullptr;
 };
-
-std::vector<float> gaussian(size_t n, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> v(n);
-  for (auto& x : v)
-    x = normal(gen);
-  return v;
-}
 
 zmuon::orthogonalizer make(const std::string& backend) {
   auto o = zmuon::orthogonalizer::create(backend, 0);
@@ -86,7 +78,7 @@ std::string describe(const shape& s) {
 BOOST_AUTO_TEST_CASE(fp32_device_matrices_match_the_host) {
   auto gpu = make("cuda");
   for (const auto& s : kShapes) {
-    const auto x = gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 21);
+    const auto x = zmuon::ns_accuracy::gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 21);
     const auto want = on_host(x, s);
     device_memory d(x.size() * sizeof(float));
     BOOST_REQUIRE(cudaMemcpy(d.data, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice)
@@ -110,7 +102,7 @@ BOOST_AUTO_TEST_CASE(bf16_on_a_callers_stream_matches_the_host) {
   BOOST_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   for (const auto& s : kShapes) {
     const auto n = static_cast<size_t>(s.batch * s.rows * s.cols);
-    const auto x = gaussian(n, 22);
+    const auto x = zmuon::ns_accuracy::gaussian(n, 22);
     std::vector<uint16_t> bits(n);
     std::vector<float> widened(n);
     for (size_t i = 0; i < n; ++i) {
