@@ -128,7 +128,7 @@ BOOST_AUTO_TEST_CASE(fp32_matches_double_ns5_for_every_shape_and_variant) {
   for (const char* variant : {"standard", "gram", "auto"}) {
     const std::string json = std::string("{\"ns_variant\": \"") + variant + "\"}";
     for (const auto& s : kShapes) {
-      auto x = ns_accuracy::gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 11);
+      auto x = zmuon::ns_accuracy::gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 11);
       const auto want = reference(x, s);
       BOOST_REQUIRE_EQUAL(c_call(json.c_str(), x.data(), ZMUON_FLOAT32, s), ZMUON_OK);
       const double d = worst_distance(x, want, s);
@@ -142,7 +142,7 @@ BOOST_AUTO_TEST_CASE(fp32_matches_double_ns5_for_every_shape_and_variant) {
 BOOST_AUTO_TEST_CASE(bf16_matches_double_ns5_and_rounds_the_fp32_result) {
   for (const auto& s : kShapes) {
     const auto n = static_cast<size_t>(s.batch * s.rows * s.cols);
-    const auto x = ns_accuracy::gaussian(n, 12);
+    const auto x = zmuon::ns_accuracy::gaussian(n, 12);
     std::vector<uint16_t> bits(n);
     std::vector<float> widened(n);
     for (size_t i = 0; i < n; ++i) {
@@ -168,7 +168,7 @@ BOOST_AUTO_TEST_CASE(bf16_matches_double_ns5_and_rounds_the_fp32_result) {
 
 BOOST_AUTO_TEST_CASE(options_json_equals_the_same_options_in_cpp) {
   const shape s{2, 40, 100, 3};
-  const auto x = ns_accuracy::gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 13);
+  const auto x = zmuon::ns_accuracy::gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 13);
   struct variant_case {
     const char* json;
     zmuon::ns_options ns;
@@ -209,7 +209,7 @@ BOOST_AUTO_TEST_CASE(options_json_equals_the_same_options_in_cpp) {
 
 BOOST_AUTO_TEST_CASE(a_nan_makes_its_matrix_nan_and_leaves_the_others) {
   const shape s{3, 16, 24, 3};
-  const auto x = ns_accuracy::gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 14);
+  const auto x = zmuon::ns_accuracy::gaussian(static_cast<size_t>(s.batch * s.rows * s.cols), 14);
   std::vector<float> clean = x, poisoned = x;
   poisoned[s.rows * s.cols + 5] = std::nanf("");  // matrix 1
   BOOST_REQUIRE_EQUAL(c_call(nullptr, clean.data(), ZMUON_FLOAT32, s), ZMUON_OK);
@@ -259,7 +259,7 @@ BOOST_AUTO_TEST_CASE(wrong_options_and_backends_are_named) {
   expect({st, zmuon_last_error()}, ZMUON_INVALID_ARGUMENT,
          "unknown key 'ns_gram_restrat' (did you mean 'ns_gram_restart'?)");
   const shape s{1, 8, 12, 2};
-  auto a = ns_accuracy::gaussian(96, 15), b = a;
+  auto a = zmuon::ns_accuracy::gaussian(96, 15), b = a;
   const int64_t dims[2] = {8, 12};
   BOOST_REQUIRE_EQUAL(called(ns, a.data(), ZMUON_FLOAT32, 2, dims).status, ZMUON_OK);
   BOOST_REQUIRE_EQUAL(c_call(R"({"ns_steps": 4})", b.data(), ZMUON_FLOAT32, s), ZMUON_OK);
