@@ -31,9 +31,10 @@
 #                                # (bench_sm90_gemm, bench_ns --variant standard, the tables;
 #                                # AB="gemm variants" picks parts: all three take over 10 min;
 #                                # AB=flip: the new bench_ns with and without --update-flipped;
-#                                # AB=persistent: bench_sm90_gemm, then the new bench_ns's
-#                                # squares, Gram rows and tables without and with
-#                                # ZMUON_SM90_PERSISTENT=1, twice; no base binaries needed):
+#                                # AB=persistent: bench_sm90_gemm (C from stages on, off),
+#                                # then the new bench_ns's squares and Gram rows (twice) and
+#                                # tables (once) with the persistent blocks off, on, and on
+#                                # with ZMUON_SM90_C_FROM_STAGES=0; no base binaries needed):
 #                                # a change between versions counts only past the spread of
 #                                # each version's own two runs. Logs ab_*.log in $OUT
 #
@@ -345,16 +346,28 @@ ab() {
       done
     done
   fi
-  if [[ $parts == *" persistent "* ]]; then  # the new binaries alone, sm90_gemm's persistent
-    local log="$out/ab_persistent.log" p      # blocks off and on (ZMUON_SM90_PERSISTENT)
-    check bench_sm90_gemm --reps 30 2>&1 | tee -a "$log" | grep -E "case|sym|full|FAIL"
+  if [[ $parts == *" persistent "* ]]; then  # the new binaries alone: sm90_gemm's persistent
+    local log="$out/ab_persistent.log" setting  # blocks off, on, and on with C from memory
+    for setting in "ZMUON_SM90_C_FROM_STAGES=1" "ZMUON_SM90_C_FROM_STAGES=0"; do
+      echo "== $setting bench_sm90_gemm" | tee -a "$log"
+      (export "$setting" && check bench_sm90_gemm --reps 30) 2>&1 | tee -a "$log" |
+        grep -E "case|sym|full|FAIL"
+      [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
+    done
+    local settings=("ZMUON_SM90_PERSISTENT=0" "ZMUON_SM90_PERSISTENT=1"
+      "ZMUON_SM90_PERSISTENT=1 ZMUON_SM90_C_FROM_STAGES=0")
     for round in 1 2; do
-      for p in 0 1; do
-        echo "== round $round: ZMUON_SM90_PERSISTENT=$p bench_ns" | tee -a "$log"
-        ZMUON_SM90_PERSISTENT=$p check bench_ns --only 4096x4096,8192x8192,2048x8192,4096x11008 \
-          --reps 20 2>&1 | tee -a "$log" | grep -E "x[0-9]"
-        ZMUON_SM90_PERSISTENT=$p ZMUON_GEMM_CANDIDATES=8 check bench_ns --tables --reps 20 2>&1 |
+      for setting in "${settings[@]}"; do
+        echo "== round $round: $setting bench_ns" | tee -a "$log"
+        # shellcheck disable=SC2086
+        (export $setting && check bench_ns --only 4096x4096,8192x8192,2048x8192,4096x11008 \
+          --reps 20) 2>&1 | tee -a "$log" | grep -E "x[0-9]"
+        [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
+        [[ $round == 1 ]] || continue  # the tables once per setting (the call's time limit)
+        # shellcheck disable=SC2086
+        (export $setting ZMUON_GEMM_CANDIDATES=8 && check bench_ns --tables --reps 20) 2>&1 |
           tee -a "$log" | grep -E "ceiling|gpt2-124m  |llama"
+        [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
       done
     done
   fi

@@ -34,7 +34,9 @@ struct kernel_params {
   int64_t ld_c, stride_c;
   __nv_bfloat16* d;
   int64_t ld_d, stride_d;
-  int items;  // blocks_per_matrix * batch: the blocks' work the persistent kernel shares
+  int items;          // blocks_per_matrix * batch: the blocks' work the persistent kernel shares
+  int c_from_stages;  // persistent: C is P's buffer and k == n, so a tile's C is P's rows over
+                      // the tile's columns, copied from the stages as they pass (copy_c_slice)
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -158,6 +160,22 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   write_mirror<kStagedLd>(tile, d, prm.ld_d, row0, col0, t);
 }
 
+/// Columns [col, col + 64) of the persistent kernel's staged tile from a stage's 128 x 64 slice
+/// (128-byte swizzled rows as the tensor map writes them: 16-byte chunk j of row r at
+/// r * 128 + (j ^ r % 8) * 16), 16 bytes an access; `t` is the thread's index in its group.
+__device__ __forceinline__ void copy_c_slice(const uint8_t* slice, __nv_bfloat16* tile, int col,
+                                             int t) {
+#pragma unroll
+  for (int pass = 0; pass < kTile * 8 / kGroupThreads; ++pass) {
+    const int i = t + pass * kGroupThreads;
+    const int row = i / 8;
+    const int chunk = i % 8;
+    *reinterpret_cast<uint4*>(tile + row * kBf16StagedLd + col + chunk * 8) =
+        *reinterpret_cast<const uint4*>(slice + row * 128 + ((chunk ^ (row % 8)) * 16));
+  }
+  __syncwarp();  // the warp's reads are done before its lane 0 frees the stage
+}
+
 /// The persistent kernel's epilogue, through the group's own bf16 tile so that the stages stay
 /// the producer's (it loads the next tiles' slices meanwhile): C's tile copied in first (16 bytes
 /// an access), alpha * acc + beta * C formed in fp32 and rounded where each fragment lies, then
@@ -172,8 +190,7 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc0)[64], const
   const int64_t col0 = int64_t{tile_n} * kTile;
   const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
   __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
-  group_sync(group);  // the group's threads are done reading the previous tile
-  if (c != nullptr) {
+  if (c != nullptr && prm.c_from_stages == 0) {
 #pragma unroll 4
     for (int pass = 0; pass < kTile * kRuns / kGroupThreads; ++pass) {
       const int i = t + pass * kGroupThreads;
@@ -182,8 +199,9 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc0)[64], const
       *reinterpret_cast<uint4*>(tile + row * kBf16StagedLd + col) =
           *reinterpret_cast<const uint4*>(c + (row0 + row) * prm.ld_c + col0 + col);
     }
-    group_sync(group);
   }
+  if (c != nullptr)
+    group_sync(group);  // C's tile is in place, whoever copied which part
   for_each_pair(acc0, acc1, t, [&](int row, int col, float x, float y) {
     __nv_bfloat162* at = reinterpret_cast<__nv_bfloat162*>(tile + row * kBf16StagedLd + col);
     x *= prm.alpha;
@@ -206,6 +224,7 @@ __device__ __forceinline__ void store_bf16_staged(const float (&acc0)[64], const
   }
   if (mirror)
     write_mirror<kBf16StagedLd>(tile, d, prm.ld_d, row0, col0, t);
+  group_sync(group);  // the tile is free again for the next item (copy_c_slice, fragments)
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -88,7 +88,7 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_p, const CUtensor
   // reads them from L2 rather than waiting on memory (the tile's last act otherwise).
   const int prefetch_at = max(0, prm.slices - kPrefetchSlices);
   for (int kb = 0; kb < prm.slices; ++kb, ++filled) {
-    if (kb == prefetch_at && prm.c != nullptr) {
+    if (kb == prefetch_at && prm.c != nullptr && prm.c_from_stages == 0) {
       for (int g = 0; g < w.active; ++g) {
         const __nv_bfloat16* c = prm.c + matrix * prm.stride_c
                                  + int64_t{w.row(g)} * kTile * prm.ld_c + int64_t{w.col(g)} * kTile;
@@ -144,6 +144,14 @@ __device__ __forceinline__ void consume(const kernel_params& prm, uint8_t* smem,
       wgmma_commit();
       pin(acc0);
       pin(acc1);
+      if constexpr (Persistent) {  // C's columns pass by as P's slices 2n and 2n + 1
+        const int c_slice = kb - 2 * w.col(group);
+        if (prm.c_from_stages != 0 && c_slice >= 0 && c_slice < 2)
+          copy_c_slice(smem + s * kStageBytes + p_at * kSliceBytes,
+                       reinterpret_cast<__nv_bfloat16*>(smem + Stages * kStageBytes
+                                                        + group * kBf16StagedBytes),
+                       c_slice * kSlice, static_cast<int>(threadIdx.x) % kGroupThreads);
+      }
       // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is free.
       wgmma_wait<1>();
       if (kb > 0 && arrives)
@@ -326,6 +334,21 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
   ZMUON_LAUNCH_CHECK();
 }
 
+/// An A/B switch from the environment: "1" on, "0" off, unset `otherwise`.
+bool env_flag(const char* name, bool otherwise) {
+  const char* v = std::getenv(name);
+  if (v == nullptr)
+    return otherwise;
+  return std::string(v) == "1";
+}
+
+/// Whether each tile's C is P's rows over the tile's own columns (C in P's buffer and k == n, as
+/// NS's B = c A A + b A and Z = c R R + b R run), which pass through the stages anyway.
+bool c_is_p_rows(const sm90_gemm_args& a) {
+  return a.beta != 0.0f && a.c.data == a.p.data && a.c.ld == a.p.ld
+         && (a.batch == 1 || a.c.stride == a.p.stride) && a.k == a.n;
+}
+
 /// The block shape for `a` (measured, docs/NOTES.md sessions 8 and 16). Over k >= 2048 a tile
 /// runs at about 90 % of the ceiling in a two-tile block (3/4 of the bytes per FLOP) and at about
 /// 70 % in one-tile blocks (two a multiprocessor), so two tiles win unless they take more waves
@@ -339,10 +362,7 @@ sm90_block choose_block(const sm90_gemm_args& a) {
   const int64_t one = (blocks_per_matrix(a, 1) * a.batch + 2 * sms - 1) / (2 * sms);
   if (7 * two > 9 * one)
     return sm90_block::one_tile;
-  static const bool persistent = [] {
-    const char* v = std::getenv("ZMUON_SM90_PERSISTENT");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool persistent = env_flag("ZMUON_SM90_PERSISTENT", false);
   return persistent ? sm90_block::persistent : sm90_block::two_tiles;
 }
 
@@ -443,9 +463,11 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   const sm90_block shape = a.shape == sm90_block::automatic ? choose_block(a) : a.shape;
   if (shape == sm90_block::two_tiles)
     launch<2, 4>(stream, a, prm);
-  else if (shape == sm90_block::persistent)
+  else if (shape == sm90_block::persistent) {
+    static const bool c_from_stages = env_flag("ZMUON_SM90_C_FROM_STAGES", true);
+    prm.c_from_stages = a.c_from_stages && c_from_stages && c_is_p_rows(a) ? 1 : 0;
     launch<2, 3, true>(stream, a, prm);
-  else
+  } else
     launch<1, 3>(stream, a, prm);
 }
 

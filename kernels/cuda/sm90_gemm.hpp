@@ -66,6 +66,11 @@ struct sm90_gemm_args {
   /// persistent only: at most this many blocks (0: one per multiprocessor). Tests use it to
   /// give every block several tiles' work.
   int max_blocks = 0;
+  /// persistent only: where C is P's buffer and k == n (each tile's C is P's rows over the
+  /// tile's columns), copy C from P's slices as they pass through the stages instead of reading
+  /// it in the epilogue. ZMUON_SM90_C_FROM_STAGES=0 in the environment turns it off everywhere
+  /// (A/B runs).
+  bool c_from_stages = true;
 };
 
 /// The tile sides: m and n must be multiples of kSm90Tile, k of kSm90Slice.
