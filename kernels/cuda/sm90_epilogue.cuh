@@ -177,8 +177,9 @@ __device__ __forceinline__ void copy_c_slice(const uint8_t* slice, __nv_bfloat16
 }
 
 /// The persistent kernel's epilogue, through the group's own bf16 tile so that the stages stay
-/// the producer's (it loads the next tiles' slices meanwhile): C's tile copied in first (16 bytes
-/// an access), alpha * acc + beta * C formed in fp32 and rounded where each fragment lies, then
+/// the producer's (it loads the next tiles' slices meanwhile): C's tile in it first (copied from
+/// memory 16 bytes an access, or already there from P's stages: copy_c_slice), alpha * acc +
+/// beta * C formed in fp32 and rounded where each fragment lies, then
 /// D's rows and the mirror's rows written from the rounded tile, 16 bytes an access as in
 /// store_staged (D and its mirror hold the same bits).
 __device__ __forceinline__ void store_bf16_staged(const float (&acc0)[64], const float (&acc1)[64],
