@@ -19,6 +19,7 @@ import threading
 
 from . import _capi
 from ._capi import BFLOAT16, FLOAT32, HOST
+from .optim import _is_torch
 
 _cache = {}  # (backend, device) -> (Orthogonalizer, lock)
 _cache_lock = threading.Lock()
@@ -28,10 +29,6 @@ _OPTION_KEYS = (("steps", "ns_steps"), ("coefficients", "ns_coefficients"),
                 ("gram_restart", "ns_gram_restart"))
 
 
-def _is_torch(obj):
-    return hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda")
-
-
 def _plain(v):
     """numpy and torch scalars as Python numbers (for json); lists and tuples element-wise."""
     if isinstance(v, (list, tuple)):
@@ -39,7 +36,7 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def _options_json(options):
+def _options_json(**options):
     """The options given (not None) as the JSON of the config's NS keys; the engine's schema
     checks their types and values."""
     ns = {name: _plain(options[key]) for key, name in _OPTION_KEYS
@@ -133,8 +130,8 @@ def newton_schulz(x, *, steps=None, coefficients=None, schedule=None, variant=No
     contiguous array/tensor like x; `out=x` works in place). Options: `steps` (ns_steps),
     `coefficients` (a, b, c), `schedule` ("none", "polar_express" or one (a, b, c) per step),
     `variant` ("standard", "gram", "auto"), `gram_restart`; see the README's config keys."""
-    options = _options_json({"steps": steps, "coefficients": coefficients, "schedule": schedule,
-                             "variant": variant, "gram_restart": gram_restart})
+    options = _options_json(steps=steps, coefficients=coefficients, schedule=schedule,
+                            variant=variant, gram_restart=gram_restart)
     out, dtype, shape, device, backend = _prepare(x, out)
     ortho, lock = _orthogonalizer(backend, 0 if device == HOST else device)
     with lock:
@@ -151,8 +148,8 @@ class Orthogonalizer(_capi.Orthogonalizer):
     def __init__(self, backend="host", device=0, *, steps=None, coefficients=None,
                  schedule=None, variant=None, gram_restart=None):
         super().__init__(backend, device, _options_json(
-            {"steps": steps, "coefficients": coefficients, "schedule": schedule,
-             "variant": variant, "gram_restart": gram_restart}))
+            steps=steps, coefficients=coefficients, schedule=schedule, variant=variant,
+            gram_restart=gram_restart))
         self._lock = threading.Lock()
 
     def __call__(self, x, out=None):
