@@ -126,6 +126,45 @@ BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
   a.d = {x, 32768, 0};
   refusal("more than 2^31 - 1 tiles");
 }
+
+// The CUDA backend's A/B switches take 0/1 and numbers in range; anything else is refused with
+// the variable's name and value (a typo must not quietly time the other side).
+BOOST_AUTO_TEST_CASE(environment_switches_refuse_what_they_do_not_take) {
+  const char* name = "ZMUON_TEST_SWITCH";
+  const auto refused = [&](const std::string& value, auto read, const std::string& why) {
+    ::setenv(name, value.c_str(), 1);
+    try {
+      read();
+      BOOST_TEST(false, "took " << name << "=" << value);
+    } catch (const gpu::failure& e) {
+      BOOST_TEST((e.err().code() == errc::invalid_argument));
+      BOOST_TEST(std::string(e.what()).find(why) != std::string::npos, e.what());
+    }
+  };
+  ::unsetenv(name);
+  BOOST_TEST(gpu::env_switch(name, true));
+  BOOST_TEST(!gpu::env_switch(name, false));
+  BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 8);
+  ::setenv(name, "", 1);
+  BOOST_TEST(gpu::env_switch(name, true));
+  BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 8);
+  ::setenv(name, "0", 1);
+  BOOST_TEST(!gpu::env_switch(name, true));
+  ::setenv(name, "1", 1);
+  BOOST_TEST(gpu::env_switch(name, false));
+  BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 1);
+  ::setenv(name, "64", 1);
+  BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 64);
+  const auto as_switch = [&] { return gpu::env_switch(name, false); };
+  const auto as_number = [&] { return gpu::env_number(name, 1, 64, 8); };
+  refused("true", as_switch, "ZMUON_TEST_SWITCH must be 0 or 1 (or unset), not 'true'");
+  refused("01", as_switch, "not '01'");
+  refused("65", as_number, "ZMUON_TEST_SWITCH must be a whole number from 1 to 64, not '65'");
+  refused("0", as_number, "not '0'");
+  refused("8x", as_number, "not '8x'");
+  refused("99999999999999999999", as_number, "not '99999999999999999999'");
+  ::unsetenv(name);
+}
 #endif
 
 // The own GEMM's blocks cover every tile of D once (every tile on and above the diagonal when

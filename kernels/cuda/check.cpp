@@ -2,6 +2,8 @@
 
 #include "kernels/cuda/check.hpp"
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace zmuon::gpu {
@@ -14,6 +16,30 @@ std::string where(const char* call, const char* file, int line) {
 }
 
 }  // namespace
+
+bool env_switch(const char* name, bool otherwise) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0')
+    return otherwise;
+  if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0)
+    throw failure(error(errc::invalid_argument,
+                        std::string(name) + " must be 0 or 1 (or unset), not '" + v + "'"));
+  return *v == '1';
+}
+
+long env_number(const char* name, long low, long high, long otherwise) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0')
+    return otherwise;
+  char* end = nullptr;
+  errno = 0;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || errno != 0 || n < low || n > high)
+    throw failure(error(errc::invalid_argument, std::string(name) + " must be a whole number from "
+                                                    + std::to_string(low) + " to "
+                                                    + std::to_string(high) + ", not '" + v + "'"));
+  return n;
+}
 
 std::string describe(cudaError_t code) {
   return std::string(cudaGetErrorName(code)) + " (" + cudaGetErrorString(code) + ")";

@@ -4,7 +4,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -134,11 +133,8 @@ const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g, const opera
 }
 
 int gemm_runner::candidates() {
-  static const int count = [] {
-    const char* env = std::getenv("ZMUON_GEMM_CANDIDATES");
-    const int asked = env != nullptr ? std::atoi(env) : 0;
-    return asked >= 1 && asked <= kMaxCandidates ? asked : 8;
-  }();
+  static const int count =
+      static_cast<int>(env_number("ZMUON_GEMM_CANDIDATES", 1, kMaxCandidates, 8));
   return count;
 }
 

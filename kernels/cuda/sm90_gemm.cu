@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
-#include <cstdlib>
 #include <mutex>
 #include <string>
 
@@ -334,14 +333,6 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
   ZMUON_LAUNCH_CHECK();
 }
 
-/// An A/B switch from the environment: "1" on, "0" off, unset `otherwise`.
-bool env_flag(const char* name, bool otherwise) {
-  const char* v = std::getenv(name);
-  if (v == nullptr)
-    return otherwise;
-  return std::string(v) == "1";
-}
-
 /// Whether each tile's C is P's rows over the tile's own columns (C in P's buffer and k == n, as
 /// NS's B = c A A + b A and Z = c R R + b R run), which pass through the stages anyway.
 bool c_is_p_rows(const sm90_gemm_args& a) {
@@ -362,7 +353,7 @@ sm90_block choose_block(const sm90_gemm_args& a) {
   const int64_t one = (blocks_per_matrix(a, 1) * a.batch + 2 * sms - 1) / (2 * sms);
   if (7 * two > 9 * one)
     return sm90_block::one_tile;
-  static const bool persistent = env_flag("ZMUON_SM90_PERSISTENT", false);
+  static const bool persistent = env_switch("ZMUON_SM90_PERSISTENT", false);
   return persistent ? sm90_block::persistent : sm90_block::two_tiles;
 }
 
@@ -464,7 +455,7 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   if (shape == sm90_block::two_tiles)
     launch<2, 4>(stream, a, prm);
   else if (shape == sm90_block::persistent) {
-    static const bool c_from_stages = env_flag("ZMUON_SM90_C_FROM_STAGES", true);
+    static const bool c_from_stages = env_switch("ZMUON_SM90_C_FROM_STAGES", true);
     prm.c_from_stages = a.c_from_stages && c_from_stages && c_is_p_rows(a) ? 1 : 0;
     launch<2, 3, true>(stream, a, prm);
   } else
