@@ -83,9 +83,18 @@ BOOST_AUTO_TEST_CASE(bad_flags_are_errors) {
   auto out = zmuon::test::run_launch("--ranks 0", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("--ranks") != std::string::npos);
-  out = zmuon::test::run_launch("--stepz 3", &status);
+  out = zmuon::test::run_launch("--stpes 3", &status);
   BOOST_TEST(status != 0);
-  BOOST_TEST(out.find("stepz") != std::string::npos);
+  BOOST_TEST(out.find("unknown flag '--stpes' (did you mean '--steps'?)") != std::string::npos,
+             out);
+  out = zmuon::test::run_launch("--adam_lr=0.1 --seed 2", &status);  // '_' for '-', with a value
+  BOOST_TEST(status != 0);
+  BOOST_TEST(out.find("unknown flag '--adam_lr' (did you mean '--adam-lr'?)") != std::string::npos,
+             out);
+  out = zmuon::test::run_launch("--zzzzzzzz", &status);  // nothing near: no suggestion
+  BOOST_TEST(status != 0);
+  BOOST_TEST(out.find("zzzzzzzz") != std::string::npos, out);
+  BOOST_TEST(out.find("did you mean") == std::string::npos, out);
 }
 
 // On a terminal the steps are one updating line (carriage return, erase line) with the step
