@@ -102,6 +102,16 @@ def buffer_of(obj, what, writable=False):
     return ptr, numel, HOST, shape
 
 
+def _hyperparameter(key, value):
+    """The override a keyword hyperparameter becomes: optimizer.params.KEY=<value as JSON>."""
+    def plain(v):  # numpy and torch scalars
+        if hasattr(v, "item"):
+            return v.item()
+        raise TypeError(f"zmuon.Muon({key}=...): {type(v).__name__} is not a number, bool, "
+                        "string or list of those")
+    return f"optimizer.params.{key}={json.dumps(value, default=plain)}"
+
+
 def _lrs_of(config, overrides):
     """The Muon and AdamW learning rates a config sets (the engine's defaults otherwise)."""
     params = config.get("optimizer", {}).get("params", {}) if isinstance(config, dict) else {}
@@ -131,6 +141,11 @@ class Muon:
               attribute (as DeepSpeed sets it) is honoured too.
     heads:    {name: H}: orthogonalize H row blocks of that matrix independently (q/k/v).
     overrides: "key.path=value" strings applied over the config.
+    **hyperparameters: keys of the config's optimizer.params, as torch.optim optimizers take
+              them: lr (Muon's; adam_lr AdamW's), momentum, nesterov, weight_decay, betas, eps
+              (AdamW's), ns_steps, ns_coefficients, ns_schedule, ns_variant, ns_gram_restart,
+              adjust_lr. They apply over the config and `overrides`; an unknown one raises
+              zmuon.InvalidArgument naming it and the nearest key.
     ranks:    in-process ranks (default 1, or the config's zmuon.ranks); with more than one,
               hand over every rank's gradients with accumulate(rank=r).
     host_staging: copy CUDA tensors through host memory instead of handing over device pointers.
@@ -148,13 +163,14 @@ class Muon:
     """
 
     def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
-                 ranks=None, host_staging=False, nodes=None, node_rank=None, master=None):
+                 ranks=None, host_staging=False, nodes=None, node_rank=None, master=None,
+                 **hyperparameters):
         named = list(params.items()) if isinstance(params, dict) else list(params)
         for item in named:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
                 raise TypeError("zmuon.Muon needs named parameters: model.named_parameters() or "
                                 "(name, tensor) pairs or a dict name -> tensor")
-        overrides = list(overrides)
+        overrides = list(overrides) + [_hyperparameter(k, v) for k, v in hyperparameters.items()]
         config_file = None
         if isinstance(config, (str, os.PathLike)):
             config_file = os.fspath(config)
@@ -179,13 +195,22 @@ class Muon:
             overrides.append(f"zmuon.ranks={int(ranks)}")
         elif not has_ranks:
             overrides.insert(0, "zmuon.ranks=1")
-        if node is not None:
-            self._engine = _capi.Engine(json.dumps(config_dict) if config_file is None else "",
-                                        overrides, config_file=config_file, node=node)
-        elif config_file is not None:
-            self._engine = _capi.Engine(overrides=overrides, config_file=config_file)
-        else:
-            self._engine = _capi.Engine(json.dumps(config_dict), overrides)
+        try:
+            if node is not None:
+                self._engine = _capi.Engine(json.dumps(config_dict) if config_file is None else "",
+                                            overrides, config_file=config_file, node=node)
+            elif config_file is not None:
+                self._engine = _capi.Engine(overrides=overrides, config_file=config_file)
+            else:
+                self._engine = _capi.Engine(json.dumps(config_dict), overrides)
+        except InvalidArgument as e:  # the engine names a keyword as the override it became
+            message = str(e)
+            for key, value in hyperparameters.items():
+                written = f"--set {_hyperparameter(key, value)}: "
+                if message.startswith(written):
+                    raise InvalidArgument(f"zmuon.Muon({key}={value!r}): "
+                                          f"{message[len(written):]}") from None
+            raise
 
         self._host_staging = host_staging
         self._params = []  # (name, tensor-or-array, shape)

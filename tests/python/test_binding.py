@@ -331,6 +331,38 @@ class BindingMatchesEngine(unittest.TestCase):
                            1e-3)
         self.assertTrue(np.array_equal(params["norm.weight"], before["norm.weight"]))
 
+    def test_keyword_hyperparameters_are_the_configs_keys(self):
+        # torch.optim's way: zmuon.Muon(params, lr=..., momentum=...) runs what the config with
+        # those optimizer.params runs, bit for bit; keywords apply over the config; and they
+        # change the step (the default-config run differs).
+        hyper = {"lr": 0.05, "adam_lr": 0.002, "momentum": 0.9, "nesterov": False,
+                 "weight_decay": 0.1, "betas": (0.8, 0.99), "ns_steps": 4}
+        config = {"optimizer": {"params": dict(hyper, betas=list(hyper["betas"]))}}
+        runs = {}
+        for how in ("keywords", "config", "keywords over config", "defaults"):
+            params = make_params(7)
+            if how == "keywords":
+                opt = zmuon.Muon(params, **hyper)
+            elif how == "config":
+                opt = zmuon.Muon(params, config)
+            elif how == "keywords over config":
+                opt = zmuon.Muon(params, {"optimizer": {"params": {
+                    "momentum": 0.5, "muon_lr": 0.3, "ns_steps": 7}}}, **hyper)
+            else:
+                opt = zmuon.Muon(params)
+            for step in range(2):
+                opt.accumulate(make_grads(7, step, 0, 0))
+                opt.step()
+            runs[how] = (params, [g["lr"] for g in opt.param_groups])
+        for how in ("config", "keywords over config"):
+            self.assertEqual(runs[how][1], [0.05, 0.002], how)
+            for n, _ in TABLE:
+                self.assertTrue(np.array_equal(runs[how][0][n], runs["keywords"][0][n]),
+                                f"{how}: {n}")
+        self.assertEqual(runs["keywords"][1], [0.05, 0.002])
+        for n, _ in TABLE:
+            self.assertFalse(np.array_equal(runs["defaults"][0][n], runs["keywords"][0][n]), n)
+
     def test_call_timeline_lists_every_call_of_the_timed_steps(self):
         params = make_params(6)
         opt = zmuon.Muon(params)
@@ -383,6 +415,19 @@ class BadArguments(unittest.TestCase):
             zmuon.Muon(self.params, {"optimizer": {"params": {"momentun": 0.9}}})
         self.assertIn("unknown key 'optimizer.params.momentun' (did you mean 'momentum'?)",
                       str(cm.exception))
+
+    def test_misspelled_or_bad_keyword_hyperparameter_names_it(self):
+        with self.assertRaises(zmuon.InvalidArgument) as cm:
+            zmuon.Muon(self.params, momentun=0.9)
+        self.assertEqual(str(cm.exception), "zmuon.Muon(momentun=0.9): unknown key "
+                         "'optimizer.params.momentun' (did you mean 'momentum'?)")
+        with self.assertRaises(zmuon.InvalidArgument) as cm:
+            zmuon.Muon(self.params, lr=0.02, momentum=1.5)
+        self.assertTrue(str(cm.exception).startswith("optimizer.params.momentum"),
+                        str(cm.exception))
+        with self.assertRaises(TypeError) as cm:
+            zmuon.Muon(self.params, betas={0.9, 0.95})
+        self.assertIn("zmuon.Muon(betas=...)", str(cm.exception))
 
     def test_out_of_range_config_value(self):
         with self.assertRaises(zmuon.InvalidArgument) as cm:
