@@ -420,6 +420,29 @@ BOOST_AUTO_TEST_CASE(bad_trace_input_is_an_error) {
   BOOST_TEST(out.find("not JSON") != std::string::npos, out);
 }
 
+// Bad arguments exit 2 (as the header of trace/tool/main.cpp says), not CLI11's own codes,
+// and a misspelled subcommand or flag is followed by the nearest one.
+BOOST_AUTO_TEST_CASE(bad_arguments_exit_2_and_name_the_nearest_subcommand) {
+  int status = 0;
+  auto out = tool("chek some_dir", &status);
+  BOOST_TEST(WEXITSTATUS(status) == 2);
+  BOOST_TEST(out.find("zmuon-trace: unknown subcommand 'chek' (did you mean 'check'?)")
+                 != std::string::npos,
+             out);
+  out = tool("perfetto some_dir --ouptut x.json", &status);
+  BOOST_TEST(WEXITSTATUS(status) == 2);
+  BOOST_TEST(out.find("zmuon-trace: unknown flag '--ouptut' (did you mean '--output'?)")
+                 != std::string::npos,
+             out);
+  out = tool("", &status);  // no subcommand at all: CLI11's message, no guess
+  BOOST_TEST(WEXITSTATUS(status) == 2);
+  BOOST_TEST(out.find("A subcommand is required") != std::string::npos, out);
+  BOOST_TEST(out.find("did you mean") == std::string::npos, out);
+  out = tool("--help", &status);
+  BOOST_TEST(WEXITSTATUS(status) == 0);
+  BOOST_TEST(out.find("check") != std::string::npos, out);
+}
+
 BOOST_AUTO_TEST_CASE(clocks_of_another_host_are_aligned_by_message_pairs) {
   // Rank 2 as if written on another host whose steady clock reads 5 s ahead: the reader must
   // find the shift from the peer messages' send/receive pairs, to within their delivery time.

@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "kernels/compute.hpp"
+#include "launch/cli_hints.hpp"
 #include "launch/config.hpp"
 #include "launch/exe/faults.hpp"
 #include "launch/exe/local_nodes.hpp"
@@ -45,24 +46,6 @@ bool ranks_given(const std::string& config_path, const std::vector<std::string>&
 
 // The launcher's own defaults, over job_config's and under any config file: the example model
 // trains with AdamW lr 3e-3 (docs/NOTES.md; the engine's default is 3e-4).
-/// For each unexpected `--flag` left over by a parse, the nearest flag --help lists:
-/// "zmuon-launch: unknown flag '--stpes' (did you mean '--steps'?)".
-void suggest_flags(const CLI::App& app) {
-  std::vector<std::string> names;
-  for (const CLI::Option* o : app.get_options())
-    if (!o->get_group().empty())  // hidden flags (tests' own) are not suggested
-      for (const std::string& name : o->get_lnames())
-        names.push_back(name);
-  for (const std::string& arg : app.remaining()) {
-    if (arg.rfind("--", 0) != 0 || arg.size() <= 2)
-      continue;
-    const std::string name = arg.substr(2, arg.find('=') - 2);
-    if (const std::string guess = zmuon::nearest_key(name, names); !guess.empty())
-      std::fprintf(stderr, "zmuon-launch: unknown flag '--%s' (did you mean '--%s'?)\n",
-                   name.c_str(), guess.c_str());
-  }
-}
-
 nlohmann::json launcher_defaults() {
   return {{"optimizer", {{"params", {{"adam_lr", 3e-3}}}}}};
 }
@@ -407,10 +390,7 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);  // --help is 0; a bad flag is bad input
-    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr)
-      suggest_flags(app);
-    return code == 0 ? 0 : exit_bad_input;
+    return zmuon::parse_failure(app, e, "zmuon-launch");  // --help 0, a bad flag 2 (bad input)
   }
 
   // The flags given become the last overrides, so the config's checks apply to them too.

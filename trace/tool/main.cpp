@@ -9,6 +9,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "launch/cli_hints.hpp"
 #include "trace/tool/check.hpp"
 #include "trace/tool/perfetto.hpp"
 #include "trace/tool/summary.hpp"
@@ -46,7 +47,11 @@ int main(int argc, char** argv) {
       "skipped step, the same collectives "
       "on every rank, every request answered");
   chk->add_option("DIR", dir, "trace directory")->required();
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return zmuon::parse_failure(app, e, "zmuon-trace");
+  }
 
   if (*sum)
     return with_traces(dir, [](const trace_set& ts) {
