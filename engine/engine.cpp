@@ -140,8 +140,11 @@ engine::engine() : impl_(std::make_unique<impl>()) {}
 engine::~engine() {
   if (impl_->leave_job)
     impl_->leave_job();
-  for (auto& r : impl_->ranks)
+  for (auto& r : impl_->ranks) {
+    if (r.backend)  // a computation still running (after a timeout) ends early: nobody reads it
+      r.backend->cancel();
     stop_rank(r);
+  }
   for (auto& c : impl_->rank_comms)
     caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
   for (auto& c : impl_->comms)

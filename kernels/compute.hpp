@@ -369,6 +369,13 @@ public:
   /// the host's are handed over as they return).
   virtual void read_traced_calls() {}
 
+  /// Asks the calls that can run long on the calling thread (the host's Newton-Schulz
+  /// iterations) to end early, leaving garbage in their outputs: for an engine stopping after a
+  /// timeout, whose results nobody will read, so that stopping does not wait the computation
+  /// out. Any thread; not undone. (CUDA work is enqueued and ends on its own.)
+  void cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+
 protected:
   /// Whether calls are timed: for the call times or for the trace.
   bool timing_or_tracing() const { return timing_.load() || sink_ != nullptr; }
@@ -406,6 +413,7 @@ protected:
 
 private:
   std::atomic<bool> timing_{false};
+  std::atomic<bool> cancelled_{false};
   mutable std::mutex times_mutex_;
   int64_t epoch_ns_ = steady_ns();  // where the timing period began
   call_sink sink_;

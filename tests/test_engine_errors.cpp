@@ -4,6 +4,7 @@
 #define BOOST_TEST_MODULE engine_errors
 #include "tests/engine_fixture.hpp"
 
+#include <chrono>
 #include <limits>
 
 using namespace zmuon;
@@ -248,4 +249,26 @@ BOOST_AUTO_TEST_CASE(work_past_the_timeout_stops_the_engine) {
     BOOST_TEST(e.message().find(cause) != std::string::npos);
     BOOST_TEST(e.message().find("load a checkpoint into a new engine") != std::string::npos);
   }
+}
+
+// After a timeout the engine's end does not wait for the computation nobody will read: the
+// host's Newton-Schulz is cancelled between iterations (compute_backend::cancel). One
+// [256, 32768] matrix over 100 iterations is about 860 GFLOP, tens of seconds on a CPU, which
+// the end used to wait out; one iteration is well under a second.
+BOOST_AUTO_TEST_CASE(the_end_after_a_timeout_cancels_the_computation) {
+  const std::vector<param_spec> big{{"w", {256, 32768}}};
+  auto o = options(1);
+  o.timeout_ms = 500;
+  o.muon.ns.steps = 100;
+  auto eng = make_engine(o);
+  register_table(*eng, big, 25);
+  error failed = eng->reduce(0, random_grads(big, 25, 1, 0, 0));
+  if (!failed)
+    failed = eng->step().err();
+  expect_error(failed, errc::timeout, "ms (timeout_ms, zmuon.timeout_ms)");
+  const auto begin = std::chrono::steady_clock::now();
+  eng.reset();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+  BOOST_TEST(took < 5.0, "the engine's end took " << took << " s");
 }

@@ -229,7 +229,7 @@ void host_compute::newton_schulz(float* x, int64_t batch, int64_t rows, int64_t 
     return;
   if (rows > 0 && cols > 0) {
     const int64_t numel = rows * cols;
-    for (int64_t k = 0; k < batch; ++k)
+    for (int64_t k = 0; k < batch && !cancelled(); ++k)
       newton_schulz_one(x + k * numel, rows, cols, ns);
   }
   ns_matrices_ += batch;
@@ -259,14 +259,14 @@ void host_compute::newton_schulz_one(float* x, int64_t rows, int64_t cols, const
     cur[i] = static_cast<float>(cur[i] / denom);
 
   if (ns_uses_gram(ns, rows, cols, kHostAutomaticVariant)) {
-    for (int step = 0; step < ns.steps;) {
+    for (int step = 0; step < ns.steps && !cancelled();) {  // cancel(): the result is garbage
       const int block = gram_block_steps(ns, ns.steps - step);
       gram_block(cur, next, r, c, ns, step, block);
       std::swap(cur, next);
       step += block;
     }
   } else {
-    for (int step = 0; step < ns.steps; ++step) {
+    for (int step = 0; step < ns.steps && !cancelled(); ++step) {
       standard_step(cur, next, r, c, ns_coefficients_at(ns, step));
       std::swap(cur, next);
     }
