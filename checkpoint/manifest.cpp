@@ -7,6 +7,7 @@
 
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/detail.hpp"
+#include "launch/json_text.hpp"
 
 namespace zmuon {
 
@@ -87,9 +88,10 @@ std::string manifest_text(const checkpoint_manifest& m) {
 }
 
 expected<checkpoint_manifest> parse_manifest(const std::string& text, const std::string& path) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
-    return bad(path, "manifest is not valid JSON");
+  auto parsed = parse_json_text(text, "", /*ignore_comments=*/false);  // no recursion, no throw
+  if (!parsed)
+    return bad(path, "manifest is not valid JSON: " + parsed.err().message());
+  json j = std::move(*parsed);
   if (auto err = exact_keys(j,
                             {"format", "version", "world", "step", "adam_steps", "loss_scaler",
                              "parameters", "config", "files"},

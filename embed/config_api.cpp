@@ -11,25 +11,18 @@ namespace zmuon {
 namespace {
 
 /// `text` as JSON (comments allowed; blank text is an empty object). `what` names it in the
-/// error: nlohmann::json reports a parse error's position only through its exception.
-expected<nlohmann::json> parse_json_text(const std::string& text, const std::string& what) {
+/// error.
+expected<nlohmann::json> parse_text(const std::string& text, const std::string& what) {
   if (text.find_first_not_of(" \t\r\n") == std::string::npos)
     return nlohmann::json::object();
-  try {
-    return nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/true,
-                                 /*ignore_comments=*/true);
-  } catch (const nlohmann::json::parse_error& e) {
-    std::string message = e.what();
-    return error{errc::invalid_argument,
-                 what + " not valid JSON: " + message.substr(message.find(']') + 2)};
-  }
+  return parse_json_text(text, what + " not valid JSON: ");
 }
 
 }  // namespace
 
 expected<job_config> parse_config_text(const std::string& json_text,
                                        const std::vector<std::string>& overrides) {
-  auto parsed = parse_json_text(json_text, "the config is");
+  auto parsed = parse_text(json_text, "the config is");
   if (!parsed)
     return parsed.err();
   nlohmann::json j = std::move(*parsed);
@@ -53,16 +46,20 @@ expected<ns_options> parse_ns_options(const std::string& json_text) {
   static const std::vector<std::string> keys = {"ns_steps", "ns_coefficients", "ns_schedule",
                                                 "ns_variant", "ns_gram_restart"};
   const std::string section = "optimizer.params.";
-  auto parsed = parse_json_text(json_text, "the Newton-Schulz options are");
+  auto parsed = parse_text(json_text, "the Newton-Schulz options are");
   if (!parsed)
     return parsed.err();
   const nlohmann::json j = std::move(*parsed);
   std::string valid;
   for (const auto& k : keys)
     valid += (valid.empty() ? "" : ", ") + k;
-  if (!j.is_object())
-    return error{errc::invalid_argument, "the Newton-Schulz options: expected a JSON object of "
-                                             + valid + ", got " + j.dump()};
+  if (!j.is_object()) {
+    std::string got = j.dump();
+    if (got.size() > 40)  // a long array in full says nothing more
+      got = got.substr(0, 37) + "...";
+    return error{errc::invalid_argument,
+                 "the Newton-Schulz options: expected a JSON object of " + valid + ", got " + got};
+  }
   for (const auto& item : j.items()) {
     if (std::find(keys.begin(), keys.end(), item.key()) != keys.end())
       continue;

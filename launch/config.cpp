@@ -4,12 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -143,15 +140,22 @@ expected<T> read_as(const json& v, const std::string& path, const range& r,
     double d = v.get<double>();
     if (integral && d != std::floor(d))
       return bad(path, wanted, v);
-    bool fits = integral ? d >= double(std::numeric_limits<T>::lowest())
-                               && d < std::ldexp(1.0, std::numeric_limits<T>::digits)
-                         : std::fabs(d) <= double(std::numeric_limits<T>::max());
-    if (!fits)
+    using limits = std::numeric_limits<T>;
+    // An integer literal is compared as one: 9223372036854775807 is a double of 2^63.
+    bool fits = !integral                ? std::fabs(d) <= double(limits::max())
+                : v.is_number_unsigned() ? v.get<uint64_t>() <= static_cast<uint64_t>(limits::max())
+                : v.is_number_integer()
+                    ? v.get<int64_t>() >= static_cast<int64_t>(limits::lowest())
+                          && v.get<int64_t>() <= static_cast<int64_t>(limits::max())
+                    : d >= double(limits::lowest()) && d < std::ldexp(1.0, limits::digits);
+    if (!r.contains(d))
+      return bad(path, wanted, v);
+    if (!fits)  // only where the range is wider than T
       return bad(path,
                  wanted + " that fits in a " + std::to_string(sizeof(T) * 8) + "-bit "
                      + (integral ? "integer" : "float"),
                  v);
-    if (!r.contains(d) || !r.contains(static_cast<T>(d)))  // 0.9999999999 rounds to 1.0f
+    if (!integral && !r.contains(static_cast<T>(d)))  // 0.9999999999 rounds to 1.0f
       return bad(path, wanted, v);
     return integral && v.is_number_integer() ? v.get<T>() : static_cast<T>(d);
   } else {
@@ -295,6 +299,14 @@ field ns_schedule(std::string path) {
   return {path, read, write};
 }
 
+/// Newton-Schulz steps a call may run (ns_steps, and so ns_schedule's length; ns_gram_restart):
+/// 5 to 10 are used; a billion would make one step run for ever.
+constexpr int kMaxNsSteps = 100;
+
+/// The longest timeout (zmuon.timeout_ms, zmuon.heartbeat_timeout_ms): 30 days, far below what
+/// overflows a deadline of std::chrono's clocks.
+constexpr int64_t kMaxTimeoutMs = int64_t(30) * 24 * 3600 * 1000;
+
 // clang-format off
 #define ZMUON_SLOT(member) [](job_config& c) -> auto& { return c.member; }
 // clang-format on
@@ -338,14 +350,15 @@ const std::vector<field>& schema() {
         numbers(p + "betas", {ZMUON_SLOT(engine.adamw.beta1), ZMUON_SLOT(engine.adamw.beta2)},
                 r::half_open(0, 1)),
         make<float>(p + "eps", ZMUON_SLOT(engine.adamw.eps), r::above(0)),
-        make<int>(p + "ns_steps", ZMUON_SLOT(engine.muon.ns.steps), r::at_least(1)),
+        make<int>(p + "ns_steps", ZMUON_SLOT(engine.muon.ns.steps), r::closed(1, kMaxNsSteps)),
         numbers(p + "ns_coefficients", {ZMUON_SLOT(engine.muon.ns.coefficients[0]),
                                         ZMUON_SLOT(engine.muon.ns.coefficients[1]),
                                         ZMUON_SLOT(engine.muon.ns.coefficients[2])}),
         ns_schedule(p + "ns_schedule"),
         make<ns_variant>(p + "ns_variant", ZMUON_SLOT(engine.muon.ns.variant), {},
                          {"standard", "gram", "auto"}),
-        make<int>(p + "ns_gram_restart", ZMUON_SLOT(engine.muon.ns.gram_restart), r::at_least(0)),
+        make<int>(p + "ns_gram_restart", ZMUON_SLOT(engine.muon.ns.gram_restart),
+                  r::closed(0, kMaxNsSteps)),
         make<adjust_lr_rule>(p + "adjust_lr", ZMUON_SLOT(engine.muon.adjust_lr), {},
                              {"original", "match_rms_adamw"}),
         make<bool>("per_head_muon", ZMUON_SLOT(engine.per_head_muon)),
@@ -355,11 +368,12 @@ const std::vector<field>& schema() {
                              {"auto", "bf16", "fp32"}),
         make<int>("zmuon.ranks", ZMUON_SLOT(engine.world), r::closed(1, 1024)),
         make<std::string>("zmuon.trace", ZMUON_SLOT(trace)),
-        make<int64_t>("zmuon.timeout_ms", ZMUON_SLOT(engine.timeout_ms), r::at_least(1)),
+        make<int64_t>("zmuon.timeout_ms", ZMUON_SLOT(engine.timeout_ms),
+                      r::closed(1, kMaxTimeoutMs)),
         make<int>("zmuon.max_buckets_in_flight", ZMUON_SLOT(engine.max_buckets_in_flight),
                   r::at_least(0)),
         make<int64_t>("zmuon.heartbeat_timeout_ms", ZMUON_SLOT(heartbeat_timeout_ms),
-                      r::at_least(1)),
+                      r::closed(1, kMaxTimeoutMs)),
     };
   }();
   return fields;
@@ -443,22 +457,6 @@ const json* find(const json& j, const std::string& path) {
   return node;
 }
 
-expected<json> read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    return error{errc::io_error, "cannot open config file '" + path + "': " + std::strerror(errno)};
-  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  if (std::all_of(text.begin(), text.end(), [](char c) { return std::isspace(uint8_t(c)); }))
-    return error{errc::invalid_argument, path + ": the config file is empty"};
-  try {  // nlohmann::json reports a parse error's position only through its exception
-    return json::parse(text, nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    what = what.substr(what.find(']') + 2);  // drop "[json.exception.parse_error.101] "
-    return error{errc::invalid_argument, path + ": invalid JSON: " + what};
-  }
-}
-
 error with_context(const std::string& context, const error& err) {
   return err ? error{err.code(), context + ": " + err.message()} : err;
 }
@@ -466,6 +464,9 @@ error with_context(const std::string& context, const error& err) {
 }  // namespace
 
 expected<job_config> parse_config(const json& j) {
+  if (json_too_deep(j))  // before anything walks it recursively (describe() dumps it)
+    return error{errc::invalid_argument,
+                 "the config nests deeper than " + std::to_string(kMaxJsonDepth) + " levels"};
   if (!j.is_object())
     return bad("the config", "a JSON object", j);
   if (auto err = check_keys(j, ""))
@@ -488,7 +489,7 @@ expected<job_config> parse_config(const json& j) {
 
 error apply_override(json& j, const std::string& key_eq_value) {
   auto fail = [&](const std::string& message) {
-    return error{errc::invalid_argument, "--set " + key_eq_value + ": " + message};
+    return error{errc::invalid_argument, "--set " + shortened_text(key_eq_value) + ": " + message};
   };
   size_t eq = key_eq_value.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -507,8 +508,12 @@ error apply_override(json& j, const std::string& key_eq_value) {
   }
   // One JSON merge patch (RFC 7386): objects merge, null removes, anything else replaces. Of
   // the aliases lr and muon_lr, the last one given wins.
-  json value = json::parse(key_eq_value.substr(eq + 1), nullptr, /*allow_exceptions=*/false);
-  json patch = value.is_discarded() ? json(key_eq_value.substr(eq + 1)) : value;
+  const std::string text = key_eq_value.substr(eq + 1);
+  bool not_json = false;  // then a string, as given
+  auto value = parse_json_text(text, "", /*ignore_comments=*/false, &not_json);
+  if (!value && !not_json)  // JSON, but refused: a number out of range, too deep a nesting
+    return fail(value.err().message());
+  json patch = value ? std::move(*value) : json(text);
   if (prefix == "optimizer.params.lr" || prefix == "optimizer.params.muon_lr")
     patch = {{parts.back(), patch}, {parts.back() == "lr" ? "muon_lr" : "lr", nullptr}};
   else
@@ -534,7 +539,7 @@ expected<job_config> load_config(const std::string& path, const std::vector<std:
     if (auto err = apply_override(j, o))
       return err;
     if (auto checked = parse_config(j); !checked)
-      return with_context("--set " + o, checked.err());
+      return with_context("--set " + shortened_text(o), checked.err());
   }
   return parse_config(j);
 }

@@ -2,11 +2,13 @@
 // checked strictly and mapped onto engine_options. Keys and defaults: examples/zmuon_config.json.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "launch/json_text.hpp"
 #include "zmuon/config.hpp"  // job_config
 #include "zmuon/options.hpp"
 #include "zmuon/status.hpp"

@@ -13,6 +13,8 @@
 #include <set>
 #include <utility>
 
+#include "launch/json_text.hpp"
+
 namespace zmuon {
 
 namespace {
@@ -263,6 +265,8 @@ expected<std::vector<entry>> parse_header(const std::string& path, const std::st
       repeated = parsed.get<std::string>();
     return true;
   };
+  if (json_too_deep_at(text) != std::string::npos)  // before anything walks it recursively
+    return bad_file(path, "header nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
   header_json header;
   try {
     header = header_json::parse(text, watch_keys);

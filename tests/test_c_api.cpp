@@ -5,8 +5,10 @@
 #define BOOST_TEST_MODULE c_api
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "tests/c_api_data.h"
@@ -296,4 +298,58 @@ BOOST_AUTO_TEST_CASE(a_node_process_through_the_c_abi) {
   const auto node = run(true);
   BOOST_TEST(node == plain);
   BOOST_TEST(plain != init);  // the steps moved it
+}
+
+// Bad JSON through the C ABI is ZMUON_INVALID_ARGUMENT naming what is wrong: deep nesting used
+// to overflow the stack of the embedding process, a number out of a double's range came back as
+// an internal error in nlohmann::json's words. A refused option leaves the old ones in place.
+BOOST_AUTO_TEST_CASE(bad_json_is_an_invalid_argument_not_a_crash) {
+  const auto says = [](const char* what) {
+    return std::strstr(zmuon_last_error(), what) != nullptr;
+  };
+  const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+  zmuon_engine* eng = nullptr;
+  BOOST_TEST(zmuon_engine_create(deep.c_str(), nullptr, 0, &eng) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("the config is not valid JSON: nesting deeper than 100 levels at line 1, "
+                  "column 101"),
+             zmuon_last_error());
+  BOOST_TEST(zmuon_engine_create(R"({"gradient_clipping": 1e309})", nullptr, 0, &eng)
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("the config is not valid JSON: number 1e309 is out of range at line 1, "
+                  "column 23"),
+             zmuon_last_error());
+  const char* const sets[] = {"zmuon.timeout_ms=9300000000000"};
+  BOOST_TEST(zmuon_engine_create(nullptr, sets, 1, &eng) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("zmuon.timeout_ms: expected an integer in [1, 2592000000], got 9300000000000"),
+             zmuon_last_error());
+  BOOST_TEST(zmuon_engine_create_from_file(".", nullptr, 0, &eng) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("config file '.' is a directory"), zmuon_last_error());
+  BOOST_TEST(!eng);
+
+  zmuon_orthogonalizer* ns = nullptr;
+  BOOST_REQUIRE(zmuon_orthogonalizer_create("host", ZMUON_HOST, R"({"ns_steps": 5})", &ns)
+                == ZMUON_OK);
+  const std::string deep_options = R"({"ns_coefficients":)" + deep + "}";
+  BOOST_TEST(zmuon_orthogonalizer_set_options(ns, deep_options.c_str()) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("the Newton-Schulz options are not valid JSON: nesting deeper than 100 levels "
+                  "at line 1, column 119"),
+             zmuon_last_error());
+  BOOST_TEST(zmuon_orthogonalizer_set_options(ns, R"({"ns_steps": 1e309})")
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("number 1e309 is out of range at line 1, column 14"), zmuon_last_error());
+  BOOST_TEST(zmuon_orthogonalizer_set_options(ns, R"({"ns_steps": 1e9})")
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("ns_steps: expected an integer in [1, 100], got 1000000000.0"),
+             zmuon_last_error());
+  BOOST_TEST(zmuon_orthogonalizer_set_options(ns, R"({"ns_gram_restart": 1000})")
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(says("ns_gram_restart: expected an integer in [0, 100], got 1000"),
+             zmuon_last_error());
+  // The old options (5 steps) still run.
+  std::vector<float> x = {1, 2, 3, 4, 5, 7};
+  const int64_t shape[] = {2, 3};
+  zmuon_array a{x.data(), ZMUON_FLOAT32, 2, shape, ZMUON_HOST};
+  BOOST_TEST(zmuon_orthogonalize(ns, &a) == ZMUON_OK, zmuon_last_error());
+  BOOST_TEST(std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); }));
+  zmuon_orthogonalizer_destroy(ns);
 }

@@ -284,6 +284,12 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
     j["world"] = 3;
     write_all(wrong_world + "/manifest.json", j.dump(1));
   }
+  // A manifest nested past any real one: refused while parsing, before anything walks it
+  // recursively (its config was copied and dumped: a stack overflow before).
+  std::string deep = copy("deep");
+  write_all(deep + "/manifest.json", "{\"config\": " + std::string(100000, '[')
+                                         + std::string(100000, ']') + ", "
+                                         + read_all(deep + "/manifest.json").substr(1));
 
   struct corruption_case {
     std::string dir;
@@ -295,6 +301,7 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
       {header_changed, "rank_00000.safetensors': checksum mismatch"},
       {deleted, "missing shard file"},
       {wrong_world, "manifest says world 3 but lists 4 shard files"},
+      {deep, "manifest is not valid JSON: nesting deeper than 100 levels at line"},
   };
   auto b = fresh_engine(4);
   auto before = params_of(*b);

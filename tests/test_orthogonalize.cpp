@@ -236,7 +236,7 @@ BOOST_AUTO_TEST_CASE(wrong_options_and_backends_are_named) {
          "ns_variant: expected one of \"standard\", \"gram\", \"auto\", got string \"gramm\" "
          "(did you mean \"gram\"?)");
   expect(created("host", 0, R"({"ns_steps": 0})"), ZMUON_INVALID_ARGUMENT,
-         "ns_steps: expected an integer >= 1, got 0");
+         "ns_steps: expected an integer in [1, 100], got 0");
   expect(created("host", 0, R"({"ns_steps": 3, "ns_schedule": [[1, 2, 3]]})"),
          ZMUON_INVALID_ARGUMENT, "ns_schedule: expected an array of 3 [a, b, c]");
   expect(created("host", 0, "{\"ns_steps\": 5,"), ZMUON_INVALID_ARGUMENT,

@@ -237,6 +237,9 @@ BOOST_AUTO_TEST_CASE(invalid_json_is_named) {
   expect_read_error(f.path, "not a JSON object");
   write_raw(f.path, "", 0);
   expect_read_error(f.path, "not valid JSON");
+  // Nested past any real header: refused before it is built (a stack overflow before).
+  write_raw(f.path, R"({"w": )" + std::string(100000, '[') + std::string(100000, ']') + "}", 0);
+  expect_read_error(f.path, "header nests deeper than 100 levels");
 }
 
 BOOST_AUTO_TEST_CASE(malformed_entries_are_named) {

@@ -38,10 +38,9 @@ bool ranks_given(const std::string& config_path, const std::vector<std::string>&
       return true;
   if (config_path.empty())
     return false;
-  std::ifstream in(config_path);
-  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false, /*ignore_comments=*/true);
-  return j.is_object() && j.contains("zmuon") && j["zmuon"].is_object()
-         && j["zmuon"].contains("ranks");
+  auto j = zmuon::read_json_file(config_path);  // a bad file: the config's own check says why
+  return j && j->is_object() && j->contains("zmuon") && (*j)["zmuon"].is_object()
+         && (*j)["zmuon"].contains("ranks");
 }
 
 // The launcher's own defaults, over job_config's and under any config file: the example model
@@ -120,10 +119,10 @@ bool resume_from(zmuon::engine& eng, const std::string& dir, const std::string& 
     return true;
   std::printf("resumed from %s at step %llu (saved by %d ranks)\n", info->path.c_str(),
               static_cast<unsigned long long>(info->step), info->world);
-  std::fflush(stdout);  // before the notes on stderr
-  const auto saved = nlohmann::json::parse(info->config, nullptr, false);
-  if (saved.is_object())
-    for (const std::string& change : zmuon::json_changes(saved, nlohmann::json::parse(settings)))
+  std::fflush(stdout);                                          // before the notes on stderr
+  const auto saved = zmuon::parse_json_text(info->config, "");  // the manifest's: user input
+  if (saved && saved->is_object())
+    for (const std::string& change : zmuon::json_changes(*saved, nlohmann::json::parse(settings)))
       std::fprintf(stderr, "%sresuming with a setting the saved run did not have: %s\n",
                    who.c_str(), change.c_str());
   return true;
