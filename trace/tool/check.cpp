@@ -52,11 +52,17 @@ std::string param_name(const trace_set& ts, int p) {
   return std::to_string(p);
 }
 
+// Whether the checks look at a step: all of them, except in a run cut short (trace_set::cut) the
+// step some rank's file ends in and later ones, whose records may be incomplete.
+bool checked(const trace_set& ts, uint64_t step) {
+  return !ts.cut || step < *ts.cut;
+}
+
 // Steps whose overflow report says overflow on some rank, and every step reported at all.
 void steps_of(const trace_set& ts, std::set<uint64_t>& all, std::set<uint64_t>& skipped) {
   for (const auto& rt : ts.ranks)
     for (const auto& r : rt.records)
-      if (is_report(r)) {
+      if (is_report(r) && checked(ts, r.step)) {
         all.insert(r.step);
         if (*r.overflow)
           skipped.insert(r.step);
@@ -73,7 +79,7 @@ void ns_once(const trace_set& ts, const std::set<uint64_t>& all, const std::set<
   std::map<uint64_t, std::map<int, std::vector<const record*>>> ns;
   for (const auto& rt : ts.ranks)
     for (const auto& r : rt.records)
-      if (is_ns(r))
+      if (is_ns(r) && checked(ts, r.step))
         for (int p : r.params)
           ns[r.step][p].push_back(&r);
   for (const auto& [step, by_param] : ns) {
@@ -119,7 +125,8 @@ void after_report(const trace_set& ts, std::vector<violation>& out) {
         reported.insert(r.step);
         continue;
       }
-      if (!(is_ns(r) || muon_request(r)) || reported.count(r.step) || flagged.count(r.step))
+      if (!(is_ns(r) || muon_request(r)) || reported.count(r.step) || flagged.count(r.step)
+          || !checked(ts, r.step))
         continue;
       flagged.insert(r.step);  // the first one of the step is enough
       const record* report = nullptr;
@@ -142,7 +149,8 @@ void after_report(const trace_set& ts, std::vector<violation>& out) {
 void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector<violation>& out) {
   for (const auto& rt : ts.ranks)
     for (const auto& r : rt.records)
-      if (r.ev == "recv" && r.type == "muon_momentum" && skipped.count(r.step))
+      if (r.ev == "recv" && r.type == "muon_momentum" && skipped.count(r.step)
+          && checked(ts, r.step))
         out.push_back({"momentum",
                        rt.rank,
                        r.step,
@@ -167,7 +175,7 @@ void compute_after_report(const trace_set& ts, const std::set<uint64_t>& skipped
         report[r.step] = &r;
     std::set<uint64_t> flagged;  // the first early call of a step is enough
     for (const auto& r : rt.records) {
-      if (!r.is_compute() || !updates.count(r.phase))
+      if (!r.is_compute() || !updates.count(r.phase) || !checked(ts, r.step))
         continue;
       const std::string step = std::to_string(r.step);
       if (skipped.count(r.step)) {
@@ -202,7 +210,7 @@ void collectives(const trace_set& ts, std::vector<violation>& out) {
   size_t longest = 0;
   for (size_t i = 0; i < ts.ranks.size(); ++i) {
     for (const auto& r : ts.ranks[i].records)
-      if (is_collective(r))
+      if (is_collective(r) && checked(ts, r.step))
         seq[i].push_back(&r);
     longest = std::max(longest, seq[i].size());
   }
@@ -250,7 +258,8 @@ void answered(const trace_set& ts, std::vector<violation>& out) {
         replies.insert(ts.match_key(static_cast<int>(i), r));
   for (size_t i = 0; i < ts.ranks.size(); ++i)
     for (const auto& r : ts.ranks[i].records)
-      if (r.ev == "send" && r.req && !replies.count(ts.match_key(static_cast<int>(i), r)))
+      if (r.ev == "send" && r.req && checked(ts, r.step)
+          && !replies.count(ts.match_key(static_cast<int>(i), r)))
         out.push_back(
             {"answered",
              ts.ranks[i].rank,

@@ -6,9 +6,24 @@
 // shifted by the offset that matching send/receive pairs of peer messages give (NTP's estimate):
 // with d_ab = min(recv on B - send on A) and d_ba = min(recv on A - send on B) over the pairs
 // between the reference host (rank 0's) and host B, B's clock is ahead by (d_ab - d_ba) / 2.
+//
+// Bad input is an error that names the file, line and field: a line that is not JSON, a field
+// of the wrong type, a meta record whose world or rank is out of range, ranks of different
+// worlds, a rank of the world without a file, two files of one rank, a file whose name and meta
+// record disagree, an entry of a rank file's name that is not a regular file.
+//
+// A run cut short (a process killed, a node lost): a last line without its newline that is not
+// JSON is what a process leaves when it ends in the middle of a write (the recorder writes
+// through a 1 MiB buffer and flushes after each step); it is ignored with a warning. When some
+// rank's file ended that way, or the ranks' files end in different steps, the run was cut short
+// and the records of the last steps may be incomplete: trace_set::cut is the earliest step that
+// some rank's file ends in, and `check` looks only at the steps before it (a warning says so).
+// A run every process of which stopped at the same step boundary cannot be told from a finished
+// one: there the last step is checked as if complete.
 #pragma once
 
 #include <cstdint>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <string>
@@ -61,19 +76,34 @@ struct rank_trace {
   int chunks = 0;
   std::vector<record> records;  // sorted by (t, seq)
   uint64_t file_bytes = 0;
+  size_t torn_line = 0;    // > 0: that last line was incomplete and is ignored
+  uint64_t last_step = 0;  // the highest step of any record
 };
 
 struct trace_set {
   std::vector<rank_trace> ranks;   // sorted by rank
   int64_t t0 = 0;                  // earliest aligned time
   std::vector<std::string> notes;  // what the alignment did
+  /// Set when the run was cut short (see above): the earliest step some rank's file ends in;
+  /// that step and later ones may lack records, and `check` leaves them out.
+  std::optional<uint64_t> cut;
+  std::vector<std::string> warnings;  // an ignored last line, a run cut short
   std::string process_key(int rank_index) const;
   /// The key that matches a send, its receive and its reply across files.
   std::string match_key(int rank_index, const record& r) const;
 };
 
+struct read_options {
+  /// Where the warnings (trace_set::warnings) go as well, one a line ("zmuon-trace: warning:
+  /// ..."); null: nowhere.
+  std::ostream* warn = &std::cerr;
+  /// Every rank of the world (the meta records') must have its file; false: a subset will do
+  /// (a synthetic trace of one rank, one node's files of a multi-host run).
+  bool every_rank = true;
+};
+
 /// Reads every trace-node*-rank*.jsonl of `dir`. Errors name the file and line.
-expected<trace_set> read_traces(const std::string& dir);
+expected<trace_set> read_traces(const std::string& dir, const read_options& options = {});
 
 /// "file:line" of a record.
 std::string where(const trace_set& ts, const record& r);

@@ -104,6 +104,8 @@ std::string summary(const trace_set& ts) {
     os << "\nstep " << step;
     if (skipped.count(step))
       os << (skipped[step] ? " (skipped: overflow)" : " (applied)");
+    if (ts.cut && step >= *ts.cut)
+      os << " (the run was cut short: records may be missing)";
     const char* total = by_phase.count("coordinator") ? "coordinator" : "step";
     if (by_phase.count(total)) {
       int slow = -1;
