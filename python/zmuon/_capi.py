@@ -205,11 +205,38 @@ def _open_handle(obj, closed_message):
     return obj._handle
 
 
-def _tensor_array(entries):
+def _text(value, what):
+    """`value` (a str) as the UTF-8 bytes of a C string; InvalidArgument, naming `what`, for one
+    the C ABI would read otherwise (a NUL ends a C string: 'a\\0b' would be read as 'a')."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a string, got {type(value).__name__} {value!r}")
+    if "\0" in value:
+        raise InvalidArgument(f"{what} {value!r} contains a NUL character")
+    try:
+        return value.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{what} {value!r} is not valid Unicode text (a lone "
+                              "surrogate)") from None
+
+
+def _path(value, what):
+    """A path (str, bytes or os.PathLike) as the bytes the C ABI takes; InvalidArgument for one
+    with a NUL character (the C ABI would read a shorter path)."""
+    try:
+        encoded = os.fsencode(value)
+    except TypeError:
+        raise InvalidArgument(f"{what} must be a path (str, bytes or os.PathLike), got "
+                              f"{type(value).__name__}") from None
+    if b"\0" in encoded:
+        raise InvalidArgument(f"{what} {value!r} contains a NUL character")
+    return encoded
+
+
+def _tensor_array(entries, what="gradient name"):
     """entries: (name, data pointer, numel, device) tuples -> a ctypes array (names kept alive)."""
     arr = (Tensor * max(len(entries), 1))()
     for i, (name, ptr, numel, device) in enumerate(entries):
-        arr[i] = Tensor(name.encode(), ptr, numel, device)
+        arr[i] = Tensor(_text(name, what), ptr, numel, device)
     return arr
 
 
@@ -221,21 +248,22 @@ class Engine:
         """`node`: (nodes, node_rank, ranks, master) for one process of a multi-process job
         (zmuon_engine_create_node; config_file is then read here)."""
         handle = ctypes.c_void_p()
-        ov = [o.encode() for o in overrides]
+        ov = [_text(o, "override") for o in overrides]
         ov_arr = (ctypes.c_char_p * max(len(ov), 1))(*ov)
         if node is not None:
             if config_file is not None:
-                with open(config_file, encoding="utf-8") as f:
+                with open(_path(config_file, "config file"), encoding="utf-8") as f:
                     config_json = f.read()
             nodes, node_rank, ranks, master = node
-            _check(_lib.zmuon_engine_create_node(config_json.encode(), ov_arr, len(ov), nodes,
-                                                 node_rank, ranks, str(master).encode(),
+            _check(_lib.zmuon_engine_create_node(_text(config_json, "config JSON"), ov_arr,
+                                                 len(ov), nodes, node_rank, ranks,
+                                                 _text(str(master), "master"),
                                                  ctypes.byref(handle)))
         elif config_file is not None:
-            _check(_lib.zmuon_engine_create_from_file(os.fsencode(config_file), ov_arr, len(ov),
-                                                      ctypes.byref(handle)))
+            _check(_lib.zmuon_engine_create_from_file(_path(config_file, "config file"), ov_arr,
+                                                      len(ov), ctypes.byref(handle)))
         else:
-            _check(_lib.zmuon_engine_create(config_json.encode(), ov_arr, len(ov),
+            _check(_lib.zmuon_engine_create(_text(config_json, "config JSON"), ov_arr, len(ov),
                                             ctypes.byref(handle)))
         self._handle = handle
 
@@ -271,12 +299,13 @@ class Engine:
 
     def add_parameter(self, name, shape, group=GROUP_AUTO, heads=0, init_ptr=None, numel=0):
         dims = (ctypes.c_int64 * max(len(shape), 1))(*shape)
-        _check(_lib.zmuon_engine_add_parameter(self._h(), name.encode(), dims, len(shape), group,
-                                               heads, init_ptr, numel))
+        _check(_lib.zmuon_engine_add_parameter(self._h(), _text(name, "parameter name"), dims,
+                                               len(shape), group, heads, init_ptr, numel))
 
     def uses_muon(self, name):
         out = ctypes.c_int32()
-        _check(_lib.zmuon_engine_param_uses_muon(self._h(), name.encode(), ctypes.byref(out)))
+        _check(_lib.zmuon_engine_param_uses_muon(self._h(), _text(name, "parameter name"),
+                                                 ctypes.byref(out)))
         return bool(out.value)
 
     def reduce(self, rank, entries, stream=None):
@@ -307,10 +336,13 @@ class Engine:
         """`stream`: the CUDA stream (cudaStream_t as an int) that uses the device buffers; the
         engine then writes them between its queued work and its next (no waiting)."""
         if stream is None:
-            _check(_lib.zmuon_engine_gather_params(self._h(), _tensor_array(entries),
+            _check(_lib.zmuon_engine_gather_params(self._h(),
+                                                   _tensor_array(entries, "parameter name"),
                                                    len(entries)))
         else:
-            _check(_lib.zmuon_engine_gather_params_on_stream(self._h(), _tensor_array(entries),
+            _check(_lib.zmuon_engine_gather_params_on_stream(self._h(),
+                                                             _tensor_array(entries,
+                                                                           "parameter name"),
                                                              len(entries),
                                                              ctypes.c_void_p(stream)))
 
@@ -326,15 +358,17 @@ class Engine:
         _check(_lib.zmuon_engine_time_calls(self._h(), 1 if on else 0))
 
     def write_call_timeline(self, path):
-        _check(_lib.zmuon_engine_write_call_timeline(self._h(), os.fsencode(path)))
+        _check(_lib.zmuon_engine_write_call_timeline(self._h(), _path(path, "timeline path")))
 
     def save_checkpoint(self, directory):
-        _check(_lib.zmuon_engine_save_checkpoint(self._h(), os.fsencode(directory)))
+        _check(_lib.zmuon_engine_save_checkpoint(self._h(),
+                                                 _path(directory, "checkpoint directory")))
 
     def load_checkpoint(self, directory):
         """Returns the step the checkpoint was saved at."""
         step = ctypes.c_uint64()
-        _check(_lib.zmuon_engine_load_checkpoint(self._h(), os.fsencode(directory),
+        _check(_lib.zmuon_engine_load_checkpoint(self._h(),
+                                                 _path(directory, "checkpoint directory"),
                                                  ctypes.byref(step)))
         return step.value
 
@@ -347,8 +381,9 @@ class Orthogonalizer:
 
     def __init__(self, backend="host", device=0, options_json=""):
         handle = ctypes.c_void_p()
-        _check(_lib.zmuon_orthogonalizer_create(str(backend).encode(), device,
-                                                options_json.encode(), ctypes.byref(handle)))
+        _check(_lib.zmuon_orthogonalizer_create(_text(str(backend), "compute backend"), device,
+                                                _text(options_json, "options JSON"),
+                                                ctypes.byref(handle)))
         self._handle = handle
         self.backend, self.device, self.options_json = backend, device, options_json
 
@@ -362,7 +397,8 @@ class Orthogonalizer:
         return _open_handle(self, "the orthogonalizer is closed")
 
     def set_options(self, options_json):
-        _check(_lib.zmuon_orthogonalizer_set_options(self._h(), options_json.encode()))
+        _check(_lib.zmuon_orthogonalizer_set_options(self._h(),
+                                                     _text(options_json, "options JSON")))
         self.options_json = options_json
 
     def run(self, ptr, dtype, shape, device=HOST, stream=None):

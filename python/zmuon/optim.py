@@ -25,13 +25,18 @@ far more than the step (a GPT-2-sized model on one H200: 1.2-1.3 s a step agains
 Inside a CUDA graph capture the hand-over is refused (zmuon.InvalidArgument).
 """
 
+import difflib
 import json
+import math
+import numbers
 import sys
 import os
 import tempfile
 
 from . import _capi
-from ._capi import HOST, BadState, InvalidArgument, Unsupported
+from ._capi import HOST, BadState, InvalidArgument, ShapeMismatch, UnknownParameter, Unsupported
+
+_FLOAT32_MAX = 3.4028234663852886e38  # the engine takes learning rates as float32
 
 _GROUPS = {"auto": _capi.GROUP_AUTO, "muon": _capi.GROUP_MUON, "adamw": _capi.GROUP_ADAMW}
 
@@ -112,6 +117,31 @@ def _hyperparameter(key, value):
     return f"optimizer.params.{key}={json.dumps(value, default=plain)}"
 
 
+def _learning_rate(value, what):
+    """`value` as the float the engine's set_lr takes: a finite number >= 0 (a Python, numpy or
+    torch scalar); else InvalidArgument naming `what` and the value."""
+    number = value
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            number = value.item()
+        except (TypeError, ValueError, RuntimeError):  # not one element
+            number = value
+    if isinstance(number, numbers.Real) and not isinstance(number, bool):
+        lr = float(number)
+        if math.isfinite(lr) and lr >= 0:
+            if lr > _FLOAT32_MAX:
+                raise InvalidArgument(f"{what} must be a finite number >= 0, got {value!r} "
+                                      "(beyond float32's range)")
+            return lr
+    raise InvalidArgument(f"{what} must be a finite number >= 0, got {value!r}")
+
+
+def _suggestion(name, names):
+    """' (did you mean 'x'?)' for the nearest of `names`, or ''."""
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
 def _lrs_of(config, overrides):
     """The Muon and AdamW learning rates a config sets (the engine's defaults otherwise)."""
     params = config.get("optimizer", {}).get("params", {}) if isinstance(config, dict) else {}
@@ -138,7 +168,8 @@ class Muon:
               Unknown or misspelled keys raise zmuon.InvalidArgument naming the key.
     groups:   overrides the default rule: {name: "muon" | "adamw"}, or torch-style groups
               [{"params": [names or tensors], "use_muon": bool}, ...]. A tensor's own `use_muon`
-              attribute (as DeepSpeed sets it) is honoured too.
+              attribute (as DeepSpeed sets it) is honoured too. A name that is not a parameter
+              raises zmuon.UnknownParameter.
     heads:    {name: H}: orthogonalize H row blocks of that matrix independently (q/k/v).
     overrides: "key.path=value" strings applied over the config.
     **hyperparameters: keys of the config's optimizer.params, as torch.optim optimizers take
@@ -170,10 +201,13 @@ class Muon:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
                 raise TypeError("zmuon.Muon needs named parameters: model.named_parameters() or "
                                 "(name, tensor) pairs or a dict name -> tensor")
+            _capi._text(item[0], "parameter name")  # a NUL would cut the name short in C
+        group_of = self._resolve_groups(named, groups)  # checked before the engine starts
         overrides = list(overrides) + [_hyperparameter(k, v) for k, v in hyperparameters.items()]
         config_file = None
         if isinstance(config, (str, os.PathLike)):
             config_file = os.fspath(config)
+            _capi._path(config_file, "config file")
             with open(config_file, encoding="utf-8") as f:
                 try:
                     config_dict = json.load(f)
@@ -215,7 +249,6 @@ class Muon:
         self._host_staging = host_staging
         self._params = []  # (name, tensor-or-array, shape)
         self._staged = {}  # name -> host copy of a CUDA parameter (host_staging)
-        group_of = self._resolve_groups(named, groups)
         heads = dict(heads or {})
         for name, p in named:
             ptr, numel, device, shape = buffer_of(p, f"parameter '{name}'", writable=True)
@@ -228,6 +261,7 @@ class Muon:
             self._engine.add_parameter(name, shape, group_of.get(name, _capi.GROUP_AUTO),
                                        int(heads.pop(name, 0)), ptr, numel)
             self._params.append((name, p, shape))
+        self._shapes = {name: tuple(shape) for name, _, shape in self._params}
         if heads:
             raise InvalidArgument(f"heads given for {sorted(heads)}, which are not parameters")
         self._node = node
@@ -257,21 +291,38 @@ class Muon:
                 out[name] = _capi.GROUP_MUON if flag else _capi.GROUP_ADAMW
         if groups is None:
             return out
+        names = [n for n, _ in named]
+        known = set(names)
+
+        def known_name(name, where):
+            if name not in known:
+                raise UnknownParameter(f"{where} names {name!r}, which is not a parameter"
+                                       f"{_suggestion(name, names)}")
+
         if isinstance(groups, dict):
             for name, g in groups.items():
-                if g not in _GROUPS:
-                    raise InvalidArgument(f"group of '{name}' is '{g}': use 'muon', 'adamw' or "
+                known_name(name, "groups")
+                if not isinstance(g, str) or g not in _GROUPS:
+                    raise InvalidArgument(f"group of '{name}' is {g!r}: use 'muon', 'adamw' or "
                                           "'auto'")
                 out[name] = _GROUPS[g]
             return out
+        if isinstance(groups, (str, bytes)):
+            raise InvalidArgument("groups: expected {name: 'muon' | 'adamw' | 'auto'} or a list "
+                                  "of {'params': [...], 'use_muon': bool} dicts")
         for i, group in enumerate(groups):
-            if "params" not in group or "use_muon" not in group:
+            if not isinstance(group, dict) or "params" not in group or "use_muon" not in group:
                 raise InvalidArgument(f"parameter group {i} needs 'params' and 'use_muon'")
-            for p in group["params"]:
+            members = group["params"]
+            if isinstance(members, (str, bytes)):
+                raise InvalidArgument(f"parameter group {i}: 'params' must be a list of names or "
+                                      f"tensors, got the string {members!r}")
+            for p in members:
                 name = p if isinstance(p, str) else by_id.get(id(p))
                 if name is None:
                     raise InvalidArgument(f"parameter group {i} holds a tensor that is not among "
                                           "the named parameters")
+                known_name(name, f"groups[{i}]")
                 out[name] = _capi.GROUP_MUON if group["use_muon"] else _capi.GROUP_ADAMW
         return out
 
@@ -305,7 +356,9 @@ class Muon:
     def accumulate(self, grads=None, rank=None):
         """Hands over one micro-batch's gradients of rank `rank` (default: this process's first
         rank): by default each torch parameter's .grad (None counts as zero); else `grads`, a
-        dict name -> array/tensor or a list in the order of the parameters."""
+        dict name -> array/tensor or a list in the order of the parameters. Each gradient has
+        its parameter's shape (else zmuon.ShapeMismatch, and nothing of the call is handed
+        over)."""
         if rank is None:
             rank = self._first_rank
         entries, keep = self._entries(grads)
@@ -324,8 +377,11 @@ class Muon:
         before any is handed over."""
         grads_by_rank = list(grads_by_rank)
         entries, keep = [], []
-        for grads in grads_by_rank:
-            e, k = self._entries(grads)
+        for i, grads in enumerate(grads_by_rank):
+            try:
+                e, k = self._entries(grads)
+            except _capi.ZmuonError as err:
+                raise type(err)(f"accumulate_all(): rank {self._first_rank + i}: {err}") from None
             entries.append(e)
             keep.extend(k)
         if any(device != HOST for e in entries for _, _, _, device in e):
@@ -355,21 +411,28 @@ class Muon:
         for name, g in items:
             if g is None:
                 continue
+            _capi._text(name, "gradient name")  # a NUL would cut the name short in C
             if _is_torch(g) and (g.is_cuda and self._host_staging):
                 g = g.detach().to("cpu").contiguous()
             keep.append(g)
-            ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
+            ptr, numel, device, shape = buffer_of(g, f"gradient of '{name}'")
+            expected = self._shapes.get(name)  # an unknown name: the engine's error names it
+            if expected is not None and tuple(shape) != expected:
+                raise ShapeMismatch(f"gradient of '{name}' has shape {tuple(shape)}, the "
+                                    f"parameter's is {expected}")
             entries.append((name, ptr, numel, device))
         return entries, keep
 
     def step(self, closure=None):
         """One optimizer step on everything handed over since the last one (if nothing was,
-        the parameters' current .grad first), then the new values into the parameters."""
+        the parameters' current .grad first), then the new values into the parameters. The
+        param groups' "lr" must be finite numbers >= 0 (else zmuon.InvalidArgument, before
+        anything runs)."""
+        lrs = self._group_lrs()  # checked before anything runs or is handed over
         loss = closure() if closure is not None else None
         if not any(self._micro) and all(_is_torch(p) for _, p, _ in self._params) \
                 and any(p.grad is not None for _, p, _ in self._params):
             self.accumulate()
-        lrs = (self.param_groups[0]["lr"], self.param_groups[1]["lr"])
         if lrs != self._lrs:
             self._engine.set_lr(float(lrs[0]), float(lrs[1]))
             self._lrs = lrs
@@ -377,6 +440,18 @@ class Muon:
         self.last_step = self._engine.step()
         self._write_back()
         return loss
+
+    def _group_lrs(self):
+        """The param groups' learning rates as floats; InvalidArgument naming a bad one."""
+        lrs = []
+        for i in range(2):
+            try:
+                value = self.param_groups[i]["lr"]
+            except (IndexError, KeyError, TypeError):
+                raise InvalidArgument(f"param_groups[{i}] has no 'lr' (zmuon.Muon has two "
+                                      "param groups: Muon's and AdamW's)") from None
+            lrs.append(_learning_rate(value, f"param_groups[{i}]['lr']"))
+        return tuple(lrs)
 
     def _write_back(self):
         entries, targets = [], []
@@ -453,11 +528,13 @@ class Muon:
         if not isinstance(lrs, list) or len(lrs) != len(self.param_groups):
             raise InvalidArgument(f"load_state_dict: 'lrs' must list {len(self.param_groups)} "
                                   f"learning rates, got {lrs!r}")
+        for i, lr in enumerate(lrs):  # before anything is loaded
+            _learning_rate(lr, f"load_state_dict: 'lrs'[{i}]")
         with tempfile.TemporaryDirectory() as tmp:
             for rel, data in state["zmuon_checkpoint"].items():
                 parts = os.path.normpath(str(rel)).split(os.sep)
                 if os.path.isabs(str(rel)) or ".." in parts or parts == ["."] \
-                        or not isinstance(data, bytes):
+                        or "\0" in str(rel) or not isinstance(data, bytes):
                     raise InvalidArgument(f"load_state_dict: checkpoint file {rel!r} is not a "
                                           "relative path inside the checkpoint with bytes")
                 path = os.path.join(tmp, *parts)

@@ -8,9 +8,12 @@
 torch tensor of float32 or bfloat16 on the CPU (host backend, fp32 arithmetic) or on a GPU (cuda
 backend, bf16 arithmetic with fp32 sums, ordered on PyTorch's current stream without waiting).
 The options are the config's NS keys without the "ns_", checked by the config's schema (a bad
-value raises zmuon.InvalidArgument naming it); None keeps the engine's default. A backend per (backend, device) is kept for the process,
-so repeated calls reuse its workspace. A matrix with a NaN or an infinity comes back all NaN
-(not checked: on the GPU that would wait for it).
+value raises zmuon.InvalidArgument naming it); None keeps the engine's default. A backend per
+(backend, device) is kept for the process, so repeated calls reuse its workspace. An input with
+a NaN or an infinity raises zmuon.InvalidArgument naming the first one's index (numpy arrays and
+CPU tensors, checked before anything runs; `out` is then untouched). CUDA tensors are not
+checked (that would wait for the GPU): there a matrix with a NaN or an infinity comes back all
+NaN.
 """
 
 import json
@@ -90,10 +93,33 @@ def _orthogonalizer(backend, device):
         return _cache[key]
 
 
-def _prepare(x, out):
+def _check_finite(x, torch_like, device, who):
+    """InvalidArgument naming the first NaN or infinity of a host input (numpy array or CPU
+    tensor); CUDA tensors are not checked (that would wait for the GPU)."""
+    if device != HOST:
+        return
+    if torch_like:
+        finite = sys.modules["torch"].isfinite(x.detach())
+        if bool(finite.all()):
+            return
+        first = (~finite).nonzero()[0].tolist()
+    else:
+        import numpy  # pylint: disable=import-outside-toplevel  # x is a numpy array
+        finite = numpy.isfinite(numpy.asarray(x))
+        if finite.all():
+            return
+        first = numpy.argwhere(~finite)[0].tolist()
+    index = tuple(int(i) for i in first)
+    raise _capi.InvalidArgument(f"{who}: the input has non-finite values (first at index "
+                                f"{index})")
+
+
+def _prepare(x, out, who="newton_schulz"):
     """The contiguous buffer the call works on and x's description: `out` (x copied into it
-    unless it is x) or a new contiguous copy of x."""
+    unless it is x) or a new contiguous copy of x. A host x with a NaN or an infinity raises
+    zmuon.InvalidArgument first."""
     ptr, dtype, shape, device, backend, torch_like, _ = _describe(x, "x")
+    _check_finite(x, torch_like, device, who)
     if out is None:
         if torch_like:
             out = x.detach().clone(memory_format=sys.modules["torch"].contiguous_format)
@@ -153,7 +179,7 @@ class Orthogonalizer(_capi.Orthogonalizer):
         self._lock = threading.Lock()
 
     def __call__(self, x, out=None):
-        out, dtype, shape, device, _ = _prepare(x, out)
+        out, dtype, shape, device, _ = _prepare(x, out, "Orthogonalizer")
         with self._lock:
             _run(self, out, dtype, shape, device)
         return out
