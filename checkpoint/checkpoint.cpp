@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -42,6 +43,24 @@ bool is_step_dir_name(const std::string& s) {
     if (!(std::isdigit(static_cast<unsigned char>(s[i])) || (s[i] == '_' && i == 13)))
       return false;
   return s.size() == 13 || (s.size() > 14 && s[13] == '_');
+}
+
+/// The step of a step_NNNNNNNN[_K] name (is_step_dir_name).
+uint64_t step_of_dir_name(const std::string& s) {
+  return std::strtoull(s.c_str() + 5, nullptr, 10);
+}
+
+/// Whether directory `d` holds only what a save writes there (the manifest, shard files, and
+/// their temporary files): anything else is not ours to remove.
+bool holds_only_checkpoint_files(const fs::path& d) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(d, ec)) {
+    const std::string n = e.path().filename().string();
+    const bool shard = n.rfind("rank_", 0) == 0 && n.find(".safetensors") == 10;
+    if (!(n.rfind(manifest_name, 0) == 0 || shard) || !e.is_regular_file(ec))
+      return false;
+  }
+  return !ec;
 }
 
 /// Shard length and the real elements of rank r's shard for `numel` split over `world`.
@@ -305,14 +324,17 @@ error commit_checkpoint(const std::string& dir, const std::string& name, const p
   }
   if (auto err = write_file_atomically(latest, name + "\n"))
     return err;
+  // Removed: checkpoints of steps up to this one (a later step's belongs to another run that
+  // saved here: kept) holding nothing but a checkpoint's files, and `latest`'s temporary files.
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     std::string entry_name = entry.path().filename().string();
-    bool stale_step = is_step_dir_name(entry_name) && entry_name != name && entry_name != previous;
+    std::error_code ignored;
+    bool stale_step = is_step_dir_name(entry_name) && entry_name != name && entry_name != previous
+                      && step_of_dir_name(entry_name) <= step_of_dir_name(name)
+                      && entry.is_directory(ignored) && holds_only_checkpoint_files(entry.path());
     bool stale_tmp = entry_name.rfind(std::string(latest_name) + ".tmp.", 0) == 0;
-    if (stale_step || stale_tmp) {
-      std::error_code ignored;
+    if (stale_step || stale_tmp)
       fs::remove_all(entry.path(), ignored);
-    }
   }
   return {};
 }

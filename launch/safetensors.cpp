@@ -368,6 +368,13 @@ expected<file_index> index_of(const std::string& path, uint64_t file_size, Bytes
 /// file or the complete new one. The temporary file is removed on failure.
 template <class Fill>
 error write_atomically(const std::string& path, Fill&& fill) {
+  // The rename would replace whatever `path` is: only a regular file (or nothing) may be.
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    return {errc::invalid_argument,
+            in_quotes(path) + " is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file")
+                + ": a safetensors file is written by replacing it, so it must be a regular "
+                  "file or not exist"};
   std::string tmp_path = path + ".tmp." + std::to_string(::getpid());
   file_descriptor fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd.valid())

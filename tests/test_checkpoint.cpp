@@ -371,6 +371,32 @@ BOOST_AUTO_TEST_CASE(saves_keep_the_two_newest_and_latest_names_the_newest) {
   BOOST_TEST(read_all(dir.file("latest")) == "step_00000004\n");
 }
 
+// The rotation removes only what saves wrote, and only up to the step it saves: a file the user
+// named like a checkpoint, a step directory holding anything else, and a later step's checkpoint
+// (another run's, saved into the same directory) are all left alone.
+BOOST_AUTO_TEST_CASE(saves_remove_only_their_own_older_checkpoints) {
+  scratch_dir dir;
+  write_all(dir.file("step_00000001"), "precious\n");  // a file, not a checkpoint
+  fs::create_directory(dir.file("step_00000002"));
+  write_all(dir.file("step_00000002/notes.txt"), "mine\n");
+  fs::create_directory(dir.file("step_00000009"));  // a later run's checkpoint
+  write_all(dir.file("step_00000009/manifest.json"), "{}\n");
+  auto a = fresh_engine(2);
+  for (int s = 1; s <= 4; ++s) {
+    run_step(*a, s);
+    BOOST_REQUIRE(!a->save_checkpoint(dir.path().string()));
+  }
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    names.insert(e.path().filename().string());
+  BOOST_TEST((names
+              == std::set<std::string>{"latest", "step_00000001", "step_00000002", "step_00000003",
+                                       "step_00000004", "step_00000009"}));
+  BOOST_TEST(read_all(dir.file("step_00000001")) == "precious\n");
+  BOOST_TEST(read_all(dir.file("step_00000002/notes.txt")) == "mine\n");
+  BOOST_TEST(read_all(dir.file("latest")) == "step_00000004\n");
+}
+
 // 1000 steps, 50 random (step, rank, parameter, micro-batch) positions poisoned with NaN or
 // +-inf: each such step is skipped on every rank (state bit-identical across it), nothing
 // non-finite ever reaches parameters or optimizer state, and the result equals a run in which
