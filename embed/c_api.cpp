@@ -3,6 +3,7 @@
 #include "zmuon/zmuon.h"
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <map>
@@ -381,8 +382,9 @@ int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
   return guarded(fn, [&]() -> zmuon::error {
     if (!eng)
       return null_arg(fn, "eng");
-    if (muon_lr != muon_lr || adam_lr != adam_lr)
-      return {errc::invalid_argument, "learning rates must not be NaN"};
+    if (!std::isfinite(muon_lr) || !std::isfinite(adam_lr))
+      return {errc::invalid_argument,
+              "learning rates must be finite (a negative one keeps the current rate)"};
     zmuon::lr_schedule m, a;
     if (muon_lr >= 0)
       m = [muon_lr](uint64_t) { return muon_lr; };

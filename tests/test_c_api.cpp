@@ -163,6 +163,13 @@ BOOST_AUTO_TEST_CASE(null_arguments_are_errors_not_crashes) {
   BOOST_TEST(zmuon_engine_write_call_timeline(eng, "/nonexistent/timeline.json")
              == ZMUON_BAD_STATE);
   BOOST_TEST(std::strstr(zmuon_last_error(), "has not started") != nullptr);
+  // Learning rates: NaN and infinities are refused (a negative one keeps the current rate).
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    BOOST_TEST(zmuon_engine_set_lr(eng, bad, -1.0f) == ZMUON_INVALID_ARGUMENT);
+    BOOST_TEST(std::strstr(zmuon_last_error(), "learning rates must be finite") != nullptr);
+    BOOST_TEST(zmuon_engine_set_lr(eng, -1.0f, bad) == ZMUON_INVALID_ARGUMENT);
+  }
+  BOOST_TEST(zmuon_engine_set_lr(eng, 0.01f, -1.0f) == ZMUON_OK);
   zmuon_engine_destroy(eng);
 }
 

@@ -5,6 +5,7 @@
 #include "tests/engine_fixture.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <limits>
 
 using namespace zmuon;
@@ -153,6 +154,40 @@ BOOST_AUTO_TEST_CASE(bad_input_is_named_and_changes_nothing) {
   expect_error(uneven.err(), errc::bad_state, "rank 1 handed over 0");
   reduce_ok(*eng, 1, random_grads(table, 23, 1, 1, 0));
   BOOST_TEST(!step_ok(*eng).skipped);  // the engine is still usable
+}
+
+// A schedule's rate that is not finite, or negative, is refused when the step would use it,
+// before the step begins: nothing changes, and a step() with a good rate then runs as if the
+// bad one had never been asked for (bit for bit against an engine that never saw it).
+BOOST_AUTO_TEST_CASE(bad_learning_rates_are_refused_before_the_step) {
+  auto eng = make_engine(options(2));
+  auto ref = make_engine(options(2));
+  for (auto* e : {eng.get(), ref.get()}) {
+    register_table(*e, table, 29);
+    for (int r = 0; r < 2; ++r)
+      reduce_ok(*e, r, random_grads(table, 29, 1, r, 0));
+  }
+  const auto before = capture(*eng);
+  const float bad[] = {INFINITY, -INFINITY, NAN, -0.5f};
+  for (float lr : bad) {
+    eng->set_lr_schedules([lr](uint64_t) { return lr; }, nullptr);
+    auto s = eng->step();
+    BOOST_REQUIRE(!s);
+    expect_error(s.err(), errc::invalid_argument, "the Muon learning rate for step 1 is ");
+    BOOST_TEST(s.err().message().find("must be finite and >= 0") != std::string::npos);
+    eng->set_lr_schedules([](uint64_t) { return 0.02f; }, [lr](uint64_t) { return lr; });
+    s = eng->step();
+    BOOST_REQUIRE(!s);
+    expect_error(s.err(), errc::invalid_argument, "the AdamW learning rate for step 1 is ");
+    eng->set_lr_schedules(nullptr, [](uint64_t) { return 3e-4f; });
+  }
+  check_unchanged(before, capture(*eng), true);
+  ref->set_lr_schedules([](uint64_t) { return 0.02f; }, [](uint64_t) { return 3e-4f; });
+  BOOST_TEST(!step_ok(*eng).skipped);
+  BOOST_TEST(!step_ok(*ref).skipped);
+  const auto got = params_of(*eng), want = params_of(*ref);
+  for (const auto& [name, v] : want)
+    BOOST_TEST(same_bits(got.at(name), v), name);
 }
 
 BOOST_AUTO_TEST_CASE(bad_options_are_named) {
