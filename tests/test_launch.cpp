@@ -91,6 +91,16 @@ BOOST_AUTO_TEST_CASE(bad_flags_are_errors) {
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("unknown flag '--adam_lr' (did you mean '--adam-lr'?)") != std::string::npos,
              out);
+  // Range errors say the range, not DBL_MAX's 300 digits; a seed is a uint64_t, not wrapped.
+  for (const auto& [flags, says] :
+       {std::pair{"--bucket-size 0", "must be > 0, got 0"}, std::pair{"--steps -1", ">= 0, got -1"},
+        std::pair{"--seed -1", "whole number from 0 to 18446744073709551615, got -1"},
+        std::pair{"--seed 18446744073709551616", "got 18446744073709551616"}}) {
+    out = zmuon::test::run_launch(flags, &status);
+    BOOST_TEST(WEXITSTATUS(status) == 2, flags);
+    BOOST_TEST(out.find(says) != std::string::npos, out);
+    BOOST_TEST(out.find("17976931348623157") == std::string::npos, out);
+  }
   out = zmuon::test::run_launch("--zzzzzzzz", &status);  // nothing near: no suggestion
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("zzzzzzzz") != std::string::npos, out);

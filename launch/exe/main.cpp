@@ -3,6 +3,7 @@
 // --local-nodes K runs K nodes on 127.0.0.1), and shows each step. Options: defaults < --config
 // FILE < --set key.path=value < flags (launch/config.hpp).
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -56,6 +57,29 @@ const CLI::Validator non_negative(
       return x >= 0 || std::isnan(x) ? std::string() : "must be >= 0, got " + text;
     },
     "NONNEGATIVE");
+
+// CLI::PositiveNumber's likewise.
+const CLI::Validator positive(
+    [](std::string& text) {
+      double x = std::strtod(text.c_str(), nullptr);
+      return x > 0 || std::isnan(x) ? std::string() : "must be > 0, got " + text;
+    },
+    "POSITIVE");
+
+// A uint64_t flag: CLI11 takes -1 (wrapped) and 2^64 (saturated) for one.
+const CLI::Validator whole_u64(
+    [](std::string& text) {
+      errno = 0;
+      const bool digits =
+          !text.empty() && text.size() <= 20
+          && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits)
+        std::strtoull(text.c_str(), nullptr, 10);
+      return digits && errno != ERANGE
+                 ? std::string()
+                 : "must be a whole number from 0 to 18446744073709551615, got " + text;
+    },
+    "UINT64");
 
 // Exit codes: 2 for bad input (flags, config, nodes that disagree), 3 when a node of the job was
 // lost, 1 for other failures.
@@ -316,7 +340,7 @@ int run(int argc, char** argv) {
                       "elements per reduce bucket and Muon chunk "
                       "(zero_optimization.reduce_bucket_size)")
            ->capture_default_str()
-           ->check(CLI::PositiveNumber),
+           ->check(positive),
        "zero_optimization.reduce_bucket_size"},
       {app.add_option("--backend", flags.engine.compute,
                       "compute backend: host | cuda (zmuon.backend)")
@@ -336,9 +360,10 @@ int run(int argc, char** argv) {
                             "(fp16.enabled=true)");
   app.add_option("--steps", topts.steps, "optimizer steps")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative);
   app.add_option("--seed", topts.seed, "seed of the model init and the synthetic data")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(whole_u64);
   app.add_option("--save-params", save_params,
                  "write the final full parameters (fp32, by name) to this safetensors file");
   std::string trace_dir;
@@ -351,7 +376,7 @@ int run(int argc, char** argv) {
                     ->check(CLI::Range(1, 4096));
   auto* node_rank = app.add_option("--node-rank", nf.node_rank, "this node's rank in [0, --nodes)")
                         ->capture_default_str()
-                        ->check(CLI::NonNegativeNumber);
+                        ->check(non_negative);
   auto* master =
       app.add_option("--master", nf.master,
                      "HOST:PORT where node 0 publishes the rendezvous and the others find it "
@@ -376,7 +401,7 @@ int run(int argc, char** argv) {
                      "newest; the two newest are kept)")
           ->type_name("DIR");
   auto* every = app.add_option("--every", topts.checkpoint_every, "steps between checkpoints")
-                    ->check(CLI::PositiveNumber)
+                    ->check(positive)
                     ->needs(save_ckpt);
   save_ckpt->needs(every);
   std::string resume;
