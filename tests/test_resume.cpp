@@ -117,6 +117,13 @@ BOOST_AUTO_TEST_CASE(resume_with_other_settings_names_them) {
   BOOST_TEST(
       out.find("did not have: config.optimizer.params.muon_lr 0.02 -> 0.01") != std::string::npos,
       out);
+  BOOST_TEST(out.find("no step is left") == std::string::npos, out);
+  // --steps not past the checkpoint's step: nothing to train, and it says so.
+  out = launch_ok("--steps 2 --resume " + dir + " --seed 3");
+  BOOST_TEST(out.find("the checkpoint is at step 2 and --steps is 2: no step is left to train")
+                 != std::string::npos,
+             out);
+  BOOST_TEST(step_lines(out, 1).empty(), out);
 }
 
 BOOST_AUTO_TEST_CASE(resume_from_4_ranks_on_2_is_within_1e_6) {

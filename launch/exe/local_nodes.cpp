@@ -220,7 +220,11 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
     }
   }
   std::fflush(stderr);
-  return first_failure < 0 ? 0 : exit_code(status[first_failure]);
+  if (first_failure < 0)
+    return 0;
+  // A node killed by a signal is a node the job lost: the survivors' code for it (3), not 128 +
+  // the signal, which reads as if the launcher itself had been killed.
+  return WIFSIGNALED(status[first_failure]) ? 3 : exit_code(status[first_failure]);
 }
 
 }  // namespace zmuon::example

@@ -12,8 +12,8 @@ namespace zmuon::example {
 /// --local-nodes) plus --nodes/--node-rank/--master; --save-params goes to node 0 only. Prints
 /// "zmuon-launch: node N pid P" for each. Waits for all; once one fails, the others get
 /// `grace_ms` to end on their own (they notice the loss), then are killed. Never hangs.
-/// Returns 0 when every node exits 0, else the first failure's exit code (128 + signal if
-/// killed).
+/// Returns 0 when every node exits 0, else the first failure's exit code, or 3 (a node lost) when
+/// the first to fail was killed by a signal.
 /// `node_devices`, when not empty, holds each node's CUDA_VISIBLE_DEVICES (node_visible_devices):
 /// node n runs with that value in its environment instead of the launcher's.
 int run_local_nodes(int nodes, const std::vector<std::string>& args, long long join_timeout_ms,

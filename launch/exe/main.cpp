@@ -133,7 +133,7 @@ std::string checkpoint_settings(const zmuon::job_config& job,
 /// new learning rate, another world size), but said, since a different seed, for one, means
 /// other data from here on than the saved run would have seen. Returns false on failure.
 bool resume_from(zmuon::engine& eng, const std::string& dir, const std::string& settings, bool lead,
-                 const std::string& who) {
+                 const std::string& who, int steps) {
   auto info = eng.load_checkpoint(dir);
   if (!info) {
     say(who, "cannot resume: " + info.err().to_string());
@@ -149,6 +149,11 @@ bool resume_from(zmuon::engine& eng, const std::string& dir, const std::string& 
     for (const std::string& change : zmuon::json_changes(*saved, nlohmann::json::parse(settings)))
       std::fprintf(stderr, "%sresuming with a setting the saved run did not have: %s\n",
                    who.c_str(), change.c_str());
+  if (info->step >= static_cast<uint64_t>(steps))
+    std::fprintf(stderr,
+                 "%sthe checkpoint is at step %llu and --steps is %d: no step is left to "
+                 "train\n",
+                 who.c_str(), static_cast<unsigned long long>(info->step), steps);
   return true;
 }
 
@@ -203,7 +208,8 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   }
   bool lead = nf.node_rank == 0;
   topts.checkpoint_config = checkpoint_settings(job, topts);
-  if (!resume.empty() && !resume_from(*eng, resume, topts.checkpoint_config, lead, who))
+  if (!resume.empty()
+      && !resume_from(*eng, resume, topts.checkpoint_config, lead, who, topts.steps))
     return 1;
   if (lead)
     std::printf(
@@ -481,7 +487,7 @@ int run(int argc, char** argv) {
   }
   topts.checkpoint_config = checkpoint_settings(*job, topts);
   if (!resume.empty()
-      && !resume_from(**eng, resume, topts.checkpoint_config, true, "zmuon-launch: "))
+      && !resume_from(**eng, resume, topts.checkpoint_config, true, "zmuon-launch: ", topts.steps))
     return 1;
   std::printf(
       "zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s, comm "
