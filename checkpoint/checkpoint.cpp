@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -131,7 +132,23 @@ struct file_range {
   uint64_t at = 0;
   uint64_t bytes = 0;
   char* into = nullptr;
+  std::string tensor;  // the tensor's name, and where the range starts in it
+  int64_t first_element = 0;
 };
+
+/// Where the first value of `ranges` (as loaded) that is not finite is, or "": a checkpoint holds
+/// only finite state (a NaN there would make every later step a skipped one).
+std::string first_nonfinite(const std::vector<file_range>& ranges) {
+  for (const auto& r : ranges) {
+    const auto* v = reinterpret_cast<const float*>(r.into);
+    const auto n = static_cast<int64_t>(r.bytes / sizeof(float));
+    for (int64_t i = 0; i < n; ++i)
+      if (!std::isfinite(v[i]))
+        return "tensor " + in_quotes(r.tensor) + " holds " + std::to_string(v[i]) + " at element "
+               + std::to_string(r.first_element + i);
+  }
+  return {};
+}
 
 /// Reads the file at `path` (`size` bytes) once, in pieces of at most 16 MB (never all of it in
 /// memory): copies each of `ranges` (sorted by offset, disjoint) into its place and returns
@@ -175,6 +192,10 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
     return index.err();
   std::map<std::string, std::string> meta = index->metadata;
   const std::string step = std::to_string(m.step);
+  if (!meta.count("format") || !meta.count("rank") || !meta.count("world") || !meta.count("step"))
+    return bad(path,
+               "shard file lacks the zmuon metadata (format, rank, world, step) in its "
+               "header's __metadata__");
   if (meta["format"] != "zmuon-shard" || meta["rank"] != std::to_string(f.rank)
       || meta["world"] != std::to_string(m.world) || meta["step"] != step)
     return bad(path, "shard file was written for rank " + meta["rank"] + " of world "
@@ -208,7 +229,8 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
           ranges.push_back({t.offset + static_cast<uint64_t>(lo - sb) * sizeof(float),
                             static_cast<uint64_t>(hi - lo) * sizeof(float),
                             reinterpret_cast<char*>((states[r].*kind.buffer).data()
-                                                    + offset_in(kind, p) + (lo - rb))});
+                                                    + offset_in(kind, p) + (lo - rb)),
+                            t.name, lo - sb});
       }
     }
   }
@@ -450,6 +472,9 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
                            + std::to_string(f.crc32) + " (corrupted file)");
     if (header)
       return header;
+    if (const std::string where = first_nonfinite(ranges); !where.empty())
+      return bad(path, where + ": a checkpoint holds finite values only (the CRC-32 matches, so "
+                               "they were saved so or the file was rewritten whole)");
   }
   return out;
 }

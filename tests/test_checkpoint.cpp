@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 
+#include <zlib.h>
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
@@ -284,6 +285,21 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
     j["world"] = 3;
     write_all(wrong_world + "/manifest.json", j.dump(1));
   }
+  // A NaN in a shard whose checksum was made to match: refused by name, not loaded (every later
+  // step would be skipped).
+  std::string nonfinite = copy("nonfinite");
+  {
+    std::string f = nonfinite + "/rank_00001.safetensors";
+    std::string bytes = read_all(f);
+    const char nan_bits[4] = {0, 0, '\xc0', '\x7f'};  // the last value of the last tensor
+    bytes.replace(bytes.size() - 4, 4, nan_bits, 4);
+    write_all(f, bytes);
+    auto j = nlohmann::json::parse(read_all(nonfinite + "/manifest.json"));
+    j["files"][1]["crc32"] =
+        ::crc32(::crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
+                static_cast<uInt>(bytes.size()));
+    write_all(nonfinite + "/manifest.json", j.dump(1));
+  }
   // A manifest nested past any real one: refused while parsing, before anything walks it
   // recursively (its config was copied and dumped: a stack overflow before).
   std::string deep = copy("deep");
@@ -302,6 +318,7 @@ BOOST_AUTO_TEST_CASE(each_corruption_is_named_and_a_failed_load_changes_nothing)
       {deleted, "missing shard file"},
       {wrong_world, "manifest says world 3 but lists 4 shard files"},
       {deep, "manifest is not valid JSON: nesting deeper than 100 levels at line"},
+      {nonfinite, "rank_00001.safetensors': tensor "},
   };
   auto b = fresh_engine(4);
   auto before = params_of(*b);
