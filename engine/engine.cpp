@@ -57,8 +57,9 @@ error check_options(const engine_options& o) {
   if (o.comm == "nccl")
     return bad("comm backend 'nccl' is not built in (configure with -DZMUON_CUDA=ON)");
 #endif
-  if (o.timeout_ms < 1)
-    return bad("timeout_ms must be >= 1");
+  if (o.timeout_ms < 1 || o.timeout_ms > kMaxTimeoutMs)
+    return bad("timeout_ms must be in [1, " + std::to_string(kMaxTimeoutMs) + "] (30 days), got "
+               + std::to_string(o.timeout_ms));
   if (o.max_buckets_in_flight < 0)
     return bad("max_buckets_in_flight must be >= 0 (0 = unbounded), got "
                + std::to_string(o.max_buckets_in_flight));

@@ -108,18 +108,23 @@ inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols,
 /// (and 0, one block of all steps) on the cuda backend.
 inline constexpr int kGramMaxBlockBf16 = 3;
 
+/// The most Newton-Schulz steps a call may run (ns_steps, and the Gram restart interval): 5 to 10
+/// are used; a billion would make one optimizer step run for ever.
+inline constexpr int kMaxNsSteps = 100;
+
 /// Why `ns` cannot run on compute backend `backend` ("host" or "cuda"), or no error: what the
 /// engine's options check and the standalone orthogonalizer (zmuon/orthogonalize.hpp) both refuse.
 inline error check_ns_options(const ns_options& ns, const std::string& backend) {
   auto bad = [](const std::string& what) { return error{errc::invalid_argument, what}; };
-  if (ns.steps < 1)
-    return bad("ns_steps must be >= 1");
+  if (ns.steps < 1 || ns.steps > kMaxNsSteps)
+    return bad("ns_steps must be in [1, " + std::to_string(kMaxNsSteps) + "], got "
+               + std::to_string(ns.steps));
   if (!ns.schedule.empty() && static_cast<int>(ns.schedule.size()) != ns.steps)
     return bad("ns coefficient schedule has " + std::to_string(ns.schedule.size())
                + " entries but ns_steps is " + std::to_string(ns.steps));
-  if (ns.gram_restart < 0)
-    return bad("ns_gram_restart must be >= 0 (0 = never restart), got "
-               + std::to_string(ns.gram_restart));
+  if (ns.gram_restart < 0 || ns.gram_restart > kMaxNsSteps)
+    return bad("ns_gram_restart must be in [0, " + std::to_string(kMaxNsSteps)
+               + "] (0 = never restart), got " + std::to_string(ns.gram_restart));
   if (ns.variant != ns_variant::standard && backend == "cuda"
       && (ns.gram_restart == 0 || ns.gram_restart > kGramMaxBlockBf16))
     return bad("ns_gram_restart " + std::to_string(ns.gram_restart) + " with ns_variant "

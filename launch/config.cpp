@@ -299,14 +299,6 @@ field ns_schedule(std::string path) {
   return {path, read, write};
 }
 
-/// Newton-Schulz steps a call may run (ns_steps, and so ns_schedule's length; ns_gram_restart):
-/// 5 to 10 are used; a billion would make one step run for ever.
-constexpr int kMaxNsSteps = 100;
-
-/// The longest timeout (zmuon.timeout_ms, zmuon.heartbeat_timeout_ms): 30 days, far below what
-/// overflows a deadline of std::chrono's clocks.
-constexpr int64_t kMaxTimeoutMs = int64_t(30) * 24 * 3600 * 1000;
-
 // clang-format off
 #define ZMUON_SLOT(member) [](job_config& c) -> auto& { return c.member; }
 // clang-format on

@@ -204,7 +204,18 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   o.muon.ns.gram_restart = -1;
   e = engine::create(o);
   BOOST_REQUIRE(!e);
-  expect_error(e.err(), errc::invalid_argument, "ns_gram_restart must be >= 0");
+  expect_error(e.err(), errc::invalid_argument, "ns_gram_restart must be in [0, 100]");
+  // Upper bounds: a billion NS steps would run for ever, a timeout past 30 days overflows.
+  o = options(2);
+  o.muon.ns.steps = 101;
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "ns_steps must be in [1, 100], got 101");
+  o = options(2);
+  o.timeout_ms = kMaxTimeoutMs + 1;
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "timeout_ms must be in [1, 2592000000] (30 days)");
   // Checked before any backend starts, so no GPU needed; auto means gram on cuda.
   for (const auto& [variant, name] :
        {std::pair{ns_variant::gram, "gram"}, std::pair{ns_variant::automatic, "auto (gram)"}})

@@ -103,6 +103,10 @@ struct fault_options {
   int kill_in_save_after_files = 1;   // this step, after this many shard files are written
 };
 
+/// The longest timeout (engine_options::timeout_ms, zmuon.heartbeat_timeout_ms): 30 days, far
+/// below what overflows a deadline on std::chrono's clocks.
+inline constexpr int64_t kMaxTimeoutMs = int64_t{30} * 24 * 3600 * 1000;
+
 struct engine_options {
   int world = 4;                             // in-process ranks
   float gradient_clipping = 0.0f;            // max global norm of the raw gradient; 0 = off
@@ -119,7 +123,7 @@ struct engine_options {
   // moves device memory through the host, which on one GPU costs far more than the step
   // (docs/NOTES.md, session 13).
   std::string comm = "auto";
-  int64_t timeout_ms = 60'000;  // a request not answered in this time is an error
+  int64_t timeout_ms = 60'000;  // a request not answered in this time is an error (<= 30 days)
   std::string trace_dir;        // message trace (DESIGN.md §6) into this directory; empty: the
                                 // environment's ZMUON_TRACE, else off
   // With the trace on, every compute-backend call is a `compute` span too (on CUDA each call is
