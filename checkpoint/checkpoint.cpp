@@ -371,11 +371,14 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
   loaded_checkpoint out;
   // A checkpoint directory, or a directory whose `latest` names one.
   std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    return error{errc::io_error, "no checkpoint in " + in_quotes(dir) + ": it is not a directory"};
   if (fs::exists(fs::path(dir) / manifest_name, ec)) {
     out.path = dir;
   } else {
     const std::string latest = (fs::path(dir) / latest_name).string();
-    if (!fs::exists(latest, ec))
+    const bool latest_there = fs::symlink_status(latest, ec).type() != fs::file_type::not_found;
+    if (!latest_there)
       return error{errc::io_error, "no checkpoint in " + in_quotes(dir) + ": it has neither "
                                        + manifest_name + " nor " + latest_name};
     auto text = read_file(latest);

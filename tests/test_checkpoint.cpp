@@ -351,6 +351,15 @@ BOOST_AUTO_TEST_CASE(other_problems_are_named) {
   }
   auto b = fresh_engine(2);
   BOOST_TEST(load_error(*b, root.file("nothing")).find("no checkpoint in") != std::string::npos);
+  // A file where the directory should be; a `latest` that is a symbolic link to itself.
+  write_all(root.file("a_file"), "x\n");
+  std::string said = load_error(*b, root.file("a_file"));
+  BOOST_TEST(said.find("a_file': it is not a directory") != std::string::npos, said);
+  fs::create_directory(root.file("looped"));
+  fs::create_symlink("latest", root.file("looped/latest"));
+  said = load_error(*b, root.file("looped"));
+  BOOST_TEST(said.find("looped/latest") != std::string::npos, said);
+  BOOST_TEST(said.find("symbolic links") != std::string::npos, said);
   // A different parameter table.
   auto o = options(2);
   auto c = make_engine(o);
