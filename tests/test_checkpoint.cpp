@@ -383,8 +383,8 @@ BOOST_AUTO_TEST_CASE(other_problems_are_named) {
   BOOST_TEST((err.code() == errc::bad_state), err.to_string());
 }
 
-BOOST_AUTO_TEST_CASE(saves_keep_the_two_newest_and_latest_names_the_newest) {
-  scratch_dir dir;
+/// A fresh engine's steps 1-4, each saved into `dir`: what `dir` then holds.
+std::set<std::string> names_after_four_saves(const scratch_dir& dir) {
   auto a = fresh_engine(2);
   for (int s = 1; s <= 4; ++s) {
     run_step(*a, s);
@@ -393,6 +393,12 @@ BOOST_AUTO_TEST_CASE(saves_keep_the_two_newest_and_latest_names_the_newest) {
   std::set<std::string> names;
   for (const auto& e : fs::directory_iterator(dir.path()))
     names.insert(e.path().filename().string());
+  return names;
+}
+
+BOOST_AUTO_TEST_CASE(saves_keep_the_two_newest_and_latest_names_the_newest) {
+  scratch_dir dir;
+  const auto names = names_after_four_saves(dir);
   BOOST_TEST((names == std::set<std::string>{"latest", "step_00000003", "step_00000004"}));
   BOOST_TEST(read_all(dir.file("latest")) == "step_00000004\n");
 }
@@ -407,14 +413,7 @@ BOOST_AUTO_TEST_CASE(saves_remove_only_their_own_older_checkpoints) {
   write_all(dir.file("step_00000002/notes.txt"), "mine\n");
   fs::create_directory(dir.file("step_00000009"));  // a later run's checkpoint
   write_all(dir.file("step_00000009/manifest.json"), "{}\n");
-  auto a = fresh_engine(2);
-  for (int s = 1; s <= 4; ++s) {
-    run_step(*a, s);
-    BOOST_REQUIRE(!a->save_checkpoint(dir.path().string()));
-  }
-  std::set<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir.path()))
-    names.insert(e.path().filename().string());
+  const auto names = names_after_four_saves(dir);
   BOOST_TEST((names
               == std::set<std::string>{"latest", "step_00000001", "step_00000002", "step_00000003",
                                        "step_00000004", "step_00000009"}));
