@@ -33,6 +33,12 @@ if(ZMUON_TEST_PYTHON)
     WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/python)
   set_tests_properties(test_python_binding PROPERTIES TIMEOUT 300 LABELS embed
     ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;ZMUON_LIBRARY=$<TARGET_FILE:zmuon>;ZMUON_REFERENCE=$<TARGET_FILE:embed_reference>;PYTHONDONTWRITEBYTECODE=1")
+  # Bad arguments to zmuon.Muon: each named, nothing changed.
+  add_test(NAME test_python_binding_errors
+    COMMAND ${ZMUON_TEST_PYTHON} -m unittest -v test_binding_errors
+    WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/python)
+  set_tests_properties(test_python_binding_errors PROPERTIES TIMEOUT 300 LABELS embed
+    ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;ZMUON_LIBRARY=$<TARGET_FILE:zmuon>;PYTHONDONTWRITEBYTECODE=1")
   # zmuon.newton_schulz against a float64 numpy NS5, and its errors.
   add_test(NAME test_python_newton_schulz
     COMMAND ${ZMUON_TEST_PYTHON} -m unittest -v test_newton_schulz
