@@ -158,6 +158,10 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& options) 
       options, options.compute == "cuda" && compute_device_count("cuda") >= options.world);
   if (auto err = check_options(opts))
     return err;
+  if (opts.world > kMaxRanksPerProcess)
+    return error{errc::invalid_argument,
+                 "a process runs 1 to " + std::to_string(kMaxRanksPerProcess) + " ranks (world is "
+                     + std::to_string(opts.world) + ")"};
   if (auto be = make_compute_backend(opts.compute); !be)
     return be.err();
   std::unique_ptr<engine> eng(new engine());
@@ -239,8 +243,15 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
     return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
                                       + std::to_string(init.size()) + " elements, shape needs "
                                       + std::to_string(p.numel)};
-  d.table.push_back(spec);
-  d.init.push_back(init.empty() ? std::vector<float>(p.numel, 0.0f) : init);
+  // The values first: a failed allocation (bad_alloc) leaves the table as it was.
+  std::vector<float> values = init.empty() ? std::vector<float>(p.numel, 0.0f) : init;
+  d.init.push_back(std::move(values));
+  try {
+    d.table.push_back(spec);
+  } catch (...) {
+    d.init.pop_back();
+    throw;
+  }
   return {};
 }
 

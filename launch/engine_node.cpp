@@ -9,13 +9,17 @@ namespace zmuon {
 
 expected<std::unique_ptr<engine>> engine::create_node(const engine_options& opts,
                                                       const join_options& join) {
-  if (join.nodes < 1 || join.node_rank < 0 || join.node_rank >= join.nodes)
+  if (join.nodes < 1)
+    return error{errc::invalid_argument,
+                 "a job has at least one node (nodes is " + std::to_string(join.nodes) + ")"};
+  if (join.node_rank < 0 || join.node_rank >= join.nodes)
     return error{errc::invalid_argument, "node rank " + std::to_string(join.node_rank)
                                              + " is outside [0, " + std::to_string(join.nodes)
                                              + ")"};
-  if (join.ranks < 1)
-    return error{errc::invalid_argument,
-                 "a process runs at least one rank (got " + std::to_string(join.ranks) + ")"};
+  if (join.ranks < 1 || join.ranks > kMaxRanksPerProcess)
+    return error{errc::invalid_argument, "a process runs 1 to "
+                                             + std::to_string(kMaxRanksPerProcess) + " ranks (got "
+                                             + std::to_string(join.ranks) + ")"};
   auto master = parse_host_port(join.master);
   if (!master)
     return master.err();

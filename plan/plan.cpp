@@ -19,10 +19,16 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
     return {errc::duplicate_parameter, "parameter '" + p.name + "' is registered twice"};
   if (p.shape.empty())
     return {errc::invalid_argument, "parameter '" + p.name + "' has an empty shape"};
-  for (auto d : p.shape)
+  int64_t numel = 1;
+  for (auto d : p.shape) {
     if (d <= 0)
       return {errc::invalid_argument, "parameter '" + p.name + "' has a dimension of size "
                                           + std::to_string(d) + " (zero-size parameter)"};
+    if (d > kMaxParamElements / numel)  // also keeps the product from wrapping
+      return {errc::invalid_argument, "parameter '" + p.name + "' has more than 2^40 elements "
+                                          "(its dimensions multiply past 1099511627776)"};
+    numel *= d;
+  }
   if (p.heads < 0)
     return {errc::invalid_argument, "parameter '" + p.name + "': heads must be >= 0"};
   if (p.heads > 0) {

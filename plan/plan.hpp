@@ -14,6 +14,10 @@
 
 namespace zmuon {
 
+/// The most elements one parameter may have (2^40: 4 TiB of fp32), so that element counts and
+/// offsets stay far from int64_t's range.
+inline constexpr int64_t kMaxParamElements = int64_t{1} << 40;
+
 /// Where one parameter lives.
 struct param_layout {
   std::string name;

@@ -261,6 +261,15 @@ BOOST_AUTO_TEST_CASE(a_node_process_through_the_c_abi) {
   BOOST_TEST(zmuon_engine_create_node(nullptr, nullptr, 0, 2, 2, 1, "127.0.0.1:0", &eng)
              == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::strstr(zmuon_last_error(), "node rank 2 is outside [0, 2)") != nullptr);
+  BOOST_TEST(zmuon_engine_create_node(nullptr, nullptr, 0, 0, 0, 1, "127.0.0.1:0", &eng)
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "a job has at least one node (nodes is 0)")
+             != nullptr);
+  // Thousands of ranks in one process took minutes to start, past timeout_ms.
+  BOOST_TEST(zmuon_engine_create_node(nullptr, nullptr, 0, 1, 0, 2000, "127.0.0.1:0", &eng)
+             == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "a process runs 1 to 1024 ranks (got 2000)")
+             != nullptr);
   BOOST_TEST(zmuon_engine_create_node(nullptr, nullptr, 0, 1, 0, 1, "nohost", &eng)
              == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::strstr(zmuon_last_error(), "expected HOST:PORT") != nullptr);

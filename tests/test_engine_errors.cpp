@@ -132,6 +132,8 @@ BOOST_AUTO_TEST_CASE(bad_input_is_named_and_changes_nothing) {
   expect_error(eng->add_parameter({"heads", {30, 8}, param_group::automatic, 4}),
                errc::invalid_argument, "heads=4 do not divide rows=30");
   expect_error(eng->add_parameter({"short", {2, 2}}, {1.0f}), errc::shape_mismatch, "short");
+  expect_error(eng->add_parameter({"huge", {int64_t{1} << 32, int64_t{1} << 32}}),
+               errc::invalid_argument, "'huge' has more than 2^40 elements");
 
   auto before = capture(*eng);  // starts the engine
   auto early = eng->step();
@@ -211,6 +213,10 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   e = engine::create(o);
   BOOST_REQUIRE(!e);
   expect_error(e.err(), errc::invalid_argument, "ns_steps must be in [1, 100], got 101");
+  o = options(kMaxRanksPerProcess + 1);  // thousands of ranks in one process took minutes
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument, "a process runs 1 to 1024 ranks (world is 1025)");
   o = options(2);
   o.timeout_ms = kMaxTimeoutMs + 1;
   e = engine::create(o);

@@ -2,6 +2,8 @@
 #define BOOST_TEST_MODULE plan
 #include <boost/test/unit_test.hpp>
 
+#include <cstdint>
+
 #include <algorithm>
 #include <numeric>
 
@@ -107,4 +109,15 @@ BOOST_AUTO_TEST_CASE(bad_tables_are_named) {
   BOOST_TEST(heads.err().message().find("heads=3 do not divide rows=10") != std::string::npos);
   auto world = make_plan({{"a", {2}}}, 0, 100);
   BOOST_REQUIRE(!world);
+  // Dimensions whose product wraps around int64_t (2^32 x 2^32 is 0 there) or passes 2^40.
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{int64_t{1} << 32, int64_t{1} << 32},
+        std::vector<int64_t>{INT64_MAX, 2}, std::vector<int64_t>{int64_t{1} << 20, 1 << 20, 2}}) {
+    auto big = make_plan({{"big", shape}}, 2, 100);
+    BOOST_REQUIRE(!big);
+    BOOST_TEST((big.err().code() == errc::invalid_argument));
+    BOOST_TEST(big.err().message().find("'big' has more than 2^40 elements") != std::string::npos,
+               big.err().message());
+  }
+  BOOST_TEST(static_cast<bool>(make_plan({{"edge", {int64_t{1} << 20, 1 << 20}}}, 2, 100)));
 }

@@ -107,6 +107,10 @@ struct fault_options {
 /// below what overflows a deadline on std::chrono's clocks.
 inline constexpr int64_t kMaxTimeoutMs = int64_t{30} * 24 * 3600 * 1000;
 
+/// The most ranks one process runs (engine::create's world, create_node's ranks; the config's
+/// zmuon.ranks): each is four actors and a comm, and starting thousands took minutes.
+inline constexpr int kMaxRanksPerProcess = 1024;
+
 struct engine_options {
   int world = 4;                             // in-process ranks
   float gradient_clipping = 0.0f;            // max global norm of the raw gradient; 0 = off
