@@ -68,7 +68,7 @@ pack() {
     cp -L build-cuda/embed/libzmuon.so "$stage/lib/libzmuon.so"  # the Python package's
   fi
   # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).
-  ldd "$stage"/bin/* "$stage"/lib/* | awk '/=> \// {print $3}' | sort -u |
+  find "$stage/bin" "$stage/lib" -type f -exec ldd {} + | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
     grep -Ev '/(libcudart|libcublas|libcublasLt|libnccl)\.so' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
