@@ -69,11 +69,18 @@ zmuon::error null_arg(const char* fn, const char* what) {
   return {errc::invalid_argument, std::string(fn) + ": " + what + " is NULL"};
 }
 
-std::vector<std::string> override_list(const char* const* overrides, size_t n) {
-  std::vector<std::string> out;
+/// A create call's `overrides` that are NULL (the array, or one of its `n` entries), named.
+zmuon::error null_override(const char* fn, const char* const* overrides, size_t n) {
+  if (n > 0 && !overrides)
+    return null_arg(fn, "overrides");
   for (size_t i = 0; i < n; ++i)
-    out.emplace_back(overrides[i] ? overrides[i] : "");
-  return out;
+    if (!overrides[i])
+      return null_arg(fn, ("overrides[" + std::to_string(i) + "]").c_str());
+  return {};
+}
+
+std::vector<std::string> override_list(const char* const* overrides, size_t n) {
+  return {overrides, overrides + n};
 }
 
 template <class View, class Ptr>
@@ -138,8 +145,8 @@ const char* zmuon_status_name(int status) {
 
 int zmuon_engine_create(const char* config_json, const char* const* overrides, size_t n_overrides,
                         zmuon_engine** out) {
-  if (n_overrides > 0 && !overrides)
-    return fail(null_arg("zmuon_engine_create", "overrides"));
+  if (auto err = null_override("zmuon_engine_create", overrides, n_overrides))
+    return fail(err);
   return create("zmuon_engine_create", out, [&] {
     return zmuon::engine::create_from_json(config_json ? config_json : "",
                                            override_list(overrides, n_overrides));
@@ -150,8 +157,8 @@ int zmuon_engine_create_from_file(const char* path, const char* const* overrides
                                   size_t n_overrides, zmuon_engine** out) {
   if (!path)
     return fail(null_arg("zmuon_engine_create_from_file", "path"));
-  if (n_overrides > 0 && !overrides)
-    return fail(null_arg("zmuon_engine_create_from_file", "overrides"));
+  if (auto err = null_override("zmuon_engine_create_from_file", overrides, n_overrides))
+    return fail(err);
   return create("zmuon_engine_create_from_file", out, [&] {
     return zmuon::engine::create_from_file(path, override_list(overrides, n_overrides));
   });
@@ -161,8 +168,8 @@ int zmuon_engine_create_node(const char* config_json, const char* const* overrid
                              size_t n_overrides, int32_t nodes, int32_t node_rank, int32_t ranks,
                              const char* master, zmuon_engine** out) {
   const char* fn = "zmuon_engine_create_node";
-  if (n_overrides > 0 && !overrides)
-    return fail(null_arg(fn, "overrides"));
+  if (auto err = null_override(fn, overrides, n_overrides))
+    return fail(err);
   if (!master)
     return fail(null_arg(fn, "master"));
   return create(fn, out, [&]() -> zmuon::expected<std::unique_ptr<zmuon::engine>> {
@@ -250,6 +257,10 @@ int zmuon_engine_add_parameter(zmuon_engine* eng, const char* name, const int64_
     if (!alone)
       return alone.err();
     std::vector<float> values;
+    if (!init && numel != 0 && numel != alone->params[0].numel)
+      return {errc::shape_mismatch, std::string("parameter '") + name + "': init is NULL (zeros) "
+                                        "but numel is " + std::to_string(numel) + ", not 0 or "
+                                        + std::to_string(alone->params[0].numel)};
     if (init) {
       if (numel != alone->params[0].numel)
         return {errc::shape_mismatch, std::string("initial values of '") + name + "' have "

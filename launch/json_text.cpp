@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -49,10 +50,47 @@ std::string position_of(const std::string& text, size_t at) {
 }
 
 /// nlohmann::json's DOM builder, but a syntax or range error is kept, with its position, instead
-/// of thrown (an out-of-range number's exception carries no position).
+/// of thrown (an out-of-range number's exception carries no position), and a key given twice in
+/// one object is refused (nlohmann keeps the last, so a config's first "lr" would be ignored).
 class dom_builder : public nlohmann::detail::json_sax_dom_parser<json> {
+  using base = json_sax_dom_parser<json>;
+
 public:
-  explicit dom_builder(json& root) : json_sax_dom_parser(root, /*allow_exceptions=*/false) {}
+  explicit dom_builder(json& root) : base(root, /*allow_exceptions=*/false) {}
+
+  // sax_parse calls these on the derived type (templated, not virtual).
+  bool null() { return element() && base::null(); }
+  bool boolean(bool v) { return element() && base::boolean(v); }
+  bool number_integer(number_integer_t v) { return element() && base::number_integer(v); }
+  bool number_unsigned(number_unsigned_t v) { return element() && base::number_unsigned(v); }
+  bool number_float(number_float_t v, const string_t& s) {
+    return element() && base::number_float(v, s);
+  }
+  bool string(string_t& v) { return element() && base::string(v); }
+  bool binary(binary_t& v) { return element() && base::binary(v); }
+  bool start_object(size_t n) {
+    element();
+    open.push_back({true, {}, {}, 0});
+    return base::start_object(n);
+  }
+  bool start_array(size_t n) {
+    element();
+    open.push_back({false, {}, {}, 0});
+    return base::start_array(n);
+  }
+  bool end_object() { return open.pop_back(), base::end_object(); }
+  bool end_array() { return open.pop_back(), base::end_array(); }
+  bool key(string_t& k) {
+    if (!open.back().keys.insert(k).second) {
+      failed = true;
+      duplicate = true;
+      what = "key \"" + shortened_text(k) + "\" appears twice in "
+             + (open.size() == 1 ? std::string("the top-level object") : "the object at " + path());
+      return false;
+    }
+    open.back().key = k;
+    return base::key(k);
+  }
 
   template <class Exception>
   bool parse_error(size_t position, const std::string& token, const Exception& ex) {
@@ -65,10 +103,35 @@ public:
     return false;
   }
 
-  bool failed = false;
+  bool failed = false, duplicate = false;
   int id = 0;
   std::string what, last_token;
   size_t end = 0;
+
+private:
+  struct frame {
+    bool object;
+    std::set<std::string> keys;  // an object's keys so far
+    std::string key;             // an object's current key
+    size_t count;                // an array's elements so far
+  };
+
+  /// Counts a value into its enclosing array; always true.
+  bool element() {
+    if (!open.empty() && !open.back().object)
+      ++open.back().count;
+    return true;
+  }
+
+  /// Where the innermost open object is, as a JSON pointer ("/optimizer/params").
+  std::string path() const {
+    std::string p;
+    for (size_t i = 0; i + 1 < open.size(); ++i)
+      p += "/" + (open[i].object ? open[i].key : std::to_string(open[i].count - 1));
+    return p;
+  }
+
+  std::vector<frame> open;
 };
 
 }  // namespace
@@ -114,7 +177,7 @@ expected<json> parse_json_text(const std::string& text, const std::string& conte
   dom_builder builder(j);
   json::sax_parse(text, &builder, json::input_format_t::json, /*strict=*/true, ignore_comments);
   if (not_json)
-    *not_json = builder.failed && builder.id != 406;
+    *not_json = builder.failed && builder.id != 406 && !builder.duplicate;
   if (!builder.failed)
     return j;
   if (builder.id == 406)  // out_of_range.406: a number beyond a double's range

@@ -170,7 +170,24 @@ BOOST_AUTO_TEST_CASE(null_arguments_are_errors_not_crashes) {
     BOOST_TEST(zmuon_engine_set_lr(eng, -1.0f, bad) == ZMUON_INVALID_ARGUMENT);
   }
   BOOST_TEST(zmuon_engine_set_lr(eng, 0.01f, -1.0f) == ZMUON_OK);
+  // init NULL means zeros: numel 0 or the shape's count; anything else is a caller's mix-up.
+  const int64_t shape[2] = {4, 6};
+  BOOST_TEST(zmuon_engine_add_parameter(eng, "z", shape, 2, ZMUON_GROUP_AUTO, 0, nullptr, 5)
+             == ZMUON_SHAPE_MISMATCH);
+  BOOST_TEST(std::string(zmuon_last_error())
+             == "parameter 'z': init is NULL (zeros) but numel is 5, not 0 or 24");
+  BOOST_TEST(zmuon_engine_add_parameter(eng, "z", shape, 2, ZMUON_GROUP_AUTO, 0, nullptr, 24)
+             == ZMUON_OK);  // "z" was not registered by the refused call
   zmuon_engine_destroy(eng);
+  // A NULL entry of `overrides` is named by its index, and no engine is made.
+  const char* overrides[2] = {"zmuon.ranks=2", nullptr};
+  eng = nullptr;
+  BOOST_TEST(zmuon_engine_create(nullptr, overrides, 2, &eng) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(zmuon_last_error()) == "zmuon_engine_create: overrides[1] is NULL");
+  BOOST_TEST(eng == nullptr);
+  BOOST_TEST(zmuon_engine_create_from_file("c.json", overrides, 2, &eng) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(zmuon_last_error())
+             == "zmuon_engine_create_from_file: overrides[1] is NULL");
 }
 
 // The C++ API's buffer calls (in libzmuon too): everything is checked before anything is

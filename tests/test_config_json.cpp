@@ -82,6 +82,29 @@ BOOST_AUTO_TEST_CASE(a_number_out_of_range_names_its_place) {
                 "']'; expected '[', '{', or a literal");
 }
 
+BOOST_AUTO_TEST_CASE(a_key_given_twice_is_refused_with_its_place) {
+  // nlohmann keeps the last of two equal keys: the first "lr" of a config would be ignored.
+  auto path = write_file("test_config_dup.json",
+                         "{\"optimizer\": {\"params\": {\"lr\": 0.02, \"momentum\": 0.9,\n"
+                         "  \"lr\": 0.5}}}");
+  BOOST_TEST(
+      refused(zmuon::load_config(path, {}))
+      == path + ": invalid JSON: key \"lr\" appears twice in the object at /optimizer/params");
+  BOOST_TEST(refused(zmuon::parse_json_text(R"({"a": 1, "b": [0, {"c": 1}], "a": 2})", "t: "))
+             == "t: key \"a\" appears twice in the top-level object");
+  BOOST_TEST(refused(zmuon::parse_json_text(R"({"a": [1, [], {"x": {}}, {"c": 1, "c": 1}]})", ""))
+             == "key \"c\" appears twice in the object at /a/3");
+  BOOST_TEST(
+      refused(zmuon::load_config("", {R"(optimizer.params.ns_coefficients={"k": 1, "k": 1})"}))
+          .find("key \"k\" appears twice in the top-level object")
+      != std::string::npos);
+  // Equal keys in different objects, and equal values, are JSON as before.
+  auto ok =
+      zmuon::parse_json_text(R"({"a": {"k": 1}, "b": {"k": 1}, "c": [{"k": 2}, {"k": 3}]})", "");
+  BOOST_REQUIRE_MESSAGE(ok, why(ok));
+  BOOST_TEST((*ok)["c"][1]["k"].get<int>() == 3);
+}
+
 BOOST_AUTO_TEST_CASE(a_config_path_that_is_no_file_is_refused_without_reading) {
   auto cfg = zmuon::load_config(".", {});
   BOOST_TEST(refused(cfg) == "config file '.' is a directory");
