@@ -190,6 +190,22 @@ BOOST_AUTO_TEST_CASE(bad_fault_and_checkpoint_flags_are_errors) {
   auto out = zmuon::test::run_launch("--inject-nonfinite 3:0:fc1.weight", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("STEP:RANK:PARAM:MICRO") != std::string::npos, out);
+  // Faults the run never reaches: refused before it starts, naming the flag.
+  const std::pair<const char*, const char*> never[] = {
+      {"--steps 5 --kill-at-step 6", "--kill-at-step 6: step 6 never comes in a run of 5 steps"},
+      {"--steps 5 --kill-in-save 9:2 --save-checkpoint x --every 1",
+       "--kill-in-save 9:2: step 9 never comes in a run of 5 steps"},
+      {"--steps 5 --inject-nonfinite 7:0:fc1.weight:0",
+       "--inject-nonfinite 7:0:fc1.weight:0: step 7 never comes in a run of 5 steps"},
+      {"--steps 5 --gas 2 --inject-nonfinite 1:0:fc1.weight:2",
+       "--inject-nonfinite 1:0:fc1.weight:2: micro-batch 2 never comes with gas 2 (MICRO is "
+       "0-based)"},
+  };
+  for (auto [args, says] : never) {
+    out = zmuon::test::run_launch(args, &status);
+    BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 2), args << ": " << out);
+    BOOST_TEST(out.find(says) != std::string::npos, out);
+  }
   out = zmuon::test::run_launch("--every 5", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("--save-checkpoint") != std::string::npos, out);

@@ -48,7 +48,12 @@ void add_fault_flags(CLI::App& app, fault_flags& flags) {
       ->group(group);
 }
 
-error apply_fault_flags(const fault_flags& flags, fault_options& out) {
+error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, fault_options& out) {
+  auto never = [&](const std::string& flag, const std::string& text, uint64_t step) {
+    return error{errc::invalid_argument, flag + " " + text + ": step " + std::to_string(step)
+                                             + " never comes in a run of " + std::to_string(steps)
+                                             + " steps"};
+  };
   for (const auto& text : flags.nonfinite) {
     auto bad = [&] {
       return error{errc::invalid_argument,
@@ -64,6 +69,12 @@ error apply_fault_flags(const fault_flags& flags, fault_options& out) {
         || !parse_uint(parts[1], 1 << 20, rank) || parts[2].empty()
         || !parse_uint(parts[3], 1 << 20, micro))
       return bad();
+    if (f.step > steps)
+      return never("--inject-nonfinite", text, f.step);
+    if (micro >= static_cast<uint64_t>(gas))
+      return {errc::invalid_argument, "--inject-nonfinite " + text + ": micro-batch " + parts[3]
+                                          + " never comes with gas " + std::to_string(gas)
+                                          + " (MICRO is 0-based)"};
     f.rank = static_cast<int>(rank);
     f.param = parts[2];
     f.micro = static_cast<int>(micro);
@@ -77,6 +88,8 @@ error apply_fault_flags(const fault_flags& flags, fault_options& out) {
     }
     out.nonfinite.push_back(std::move(f));
   }
+  if (flags.kill_at_step > steps)
+    return never("--kill-at-step", std::to_string(flags.kill_at_step), flags.kill_at_step);
   out.kill_at_step = flags.kill_at_step;
   if (!flags.kill_in_save.empty()) {
     auto parts = split(flags.kill_in_save, ':');
@@ -86,6 +99,8 @@ error apply_fault_flags(const fault_flags& flags, fault_options& out) {
         || (parts.size() == 2 && (!parse_uint(parts[1], 1 << 20, files) || files == 0)))
       return {errc::invalid_argument,
               "--kill-in-save " + flags.kill_in_save + ": expected STEP[:FILES], both >= 1"};
+    if (out.kill_in_save_at_step > steps)
+      return never("--kill-in-save", flags.kill_in_save, out.kill_in_save_at_step);
     out.kill_in_save_after_files = static_cast<int>(files);
   }
   return {};

@@ -22,7 +22,9 @@ struct fault_flags {
 /// group.
 void add_fault_flags(CLI::App& app, fault_flags& flags);
 
-/// Parses the flags into `out`; errors name the flag and the text.
-error apply_fault_flags(const fault_flags& flags, fault_options& out);
+/// Parses the flags into `out`; errors name the flag and the text. A fault that the run of
+/// `steps` steps of `gas` micro-batches would never reach is refused (a test that passes
+/// because its fault never fired).
+error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, fault_options& out);
 
 }  // namespace zmuon::example
