@@ -150,8 +150,9 @@ def time_table(groups, reps):
     return median_ms(per_matrix, reps), median_ms(batched, reps)
 
 
-def interleave_table(rounds, warmup=3):
-    """zmuon.newton_schulz against eager NS5 on the same bf16 inputs, timed alternately."""
+def interleave_table(rounds, only=None, warmup=3):
+    """zmuon.newton_schulz against eager NS5 on the same bf16 inputs, timed alternately (the
+    shapes whose labels are in `only`, when given)."""
     try:
         import zmuon  # pylint: disable=import-outside-toplevel
     except (ImportError, OSError) as e:
@@ -168,6 +169,8 @@ def interleave_table(rounds, warmup=3):
              "| --- | ---: | ---: | ---: | ---: |"]
     verdicts = []
     for label, batch, rows, cols in SHAPES:
+        if only and label not in only:
+            continue
         shape = (batch, rows, cols) if batch > 1 else (rows, cols)
         G = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
         work = torch.empty_like(G)
@@ -279,10 +282,18 @@ def main():
                         help="time zmuon.newton_schulz (this process) against eager NS5, "
                              "alternating, on the same bf16 inputs")
     parser.add_argument("--rounds", type=int, default=10, help="--interleave: timed rounds")
+    parser.add_argument("--only", help="--interleave: these shapes only, comma-separated labels "
+                                       "(" + ",".join(label for label, *_ in SHAPES) + ")")
     args = parser.parse_args()
+    only = None
+    if args.only:
+        only = set(args.only.split(","))
+        unknown = only - {label for label, *_ in SHAPES}
+        if unknown:
+            parser.error(f"--only: unknown shape {', '.join(sorted(unknown))}")
 
     if args.interleave:
-        table = interleave_table(args.rounds)
+        table = interleave_table(args.rounds, only)
         print("\n" + table)
         if args.out:
             with open(args.out, "w") as f:
