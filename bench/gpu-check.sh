@@ -31,8 +31,10 @@
 #                                # (bench_sm90_gemm, bench_ns --variant standard, the tables;
 #                                # AB="gemm variants" picks parts: all three take over 10 min;
 #                                # AB=flip: the new bench_ns with and without --update-flipped;
-#                                # AB=persistent: bench_sm90_gemm (C from stages on, off),
-#                                # then the new bench_ns's squares and Gram rows (twice) and
+#                                # AB=persistent: zmuon.newton_schulz against eager NS5
+#                                # (ns_torch.py --interleave, full pack) with the persistent
+#                                # blocks off and on, twice; bench_sm90_gemm (C from stages
+#                                # on, off), then the new bench_ns's squares and Gram rows (twice) and
 #                                # tables (once) with the persistent blocks off, on, and on
 #                                # with ZMUON_SM90_C_FROM_STAGES=0; no base binaries needed):
 #                                # a change between versions counts only past the spread of
@@ -95,10 +97,8 @@ cuda_library_path() {
   echo "${dirs[*]}"
 }
 
-check() {
-  local out="${OUT:-$root/out}"
-  mkdir -p "$out"
-  export PYTHONUNBUFFERED=1
+# The packed bundle into /tmp/zmuon-gpu-check (bin/, lib/), its libraries on LD_LIBRARY_PATH.
+unpack() {
   local work=/tmp/zmuon-gpu-check
   rm -rf "$work" && mkdir -p "$work"
   if [[ ! -f "$bundle" ]]; then
@@ -107,6 +107,14 @@ check() {
   fi
   tar -C "$work" -xzf "$bundle"
   export LD_LIBRARY_PATH="$work/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+
+check() {
+  local out="${OUT:-$root/out}"
+  mkdir -p "$out"
+  export PYTHONUNBUFFERED=1
+  local work=/tmp/zmuon-gpu-check
+  unpack || return 1
   if [[ $# -gt 0 && $1 == --profile ]]; then  # profile: ncu over one carried binary
     local kernels="$2" count="$3" bin="$4"
     shift 4
@@ -348,6 +356,21 @@ ab() {
   fi
   if [[ $parts == *" persistent "* ]]; then  # the new binaries alone: sm90_gemm's persistent
     local log="$out/ab_persistent.log" setting  # blocks off, on, and on with C from memory
+    # First what decides it: zmuon.newton_schulz against eager NS5 in one process (the full
+    # pack's libzmuon.so), persistent off and on, twice.
+    if unpack && [[ -f /tmp/zmuon-gpu-check/lib/libzmuon.so ]]; then
+      for round in 1 2; do
+        for setting in 0 1; do
+          echo "== round $round: ZMUON_SM90_PERSISTENT=$setting ns_torch.py --interleave" |
+            tee -a "$log"
+          ZMUON_SM90_PERSISTENT=$setting ZMUON_LIBRARY=/tmp/zmuon-gpu-check/lib/libzmuon.so \
+            PYTHONPATH="$root/python" timeout 120 python3 bench/ns_torch.py --interleave \
+            --only 4096x4096,8192x8192,2048x8192 --rounds 10 2>&1 | tee -a "$log" |
+            grep -E "ms,|Error"
+          [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
+        done
+      done
+    fi
     for setting in "ZMUON_SM90_C_FROM_STAGES=1" "ZMUON_SM90_C_FROM_STAGES=0"; do
       echo "== $setting bench_sm90_gemm" | tee -a "$log"
       (export "$setting" && check bench_sm90_gemm --reps 30) 2>&1 | tee -a "$log" |
