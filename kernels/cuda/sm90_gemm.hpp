@@ -51,7 +51,8 @@ struct sm90_output {
 ///                block's work after another (3 stages; the epilogue stages its tiles in bf16
 ///                buffers of its own, so the producer loads the next tiles' slices while the
 ///                consumers write the last ones). `automatic` picks it in place of two_tiles
-///                only with ZMUON_SM90_PERSISTENT=1 in the environment (unmeasured: A/B runs).
+///                only with ZMUON_SM90_PERSISTENT=1 in the environment: on an H100 (session
+///                21) NS5 ran 2 % slower with it at 4096², 5 % at 8192² (docs/NOTES.md).
 enum class sm90_block { automatic, one_tile, two_tiles, persistent };
 
 struct sm90_gemm_args {
