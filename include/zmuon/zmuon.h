@@ -128,7 +128,8 @@ ZMUON_API void zmuon_engine_destroy(zmuon_engine* eng);
 ZMUON_API int zmuon_engine_world(const zmuon_engine* eng, int32_t* out);
 
 /* Registers a parameter (before the first reduce or step). `init` (numel elements) may be NULL
- * for zeros, with numel 0 or the shape's element count; `heads` > 0 makes Muon orthogonalize `heads` row blocks independently. */
+ * for zeros, with numel 0 or the shape's element count; `heads` > 0 makes Muon orthogonalize
+ * `heads` row blocks independently. */
 ZMUON_API int zmuon_engine_add_parameter(zmuon_engine* eng, const char* name, const int64_t* shape,
                                          int32_t ndim, int32_t group, int64_t heads,
                                          const float* init, int64_t numel);
