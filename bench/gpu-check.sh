@@ -46,6 +46,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bundle=.carry/gpu/gpu-check.tar.gz
+unpacked=/tmp/zmuon-gpu-check  # where check and ab unpack the bundle
 
 pack() {
   set -e
@@ -97,9 +98,9 @@ cuda_library_path() {
   echo "${dirs[*]}"
 }
 
-# The packed bundle into /tmp/zmuon-gpu-check (bin/, lib/), its libraries on LD_LIBRARY_PATH.
+# The packed bundle into $unpacked (bin/, lib/), its libraries on LD_LIBRARY_PATH.
 unpack() {
-  local work=/tmp/zmuon-gpu-check
+  local work="$unpacked"
   rm -rf "$work" && mkdir -p "$work"
   if [[ ! -f "$bundle" ]]; then
     echo "gpu-check: $bundle missing: run 'bench/gpu-check.sh pack' here and carry .carry" >&2
@@ -109,11 +110,20 @@ unpack() {
   export LD_LIBRARY_PATH="$work/lib:$(cuda_library_path)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 
+# ns_torch.py --interleave with the unpacked libzmuon.so, cut at $1 seconds; the rest are its
+# arguments.
+interleave() {
+  local limit="$1"
+  shift
+  ZMUON_LIBRARY="$unpacked/lib/libzmuon.so" PYTHONPATH="$root/python" timeout "$limit" \
+    python3 bench/ns_torch.py --interleave "$@"
+}
+
 check() {
   local out="${OUT:-$root/out}"
   mkdir -p "$out"
   export PYTHONUNBUFFERED=1
-  local work=/tmp/zmuon-gpu-check
+  local work="$unpacked"
   unpack || return 1
   if [[ $# -gt 0 && $1 == --profile ]]; then  # profile: ncu over one carried binary
     local kernels="$2" count="$3" bin="$4"
@@ -268,8 +278,7 @@ check() {
       rc=${PIPESTATUS[0]}
       [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py: exit $rc"
       echo "== ns_torch.py --interleave: zmuon.newton_schulz and eager NS5 alternating, one process"
-      ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 420 \
-        python3 bench/ns_torch.py --interleave --out "$out/ns_interleave.md" 2>&1 |
+      interleave 420 --out "$out/ns_interleave.md" 2>&1 |
         tee "$out/ns_interleave.log" | grep -v -E '^\s*$|Warning|warn\('
       rc=${PIPESTATUS[0]}
       [[ $rc -ne 0 ]] && status=1 && echo "ns_torch.py --interleave: exit $rc"
@@ -358,14 +367,13 @@ ab() {
     local log="$out/ab_persistent.log" setting  # blocks off, on, and on with C from memory
     # First what decides it: zmuon.newton_schulz against eager NS5 in one process (the full
     # pack's libzmuon.so), persistent off and on, twice.
-    if unpack && [[ -f /tmp/zmuon-gpu-check/lib/libzmuon.so ]]; then
+    if unpack && [[ -f $unpacked/lib/libzmuon.so ]]; then
       for round in 1 2; do
         for setting in 0 1; do
           echo "== round $round: ZMUON_SM90_PERSISTENT=$setting ns_torch.py --interleave" |
             tee -a "$log"
-          ZMUON_SM90_PERSISTENT=$setting ZMUON_LIBRARY=/tmp/zmuon-gpu-check/lib/libzmuon.so \
-            PYTHONPATH="$root/python" timeout 120 python3 bench/ns_torch.py --interleave \
-            --only 4096x4096,8192x8192,2048x8192 --rounds 10 2>&1 | tee -a "$log" |
+          ZMUON_SM90_PERSISTENT=$setting interleave 120 --only 4096x4096,8192x8192,2048x8192 \
+            --rounds 10 2>&1 | tee -a "$log" |
             grep -E "ms,|Error"
           [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
         done
