@@ -48,7 +48,8 @@ void add_fault_flags(CLI::App& app, fault_flags& flags) {
       ->group(group);
 }
 
-error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, fault_options& out) {
+error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, int every,
+                        fault_options& out) {
   auto never = [&](const std::string& flag, const std::string& text, uint64_t step) {
     return error{errc::invalid_argument, flag + " " + text + ": step " + std::to_string(step)
                                              + " never comes in a run of " + std::to_string(steps)
@@ -101,6 +102,15 @@ error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, fault
               "--kill-in-save " + flags.kill_in_save + ": expected STEP[:FILES], both >= 1"};
     if (out.kill_in_save_at_step > steps)
       return never("--kill-in-save", flags.kill_in_save, out.kill_in_save_at_step);
+    if (every <= 0)
+      return {errc::invalid_argument, "--kill-in-save " + flags.kill_in_save
+                                          + ": the run saves no checkpoint (--save-checkpoint "
+                                            "DIR --every N saves one)"};
+    if (out.kill_in_save_at_step % static_cast<uint64_t>(every) != 0)
+      return {errc::invalid_argument, "--kill-in-save " + flags.kill_in_save + ": step "
+                                          + std::to_string(out.kill_in_save_at_step)
+                                          + " saves no checkpoint (--every " + std::to_string(every)
+                                          + " saves at its multiples)"};
     out.kill_in_save_after_files = static_cast<int>(files);
   }
   return {};

@@ -24,7 +24,9 @@ void add_fault_flags(CLI::App& app, fault_flags& flags);
 
 /// Parses the flags into `out`; errors name the flag and the text. A fault that the run of
 /// `steps` steps of `gas` micro-batches would never reach is refused (a test that passes
-/// because its fault never fired).
-error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, fault_options& out);
+/// because its fault never fired), and so is --kill-in-save at a step with no save: checkpoints
+/// are saved at the multiples of `every` (0: none).
+error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, int every,
+                        fault_options& out);
 
 }  // namespace zmuon::example

@@ -457,8 +457,9 @@ int run(int argc, char** argv) {
     job->engine.world = gpus > 0 ? gpus : 1;
   }
   // Into the job, so that a node of a multi-process job gets them too.
-  if (auto err = zmuon::example::apply_fault_flags(faults, static_cast<uint64_t>(topts.steps),
-                                                   job->gas, job->engine.faults)) {
+  if (auto err =
+          zmuon::example::apply_fault_flags(faults, static_cast<uint64_t>(topts.steps), job->gas,
+                                            topts.checkpoint_every, job->engine.faults)) {
     std::cerr << "zmuon-launch: " << err.message() << "\n";
     return exit_bad_input;
   }
