@@ -157,7 +157,8 @@ inline void warm_up(const std::function<void()>& restore, const std::function<vo
 
 /// --variant: each of the shapes with each variant asked for (bench_modes.cpp).
 int run_variants(gpu::cuda_compute& backend, int reps, const ns_options& base,
-                 const std::vector<ns_variant>& variants, const std::string& schedule);
+                 const std::vector<ns_variant>& variants, const std::string& schedule,
+                 std::vector<shape> shapes);
 /// --tables: the parameter tables group by group, standard and Gram (bench_modes.cpp).
 int run_tables(gpu::cuda_compute& backend, int reps, double gemm_tflops);
 /// --split: sub-batches of one group, serial and on the lanes, against one call (bench_modes.cpp).

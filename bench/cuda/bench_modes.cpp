@@ -46,19 +46,24 @@ double orthogonality_error(const main_stream& stream, const float* o, int64_t ro
 
 }  // namespace
 
-/// For each of the shapes and each variant asked for: the median time of one call and
-/// the orthogonality error of its result, on the same random input.
+/// For each of `shapes` (empty: the shapes) and each variant asked for: the median time
+/// of one call and the orthogonality error of its result, on the same random input.
 int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_options& base,
-                 const std::vector<zmuon::ns_variant>& variants, const std::string& schedule) {
+                 const std::vector<zmuon::ns_variant>& variants, const std::string& schedule,
+                 std::vector<shape> shapes) {
   const main_stream stream{&backend};
-  const std::vector<shape> shapes = {
-      {"768x768", 1, 768, 768},     {"768x3072", 1, 768, 3072},     {"2048x8192", 1, 2048, 8192},
-      {"4096x4096", 1, 4096, 4096}, {"4096x11008", 1, 4096, 11008}, {"11008x4096", 1, 11008, 4096}};
+  if (shapes.empty())
+    shapes = {{"768x768", 1, 768, 768},       {"768x3072", 1, 768, 3072},
+              {"2048x8192", 1, 2048, 8192},   {"4096x4096", 1, 4096, 4096},
+              {"4096x11008", 1, 4096, 11008}, {"11008x4096", 1, 11008, 4096}};
   std::printf("NS variants, schedule %s, %d steps, gram restart %d, median of %d\n",
               schedule.c_str(), base.steps, base.gram_restart, reps);
   std::printf("(gram runs on shapes whose long side > %.1f x the short one; others: standard)\n",
               zmuon::kGramMinAspect);
-  std::printf("%-12s %-9s %10s %10s %14s\n", "shape", "variant", "ms", "vs first", "orthogonality");
+  std::printf(
+      "(cuBLAS-only ms: the same call with every GEMM on cuBLAS, the own Hopper GEMM off)\n");
+  std::printf("%-12s %-9s %10s %10s %14s %14s\n", "shape", "variant", "ms", "vs first",
+              "orthogonality", "cuBLAS-only ms");
   for (const shape& s : shapes) {
     table_buffers buffers({s.label, {s}}, 7);  // one group: the shape's input, kept pristine
     float* const x = buffers.x[0].data();
@@ -73,6 +78,13 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
         run();
       }
       const double ms = median_ms(stream, reps, restore, run);
+      backend.set_ns_own_gemm(false);
+      for (int i = 0; i < 3; ++i) {
+        restore();
+        run();
+      }
+      const double cublas_ms = median_ms(stream, reps, restore, run);
+      backend.set_ns_own_gemm(true);
       restore();
       run();
       const double orth = orthogonality_error(stream, x, s.rows, s.cols);
@@ -80,9 +92,9 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
         first_ms = ms;
       const bool gram = zmuon::ns_uses_gram(ns, s.rows, s.cols,
                                             zmuon::gpu_automatic_variant(s.batch, s.rows, s.cols));
-      std::printf("%-12s %-9s %10.3f %9.2fx %14.4g\n", s.label.c_str(),
+      std::printf("%-12s %-9s %10.3f %9.2fx %14.4g %14.3f\n", s.label.c_str(),
                   v == zmuon::ns_variant::gram ? (gram ? "gram" : "gram(std)") : "standard", ms,
-                  first_ms / ms, orth);
+                  first_ms / ms, orth, cublas_ms);
     }
   }
   return 0;

@@ -23,7 +23,8 @@
 // With --variant standard|gram|both (default both), --schedule ns5|polar_express (default ns5),
 // --gram-restart N (default 3) or --steps N (default 5), it times the NS variants instead, on
 // 768x768, 768x3072, 2048x8192, 4096x4096, 4096x11008 and 11008x4096, and prints each result's
-// orthogonality error ||O O^T - I||_F / sqrt(m) (fp32 cuBLAS Gram matrix, double sum).
+// orthogonality error ||O O^T - I||_F / sqrt(m) (fp32 cuBLAS Gram matrix, double sum);
+// --shapes BxRxC,RxC,... times those batches instead (where Gram starts to pay: kGramAutoMinWork).
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -126,11 +127,11 @@ struct result {
   double standard_ms = 0;            // the standard iteration, where the default ran Gram
 };
 
-/// "a,b,c" -> {"a", "b", "c"} (empty items dropped).
-std::vector<std::string> split_list(const std::string& list) {
+/// "a,b,c" -> {"a", "b", "c"} (empty items dropped); `sep` instead of the comma.
+std::vector<std::string> split_list(const std::string& list, char sep = ',') {
   std::vector<std::string> items;
   for (size_t at = 0; at <= list.size();) {
-    const size_t comma = std::min(list.find(',', at), list.size());
+    const size_t comma = std::min(list.find(sep, at), list.size());
     if (comma > at)
       items.push_back(list.substr(at, comma - at));
     at = comma + 1;
@@ -169,13 +170,14 @@ int main(int argc, char* argv[]) {
   std::vector<zmuon::ns_variant> variants = {zmuon::ns_variant::standard, zmuon::ns_variant::gram};
   std::string schedule = "ns5";
   zmuon::ns_options variant_ns;
+  std::vector<shape> variant_shapes;  // --shapes; empty: the shapes
   const char* usage =
       "usage: bench_ns [--reps N] [--json PATH] [--sym 0,256,512,1024] [--update-flipped]\n"
       "                [--only 4096x4096,8192x8192]\n"
       "       bench_ns [--reps N] --tables\n"
       "       bench_ns [--reps N] --split\n"
       "       bench_ns [--reps N] [--variant standard|gram|both] [--schedule ns5|polar_express]\n"
-      "                [--gram-restart N] [--steps N]\n";
+      "                [--gram-restart N] [--steps N] [--shapes 3x512x2048,768x3072]\n";
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_value = i + 1 < argc;
@@ -218,6 +220,21 @@ int main(int argc, char* argv[]) {
     } else if (arg == "--gram-restart" && has_value) {
       variants_mode = true;
       variant_ns.gram_restart = std::max(0, std::atoi(argv[++i]));
+    } else if (arg == "--shapes" && has_value) {
+      variants_mode = true;
+      for (const std::string& text : split_list(argv[++i])) {
+        std::vector<int64_t> sides;
+        for (const std::string& side : split_list(text, 'x'))
+          sides.push_back(std::atoll(side.c_str()));
+        if (sides.size() == 2)
+          sides.insert(sides.begin(), 1);
+        if (sides.size() != 3 || *std::min_element(sides.begin(), sides.end()) < 1) {
+          std::fprintf(stderr, "bench_ns: --shapes %s: expected BATCHxROWSxCOLS or ROWSxCOLS\n%s",
+                       text.c_str(), usage);
+          return 2;
+        }
+        variant_shapes.push_back({text, sides[0], sides[1], sides[2]});
+      }
     } else if (arg == "--steps" && has_value) {
       variants_mode = true;
       variant_ns.steps = std::max(1, std::atoi(argv[++i]));
@@ -240,7 +257,7 @@ int main(int argc, char* argv[]) {
     if (update_flipped)
       std::printf("NS update: B' in the other operand layout (--update-flipped)\n");
     if (variants_mode)
-      return run_variants(backend, reps, variant_ns, variants, schedule);
+      return run_variants(backend, reps, variant_ns, variants, schedule, variant_shapes);
     if (split_mode)
       return run_split(backend, reps);
     const main_stream stream{&backend};
