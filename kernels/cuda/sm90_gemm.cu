@@ -408,17 +408,21 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
   // Measured (bench_sm90_gemm, docs/NOTES.md sessions 7 and 8): 1.22-1.55x cuBLAS's whole
-  // product at m >= 768 over k >= 2048; 0.82x at m = 512 (4 tiles a side: 10 of 16 computed).
+  // product at m >= 768 over k >= 2048 once the upper tiles fill the device (12 x [768, 768],
+  // [4096, 4096]); below one wave cuBLAS (which splits k) wins: whole NS5 with every GEMM on
+  // cuBLAS against the own GEMM's X X^T (session 22, H100, `bench_ns --variant both --shapes`):
+  // 768x3072 0.159 vs 0.305 ms (21 tiles), 2 x 768x3072 0.214 vs 0.340, 1024x2048 0.206 vs
+  // 0.311, 6 x 768x3072 0.555 vs 0.584 (126 tiles).
   // Over k = 768: 0.82-0.91x when the upper tiles take several waves of two blocks per
   // multiprocessor (48 x [768, 768]) and 0.84x on a single matrix (21 blocks), 0.98-1.06x
   // between half a wave and one (6 and 12 matrices), which made GPT-2's Gram groups 2-3 % faster.
   if (m % kSm90Tile != 0 || k % kSm90Slice != 0 || m < 768 || batch > 65535)
     return false;
-  if (k >= 2048)
-    return true;
   const int64_t tiles = m / kSm90Tile;
   const int64_t blocks = batch * tiles * (tiles + 1) / 2;
   const int64_t sms = multiprocessors();
+  if (k >= 2048)
+    return blocks >= sms;
   return 2 * blocks >= sms && blocks <= 2 * sms;
 }
 
