@@ -193,10 +193,11 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
 }
 
 // The own Hopper GEMM's symmetric products (sm90_gemm.hpp) in the standard iteration: A = X X^T
-// of a wide X over k >= 2048 when the batch's upper tiles fill a wave (7 x [768, 768]: 147
-// tiles; not 2: 42), and A*A for m >= 2048 or when they fill half a wave to one (12 x
-// [768, 768]: 252 tiles; not 48: 1008, nor 2). Against the host's fp32 NS5, replayed from a
-// graph bit for bit, and against the same call on cuBLAS only.
+// of a wide X, and A*A for m >= 2048, over k >= 2048 when the batch's upper tiles fill one and a
+// half waves (12 x [768, 768]: 252 tiles, 2 x [2048, 2048]: 272; not 2 x [768, 768]: 42),
+// A*A over shorter k when they fill half a wave to one (12 x [768, 768]; not 48: 1008, nor 2).
+// Against the host's fp32 NS5, replayed from a graph bit for bit, and against the same call on
+// cuBLAS only.
 BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   if (!gpu::sm90_gemm_available()) {
@@ -212,10 +213,11 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
   BOOST_TEST(!cuda.ns_own_products(48, 768, 768, true));
   BOOST_TEST(cuda.ns_own_products(12, 768, 768, true));
   const own_case cases[] = {
-      {{7, 768, 2048}, true, true},   {{2, 768, 2048}, false, false},  // 42 tiles: cuBLAS splits k
+      {{12, 768, 2048}, true, true},  {{2, 768, 2048}, false, false},  // 42 tiles: cuBLAS splits k
       {{3, 256, 4096}, false, false},                                  // a side below 768: cuBLAS
       {{2, 2048, 256}, false, false},                                  // tall: X's rows are columns
-      {{1, 2048, 2048}, true, true},  {{1, 4096, 2048}, false, true}};
+      {{2, 2048, 2048}, true, true},  {{1, 2048, 2048}, false, false},  // 136 tiles: cuBLAS
+      {{2, 4096, 2048}, false, true}};
   for (const own_case& o : cases) {
     const ns_case& c = o.c;
     BOOST_TEST(cuda.ns_own_products(c.batch, c.rows, c.cols, false) == o.gram_product);
@@ -521,10 +523,10 @@ BOOST_AUTO_TEST_CASE(gram_workspace_is_counted) {
 }
 
 // The Gram variant with the own Hopper GEMM's products (R = X X^T of wide inputs over k >= 2048
-// filling a wave of tiles, the [m, m] products for m >= 2048: all symmetric, upper tiles only),
-// each checked to be chosen, against the same call on
-// cuBLAS only and against the host's fp32 Gram iteration. After gram_workspace_is_counted, which
-// needs the Gram workspace smaller than its shape when it starts.
+// and the [m, m] products for m >= 2048, where their tiles fill one and a half waves: all
+// symmetric, upper tiles only), each checked to be chosen, against the same call on cuBLAS only
+// and against the host's fp32 Gram iteration. After gram_workspace_is_counted, which needs the
+// Gram workspace smaller than its shape when it starts.
 BOOST_AUTO_TEST_CASE(own_gemm_gram) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   if (!gpu::sm90_gemm_available()) {
@@ -533,7 +535,7 @@ BOOST_AUTO_TEST_CASE(own_gemm_gram) {
   }
   const ns_options gram = gram_ns(ns_options{});
   // R over k = 3072 and 4096 (wide inputs only); every [m, m] product when m = 2048.
-  const ns_case cases[] = {{7, 768, 3072}, {1, 2048, 4096}, {1, 4096, 2048}};
+  const ns_case cases[] = {{12, 768, 3072}, {2, 2048, 4096}, {2, 4096, 2048}};
   for (const ns_case& c : cases) {
     BOOST_REQUIRE(
         ns_uses_gram(gram, c.rows, c.cols, gpu_automatic_variant(c.batch, c.rows, c.cols)));

@@ -407,12 +407,13 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
 }
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
-  // Measured (bench_sm90_gemm, docs/NOTES.md sessions 7 and 8): 1.22-1.55x cuBLAS's whole
-  // product at m >= 768 over k >= 2048 once the upper tiles fill the device (12 x [768, 768],
-  // [4096, 4096]); below one wave cuBLAS (which splits k) wins: whole NS5 with every GEMM on
-  // cuBLAS against the own GEMM's X X^T (session 22, H100, `bench_ns --variant both --shapes`):
-  // 768x3072 0.159 vs 0.305 ms (21 tiles), 2 x 768x3072 0.214 vs 0.340, 1024x2048 0.206 vs
-  // 0.311, 6 x 768x3072 0.555 vs 0.584 (126 tiles).
+  // Measured (bench_sm90_gemm, docs/NOTES.md sessions 7, 8 and 22): over k >= 2048, 1.22-1.59x
+  // cuBLAS's whole product once the upper tiles fill a wave and a half (12 x [768, 768]: 252
+  // tiles, [4096, 4096]: 528); below that cuBLAS (which splits k) wins. Whole NS5 with every
+  // GEMM on cuBLAS against the own GEMM's products (session 22, H100, `bench_ns --variant
+  // both`): 768x3072 0.155 vs 0.305 ms (21 tiles), 2 x 768x3072 0.214 vs 0.340 (42), 6 x
+  // 768x3072 0.555 vs 0.584 (126), 2048x8192 1.083 vs 1.212 (136; Gram 0.848 vs 0.951),
+  // 7 x 768x3072 0.589 vs 0.659 (147; Gram 0.538 vs 1.141).
   // Over k = 768: 0.82-0.91x when the upper tiles take several waves of two blocks per
   // multiprocessor (48 x [768, 768]) and 0.84x on a single matrix (21 blocks), 0.98-1.06x
   // between half a wave and one (6 and 12 matrices), which made GPT-2's Gram groups 2-3 % faster.
@@ -422,7 +423,7 @@ bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
   const int64_t blocks = batch * tiles * (tiles + 1) / 2;
   const int64_t sms = multiprocessors();
   if (k >= 2048)
-    return blocks >= sms;
+    return 2 * blocks >= 3 * sms;
   return 2 * blocks >= sms && blocks <= 2 * sms;
 }
 

@@ -87,8 +87,8 @@ bool sm90_gemm_available();
 
 /// Whether a symmetric product of `batch` [m, m] results over k should run here rather than
 /// on cuBLAS (on the current device; whether it runs the kernel aside): sides in whole tiles,
-/// m >= 768, and the upper tiles at least one wave of the device over k >= 2048, or between half
-/// a wave and one over shorter k (where it measured faster).
+/// m >= 768, and the upper tiles at least one and a half waves of the device over k >= 2048, or
+/// between half a wave and one over shorter k (where it measured faster).
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k);
 
 class gemm_runner;
