@@ -192,12 +192,9 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
   cuda.set_ns_symmetric_block(gpu::ns_workspace::kDefaultSymmetricBlock);
 }
 
-// The own Hopper GEMM's symmetric products (sm90_gemm.hpp) in the standard iteration: A = X X^T
-// of a wide X, and A*A for m >= 2048, over k >= 2048 when the batch's upper tiles fill one and a
-// half waves (12 x [768, 768]: 252 tiles, 2 x [2048, 2048]: 272; not 2 x [768, 768]: 42),
-// A*A over shorter k when they fill half a wave to one (12 x [768, 768]; not 48: 1008, nor 2).
-// Against the host's fp32 NS5, replayed from a graph bit for bit, and against the same call on
-// cuBLAS only.
+// The own Hopper GEMM's symmetric products in the standard iteration (A = X X^T of a wide X,
+// A*A), where sm90_gemm_suits_symmetric takes them, against the host's fp32 NS5, replayed from
+// a graph bit for bit, and against the same call on cuBLAS only.
 BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   if (!gpu::sm90_gemm_available()) {
@@ -212,12 +209,12 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
   };
   BOOST_TEST(!cuda.ns_own_products(48, 768, 768, true));
   BOOST_TEST(cuda.ns_own_products(12, 768, 768, true));
-  const own_case cases[] = {
-      {{12, 768, 2048}, true, true},  {{2, 768, 2048}, false, false},  // 42 tiles: cuBLAS splits k
-      {{3, 256, 4096}, false, false},                                  // a side below 768: cuBLAS
-      {{2, 2048, 256}, false, false},                                  // tall: X's rows are columns
-      {{2, 2048, 2048}, true, true},  {{1, 2048, 2048}, false, false},  // 136 tiles: cuBLAS
-      {{2, 4096, 2048}, false, true}};
+  // Upper tiles over k >= 2048: 252 and 272 fill 1.5 waves of 132 multiprocessors, 42 and 136
+  // do not (cuBLAS splits k); tall inputs' X X^T is not symmetric-tiled; sides below 768 neither.
+  const own_case cases[] = {{{12, 768, 2048}, true, true},  {{2, 768, 2048}, false, false},
+                            {{2, 2048, 2048}, true, true},  {{1, 2048, 2048}, false, false},
+                            {{2, 4096, 2048}, false, true}, {{2, 2048, 256}, false, false},
+                            {{3, 256, 4096}, false, false}};
   for (const own_case& o : cases) {
     const ns_case& c = o.c;
     BOOST_TEST(cuda.ns_own_products(c.batch, c.rows, c.cols, false) == o.gram_product);
@@ -522,11 +519,9 @@ BOOST_AUTO_TEST_CASE(gram_workspace_is_counted) {
   BOOST_TEST(after - before >= grown);
 }
 
-// The Gram variant with the own Hopper GEMM's products (R = X X^T of wide inputs over k >= 2048
-// and the [m, m] products for m >= 2048, where their tiles fill one and a half waves: all
-// symmetric, upper tiles only), each checked to be chosen, against the same call on cuBLAS only
-// and against the host's fp32 Gram iteration. After gram_workspace_is_counted, which needs the
-// Gram workspace smaller than its shape when it starts.
+// The Gram variant with the own Hopper GEMM's symmetric products (each checked to be chosen)
+// against the same call on cuBLAS only and the host's fp32 Gram iteration. After
+// gram_workspace_is_counted, which needs the Gram workspace smaller than its shape.
 BOOST_AUTO_TEST_CASE(own_gemm_gram) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   if (!gpu::sm90_gemm_available()) {
@@ -534,7 +529,7 @@ BOOST_AUTO_TEST_CASE(own_gemm_gram) {
     return;
   }
   const ns_options gram = gram_ns(ns_options{});
-  // R over k = 3072 and 4096 (wide inputs only); every [m, m] product when m = 2048.
+  // R over k = 3072 and 4096 (wide inputs only); every [m, m] product when m = 2048 (tall).
   const ns_case cases[] = {{12, 768, 3072}, {2, 2048, 4096}, {2, 4096, 2048}};
   for (const ns_case& c : cases) {
     BOOST_REQUIRE(

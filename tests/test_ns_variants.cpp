@@ -137,7 +137,7 @@ BOOST_AUTO_TEST_CASE(gram_newton_schulz_dispatch) {
   // On the GPU, automatic is Gram only where the batch has the work to pay for it (the measured
   // points of kGramAutoMinWork).
   BOOST_TEST((gpu_automatic_variant(1, 768, 3072) == ns_variant::standard));
-  BOOST_TEST((gpu_automatic_variant(2, 1024, 4096) == ns_variant::standard));
+  BOOST_TEST((gpu_automatic_variant(1, 1024, 4096) == ns_variant::standard));
   BOOST_TEST((gpu_automatic_variant(12, 3072, 768) == ns_variant::gram));
   BOOST_TEST((gpu_automatic_variant(32, 512, 2048) == ns_variant::gram));
   BOOST_TEST((gpu_automatic_variant(1, 2048, 8192) == ns_variant::gram));
