@@ -209,6 +209,22 @@ BOOST_AUTO_TEST_CASE(bad_fault_and_checkpoint_flags_are_errors) {
     BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 2), args << ": " << out);
     BOOST_TEST(out.find(says) != std::string::npos, out);
   }
+  // After a resume, a fault at the checkpoint's step or before never comes either.
+  const std::string dir = path_of("ckpt_faults");
+  launch_ok("--steps 4 --save-checkpoint " + dir + " --every 2");
+  const std::pair<std::string, const char*> passed[] = {
+      {"--kill-at-step 3", "--kill-at-step 3: step 3 never comes: the run resumes after step 4"},
+      {"--kill-in-save 4 --save-checkpoint " + dir + " --every 2",
+       "--kill-in-save 4: step 4 never comes: the run resumes after step 4"},
+      {"--inject-nonfinite 2:1:mlp.fc1.weight:0",
+       "--inject-nonfinite 2:1:mlp.fc1.weight:0: step 2 never comes: the run resumes after step 4"},
+  };
+  for (const auto& [args, says] : passed) {
+    out = zmuon::test::run_launch("--steps 8 --resume " + dir + " " + args, &status);
+    BOOST_TEST((WIFEXITED(status) && WEXITSTATUS(status) == 2), args << ": " << out);
+    BOOST_TEST(out.find(says) != std::string::npos, out);
+  }
+  launch_killed("--steps 8 --resume " + dir + " --kill-at-step 5");  // the next step still fires
   out = zmuon::test::run_launch("--every 5", &status);
   BOOST_TEST(status != 0);
   BOOST_TEST(out.find("--save-checkpoint") != std::string::npos, out);

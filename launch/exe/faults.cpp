@@ -116,4 +116,23 @@ error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, int e
   return {};
 }
 
+error check_faults_after_resume(const fault_options& faults, uint64_t resumed_step) {
+  auto past = [&](const std::string& flag, uint64_t step) {
+    return error{errc::invalid_argument, flag + ": step " + std::to_string(step)
+                                             + " never comes: the run resumes after step "
+                                             + std::to_string(resumed_step)};
+  };
+  for (const auto& f : faults.nonfinite)
+    if (f.step <= resumed_step)
+      return past("--inject-nonfinite " + std::to_string(f.step) + ":" + std::to_string(f.rank)
+                      + ":" + f.param + ":" + std::to_string(f.micro),
+                  f.step);
+  if (faults.kill_at_step != 0 && faults.kill_at_step <= resumed_step)
+    return past("--kill-at-step " + std::to_string(faults.kill_at_step), faults.kill_at_step);
+  if (faults.kill_in_save_at_step != 0 && faults.kill_in_save_at_step <= resumed_step)
+    return past("--kill-in-save " + std::to_string(faults.kill_in_save_at_step),
+                faults.kill_in_save_at_step);
+  return {};
+}
+
 }  // namespace zmuon::example

@@ -29,4 +29,8 @@ void add_fault_flags(CLI::App& app, fault_flags& flags);
 error apply_fault_flags(const fault_flags& flags, uint64_t steps, int gas, int every,
                         fault_options& out);
 
+/// After a resume at `resumed_step`: a fault of `faults` at that step or before would never
+/// fire either; the error names the first such flag.
+error check_faults_after_resume(const fault_options& faults, uint64_t resumed_step);
+
 }  // namespace zmuon::example

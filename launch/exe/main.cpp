@@ -131,16 +131,21 @@ std::string checkpoint_settings(const zmuon::job_config& job,
 /// Restores the checkpoint in `dir` (every node of a job calls it: it is a collective there);
 /// `lead` says from where, and names each setting that differs from the saved run's: allowed (a
 /// new learning rate, another world size), but said, since a different seed, for one, means
-/// other data from here on than the saved run would have seen. Returns false on failure.
-bool resume_from(zmuon::engine& eng, const std::string& dir, const std::string& settings, bool lead,
-                 const std::string& who, int steps) {
+/// other data from here on than the saved run would have seen. Returns the exit status on
+/// failure, 0 on success; a fault flag whose step the resumed run has passed is bad input.
+int resume_from(zmuon::engine& eng, const std::string& dir, const std::string& settings, bool lead,
+                const std::string& who, int steps) {
   auto info = eng.load_checkpoint(dir);
   if (!info) {
     say(who, "cannot resume: " + info.err().to_string());
-    return false;
+    return 1;
+  }
+  if (auto err = zmuon::example::check_faults_after_resume(eng.options().faults, info->step)) {
+    say(who, err.message());
+    return exit_bad_input;
   }
   if (!lead)
-    return true;
+    return 0;
   std::printf("resumed from %s at step %llu (saved by %d ranks)\n", info->path.c_str(),
               static_cast<unsigned long long>(info->step), info->world);
   std::fflush(stdout);                                          // before the notes on stderr
@@ -154,7 +159,7 @@ bool resume_from(zmuon::engine& eng, const std::string& dir, const std::string& 
                  "%sthe checkpoint is at step %llu and --steps is %d: no step is left to "
                  "train\n",
                  who.c_str(), static_cast<unsigned long long>(info->step), steps);
-  return true;
+  return 0;
 }
 
 /// One node of a multi-process job. The node and the engine are the caller's, so that it can
@@ -208,9 +213,9 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   }
   bool lead = nf.node_rank == 0;
   topts.checkpoint_config = checkpoint_settings(job, topts);
-  if (!resume.empty()
-      && !resume_from(*eng, resume, topts.checkpoint_config, lead, who, topts.steps))
-    return 1;
+  if (!resume.empty())
+    if (int rc = resume_from(*eng, resume, topts.checkpoint_config, lead, who, topts.steps))
+      return rc;
   if (lead)
     std::printf(
         "zmuon-launch: %d nodes, %d ranks, gas %d, micro-batch %d, global batch %d, "
@@ -488,9 +493,10 @@ int run(int argc, char** argv) {
     return 2;
   }
   topts.checkpoint_config = checkpoint_settings(*job, topts);
-  if (!resume.empty()
-      && !resume_from(**eng, resume, topts.checkpoint_config, true, "zmuon-launch: ", topts.steps))
-    return 1;
+  if (!resume.empty())
+    if (int rc = resume_from(**eng, resume, topts.checkpoint_config, true,
+                             "zmuon-launch: ", topts.steps))
+      return rc;
   std::printf(
       "zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s, comm "
       "%s\n",
