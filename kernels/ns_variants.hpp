@@ -74,10 +74,10 @@ inline constexpr double kGramMinAspect = 1.5;
 /// (m <= n the sides). Measured (bench_ns on the H200, NS5, Gram vs standard): in session 5 a
 /// single 768x3072 lost, 0.234 vs 0.169 ms (m²n = 1.8e9), while 12 of them won, 0.88 vs 1.02 ms
 /// (2.2e10), 32 of 512x2048 0.82 vs 0.93 ms (1.7e10), a single 2048x8192 0.88 vs 1.10 ms
-/// (3.4e10). Session 22 (H100, `bench_ns --variant both --shapes`, the own GEMM's X X^T below a
-/// wave of tiles given back to cuBLAS): a single 768x3072 standard 0.159 vs Gram 0.227 ms,
-/// 1024x2048 0.206 vs 0.269, 2 x 768x3072 0.214 vs 0.206 and 1024x4096 0.248 vs 0.226 (about
-/// even, 3.6e9 and 4.3e9), 6 x 768x3072 0.555 vs 0.464 (1.1e10).
+/// (3.4e10). Session 22 (H100, `bench_ns --variant both --shapes`, cuBLAS-only: where
+/// sm90_gemm_suits_symmetric now leaves these batches): a single 768x3072 standard 0.159 vs Gram
+/// 0.227 ms, 1024x2048 0.206 vs 0.269, 2 x 768x3072 0.214 vs 0.206 and 1024x4096 0.248 vs 0.226
+/// (about even, 3.6e9 and 4.3e9), 6 x 768x3072 0.555 vs 0.464 (1.1e10).
 inline constexpr double kGramAutoMinWork = 1e10;
 
 /// What ns_variant::automatic means on the GPU for `batch` [rows, cols] matrices.
