@@ -125,10 +125,10 @@ private:
 
   /// Where the innermost open object is, as a JSON pointer ("/optimizer/params").
   std::string path() const {
-    std::string p;
+    json::json_pointer p;
     for (size_t i = 0; i + 1 < open.size(); ++i)
-      p += "/" + (open[i].object ? open[i].key : std::to_string(open[i].count - 1));
-    return p;
+      p = open[i].object ? p / open[i].key : p / (open[i].count - 1);
+    return p.to_string();
   }
 
   std::vector<frame> open;

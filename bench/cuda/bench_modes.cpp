@@ -73,18 +73,16 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
       zmuon::ns_options ns = base;
       ns.variant = v;
       const auto run = [&] { backend.newton_schulz(x, s.batch, s.rows, s.cols, ns); };
-      for (int i = 0; i < 3; ++i) {
-        restore();
-        run();
-      }
-      const double ms = median_ms(stream, reps, restore, run);
-      backend.set_ns_own_gemm(false);
-      for (int i = 0; i < 3; ++i) {
-        restore();
-        run();
-      }
-      const double cublas_ms = median_ms(stream, reps, restore, run);
-      backend.set_ns_own_gemm(true);
+      const auto timed = [&](bool own_gemm) {  // three untimed calls, then the median
+        backend.set_ns_own_gemm(own_gemm);
+        for (int i = 0; i < 3; ++i) {
+          restore();
+          run();
+        }
+        return median_ms(stream, reps, restore, run);
+      };
+      const double cublas_ms = timed(false);
+      const double ms = timed(true);
       restore();
       run();
       const double orth = orthogonality_error(stream, x, s.rows, s.cols);
