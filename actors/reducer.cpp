@@ -149,10 +149,17 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
           return make_buffers(st.device.get(), msg);
         }();
         float* own = buf->in + static_cast<int64_t>(st.rank) * b.shard_len;  // in place
-        trace::request(self, st.tr, st.comm, reduce_scatter_req{tag, buf->in, own, b.shard_len})
+        // The requests carry `buf` as the owner of their views: a reducer that ends (the engine
+        // stopping after a timeout) frees no buffer that the comm or the store still uses.
+        trace::request(self, st.tr, st.comm,
+                       reduce_scatter_req{tag, buf->in, own, b.shard_len, buf})
             .then(
                 [=](comm_done&) mutable {
-                  accumulate acc{tag.step, tag.micro, tag.index, {own, b.shard_len}, buf->on_host};
+                  accumulate acc{tag.step,
+                                 tag.micro,
+                                 tag.index,
+                                 {own, b.shard_len, nullptr, buf},
+                                 buf->on_host};
                   // The buffers live until the store has added them.
                   trace::request(self, self->state.tr, self->state.store, acc)
                       .then([=](ack&) mutable { bucket_done(self, *buf, answer, tag.step, {}); },

@@ -9,6 +9,7 @@
 // may carry bf16 (DESIGN.md §3), which the kernels then read and write directly.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "kernels/compute.hpp"
@@ -77,36 +78,47 @@ public:
   wire_buffer(compute_backend& be, int64_t n, wire_type type, bool comm_on_host, buffer_init init)
       : type_(type),
         size_(n),
-        storage_(be, type == wire_type::fp32 ? n : (n + 1) / 2, comm_on_host, init) {}
+        storage_(std::make_shared<staged_buffer>(be, type == wire_type::fp32 ? n : (n + 1) / 2,
+                                                 comm_on_host, init)) {}
 
   int64_t size() const { return size_; }
   wire_type type() const { return type_; }
   /// True when the comm's side is a host mirror: to_comm has landed only once be.when_done fires.
-  bool staged() const { return storage_.staged(); }
-  /// The values where kernels read and write them: `data` (fp32) or `bf16` set.
+  bool staged() const { return storage_ && storage_->staged(); }
+  /// The values where kernels read and write them: `data` (fp32) or `bf16` set. The view keeps
+  /// the memory (both sides) allocated while it lives, after this buffer is gone too.
   float_view compute() {
+    if (!storage_)
+      return float_view{};
     if (type_ == wire_type::fp32)
-      return float_view{storage_.compute(), size_};
-    return float_view{nullptr, size_, bits(storage_.compute())};
+      return float_view{storage_->compute(), size_, nullptr, storage_};
+    return float_view{nullptr, size_, bits(storage_->compute()), storage_};
   }
-  /// Elements [offset, offset + n) on the comm's side, as a collective's segment of type().
+  /// Elements [offset, offset + n) on the comm's side, as a collective's segment of type(),
+  /// keeping the memory allocated like compute().
   segment at(int64_t offset, int64_t n) {
     if (type_ == wire_type::fp32)
-      return segment{storage_.comm() + offset, n};
-    return segment{nullptr, n, bits(storage_.comm()) + offset};
+      return segment{storage_->comm() + offset, n, nullptr, storage_};
+    return segment{nullptr, n, bits(storage_->comm()) + offset, storage_};
   }
 
   /// Enqueues compute -> comm (a copy only when staged).
-  void to_comm(compute_backend& be) { storage_.to_comm(be); }
+  void to_comm(compute_backend& be) {
+    if (storage_)
+      storage_->to_comm(be);
+  }
   /// Enqueues comm -> compute (a copy only when staged), ahead of later kernels.
-  void to_compute(compute_backend& be) { storage_.to_compute(be); }
+  void to_compute(compute_backend& be) {
+    if (storage_)
+      storage_->to_compute(be);
+  }
 
 private:
   static uint16_t* bits(float* storage) { return reinterpret_cast<uint16_t*>(storage); }
 
   wire_type type_ = wire_type::fp32;
   int64_t size_ = 0;
-  staged_buffer storage_;
+  std::shared_ptr<staged_buffer> storage_;  // shared with the views handed out
 };
 
 }  // namespace zmuon

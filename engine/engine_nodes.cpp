@@ -10,7 +10,8 @@ namespace zmuon {
 
 error engine::impl::shards_to_node_leaders(const std::vector<comm_actor>& via,
                                            const std::vector<float*>& shards,
-                                           const std::vector<float*>& target) {
+                                           const std::vector<float*>& target,
+                                           const keep_alive& owner) {
   const auto& p = *pl;
   auto is_leader = [&](int rank) {
     return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
@@ -28,10 +29,10 @@ error engine::impl::shards_to_node_leaders(const std::vector<comm_actor>& via,
         const auto& q = p.params[k];
         int64_t n = valid_len(q, first_rank + i);
         if (n > 0 && is_leader(peer))
-          req.sends[peer].push_back(segment{shards[i] + q.shard_offset, n});
+          req.sends[peer].push_back(segment{shards[i] + q.shard_offset, n, nullptr, owner});
         int64_t m = valid_len(q, peer);
         if (m > 0 && i == 0)
-          req.recvs[peer].push_back(segment{target[k] + peer * q.shard_len, m});
+          req.recvs[peer].push_back(segment{target[k] + peer * q.shard_len, m, nullptr, owner});
       }
     pending.push_back(self->request(via[i], timeout(), std::move(req)));
   }
@@ -46,24 +47,30 @@ error engine::impl::shards_to_node_leaders(const std::vector<comm_actor>& via,
 }
 
 expected<tensor_map> engine::impl::gather_between_nodes() {
-  std::vector<std::vector<float>> copies;  // the stores' shards in host memory
+  // The stores' shards and the full parameters, in host memory shared with the requests: after a
+  // timeout the comms may still hold them (and write what arrives late).
+  struct buffers {
+    std::vector<std::vector<float>> shards, full;
+  };
+  auto bufs = std::make_shared<buffers>();
   std::vector<float*> shards;
   for (auto& r : ranks) {
     auto shard = ask<std::vector<float>>(r.store, params_atom::value);
     if (!shard)
       return shard.err();
-    copies.push_back(std::move(*shard));
-    shards.push_back(copies.back().data());
+    bufs->shards.push_back(std::move(*shard));
+    shards.push_back(bufs->shards.back().data());
   }
-  tensor_map out;
   std::vector<float*> target;
   for (const auto& q : pl->params) {
-    auto& v = out[q.name];
-    v.resize(q.numel);
-    target.push_back(v.data());
+    bufs->full.emplace_back(q.numel);
+    target.push_back(bufs->full.back().data());
   }
-  if (auto err = shards_to_node_leaders(comms, shards, target))
+  if (auto err = shards_to_node_leaders(comms, shards, target, bufs))
     return err;
+  tensor_map out;  // every comm has answered: nothing writes the buffers any more
+  for (size_t k = 0; k < pl->params.size(); ++k)
+    out[pl->params[k].name] = std::move(bufs->full[k]);
   return out;
 }
 
@@ -81,7 +88,7 @@ error engine::impl::gather_over_nccl(const std::vector<float*>& target,
     if (auto err = on_backend("gather_params", first_rank + i,
                               [&] { ranks[i].backend->wait_for_stream(*caller_stream); }))
       return err;
-  if (auto err = shards_to_node_leaders(rank_comms, shards, target))
+  if (auto err = shards_to_node_leaders(rank_comms, shards, target, nullptr))
     return err;
   // Enqueued on the ranks' streams: the caller's buffers are written once they have run.
   for (int i = 0; i < local; ++i)

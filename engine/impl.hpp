@@ -263,10 +263,12 @@ struct engine::impl {
   /// Every local rank sends its parameter shard (`shards[i]`, in the plan's shard layout) to
   /// each node's first rank through `via` (an all-to-all-v); this process's first rank
   /// receives rank r's part of parameter k at `target[k] + r * shard_len`. Returns once every
-  /// comm has answered (nccl: enqueued on the ranks' streams).
+  /// comm has answered (nccl: enqueued on the ranks' streams). `owner` keeps `shards` and
+  /// `target` allocated while a comm still holds the request after a timeout (the caf comm
+  /// writes the pieces that arrive late); null where the comm is done when it answers (nccl).
   error shards_to_node_leaders(const std::vector<comm_actor>& via,
-                               const std::vector<float*>& shards,
-                               const std::vector<float*>& target);
+                               const std::vector<float*>& shards, const std::vector<float*>& target,
+                               const keep_alive& owner);
   /// The full parameters on this process's first rank, over the caf comms (parameters()).
   expected<tensor_map> gather_between_nodes();
   /// gather_params into device buffers for every parameter (`target`, by parameter index) in a

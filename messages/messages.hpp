@@ -1,6 +1,7 @@
 // Every message of the zmuon protocol (DESIGN.md §1), in one place. Each carries `step` (and
 // `micro`, `bucket`, `chunk` where they apply). Between the actors of one rank, messages carry
-// metadata and views of buffers the sender owns for the length of one request; only the caf comm
+// metadata and views of buffers the sender owns, each view sharing its buffer's ownership
+// (keep_alive) so that the memory outlives every message that points into it; only the caf comm
 // backend's peer messages carry tensor payloads (they are what crosses processes).
 #pragma once
 
@@ -31,13 +32,21 @@ using params_view_atom = caf::atom_constant<caf::atom("paramview")>;  // its par
 using scaler_state_atom = caf::atom_constant<caf::atom("scalerst")>;  // the loss scaler's counters
 
 // -- buffers -------------------------------------------------------------------------------------
-/// A view of `size` values owned by the sender, valid until the request it travels in is
-/// answered: floats at `data`, or, where a message says so (the Muon phase's u and update under
-/// bf16 transport), bf16 bits at `bf16` with `data` null. Never leaves the process.
+/// What keeps the memory behind a view allocated: the sender's buffer, shared with every message
+/// that points into it. A request abandoned by its sender (a failed step, a timed-out engine
+/// ending) then frees nothing that its receiver still reads or writes: the memory goes with the
+/// last holder, the sender or the message. Null where the sender outlives every use by contract
+/// (the store's own parameter buffer, asked for between steps).
+using keep_alive = std::shared_ptr<const void>;
+
+/// A view of `size` values owned by the sender, valid while `owner` lives: floats at `data`,
+/// or, where a message says so (the Muon phase's u and update under bf16 transport), bf16 bits
+/// at `bf16` with `data` null. Never leaves the process.
 struct float_view {
   float* data = nullptr;
   int64_t size = 0;
   uint16_t* bf16 = nullptr;
+  keep_alive owner = nullptr;
 };
 
 /// Gradient staging handed over by the host: immutable once sent, freed with its last reference.
@@ -56,6 +65,7 @@ struct segment {
   float* data = nullptr;
   int64_t size = 0;
   uint16_t* bf16 = nullptr;
+  keep_alive owner = nullptr;  // the buffer it points into (float_view)
 };
 
 // -- collectives ---------------------------------------------------------------------------------
@@ -88,6 +98,7 @@ struct reduce_scatter_req {
   const float* in = nullptr;
   float* out = nullptr;
   int64_t count = 0;
+  keep_alive owner = nullptr;  // the buffers `in` and `out` point into (float_view)
 };
 
 /// all-reduce of a few doubles (the vote: overflow flags and the gradient's sum of squares).

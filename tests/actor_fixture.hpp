@@ -178,7 +178,7 @@ inline std::vector<float> copy_of(const float* data, int64_t n) {
 struct accumulate_log {
   struct call {
     accumulate msg;
-    std::vector<float> slice;  // copied on receipt: the view dies with the request
+    std::vector<float> slice;  // the values on receipt (the sender may write them again)
   };
   std::vector<call> calls;
   caf::error fail_with;  // answered instead of ack when set
@@ -407,6 +407,11 @@ struct step_store_log {
   std::vector<adamw_step> adamws;
   std::string fail_on;  // the message name answered with fail_with
   caf::error fail_with;
+  int hold_momentum = -1;  // this chunk's muon_momentum waits for answer_held() (a busy store)
+  caf::typed_response_promise<ack> held;
+  caf::local_actor* owner = nullptr;
+
+  void answer_held(uint64_t step) { deliver_from_test(owner, held, ack{step}); }
 
   caf::error record(const std::string& what, uint64_t step, int index = -1) {
     if (trace)
@@ -415,8 +420,9 @@ struct step_store_log {
   }
 };
 
-inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer,
+inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer self,
                                                        std::shared_ptr<step_store_log> log) {
+  log->owner = self;
   return {
       [log](discard_grads& m) -> caf::result<ack> {
         if (auto err = log->record("discard_grads", m.step))
@@ -429,10 +435,14 @@ inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer
           return err;
         return ack{m.step};
       },
-      [log](muon_momentum& m) -> caf::result<ack> {
+      [log, self](muon_momentum& m) -> caf::result<ack> {
         log->momentums.push_back(m);
         if (auto err = log->record("muon_momentum", m.step, m.chunk))
           return err;
+        if (m.chunk == log->hold_momentum) {  // u is written when the test says (momentums)
+          log->held = self->make_response_promise<ack>();
+          return log->held;
+        }
         if (log->fill_u)
           log->fill_u(m);
         return ack{m.step};

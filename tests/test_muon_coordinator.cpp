@@ -4,6 +4,8 @@
 #define BOOST_TEST_MODULE muon_coordinator
 #include "actor_fixture.hpp"
 
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
 #include <cmath>
 
 #include "actors/muon_coordinator.hpp"
@@ -80,7 +82,7 @@ struct coord_fixture : actor_fixture {
   void serve(comm_log::call& c) {
     if (c.kind == comm_log::call::all_to_all) {
       auto& out = sent[{c.a2a.tag.kind == collective_kind::gather, c.a2a.tag.index}];
-      for (const auto& segs : c.a2a.sends)  // copied now: the views die with the request
+      for (const auto& segs : c.a2a.sends)  // the values as sent
         out.push_back(gather_segments(segs));
       if (!hold_a2a)
         complete_a2a(c);
@@ -292,6 +294,40 @@ BOOST_AUTO_TEST_CASE(peer_error_fails_the_step_and_the_next_step_runs) {
   BOOST_CHECK(stored->adamws.empty());
   stored->fail_on.clear();
   BOOST_CHECK(!value_of(step(2)).skipped);
+}
+
+// A step that ends while the store still writes a chunk's u (a busy store: chunk 1's momentum
+// is held) frees nothing that the store writes into, whichever way it ends: chunk 0's gather
+// fails (a peer's error), or the coordinator itself ends (an engine stopping after a timeout,
+// which the CI's ASan caught as a write into a freed u). The request's view keeps u allocated
+// until the message is gone; only then does the host backend count its bytes released.
+BOOST_DATA_TEST_CASE_F(coord_fixture, an_ended_step_frees_no_buffer_the_store_still_writes,
+                       boost::unit_test::data::make({false, true}), end_coordinator) {
+  start(kThreeMatrices, 1, 12, 0);
+  hold_a2a = true;
+  stored->hold_momentum = 1;
+  const int64_t before = be->memory().in_use;
+  auto r = step(1);
+  BOOST_REQUIRE(lines_of("comm") == std::vector<std::string>{"comm: gather 1/0"});
+  BOOST_REQUIRE_EQUAL(stored->momentums.size(), 2u);  // chunk 1's is the held one
+  if (end_coordinator)
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+  else
+    comms->calls.at(0).fail(make_caf_error(errc::bad_state, "gather refused by the test"));
+  run();
+  if (!end_coordinator)
+    check_error(r, errc::bad_state, "gather refused");
+  comms->calls.clear();                                // the comm is done with chunk 0
+  stored->momentums.erase(stored->momentums.begin());  // answered
+  const muon_momentum& held = stored->momentums.at(0);
+  const int64_t u_bytes = pl->chunks[1].shard_len * static_cast<int64_t>(sizeof(float));
+  BOOST_CHECK_EQUAL(held.out.size, pl->chunks[1].shard_len);
+  BOOST_REQUIRE_EQUAL(be->memory().in_use - before, u_bytes);
+  stored->fill_u(held);  // the store's write lands in memory still allocated
+  stored->momentums.clear();
+  BOOST_CHECK_EQUAL(be->memory().in_use - before, 0);
+  stored->answer_held(1);  // a late answer: nobody waits for it any more
+  run();
 }
 
 BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_order) {

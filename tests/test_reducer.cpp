@@ -251,6 +251,45 @@ BOOST_AUTO_TEST_CASE(bucket_is_answered_only_once_the_store_has_acknowledged_it)
   BOOST_CHECK_EQUAL(value_of(f).micros, 1);
 }
 
+// A reducer that ends while the comm or the store still holds a bucket's request (an engine
+// stopping after a timeout) frees nothing that they read or write: each request's views own the
+// bucket's buffers. Here the buffer is the host's staging (a host comm), whose other reference
+// the host dropped after handing it over; it goes only with the last request that points into it.
+BOOST_AUTO_TEST_CASE(an_ended_reducer_frees_no_buffer_the_comm_still_writes) {
+  stored->hold = true;
+  auto data = bucket_data(0);
+  const std::weak_ptr<std::vector<float>> staging = data;
+  tell(reducer, micro_grads{3, 0, 0, std::move(data)});
+  run();
+  BOOST_REQUIRE_EQUAL(comms->calls.size(), 1u);
+  const reduce_scatter_req rs = comms->calls[0].rs;  // what the comm still holds
+  comms->calls.clear();
+  caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
+  run();
+  BOOST_REQUIRE_MESSAGE(!staging.expired(), "the reduce-scatter's buffer was freed");
+  std::fill_n(rs.out, rs.count, 1.0f);  // the comm's late write lands in memory still allocated
+  BOOST_CHECK_EQUAL(staging.lock()->at(kRank * rs.count), 1.0f);
+}
+
+BOOST_AUTO_TEST_CASE(an_ended_reducer_frees_no_buffer_the_store_still_reads) {
+  stored->hold = true;
+  auto data = bucket_data(1);
+  const std::weak_ptr<std::vector<float>> staging = data;
+  tell(reducer, micro_grads{3, 0, 1, std::move(data)});
+  run();
+  answer(0);
+  run();
+  BOOST_REQUIRE_EQUAL(stored->calls.size(), 1u);
+  comms->calls.clear();  // answered: the comm is done with it
+  caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
+  run();
+  BOOST_REQUIRE_MESSAGE(!staging.expired(), "the accumulate's slice was freed");
+  const float_view& slice = stored->calls[0].msg.slice;  // what the store still reads
+  BOOST_CHECK(slice.data == staging.lock()->data() + kRank * slice.size);
+  stored->calls.clear();  // the store is done: the last reference goes
+  BOOST_CHECK(staging.expired());
+}
+
 BOOST_AUTO_TEST_CASE(buckets_are_answered_in_the_order_they_land) {
   stored->hold = true;
   auto first = ask<ack>(reducer, micro_grads{3, 0, 0, bucket_data(0)});

@@ -103,6 +103,28 @@ void tear(const std::string& path, size_t n) {
 }
 
 // The 0-based index of the first line of `path` whose record is of `step`, plus `plus`.
+// Moves the `reply` record that ends `step` in `path` (the coordinator's, to finish_step) to
+// line `to` (0-based, after the move), as when the host's next step wrote `to` lines first.
+void move_step_end(const std::string& path, uint64_t step, size_t to) {
+  auto recs = read_jsonl(path);
+  std::string id;
+  for (const auto& r : recs)
+    if (is(r, "send") && r["type"] == "finish_step" && r["step"] == step)
+      id = r["id"].get<std::string>();
+  BOOST_REQUIRE_MESSAGE(!id.empty(), "no finish_step of step " << step << " in " << path);
+  auto lines = lines_of(path);
+  size_t from = 0;
+  while (from < recs.size() && !(is(recs[from], "reply") && recs[from]["id"] == id))
+    ++from;
+  BOOST_REQUIRE(from < to && to < lines.size());
+  auto reply = lines[from];
+  lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(from));
+  lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(to), reply);
+  std::ofstream out(path, std::ios::trunc | std::ios::binary);
+  for (const auto& l : lines)
+    out << l << "\n";
+}
+
 size_t first_of_step(const std::string& path, uint64_t step, size_t plus = 0) {
   auto recs = read_jsonl(path);
   for (size_t i = 0; i < recs.size(); ++i)
@@ -116,12 +138,15 @@ size_t first_of_step(const std::string& path, uint64_t step, size_t plus = 0) {
 
 // The trace of a killed process ends in the middle of a line: that line is ignored with a
 // warning, and the steps from the one the file ends in on are left out of the check (their
-// records may be incomplete), while earlier steps are still checked. A bad line anywhere else is
-// still an error.
+// records may be incomplete), while earlier steps are still checked. The reply that ends step 1
+// can be written after step 2's first records (the coordinator writes it once it has answered
+// the host): here it is, and the tear loses it, which is no violation. A bad line anywhere else
+// is still an error.
 BOOST_AUTO_TEST_CASE(an_incomplete_last_line_is_ignored_and_the_cut_steps_are_not_checked) {
   auto dir = copy_of("torn");
   const auto file = trace_file(dir, 1);
   const size_t n = first_of_step(file, 2, 20);  // in the middle of step 2 (an applied step)
+  move_step_end(file, 1, n);
   tear(file, n);
   int status = 0;
   auto out = tool("check " + dir, &status);

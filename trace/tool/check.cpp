@@ -58,6 +58,14 @@ bool checked(const trace_set& ts, uint64_t step) {
   return !ts.cut || step < *ts.cut;
 }
 
+// Whether `answered` looks at a step: as checked(), and in a run cut short not the step before
+// the cut either. A `reply` record is written when its continuation returns, and the one that
+// ends a step (finish_step's, discard_grads') answers the host inside it: the host's next step
+// may then write its first records before that reply's, which a cut can lose with them.
+bool answers_checked(const trace_set& ts, uint64_t step) {
+  return !ts.cut || step + 1 < *ts.cut;
+}
+
 // Steps whose overflow report says overflow on some rank, and every step reported at all.
 void steps_of(const trace_set& ts, std::set<uint64_t>& all, std::set<uint64_t>& skipped) {
   for (const auto& rt : ts.ranks)
@@ -258,7 +266,7 @@ void answered(const trace_set& ts, std::vector<violation>& out) {
         replies.insert(ts.match_key(static_cast<int>(i), r));
   for (size_t i = 0; i < ts.ranks.size(); ++i)
     for (const auto& r : ts.ranks[i].records)
-      if (r.ev == "send" && r.req && checked(ts, r.step)
+      if (r.ev == "send" && r.req && answers_checked(ts, r.step)
           && !replies.count(ts.match_key(static_cast<int>(i), r)))
         out.push_back(
             {"answered",

@@ -15,7 +15,8 @@
 // In a run cut short (trace_set::cut, trace/tool/reader.hpp) the step some rank's file ends in
 // and later ones are left out: their records may be incomplete, and checking them would report
 // what the truncation did (a never-answered request, an NS that never ran, a shorter sequence of
-// collectives), not the protocol.
+// collectives), not the protocol. `answered` leaves out the step before as well: the reply that
+// ends a step is written after the host was answered, so it may follow the next step's records.
 #pragma once
 
 #include <string>
