@@ -55,6 +55,21 @@ struct reducer_fixture : actor_fixture {
 
   void answer(size_t i) { comms->calls.at(i).reduce_scatter_result(slice_for(i)); }
 
+  /// Hands bucket `bucket` of step 3 over as the host does and lets go of it: the staging then
+  /// lives only as long as the reducer or a request holds it.
+  std::weak_ptr<std::vector<float>> hand_over(int bucket) {
+    auto data = bucket_data(bucket);
+    std::weak_ptr<std::vector<float>> staging = data;
+    tell(reducer, micro_grads{3, 0, bucket, std::move(data)});
+    run();
+    return staging;
+  }
+  /// The reducer's end, as at an engine's (an exit message).
+  void end_reducer() {
+    caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
+    run();
+  }
+
   std::shared_ptr<reply_slot<flush_done>> flush_step(uint64_t step) {
     auto f = ask<flush_done>(reducer, flush{step});
     run();
@@ -253,19 +268,14 @@ BOOST_AUTO_TEST_CASE(bucket_is_answered_only_once_the_store_has_acknowledged_it)
 
 // A reducer that ends while the comm or the store still holds a bucket's request (an engine
 // stopping after a timeout) frees nothing that they read or write: each request's views own the
-// bucket's buffers. Here the buffer is the host's staging (a host comm), whose other reference
-// the host dropped after handing it over; it goes only with the last request that points into it.
+// bucket's buffers. Here the buffer is the host's staging (a host comm), whose host reference is
+// gone (hand_over); it goes only with the last request that points into it.
 BOOST_AUTO_TEST_CASE(an_ended_reducer_frees_no_buffer_the_comm_still_writes) {
-  stored->hold = true;
-  auto data = bucket_data(0);
-  const std::weak_ptr<std::vector<float>> staging = data;
-  tell(reducer, micro_grads{3, 0, 0, std::move(data)});
-  run();
+  const auto staging = hand_over(0);
   BOOST_REQUIRE_EQUAL(comms->calls.size(), 1u);
   const reduce_scatter_req rs = comms->calls[0].rs;  // what the comm still holds
   comms->calls.clear();
-  caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
-  run();
+  end_reducer();
   BOOST_REQUIRE_MESSAGE(!staging.expired(), "the reduce-scatter's buffer was freed");
   std::fill_n(rs.out, rs.count, 1.0f);  // the comm's late write lands in memory still allocated
   BOOST_CHECK_EQUAL(staging.lock()->at(kRank * rs.count), 1.0f);
@@ -273,16 +283,12 @@ BOOST_AUTO_TEST_CASE(an_ended_reducer_frees_no_buffer_the_comm_still_writes) {
 
 BOOST_AUTO_TEST_CASE(an_ended_reducer_frees_no_buffer_the_store_still_reads) {
   stored->hold = true;
-  auto data = bucket_data(1);
-  const std::weak_ptr<std::vector<float>> staging = data;
-  tell(reducer, micro_grads{3, 0, 1, std::move(data)});
-  run();
+  const auto staging = hand_over(1);
   answer(0);
   run();
   BOOST_REQUIRE_EQUAL(stored->calls.size(), 1u);
   comms->calls.clear();  // answered: the comm is done with it
-  caf::anon_send_exit(reducer, caf::exit_reason::user_shutdown);
-  run();
+  end_reducer();
   BOOST_REQUIRE_MESSAGE(!staging.expired(), "the accumulate's slice was freed");
   const float_view& slice = stored->calls[0].msg.slice;  // what the store still reads
   BOOST_CHECK(slice.data == staging.lock()->data() + kRank * slice.size);
