@@ -204,8 +204,14 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
 expected<rendezvous_actor> node::impl::find_rendezvous() {
   auto where = opts.master_host + ":" + std::to_string(opts.master_port);
   if (opts.node_rank == 0) {
-    rendezvous =
-        spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id, opts.nccl_only_on_own_gpus);
+    std::function<void(const std::string&)> progress;
+    if (!opts.quiet)
+      progress = [](const std::string& line) {
+        std::printf("zmuon-launch[node 0]: %s\n", line.c_str());
+        std::fflush(stdout);
+      };
+    rendezvous = spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id, opts.nccl_only_on_own_gpus,
+                                  std::move(progress));
     auto port = sys->middleman().publish(rendezvous, opts.master_port, opts.master_host.c_str(),
                                          /*reuse_addr=*/true);
     if (!port)

@@ -32,7 +32,7 @@ struct node_options {
   std::string rendezvous_file;  // node 0 writes "HOST:PORT" here once it listens (--local-nodes)
   int64_t join_timeout_ms = 60'000;
   int64_t heartbeat_timeout_ms = 10'000;
-  bool quiet = false;  // no "listening on" line
+  bool quiet = false;  // no "listening on" line, no line per node that arrives
   /// Where the other nodes reach this one directly (jobs of three or more nodes; node 0 is
   /// reached at --master). Empty: $ZMUON_NODE_HOST, else the master's host when that is a
   /// loopback address (every node on one machine), else this machine's host name. A node that

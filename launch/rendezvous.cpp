@@ -47,7 +47,8 @@ struct rendezvous_state {
   std::map<int32_t, caf::typed_response_promise<hello_reply>> greeted;
   std::map<int32_t, join_request> joined;  // by node rank
   std::map<int32_t, caf::typed_response_promise<join_reply>> waiting;
-  std::map<int32_t, caf::actor_addr> supervisors;  // monitored, by node rank
+  std::map<int32_t, caf::actor_addr> supervisors;    // monitored, by node rank
+  std::function<void(const std::string&)> progress;  // a line per node that arrives
   std::string failed;  // why the job cannot start (a node lost while the others join)
   bool answered = false;
   static const char* name;
@@ -101,18 +102,36 @@ std::string rank_problem(const rendezvous_state& st, int32_t node, bool seen, co
   return {};
 }
 
+// Monitors node `node`'s supervisor from its first message on, and says that it is in.
 void watch(rendezvous_pointer self, int32_t node, const caf::actor& supervisor) {
-  auto& known = self->state.supervisors[node];
+  auto& st = self->state;
+  const bool arrived = st.supervisors.count(node) == 0;
+  auto& known = st.supervisors[node];
   if (known != supervisor.address()) {
     known = supervisor.address();
     self->monitor(supervisor);
   }
+  if (!arrived || !st.progress)
+    return;
+  std::string line = "node " + std::to_string(node) + " is in ("
+                     + std::to_string(st.supervisors.size()) + " of " + std::to_string(st.nodes)
+                     + " nodes";
+  std::string missing;
+  for (int32_t n = 0; n < st.nodes; ++n)
+    if (st.supervisors.count(n) == 0)
+      missing += (missing.empty() ? "" : ", ") + std::to_string(n);
+  if (!missing.empty())
+    line += std::string("; waiting for node")
+            + (missing.find(',') != std::string::npos ? "s " : " ") + missing;
+  st.progress(line + ")");
 }
 
 rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nodes,
                                                 std::function<std::string()> unique_id,
-                                                bool only_on_own_gpus) {
+                                                bool only_on_own_gpus,
+                                                std::function<void(const std::string&)> progress) {
   self->state.nodes = nodes;
+  self->state.progress = std::move(progress);
   self->state.unique_id = std::move(unique_id);
   self->state.only_on_own_gpus = only_on_own_gpus;
   // A node that dies while the others still join fails the join at once (not at the timeout).
@@ -187,8 +206,10 @@ rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nod
 }  // namespace
 
 rendezvous_actor spawn_rendezvous(caf::actor_system& sys, int nodes,
-                                  std::function<std::string()> unique_id, bool only_on_own_gpus) {
-  return sys.spawn(rendezvous_impl, nodes, std::move(unique_id), only_on_own_gpus);
+                                  std::function<std::string()> unique_id, bool only_on_own_gpus,
+                                  std::function<void(const std::string&)> progress) {
+  return sys.spawn(rendezvous_impl, nodes, std::move(unique_id), only_on_own_gpus,
+                   std::move(progress));
 }
 
 bool own_gpus(const std::vector<join_request>& nodes) {

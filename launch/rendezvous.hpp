@@ -34,9 +34,13 @@ using rendezvous_actor = caf::typed_actor<caf::replies_to<hello>::with<hello_rep
 /// `unique_id`, when set, is called once every node has joined; its bytes go to every node as
 /// join_reply::nccl_unique_id (the nccl comm backend's ncclGetUniqueId). With
 /// `only_on_own_gpus` (comm "auto") only if every rank has a GPU of its own (own_gpus).
+/// `progress`, when set, gets a line each time a node reaches the rendezvous (its hello or its
+/// join, whichever comes first), naming the nodes still awaited: "node 1 is in (2 of 3 nodes;
+/// waiting for node 2)". From then on its death fails the others' join at once.
 rendezvous_actor spawn_rendezvous(caf::actor_system& sys, int nodes,
                                   std::function<std::string()> unique_id = {},
-                                  bool only_on_own_gpus = false);
+                                  bool only_on_own_gpus = false,
+                                  std::function<void(const std::string&)> progress = {});
 
 /// Whether every rank of the joined nodes has a GPU of its own: each node lists one GPU per rank
 /// and no GPU is listed twice (two processes on one host may see the same GPU).

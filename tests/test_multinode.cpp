@@ -255,7 +255,11 @@ BOOST_AUTO_TEST_CASE(a_node_lost_while_joining_fails_the_join_at_once) {
   auto node0 = start_node0(3, "--steps 3 --set zmuon.timeout_ms=30000", master);
   launch_process node1("--nodes 3 --node-rank 1 --master " + master + " --steps 3",
                        "test_mn_node1.log");
-  std::this_thread::sleep_for(1s);  // node 1 joins and waits for node 2
+  // Node 1 reaches the rendezvous and waits for node 2 (a fixed pause here was too short for a
+  // loaded machine: node 1, killed before it was in, was never missed).
+  BOOST_REQUIRE_MESSAGE(
+      node0->wait_for_output("node 1 is in (2 of 3 nodes; waiting for node 2)", 20s),
+      node0->output());
   BOOST_REQUIRE(node1.running());
   node1.kill();
   auto killed = launch_process::clock::now();

@@ -148,6 +148,30 @@ BOOST_FIXTURE_TEST_CASE(a_node_lost_while_joining_fails_the_others_at_once, fixt
   zmuon::test::check_error(a2, zmuon::errc::comm_failure, "node 1 was lost");
 }
 
+// Node 0 says which nodes are in as they arrive (first contact: hello or join), and which it
+// still waits for; a refused request says nothing.
+BOOST_FIXTURE_TEST_CASE(each_arriving_node_is_named_with_those_still_awaited, fixture) {
+  std::vector<std::string> lines;
+  auto rdv = keep(zmuon::spawn_rendezvous(sys, 3, {}, false,
+                                          [&](const std::string& l) { lines.push_back(l); }));
+  auto h2 = ask<zmuon::hello_reply>(rdv, zmuon::hello{2, idle(), "host-c", 7002});
+  auto bad = ask<join_reply>(rdv, request(3, 1));
+  auto a0 = ask<join_reply>(rdv, request(0, 1));
+  run();
+  zmuon::test::check_error(bad, zmuon::errc::invalid_argument, "node rank 3 is outside");
+  BOOST_TEST(lines
+                 == (std::vector<std::string>{"node 2 is in (1 of 3 nodes; waiting for nodes "
+                                              "0, 1)",
+                                              "node 0 is in (2 of 3 nodes; waiting for node 1)"}),
+             boost::test_tools::per_element());
+  auto a1 = ask<join_reply>(rdv, request(1, 1));
+  auto a2 = ask<join_reply>(rdv, request(2, 1));  // node 2's join after its hello: no new line
+  run();
+  BOOST_REQUIRE_EQUAL(lines.size(), 3u);
+  BOOST_TEST(lines[2] == "node 1 is in (3 of 3 nodes)");
+  BOOST_TEST(zmuon::test::value_of(a2).world == 3);
+}
+
 // hello: every node's door, answered to all once all said it (no handles in it), refused for a
 // bad or repeated node rank; a node lost after its hello fails the others' hello and join.
 BOOST_FIXTURE_TEST_CASE(hello_hands_every_node_the_doors_once_all_said_it, fixture) {
