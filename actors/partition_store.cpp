@@ -205,6 +205,10 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   return {
       [=](accumulate& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
+        // The view's memory goes when the handler returns, before CAF sends the answer (the
+        // message itself lives until the store takes its next one): a requester that hears the
+        // answer finds it released.
+        const keep_alive held = std::move(msg.slice.owner);
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
@@ -250,6 +254,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](muon_momentum& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
+        const keep_alive held = std::move(msg.out.owner);  // as in accumulate
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
@@ -262,6 +267,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](apply_muon& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
+        const keep_alive held = std::move(msg.update.owner);  // as in accumulate
         auto& st = self->state;
         const auto& pl = *st.pl;
         if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))

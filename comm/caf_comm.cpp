@@ -238,17 +238,22 @@ void try_complete(comm_state& st, const collective_tag& tag) {
   if (op.received < expected_pieces(st))
     return;
   auto err = complete(st, tag, op);
+  pending_op finished = std::move(op);
+  st.ops.erase(it);
+  // The request's buffers (its views' owners) go before the answer: the requester counts them
+  // released once it hears that the collective is done.
+  finished.rs = {};
+  finished.a2a = {};
   bool reduce = is_all_reduce(tag.kind);
   if (err && reduce) {
-    op.reduced.deliver(std::move(err));
+    finished.reduced.deliver(std::move(err));
   } else if (err) {
-    op.done.deliver(std::move(err));
+    finished.done.deliver(std::move(err));
   } else if (reduce) {
-    op.reduced.deliver(all_reduce_result{tag, std::move(op.ar.values)});
+    finished.reduced.deliver(all_reduce_result{tag, std::move(finished.ar.values)});
   } else {
-    op.done.deliver(comm_done{tag});
+    finished.done.deliver(comm_done{tag});
   }
-  st.ops.erase(it);
 }
 
 template <class Piece>
@@ -282,7 +287,11 @@ void on_piece(comm_pointer self, Piece& piece) {
 void fail_all(comm_pointer self, const caf::error& err) {
   auto& st = self->state;
   st.failure = err;
-  for (auto& [tag, op] : st.ops) {
+  auto ops = std::move(st.ops);  // the buffers go before the answers, as in try_complete
+  st.ops.clear();
+  for (auto& [tag, op] : ops) {
+    op.rs = {};
+    op.a2a = {};
     if (!op.have_local)
       continue;
     if (is_all_reduce(tag.kind))
@@ -290,7 +299,6 @@ void fail_all(comm_pointer self, const caf::error& err) {
     else
       op.done.deliver(err);
   }
-  st.ops.clear();
 }
 
 caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int world,
@@ -339,7 +347,7 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
           }
         auto& op = op_for(st, req.tag);
         op.have_local = true;
-        op.rs = req;
+        op.rs = std::move(req);
         op.done = self->make_response_promise<comm_done>();
         auto promise = op.done;
         try_complete(st, req.tag);

@@ -217,6 +217,9 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
   self->delayed_send(self, st.health_period, health_atom::value);
   return {
       [=](reduce_scatter_req& req) -> caf::result<comm_done> {
+        // Enqueued when the handler returns: the buffers go then (stream-ordered frees), before
+        // the answer, as the requester expects of an answered request.
+        const keep_alive held = std::move(req.owner);
         if (auto err = usable(self))
           return err;
         auto& st = self->state;
@@ -240,6 +243,7 @@ nccl_comm_actor::behavior_type nccl_impl(nccl_pointer self, int rank, int world,
         return comm_done{req.tag};
       },
       [=](all_to_all_req& req) -> caf::result<comm_done> {
+        const auto held = take_owners(req);  // as in reduce_scatter_req
         if (auto err = usable(self))
           return err;
         auto& st = self->state;

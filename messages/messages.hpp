@@ -117,6 +117,18 @@ struct all_to_all_req {
   wire_type elem = wire_type::fp32;
 };
 
+/// The owners of the request's segments, taken out of them (the pointers stay): a handler that
+/// holds them in a local releases the buffers when it returns, before CAF sends its answer.
+inline std::vector<keep_alive> take_owners(all_to_all_req& req) {
+  std::vector<keep_alive> out;
+  for (auto* lists : {&req.sends, &req.recvs})
+    for (auto& list : *lists)
+      for (auto& s : list)
+        if (s.owner)
+          out.push_back(std::move(s.owner));
+  return out;
+}
+
 struct comm_done {
   collective_tag tag;
 };
