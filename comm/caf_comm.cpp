@@ -345,12 +345,13 @@ caf_comm_actor::behavior_type caf_comm_impl(comm_pointer self, int rank, int wor
                 self, st.tr, st.peers[q],
                 peer_floats{req.tag, st.rank, std::vector<float>(first, first + req.count), {}}, q);
           }
-        auto& op = op_for(st, req.tag);
+        auto tag = req.tag;
+        auto& op = op_for(st, tag);
         op.have_local = true;
         op.rs = std::move(req);
         op.done = self->make_response_promise<comm_done>();
         auto promise = op.done;
-        try_complete(st, req.tag);
+        try_complete(st, tag);
         return promise;
       },
       [=](all_reduce_req& req) -> caf::result<all_reduce_result> {
