@@ -116,13 +116,12 @@ void watch(rendezvous_pointer self, int32_t node, const caf::actor& supervisor) 
   std::string line = "node " + std::to_string(node) + " is in ("
                      + std::to_string(st.supervisors.size()) + " of " + std::to_string(st.nodes)
                      + " nodes";
-  std::string missing;
-  for (int32_t n = 0; n < st.nodes; ++n)
+  const auto missing = st.nodes - static_cast<int>(st.supervisors.size());
+  if (missing > 0)
+    line += missing == 1 ? "; waiting for node" : "; waiting for nodes";
+  for (int32_t n = 0, listed = 0; n < st.nodes; ++n)
     if (st.supervisors.count(n) == 0)
-      missing += (missing.empty() ? "" : ", ") + std::to_string(n);
-  if (!missing.empty())
-    line += std::string("; waiting for node")
-            + (missing.find(',') != std::string::npos ? "s " : " ") + missing;
+      line += (listed++ == 0 ? " " : ", ") + std::to_string(n);
   st.progress(line + ")");
 }
 
