@@ -1,380 +1,411 @@
-"""zmuon.Muon: the zmuon engine in the shape of a torch.optim optimizer.
+"""zmuon.Muon: the zmuon engine as a torch.optim.Optimizer (a plain class without PyTorch).
 
     opt = zmuon.Muon(model.named_parameters(), {"optimizer": {"params": {"lr": 0.02}}})
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
     for batch in data:
         opt.zero_grad()
         loss_fn(model(batch)).backward()
         opt.step()                 # hands over p.grad, steps, writes the new values into p
+        sched.step()
+
+docs/PYTORCH.md is the user's guide: param groups and their keys, the step report, state_dict,
+gradient hand-over during backward, GradScaler, Lightning and HF Trainer.
 
 With gradient accumulation, hand over each micro-batch's gradients with `opt.accumulate()` after
 its backward pass (then zero the grads); `opt.step()` then steps on their mean.
 
 Parameters are float32 and contiguous: numpy arrays (gradients then come in through
-`accumulate(grads=...)`) or PyTorch tensors, both by data pointer (PyTorch is not imported).
-CUDA tensors go to the engine as device pointers (the cuda compute backend reads and writes them
-on the GPU). Their gradients are handed over stream-ordered: the engine reads them after the work
-queued on PyTorch's current stream, and that stream's later work waits for the reads (under the
-nccl comm nothing waits for the GPU; the caf comm copies them to host memory, which waits for
-that work). The new values are written back the same way: after PyTorch's queued work, before
-its next (one rank in the process; otherwise after torch.cuda.synchronize()). A backend without
-device buffers (host) raises zmuon.Unsupported, unless
-`host_staging=True` copies them through host memory. With `"zmuon": {"backend": "cuda"}` and a
-GPU for each rank the comm is nccl unless the config says otherwise (`zmuon.comm`, default
-auto); the caf comm moves the gradients and the Muon phase through host memory, which costs
-far more than the step (a GPT-2-sized model on one H200: 1.2-1.3 s a step against 35 ms).
-Inside a CUDA graph capture the hand-over is refused (zmuon.InvalidArgument).
+`accumulate(grads=...)`) or PyTorch tensors, both by data pointer. CUDA tensors go to the engine
+as device pointers (the cuda compute backend reads and writes them on the GPU). Their gradients
+are handed over stream-ordered: the engine reads them after the work queued on PyTorch's current
+stream, and that stream's later work waits for the reads (under the nccl comm nothing waits for
+the GPU; the caf comm copies them to host memory, which waits for that work). The new values are
+written back the same way: after PyTorch's queued work, before its next (one rank in the
+process; otherwise after torch.cuda.synchronize()). A backend without device buffers (host)
+raises zmuon.Unsupported, unless `host_staging=True` copies them through host memory. With
+`"zmuon": {"backend": "cuda"}` and a GPU for each rank the comm is nccl unless the config says
+otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-over is refused
+(zmuon.InvalidArgument).
 """
 
-import difflib
 import json
 import math
-import numbers
-import sys
 import os
-import tempfile
 
-from . import _capi
-from ._capi import HOST, BadState, InvalidArgument, ShapeMismatch, UnknownParameter, Unsupported
+from . import _capi, _groups, _state
+from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
+from ._capi import HOST, BadState, InvalidArgument, ShapeMismatch, Unsupported
+from ._groups import hyperparameter_override, learning_rate
 
-_FLOAT32_MAX = 3.4028234663852886e38  # the engine takes learning rates as float32
+try:
+    import torch
+    _Optimizer = torch.optim.Optimizer
+except ImportError:  # the numpy path: a plain class with the same attributes
+    torch = None
+    _Optimizer = object
 
-_GROUPS = {"auto": _capi.GROUP_AUTO, "muon": _capi.GROUP_MUON, "adamw": _capi.GROUP_ADAMW}
-
-
-def _is_torch(obj):
-    return hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda")
-
-
-def _c_strides(shape, itemsize):
-    strides, step = [], itemsize
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return tuple(reversed(strides))
+__all__ = ["Muon", "buffer_of"]
 
 
-def _synchronize_torch(tensors):
-    """Waits for PyTorch's queued CUDA work when any of `tensors` is a torch CUDA tensor (then
-    torch is imported), so that the engine reads finished gradients."""
-    torch = sys.modules.get("torch")
-    if torch is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
-        torch.cuda.synchronize()
+def _named_groups(params):
+    """`params` as torch-style groups: [{"params": [(name, tensor), ...], other keys}]."""
+    def pairs(members, names, where):
+        if isinstance(members, dict):
+            return list(members.items())
+        members = list(members)
+        if names is not None:
+            names = list(names)
+            if len(names) != len(members):
+                raise InvalidArgument(f"{where}: {len(names)} param_names for {len(members)} "
+                                      "params")
+            members = [m[1] if isinstance(m, tuple) else m for m in members]
+            return list(zip(names, members))
+        for item in members:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise TypeError("zmuon.Muon needs named parameters: model.named_parameters() or "
+                                "(name, tensor) pairs or a dict name -> tensor (in a param group: "
+                                "those, or 'params' with 'param_names')")
+        return members
+
+    if isinstance(params, dict):
+        return [{"params": pairs(params, None, "params")}]
+    items = list(params)
+    if items and isinstance(items[0], dict):
+        out = []
+        for i, g in enumerate(items):
+            if not isinstance(g, dict) or "params" not in g:
+                raise InvalidArgument(f"param group {i} is not a dict with 'params'")
+            group = dict(g)
+            group["params"] = pairs(g["params"], g.get("param_names"), f"param group {i}")
+            group.pop("param_names", None)
+            out.append(group)
+        return out
+    return [{"params": pairs(items, None, "params")}]
 
 
-def _torch_stream(tensors):
-    """PyTorch's current CUDA stream (an int) for the torch CUDA tensors among `tensors`, when
-    they all live on one device; else None."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    devices = {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
-    if len(devices) != 1:
-        return None
-    return torch.cuda.current_stream(devices.pop()).cuda_stream
+class Muon(_Optimizer):
+    """Muon for 2-D hidden matrices and AdamW for the rest, run by the zmuon engine; a
+    torch.optim.Optimizer where PyTorch is importable (every torch.optim.lr_scheduler, GradScaler,
+    Lightning and HF Trainer take it).
 
-
-def buffer_of(obj, what, writable=False):
-    """(data pointer, numel, device, shape) of a float32 contiguous numpy array or torch tensor."""
-    if _is_torch(obj):
-        if str(obj.dtype) != "torch.float32":
-            raise TypeError(f"{what}: zmuon takes float32 tensors, got {obj.dtype}")
-        if not obj.is_contiguous():
-            raise ValueError(f"{what}: the tensor is not contiguous (call .contiguous())")
-        device = HOST
-        if obj.is_cuda:
-            device = obj.device.index if obj.device.index is not None else 0
-        elif obj.device.type != "cpu":
-            raise TypeError(f"{what}: tensors on '{obj.device.type}' are not supported "
-                            "(cpu or cuda)")
-        return obj.data_ptr(), obj.numel(), device, tuple(obj.shape)
-    ai = getattr(obj, "__array_interface__", None)
-    if ai is None:
-        raise TypeError(f"{what}: expected a numpy array or a torch tensor, "
-                        f"got {type(obj).__name__}")
-    if ai["typestr"] != "<f4":
-        raise TypeError(f"{what}: zmuon takes float32 arrays, got dtype '{ai['typestr']}'")
-    shape = tuple(ai["shape"])
-    strides = ai.get("strides")
-    if strides is not None and tuple(strides) != _c_strides(shape, 4):
-        raise ValueError(f"{what}: the array is not C-contiguous "
-                         "(numpy.ascontiguousarray makes it so)")
-    ptr, readonly = ai["data"]
-    if writable and readonly:
-        raise ValueError(f"{what}: the array is read-only")
-    numel = 1
-    for d in shape:
-        numel *= d
-    return ptr, numel, HOST, shape
-
-
-def _hyperparameter(key, value):
-    """The override a keyword hyperparameter becomes: optimizer.params.KEY=<value as JSON>."""
-    def plain(v):  # numpy and torch scalars
-        if hasattr(v, "item"):
-            return v.item()
-        raise TypeError(f"zmuon.Muon({key}=...): {type(v).__name__} is not a number, bool, "
-                        "string or list of those")
-    return f"optimizer.params.{key}={json.dumps(value, default=plain)}"
-
-
-def _learning_rate(value, what):
-    """`value` as the float the engine's set_lr takes: a finite number >= 0 (a Python, numpy or
-    torch scalar); else InvalidArgument naming `what` and the value."""
-    number = value
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        try:
-            number = value.item()
-        except (TypeError, ValueError, RuntimeError):  # not one element
-            number = value
-    if isinstance(number, numbers.Real) and not isinstance(number, bool):
-        lr = float(number)
-        if math.isfinite(lr) and lr >= 0:
-            if lr > _FLOAT32_MAX:
-                raise InvalidArgument(f"{what} must be a finite number >= 0, got {value!r} "
-                                      "(beyond float32's range)")
-            return lr
-    raise InvalidArgument(f"{what} must be a finite number >= 0, got {value!r}")
-
-
-def _suggestion(name, names):
-    """' (did you mean 'x'?)' for the nearest of `names`, or ''."""
-    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _lrs_of(config, overrides):
-    """The Muon and AdamW learning rates a config sets (the engine's defaults otherwise)."""
-    params = config.get("optimizer", {}).get("params", {}) if isinstance(config, dict) else {}
-    muon_lr = params.get("muon_lr", params.get("lr", 0.02))
-    adam_lr = params.get("adam_lr", 3e-4)
-    for o in overrides:
-        key, _, value = o.partition("=")
-        if key in ("optimizer.params.lr", "optimizer.params.muon_lr", "muon_lr", "lr"):
-            muon_lr = value
-        elif key in ("optimizer.params.adam_lr", "adam_lr"):
-            adam_lr = value
-    try:
-        return float(muon_lr), float(adam_lr)
-    except (TypeError, ValueError):
-        return None, None  # the engine reports the bad value
-
-
-class Muon:
-    """Muon for 2-D hidden matrices and AdamW for the rest (DeepSpeed's default rule: a parameter
-    of ndim >= 2 whose name contains neither "embed" nor "lm_head"), run by the zmuon engine.
-
-    params:   (name, tensor) pairs, e.g. model.named_parameters(), or a dict name -> tensor.
+    params:   model.named_parameters(), (name, tensor) pairs, a dict name -> tensor, or torch-style
+              param groups [{"params": named pairs or tensors with "param_names", "use_muon":
+              bool, "lr": ..., ...}]. Without groups the default rule (DeepSpeed's: a parameter of
+              ndim >= 2 whose name contains neither "embed" nor "lm_head" uses Muon) makes two
+              groups: param_groups[0] Muon's, param_groups[1] AdamW's.
     config:   a DeepSpeed-style config: a dict, a path to a JSON file, or None (defaults).
               Unknown or misspelled keys raise zmuon.InvalidArgument naming the key.
-    groups:   overrides the default rule: {name: "muon" | "adamw"}, or torch-style groups
-              [{"params": [names or tensors], "use_muon": bool}, ...]. A tensor's own `use_muon`
-              attribute (as DeepSpeed sets it) is honoured too. A name that is not a parameter
-              raises zmuon.UnknownParameter.
+    groups:   overrides the default rule: {name: "muon" | "adamw"}, or [{"params": [names or
+              tensors], "use_muon": bool}, ...]. A tensor's own `use_muon` attribute (as
+              DeepSpeed sets it) is honoured too.
     heads:    {name: H}: orthogonalize H row blocks of that matrix independently (q/k/v).
     overrides: "key.path=value" strings applied over the config.
-    **hyperparameters: keys of the config's optimizer.params, as torch.optim optimizers take
-              them: lr (Muon's; adam_lr AdamW's), momentum, nesterov, weight_decay, betas, eps
-              (AdamW's), ns_steps, ns_coefficients, ns_schedule, ns_variant, ns_gram_restart,
-              adjust_lr. They apply over the config and `overrides`; an unknown one raises
-              zmuon.InvalidArgument naming it and the nearest key.
+    **hyperparameters: the defaults (keys of the config's optimizer.params): lr (Muon's),
+              adam_lr, weight_decay, momentum, nesterov, betas, eps (AdamW's), ns_steps,
+              ns_coefficients, ns_variant, adjust_lr; and ns_eps (Muon's normalization).
     ranks:    in-process ranks (default 1, or the config's zmuon.ranks); with more than one,
               hand over every rank's gradients with accumulate(rank=r).
     host_staging: copy CUDA tensors through host memory instead of handing over device pointers.
     nodes, node_rank, master: this process is node `node_rank` of a job of `nodes` processes
               (one per GPU, as torchrun starts them), running `ranks` ranks (default 1); node 0
-              publishes the rendezvous at `master` ("HOST:PORT", a port of its host that
-              torch.distributed does not use) and the constructor returns once every process
-              has joined with the same config and parameters. Each process then hands over its
-              own gradients and calls step(), which reduce-scatters them across the processes
-              and writes the new values into every process's parameters. Under torchrun:
-              nodes=int(os.environ["WORLD_SIZE"]), node_rank=int(os.environ["RANK"]),
+              publishes the rendezvous at `master` ("HOST:PORT", a port torch.distributed does
+              not use). Under torchrun: nodes=int(os.environ["WORLD_SIZE"]),
+              node_rank=int(os.environ["RANK"]),
               master=f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}".
-              save_checkpoint and load_checkpoint are collectives on a directory every process
-              sees; state_dict is not available there.
+
+    Every param group carries lr, weight_decay, momentum, nesterov, betas, eps, ns_steps,
+    ns_coefficients, ns_variant, adjust_lr, use_muon and param_names; step() reads them each
+    time (docs/PYTORCH.md has the table of which algorithm reads which).
     """
 
     def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
                  ranks=None, host_staging=False, nodes=None, node_rank=None, master=None,
                  **hyperparameters):
-        named = list(params.items()) if isinstance(params, dict) else list(params)
-        for item in named:
-            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
-                raise TypeError("zmuon.Muon needs named parameters: model.named_parameters() or "
-                                "(name, tensor) pairs or a dict name -> tensor")
-            _capi._text(item[0], "parameter name")  # a NUL would cut the name short in C
-        group_of = self._resolve_groups(named, groups)  # checked before the engine starts
-        overrides = list(overrides) + [_hyperparameter(k, v) for k, v in hyperparameters.items()]
-        config_file = None
+        user_groups = _named_groups(params)
+        named = [item for g in user_groups for item in g["params"]]
+        for name, _ in named:
+            _capi._text(name, "parameter name")  # a NUL would cut the name short in C
+        group_of = _groups.resolve_groups(named, groups)  # checked before the engine starts
+        for g in user_groups:
+            if "use_muon" in g and g["use_muon"] is not None:
+                for name, _ in g["params"]:
+                    group_of[name] = _capi.GROUP_MUON if g["use_muon"] else _capi.GROUP_ADAMW
+        ns_eps = hyperparameters.pop("ns_eps", _groups.ENGINE_DEFAULTS["ns_eps"])
+        overrides = list(overrides) + [hyperparameter_override(k, v)
+                                       for k, v in hyperparameters.items()]
+        config_dict, config_file = self._read_config(config)
+        self._engine = self._create_engine(config_dict, config_file, overrides, hyperparameters,
+                                           ranks, nodes, node_rank, master)
+        self._gas = self._explicit_gas(config_dict, overrides)
+        self._host_staging = host_staging
+        self._heads = dict(heads or {})
+        self._params = []       # (name, tensor or array, shape), in registration order
+        self._shapes = {}       # name -> shape
+        self._name_of = {}      # id(tensor) -> name
+        self._staged = {}       # name -> host copy of a CUDA parameter (host_staging)
+        self._group_of = group_of
+        self._started = False   # the engine's table is fixed once it runs
+        for name, p in named:
+            self._register(name, p)
+        if self._heads:
+            raise InvalidArgument(f"heads given for {sorted(self._heads)}, which are not "
+                                  "parameters")
+        if self._node is not None:
+            self._engine.start()  # joins the job: blocks until every process is in
+            self._started = True
+        self._first_rank = self._engine.first_rank
+        self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
+        self._had_grad = set()  # parameters given a gradient since the last step
+        self._applied = (None, None)  # the hyperparameters the engine runs with
+        self.last_step = None
+        defaults = _groups.defaults_of(config_dict, overrides)
+        defaults["ns_eps"] = ns_eps
+        groups_in = self._split_default_groups(user_groups)
+        if _Optimizer is object:
+            self.defaults = defaults
+            self.state = {}
+            self.param_groups = []
+            for g in groups_in:
+                self.add_param_group(g)
+        else:
+            super().__init__(groups_in, defaults)
+        self.state = _state.ShardState(self)
+
+    # -- construction ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _read_config(config):
         if isinstance(config, (str, os.PathLike)):
             config_file = os.fspath(config)
             _capi._path(config_file, "config file")
             with open(config_file, encoding="utf-8") as f:
                 try:
-                    config_dict = json.load(f)
+                    return json.load(f), config_file
                 except ValueError:
-                    config_dict = {}  # the engine names the JSON error
-        elif config is None or isinstance(config, dict):
-            config_dict = config or {}
-        else:
-            raise TypeError(f"config: expected a dict, a path or None, got {type(config).__name__}")
+                    return {}, config_file  # the engine names the JSON error
+        if config is None or isinstance(config, dict):
+            return config or {}, None
+        raise TypeError(f"config: expected a dict, a path or None, got {type(config).__name__}")
+
+    def _create_engine(self, config_dict, config_file, overrides, hyperparameters, ranks,
+                       nodes, node_rank, master):
         has_ranks = isinstance(config_dict.get("zmuon"), dict) and "ranks" in config_dict["zmuon"]
-        node = None
+        self._node = None
         if nodes is not None or node_rank is not None or master is not None:
             if nodes is None or node_rank is None or master is None:
                 raise InvalidArgument("a process of a multi-process job needs nodes, node_rank "
                                       "and master")
-            node = (int(nodes), int(node_rank), int(ranks) if ranks is not None else 1,
-                    str(master))
+            self._node = (int(nodes), int(node_rank), int(ranks) if ranks is not None else 1,
+                          str(master))
         elif ranks is not None:
             overrides.append(f"zmuon.ranks={int(ranks)}")
         elif not has_ranks:
             overrides.insert(0, "zmuon.ranks=1")
         try:
-            if node is not None:
-                self._engine = _capi.Engine(json.dumps(config_dict) if config_file is None else "",
-                                            overrides, config_file=config_file, node=node)
-            elif config_file is not None:
-                self._engine = _capi.Engine(overrides=overrides, config_file=config_file)
-            else:
-                self._engine = _capi.Engine(json.dumps(config_dict), overrides)
+            if self._node is not None:
+                return _capi.Engine(json.dumps(config_dict) if config_file is None else "",
+                                    overrides, config_file=config_file, node=self._node)
+            if config_file is not None:
+                return _capi.Engine(overrides=overrides, config_file=config_file)
+            return _capi.Engine(json.dumps(config_dict), overrides)
         except InvalidArgument as e:  # the engine names a keyword as the override it became
             message = str(e)
             for key, value in hyperparameters.items():
-                written = f"--set {_hyperparameter(key, value)}: "
+                written = f"--set {hyperparameter_override(key, value)}: "
                 if message.startswith(written):
                     raise InvalidArgument(f"zmuon.Muon({key}={value!r}): "
                                           f"{message[len(written):]}") from None
             raise
 
-        self._host_staging = host_staging
-        self._params = []  # (name, tensor-or-array, shape)
-        self._staged = {}  # name -> host copy of a CUDA parameter (host_staging)
-        heads = dict(heads or {})
-        for name, p in named:
-            ptr, numel, device, shape = buffer_of(p, f"parameter '{name}'", writable=True)
-            init = p
-            if device != HOST:  # registration copies the initial values from host memory
-                init = p.detach().to("cpu").contiguous()
-                if host_staging:
-                    self._staged[name] = init
-                ptr, numel, _, _ = buffer_of(init, f"parameter '{name}'")
-            self._engine.add_parameter(name, shape, group_of.get(name, _capi.GROUP_AUTO),
-                                       int(heads.pop(name, 0)), ptr, numel)
-            self._params.append((name, p, shape))
-        self._shapes = {name: tuple(shape) for name, _, shape in self._params}
-        if heads:
-            raise InvalidArgument(f"heads given for {sorted(heads)}, which are not parameters")
-        self._node = node
-        if node is not None:
-            self._engine.start()  # joins the job: blocks until every process is in
-        self._first_rank = self._engine.first_rank
-        self._micro = [0] * (node[2] if node is not None else self._engine.world)
-        muon_lr, adam_lr = _lrs_of(config_dict, overrides)
-        self._lrs = (muon_lr, adam_lr)
-        uses = {name: self._engine.uses_muon(name) for name, _, _ in self._params}
-        self.param_groups = [
-            {"params": [p for n, p, _ in self._params if uses[n]],
-             "names": [n for n, _, _ in self._params if uses[n]], "lr": muon_lr, "use_muon": True},
-            {"params": [p for n, p, _ in self._params if not uses[n]],
-             "names": [n for n, _, _ in self._params if not uses[n]], "lr": adam_lr,
-             "use_muon": False},
-        ]
-        self.last_step = None  # the engine's report of the last step (a dict)
-
     @staticmethod
-    def _resolve_groups(named, groups):
-        by_id = {id(p): n for n, p in named}
-        out = {}
-        for name, p in named:  # DeepSpeed marks parameters with `use_muon`
-            flag = getattr(p, "use_muon", None)
-            if flag is not None:
-                out[name] = _capi.GROUP_MUON if flag else _capi.GROUP_ADAMW
-        if groups is None:
-            return out
-        names = [n for n, _ in named]
-        known = set(names)
+    def _explicit_gas(config_dict, overrides):
+        """gradient_accumulation_steps where the config or an override sets it, else None."""
+        gas = config_dict.get("gradient_accumulation_steps") if isinstance(config_dict, dict) \
+            else None
+        for o in overrides:
+            key, _, value = o.partition("=")
+            if key == "gradient_accumulation_steps":
+                gas = value
+        try:
+            return int(gas) if gas is not None else None
+        except (TypeError, ValueError):
+            return None
 
-        def known_name(name, where):
-            if name not in known:
-                raise UnknownParameter(f"{where} names {name!r}, which is not a parameter"
-                                       f"{_suggestion(name, names)}")
+    def _register(self, name, p):
+        if name in self._shapes:
+            raise _capi.DuplicateParameter(f"parameter '{name}' is registered twice")
+        ptr, numel, device, shape = buffer_of(p, f"parameter '{name}'", writable=True)
+        if device != HOST:  # registration copies the initial values from host memory
+            init = p.detach().to("cpu").contiguous()
+            if self._host_staging:
+                self._staged[name] = init
+            ptr, numel, _, _ = buffer_of(init, f"parameter '{name}'")
+        self._engine.add_parameter(name, shape, self._group_of.get(name, _capi.GROUP_AUTO),
+                                   int(self._heads.pop(name, 0)), ptr, numel)
+        self._params.append((name, p, shape))
+        self._shapes[name] = tuple(shape)
+        self._name_of[id(p)] = name
 
-        if isinstance(groups, dict):
-            for name, g in groups.items():
-                known_name(name, "groups")
-                if not isinstance(g, str) or g not in _GROUPS:
-                    raise InvalidArgument(f"group of '{name}' is {g!r}: use 'muon', 'adamw' or "
-                                          "'auto'")
-                out[name] = _GROUPS[g]
-            return out
-        if isinstance(groups, (str, bytes)):
-            raise InvalidArgument("groups: expected {name: 'muon' | 'adamw' | 'auto'} or a list "
-                                  "of {'params': [...], 'use_muon': bool} dicts")
-        for i, group in enumerate(groups):
-            if not isinstance(group, dict) or "params" not in group or "use_muon" not in group:
-                raise InvalidArgument(f"parameter group {i} needs 'params' and 'use_muon'")
-            members = group["params"]
-            if isinstance(members, (str, bytes)):
-                raise InvalidArgument(f"parameter group {i}: 'params' must be a list of names or "
-                                      f"tensors, got the string {members!r}")
-            for p in members:
-                name = p if isinstance(p, str) else by_id.get(id(p))
-                if name is None:
-                    raise InvalidArgument(f"parameter group {i} holds a tensor that is not among "
-                                          "the named parameters")
-                known_name(name, f"groups[{i}]")
-                out[name] = _capi.GROUP_MUON if group["use_muon"] else _capi.GROUP_ADAMW
+    def _split_default_groups(self, user_groups):
+        """The groups handed to add_param_group: a group without use_muon becomes Muon's and
+        AdamW's (the default rule decides) when it is the only one; otherwise all its parameters
+        must use one algorithm."""
+        out = []
+        for i, g in enumerate(user_groups):
+            names = [n for n, _ in g["params"]]
+            uses = [self._engine.uses_muon(n) for n in names]
+            rest = {k: v for k, v in g.items() if k != "params"}
+            if rest.get("use_muon") is None and len(user_groups) == 1:
+                for muon in (True, False):
+                    members = [(n, p) for (n, p), u in zip(g["params"], uses) if u == muon]
+                    out.append(dict(rest, params=members, use_muon=muon))
+                return out
+            if rest.get("use_muon") is None:
+                if len(set(uses)) > 1:
+                    raise InvalidArgument(f"param group {i} holds Muon and AdamW parameters "
+                                          "under the default rule: give it 'use_muon'")
+                rest["use_muon"] = uses[0] if uses else True
+            out.append(dict(rest, params=list(g["params"])))
         return out
 
-    # -- torch.optim-shaped API ---------------------------------------------------------------
+    # -- torch.optim.Optimizer -------------------------------------------------------------------
 
-    @property
-    def world(self):
-        return self._engine.world
-
-    def uses_muon(self, name):
-        return self._engine.uses_muon(name)
-
-    def sum_over_processes(self, values):
-        """The sums of `values` (numbers, e.g. this process's loss) over the processes of a
-        multi-process job: every process calls it, in the same order; in one process, the
-        values. No torch.distributed needed for logging the job's loss."""
-        return self._engine.sum_over_nodes([float(v) for v in values])
-
-    def loss_scale(self):
-        """The scale to multiply the next loss by (1 without fp16)."""
-        return self._engine.loss_scale()
+    def add_param_group(self, param_group):
+        """Adds a group: {"params": named pairs, or tensors with "param_names", "use_muon": bool
+        (default: the default rule, one algorithm for the whole group), hyperparameters (missing
+        ones from `defaults`: lr from "lr" for Muon, "adam_lr" for AdamW; eps from "ns_eps" for
+        Muon, "eps" for AdamW)}. New parameters only before the first step (the engine's table
+        is fixed once it runs: zmuon.BadState)."""
+        if not isinstance(param_group, dict) or "params" not in param_group:
+            raise InvalidArgument("add_param_group: expected a dict with 'params'")
+        group = dict(param_group)
+        members = group.pop("params")
+        names = group.pop("param_names", None)
+        if isinstance(members, dict):
+            pairs = list(members.items())
+        else:
+            members = [members] if is_torch(members) else list(members)
+            pairs = []
+            for k, m in enumerate(members):
+                if isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str):
+                    pairs.append(m)
+                elif names is not None:
+                    pairs.append((list(names)[k], m))
+                elif id(m) in self._name_of:
+                    pairs.append((self._name_of[id(m)], m))
+                else:
+                    raise TypeError("add_param_group: a tensor without a name: give (name, "
+                                    "tensor) pairs or 'param_names'")
+        taken = {id(p) for g in self.param_groups for p in g["params"]}
+        for name, p in pairs:
+            if id(p) in taken:
+                raise ValueError(f"some parameters appear in more than one parameter group "
+                                 f"('{name}')")
+            if id(p) not in self._name_of or self._name_of[id(p)] != name:
+                if self._started:
+                    raise BadState(f"add_param_group: '{name}' is new, and the engine's "
+                                   "parameter table is fixed once it runs (after the first "
+                                   "accumulate or step); add every group before")
+                if group.get("use_muon") is not None:
+                    self._group_of[name] = (_capi.GROUP_MUON if group["use_muon"]
+                                            else _capi.GROUP_ADAMW)
+                self._register(name, p)
+        uses = {self._engine.uses_muon(n) for n, _ in pairs}
+        if group.get("use_muon") is None:
+            if len(uses) > 1:
+                raise InvalidArgument("add_param_group: the group holds Muon and AdamW "
+                                      "parameters under the default rule: give it 'use_muon'")
+            group["use_muon"] = uses.pop() if uses else True
+        elif uses and uses != {bool(group["use_muon"])}:
+            raise InvalidArgument(f"add_param_group: use_muon={group['use_muon']} for "
+                                  "parameters registered with the other algorithm")
+        muon = bool(group["use_muon"])
+        d = self.defaults
+        group.setdefault("lr", d["lr"] if muon else d["adam_lr"])
+        group.setdefault("eps", d["ns_eps"] if muon else d["eps"])
+        for key in _groups.GROUP_KEYS:
+            group.setdefault(key, d[key])
+        group["params"] = [p for _, p in pairs]
+        group["param_names"] = [n for n, _ in pairs]
+        self.param_groups.append(group)
 
     def zero_grad(self, set_to_none=True):
+        """Sets every torch parameter's .grad to None (or zeros it)."""
         for _, p, _ in self._params:
-            if _is_torch(p) and p.grad is not None:
+            if is_torch(p) and p.grad is not None:
                 if set_to_none:
                     p.grad = None
                 else:
+                    p.grad.detach_()
                     p.grad.zero_()
+
+    def step(self, closure=None):
+        """One optimizer step on everything handed over since the last one (if nothing was,
+        the parameters' current .grad), then the new values into the parameters. Returns the
+        closure's loss (None without a closure). The param groups' hyperparameters are read and
+        checked first (zmuon.InvalidArgument naming a bad one, before anything runs). The step's
+        report is then in `last_step` (docs/PYTORCH.md)."""
+        muon, adamw = _groups.per_algorithm(self.param_groups)
+        loss = None
+        if closure is not None:
+            if torch is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            else:
+                loss = closure()
+        if not any(self._micro):
+            if all(is_torch(p) for _, p, _ in self._params) \
+                    and any(p.grad is not None for _, p, _ in self._params):
+                self.accumulate()
+            else:
+                raise BadState("step() before any gradient: call loss.backward() (or "
+                               "accumulate()) first")
+        elif self._gas is not None and max(self._micro) != self._gas:
+            raise InvalidArgument(f"step(): {max(self._micro)} micro-batches were handed over "
+                                  "since the last step (accumulate() calls), but the config's "
+                                  f"gradient_accumulation_steps is {self._gas}")
+        missing = [n for n, _, _ in self._params if n not in self._had_grad]
+        if missing:
+            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+            raise InvalidArgument(f"step(): no gradient for '{missing[0]}'{more} in this step; "
+                                  "zmuon steps every parameter: hand each one a gradient "
+                                  "(zeros where it has none) or leave it out of the optimizer")
+        self._apply_hyperparameters(muon, adamw)
+        self._micro = [0] * len(self._micro)
+        self._had_grad = set()
+        info = self._engine.step()
+        if info["skipped"] and math.isfinite(info["grad_norm"]):
+            info["grad_norm"] = float("nan")  # no norm of a non-finite gradient
+        self.last_step = info
+        self._write_back()
+        return loss
+
+    # -- gradients -------------------------------------------------------------------------------
 
     def accumulate(self, grads=None, rank=None):
         """Hands over one micro-batch's gradients of rank `rank` (default: this process's first
-        rank): by default each torch parameter's .grad (None counts as zero); else `grads`, a
-        dict name -> array/tensor or a list in the order of the parameters. Each gradient has
-        its parameter's shape (else zmuon.ShapeMismatch, and nothing of the call is handed
-        over)."""
+        rank): by default each torch parameter's .grad (None: no gradient in this micro-batch);
+        else `grads`, a dict name -> array/tensor or a list in the order of the parameters. A
+        parameter left out here counts as zero in this micro-batch; one left out of every
+        micro-batch of a step makes step() raise. Each gradient has its parameter's shape (else
+        zmuon.ShapeMismatch, and nothing of the call is handed over)."""
         if rank is None:
             rank = self._first_rank
         entries, keep = self._entries(grads)
-        stream = _torch_stream(keep)
+        stream = torch_stream(keep)
         if stream is None and any(device != HOST for _, _, _, device in entries):
-            _synchronize_torch(keep)  # the gradients must be written before the engine reads them
+            synchronize_torch(keep)  # the gradients must be written before the engine reads them
         self._engine.reduce(rank, entries, stream=stream)
+        self._started = True
+        self._had_grad.update(name for name, _, _, _ in entries)
         if 0 <= rank - self._first_rank < len(self._micro):
             self._micro[rank - self._first_rank] += 1
 
     def accumulate_all(self, grads_by_rank):
         """One micro-batch of every rank of this process at once: grads_by_rank[i] is local
         rank i's (as accumulate's `grads`). The ranks hand over on a thread each inside the
-        engine, within the bound on reduce buckets in flight (zmuon.max_buckets_in_flight),
-        which accumulate() rank after rank cannot keep; every rank's gradients are checked
-        before any is handed over."""
+        engine, within the bound on reduce buckets in flight (zmuon.max_buckets_in_flight);
+        every rank's gradients are checked before any is handed over."""
         grads_by_rank = list(grads_by_rank)
         entries, keep = [], []
         for i, grads in enumerate(grads_by_rank):
@@ -385,8 +416,11 @@ class Muon:
             entries.append(e)
             keep.extend(k)
         if any(device != HOST for e in entries for _, _, _, device in e):
-            _synchronize_torch(keep)  # read during the call, after the work that wrote them
+            synchronize_torch(keep)  # read during the call, after the work that wrote them
         self._engine.reduce_all(entries)
+        self._started = True
+        for e in entries:
+            self._had_grad.update(name for name, _, _, _ in e)
         for i in range(min(len(grads_by_rank), len(self._micro))):
             self._micro[i] += 1
 
@@ -394,7 +428,7 @@ class Muon:
         """accumulate's `grads` as the engine's (name, pointer, numel, device) entries, and the
         objects that must live until the engine has read them."""
         if grads is None:
-            missing = [n for n, p, _ in self._params if not _is_torch(p)]
+            missing = [n for n, p, _ in self._params if not is_torch(p)]
             if missing:
                 raise TypeError(f"'{missing[0]}' has no .grad (not a torch tensor): pass "
                                 "accumulate(grads={name: array, ...})")
@@ -412,7 +446,7 @@ class Muon:
             if g is None:
                 continue
             _capi._text(name, "gradient name")  # a NUL would cut the name short in C
-            if _is_torch(g) and (g.is_cuda and self._host_staging):
+            if is_torch(g) and (g.is_cuda and self._host_staging):
                 g = g.detach().to("cpu").contiguous()
             keep.append(g)
             ptr, numel, device, shape = buffer_of(g, f"gradient of '{name}'")
@@ -423,35 +457,25 @@ class Muon:
             entries.append((name, ptr, numel, device))
         return entries, keep
 
-    def step(self, closure=None):
-        """One optimizer step on everything handed over since the last one (if nothing was,
-        the parameters' current .grad first), then the new values into the parameters. The
-        param groups' "lr" must be finite numbers >= 0 (else zmuon.InvalidArgument, before
-        anything runs)."""
-        lrs = self._group_lrs()  # checked before anything runs or is handed over
-        loss = closure() if closure is not None else None
-        if not any(self._micro) and all(_is_torch(p) for _, p, _ in self._params) \
-                and any(p.grad is not None for _, p, _ in self._params):
-            self.accumulate()
-        if lrs != self._lrs:
-            self._engine.set_lr(float(lrs[0]), float(lrs[1]))
-            self._lrs = lrs
-        self._micro = [0] * len(self._micro)
-        self.last_step = self._engine.step()
-        self._write_back()
-        return loss
+    # -- the engine's side -----------------------------------------------------------------------
 
-    def _group_lrs(self):
-        """The param groups' learning rates as floats; InvalidArgument naming a bad one."""
-        lrs = []
-        for i in range(2):
-            try:
-                value = self.param_groups[i]["lr"]
-            except (IndexError, KeyError, TypeError):
-                raise InvalidArgument(f"param_groups[{i}] has no 'lr' (zmuon.Muon has two "
-                                      "param groups: Muon's and AdamW's)") from None
-            lrs.append(_learning_rate(value, f"param_groups[{i}]['lr']"))
-        return tuple(lrs)
+    def _apply_hyperparameters(self, muon, adamw):
+        """Hands the groups' hyperparameters to the engine where they changed."""
+        if (muon, adamw) == self._applied:
+            return
+        if hasattr(self._engine, "set_hyperparameters"):
+            self._engine.set_hyperparameters(muon, adamw)
+        else:
+            old_muon, old_adamw = self._applied
+            for new, old, name in ((muon, old_muon, "Muon"), (adamw, old_adamw, "AdamW")):
+                if new is None or old is None:
+                    continue
+                changed = [k for k in new if k != "lr" and new[k] != old[k]]
+                if changed:
+                    raise Unsupported(f"this libzmuon takes only 'lr' per step; {name}'s "
+                                      f"'{changed[0]}' changed")
+            self._engine.set_lr(muon["lr"] if muon else -1.0, adamw["lr"] if adamw else -1.0)
+        self._applied = (muon, adamw)
 
     def _write_back(self):
         entries, targets = [], []
@@ -464,13 +488,33 @@ class Muon:
         # that may still read them and before PyTorch's next (stream-ordered: no waiting), where
         # this process runs one rank and the parameters share one device; otherwise that work
         # ends first.
-        stream = _torch_stream(targets) if len(self._micro) == 1 else None
+        stream = torch_stream(targets) if len(self._micro) == 1 else None
         if stream is None and any(device != HOST for _, _, _, device in entries):
-            _synchronize_torch(targets)
+            synchronize_torch(targets)
         self._engine.gather_params(entries, stream=stream)
         for name, p, _ in self._params:
             if name in self._staged:
                 p.data.copy_(self._staged[name])
+
+    # -- zmuon's own -----------------------------------------------------------------------------
+
+    @property
+    def world(self):
+        """The job's rank count (a property, not a method)."""
+        return self._engine.world
+
+    def uses_muon(self, name):
+        return self._engine.uses_muon(name)
+
+    def sum_over_processes(self, values):
+        """The sums of `values` (numbers, e.g. this process's loss) over the processes of a
+        multi-process job: every process calls it, in the same order; in one process, the
+        values. No torch.distributed needed for logging the job's loss."""
+        return self._engine.sum_over_nodes([float(v) for v in values])
+
+    def loss_scale(self):
+        """The scale to multiply the next loss by (1 without fp16)."""
+        return self._engine.loss_scale()
 
     def time_calls(self, on=True):
         """Times every compute-backend call of the following steps (off by default; on CUDA
@@ -479,13 +523,12 @@ class Muon:
 
     def write_call_timeline(self, path):
         """Writes the calls timed since time_calls (or the last write) as Chrome Trace Event
-        JSON, to open in ui.perfetto.dev: a process per rank, a row for the main stream and one
-        per Newton-Schulz lane. Raises zmuon.BadState while timing is off."""
+        JSON, to open in ui.perfetto.dev. Raises zmuon.BadState while timing is off."""
         self._engine.write_call_timeline(path)
 
     def save_checkpoint(self, directory):
         """Saves the optimizer state (parameters, momentum, Adam moments, step, loss scale) as a
-        zmuon checkpoint under `directory` (between steps)."""
+        zmuon checkpoint under `directory` (between steps); a collective in a multi-process job."""
         self._engine.save_checkpoint(directory)
 
     def load_checkpoint(self, directory):
@@ -496,61 +539,20 @@ class Muon:
         return step
 
     def state_dict(self):
-        """The optimizer state as a picklable dict, for torch.save beside the model's: the files
-        of a zmuon checkpoint (parameters, momentum, Adam moments, step, loss scale; every rank's
-        shards) read into memory, and each param group's learning rate. Between steps.
-        load_state_dict restores it, also into an optimizer with another rank count."""
-        if self._node is not None:
-            raise Unsupported("state_dict in a multi-process job: use save_checkpoint(dir) on a "
-                              "directory every process sees")
-        with tempfile.TemporaryDirectory() as tmp:
-            self._engine.save_checkpoint(tmp)
-            files = {}
-            for root, _, names in os.walk(tmp):
-                for n in names:
-                    path = os.path.join(root, n)
-                    with open(path, "rb") as f:
-                        files[os.path.relpath(path, tmp)] = f.read()
-        return {"zmuon_checkpoint": files, "lrs": [g["lr"] for g in self.param_groups]}
+        return _state.state_dict(self)
 
-    def load_state_dict(self, state):
-        """Restores a state_dict(): the checkpoint's parameters are written into the tensors,
-        and the param groups' learning rates are set. A dict that is not one raises
-        zmuon.InvalidArgument naming what is wrong; a damaged checkpoint, the engine's error
-        (the optimizer is then unchanged)."""
-        if self._node is not None:
-            raise Unsupported("load_state_dict in a multi-process job: use load_checkpoint(dir) "
-                              "on a directory every process sees")
-        if not isinstance(state, dict) or not isinstance(state.get("zmuon_checkpoint"), dict):
-            raise InvalidArgument("load_state_dict: not a zmuon.Muon state_dict (no "
-                                  "'zmuon_checkpoint' dict of checkpoint files)")
-        lrs = state.get("lrs")
-        if not isinstance(lrs, list) or len(lrs) != len(self.param_groups):
-            raise InvalidArgument(f"load_state_dict: 'lrs' must list {len(self.param_groups)} "
-                                  f"learning rates, got {lrs!r}")
-        for i, lr in enumerate(lrs):  # before anything is loaded
-            _learning_rate(lr, f"load_state_dict: 'lrs'[{i}]")
-        with tempfile.TemporaryDirectory() as tmp:
-            for rel, data in state["zmuon_checkpoint"].items():
-                parts = os.path.normpath(str(rel)).split(os.sep)
-                if os.path.isabs(str(rel)) or ".." in parts or parts == ["."] \
-                        or "\0" in str(rel) or not isinstance(data, bytes):
-                    raise InvalidArgument(f"load_state_dict: checkpoint file {rel!r} is not a "
-                                          "relative path inside the checkpoint with bytes")
-                path = os.path.join(tmp, *parts)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as f:
-                    f.write(data)
-            self._engine.load_checkpoint(tmp)
-        self._write_back()
-        for g, lr in zip(self.param_groups, lrs):
-            g["lr"] = lr
+    def load_state_dict(self, state_dict):
+        _state.load_state_dict(self, state_dict)
+
+    def __getstate__(self):
+        raise TypeError("zmuon.Muon cannot be pickled: it runs an engine; pickle "
+                        "opt.state_dict() instead and load it with load_state_dict()")
 
     def close(self):
         """Stops the engine (also done when the optimizer is garbage collected)."""
         self._engine.close()
 
     def __repr__(self):
-        muon = len(self.param_groups[0]["params"])
-        adam = len(self.param_groups[1]["params"])
-        return f"zmuon.Muon(muon: {muon} parameters, adamw: {adam} parameters, ranks: {self.world})"
+        sizes = ", ".join(f"{'muon' if g['use_muon'] else 'adamw'}: {len(g['params'])} "
+                          "parameters" for g in self.param_groups)
+        return f"zmuon.Muon({sizes}, ranks: {self.world})"

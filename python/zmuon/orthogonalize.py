@@ -22,7 +22,7 @@ import threading
 
 from . import _capi
 from ._capi import BFLOAT16, FLOAT32, HOST
-from .optim import _is_torch
+from ._buffers import is_torch as _is_torch
 
 _cache = {}  # (backend, device) -> (Orthogonalizer, lock)
 _cache_lock = threading.Lock()

@@ -1,0 +1,229 @@
+"""Parameter groups: which algorithm each parameter uses, and each group's hyperparameters as
+the engine takes them at every step."""
+
+import difflib
+import json
+import math
+import numbers
+
+from . import _capi
+from ._capi import InvalidArgument, UnknownParameter, Unsupported
+
+FLOAT32_MAX = 3.4028234663852886e38  # the engine takes hyperparameters as float32
+
+GROUPS = {"auto": _capi.GROUP_AUTO, "muon": _capi.GROUP_MUON, "adamw": _capi.GROUP_ADAMW}
+
+# The keys every param group carries. Which algorithm reads which:
+MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "eps", "ns_steps", "ns_coefficients",
+             "ns_variant", "adjust_lr")
+ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
+GROUP_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps", "ns_steps",
+              "ns_coefficients", "ns_variant", "adjust_lr")
+
+NS_VARIANTS = ("standard", "gram", "auto")
+ADJUST_LR = ("original", "match_rms_adamw")
+
+# The engine's defaults (zmuon/options.hpp), for keys a config leaves out.
+ENGINE_DEFAULTS = {"lr": 0.02, "adam_lr": 3e-4, "weight_decay": 0.0, "momentum": 0.95,
+                   "nesterov": True, "betas": (0.9, 0.95), "eps": 1e-10, "ns_eps": 1e-7,
+                   "ns_steps": 5, "ns_coefficients": (3.4445, -4.7750, 2.0315),
+                   "ns_variant": "auto", "adjust_lr": "original"}
+
+
+def suggestion(name, names):
+    """' (did you mean 'x'?)' for the nearest of `names`, or ''."""
+    close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def hyperparameter_override(key, value):
+    """The override a keyword hyperparameter becomes: optimizer.params.KEY=<value as JSON>."""
+    def plain(v):  # numpy and torch scalars
+        if hasattr(v, "item"):
+            return v.item()
+        raise TypeError(f"zmuon.Muon({key}=...): {type(v).__name__} is not a number, bool, "
+                        "string or list of those")
+    return f"optimizer.params.{key}={json.dumps(value, default=plain)}"
+
+
+def defaults_of(config, overrides):
+    """The optimizer defaults a config and its overrides set (the engine checked them)."""
+    params = dict(config.get("optimizer", {}).get("params", {})) if isinstance(config, dict) \
+        else {}
+    if "muon_lr" in params:  # an alias of lr
+        params["lr"] = params.pop("muon_lr")
+    for o in overrides:
+        key, _, value = o.partition("=")
+        key = key[len("optimizer.params."):] if key.startswith("optimizer.params.") else key
+        try:
+            params["lr" if key == "muon_lr" else key] = json.loads(value)
+        except ValueError:
+            params[key] = value
+    out = dict(ENGINE_DEFAULTS)
+    for key in out:
+        if key in params and key != "ns_eps":
+            out[key] = params[key]
+    out["betas"] = tuple(out["betas"])
+    out["ns_coefficients"] = tuple(out["ns_coefficients"])
+    if out["ns_variant"] == "automatic":
+        out["ns_variant"] = "auto"
+    return out
+
+
+def _real(value):
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        try:
+            value = value.item()
+        except (TypeError, ValueError, RuntimeError):  # not one element
+            pass
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def number(value, what, low=0.0, high=None, low_open=False):
+    """`value` (a Python, numpy or torch scalar) as a float32-sized float in range; else
+    InvalidArgument naming `what` and the value."""
+    x = _real(value)
+    ok = x is not None and math.isfinite(x) and (x > low if low_open else x >= low) \
+        and (high is None or x < high)
+    if not ok:
+        rule = f"> {low}" if low_open else f">= {low:g}"
+        if high is not None:
+            rule += f" and < {high:g}"
+        raise InvalidArgument(f"{what} must be a finite number {rule}, got {value!r}")
+    if abs(x) > FLOAT32_MAX:
+        raise InvalidArgument(f"{what} must be a finite number {'>= 0' if low == 0 else ''}, "
+                              f"got {value!r} (beyond float32's range)")
+    return x
+
+
+def learning_rate(value, what):
+    return number(value, what)
+
+
+def checked_group(group, i):
+    """Group i's hyperparameters, checked, as plain values of the keys its algorithm reads."""
+    where = f"param_groups[{i}]"
+
+    def get(key):
+        if key not in group:
+            raise InvalidArgument(f"{where} has no '{key}'")
+        return group[key]
+
+    out = {"lr": number(get("lr"), f"{where}['lr']"),
+           "weight_decay": number(get("weight_decay"), f"{where}['weight_decay']")}
+    if group.get("use_muon"):
+        out["momentum"] = number(get("momentum"), f"{where}['momentum']", high=1.0)
+        nesterov = get("nesterov")
+        if not isinstance(nesterov, bool):
+            raise InvalidArgument(f"{where}['nesterov'] must be True or False, got {nesterov!r}")
+        out["nesterov"] = nesterov
+        out["eps"] = number(get("eps"), f"{where}['eps']")
+        steps = get("ns_steps")
+        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) \
+                or not 1 <= int(steps) <= 100:
+            raise InvalidArgument(f"{where}['ns_steps'] must be an integer in [1, 100], "
+                                  f"got {steps!r}")
+        out["ns_steps"] = int(steps)
+        coefficients = get("ns_coefficients")
+        try:
+            coefficients = tuple(coefficients)
+        except TypeError:
+            coefficients = ()
+        if len(coefficients) != 3:
+            raise InvalidArgument(f"{where}['ns_coefficients'] must be (a, b, c), got "
+                                  f"{group['ns_coefficients']!r}")
+        out["ns_coefficients"] = tuple(
+            number(c, f"{where}['ns_coefficients'][{k}]", low=-FLOAT32_MAX)
+            for k, c in enumerate(coefficients))
+        for key, allowed in (("ns_variant", NS_VARIANTS), ("adjust_lr", ADJUST_LR)):
+            value = get(key)
+            if value not in allowed:
+                raise InvalidArgument(f"{where}['{key}'] must be one of {', '.join(allowed)}; "
+                                      f"got {value!r}{suggestion(value, allowed)}")
+            out[key] = value
+    else:
+        betas = get("betas")
+        try:
+            betas = tuple(betas)
+        except TypeError:
+            betas = ()
+        if len(betas) != 2:
+            raise InvalidArgument(f"{where}['betas'] must be (beta1, beta2), got "
+                                  f"{group['betas']!r}")
+        out["betas"] = tuple(number(b, f"{where}['betas'][{k}]", high=1.0)
+                             for k, b in enumerate(betas))
+        out["eps"] = number(get("eps"), f"{where}['eps']", low_open=True)
+    return out
+
+
+def per_algorithm(param_groups):
+    """(Muon's, AdamW's) hyperparameters from the param groups, each a dict or None where no
+    group of that algorithm holds a parameter. The engine runs one set per algorithm: groups of
+    one algorithm that differ raise zmuon.Unsupported naming the key and both groups."""
+    chosen = {True: None, False: None}
+    first = {}
+    checked = [checked_group(g, i) for i, g in enumerate(param_groups)]
+    for i, (group, values) in enumerate(zip(param_groups, checked)):
+        if not group["params"]:
+            continue
+        muon = bool(group.get("use_muon"))
+        if chosen[muon] is None:
+            chosen[muon], first[muon] = values, i
+            continue
+        for key, value in values.items():
+            if chosen[muon][key] != value:
+                name = "Muon" if muon else "AdamW"
+                raise Unsupported(
+                    f"param_groups[{first[muon]}] and param_groups[{i}] (both {name}) have "
+                    f"different '{key}' ({chosen[muon][key]!r} and {value!r}): the engine runs "
+                    f"one set of hyperparameters per algorithm")
+    return chosen[True], chosen[False]
+
+
+def resolve_groups(named, groups):
+    """{name: GROUP_*} from `groups` (zmuon.Muon's groups= argument) and the tensors' own
+    `use_muon` attributes (as DeepSpeed sets them)."""
+    by_id = {id(p): n for n, p in named}
+    out = {}
+    for name, p in named:
+        flag = getattr(p, "use_muon", None)
+        if flag is not None:
+            out[name] = _capi.GROUP_MUON if flag else _capi.GROUP_ADAMW
+    if groups is None:
+        return out
+    names = [n for n, _ in named]
+    known = set(names)
+
+    def known_name(name, where):
+        if name not in known:
+            raise UnknownParameter(f"{where} names {name!r}, which is not a parameter"
+                                   f"{suggestion(name, names)}")
+
+    if isinstance(groups, dict):
+        for name, g in groups.items():
+            known_name(name, "groups")
+            if not isinstance(g, str) or g not in GROUPS:
+                raise InvalidArgument(f"group of '{name}' is {g!r}: use 'muon', 'adamw' or "
+                                      "'auto'")
+            out[name] = GROUPS[g]
+        return out
+    if isinstance(groups, (str, bytes)):
+        raise InvalidArgument("groups: expected {name: 'muon' | 'adamw' | 'auto'} or a list "
+                              "of {'params': [...], 'use_muon': bool} dicts")
+    for i, group in enumerate(groups):
+        if not isinstance(group, dict) or "params" not in group or "use_muon" not in group:
+            raise InvalidArgument(f"parameter group {i} needs 'params' and 'use_muon'")
+        members = group["params"]
+        if isinstance(members, (str, bytes)):
+            raise InvalidArgument(f"parameter group {i}: 'params' must be a list of names or "
+                                  f"tensors, got the string {members!r}")
+        for p in members:
+            name = p if isinstance(p, str) else by_id.get(id(p))
+            if name is None:
+                raise InvalidArgument(f"parameter group {i} holds a tensor that is not among "
+                                      "the named parameters")
+            known_name(name, f"groups[{i}]")
+            out[name] = _capi.GROUP_MUON if group["use_muon"] else _capi.GROUP_ADAMW
+    return out
