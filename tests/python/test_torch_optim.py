@@ -1,0 +1,364 @@
+"""zmuon.Muon as a torch.optim.Optimizer, on the CPU: parity with torch.optim.Muon +
+torch.optim.AdamW on a small transformer, every lr_scheduler driving both groups (read back from
+the updates), the Optimizer protocol (closure, zero_grad, hooks, add_param_group, errors),
+GradScaler and torch.compile.
+
+Run by ctest with the venv's python (.venv, made by .ci/deps); without PyTorch it fails.
+"""
+
+import math
+import pickle
+import unittest
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import zmuon
+
+torch.set_num_threads(2)
+
+# The tolerance of the parity run: relative Frobenius error per parameter after 20 steps.
+PARITY_TOL = 1e-5
+
+
+class TinyTransformer(nn.Module):
+    """Token and position embeddings, one pre-norm block (attention, MLP), a final norm and an
+    untied lm_head."""
+
+    def __init__(self, vocab=64, dim=32, heads=4, ctx=16):
+        super().__init__()
+        self.heads = heads
+        self.tok_embed = nn.Embedding(vocab, dim)
+        self.pos_embed = nn.Embedding(ctx, dim)
+        self.ln1 = nn.LayerNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)  # a key bias gets only rounding noise
+        self.proj = nn.Linear(dim, dim)
+        self.ln2 = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, 4 * dim)
+        self.out = nn.Linear(4 * dim, dim)
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx):
+        b, t = idx.shape
+        x = self.tok_embed(idx) + self.pos_embed(torch.arange(t))
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
+        x = x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return self.lm_head(self.ln_f(x))
+
+
+def uses_muon(name, p):
+    """zmuon's default rule."""
+    return p.ndim >= 2 and "embed" not in name and "lm_head" not in name
+
+
+def batches(steps, seed=0, batch=4, ctx=16, vocab=64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (batch, ctx + 1), generator=g) for _ in range(steps)]
+
+
+def lm_loss(model, tokens):
+    logits = model(tokens[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+
+
+def fp32_newton_schulz(grad, ns_coefficients, ns_steps, eps):
+    """torch.optim.Muon's Newton-Schulz in float32 (the contract's precision; torch's own
+    rounds to bfloat16): wide view, X / max(||X||, eps), then X <- aX + (bA + cA^2)X."""
+    a, b, c = ns_coefficients
+    x = grad.float()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def rel(a, b):
+    return (a.double() - b.double()).norm().item() / max(b.double().norm().item(), 1e-30)
+
+
+HYPER = dict(lr=0.02, adam_lr=3e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+             betas=(0.9, 0.95), eps=1e-8, ns_steps=5, ns_variant="standard")
+
+
+class ParityWithTorch(unittest.TestCase):
+
+    def test_twenty_steps_match_torch_muon_and_adamw(self):
+        import torch.optim._muon as torch_muon
+        torch.manual_seed(0)
+        ref = TinyTransformer()
+        ours = TinyTransformer()
+        ours.load_state_dict(ref.state_dict())
+        start = {n: p.detach().clone() for n, p in ref.named_parameters()}
+        h = HYPER
+        muon_params = [p for n, p in ref.named_parameters() if uses_muon(n, p)]
+        adam_params = [p for n, p in ref.named_parameters() if not uses_muon(n, p)]
+        ref_opts = [torch.optim.Muon(muon_params, lr=h["lr"], weight_decay=h["weight_decay"],
+                                     momentum=h["momentum"], nesterov=h["nesterov"],
+                                     ns_steps=h["ns_steps"], eps=1e-7),
+                    torch.optim.AdamW(adam_params, lr=h["adam_lr"], betas=h["betas"],
+                                      eps=h["eps"], weight_decay=h["weight_decay"])]
+        opt = zmuon.Muon(ours.named_parameters(), **h)
+        self.assertEqual([len(g["params"]) for g in opt.param_groups],
+                         [len(muon_params), len(adam_params)])
+        saved = torch_muon._zeropower_via_newtonschulz
+        torch_muon._zeropower_via_newtonschulz = fp32_newton_schulz
+        try:
+            for tokens in batches(20):
+                for o in ref_opts:
+                    o.zero_grad()
+                lm_loss(ref, tokens).backward()
+                for o in ref_opts:
+                    o.step()
+                opt.zero_grad()
+                lm_loss(ours, tokens).backward()
+                opt.step()
+        finally:
+            torch_muon._zeropower_via_newtonschulz = saved
+        worst, worst_update = 0.0, 0.0
+        for (n, a), (_, b) in zip(ours.named_parameters(), ref.named_parameters()):
+            e = rel(a.detach(), b.detach())
+            u = rel(a.detach() - start[n], b.detach() - start[n])
+            print(f"  {n:18s} {'muon ' if uses_muon(n, a) else 'adamw'} param rel {e:.2e}  "
+                  f"update rel {u:.2e}")
+            worst, worst_update = max(worst, e), max(worst_update, u)
+            self.assertLessEqual(e, PARITY_TOL, n)
+        print(f"parity after 20 steps: worst param rel {worst:.2e}, worst update rel "
+              f"{worst_update:.2e} (tolerance {PARITY_TOL:g} on params)")
+
+
+# -- schedulers ------------------------------------------------------------------------------------
+
+def scheduler_cases():
+    S = torch.optim.lr_scheduler
+    return {
+        "LambdaLR": lambda o: S.LambdaLR(o, lambda s: 1.0 / (1 + s)),
+        "StepLR": lambda o: S.StepLR(o, step_size=3, gamma=0.5),
+        "MultiStepLR": lambda o: S.MultiStepLR(o, milestones=[2, 5], gamma=0.3),
+        "ExponentialLR": lambda o: S.ExponentialLR(o, gamma=0.8),
+        "CosineAnnealingLR": lambda o: S.CosineAnnealingLR(o, T_max=8),
+        "CosineAnnealingWarmRestarts": lambda o: S.CosineAnnealingWarmRestarts(o, T_0=3),
+        "CyclicLR": lambda o: S.CyclicLR(o, base_lr=[0.001, 0.0001], max_lr=[0.02, 0.002],
+                                         step_size_up=3, cycle_momentum=False),
+        "OneCycleLR": lambda o: S.OneCycleLR(o, max_lr=[0.02, 0.002], total_steps=12,
+                                           cycle_momentum=False),
+        "LinearLR": lambda o: S.LinearLR(o, start_factor=0.25, total_iters=5),
+        "ConstantLR": lambda o: S.ConstantLR(o, factor=0.5, total_iters=4),
+        "PolynomialLR": lambda o: S.PolynomialLR(o, total_iters=8, power=2.0),
+        "SequentialLR": lambda o: S.SequentialLR(
+            o, [S.LinearLR(o, start_factor=0.1, total_iters=3),
+                S.ExponentialLR(o, gamma=0.9)], milestones=[3]),
+        "ChainedScheduler": lambda o: S.ChainedScheduler(
+            [S.ConstantLR(o, factor=0.5, total_iters=4), S.ExponentialLR(o, gamma=0.9)]),
+        "ReduceLROnPlateau": lambda o: S.ReduceLROnPlateau(o, factor=0.5, patience=1),
+    }
+
+
+def orthonormal_rows(rows, cols):
+    g = torch.zeros(rows, cols)
+    for i in range(rows):
+        g[i, 2 * i] = 1.0
+    return g
+
+
+class SchedulersDriveBothGroups(unittest.TestCase):
+    """A constant gradient with equal singular values makes Muon's update -lr * f * G with f a
+    constant of NS, and AdamW's (bias corrected, g = 1) -lr / (1 + eps): the learning rate each
+    update used is read back from the parameters' change."""
+
+    STEPS = 10
+    TOL = 2e-5  # of the learning rate read back, relative to the group's largest
+
+    def run_schedule(self, make):
+        w = nn.Parameter(torch.zeros(4, 8))
+        b = nn.Parameter(torch.zeros(8))
+        opt = zmuon.Muon([("w", w), ("b", b)], lr=0.02, adam_lr=0.002, weight_decay=0.0,
+                         eps=1e-10)
+        sched = make(opt) if make is not None else None
+        g_w, g_b = orthonormal_rows(4, 8), torch.ones(8)
+        used, set_ = [], []
+        for step in range(self.STEPS):
+            w.grad, b.grad = g_w.clone(), g_b.clone()
+            before = (w.detach().clone(), b.detach().clone())
+            set_.append([g["lr"] for g in opt.param_groups])
+            opt.step()
+            used.append((-(w.detach() - before[0])[0, 0].item(),
+                         -(b.detach() - before[1])[0].item()))
+            if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                sched.step(1.0)  # a constant metric: the plateau cuts the lr
+            elif sched is not None:
+                sched.step()
+        return set_, used
+
+    def test_every_scheduler(self):
+        _, calib = self.run_schedule(None)  # f from constant lrs 0.02 and 0.002
+        f_muon = calib[0][0] / 0.02
+        f_adam = calib[0][1] / 0.002
+        print(f"calibration: Muon update/lr {f_muon:.6f}, AdamW update/lr {f_adam:.6f}")
+        print(f"{'scheduler':28s} {'steps':>5s} {'distinct lrs':>12s} {'worst rel':>10s}")
+        for name, make in scheduler_cases().items():
+            with self.subTest(scheduler=name):
+                set_, used = self.run_schedule(make)
+                worst = 0.0
+                peaks = [max(s[i] for s in set_) for i in range(2)]
+                for step, ((lr_m, lr_a), (d_m, d_a)) in enumerate(zip(set_, used)):
+                    for want, got, peak in ((lr_m, d_m / f_muon, peaks[0]),
+                                            (lr_a, d_a / f_adam, peaks[1])):
+                        e = abs(got - want) / peak
+                        worst = max(worst, e)
+                        self.assertLessEqual(e, self.TOL, f"{name} step {step}: lr {want} "
+                                             f"set, {got} used")
+                distinct = len({round(s[0], 12) for s in set_})
+                print(f"{name:28s} {len(set_):5d} {distinct:12d} {worst:10.2e}")
+                self.assertGreater(distinct, 1, f"{name} never changed the lr")
+
+
+# -- the Optimizer protocol --------------------------------------------------------------------------
+
+class OptimizerProtocol(unittest.TestCase):
+
+    def make(self, **kw):
+        torch.manual_seed(1)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        return model, zmuon.Muon(model.named_parameters(), **kw)
+
+    def test_is_an_optimizer_with_defaults_groups_and_state(self):
+        _, opt = self.make()
+        self.assertIsInstance(opt, torch.optim.Optimizer)
+        self.assertEqual(opt.defaults["lr"], 0.02)
+        self.assertEqual([g["use_muon"] for g in opt.param_groups], [True, False])
+        self.assertEqual(opt.param_groups[0]["param_names"], ["0.weight", "2.weight"])
+        for key in ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps", "ns_steps",
+                    "ns_coefficients", "ns_variant", "adjust_lr"):
+            self.assertIn(key, opt.param_groups[1], key)
+        self.assertEqual(opt.param_groups[1]["lr"], 3e-4)
+
+    def test_step_returns_the_closures_loss_and_runs_the_hooks(self):
+        model, opt = self.make()
+        x = torch.randn(5, 8)
+        calls = []
+        opt.register_step_pre_hook(lambda o, a, k: calls.append("pre"))
+        opt.register_step_post_hook(lambda o, a, k: calls.append("post"))
+
+        def closure():
+            opt.zero_grad()
+            loss = model(x).square().mean()
+            loss.backward()
+            return loss
+
+        first = opt.step(closure)
+        second = opt.step(closure)
+        self.assertIsInstance(first, torch.Tensor)
+        self.assertLess(second.item(), first.item())
+        self.assertEqual(calls, ["pre", "post", "pre", "post"])
+        self.assertEqual(opt.last_step["step"], 2)
+
+    def test_zero_grad(self):
+        model, opt = self.make()
+        model(torch.randn(2, 8)).sum().backward()
+        opt.zero_grad(set_to_none=False)
+        self.assertTrue(all(p.grad is not None and not p.grad.any() for p in model.parameters()))
+        opt.zero_grad()
+        self.assertTrue(all(p.grad is None for p in model.parameters()))
+
+    def test_add_param_group_before_the_first_step_and_not_after(self):
+        model, opt = self.make()
+        extra = nn.Parameter(torch.randn(4, 4))
+        opt.add_param_group({"params": [("extra", extra)], "lr": 0.01})
+        self.assertEqual(opt.param_groups[2]["use_muon"], True)
+        self.assertEqual(opt.param_groups[2]["lr"], 0.01)
+        model(torch.randn(2, 8)).sum().backward()
+        extra.grad = torch.ones(4, 4)
+        with self.assertRaisesRegex(zmuon.Unsupported, r"param_groups\[0\] and param_groups"
+                                    r"\[2\] \(both Muon\) have different 'lr' \(0.02 and 0.01\)"):
+            opt.step()  # one set of hyperparameters per algorithm
+        opt.param_groups[2]["lr"] = 0.02
+        before = extra.detach().clone()
+        opt.step()
+        self.assertFalse(torch.equal(before, extra.detach()))
+        late = nn.Parameter(torch.randn(3))
+        with self.assertRaisesRegex(zmuon.BadState, "'late' is new"):
+            opt.add_param_group({"params": [("late", late)]})
+
+    def test_errors_say_what_to_do(self):
+        model, opt = self.make()
+        with self.assertRaisesRegex(zmuon.BadState, r"step\(\) before any gradient: call "
+                                    r"loss.backward\(\)"):
+            opt.step()
+        model(torch.randn(2, 8)).sum().backward()
+        model[2].bias.grad = None
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "no gradient for '2.bias'"):
+            opt.step()
+        _, opt = self.make(overrides=["gradient_accumulation_steps=2"])
+        opt.accumulate(grads={n: torch.zeros_like(p) for g in opt.param_groups
+                              for n, p in zip(g["param_names"], g["params"])})
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "1 micro-batches .* "
+                                    "gradient_accumulation_steps is 2"):
+            opt.step()
+        with self.assertRaisesRegex(TypeError, "cannot be pickled"):
+            pickle.dumps(opt)
+
+    def test_a_skipped_step_reports_a_non_finite_norm(self):
+        model, opt = self.make()
+        before = [p.detach().clone() for p in model.parameters()]
+        model(torch.randn(2, 8)).sum().backward()
+        model[0].weight.grad[0, 0] = float("inf")
+        opt.step()
+        self.assertTrue(opt.last_step["skipped"])
+        self.assertFalse(math.isfinite(opt.last_step["grad_norm"]))
+        for a, b in zip(before, model.parameters()):
+            self.assertTrue(torch.equal(a, b.detach()))
+
+
+class GradScalerAndCompile(unittest.TestCase):
+
+    def run_steps(self, scaler=None, compiled=False, inf_at=None):
+        torch.manual_seed(2)
+        model = TinyTransformer()
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        for i, tokens in enumerate(batches(4, seed=3)):
+            opt.zero_grad()
+            loss = lm_loss(run, tokens)
+            if scaler is None:
+                loss.backward()
+                opt.step()
+                continue
+            scaler.scale(loss).backward()
+            if i == inf_at:
+                model.fc.weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}, opt
+
+    def test_grad_scaler_unscales_before_zmuon_and_skips_on_inf(self):
+        plain, _ = self.run_steps()
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        scaled, opt = self.run_steps(scaler)
+        for n in plain:  # a power-of-two scale unscales exactly
+            self.assertTrue(torch.equal(plain[n], scaled[n]), n)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10)
+        skipped, opt = self.run_steps(scaler, inf_at=3)
+        self.assertEqual(scaler.get_scale(), 2.0 ** 9)  # the scaler saw the inf and backed off
+        self.assertEqual(opt.last_step["step"], 3)      # and zmuon never stepped on it
+        print(f"GradScaler: bit-identical to the unscaled run; inf at step 4 skipped, scale "
+              f"{scaler.get_scale():g}")
+
+    def test_compiled_model(self):
+        plain, _ = self.run_steps()
+        compiled, opt = self.run_steps(compiled=True)
+        self.assertTrue(all(n.startswith("_orig_mod.") is False for n in plain))
+        worst = max(rel(compiled[n], plain[n]) for n in plain)
+        print(f"torch.compile (aot_eager): worst param rel vs eager {worst:.2e}")
+        self.assertLessEqual(worst, 1e-6)
+
+
+if __name__ == "__main__":
+    unittest.main()
