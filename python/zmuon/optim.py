@@ -156,6 +156,7 @@ class Muon(_Optimizer):
         self._first_rank = self._engine.first_rank
         self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
         self._had_grad = set()  # parameters given a gradient since the last step
+        self._backward_hooks, self._pending = [], {}  # hand_over_in_backward
         self._applied = (None, None)  # the hyperparameters the engine runs with
         self.last_step = None
         defaults = _groups.defaults_of(config_dict, overrides)
@@ -423,6 +424,36 @@ class Muon(_Optimizer):
             self._had_grad.update(name for name, _, _, _ in e)
         for i in range(min(len(grads_by_rank), len(self._micro))):
             self._micro[i] += 1
+
+    def hand_over_in_backward(self, on=True):
+        """Hands each micro-batch's gradients over during backward (on=False: stops): a
+        post-accumulate-grad hook per parameter collects its gradient as autograd finishes it,
+        and when the backward pass ends they go to the engine as one micro-batch, as
+        accumulate() would hand them, and each .grad is set to None. Each backward() is then a
+        micro-batch; step() steps on their mean. .grad is empty after backward, so tools that
+        read it (GradScaler, clip_grad_norm_) do not combine with this."""
+        if torch is None:
+            raise Unsupported("hand_over_in_backward needs PyTorch")
+        for handle in self._backward_hooks:
+            handle.remove()
+        self._backward_hooks, self._pending = [], {}
+        if not on:
+            return
+        for name, p, _ in self._params:
+            if p.requires_grad:
+                self._backward_hooks.append(p.register_post_accumulate_grad_hook(
+                    lambda p, name=name: self._grad_ready(name, p)))
+
+    def _grad_ready(self, name, p):
+        if not self._pending:  # the first of this backward: hand over when it ends
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        self._pending[name] = p
+
+    def _end_of_backward(self):
+        pending, self._pending = self._pending, {}
+        self.accumulate(grads={name: p.grad for name, p in pending.items()})
+        for p in pending.values():
+            p.grad = None
 
     def _entries(self, grads):
         """accumulate's `grads` as the engine's (name, pointer, numel, device) entries, and the

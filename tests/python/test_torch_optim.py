@@ -317,6 +317,36 @@ class OptimizerProtocol(unittest.TestCase):
             self.assertTrue(torch.equal(a, b.detach()))
 
 
+class BackwardHandOver(unittest.TestCase):
+
+    def train(self, hooks):
+        torch.manual_seed(4)
+        model = TinyTransformer()
+        opt = zmuon.Muon(model.named_parameters(), overrides=["gradient_accumulation_steps=2"],
+                         **HYPER)
+        if hooks:
+            opt.hand_over_in_backward()
+        data = batches(6, seed=5)
+        for step in range(3):
+            for micro in range(2):
+                lm_loss(model, data[2 * step + micro]).backward()
+                if not hooks:
+                    opt.accumulate()
+                    opt.zero_grad()
+                else:
+                    self.assertTrue(all(p.grad is None for p in model.parameters()))
+            opt.step()
+        self.assertEqual(opt.last_step["micro_batches"], 2)
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    def test_hooks_match_explicit_accumulate_bit_for_bit(self):
+        explicit, hooked = self.train(False), self.train(True)
+        differ = [n for n in explicit if not torch.equal(explicit[n], hooked[n])]
+        print(f"backward hand-over: {len(explicit) - len(differ)} of {len(explicit)} "
+              "parameters bit-identical to accumulate()")
+        self.assertEqual(differ, [])
+
+
 class GradScalerAndCompile(unittest.TestCase):
 
     def run_steps(self, scaler=None, compiled=False, inf_at=None):
