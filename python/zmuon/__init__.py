@@ -1,8 +1,9 @@
 """zmuon: the Muon optimizer under ZeRO-3 sharding (a C++ actor engine), for Python hosts.
 
-zmuon.Muon is shaped like a torch.optim optimizer; zmuon.Engine is the C ABI one call per method;
-zmuon.newton_schulz (and zmuon.Orthogonalizer) is zmuon's Newton-Schulz alone, without an engine.
-None needs PyTorch or numpy to import: buffers go over by data pointer.
+zmuon.Muon is a torch.optim.Optimizer where PyTorch is importable (docs/PYTORCH.md), a plain
+class on numpy arrays otherwise; zmuon.Engine is the C ABI one call per method; zmuon.newton_schulz
+(and zmuon.Orthogonalizer) is zmuon's Newton-Schulz alone, without an engine. Buffers go over by
+data pointer; PyTorch is imported when installed, numpy never.
 """
 
 from ._capi import (HOST, BadState, CommFailure, DeviceFailure, DuplicateParameter, Engine,
