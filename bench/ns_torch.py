@@ -26,7 +26,7 @@ call of each per round (CUDA events, the order alternating), after a warm-up; th
 ratio eager / zmuon and the 1.5x verdict. zmuon's time includes the Python call (ctypes) that
 launches it.
 
-    PYTHONPATH=python ZMUON_LIBRARY=build/embed/libzmuon.so bench/ns_torch.py --interleave \
+    PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so bench/ns_torch.py --interleave \
         [--rounds 10] [--out FILE]
 """
 

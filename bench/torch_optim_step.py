@@ -6,7 +6,7 @@ accumulate() (the gradients' hand-over), the engine's step(), and the write-back
 parameters (_write_back: the synchronize and gather_params); each part between
 torch.cuda.synchronize() calls, so the parts add up to more than the step alone.
 
-    PYTHONPATH=python ZMUON_LIBRARY=build/embed/libzmuon.so python3 bench/torch_optim_step.py
+    PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so python3 bench/torch_optim_step.py
 
 On the GPU machine: `DEVICES=cuda BENCH=bench/torch_optim_step.py bash
 examples/torch_train_gpu.sh` (the carried libzmuon; see that script).

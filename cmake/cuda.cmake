@@ -1,5 +1,5 @@
-# The optional CUDA backend (kernels/cuda/): included from the top-level CMakeLists.txt before
-# add_subdirectory(kernels). ZMUON_CUDA is AUTO (build it when nvcc is found), ON (required) or
+# The optional CUDA backend (src/kernels/cuda/): included from the top-level CMakeLists.txt before
+# add_subdirectory(src). ZMUON_CUDA is AUTO (build it when nvcc is found), ON (required) or
 # OFF. The build needs no GPU; only the tests labelled `gpu` do, and they skip themselves
 # without one. Sets ZMUON_HAVE_CUDA_BUILD and defines the targets zmuon_cuda and NCCL::nccl.
 
@@ -71,4 +71,4 @@ endif()
 set(ZMUON_HAVE_CUDA_BUILD ON)
 message(STATUS "zmuon: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
                "sm_${CMAKE_CUDA_ARCHITECTURES}, NCCL ${ZMUON_NCCL_LIBRARY})")
-add_subdirectory(${CMAKE_CURRENT_LIST_DIR}/../kernels/cuda ${CMAKE_BINARY_DIR}/kernels/cuda)
+# src/kernels/CMakeLists.txt adds src/kernels/cuda when ZMUON_HAVE_CUDA_BUILD is ON.

@@ -5,7 +5,7 @@ same contract (same lr, momentum, Nesterov, weight decay, update scale rule, sam
 groups). Prints per-step loss and wall time of both, the largest loss gap, and the relative
 difference of one step's update on the same gradients.
 
-    PYTHONPATH=python ZMUON_LIBRARY=build/embed/libzmuon.so \\
+    PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so \\
         python3 examples/torch_train.py --steps 200 --device cpu
 
 --device cuda runs both on the GPU. zmuon takes CUDA tensors by device pointer; a build or

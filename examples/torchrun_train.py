@@ -4,7 +4,7 @@ TinyLM of torch_train.py on its own share of each step's batch, and zmuon reduce
 gradients across the processes (no DDP, no torch.distributed) and writes the same new weights
 into every process's model.
 
-    PYTHONPATH=python ZMUON_LIBRARY=build/embed/libzmuon.so \\
+    PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so \\
         torchrun --nproc_per_node 2 examples/torchrun_train.py --steps 30 --check
 
 torchrun's WORLD_SIZE, RANK and MASTER_ADDR say which process this is and where node 0's

@@ -25,7 +25,7 @@
 
 #include "caf/all.hpp"
 
-#include "launch/node.hpp"
+#include "node/node.hpp"
 #include "messages/errors.hpp"
 
 namespace {

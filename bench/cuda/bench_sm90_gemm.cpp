@@ -29,7 +29,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/gemm.hpp"
 #include "kernels/cuda/owners.hpp"
-#include "kernels/cuda/sm90_gemm.hpp"
+#include "kernels/cuda/sm90/sm90_gemm.hpp"
 
 namespace {
 

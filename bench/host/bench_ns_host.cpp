@@ -14,7 +14,7 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/ns_variants.hpp"
-#include "tests/ns_accuracy.hpp"
+#include "support/ns_accuracy.hpp"
 
 namespace {
 

@@ -84,8 +84,8 @@
 #include "bench/step/step_tables.hpp"
 #include "plan/plan.hpp"
 #include "trace/recorder.hpp"
-#include "trace/tool/reader.hpp"
-#include "trace/tool/step_stats.hpp"
+#include "zmuon-trace/reader.hpp"
+#include "zmuon-trace/step_stats.hpp"
 #include "zmuon/engine.hpp"
 
 namespace {

@@ -22,7 +22,7 @@
 
 #include "caf/all.hpp"
 
-#include "launch/exe/train.hpp"
+#include "zmuon-launch/train.hpp"
 #include "messages/registry.hpp"
 #include "trace/trace.hpp"
 

@@ -115,7 +115,7 @@ def _find_library():
     if found:
         return found
     raise ImportError("zmuon: libzmuon.so not found; set ZMUON_LIBRARY to its path "
-                      "(build/embed/libzmuon.so in a build tree, <prefix>/lib/libzmuon.so "
+                      "(build/src/embed/libzmuon.so in a build tree, <prefix>/lib/libzmuon.so "
                       "after cmake --install)")
 
 

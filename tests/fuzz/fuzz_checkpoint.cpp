@@ -6,7 +6,7 @@
 #include <string>
 
 #include "checkpoint/checkpoint.hpp"
-#include "launch/safetensors.hpp"
+#include "checkpoint/safetensors.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string bytes(reinterpret_cast<const char*>(data), size);

@@ -1,0 +1,546 @@
+// The C ABI (zmuon/zmuon.h) over the C++ engine. Every entry point catches everything: errors
+// become a status code plus the thread's last-error message, never an exception across the ABI.
+#include "zmuon/zmuon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.hpp"
+#include "plan/plan.hpp"
+#include "zmuon/engine.hpp"
+#include "zmuon/orthogonalize.hpp"
+
+struct zmuon_engine {
+  std::unique_ptr<zmuon::engine> eng;
+  std::map<std::string, bool> uses_muon;  // by registered name
+};
+
+struct zmuon_orthogonalizer {
+  zmuon::orthogonalizer ortho;
+};
+
+namespace {
+
+using zmuon::errc;
+
+static_assert(ZMUON_INVALID_ARGUMENT == static_cast<int>(errc::invalid_argument));
+static_assert(ZMUON_SHAPE_MISMATCH == static_cast<int>(errc::shape_mismatch));
+static_assert(ZMUON_INTERNAL == static_cast<int>(errc::internal));
+static_assert(ZMUON_UNSUPPORTED == static_cast<int>(errc::unsupported));
+static_assert(ZMUON_DEVICE_FAILURE == static_cast<int>(errc::device_failure));
+static_assert(ZMUON_FLOAT32 == static_cast<int>(zmuon::element_type::fp32));
+static_assert(ZMUON_BFLOAT16 == static_cast<int>(zmuon::element_type::bf16));
+
+thread_local std::string last_error;
+
+int fail(const zmuon::error& err) {
+  last_error = err.message();
+  return static_cast<int>(err.code());
+}
+
+int fail(errc code, std::string message) {
+  return fail(zmuon::error{code, std::move(message)});
+}
+
+/// Runs `body` (which returns a zmuon::error) with every exception turned into a status.
+template <class Body>
+int guarded(const char* fn, Body&& body) {
+  try {
+    zmuon::error err = body();
+    return err ? fail(err) : ZMUON_OK;
+  } catch (const std::bad_alloc&) {
+    return fail(errc::internal, std::string(fn) + ": out of memory");
+  } catch (const std::exception& e) {
+    return fail(errc::internal, std::string(fn) + ": " + e.what());
+  } catch (...) {
+    return fail(errc::internal, std::string(fn) + ": unknown exception");
+  }
+}
+
+zmuon::error null_arg(const char* fn, const char* what) {
+  return {errc::invalid_argument, std::string(fn) + ": " + what + " is NULL"};
+}
+
+/// A create call's `overrides` that are NULL (the array, or one of its `n` entries), named.
+zmuon::error null_override(const char* fn, const char* const* overrides, size_t n) {
+  if (n > 0 && !overrides)
+    return null_arg(fn, "overrides");
+  for (size_t i = 0; i < n; ++i)
+    if (!overrides[i])
+      return null_arg(fn, ("overrides[" + std::to_string(i) + "]").c_str());
+  return {};
+}
+
+std::vector<std::string> override_list(const char* const* overrides, size_t n) {
+  return {overrides, overrides + n};
+}
+
+template <class View, class Ptr>
+zmuon::error views_of(const char* fn, const zmuon_tensor* t, size_t n, std::vector<View>& out) {
+  if (n > 0 && !t)
+    return null_arg(fn, "the tensor array");
+  out.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!t[i].name)
+      return {errc::invalid_argument,
+              std::string(fn) + ": tensor " + std::to_string(i) + " has a NULL name"};
+    View v;
+    v.name = t[i].name;
+    v.data = static_cast<Ptr>(t[i].data);
+    v.size = t[i].numel;
+    if (t[i].device != ZMUON_HOST) {
+      if (t[i].device < 0)
+        return {errc::invalid_argument, std::string(fn) + ": tensor '" + v.name + "' has device "
+                                            + std::to_string(t[i].device)
+                                            + " (ZMUON_HOST = -1 or a CUDA ordinal >= 0)"};
+      v.space = zmuon::memory_space::cuda;
+      v.device = t[i].device;
+    }
+    out.push_back(std::move(v));
+  }
+  return {};
+}
+
+int create(const char* fn, zmuon_engine** out,
+           const std::function<zmuon::expected<std::unique_ptr<zmuon::engine>>()>& make) {
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!out)
+      return null_arg(fn, "out");
+    *out = nullptr;
+    auto made = make();
+    if (!made)
+      return made.err();
+    auto handle = std::make_unique<zmuon_engine>();
+    handle->eng = std::move(*made);
+    *out = handle.release();
+    return {};
+  });
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* zmuon_last_error(void) {
+  return last_error.c_str();
+}
+
+const char* zmuon_version(void) {
+  return ZMUON_VERSION_STRING;
+}
+
+const char* zmuon_status_name(int status) {
+  if (status < 0 || status > ZMUON_DEVICE_FAILURE)
+    return "unknown";
+  return zmuon::to_string(static_cast<errc>(status));
+}
+
+int zmuon_engine_create(const char* config_json, const char* const* overrides, size_t n_overrides,
+                        zmuon_engine** out) {
+  if (auto err = null_override("zmuon_engine_create", overrides, n_overrides))
+    return fail(err);
+  return create("zmuon_engine_create", out, [&] {
+    return zmuon::engine::create_from_json(config_json ? config_json : "",
+                                           override_list(overrides, n_overrides));
+  });
+}
+
+int zmuon_engine_create_from_file(const char* path, const char* const* overrides,
+                                  size_t n_overrides, zmuon_engine** out) {
+  if (!path)
+    return fail(null_arg("zmuon_engine_create_from_file", "path"));
+  if (auto err = null_override("zmuon_engine_create_from_file", overrides, n_overrides))
+    return fail(err);
+  return create("zmuon_engine_create_from_file", out, [&] {
+    return zmuon::engine::create_from_file(path, override_list(overrides, n_overrides));
+  });
+}
+
+int zmuon_engine_create_node(const char* config_json, const char* const* overrides,
+                             size_t n_overrides, int32_t nodes, int32_t node_rank, int32_t ranks,
+                             const char* master, zmuon_engine** out) {
+  const char* fn = "zmuon_engine_create_node";
+  if (auto err = null_override(fn, overrides, n_overrides))
+    return fail(err);
+  if (!master)
+    return fail(null_arg(fn, "master"));
+  return create(fn, out, [&]() -> zmuon::expected<std::unique_ptr<zmuon::engine>> {
+    auto cfg = zmuon::parse_config_text(config_json ? config_json : "",
+                                        override_list(overrides, n_overrides));
+    if (!cfg)
+      return cfg.err();
+    zmuon::join_options join;
+    join.nodes = nodes;
+    join.node_rank = node_rank;
+    join.ranks = ranks;
+    join.master = master;
+    join.join_timeout_ms = cfg->engine.timeout_ms;
+    join.heartbeat_timeout_ms = cfg->heartbeat_timeout_ms;
+    auto agreed = zmuon::config_json(*cfg);  // what every process must agree on
+    agreed["zmuon"].erase("ranks");
+    join.job = agreed.dump();
+    return zmuon::engine::create_node(cfg->engine, join);
+  });
+}
+
+int zmuon_engine_start(zmuon_engine* eng) {
+  const char* fn = "zmuon_engine_start";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    return eng->eng->start();
+  });
+}
+
+int zmuon_engine_first_rank(const zmuon_engine* eng, int32_t* out) {
+  if (!eng || !out)
+    return fail(null_arg("zmuon_engine_first_rank", eng ? "out" : "eng"));
+  *out = eng->eng->first_rank();
+  return ZMUON_OK;
+}
+
+int zmuon_engine_sum_over_nodes(zmuon_engine* eng, double* values, size_t n) {
+  const char* fn = "zmuon_engine_sum_over_nodes";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || (n > 0 && !values))
+      return null_arg(fn, !eng ? "eng" : "values");
+    auto sums = eng->eng->sum_over_nodes(std::vector<double>(values, values + n));
+    if (!sums)
+      return sums.err();
+    std::copy(sums->begin(), sums->end(), values);
+    return {};
+  });
+}
+
+void zmuon_engine_destroy(zmuon_engine* eng) {
+  try {
+    delete eng;
+  } catch (...) {  // a destructor that throws must not cross the ABI
+  }
+}
+
+int zmuon_engine_world(const zmuon_engine* eng, int32_t* out) {
+  if (!eng || !out)
+    return fail(null_arg("zmuon_engine_world", eng ? "out" : "eng"));
+  *out = eng->eng->world();
+  return ZMUON_OK;
+}
+
+int zmuon_engine_add_parameter(zmuon_engine* eng, const char* name, const int64_t* shape,
+                               int32_t ndim, int32_t group, int64_t heads, const float* init,
+                               int64_t numel) {
+  const char* fn = "zmuon_engine_add_parameter";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!name)
+      return null_arg(fn, "name");
+    if (ndim < 1 || !shape)
+      return {errc::invalid_argument,
+              std::string("parameter '") + name + "' needs a shape (ndim >= 1, shape not NULL)"};
+    if (group < ZMUON_GROUP_AUTO || group > ZMUON_GROUP_ADAMW)
+      return {errc::invalid_argument, std::string("parameter '") + name + "': group "
+                                          + std::to_string(group)
+                                          + " is not ZMUON_GROUP_AUTO, _MUON or _ADAMW"};
+    zmuon::param_spec spec{name, std::vector<int64_t>(shape, shape + ndim),
+                           static_cast<zmuon::param_group>(group), heads};
+    // The group the plan gives it (the default rule for AUTO); the plan also checks the spec.
+    auto alone = zmuon::make_plan({spec}, 1, 1 << 30);
+    if (!alone)
+      return alone.err();
+    std::vector<float> values;
+    if (!init && numel != 0 && numel != alone->params[0].numel)
+      return {errc::shape_mismatch, std::string("parameter '") + name + "': init is NULL (zeros) "
+                                        "but numel is " + std::to_string(numel) + ", not 0 or "
+                                        + std::to_string(alone->params[0].numel)};
+    if (init) {
+      if (numel != alone->params[0].numel)
+        return {errc::shape_mismatch, std::string("initial values of '") + name + "' have "
+                                          + std::to_string(numel) + " elements, shape needs "
+                                          + std::to_string(alone->params[0].numel)};
+      values.assign(init, init + numel);
+    }
+    if (auto err = eng->eng->add_parameter(spec, values))
+      return err;
+    eng->uses_muon[name] = alone->params[0].muon;
+    return {};
+  });
+}
+
+int zmuon_engine_param_uses_muon(const zmuon_engine* eng, const char* name, int32_t* out) {
+  const char* fn = "zmuon_engine_param_uses_muon";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !name || !out)
+      return null_arg(fn, !eng ? "eng" : !name ? "name" : "out");
+    auto it = eng->uses_muon.find(name);
+    if (it == eng->uses_muon.end())
+      return {errc::unknown_parameter, std::string("'") + name + "' is not a registered parameter"};
+    *out = it->second ? 1 : 0;
+    return {};
+  });
+}
+
+namespace {
+
+int reduce_views(const char* fn, zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
+                 size_t n, std::optional<void*> cuda_stream) {
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_view> views;
+    if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads, n, views))
+      return err;
+    return cuda_stream ? eng->eng->reduce(rank, views, *cuda_stream)
+                       : eng->eng->reduce(rank, views);
+  });
+}
+
+int gather_spans(const char* fn, zmuon_engine* eng, const zmuon_tensor* params, size_t n,
+                 std::optional<void*> cuda_stream) {
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_span> spans;
+    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
+      return err;
+    return cuda_stream ? eng->eng->gather_params(spans, *cuda_stream)
+                       : eng->eng->gather_params(spans);
+  });
+}
+
+}  // namespace
+
+int zmuon_engine_reduce(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads, size_t n) {
+  return reduce_views("zmuon_engine_reduce", eng, rank, grads, n, std::nullopt);
+}
+
+int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
+                                  size_t n, void* cuda_stream) {
+  return reduce_views("zmuon_engine_reduce_on_stream", eng, rank, grads, n, cuda_stream);
+}
+
+int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* const* grads,
+                            const size_t* counts, int32_t ranks) {
+  const char* fn = "zmuon_engine_reduce_all";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (ranks > 0 && (!grads || !counts))
+      return null_arg(fn, !grads ? "grads" : "counts");
+    std::vector<std::vector<zmuon::tensor_view>> views(static_cast<size_t>(std::max(ranks, 0)));
+    for (size_t i = 0; i < views.size(); ++i)
+      if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads[i], counts[i], views[i]))
+        return err;
+    return eng->eng->reduce_all(views);
+  });
+}
+
+int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
+  const char* fn = "zmuon_engine_step";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    auto info = eng->eng->step();
+    if (!info)
+      return info.err();
+    if (out) {
+      out->step = info->step;
+      out->skipped = info->skipped ? 1 : 0;
+      out->grad_norm = info->grad_norm;
+      out->clip_coef = info->clip_coef;
+      out->loss_scale = info->loss_scale;
+      out->next_loss_scale = info->next_loss_scale;
+      out->micro_batches = info->micro_batches;
+      out->ns_params = info->ns_params;
+      out->ns_matrices = info->ns_matrices;
+    }
+    return {};
+  });
+}
+
+int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n) {
+  return gather_spans("zmuon_engine_gather_params", eng, params, n, std::nullopt);
+}
+
+int zmuon_engine_gather_params_on_stream(zmuon_engine* eng, const zmuon_tensor* params, size_t n,
+                                         void* cuda_stream) {
+  return gather_spans("zmuon_engine_gather_params_on_stream", eng, params, n, cuda_stream);
+}
+
+int zmuon_engine_loss_scale(zmuon_engine* eng, float* out) {
+  const char* fn = "zmuon_engine_loss_scale";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !out)
+      return null_arg(fn, eng ? "out" : "eng");
+    auto s = eng->eng->loss_scale();
+    if (!s)
+      return s.err();
+    *out = *s;
+    return {};
+  });
+}
+
+int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
+  const char* fn = "zmuon_engine_set_lr";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!std::isfinite(muon_lr) || !std::isfinite(adam_lr))
+      return {errc::invalid_argument,
+              "learning rates must be finite (a negative one keeps the current rate)"};
+    zmuon::lr_schedule m, a;
+    if (muon_lr >= 0)
+      m = [muon_lr](uint64_t) { return muon_lr; };
+    if (adam_lr >= 0)
+      a = [adam_lr](uint64_t) { return adam_lr; };
+    eng->eng->set_lr_schedules(std::move(m), std::move(a));
+    return {};
+  });
+}
+
+int zmuon_engine_time_calls(zmuon_engine* eng, int32_t on) {
+  const char* fn = "zmuon_engine_time_calls";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    eng->eng->time_backend_calls(on != 0);
+    return {};
+  });
+}
+
+int zmuon_engine_write_call_timeline(zmuon_engine* eng, const char* path) {
+  const char* fn = "zmuon_engine_write_call_timeline";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!path)
+      return null_arg(fn, "path");
+    return eng->eng->write_call_timeline(path);
+  });
+}
+
+int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir) {
+  const char* fn = "zmuon_engine_save_checkpoint";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!dir)
+      return null_arg(fn, "dir");
+    return eng->eng->save_checkpoint(dir);
+  });
+}
+
+int zmuon_engine_load_checkpoint(zmuon_engine* eng, const char* dir, uint64_t* step_out) {
+  const char* fn = "zmuon_engine_load_checkpoint";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (!dir)
+      return null_arg(fn, "dir");
+    auto info = eng->eng->load_checkpoint(dir);
+    if (!info)
+      return info.err();
+    if (step_out)
+      *step_out = info->step;
+    return {};
+  });
+}
+
+// -- Newton-Schulz on its own ------------------------------------------------------------------
+
+int zmuon_orthogonalizer_create(const char* backend, int32_t device, const char* ns_json,
+                                zmuon_orthogonalizer** out) {
+  const char* fn = "zmuon_orthogonalizer_create";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!out)
+      return null_arg(fn, "out");
+    *out = nullptr;
+    if (!backend)
+      return null_arg(fn, "backend");
+    auto made = zmuon::orthogonalizer::create_from_json(backend, device, ns_json ? ns_json : "");
+    if (!made)
+      return made.err();
+    *out = new zmuon_orthogonalizer{std::move(*made)};
+    return {};
+  });
+}
+
+int zmuon_orthogonalizer_set_options(zmuon_orthogonalizer* ns, const char* ns_json) {
+  const char* fn = "zmuon_orthogonalizer_set_options";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!ns)
+      return null_arg(fn, "ns");
+    auto options = zmuon::parse_ns_options(ns_json ? ns_json : "");
+    if (!options)
+      return options.err();
+    return ns->ortho.set_options(*options);
+  });
+}
+
+void zmuon_orthogonalizer_destroy(zmuon_orthogonalizer* ns) {
+  try {
+    delete ns;
+  } catch (...) {  // a destructor that throws must not cross the ABI
+  }
+}
+
+namespace {
+
+/// x as the orthogonalizer's matrix_batch: 2-d [rows, cols] or 3-d [batch, rows, cols].
+zmuon::error batch_of(const char* fn, const zmuon_array* x, zmuon::matrix_batch& out) {
+  if (!x)
+    return null_arg(fn, "x");
+  if (x->ndim != 2 && x->ndim != 3)
+    return {errc::invalid_argument,
+            std::string(fn) + ": x has " + std::to_string(x->ndim)
+                + " dimensions; Newton-Schulz takes [rows, cols] or [batch, rows, cols]"};
+  if (!x->shape)
+    return null_arg(fn, "x->shape");
+  if (x->dtype != ZMUON_FLOAT32 && x->dtype != ZMUON_BFLOAT16)
+    return {errc::invalid_argument, std::string(fn) + ": x->dtype " + std::to_string(x->dtype)
+                                        + " is not ZMUON_FLOAT32 (0) or ZMUON_BFLOAT16 (1)"};
+  if (x->device < ZMUON_HOST)
+    return {errc::invalid_argument, std::string(fn) + ": x->device " + std::to_string(x->device)
+                                        + " is not ZMUON_HOST (-1) or a CUDA ordinal (>= 0)"};
+  out.data = x->data;
+  out.dtype = static_cast<zmuon::element_type>(x->dtype);
+  out.batch = x->ndim == 3 ? x->shape[0] : 1;
+  out.rows = x->shape[x->ndim - 2];
+  out.cols = x->shape[x->ndim - 1];
+  out.space = x->device == ZMUON_HOST ? zmuon::memory_space::host : zmuon::memory_space::cuda;
+  out.device = x->device == ZMUON_HOST ? 0 : x->device;
+  return {};
+}
+
+int orthogonalize(const char* fn, zmuon_orthogonalizer* ns, const zmuon_array* x,
+                  std::optional<void*> cuda_stream) {
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!ns)
+      return null_arg(fn, "ns");
+    zmuon::matrix_batch batch;
+    if (auto err = batch_of(fn, x, batch))
+      return err;
+    return cuda_stream ? ns->ortho.run(batch, *cuda_stream) : ns->ortho.run(batch);
+  });
+}
+
+}  // namespace
+
+int zmuon_orthogonalize(zmuon_orthogonalizer* ns, const zmuon_array* x) {
+  return orthogonalize("zmuon_orthogonalize", ns, x, std::nullopt);
+}
+
+int zmuon_orthogonalize_on_stream(zmuon_orthogonalizer* ns, const zmuon_array* x,
+                                  void* cuda_stream) {
+  return orthogonalize("zmuon_orthogonalize_on_stream", ns, x, cuda_stream);
+}
+
+}  // extern "C"

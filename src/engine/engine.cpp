@@ -1,0 +1,449 @@
+#include "zmuon/engine.hpp"
+
+#include "engine/impl.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+
+#include "caf/all.hpp"
+
+#include "actors/rank.hpp"
+#include "comm/caf_comm.hpp"
+#include "kernels/ns_variants.hpp"
+#ifdef ZMUON_HAVE_NCCL
+#include "comm/nccl_comm.hpp"
+#endif
+#include "messages/errors.hpp"
+#include "messages/registry.hpp"
+#include "plan/ownership.hpp"
+#include "trace/trace.hpp"
+#include "node/node_setup.hpp"
+
+namespace zmuon {
+
+namespace {
+
+error check_options(const engine_options& o) {
+  auto bad = [](const std::string& what) { return error{errc::invalid_argument, what}; };
+  if (o.world < 1)
+    return bad("world must be >= 1, got " + std::to_string(o.world));
+  if (o.reduce_bucket_size < 1)
+    return bad("reduce_bucket_size must be >= 1");
+  if (o.gradient_clipping < 0)
+    return bad("gradient_clipping must be >= 0 (0 = off)");
+  const auto& m = o.muon;
+  if (!(m.momentum >= 0 && m.momentum < 1))
+    return bad("muon momentum must be in [0, 1)");
+  if (auto err = check_ns_options(m.ns, o.compute))
+    return err;
+  const auto& a = o.adamw;
+  if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
+    return bad("adamw betas must be in [0, 1)");
+  if (!(a.eps > 0))
+    return bad("adamw eps must be > 0");
+  const auto& f = o.fp16;
+  if (f.enabled && f.loss_scale <= 0 && f.loss_scale_window < 1)
+    return bad("fp16 loss_scale_window must be >= 1");
+  if (f.enabled && !(f.min_loss_scale > 0))
+    return bad("fp16 min_loss_scale must be > 0");
+  if (o.comm != "caf" && o.comm != "nccl")
+    return bad("unknown comm backend '" + o.comm + "' (valid: auto, caf, nccl)");
+  if (o.comm == "nccl" && o.compute != "cuda")
+    return bad("comm backend 'nccl' needs compute backend 'cuda' (got '" + o.compute + "')");
+#ifndef ZMUON_HAVE_NCCL
+  if (o.comm == "nccl")
+    return bad("comm backend 'nccl' is not built in (configure with -DZMUON_CUDA=ON)");
+#endif
+  if (o.timeout_ms < 1 || o.timeout_ms > kMaxTimeoutMs)
+    return bad("timeout_ms must be in [1, " + std::to_string(kMaxTimeoutMs) + "] (30 days), got "
+               + std::to_string(o.timeout_ms));
+  if (o.max_buckets_in_flight < 0)
+    return bad("max_buckets_in_flight must be >= 0 (0 = unbounded), got "
+               + std::to_string(o.max_buckets_in_flight));
+  return {};
+}
+
+/// `o` with comm "auto" decided (options.hpp): nccl where every rank has a GPU of its own
+/// (`own_gpus`) and nccl is built in, caf otherwise. One process: on cuda with a GPU for each
+/// rank; a node of a multi-process job: the rendezvous handed out an NCCL id, which it makes for
+/// "auto" only when every rank of the job has a GPU no other rank lists.
+engine_options with_comm_decided(engine_options o, bool own_gpus) {
+  if (o.comm != "auto")
+    return o;
+  o.comm = "caf";
+#ifdef ZMUON_HAVE_NCCL
+  if (own_gpus && o.compute == "cuda")
+    o.comm = "nccl";
+#else
+  (void)own_gpus;
+#endif
+  return o;
+}
+
+}  // namespace
+
+// One compute backend per rank. On CUDA, rank r uses GPU r modulo the visible GPUs (caf comm:
+// several ranks may share one GPU; nccl: one GPU per rank).
+expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backends() const {
+  const int devices = compute_device_count(opts.compute);
+  if (opts.comm == "nccl" && devices < local)
+    return error{errc::invalid_argument,
+                 "comm backend 'nccl' needs one GPU per rank: " + std::to_string(local)
+                     + " rank(s) in this process but " + std::to_string(devices)
+                     + " GPU(s) visible (use comm 'caf' to run several ranks on one GPU)"};
+  if (opts.compute == "host")
+    share_host_blas_threads(local);
+  std::vector<std::shared_ptr<compute_backend>> out;
+  for (int i = 0; i < local; ++i) {  // local rank i on GPU i (modulo the visible GPUs)
+    auto be = make_compute_backend(opts.compute, devices > 0 ? i % devices : 0);
+    if (!be)
+      return be.err();
+    out.push_back(std::move(*be));
+  }
+  return out;
+}
+
+error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends) {
+  if (!comms.empty()) {  // a node of a multi-process job: the launcher connected its caf comms
+    if (opts.comm != "nccl")
+      return {};
+#ifdef ZMUON_HAVE_NCCL
+    // The ranks' collectives run on NCCL; the caf comms stay for the host's own collectives.
+    if (nccl_id.empty())
+      return {errc::invalid_argument,
+              "comm backend 'nccl': the rendezvous handed out no NCCL unique id"};
+    auto joined = spawn_nccl_comms(*sys, first_rank, opts.world, nccl_id, backends);
+    if (!joined)
+      return joined.err();
+    rank_comms = std::move(*joined);
+    return {};
+#endif
+  }
+  if (opts.comm == "nccl") {
+#ifdef ZMUON_HAVE_NCCL
+    auto group = spawn_nccl_comm_group(*sys, backends);
+    if (!group)
+      return group.err();
+    comms = std::move(*group);
+    return {};
+#endif
+  }
+  (void)backends;  // the caf comm moves host memory and needs no backend
+  for (auto& c : spawn_caf_comm_group(*sys, opts.world, traces))
+    comms.push_back(c);
+  return {};
+}
+
+engine::engine() : impl_(std::make_unique<impl>()) {}
+
+engine::~engine() {
+  if (impl_->leave_job)
+    impl_->leave_job();
+  for (auto& r : impl_->ranks) {
+    if (r.backend)  // a computation still running (after a timeout) ends early: nobody reads it
+      r.backend->cancel();
+    stop_rank(r);
+  }
+  for (auto& c : impl_->rank_comms)
+    caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
+  for (auto& c : impl_->comms)
+    caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
+}
+
+expected<std::unique_ptr<engine>> engine::create(const engine_options& options) {
+  const engine_options opts = with_comm_decided(
+      options, options.compute == "cuda" && compute_device_count("cuda") >= options.world);
+  if (auto err = check_options(opts))
+    return err;
+  if (opts.world > kMaxRanksPerProcess)
+    return error{errc::invalid_argument,
+                 "a process runs 1 to " + std::to_string(kMaxRanksPerProcess) + " ranks (world is "
+                     + std::to_string(opts.world) + ")"};
+  if (auto be = make_compute_backend(opts.compute); !be)
+    return be.err();
+  std::unique_ptr<engine> eng(new engine());
+  auto& d = *eng->impl_;
+  d.cfg.set("scheduler.max-threads", scheduler_threads(opts.world));
+  d.own_sys = std::make_unique<caf::actor_system>(d.cfg);
+  if (auto err = d.configure(opts, d.own_sys.get(), 0, opts.world))
+    return err;
+  return eng;
+}
+
+expected<std::unique_ptr<engine>> engine::create(const engine_options& options,
+                                                 const node_setup& node) {
+  std::unique_ptr<engine> eng(new engine());
+  if (auto err = eng->impl_->adopt(options, node))
+    return err;
+  return eng;
+}
+
+error engine::impl::adopt(const engine_options& options, const node_setup& node) {
+  engine_options o = with_comm_decided(options, !node.nccl_unique_id.empty());
+  if (node.world > 0)
+    o.world = node.world;
+  if (auto err = check_options(o))
+    return err;
+  int local_ranks = static_cast<int>(node.comms.size());
+  if (!node.system || local_ranks < 1 || node.first_rank < 0
+      || node.first_rank + local_ranks > o.world || node.node_first_ranks.empty())
+    return {errc::invalid_argument, "node setup: ranks [" + std::to_string(node.first_rank) + ", "
+                                        + std::to_string(node.first_rank + local_ranks)
+                                        + ") do not fit in world " + std::to_string(o.world)
+                                        + " (or no actor system / node table)"};
+  if (auto be = make_compute_backend(o.compute); !be)
+    return be.err();
+  int node_index = static_cast<int>(
+      std::find(node.node_first_ranks.begin(), node.node_first_ranks.end(), node.first_rank)
+      - node.node_first_ranks.begin());
+  if (auto err = configure(o, node.system, node.first_rank, local_ranks, node_index))
+    return err;
+  comms = node.comms;
+  nccl_id = node.nccl_unique_id;
+  node_first_ranks = node.node_first_ranks;
+  return {};
+}
+
+error engine::impl::start_for(int rank) {
+  if (join_job)  // a process of a multi-process job knows its ranks once it has joined
+    if (auto err = start())
+      return err;
+  if (auto err = check_local(rank))
+    return err;
+  return start();
+}
+
+error engine::impl::check_local(int rank) const {
+  if (rank >= first_rank && rank < first_rank + local)
+    return {};
+  return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside ["
+                                      + std::to_string(first_rank) + ", "
+                                      + std::to_string(first_rank + local) + ")"};
+}
+
+error engine::start() {
+  return impl_->start();
+}
+
+error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
+  auto& d = *impl_;
+  if (d.pl)
+    return {errc::bad_state,
+            "parameter '" + spec.name + "' registered after the first reduce() or step()"};
+  std::vector<param_spec> probe = d.table;
+  probe.push_back(spec);
+  auto checked = make_plan(probe, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon);
+  if (!checked)
+    return checked.err();
+  const auto& p = checked->params.back();
+  if (!init.empty() && static_cast<int64_t>(init.size()) != p.numel)
+    return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
+                                      + std::to_string(init.size()) + " elements, shape needs "
+                                      + std::to_string(p.numel)};
+  // The values first: a failed allocation (bad_alloc) leaves the table as it was.
+  std::vector<float> values = init.empty() ? std::vector<float>(p.numel, 0.0f) : init;
+  d.init.push_back(std::move(values));
+  try {
+    d.table.push_back(spec);
+  } catch (...) {
+    d.init.pop_back();
+    throw;
+  }
+  return {};
+}
+
+error engine::impl::start_locked() {
+  if (pl)
+    return {};
+  if (table.empty())
+    return {errc::bad_state, "no parameter is registered"};
+  if (join_job && !sys) {  // create_node(): join the job now that the table is known
+    auto joined = join_job(table);
+    if (!joined)
+      return joined.err();
+    if (auto err = adopt(opts, *joined))
+      return err;
+  }
+  auto made = make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon);
+  if (!made)
+    return made.err();
+  for (const auto& f : opts.faults.nonfinite)
+    if (made->find(f.param) < 0 || f.rank < 0 || f.rank >= opts.world)
+      return {errc::invalid_argument, "fault injection names parameter '" + f.param + "' on rank "
+                                          + std::to_string(f.rank)
+                                          + ", which is not a registered parameter or rank"};
+  pl = std::make_shared<const plan>(std::move(*made));
+  std::vector<std::pair<int, std::string>> muon_params;
+  for (size_t i = 0; i < pl->params.size(); ++i)
+    if (pl->params[i].muon)
+      muon_params.emplace_back(static_cast<int>(i), pl->params[i].name);
+  for (auto& rec : traces)
+    rec->plan(muon_params, static_cast<int>(pl->chunks.size()));
+  // From here on a failure leaves a part-started engine: it stops.
+  const std::string starting = "while starting";
+  auto backends = make_backends();
+  if (!backends)
+    return stop(backends.err(), starting);
+  for (auto& be : *backends)
+    be->time_calls(time_calls);
+  for (size_t i = 0; opts.trace_compute_calls && i < traces.size(); ++i)  // calls as spans
+    (*backends)[i]->trace_calls([rec = traces[i]](const compute_backend::traced_call& c) {
+      rec->compute(c.name, c.track, c.start_ns, c.end_ns - c.start_ns);
+    });
+  if (auto err = spawn_comms(*backends))
+    return stop(err, starting);
+  for (int i = 0; i < local; ++i) {
+    windows.emplace_back(*sys, first_rank + i, opts.timeout_ms,
+                         traces.empty() ? nullptr : traces[i]);
+    packed.emplace_back(pl->buckets.size());
+  }
+  for (int i = 0; i < local; ++i)
+    ranks.push_back(spawn_rank(*sys, pl, first_rank + i, opts,
+                               rank_comms.empty() ? comms[i] : rank_comms[i], (*backends)[i],
+                               traces.empty() ? nullptr : traces[i]));
+  // Each rank's initial shard of every parameter.
+  for (int k = 0; k < local; ++k) {
+    int r = first_rank + k;
+    auto shard = std::make_shared<std::vector<float>>(pl->shard_total, 0.0f);
+    for (size_t i = 0; i < pl->params.size(); ++i) {
+      const auto& p = pl->params[i];
+      int64_t n = valid_len(p, r);
+      if (n > 0)
+        std::memcpy(shard->data() + p.shard_offset, init[i].data() + r * p.shard_len,
+                    n * sizeof(float));
+    }
+    auto done = ask<ack>(ranks[k].store, load_params{0, shard});
+    if (!done)
+      return stop(done.err(), starting);
+  }
+  init.clear();
+  return {};
+}
+
+expected<step_info> engine::step() {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  for (int i = 0; i < d.local; ++i)
+    if (d.micros[i] != d.micros[0])
+      return error{errc::bad_state, "rank " + std::to_string(d.first_rank + i) + " handed over "
+                                        + std::to_string(d.micros[i]) + " micro-batches but rank "
+                                        + std::to_string(d.first_rank) + " handed over "
+                                        + std::to_string(d.micros[0])};
+  if (d.micros[0] == 0)
+    return error{errc::bad_state,
+                 "step() before any gradient was handed over (call reduce() "
+                 "for every rank first)"};
+  // The schedules' rates are checked before the step begins: a bad one leaves everything as it
+  // was, the gradients included, for a step() with a good one.
+  const float muon_lr = d.muon_lr(d.step + 1), adam_lr = d.adam_lr(d.step + 1);
+  for (const auto& [group, lr] : {std::pair{"Muon", muon_lr}, std::pair{"AdamW", adam_lr}})
+    if (!std::isfinite(lr) || lr < 0)
+      return error{errc::invalid_argument, std::string("the ") + group + " learning rate for step "
+                                               + std::to_string(d.step + 1) + " is "
+                                               + std::to_string(lr)
+                                               + ": learning rates must be finite and >= 0"};
+  // The buckets still in flight land first (the flush would wait for them anyway), so that
+  // their buffers are gone before the step's own.
+  for (auto& w : d.windows)
+    if (auto err = w.drain())
+      return d.stop(err, impl::in_step(d.step + 1));
+  uint64_t step = ++d.step;
+  d.host_collectives = 0;
+  if (d.step_started)
+    d.step_started(step);
+  if (d.opts.faults.kill_at_step == step)
+    std::raise(SIGKILL);  // fault injection: the process dies as this step begins
+  step_request req{step, muon_lr, adam_lr};
+  // Every coordinator gets its request before any reply is awaited: the step's collectives
+  // need all ranks.
+  caf::scoped_actor self{*d.sys};
+  using handle = decltype(self->request(d.ranks[0].coordinator, d.timeout(), req));
+  std::vector<handle> pending;
+  std::vector<int64_t> sent_at;  // traced: when each rank's request went out
+  for (auto& r : d.ranks) {
+    sent_at.push_back(trace::now_ns());
+    pending.push_back(self->request(r.coordinator, d.timeout(), req));
+  }
+  std::vector<expected<step_result>> results;
+  for (size_t r = 0; r < pending.size(); ++r) {
+    auto& h = pending[r];
+    expected<step_result> out = error{errc::internal, "no reply"};
+    h.receive([&](step_result& res) { out = std::move(res); },
+              [&](caf::error& err) { out = d.reply_error(err, "step " + std::to_string(step)); });
+    if (!d.traces.empty())
+      d.trace_step(static_cast<int>(r), req, trace::request_id(self->id(), h.id()), sent_at[r],
+                   out);
+    results.push_back(std::move(out));
+  }
+  std::fill(d.micros.begin(), d.micros.end(), 0);
+  step_info info;
+  for (size_t r = 0; r < results.size(); ++r) {
+    if (!results[r])
+      return d.stop(error{results[r].err().code(), "rank " + std::to_string(d.first_rank + r) + ": "
+                                                       + results[r].err().message()},
+                    impl::in_step(step));
+    const auto& res = *results[r];
+    if (r == 0) {
+      info.step = res.step;
+      info.skipped = res.skipped;
+      info.grad_norm = res.grad_norm;
+      info.clip_coef = res.clip_coef;
+      info.loss_scale = res.loss_scale;
+      info.next_loss_scale = res.next_loss_scale;
+      info.micro_batches = res.micros;
+    } else if (res.skipped != info.skipped || res.next_loss_scale != info.next_loss_scale) {
+      return d.stop(error{errc::internal, "ranks disagree on step " + std::to_string(step)},
+                    impl::in_step(step));
+    }
+    info.ns_params += res.ns_params;
+    info.ns_matrices += res.ns_matrices;
+  }
+  return info;
+}
+
+expected<rank_state> engine::snapshot(int rank) {
+  auto& d = *impl_;
+  if (auto err = d.start_for(rank))
+    return err;
+  return d.ask<rank_state>(d.ranks[rank - d.first_rank].store, snapshot_atom::value);
+}
+
+expected<float> engine::loss_scale() {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  return d.ask<float>(d.ranks[0].scaler, scale_atom::value);
+}
+
+void engine::set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr) {
+  if (muon_lr)
+    impl_->muon_lr = std::move(muon_lr);
+  if (adam_lr)
+    impl_->adam_lr = std::move(adam_lr);
+}
+
+int engine::world() const {
+  return impl_->opts.world;
+}
+
+int engine::first_rank() const {
+  return impl_->first_rank;
+}
+
+int engine::local_ranks() const {
+  return impl_->local;
+}
+
+const plan* engine::layout() const {
+  return impl_->pl.get();
+}
+
+const engine_options& engine::options() const {
+  return impl_->opts;
+}
+
+}  // namespace zmuon

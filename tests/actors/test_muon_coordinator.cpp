@@ -1,0 +1,458 @@
+// The Muon coordinator alone: reducer, loss scaler, store and comm replaced by recording doubles
+// that share one trace, under CAF's testing scheduler. The comm double plays the other ranks of a
+// world of 1 or 2; the Newton-Schulz results are checked against the host backend run here.
+#define BOOST_TEST_MODULE muon_coordinator
+#include "support/actor_fixture.hpp"
+
+#include <boost/test/data/monomorphic.hpp>
+#include <boost/test/data/test_case.hpp>
+#include <cmath>
+
+#include "actors/muon_coordinator.hpp"
+#include "plan/ownership.hpp"
+#include "plan/plan.hpp"
+
+namespace zmuon::test {
+namespace {
+
+std::shared_ptr<compute_backend> host_backend() {
+  auto made = make_compute_backend("host");
+  BOOST_REQUIRE(made);
+  return std::shared_ptr<compute_backend>(std::move(*made));
+}
+
+/// The u shard values the store double writes (rank r's shard of parameter i).
+float u_value(int i, int r, int64_t k) {
+  return static_cast<float>(std::sin(1.0 + 7.0 * i + 3.0 * r + 0.37 * static_cast<double>(k)));
+}
+/// What another rank, owner of parameter i, scatters to this rank.
+float remote_result(int i, int64_t k) {
+  return 10.0f + static_cast<float>(i) + 0.01f * static_cast<float>(k);
+}
+
+struct coord_fixture : actor_fixture {
+  std::shared_ptr<trace_log> trace = std::make_shared<trace_log>();
+  std::shared_ptr<flush_log> flushes = std::make_shared<flush_log>();
+  std::shared_ptr<check_log> checks = std::make_shared<check_log>();
+  std::shared_ptr<step_store_log> stored = std::make_shared<step_store_log>();
+  std::shared_ptr<comm_log> comms = std::make_shared<comm_log>();
+  std::shared_ptr<compute_backend> be = host_backend();
+  engine_options opts;
+  std::shared_ptr<const plan> pl;
+  int rank = 0;
+  bool hold_a2a = false;  // all-to-alls wait for complete_a2a
+  std::map<std::pair<int, int>, std::vector<std::vector<float>>> sent;  // (gather?, chunk)
+  muon_coordinator_actor coord;
+
+  coord_fixture() {
+    flushes->trace = checks->trace = stored->trace = comms->trace = trace;
+    flushes->micros = 4;
+    checks->scale = 1024.0f;
+    checks->next_scale = 2048.0f;
+    opts.gradient_clipping = 1.0f;
+    opts.muon.momentum = 0.9f;
+    opts.muon.nesterov = false;
+    opts.muon.weight_decay = 0.1f;
+    opts.adamw = adamw_options{3e-4f, 0.8f, 0.99f, 1e-8f, 0.05f};
+    stored->fill_u = [this](const muon_momentum& m) {  // u of this rank's shards, zero padding
+      const auto& ch = pl->chunks[m.chunk];
+      for (int i : ch.params) {
+        const auto& p = pl->params[i];
+        for (int64_t k = 0; k < p.shard_len; ++k)
+          m.out.data[p.state_offset - ch.state_offset + k] =
+              k < valid_len(p, rank) ? u_value(i, rank, k) : 0.0f;
+      }
+    };
+    comms->on_request = [this](comm_log::call& c) { serve(c); };
+  }
+  ~coord_fixture() { stored->fill_u = nullptr, comms->on_request = nullptr; }
+
+  void start(std::vector<param_spec> table, int world, int64_t bucket, int r) {
+    auto made = make_plan(table, world, bucket);
+    BOOST_REQUIRE(made);
+    pl = std::make_shared<const plan>(std::move(*made));
+    rank = r;
+    coordinator_peers peers{
+        keep(sys.spawn(fake_reducer, flushes)), keep(sys.spawn(fake_scaler, checks)),
+        keep(sys.spawn(fake_step_store, stored)), keep(sys.spawn(fake_comm, comms))};
+    coord = keep(spawn_muon_coordinator(sys, pl, rank, opts, peers, be));
+    run();
+  }
+
+  void serve(comm_log::call& c) {
+    if (c.kind == comm_log::call::all_to_all) {
+      auto& out = sent[{c.a2a.tag.kind == collective_kind::gather, c.a2a.tag.index}];
+      for (const auto& segs : c.a2a.sends)  // the values as sent
+        out.push_back(gather_segments(segs));
+      if (!hold_a2a)
+        complete_a2a(c);
+    }
+  }
+
+  void complete_a2a(comm_log::call& c) {
+    bool gather = c.a2a.tag.kind == collective_kind::gather;
+    for (int q = 0; q < pl->world; ++q)
+      fill_segments(c.a2a.recvs[q], q == rank ? gather_segments(c.a2a.sends[q])
+                                    : gather  ? gather_recv(c.a2a.tag.index, q)
+                                              : scatter_recv(c.a2a.tag.index, q));
+    c.finish();
+  }
+
+  // -- what the protocol says travels, derived from the plan here --------------------------------
+  template <class F>
+  std::vector<float> concat(int c, F&& part) {
+    std::vector<float> out;
+    for (int i : pl->chunks[c].params)
+      part(i, pl->params[i], out);
+    return out;
+  }
+  std::vector<float> gather_recv(int c, int q) {  // q's u shards of the matrices I own
+    return concat(c, [&](int i, const param_layout& p, std::vector<float>& out) {
+      for (int64_t k = 0; p.owner == rank && k < valid_len(p, q); ++k)
+        out.push_back(u_value(i, q, k));
+    });
+  }
+  std::vector<float> scatter_recv(int c, int q) {  // my result shards of the matrices q owns
+    return concat(c, [&](int i, const param_layout& p, std::vector<float>& out) {
+      for (int64_t k = 0; p.owner == q && k < valid_len(p, rank); ++k)
+        out.push_back(remote_result(i, k));
+    });
+  }
+  std::vector<float> gather_send(int c, int q) {  // my u shards of the matrices q owns
+    return concat(c, [&](int i, const param_layout& p, std::vector<float>& out) {
+      for (int64_t k = 0; p.owner == q && k < valid_len(p, rank); ++k)
+        out.push_back(u_value(i, rank, k));
+    });
+  }
+  std::vector<float> scatter_send(int c, int q) {  // q's shards of my orthogonalized matrices
+    return concat(c, [&](int i, const param_layout& p, std::vector<float>& out) {
+      auto full = reference_update(i);
+      for (int64_t k = 0; p.owner == rank && k < valid_len(p, q); ++k)
+        out.push_back(full[q * p.shard_len + k]);
+    });
+  }
+  /// NS of the whole matrix i, each head block alone, scaled by sqrt(max(1, rows/cols)) of a block.
+  std::vector<float> reference_update(int i) {
+    const auto& p = pl->params[i];
+    std::vector<float> full(p.numel);
+    for (int q = 0; q < pl->world; ++q)
+      for (int64_t k = 0; k < valid_len(p, q); ++k)
+        full[q * p.shard_len + k] = u_value(i, q, k);
+    const int64_t rows = p.rows / p.heads;
+    for (int64_t h = 0; h < p.heads; ++h)
+      host_backend()->newton_schulz(full.data() + h * rows * p.cols, 1, rows, p.cols, opts.muon.ns);
+    double scale = std::sqrt(std::max(1.0, double(rows) / double(p.cols)));
+    for (auto& x : full)
+      x = static_cast<float>(x * scale);
+    return full;
+  }
+  /// This rank's update of chunk c: its shard of each matrix, zero padding.
+  std::vector<float> expected_update(int c) {
+    const auto& ch = pl->chunks[c];
+    std::vector<float> out(ch.shard_len, 0.0f);
+    for (int i : ch.params) {
+      const auto& p = pl->params[i];
+      auto full = p.owner == rank ? reference_update(i) : std::vector<float>{};
+      for (int64_t k = 0; k < valid_len(p, rank); ++k)
+        out[p.state_offset - ch.state_offset + k] =
+            p.owner == rank ? full[rank * p.shard_len + k] : remote_result(i, k);
+    }
+    return out;
+  }
+
+  std::shared_ptr<reply_slot<step_result>> step(uint64_t s) {
+    auto r = ask<step_result>(coord, step_request{s, 0.02f, 0.001f});
+    run();
+    return r;
+  }
+  std::vector<std::string> lines_of(const std::string& peer) const {
+    std::vector<std::string> out;
+    for (const auto& l : trace->lines)
+      if (l.rfind(peer + ":", 0) == 0)
+        out.push_back(l);
+    return out;
+  }
+  size_t position(const std::string& line) const {
+    auto it = std::find(trace->lines.begin(), trace->lines.end(), line);
+    BOOST_REQUIRE_MESSAGE(it != trace->lines.end(), "'" << line << "' was never received");
+    return static_cast<size_t>(it - trace->lines.begin());
+  }
+  void check_updates() {
+    BOOST_REQUIRE_EQUAL(stored->applies.size(), pl->chunks.size());
+    for (const auto& [msg, values] : stored->applies) {
+      auto want = expected_update(msg.chunk);
+      BOOST_REQUIRE_EQUAL(values.size(), want.size());
+      for (size_t k = 0; k < want.size(); ++k)
+        BOOST_CHECK_MESSAGE(
+            std::abs(values[k] - want[k]) <= 1e-5f,
+            "chunk " << msg.chunk << " [" << k << "] " << values[k] << " != " << want[k]);
+    }
+  }
+};
+
+const std::vector<param_spec> kOneMatrix = {{"w", {4, 3}}, {"bias", {3}}};
+const std::vector<param_spec> kThreeMatrices = {{"a", {4, 3}}, {"b", {3, 5}}, {"c", {2, 6}}};
+// World 2, chunks of one matrix each: w0 -> rank 0, w1 -> rank 1, w2 -> rank 0 (LPT, ties low);
+// w2 has 15 elements, so rank 1's shard holds 7 and one padding element.
+const std::vector<param_spec> kWorldTwo = {
+    {"w0", {4, 6}}, {"w1", {6, 4}}, {"w2", {3, 5}}, {"bias", {5}}};
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(muon_coordinator_alone, coord_fixture)
+
+BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
+  start(kOneMatrix, 1, 1000, 0);
+  // Raw norm = sqrt(ss) / (scale * micros) = 2.5 > clip 1: clipped.
+  const double scale = 1024.0, micros = 4.0, raw_norm = 2.5;
+  checks->sum_squares = std::pow(raw_norm * scale * micros, 2);  // from the vote
+  auto r = step(1);
+  const std::vector<std::string> expected = {
+      "reducer: flush 1",         "scaler: check_overflow 1", "store: unscale_clip 1",
+      "store: muon_momentum 1/0", "comm: gather 1/0",         "comm: scatter 1/0",
+      "store: apply_muon 1/0",    "store: adamw_step 1",      "store: finish_step 1"};
+  BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
+                                expected.end());
+  double clip = 1.0 / (raw_norm + 1e-6);  // torch's clip_grad_norm_ coefficient
+  BOOST_REQUIRE_EQUAL(stored->unscales.size(), 1u);
+  BOOST_CHECK_CLOSE(stored->unscales[0].factor, clip / (scale * micros), 1e-4);
+  const auto& res = value_of(r);
+  BOOST_CHECK_EQUAL(res.step, 1u);
+  BOOST_CHECK(!res.skipped);
+  BOOST_CHECK_CLOSE(res.grad_norm, raw_norm, 1e-9);
+  BOOST_CHECK_CLOSE(res.clip_coef, clip, 1e-4);
+  BOOST_CHECK_EQUAL(res.loss_scale, 1024.0f);
+  BOOST_CHECK_EQUAL(res.next_loss_scale, 2048.0f);
+  BOOST_CHECK_EQUAL(res.micros, 4);
+  BOOST_CHECK_EQUAL(res.ns_params, 1);
+  BOOST_CHECK_EQUAL(res.ns_matrices, 1);
+  const auto& m = stored->momentums.at(0);
+  BOOST_CHECK_EQUAL(m.beta, 0.9f);
+  BOOST_CHECK(!m.nesterov);
+  BOOST_CHECK_EQUAL(m.out.size, pl->chunks[0].shard_len);
+  BOOST_CHECK_EQUAL(stored->applies.at(0).first.lr, 0.02f);
+  BOOST_CHECK_EQUAL(stored->applies.at(0).first.weight_decay, 0.1f);
+  check_updates();
+  const auto& a = stored->adamws.at(0);
+  BOOST_CHECK(a.lr == 0.001f && a.beta1 == 0.8f && a.beta2 == 0.99f && a.eps == 1e-8f
+              && a.weight_decay == 0.05f);
+  // The next step runs the same way: the coordinator is idle again.
+  checks->sum_squares = std::pow(0.5 * scale * micros, 2);  // below the clip: not clipped
+  auto r2 = step(2);
+  BOOST_CHECK_EQUAL(value_of(r2).clip_coef, 1.0f);
+  BOOST_CHECK_CLOSE(stored->unscales.at(1).factor, 1.0 / (scale * micros), 1e-5);
+  BOOST_CHECK_EQUAL(trace->lines.size(), 2 * expected.size());
+}
+
+BOOST_AUTO_TEST_CASE(overflowed_step_discards_and_runs_nothing_of_muon) {
+  start(kOneMatrix, 1, 1000, 0);
+  checks->overflow = true;
+  auto r = step(1);
+  const std::vector<std::string> expected = {"reducer: flush 1", "scaler: check_overflow 1",
+                                             "store: discard_grads 1"};
+  BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
+                                expected.end());
+  BOOST_CHECK(comms->calls.empty());  // no gather, no scatter
+  BOOST_CHECK(stored->momentums.empty() && stored->applies.empty() && stored->adamws.empty()
+              && stored->unscales.empty());
+  BOOST_CHECK_EQUAL(be->ns_matrix_count(), 0);  // no Newton-Schulz
+  const auto& res = value_of(r);
+  BOOST_CHECK(res.skipped);
+  BOOST_CHECK_EQUAL(res.loss_scale, 1024.0f);
+  BOOST_CHECK_EQUAL(res.next_loss_scale, 2048.0f);
+  BOOST_CHECK_EQUAL(res.ns_params, 0);
+  BOOST_CHECK_EQUAL(res.ns_matrices, 0);
+}
+
+BOOST_AUTO_TEST_CASE(step_without_gradients_is_an_error) {
+  start(kOneMatrix, 1, 1000, 0);
+  flushes->micros = 0;
+  check_error(step(1), errc::bad_state, "no gradient");
+  BOOST_CHECK(trace->lines == std::vector<std::string>{"reducer: flush 1"});
+}
+
+BOOST_AUTO_TEST_CASE(second_step_while_one_runs_is_refused) {
+  start(kOneMatrix, 1, 1000, 0);
+  comms->on_request = nullptr;  // the first step stops at its gather
+  auto first = step(1);
+  BOOST_REQUIRE_EQUAL(comms->calls.size(), 1u);
+  auto second = step(2);
+  check_error(second, errc::bad_state, "while step 1 is running");
+  BOOST_CHECK(!first->done);
+  comms->on_request = [this](comm_log::call& c) { serve(c); };
+  serve(comms->calls[0]);
+  run();
+  BOOST_CHECK(!value_of(first).skipped);
+  BOOST_CHECK_EQUAL(flushes->calls.size(), 1u);  // the refused step started nothing
+}
+
+BOOST_AUTO_TEST_CASE(peer_error_fails_the_step_and_the_next_step_runs) {
+  start(kOneMatrix, 1, 1000, 0);
+  stored->fail_on = "apply_muon";
+  stored->fail_with = make_caf_error(errc::shape_mismatch, "apply refused by the test");
+  check_error(step(1), errc::shape_mismatch, "apply refused");
+  BOOST_CHECK(stored->adamws.empty());
+  stored->fail_on.clear();
+  BOOST_CHECK(!value_of(step(2)).skipped);
+}
+
+// A step that ends while the store still writes a chunk's u (a busy store: chunk 1's momentum
+// is held) frees nothing that the store writes into, whichever way it ends: chunk 0's gather
+// fails (a peer's error), or the coordinator itself ends (an engine stopping after a timeout,
+// which the CI's ASan caught as a write into a freed u). The request's view keeps u allocated
+// until the message is gone; only then does the host backend count its bytes released.
+BOOST_DATA_TEST_CASE_F(coord_fixture, an_ended_step_frees_no_buffer_the_store_still_writes,
+                       boost::unit_test::data::make({false, true}), end_coordinator) {
+  start(kThreeMatrices, 1, 12, 0);
+  hold_a2a = true;
+  stored->hold_momentum = 1;
+  const int64_t before = be->memory().in_use;
+  auto r = step(1);
+  BOOST_REQUIRE(lines_of("comm") == std::vector<std::string>{"comm: gather 1/0"});
+  BOOST_REQUIRE_EQUAL(stored->momentums.size(), 2u);  // chunk 1's is the held one
+  if (end_coordinator)
+    caf::anon_send_exit(coord, caf::exit_reason::user_shutdown);
+  else
+    comms->calls.at(0).fail(make_caf_error(errc::bad_state, "gather refused by the test"));
+  run();
+  if (!end_coordinator)
+    check_error(r, errc::bad_state, "gather refused");
+  comms->calls.clear();                                // the comm is done with chunk 0
+  stored->momentums.erase(stored->momentums.begin());  // answered
+  const muon_momentum& held = stored->momentums.at(0);
+  const int64_t u_bytes = pl->chunks[1].shard_len * static_cast<int64_t>(sizeof(float));
+  BOOST_CHECK_EQUAL(held.out.size, pl->chunks[1].shard_len);
+  BOOST_REQUIRE_EQUAL(be->memory().in_use - before, u_bytes);
+  stored->fill_u(held);  // the store's write lands in memory still allocated
+  stored->momentums.clear();
+  BOOST_CHECK_EQUAL(be->memory().in_use - before, 0);
+  stored->answer_held(1);  // a late answer: nobody waits for it any more
+  run();
+}
+
+BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_order) {
+  start(kThreeMatrices, 1, 12, 0);
+  BOOST_REQUIRE_EQUAL(pl->chunks.size(), 3u);
+  hold_a2a = true;
+  auto r = step(1);
+  // G0 and G1 are both out before either is answered; S0 waits for G0.
+  auto a2a = [&] { return lines_of("comm"); };
+  BOOST_CHECK(a2a() == (std::vector<std::string>{"comm: gather 1/0", "comm: gather 1/1"}));
+  complete_a2a(comms->calls.at(1));  // G1 answered first: still no S0, and no G2
+  run();
+  BOOST_CHECK_EQUAL(a2a().size(), 2u);
+  complete_a2a(comms->calls.at(0));  // G0: now S0, then G2
+  run();
+  hold_a2a = false;
+  for (size_t i = 2; i < comms->calls.size(); ++i)
+    complete_a2a(comms->calls[i]);
+  run();
+  const std::vector<std::string> order = {"comm: gather 1/0",  "comm: gather 1/1",
+                                          "comm: scatter 1/0", "comm: gather 1/2",
+                                          "comm: scatter 1/1", "comm: scatter 1/2"};
+  auto got = a2a();
+  BOOST_CHECK_EQUAL_COLLECTIONS(got.begin(), got.end(), order.begin(), order.end());
+  for (int c = 0; c < 3; ++c) {  // each chunk: momentum < gather < scatter < apply < adamw
+    auto id = "1/" + std::to_string(c);
+    BOOST_CHECK(position("store: muon_momentum " + id) < position("comm: gather " + id));
+    BOOST_CHECK(position("comm: gather " + id) < position("comm: scatter " + id));
+    BOOST_CHECK(position("comm: scatter " + id) < position("store: apply_muon " + id));
+    BOOST_CHECK(position("store: apply_muon " + id) < position("store: adamw_step 1"));
+    if (c > 0)  // the update before the next scatter, which on a device waits for its NS
+      BOOST_CHECK(position("store: apply_muon 1/" + std::to_string(c - 1))
+                  < position("comm: scatter " + id));
+  }
+  BOOST_CHECK(position("store: adamw_step 1") < position("store: finish_step 1"));
+  BOOST_CHECK_EQUAL(value_of(r).ns_params, 3);
+  check_updates();
+}
+
+// Under a comm that enqueues on the device's stream, chunk c+1's momentum is requested only
+// once chunk c's gather is answered (enqueued), so the gather and its NS never queue behind it;
+// the updates still come out right.
+BOOST_AUTO_TEST_CASE(device_comm_orders_each_momentum_after_the_gather_before_it) {
+  opts.comm = "nccl";
+  start(kThreeMatrices, 1, 12, 0);
+  BOOST_REQUIRE_EQUAL(pl->chunks.size(), 3u);
+  hold_a2a = true;
+  auto r = step(1);
+  auto momenta = [&] {
+    size_t n = 0;
+    for (const auto& l : lines_of("store"))
+      n += l.rfind("store: muon_momentum", 0) == 0;
+    return n;
+  };
+  BOOST_CHECK_EQUAL(momenta(), 1u);  // G0 out and unanswered: no momentum for chunk 1 yet
+  complete_a2a(comms->calls.at(0));  // G0 answered: chunk 1's momentum, then G1
+  run();
+  BOOST_CHECK_EQUAL(momenta(), 2u);
+  hold_a2a = false;
+  for (size_t i = 1; i < comms->calls.size(); ++i)
+    complete_a2a(comms->calls[i]);
+  run();
+  BOOST_CHECK(!value_of(r).skipped);
+  for (int c = 1; c < 3; ++c)
+    BOOST_CHECK(position("comm: gather 1/" + std::to_string(c - 1))
+                < position("store: muon_momentum 1/" + std::to_string(c)));
+  check_updates();
+}
+
+BOOST_AUTO_TEST_CASE(step_without_muon_parameters_runs_adamw_only) {
+  start({{"embed", {4, 3}}, {"bias", {3}}}, 1, 1000, 0);
+  BOOST_CHECK(!value_of(step(1)).skipped);
+  BOOST_CHECK(lines_of("store")
+              == (std::vector<std::string>{"store: unscale_clip 1", "store: adamw_step 1",
+                                           "store: finish_step 1"}));
+  BOOST_CHECK(lines_of("comm").empty());
+}
+
+BOOST_AUTO_TEST_CASE(per_head_matrix_is_orthogonalized_block_by_block) {
+  start({{"qkv", {6, 4}, param_group::automatic, 3}, {"up", {8, 2}}}, 1, 1000, 0);
+  auto r = step(1);
+  BOOST_CHECK_EQUAL(value_of(r).ns_params, 2);
+  BOOST_CHECK_EQUAL(value_of(r).ns_matrices, 3 + 1);  // three [2, 4] heads and one [8, 2]
+  check_updates();
+}
+
+void check_world_two(coord_fixture& f, int rank) {
+  f.checks->sum_squares = 400.0;  // both ranks' (the vote's) sum
+  f.start(kWorldTwo, 2, 24, rank);
+  const auto& pl = *f.pl;
+  BOOST_REQUIRE_EQUAL(pl.chunks.size(), 3u);
+  BOOST_REQUIRE(pl.params[0].owner == 0 && pl.params[1].owner == 1 && pl.params[2].owner == 0);
+  auto r = f.step(1);
+  const std::vector<std::string> order = {"comm: gather 1/0",  "comm: gather 1/1",
+                                          "comm: scatter 1/0", "comm: gather 1/2",
+                                          "comm: scatter 1/1", "comm: scatter 1/2"};
+  auto got = f.lines_of("comm");
+  BOOST_CHECK_EQUAL_COLLECTIONS(got.begin(), got.end(), order.begin(), order.end());
+  for (int c = 0; c < 3; ++c)
+    for (int q = 0; q < 2; ++q) {  // what this rank handed the comm for every peer
+      BOOST_TEST_CONTEXT("rank " << rank << ", chunk " << c << ", to rank " << q) {
+        const auto& gathered = f.sent.at({true, c}).at(q);
+        const auto& scattered = f.sent.at({false, c}).at(q);
+        BOOST_CHECK(gathered == f.gather_send(c, q));
+        auto want = f.scatter_send(c, q);
+        BOOST_REQUIRE_EQUAL(scattered.size(), want.size());
+        for (size_t k = 0; k < want.size(); ++k)
+          BOOST_CHECK_SMALL(scattered[k] - want[k], 1e-5f);
+      }
+    }
+  f.check_updates();
+  const auto& res = value_of(r);
+  BOOST_CHECK_CLOSE(res.grad_norm, std::sqrt(400.0) / (1024.0 * 4.0), 1e-9);
+  int owned = rank == 0 ? 2 : 1;
+  BOOST_CHECK_EQUAL(res.ns_params, owned);
+  BOOST_CHECK_EQUAL(res.ns_matrices, owned);
+}
+
+BOOST_AUTO_TEST_CASE(clean_step_world_two_rank_zero) {
+  check_world_two(*this, 0);
+}
+BOOST_AUTO_TEST_CASE(clean_step_world_two_rank_one) {
+  check_world_two(*this, 1);
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace zmuon::test

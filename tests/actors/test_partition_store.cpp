@@ -1,0 +1,401 @@
+// The partition store alone, on the host compute backend, under CAF's testing scheduler: every
+// request's effect on the store's state (read back with snapshot_atom) against a hand
+// computation in double precision.
+#define BOOST_TEST_MODULE partition_store
+#include "support/actor_fixture.hpp"
+
+#include <cmath>
+
+#include "actors/partition_store.hpp"
+#include "kernels/bf16.hpp"
+#include "kernels/compute.hpp"
+#include "plan/plan.hpp"
+
+namespace zmuon::test {
+namespace {
+
+constexpr int kWorld = 2;
+constexpr int kRank = 1;
+
+// Buckets of at most 20 elements: [a] [b, c] [embed]; Muon chunks [a] [c]; padding on rank 1.
+std::shared_ptr<const plan> make_test_plan() {
+  auto pl = make_plan(
+      {{"a.weight", {3, 5}}, {"b.bias", {5}}, {"c.weight", {4, 2}}, {"embed", {6, 2}}}, kWorld, 20);
+  BOOST_REQUIRE(pl);
+  BOOST_REQUIRE_EQUAL(pl->buckets.size(), 3u);
+  BOOST_REQUIRE_EQUAL(pl->chunks.size(), 2u);
+  BOOST_REQUIRE(pl->params[0].muon && !pl->params[1].muon && pl->params[2].muon
+                && !pl->params[3].muon);
+  return std::make_shared<const plan>(std::move(*pl));
+}
+
+/// Deterministic multiples of 1/8 in [-1, 1]: sums and products of a few stay exact.
+std::vector<float> eighths(int64_t n, int seed) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = static_cast<float>((i * 37 + seed * 11) % 17 - 8) * 0.125f;
+  return v;
+}
+
+void check_close(const std::vector<float>& got, const std::vector<double>& ref, double rtol,
+                 double atol, const std::string& what) {
+  BOOST_REQUIRE_EQUAL(got.size(), ref.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    BOOST_CHECK_MESSAGE(std::abs(got[i] - ref[i]) <= rtol * std::abs(ref[i]) + atol,
+                        what << "[" << i << "] = " << got[i] << ", expected " << ref[i]);
+}
+
+struct store_fixture : actor_fixture {
+  std::shared_ptr<const plan> pl = make_test_plan();
+  std::shared_ptr<compute_backend> be = [] {
+    auto made = make_compute_backend("host");
+    BOOST_REQUIRE(made);
+    return std::shared_ptr<compute_backend>(std::move(*made));
+  }();
+  partition_store_actor store = keep(spawn_partition_store(sys, pl, kRank, be));
+
+  store_fixture() { run(); }
+
+  template <class Reply = ack, class Msg>
+  std::shared_ptr<reply_slot<Reply>> call(Msg msg) {
+    auto r = ask<Reply>(store, std::move(msg));
+    run();
+    return r;
+  }
+
+  store_snapshot snapshot() { return value_of(call<store_snapshot>(snapshot_atom::value)); }
+
+  void load(const std::vector<float>& params) {
+    value_of(call(load_params{0, std::make_shared<const std::vector<float>>(params)}));
+  }
+
+  /// Accumulates `grads` (a whole shard) bucket by bucket; the views live until the replies.
+  void accumulate_all(uint64_t step, const std::vector<float>& grads) {
+    std::vector<float> copy = grads;
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
+      const auto& bk = pl->buckets[b];
+      auto r = call(accumulate{step, 0, b, {copy.data() + bk.shard_offset, bk.shard_len}});
+      BOOST_CHECK_EQUAL(value_of(r).step, step);
+    }
+  }
+
+  /// Runs muon_momentum on every chunk; returns u in the store's Muon-state layout.
+  std::vector<float> momentum_all(uint64_t step, float beta, bool nesterov) {
+    std::vector<float> u(pl->muon_state_total, -99.0f);
+    for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
+      const auto& ch = pl->chunks[c];
+      float_view out{u.data() + ch.state_offset, ch.shard_len};
+      value_of(call(muon_momentum{step, c, beta, nesterov, out}));
+    }
+    return u;
+  }
+};
+
+}  // namespace
+
+BOOST_FIXTURE_TEST_SUITE(partition_store_alone, store_fixture)
+
+BOOST_AUTO_TEST_CASE(accumulate_adds_each_slice_into_its_bucket) {
+  const auto& b1 = pl->buckets[1];
+  auto s1 = eighths(b1.shard_len, 1);
+  auto s2 = eighths(b1.shard_len, 2);
+  auto s0 = eighths(pl->buckets[0].shard_len, 3);
+  BOOST_CHECK_EQUAL(value_of(call(accumulate{4, 0, 1, {s1.data(), b1.shard_len}})).step, 4u);
+  BOOST_CHECK_EQUAL(value_of(call(accumulate{4, 1, 1, {s2.data(), b1.shard_len}})).step, 4u);
+  value_of(call(accumulate{4, 1, 0, {s0.data(), pl->buckets[0].shard_len}}));
+  std::vector<float> expected(pl->shard_total, 0.0f);
+  for (int64_t i = 0; i < b1.shard_len; ++i)
+    expected[b1.shard_offset + i] = s1[i] + s2[i];  // exact: multiples of 1/8
+  for (int64_t i = 0; i < pl->buckets[0].shard_len; ++i)
+    expected[pl->buckets[0].shard_offset + i] = s0[i];
+  auto snap = snapshot();
+  BOOST_CHECK(snap.grads == expected);
+  BOOST_CHECK(snap.params == std::vector<float>(pl->shard_total, 0.0f));
+  BOOST_CHECK(snap.momentum == std::vector<float>(pl->muon_state_total, 0.0f));
+}
+
+BOOST_AUTO_TEST_CASE(scan_reports_sum_of_squares_and_non_finite_values) {
+  auto g = eighths(pl->shard_total, 5);
+  accumulate_all(2, g);
+  double ss = 0;
+  for (float x : g)
+    ss += static_cast<double>(x) * x;
+  auto scan = value_of(call<grad_scan>(scan_grads{2}));
+  BOOST_CHECK_EQUAL(scan.step, 2u);
+  BOOST_CHECK(!scan.nonfinite);
+  BOOST_CHECK_CLOSE(scan.sum_squares, ss, 1e-10);
+
+  // One NaN in the last bucket, then one inf: both are found.
+  const auto& last = pl->buckets.back();
+  std::vector<float> nan_slice(last.shard_len, 0.0f);
+  nan_slice[last.shard_len / 2] = std::nanf("");
+  value_of(call(accumulate{
+      2, 1, static_cast<int32_t>(pl->buckets.size() - 1), {nan_slice.data(), last.shard_len}}));
+  BOOST_CHECK(value_of(call<grad_scan>(scan_grads{2})).nonfinite);
+  value_of(call(discard_grads{2}));
+  std::vector<float> inf_slice(pl->buckets[0].shard_len, 0.0f);
+  inf_slice[0] = -INFINITY;
+  value_of(call(accumulate{3, 0, 0, {inf_slice.data(), pl->buckets[0].shard_len}}));
+  BOOST_CHECK(value_of(call<grad_scan>(scan_grads{3})).nonfinite);
+}
+
+BOOST_AUTO_TEST_CASE(discard_zeroes_grads_and_leaves_the_rest_bit_identical) {
+  // Build up non-zero momentum and Adam moments first.
+  load(eighths(pl->shard_total, 7));
+  accumulate_all(1, eighths(pl->shard_total, 8));
+  momentum_all(1, 0.95f, true);
+  value_of(call(adamw_step{1, 0.01f, 0.9f, 0.95f, 1e-10f, 0.1f}));
+  value_of(call(finish_step{1}));
+  auto g = eighths(pl->shard_total, 9);
+  g[3] = std::nanf("");  // an overflowed step: the gradient holds a NaN
+  accumulate_all(2, g);
+  auto before = snapshot();
+  BOOST_REQUIRE(before.adam_steps == 1);
+  BOOST_REQUIRE(before.momentum != std::vector<float>(pl->muon_state_total, 0.0f));
+  BOOST_CHECK_EQUAL(value_of(call(discard_grads{2})).step, 2u);
+  auto after = snapshot();
+  BOOST_CHECK(after.grads == std::vector<float>(pl->shard_total, 0.0f));
+  BOOST_CHECK(bit_identical(after.params, before.params));
+  BOOST_CHECK(bit_identical(after.momentum, before.momentum));
+  BOOST_CHECK(bit_identical(after.exp_avg, before.exp_avg));
+  BOOST_CHECK(bit_identical(after.exp_avg_sq, before.exp_avg_sq));
+  BOOST_CHECK_EQUAL(after.adam_steps, before.adam_steps);
+}
+
+BOOST_AUTO_TEST_CASE(each_step_gradient_starts_from_zero_in_the_buckets_it_never_reached) {
+  // Step 1 writes every bucket; nothing zeroes them in between (the store only forgets them).
+  BOOST_REQUIRE_GE(pl->buckets.size(), 2u);
+  accumulate_all(1, eighths(pl->shard_total, 6));
+  value_of(call(finish_step{1}));
+  // Step 2 reaches bucket 1 only, twice: the first slice is the value, the second adds to it.
+  const auto& b1 = pl->buckets[1];
+  auto s1 = eighths(b1.shard_len, 2);
+  auto s2 = eighths(b1.shard_len, 3);
+  value_of(call(accumulate{2, 0, 1, {s1.data(), b1.shard_len}}));
+  value_of(call(accumulate{2, 1, 1, {s2.data(), b1.shard_len}}));
+  std::vector<float> expected(pl->shard_total, 0.0f);
+  double ss = 0;
+  for (int64_t i = 0; i < b1.shard_len; ++i) {
+    expected[b1.shard_offset + i] = s1[i] + s2[i];  // exact: multiples of 1/8
+    ss += static_cast<double>(expected[b1.shard_offset + i]) * expected[b1.shard_offset + i];
+  }
+  BOOST_CHECK_CLOSE(value_of(call<grad_scan>(scan_grads{2})).sum_squares, ss, 1e-10);
+  BOOST_CHECK(snapshot().grads == expected);
+  // A discarded step leaves nothing behind either: step 3 reaches bucket 0 only.
+  value_of(call(discard_grads{2}));
+  const auto& b0 = pl->buckets[0];
+  auto s0 = eighths(b0.shard_len, 4);
+  value_of(call(accumulate{3, 0, 0, {s0.data(), b0.shard_len}}));
+  std::fill(expected.begin(), expected.end(), 0.0f);
+  std::copy(s0.begin(), s0.end(), expected.begin() + b0.shard_offset);
+  BOOST_CHECK(snapshot().grads == expected);
+}
+
+BOOST_AUTO_TEST_CASE(unscale_clip_multiplies_the_gradient) {
+  auto g = eighths(pl->shard_total, 4);
+  accumulate_all(1, g);
+  const float factor = 0.3f / (1024.0f * 3.0f);
+  BOOST_CHECK_EQUAL(value_of(call(unscale_clip{1, factor})).step, 1u);
+  std::vector<double> ref(g.size());
+  double ss = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    ref[i] = static_cast<double>(g[i]) * factor;
+    ss += ref[i] * ref[i];
+  }
+  check_close(snapshot().grads, ref, 1e-7, 0, "grads");
+  // The buckets' scans kept by the accumulates are stale now: a scan reads the scaled gradient.
+  BOOST_CHECK_CLOSE(value_of(call<grad_scan>(scan_grads{1})).sum_squares, ss, 1e-5);
+}
+
+BOOST_AUTO_TEST_CASE(muon_momentum_follows_the_ema_and_nesterov_formulas) {
+  const float beta = 0.9f;
+  auto g = eighths(pl->shard_total, 6);
+  accumulate_all(1, g);
+  std::vector<double> m(pl->muon_state_total, 0.0), u_ref(pl->muon_state_total, 0.0);
+  auto update_ref = [&](bool nesterov) {
+    for (const auto& p : pl->params) {
+      if (!p.muon)
+        continue;
+      for (int64_t i = 0; i < p.shard_len; ++i) {
+        double gi = g[p.shard_offset + i];
+        double& mi = m[p.state_offset + i];
+        mi = beta * mi + (1.0 - beta) * gi;
+        u_ref[p.state_offset + i] = nesterov ? (1.0 - beta) * gi + beta * mi : mi;
+      }
+    }
+  };
+  auto u = momentum_all(1, beta, true);  // m = (1-beta) g; u = (1-beta) g + beta m
+  update_ref(true);
+  check_close(u, u_ref, 1e-6, 1e-8, "u (nesterov)");
+  check_close(snapshot().momentum, m, 1e-6, 1e-8, "m after one step");
+  u = momentum_all(2, beta, false);  // same gradient again: m = beta m + (1-beta) g; u = m
+  update_ref(false);
+  check_close(u, u_ref, 1e-6, 1e-8, "u (plain)");
+  auto snap = snapshot();
+  check_close(snap.momentum, m, 1e-6, 1e-8, "m after two steps");
+  BOOST_CHECK(snap.grads == g);  // momentum reads the gradient, never changes it
+  BOOST_CHECK(snap.params == std::vector<float>(pl->shard_total, 0.0f));
+}
+
+BOOST_AUTO_TEST_CASE(apply_muon_decays_and_subtracts_the_update) {
+  auto p0 = eighths(pl->shard_total, 10);
+  load(p0);
+  const float lr = 0.05f, wd = 0.2f;
+  const int c = 1;  // only c.weight
+  const auto& ch = pl->chunks[c];
+  auto o = eighths(ch.shard_len, 11);
+  BOOST_CHECK_EQUAL(value_of(call(apply_muon{3, c, lr, wd, {o.data(), ch.shard_len}})).step, 3u);
+  std::vector<double> ref(p0.begin(), p0.end());
+  for (int i : ch.params) {
+    const auto& p = pl->params[i];
+    for (int64_t k = 0; k < p.shard_len; ++k)
+      ref[p.shard_offset + k] = p0[p.shard_offset + k] * (1.0 - double(lr) * wd)
+                                - double(lr) * o[p.state_offset - ch.state_offset + k];
+  }
+  check_close(snapshot().params, ref, 1e-6, 1e-7, "params");
+}
+
+// Under bf16 transport the Muon phase's views hold bf16 bits (float_view::bf16): momentum
+// writes u rounded to bf16 (within one bf16 rounding, 2^-8 relative, of the exact u; m itself
+// stays fp32), and the update is read widened from bf16.
+BOOST_AUTO_TEST_CASE(bf16_views_round_u_and_widen_the_update) {
+  const float beta = 0.9f;
+  auto g = eighths(pl->shard_total, 30);
+  accumulate_all(1, g);
+  std::vector<uint16_t> bits(static_cast<size_t>(pl->muon_state_total), 0xFFFF);
+  for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
+    const auto& ch = pl->chunks[c];
+    float_view out{nullptr, ch.shard_len, bits.data() + ch.state_offset};
+    value_of(call(muon_momentum{1, c, beta, true, out}));
+  }
+  std::vector<double> m_ref(pl->muon_state_total, 0.0);
+  for (const auto& p : pl->params) {
+    if (!p.muon)
+      continue;
+    for (int64_t i = 0; i < p.shard_len; ++i) {
+      const double gi = g[p.shard_offset + i];
+      const double mi = (1.0 - beta) * gi;
+      m_ref[p.state_offset + i] = mi;
+      const double u = (1.0 - beta) * gi + beta * mi;
+      const double got = from_bf16(bits[p.state_offset + i]);
+      BOOST_TEST(std::abs(got - u) <= std::abs(u) * 0x1p-8 + 1e-30, p.name << "[" << i << "]");
+    }
+  }
+  check_close(snapshot().momentum, m_ref, 1e-6, 1e-8, "m");
+
+  auto p0 = eighths(pl->shard_total, 31);
+  load(p0);
+  const float lr = 0.05f, wd = 0.2f;
+  const int c = 1;
+  const auto& ch = pl->chunks[c];
+  std::vector<uint16_t> o(static_cast<size_t>(ch.shard_len));
+  const auto values = eighths(ch.shard_len, 32);
+  for (size_t k = 0; k < o.size(); ++k)
+    o[k] = to_bf16(values[k]);
+  value_of(call(apply_muon{4, c, lr, wd, float_view{nullptr, ch.shard_len, o.data()}}));
+  std::vector<double> ref(p0.begin(), p0.end());
+  for (int i : ch.params) {
+    const auto& p = pl->params[i];
+    for (int64_t k = 0; k < p.shard_len; ++k)
+      ref[p.shard_offset + k] = p0[p.shard_offset + k] * (1.0 - double(lr) * wd)
+                                - double(lr) * from_bf16(o[p.state_offset - ch.state_offset + k]);
+  }
+  check_close(snapshot().params, ref, 1e-6, 1e-7, "params");
+}
+
+BOOST_AUTO_TEST_CASE(adamw_step_matches_a_reference_on_non_muon_shards_only) {
+  auto p0 = eighths(pl->shard_total, 12);
+  load(p0);
+  const double lr = 0.01, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+  std::vector<double> p(p0.begin(), p0.end()), m(pl->adam_state_total), v(pl->adam_state_total);
+  for (int t = 1; t <= 2; ++t) {
+    auto g = eighths(pl->shard_total, 20 + t);
+    accumulate_all(t, g);
+    value_of(call(adamw_step{uint64_t(t), float(lr), float(b1), float(b2), float(eps), float(wd)}));
+    value_of(call(finish_step{uint64_t(t)}));
+    for (const auto& prm : pl->params) {  // torch.optim.AdamW, in double
+      if (prm.muon)
+        continue;
+      for (int64_t i = 0; i < prm.shard_len; ++i) {
+        double gi = g[prm.shard_offset + i];
+        double& mi = m[prm.state_offset + i];
+        double& vi = v[prm.state_offset + i];
+        double& pi = p[prm.shard_offset + i];
+        mi = b1 * mi + (1 - b1) * gi;
+        vi = b2 * vi + (1 - b2) * gi * gi;
+        double mhat = mi / (1 - std::pow(b1, t)), vhat = vi / (1 - std::pow(b2, t));
+        pi = pi * (1 - lr * wd) - lr * mhat / (std::sqrt(vhat) + eps);
+      }
+    }
+  }
+  auto snap = snapshot();
+  BOOST_CHECK_EQUAL(snap.adam_steps, 2);
+  check_close(snap.params, p, 1e-5, 1e-6, "params");  // Muon shards stay p0 (ref untouched)
+  check_close(snap.exp_avg, m, 1e-5, 1e-7, "exp_avg");
+  check_close(snap.exp_avg_sq, v, 1e-5, 1e-8, "exp_avg_sq");
+  BOOST_CHECK(snap.grads == std::vector<float>(pl->shard_total, 0.0f));  // finish_step
+  BOOST_CHECK(snap.momentum == std::vector<float>(pl->muon_state_total, 0.0f));
+}
+
+// What a checkpoint save asks for: every state but the gradient, equal bit for bit to the full
+// snapshot's, after a step that left momentum and Adam moments non-zero.
+BOOST_AUTO_TEST_CASE(saved_state_is_the_snapshot_without_the_gradient) {
+  load(eighths(pl->shard_total, 30));
+  accumulate_all(1, eighths(pl->shard_total, 31));
+  momentum_all(1, 0.9f, true);
+  value_of(call(adamw_step{1, 0.01f, 0.9f, 0.95f, 1e-8f, 0.0f}));
+  value_of(call(finish_step{1}));
+  const store_snapshot saved = value_of(call<store_snapshot>(saved_state_atom::value));
+  const store_snapshot full = snapshot();
+  BOOST_TEST(saved.grads.empty());
+  BOOST_TEST(saved.params == full.params);
+  BOOST_TEST(saved.momentum == full.momentum);
+  BOOST_TEST(saved.exp_avg == full.exp_avg);
+  BOOST_TEST(saved.exp_avg_sq == full.exp_avg_sq);
+  BOOST_TEST(saved.adam_steps == full.adam_steps);
+  BOOST_TEST(saved.adam_steps == 1);
+  const bool momentum_moved = saved.momentum != std::vector<float>(pl->muon_state_total, 0.0f);
+  const bool moments_moved = saved.exp_avg != std::vector<float>(pl->adam_state_total, 0.0f);
+  BOOST_TEST(momentum_moved);
+  BOOST_TEST(moments_moved);
+}
+
+BOOST_AUTO_TEST_CASE(wrong_size_views_are_errors_that_change_nothing) {
+  load(eighths(pl->shard_total, 13));
+  accumulate_all(1, eighths(pl->shard_total, 14));
+  auto before = snapshot();
+  const auto& ch = pl->chunks[0];
+  std::vector<float> buf(ch.shard_len + 1, 7.0f);
+  auto untouched = buf;
+  check_error(call(muon_momentum{1, 0, 0.9f, true, {buf.data(), ch.shard_len - 1}}),
+              errc::shape_mismatch, "chunk 0");
+  check_error(call(muon_momentum{1, 0, 0.9f, true, {buf.data(), ch.shard_len + 1}}),
+              errc::shape_mismatch, "chunk 0");
+  check_error(call(muon_momentum{1, 0, 0.9f, true, {nullptr, ch.shard_len}}), errc::shape_mismatch,
+              "chunk 0");
+  check_error(call(muon_momentum{1, 2, 0.9f, true, {buf.data(), ch.shard_len}}),
+              errc::invalid_argument, "chunk 2");
+  check_error(call(apply_muon{1, 0, 0.1f, 0.0f, {buf.data(), ch.shard_len - 1}}),
+              errc::shape_mismatch, "chunk 0");
+  check_error(call(apply_muon{1, -1, 0.1f, 0.0f, {buf.data(), ch.shard_len}}),
+              errc::invalid_argument, "chunk -1");
+  const auto& b0 = pl->buckets[0];
+  check_error(call(accumulate{1, 0, 0, {buf.data(), b0.shard_len - 1}}), errc::shape_mismatch,
+              "bucket 0");
+  check_error(call(accumulate{1, 0, 3, {buf.data(), b0.shard_len}}), errc::shape_mismatch,
+              "bucket 3");
+  check_error(call(load_params{1, std::make_shared<const std::vector<float>>(3, 1.0f)}),
+              errc::shape_mismatch, "load_params");
+  check_error(call(load_params{1, nullptr}), errc::shape_mismatch, "load_params");
+  BOOST_CHECK(buf == untouched);  // nothing was written into the caller's view
+  auto after = snapshot();
+  BOOST_CHECK(bit_identical(after.params, before.params));
+  BOOST_CHECK(bit_identical(after.grads, before.grads));
+  BOOST_CHECK(bit_identical(after.momentum, before.momentum));
+  BOOST_CHECK(bit_identical(after.exp_avg, before.exp_avg));
+  BOOST_CHECK(bit_identical(after.exp_avg_sq, before.exp_avg_sq));
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+}  // namespace zmuon::test

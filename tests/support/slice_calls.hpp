@@ -1,0 +1,148 @@
+// A backend's calls over several parameters (momentum_slices, apply_update_slices,
+// adamw_slices, copy_pieces) against its per-parameter calls, bit for bit, on a layout like the
+// store's (test_kernels on the host backend, test_cuda_kernels on the CUDA one, whose slice kernels
+// are its own).
+#pragma once
+
+#include <boost/test/unit_test.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "kernels/compute.hpp"
+#include "support/host_kernels.hpp"
+
+namespace zmuon::test {
+
+namespace slice_detail {
+
+/// Elements whose bits differ.
+inline int64_t differing(const std::vector<float>& a, const std::vector<float>& b) {
+  int64_t count = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    count += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return count
+         + static_cast<int64_t>(a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
+}
+
+}  // namespace slice_detail
+
+/// 150 parameters (more than one launch's table of the CUDA kernels), of lengths from 0 to
+/// 70,000 (blocks of several slices and slices of several blocks), whose shards lie in table
+/// order with gaps (the AdamW parameters between them) and whose state, like a Muon chunk's,
+/// begins at `origin` inside the state buffer; every other slice starts at a multiple of 4
+/// elements in every array, the others anywhere.
+inline void check_slice_calls(compute_backend& be) {
+  using namespace slice_detail;
+  constexpr int kParams = 150;
+  constexpr int64_t kOrigin = 96;
+  std::vector<param_slice> slices;
+  int64_t shard_end = 0;
+  int64_t state_end = kOrigin;
+  for (int k = 0; k < kParams; ++k) {
+    const int64_t n = k % 11 == 0 ? 0 : k % 17 == 0 ? 70'000 : (k * 379) % 2500 + 1;
+    shard_end += 5;    // another parameter's shard
+    if (k % 2 == 0) {  // every other slice 16-byte aligned (the CUDA kernels' 4-wide accesses)
+      shard_end = (shard_end + 3) / 4 * 4;
+      state_end = (state_end + 3) / 4 * 4;
+    }
+    slices.push_back(param_slice{shard_end, state_end, n, 0.5f + 0.01f * static_cast<float>(k)});
+    shard_end += n;
+    state_end += n;
+  }
+  const int64_t chunk = state_end - kOrigin;
+  const std::vector<float> g0 = random_floats(shard_end, 1), p0 = random_floats(shard_end, 2);
+  const std::vector<float> m0 = random_floats(state_end, 3);
+  std::vector<float> v_pos = random_floats(state_end, 4);
+  for (float& x : v_pos)
+    x = x * x;  // second moments are not negative
+  const device_buffer g = upload(be, g0);
+
+  // momentum: fp32 and bf16 u, nesterov on and off.
+  for (const bool bf16 : {false, true}) {
+    for (const bool nesterov : {true, false}) {
+      device_buffer m_each = upload(be, m0), m_all = upload(be, m0);
+      const int64_t u_floats = bf16 ? (chunk + 1) / 2 : chunk;
+      device_buffer u_each = upload(be, random_floats(u_floats, 5)),
+                    u_all = upload(be, random_floats(u_floats, 5));
+      for (const param_slice& s : slices) {
+        const int64_t at = s.state_offset - kOrigin;
+        if (bf16)
+          be.momentum_to_bf16(m_each.data() + s.state_offset, g.data() + s.shard_offset,
+                              reinterpret_cast<uint16_t*>(u_each.data()) + at, s.n, 0.95f,
+                              nesterov);
+        else
+          be.momentum(m_each.data() + s.state_offset, g.data() + s.shard_offset, u_each.data() + at,
+                      s.n, 0.95f, nesterov);
+      }
+      fp32_or_bf16 u;
+      if (bf16)
+        u.bf16 = reinterpret_cast<uint16_t*>(u_all.data());
+      else
+        u.f32 = u_all.data();
+      be.momentum_slices(m_all.data(), g.data(), u, kOrigin, slices, 0.95f, nesterov);
+      const std::string what = std::string("momentum_slices, ") + (bf16 ? "bf16" : "fp32")
+                               + (nesterov ? ", nesterov" : "");
+      BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, what << ": m");
+      BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, what << ": u");
+    }
+  }
+
+  // apply_update: fp32 and bf16 updates, each slice with its own scale.
+  for (const bool bf16 : {false, true}) {
+    device_buffer p_each = upload(be, p0), p_all = upload(be, p0);
+    const device_buffer o = upload(be, random_floats(bf16 ? (chunk + 1) / 2 : chunk, 6));
+    auto* o_bits = reinterpret_cast<uint16_t*>(const_cast<float*>(o.data()));
+    for (const param_slice& s : slices) {
+      const int64_t at = s.state_offset - kOrigin;
+      if (bf16)
+        be.apply_update_bf16(p_each.data() + s.shard_offset, o_bits + at, s.n, 0.02f, s.scale,
+                             0.1f);
+      else
+        be.apply_update(p_each.data() + s.shard_offset, o.data() + at, s.n, 0.02f, s.scale, 0.1f);
+    }
+    fp32_or_bf16 update;
+    if (bf16)
+      update.bf16 = o_bits;
+    else
+      update.f32 = const_cast<float*>(o.data());
+    be.apply_update_slices(p_all.data(), update, kOrigin, slices, 0.02f, 0.1f);
+    BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0,
+               "apply_update_slices, " << (bf16 ? "bf16" : "fp32"));
+  }
+
+  // copy_pieces: each slice's gradient, from a buffer of its own, packed at its shard offset
+  // (the reduce() hand-over's packing of a bucket); the gaps keep what was there.
+  std::vector<device_buffer> sources;
+  std::vector<copy_piece> pieces;
+  for (const param_slice& s : slices) {
+    const int64_t skip = sources.size() % 2 == 0 ? 0 : 3;  // aligned sources, and others
+    sources.push_back(
+        upload(be, random_floats(s.n + skip, 7 + static_cast<uint32_t>(sources.size()))));
+    pieces.push_back(copy_piece{sources.back().data() + skip, s.shard_offset, s.n});
+  }
+  device_buffer packed_each = upload(be, p0), packed_all = upload(be, p0);
+  for (const copy_piece& piece : pieces)
+    be.copy(packed_each.data() + piece.dst_offset, piece.src, piece.n);
+  be.copy_pieces(packed_all.data(), pieces);
+  BOOST_TEST(differing(download(be, packed_all), download(be, packed_each)) == 0, "copy_pieces");
+
+  // adamw: two steps (the bias corrections change), state from offset 0 here too.
+  device_buffer p_each = upload(be, p0), p_all = upload(be, p0);
+  device_buffer m_each = upload(be, m0), m_all = upload(be, m0);
+  device_buffer v_each = upload(be, v_pos), v_all = upload(be, v_pos);
+  for (int64_t step = 1; step <= 2; ++step) {
+    const adamw_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
+    for (const param_slice& s : slices)
+      be.adamw(p_each.data() + s.shard_offset, g.data() + s.shard_offset,
+               m_each.data() + s.state_offset, v_each.data() + s.state_offset, s.n, args);
+    be.adamw_slices(p_all.data(), g.data(), m_all.data(), v_all.data(), slices, args);
+  }
+  BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0, "adamw_slices: p");
+  BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "adamw_slices: m");
+  BOOST_TEST(differing(download(be, v_all), download(be, v_each)) == 0, "adamw_slices: v");
+}
+
+}  // namespace zmuon::test
