@@ -11,7 +11,7 @@
 //   scaler_state_atom -> loss_scale_snapshot  (host, checkpoint save) the scale and its counters
 //   restore_scaler -> ack              (host, checkpoint load) continue from a saved state
 // Without fp16 the scale stays 1 and a non-finite gradient is still reported as an overflow,
-// so the step is skipped (DESIGN.md §2).
+// so the step is skipped (docs/DESIGN.md §2).
 #pragma once
 
 #include "caf/actor_system.hpp"

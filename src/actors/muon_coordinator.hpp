@@ -1,4 +1,4 @@
-// muon_coordinator: the step state machine (DESIGN.md §1) and the gather-NS-scatter pipeline
+// muon_coordinator: the step state machine (docs/DESIGN.md §1) and the gather-NS-scatter pipeline
 // (§3). Nothing of Muon runs before the loss scaler's report says "no overflow" for the step,
 // and Newton-Schulz runs exactly once per Muon matrix per applied step, whatever gas is.
 //
@@ -55,7 +55,7 @@ muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
 /// precision: bf16 on the cuda backend, fp32 on host).
 wire_type muon_wire_type(const engine_options& opts);
 
-/// Scale of the orthogonalized update of one [rows, cols] block (DESIGN.md §2).
+/// Scale of the orthogonalized update of one [rows, cols] block (docs/DESIGN.md §2).
 float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols);
 
 }  // namespace zmuon

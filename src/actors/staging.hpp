@@ -1,4 +1,4 @@
-// A buffer that the compute backend works on and the comm backend moves (DESIGN.md §4, §5).
+// A buffer that the compute backend works on and the comm backend moves (docs/DESIGN.md §5).
 //
 // When both live in the same memory (host compute with caf comm; CUDA compute with nccl comm) it
 // is one buffer and the copies are no-ops. When the comm reads host memory but compute runs on a
@@ -6,7 +6,7 @@
 // plus a host mirror, and `to_comm` / `to_compute` copy between them.
 //
 // A wire_buffer adds the element type a collective moves: the Muon phase's gather and scatter
-// may carry bf16 (DESIGN.md §3), which the kernels then read and write directly.
+// may carry bf16 (docs/DESIGN.md §3), which the kernels then read and write directly.
 #pragma once
 
 #include <memory>

@@ -1,5 +1,5 @@
 // The communication interface: one comm actor per rank issues that rank's collectives, in the
-// order its clients ask (DESIGN.md §3, §5). Requests carry views of buffers the requester owns
+// order its clients ask (docs/DESIGN.md §3, §5). Requests carry views of buffers the requester owns
 // until the reply. Implementations: caf (collectives as messages between the ranks' comm actors,
 // comm/caf_comm.hpp) and, with the CUDA backend, nccl.
 //

@@ -1,4 +1,4 @@
-// The nccl communication backend (DESIGN.md §5): one NCCL communicator per rank, on the GPU of
+// The nccl communication backend (docs/DESIGN.md §5): one NCCL communicator per rank, on the GPU of
 // that rank's CUDA compute backend, enqueued on the backend's stream.
 //
 // Interface: comm_actor (comm/comm.hpp), on device memory:

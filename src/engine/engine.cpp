@@ -402,6 +402,7 @@ expected<step_info> engine::step() {
     info.ns_params += res.ns_params;
     info.ns_matrices += res.ns_matrices;
   }
+  d.skipped_steps += info.skipped ? 1 : 0;
   return info;
 }
 
@@ -417,6 +418,10 @@ expected<float> engine::loss_scale() {
   if (auto err = d.start())
     return err;
   return d.ask<float>(d.ranks[0].scaler, scale_atom::value);
+}
+
+uint64_t engine::skipped_steps() const {
+  return impl_->skipped_steps;
 }
 
 void engine::set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr) {

@@ -1,8 +1,8 @@
 // engine::reduce's host buffers for packed reduce buckets, kept for reuse: a bucket's buffer comes
 // back when the reducer drops it (after the store has added its slice), and the next micro-batch
 // or step packs that bucket into it. Fresh buffers of this size come from the kernel as new
-// pages, which it zeroes on first touch: on the CPU path that was 31 % of a GPT-2 world-4 run
-// (docs/NOTES.md). Keeps at most one spare buffer per bucket, so a rank holds at most one packed
+// pages, which it zeroes on first touch, a large share of a CPU step (docs/DECISIONS.md).
+// Keeps at most one spare buffer per bucket, so a rank holds at most one packed
 // gradient between steps. Thread-safe: buffers come back on the reducer's thread. Internal.
 #pragma once
 

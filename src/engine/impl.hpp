@@ -35,9 +35,7 @@ struct engine_config : caf::actor_system_config {
 
 /// Scheduler threads of an engine's own actor system for `local` ranks: two a rank and two more,
 /// never more than CAF's default (the cores, at least 4). Fewer threads than the cores make the
-/// actors' hand-offs cheaper: on the H200's 16-core host one rank's actor plumbing took 1.7 % of
-/// the Llama-1B step with 16 threads and 0.8 % with 4, the step the same (docs/NOTES.md,
-/// session 9).
+/// actors' hand-offs cheaper (docs/DECISIONS.md has the figure).
 inline size_t scheduler_threads(int local) {
   const size_t cores = std::max(4u, std::thread::hardware_concurrency());
   return std::min(cores, static_cast<size_t>(2 * std::max(local, 1) + 2));
@@ -128,6 +126,7 @@ struct engine::impl {
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;  // micro-batches handed over per local rank in the open step
   uint64_t step = 0;        // last step number issued
+  uint64_t skipped_steps = 0;  // steps of this engine skipped for a non-finite gradient
   bool time_calls = false;  // time_backend_calls(): what the backends get when they are made
   lr_schedule muon_lr;
   lr_schedule adam_lr;

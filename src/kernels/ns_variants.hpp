@@ -37,7 +37,7 @@ inline constexpr double kPolarExpressSafety = 1.01;
 
 /// The Polar Express schedule for `steps` iterations, for ns_options::schedule: the published
 /// polynomials with the safety factor applied as in the paper's Implementation 1, the last one
-/// repeated past the eighth step. zmuon normalizes by ||X||_F + eps (DESIGN.md §2), so the
+/// repeated past the eighth step. zmuon normalizes by ||X||_F + eps (docs/DESIGN.md §2), so the
 /// paper's extra 1/1.01 on the input is folded into step 0: p_0(x / 1.01) has the coefficients
 /// (a/1.01, b/1.01^3, c/1.01^5) — the same polynomial of X, exact up to the eps term.
 inline std::vector<std::array<float, 3>> polar_express_schedule(int steps) {

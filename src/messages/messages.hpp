@@ -1,4 +1,4 @@
-// Every message of the zmuon protocol (DESIGN.md §1), in one place. Each carries `step` (and
+// Every message of the zmuon protocol (docs/DESIGN.md §1), in one place. Each carries `step` (and
 // `micro`, `bucket`, `chunk` where they apply). Between the actors of one rank, messages carry
 // metadata and views of buffers the sender owns, each view sharing its buffer's ownership
 // (keep_alive) so that the memory outlives every message that points into it; only the caf comm
@@ -377,7 +377,7 @@ ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_s
 
 // peer_floats and peer_doubles cross processes with the caf backend: their payloads are written
 // as raw blocks, bit for bit. CAF 0.17 would otherwise serialize each number through its
-// pack754, one by one (~30 MB/s; see CAF-0.17-NOTES.md), which also never returns for an
+// pack754, one by one (~30 MB/s; docs/DECISIONS.md), which also never returns for an
 // infinity (it halves it until it is below 2) and does not keep a NaN: an overflowed step's
 // vote carries both.
 template <class Inspector>

@@ -213,9 +213,8 @@ node_supervisor_actor::behavior_type supervisor_impl(supervisor_pointer self,
 }  // namespace
 
 node_supervisor_actor spawn_node_supervisor(caf::actor_system& sys, supervisor_options opts) {
-  // Scheduled, not detached (a detached supervisor hung ~actor_system in 1 of ~17 runs, see
-  // docs/NOTES.md "Multi-process launch"): the node's scheduler keeps threads free for it
-  // (node_scheduler_threads).
+  // Scheduled, not detached: a detached supervisor hung ~actor_system in about 1 of 17 runs
+  // (docs/DECISIONS.md). The node's scheduler keeps threads free for it (node_scheduler_threads).
   return sys.spawn(supervisor_impl, std::move(opts));
 }
 

@@ -1,6 +1,6 @@
 // The rendezvous: one actor on node 0, published through CAF's middleman at --master HOST:PORT.
 // Every node (node 0 too) joins it once; it assigns global ranks, checks that every node brings
-// the same parameter table and config, and hands out the handles the nodes need (DESIGN.md §7).
+// the same parameter table and config, and hands out the handles the nodes need (docs/DESIGN.md §7).
 //
 // Interface:
 //   hello -> hello_reply   from each node's launcher, first (optional: a node that skips it gets

@@ -1,7 +1,7 @@
 // The partition plan: a pure function of the parameter table, the world size and the bucket size.
 // It places every parameter's shards in the ranks' flat buffers, groups parameters into reduce
 // buckets and Muon chunks, and picks the owner rank of every Muon matrix. Every rank computes the
-// same plan, so collectives are issued in the same order everywhere (DESIGN.md §3).
+// same plan, so collectives are issued in the same order everywhere (docs/DESIGN.md §3).
 #pragma once
 
 #include <cstdint>

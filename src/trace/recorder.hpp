@@ -1,4 +1,4 @@
-// The message trace's writer (DESIGN.md §6): one JSON Lines file per rank, one record per line.
+// The message trace's writer (docs/DESIGN.md §9): one JSON Lines file per rank, one record per line.
 // No CAF here; trace/trace.hpp puts it on the actors' sends, receives and replies.
 //
 // File: DIR/trace-node<N>-rank<R>.jsonl. First line `{"ev":"meta",...}` (node, rank, world, host,

@@ -1,7 +1,7 @@
 // Memory a rank's compute backend holds (engine::memory, zmuon/memory.hpp): the per-buffer
 // accounting itself, no growth from step to step, and the step's transient peak within the
-// pipeline's bound of two chunks in flight (issue 8: "peak transient memory <= 2 chunks + the
-// largest matrix's NS workspace"; the workspace is counted apart).
+// pipeline's bound of two chunks in flight (peak transient memory <= 2 chunks + the largest
+// matrix's NS workspace; the workspace is counted apart).
 #define BOOST_TEST_MODULE engine_memory
 #include <boost/test/unit_test.hpp>
 

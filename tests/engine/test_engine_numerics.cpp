@@ -1,4 +1,4 @@
-// The numerical contract of DESIGN.md §2-§3, end to end through the engine (real actors, real
+// The numerical contract of docs/DESIGN.md §2-§3, end to end through the engine (real actors, real
 // caf comm, host backend): gas equivalence, NS once per step, world-size invariance, loss-scale
 // invariance, clipping on the raw gradient, per-head Muon, and one Muon step against an
 // independent double-precision reference.

@@ -1,4 +1,4 @@
-// The Muon phase's transport in bf16 (zmuon.muon_transport, DESIGN.md §3), end to end through
+// The Muon phase's transport in bf16 (zmuon.muon_transport, docs/DESIGN.md §3), end to end through
 // the engine (real actors, caf comm, host backend): bf16 against the fp32 reference transport,
 // world 4 against world 1 under bf16, and the trace's byte counts of the gather and scatter
 // requests against the plan's element counts. The conversion kernel itself is checked in

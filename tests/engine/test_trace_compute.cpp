@@ -1,4 +1,4 @@
-// The compute backend's calls in the message trace (DESIGN.md §6, "spans for GPU phases"): a
+// The compute backend's calls in the message trace (docs/DESIGN.md §9, "spans for GPU phases"): a
 // traced engine (host backend, 2 ranks, a skipped step) writes a `compute` span for every call
 // its backend counts; each lies inside the handler that made it and carries that handler's
 // step; `zmuon-trace check` fails a state-changing call in a skipped step; summary and perfetto

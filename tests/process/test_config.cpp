@@ -379,7 +379,7 @@ BOOST_AUTO_TEST_CASE(missing_file_names_the_path) {
 
 BOOST_AUTO_TEST_CASE(launcher_rejects_a_bad_config) {
   auto bad = write_file("test_config_launch.json", R"({"optimizer": {"params": {"momentun": 1}}})");
-  // The malformed configs of issue 5, each as a file given to zmuon-launch --config.
+  // Malformed configs, each as a file given to zmuon-launch --config.
   auto file = [](const std::string& name, const std::string& text) {
     return "--config " + write_file("test_config_launch_" + name + ".json", text);
   };

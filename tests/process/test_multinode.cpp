@@ -514,8 +514,8 @@ std::vector<tcp_socket> tcp_sockets() {
 BOOST_AUTO_TEST_CASE(three_nodes_connect_to_each_other_directly) {
   // Each pair of nodes has a connection of its own, and nodes 1 and 2 exchange over theirs as
   // much as each does with node 0 (the step's collectives are symmetric): nothing between them
-  // goes through node 0, which before session 17 relayed it (each of its two connections then
-  // carried twice the bytes, and nodes 1 and 2 had none).
+  // goes through node 0 (a relay would carry twice the bytes on node 0's connections, and none
+  // between nodes 1 and 2).
   {
     launch_process job("--local-nodes 3 --ranks-per-node 1 --steps 1000000", "test_mn_mesh.log");
     BOOST_REQUIRE_MESSAGE(job.wait_for_output("step   50 ", 30s), job.output());

@@ -1,4 +1,4 @@
-// zmuon-trace on bad input (DESIGN.md §6; the rule that bad input gets a clear error): input
+// zmuon-trace on bad input (docs/DESIGN.md §9; the rule that bad input gets a clear error): input
 // errors exit 2 naming the file and line (a missing rank file, a directory in its place, a line
 // that is not JSON or nests too deeply, a field of the wrong type, meta numbers out of range);
 // the trace of a killed process is still read (a torn last line ignored, the cut steps left out

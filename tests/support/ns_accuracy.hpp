@@ -240,7 +240,7 @@ inline test_matrix gaussian(int64_t rows, int64_t cols, uint32_t seed) {
   return t;
 }
 
-/// NS5's (a, b, c), DESIGN.md §2.
+/// NS5's (a, b, c), docs/DESIGN.md §2.
 inline constexpr std::array<double, 3> kNs5Coefficients = {3.4445, -4.7750, 2.0315};
 
 /// Double-precision Newton-Schulz of one row-major [rows, cols] matrix, written independently of

@@ -45,7 +45,7 @@ bool ranks_given(const std::string& config_path, const std::vector<std::string>&
 }
 
 // The launcher's own defaults, over job_config's and under any config file: the example model
-// trains with AdamW lr 3e-3 (docs/NOTES.md; the engine's default is 3e-4).
+// trains with AdamW lr 3e-3 (docs/DECISIONS.md; the engine's default is 3e-4).
 nlohmann::json launcher_defaults() {
   return {{"optimizer", {{"params", {{"adam_lr", 3e-3}}}}}};
 }

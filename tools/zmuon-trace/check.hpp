@@ -1,4 +1,4 @@
-// The protocol checks of `zmuon-trace check` (DESIGN.md §6), over the traces of all ranks:
+// The protocol checks of `zmuon-trace check` (docs/DESIGN.md §9), over the traces of all ranks:
 //   ns_once        NS exactly once per Muon matrix per applied step, never on a skipped step
 //   after_report   nothing of Muon (momentum, gather, NS, scatter, apply) of a step before that
 //                  rank's overflow report of the step

@@ -1,4 +1,4 @@
-// Per-step figures from a trace (bench/step's report, issue 8): for every step and rank the
+// Per-step figures from a trace (bench/step's report): for every step and rank the
 // exclusive time of each phase of the step protocol, the bytes the rank's comm sent to its peers
 // by collective kind, and the host time its actors spent in plumbing.
 //

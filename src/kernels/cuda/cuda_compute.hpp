@@ -1,4 +1,4 @@
-// The CUDA compute backend (DESIGN.md §4): buffers in device memory, element-wise kernels of
+// The CUDA compute backend (docs/DESIGN.md §5): buffers in device memory, element-wise kernels of
 // our own, Newton-Schulz with cuBLAS bf16 GEMMs. Every call enqueues on the backend's one stream
 // in call order; calls that hand a value back (scan, frobenius_norm, copy_to_host) wait for it.
 //

@@ -1,5 +1,5 @@
 // The CPU compute backend: plain loops for the element-wise kernels and OpenBLAS sgemm (fp32)
-// for Newton-Schulz. It is the reference implementation that CI runs (DESIGN.md §4).
+// for Newton-Schulz. It is the reference implementation that CI runs (docs/DESIGN.md §5).
 #pragma once
 
 #include <array>

@@ -17,10 +17,6 @@ constexpr int kGroupThreads = 128;    // one consumer warpgroup
 constexpr int kStagedLd = kTile + 8;  // floats per staged epilogue row: 8 more keeps half-warps
                                       // off each other's banks when the fragments go in
 constexpr int kStagedBytes = kTile * kStagedLd * 4;
-constexpr int kBf16StagedLd = kTile + 8;  // bf16 per row of the persistent kernel's staged tile:
-                                          // 272-byte rows stay 16-byte aligned, and the
-                                          // fragments' 4-byte stores fall on 32 distinct banks
-constexpr int kBf16StagedBytes = kTile * kBf16StagedLd * 2;
 
 /// What the kernel is launched with (besides the operands' tensor maps).
 struct kernel_params {
@@ -34,9 +30,6 @@ struct kernel_params {
   int64_t ld_c, stride_c;
   __nv_bfloat16* d;
   int64_t ld_d, stride_d;
-  int items;          // blocks_per_matrix * batch: the blocks' work the persistent kernel shares
-  int c_from_stages;  // persistent: C is P's buffer and k == n, so a tile's C is P's rows over
-                      // the tile's columns, copied from the stages as they pass (copy_c_slice)
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -70,19 +63,11 @@ __device__ __forceinline__ void for_each_pair(const float (&acc0)[64], const flo
   }
 }
 
-__device__ __forceinline__ __nv_bfloat162 bf16_pair(float x, float y) {
-  return __floats2bfloat162_rn(x, y);
-}
-__device__ __forceinline__ __nv_bfloat162 bf16_pair(__nv_bfloat16 x, __nv_bfloat16 y) {
-  return __halves2bfloat162(x, y);
-}
-
-/// The mirror of a staged tile (rows `Ld` elements apart, holding D's rounded values): its
+/// The mirror of a staged tile (rows kStagedLd floats apart, holding D's rounded values): its
 /// columns written as the rows of D's tile (col0, row0). Each thread takes 16 rows of one column
 /// (32 bytes of a row of the mirror) per pass; neighbouring threads take neighbouring columns, so
 /// the shared-memory reads do not conflict.
-template <int Ld, typename T>
-__device__ __forceinline__ void write_mirror(const T* tile, __nv_bfloat16* d, int64_t ld_d,
+__device__ __forceinline__ void write_mirror(const float* tile, __nv_bfloat16* d, int64_t ld_d,
                                              int64_t row0, int64_t col0, int t) {
   for (int i = t; i < kTile * (kTile / 16); i += kGroupThreads) {
     const int col = i % kTile;
@@ -91,7 +76,8 @@ __device__ __forceinline__ void write_mirror(const T* tile, __nv_bfloat16* d, in
     __nv_bfloat162* packed = reinterpret_cast<__nv_bfloat162*>(out);
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      packed[e] = bf16_pair(tile[(row + 2 * e) * Ld + col], tile[(row + 2 * e + 1) * Ld + col]);
+      packed[e] = __floats2bfloat162_rn(tile[(row + 2 * e) * kStagedLd + col],
+                                        tile[(row + 2 * e + 1) * kStagedLd + col]);
     uint4* to = reinterpret_cast<uint4*>(d + (col0 + col) * ld_d + row0 + row);
     to[0] = out[0];
     to[1] = out[1];
@@ -157,75 +143,7 @@ __device__ __forceinline__ void store_staged(const float (&acc0)[64], const floa
   if (!mirror)
     return;
   group_sync(group);
-  write_mirror<kStagedLd>(tile, d, prm.ld_d, row0, col0, t);
-}
-
-/// Columns [col, col + 64) of the persistent kernel's staged tile from a stage's 128 x 64 slice
-/// (128-byte swizzled rows as the tensor map writes them: 16-byte chunk j of row r at
-/// r * 128 + (j ^ r % 8) * 16), 16 bytes an access; `t` is the thread's index in its group.
-__device__ __forceinline__ void copy_c_slice(const uint8_t* slice, __nv_bfloat16* tile, int col,
-                                             int t) {
-#pragma unroll
-  for (int pass = 0; pass < kTile * 8 / kGroupThreads; ++pass) {
-    const int i = t + pass * kGroupThreads;
-    const int row = i / 8;
-    const int chunk = i % 8;
-    *reinterpret_cast<uint4*>(tile + row * kBf16StagedLd + col + chunk * 8) =
-        *reinterpret_cast<const uint4*>(slice + row * 128 + ((chunk ^ (row % 8)) * 16));
-  }
-  __syncwarp();  // the warp's reads are done before its lane 0 frees the stage
-}
-
-/// The persistent kernel's epilogue, through the group's own bf16 tile so that the stages stay
-/// the producer's (it loads the next tiles' slices meanwhile): C's tile in it first (copied from
-/// memory 16 bytes an access, or already there from P's stages: copy_c_slice), alpha * acc +
-/// beta * C formed in fp32 and rounded where each fragment lies, then
-/// D's rows and the mirror's rows written from the rounded tile, 16 bytes an access as in
-/// store_staged (D and its mirror hold the same bits).
-__device__ __forceinline__ void store_bf16_staged(const float (&acc0)[64], const float (&acc1)[64],
-                                                  __nv_bfloat16* tile, const kernel_params& prm,
-                                                  int64_t matrix, int tile_m, int tile_n,
-                                                  bool mirror, int group, int t) {
-  constexpr int kRuns = kTile / 8;  // 16-byte runs a row
-  const int64_t row0 = int64_t{tile_m} * kTile;
-  const int64_t col0 = int64_t{tile_n} * kTile;
-  const __nv_bfloat16* c = prm.c != nullptr ? prm.c + matrix * prm.stride_c : nullptr;
-  __nv_bfloat16* d = prm.d + matrix * prm.stride_d;
-  if (c != nullptr && prm.c_from_stages == 0) {
-#pragma unroll 4
-    for (int pass = 0; pass < kTile * kRuns / kGroupThreads; ++pass) {
-      const int i = t + pass * kGroupThreads;
-      const int row = i / kRuns;
-      const int col = (i % kRuns) * 8;
-      *reinterpret_cast<uint4*>(tile + row * kBf16StagedLd + col) =
-          *reinterpret_cast<const uint4*>(c + (row0 + row) * prm.ld_c + col0 + col);
-    }
-  }
-  if (c != nullptr)
-    group_sync(group);  // C's tile is in place, whoever copied which part
-  for_each_pair(acc0, acc1, t, [&](int row, int col, float x, float y) {
-    __nv_bfloat162* at = reinterpret_cast<__nv_bfloat162*>(tile + row * kBf16StagedLd + col);
-    x *= prm.alpha;
-    y *= prm.alpha;
-    if (c != nullptr) {
-      const __nv_bfloat162 old = *at;
-      x += prm.beta * __low2float(old);
-      y += prm.beta * __high2float(old);
-    }
-    *at = __floats2bfloat162_rn(x, y);
-  });
-  group_sync(group);
-#pragma unroll 4
-  for (int pass = 0; pass < kTile * kRuns / kGroupThreads; ++pass) {
-    const int i = t + pass * kGroupThreads;
-    const int row = i / kRuns;
-    const int col = (i % kRuns) * 8;
-    *reinterpret_cast<uint4*>(d + (row0 + row) * prm.ld_d + col0 + col) =
-        *reinterpret_cast<const uint4*>(tile + row * kBf16StagedLd + col);
-  }
-  if (mirror)
-    write_mirror<kBf16StagedLd>(tile, d, prm.ld_d, row0, col0, t);
-  group_sync(group);  // the tile is free again for the next item (copy_c_slice, fragments)
+  write_mirror(tile, d, prm.ld_d, row0, col0, t);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -11,17 +11,11 @@
 // stages' full/empty barriers. Stage s is "full" when its copies have landed (the copy engine
 // counts the bytes), "empty" when every active consumer warp is done with its wgmmas. Two
 // consumers load 3/4 of the bytes per FLOP that one does (a slice serves two tiles).
-// Persistent blocks (sm90_block::persistent: two tiles, 3 stages, one block per multiprocessor)
-// take one work item after another; their epilogue stages each tile in a bf16 buffer of its own
-// after the stages (sm90_epilogue.cuh), so the producer fills the stages with the next item's
-// slices while the consumers write the last item's tiles: the pipeline's fill and the epilogue,
-// which nothing overlaps in the other shapes' lockstep waves, overlap here.
 #include "kernels/cuda/sm90/sm90_gemm.hpp"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <mutex>
@@ -49,14 +43,12 @@ template <int Consumers>
 __host__ __device__ constexpr int stage_bytes() {
   return (1 + Consumers) * kSliceBytes;
 }
-/// Shared memory of a block: the stages, the epilogue's staging (the non-persistent kernel's
-/// reuses the stages; the persistent kernel's follows them), the barriers and alignment slack.
-template <int Consumers, int Stages, bool Persistent>
+/// Shared memory of a block: the stages (which the epilogue's staging reuses), the barriers and
+/// alignment slack.
+template <int Consumers, int Stages>
 __host__ __device__ constexpr int smem_bytes() {
   constexpr int stages = Stages * stage_bytes<Consumers>();
-  constexpr int staged =
-      Persistent ? stages + Consumers * kBf16StagedBytes
-                 : (stages > Consumers * kStagedBytes ? stages : Consumers * kStagedBytes);
+  constexpr int staged = stages > Consumers * kStagedBytes ? stages : Consumers * kStagedBytes;
   return staged + 2 * Stages * 8 + 1024;
 }
 
@@ -76,18 +68,16 @@ __device__ __forceinline__ block_work work_of(const kernel_params& prm, int item
 }
 
 /// The producer's part of one work item (tiles `w` of `matrix`): its slices into the stages.
-/// `filled` counts the slices the block has loaded so far (stage filled % Stages, round filled /
-/// Stages).
+/// Slice kb goes to stage kb % Stages, in round kb / Stages.
 template <int Consumers, int Stages>
 __device__ __forceinline__ void produce(const CUtensorMap* map_p, const CUtensorMap* map_q,
                                         const kernel_params& prm, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty, const block_work& w, int matrix,
-                                        int& filled) {
+                                        uint64_t* empty, const block_work& w, int matrix) {
   // The epilogue's C rows, asked into L2 a few slices before the last, so that the epilogue
   // reads them from L2 rather than waiting on memory (the tile's last act otherwise).
   const int prefetch_at = max(0, prm.slices - kPrefetchSlices);
-  for (int kb = 0; kb < prm.slices; ++kb, ++filled) {
-    if (kb == prefetch_at && prm.c != nullptr && prm.c_from_stages == 0) {
+  for (int kb = 0; kb < prm.slices; ++kb) {
+    if (kb == prefetch_at && prm.c != nullptr) {
       for (int g = 0; g < w.active; ++g) {
         const __nv_bfloat16* c = prm.c + matrix * prm.stride_c
                                  + int64_t{w.row(g)} * kTile * prm.ld_c + int64_t{w.col(g)} * kTile;
@@ -95,8 +85,8 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_p, const CUtensor
           prefetch_l2(c + row * prm.ld_c, kTile * 2);
       }
     }
-    const int s = filled % Stages;
-    barrier_wait(&empty[s], ((filled / Stages) & 1) ^ 1);
+    const int s = kb % Stages;
+    barrier_wait(&empty[s], ((kb / Stages) & 1) ^ 1);
     barrier_expect_bytes(&full[s], (1 + w.active) * kSliceBytes);
     uint8_t* stage = smem + s * stage_bytes<Consumers>();
     for (int slot = 0; slot <= w.active; ++slot) {
@@ -108,12 +98,9 @@ __device__ __forceinline__ void produce(const CUtensorMap* map_p, const CUtensor
 }
 
 /// A consumer group's part of one work item: wgmma over its slices, then its tile's epilogue.
-/// `used` counts the slices the block consumed before this item (as produce()'s `filled`).
-/// Persistent: every consumer warp arrives on `empty` for every slice, a group without a tile
-/// in this item without multiplying, so that the barriers' count stays fixed across items.
-template <int Consumers, int Stages, bool Persistent>
+template <int Consumers, int Stages>
 __device__ __forceinline__ void consume(const kernel_params& prm, uint8_t* smem, uint64_t* full,
-                                        uint64_t* empty, const block_work& w, int matrix, int used,
+                                        uint64_t* empty, const block_work& w, int matrix,
                                         int group) {
   constexpr int kStageBytes = stage_bytes<Consumers>();
   const bool arrives = threadIdx.x % 32 == 0;  // one arrival per warp
@@ -125,8 +112,8 @@ __device__ __forceinline__ void consume(const kernel_params& prm, uint8_t* smem,
     const int p_at = p_slot(w, group);  // the group's slices in a stage
     const int q_at = q_slot(w, group);
     for (int kb = 0; kb < prm.slices; ++kb) {
-      const int s = (used + kb) % Stages;
-      barrier_wait(&full[s], ((used + kb) / Stages) & 1);
+      const int s = kb % Stages;
+      barrier_wait(&full[s], (kb / Stages) & 1);
       const uint32_t stage = shared_address(smem + s * kStageBytes);
       const uint32_t p_slice = stage + p_at * kSliceBytes;
       const uint32_t q_slice = stage + q_at * kSliceBytes;
@@ -143,57 +130,29 @@ __device__ __forceinline__ void consume(const kernel_params& prm, uint8_t* smem,
       wgmma_commit();
       pin(acc0);
       pin(acc1);
-      if constexpr (Persistent) {  // C's columns pass by as P's slices 2n and 2n + 1
-        const int c_slice = kb - 2 * w.col(group);
-        if (prm.c_from_stages != 0 && c_slice >= 0 && c_slice < 2)
-          copy_c_slice(smem + s * kStageBytes + p_at * kSliceBytes,
-                       reinterpret_cast<__nv_bfloat16*>(smem + Stages * kStageBytes
-                                                        + group * kBf16StagedBytes),
-                       c_slice * kSlice, static_cast<int>(threadIdx.x) % kGroupThreads);
-      }
       // Keep this slice's wgmmas in flight; the previous slice's are done, so its stage is free.
       wgmma_wait<1>();
       if (kb > 0 && arrives)
-        barrier_arrive(&empty[(used + kb - 1) % Stages]);
+        barrier_arrive(&empty[(kb - 1) % Stages]);
     }
     wgmma_wait<0>();
     pin(acc0);
     pin(acc1);
-    if (Persistent && arrives)
-      barrier_arrive(&empty[(used + prm.slices - 1) % Stages]);
-  } else if (Persistent) {
-    for (int kb = 0; kb < prm.slices; ++kb) {
-      const int s = (used + kb) % Stages;
-      barrier_wait(&full[s], ((used + kb) / Stages) & 1);
-      if (arrives)
-        barrier_arrive(&empty[s]);
-    }
   }
   const int tile_m = w.row(group);
   const int tile_n = w.col(group);
   const bool mirror = prm.symmetric != 0 && tile_m != tile_n;
   const int t = static_cast<int>(threadIdx.x) % kGroupThreads;
-  if constexpr (Persistent) {
-    if (group < w.active)
-      store_bf16_staged(
-          acc0, acc1,
-          reinterpret_cast<__nv_bfloat16*>(smem + Stages * kStageBytes + group * kBf16StagedBytes),
-          prm, matrix, tile_m, tile_n, mirror, group, t);
-  } else {
-    consumers_sync<Consumers>();  // every group's wgmmas have read their stages
-    if (group < w.active)
-      store_staged(acc0, acc1, reinterpret_cast<float*>(smem + group * kStagedBytes), prm, matrix,
-                   tile_m, tile_n, mirror, group, t);
-  }
+  consumers_sync<Consumers>();  // every group's wgmmas have read their stages
+  if (group < w.active)
+    store_staged(acc0, acc1, reinterpret_cast<float*>(smem + group * kStagedBytes), prm, matrix,
+                 tile_m, tile_n, mirror, group, t);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-/// A block computes work item blockIdx.x (sm90_tiles.hpp); with `Persistent` (one block per
-/// multiprocessor) also items blockIdx.x + gridDim.x, + 2 gridDim.x, ..., the stages' rounds
-/// running on from one item to the next, so that the producer loads an item's first slices
-/// while the consumers write the last item's tiles.
-template <int Consumers, int Stages, bool Persistent>
+/// A block computes work item blockIdx.x (sm90_tiles.hpp).
+template <int Consumers, int Stages>
 __global__ void __launch_bounds__(threads<Consumers>())
     sm90_gemm_kernel(const __grid_constant__ CUtensorMap map_p,
                      const __grid_constant__ CUtensorMap map_q, const kernel_params prm) {
@@ -201,16 +160,14 @@ __global__ void __launch_bounds__(threads<Consumers>())
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023)
                                              & ~static_cast<uintptr_t>(1023));
-  constexpr int kBarrierOffset =
-      smem_bytes<Consumers, Stages, Persistent>() - 1024 - 2 * Stages * 8;
+  constexpr int kBarrierOffset = smem_bytes<Consumers, Stages>() - 1024 - 2 * Stages * 8;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarrierOffset);
   uint64_t* empty = full + Stages;
-  const int first = static_cast<int>(blockIdx.x);
-  int matrix = 0;  // the first item's (the only one's, unless persistent)
-  const block_work w = work_of(prm, first, matrix, Consumers);
+  int matrix = 0;
+  const block_work w = work_of(prm, static_cast<int>(blockIdx.x), matrix, Consumers);
 
   if (threadIdx.x == 0) {
-    const int arrivals = 4 * (Persistent ? Consumers : w.active);
+    const int arrivals = 4 * w.active;
     for (int s = 0; s < Stages; ++s) {
       barrier_init(&full[s], 1);
       barrier_init(&empty[s], arrivals);  // one arrival per (working) consumer warp
@@ -220,30 +177,12 @@ __global__ void __launch_bounds__(threads<Consumers>())
   __syncthreads();
 
   if (threadIdx.x >= Consumers * kGroupThreads) {
-    if (threadIdx.x == Consumers * kGroupThreads) {
-      int filled = 0;
-      if constexpr (Persistent) {
-        for (int item = first; item < prm.items; item += static_cast<int>(gridDim.x)) {
-          const block_work work = work_of(prm, item, matrix, Consumers);
-          produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, work, matrix, filled);
-        }
-      } else {
-        produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, w, matrix, filled);
-      }
-    }
+    if (threadIdx.x == Consumers * kGroupThreads)
+      produce<Consumers, Stages>(&map_p, &map_q, prm, smem, full, empty, w, matrix);
     return;
   }
   const int group = static_cast<int>(threadIdx.x) / kGroupThreads;
-  if constexpr (Persistent) {
-    int used = 0;
-    for (int item = first; item < prm.items;
-         item += static_cast<int>(gridDim.x), used += prm.slices) {
-      const block_work work = work_of(prm, item, matrix, Consumers);
-      consume<Consumers, Stages, true>(prm, smem, full, empty, work, matrix, used, group);
-    }
-  } else {
-    consume<Consumers, Stages, false>(prm, smem, full, empty, w, matrix, 0, group);
-  }
+  consume<Consumers, Stages>(prm, smem, full, empty, w, matrix, group);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -307,10 +246,10 @@ int64_t blocks_per_matrix(const sm90_gemm_args& a, int consumers) {
                                  static_cast<int>(a.n / kSm90Tile));
 }
 
-template <int Consumers, int Stages, bool Persistent = false>
+template <int Consumers, int Stages>
 void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
-  constexpr auto kernel = sm90_gemm_kernel<Consumers, Stages, Persistent>;
-  constexpr int kSmem = smem_bytes<Consumers, Stages, Persistent>();
+  constexpr auto kernel = sm90_gemm_kernel<Consumers, Stages>;
+  constexpr int kSmem = smem_bytes<Consumers, Stages>();
   static_assert(kSmem <= 227 * 1024, "a Hopper block has at most 227 KB of shared memory");
   // The shared-memory limit is raised once per device (a process may drive several).
   static std::atomic<uint64_t> raised{0};
@@ -325,19 +264,9 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
   const CUtensorMap map_p = operand_map(a.p, a.m, a.k, a.batch, kTile);
   const CUtensorMap map_q = operand_map(a.q, a.n, a.k, a.batch, kTile);
   prm.blocks_per_matrix = static_cast<int>(blocks_per_matrix(a, Consumers));
-  prm.items = static_cast<int>(prm.blocks_per_matrix * a.batch);  // tiles_fit_grid
-  int64_t blocks = prm.items;
-  if (Persistent)
-    blocks = std::min<int64_t>(blocks, a.max_blocks > 0 ? a.max_blocks : multiprocessors());
+  const int64_t blocks = prm.blocks_per_matrix * a.batch;  // tiles_fit_grid
   kernel<<<static_cast<unsigned>(blocks), threads<Consumers>(), kSmem, stream>>>(map_p, map_q, prm);
   ZMUON_LAUNCH_CHECK();
-}
-
-/// Whether each tile's C is P's rows over the tile's own columns (C in P's buffer and k == n, as
-/// NS's B = c A A + b A and Z = c R R + b R run), which pass through the stages anyway.
-bool c_is_p_rows(const sm90_gemm_args& a) {
-  return a.beta != 0.0f && a.c.data == a.p.data && a.c.ld == a.p.ld
-         && (a.batch == 1 || a.c.stride == a.p.stride) && a.k == a.n;
 }
 
 /// The block shape for `a` (measured, docs/NOTES.md sessions 8 and 16). Over k >= 2048 a tile
@@ -351,10 +280,7 @@ sm90_block choose_block(const sm90_gemm_args& a) {
   const int64_t sms = multiprocessors();
   const int64_t two = (blocks_per_matrix(a, 2) * a.batch + sms - 1) / sms;
   const int64_t one = (blocks_per_matrix(a, 1) * a.batch + 2 * sms - 1) / (2 * sms);
-  if (7 * two > 9 * one)
-    return sm90_block::one_tile;
-  static const bool persistent = env_switch("ZMUON_SM90_PERSISTENT", false);
-  return persistent ? sm90_block::persistent : sm90_block::two_tiles;
+  return 7 * two > 9 * one ? sm90_block::one_tile : sm90_block::two_tiles;
 }
 
 bool aligned(const void* p) {
@@ -380,8 +306,6 @@ std::string misfit(const sm90_gemm_args& a) {
     return "more than 2^31 - 1 tiles in all (the grid's size)";
   if (a.symmetric && a.m != a.n)
     return "a symmetric product must be square";
-  if (a.max_blocks < 0)
-    return "max_blocks must be 0 (one block per multiprocessor) or positive";
   if (!sm90_gemm_fits(a))
     return "every operand's rows and matrices must be 16-byte aligned (ld and stride multiples "
            "of 8), with ld at least the row's length";
@@ -403,7 +327,7 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
                  || (a.c.data != nullptr && aligned(a.c.data) && a.c.ld >= a.n && a.c.ld % 8 == 0
                      && a.c.stride % 8 == 0);
   const bool symmetric = !a.symmetric || a.m == a.n;
-  return sides && rows && c && symmetric && a.max_blocks >= 0;
+  return sides && rows && c && symmetric;
 }
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
@@ -459,11 +383,7 @@ void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {
   const sm90_block shape = a.shape == sm90_block::automatic ? choose_block(a) : a.shape;
   if (shape == sm90_block::two_tiles)
     launch<2, 4>(stream, a, prm);
-  else if (shape == sm90_block::persistent) {
-    static const bool c_from_stages = env_switch("ZMUON_SM90_C_FROM_STAGES", true);
-    prm.c_from_stages = a.c_from_stages && c_from_stages && c_is_p_rows(a) ? 1 : 0;
-    launch<2, 3, true>(stream, a, prm);
-  } else
+  else
     launch<1, 3>(stream, a, prm);
 }
 

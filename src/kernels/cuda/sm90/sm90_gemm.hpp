@@ -16,10 +16,8 @@
 // wide. Two tiles share one operand's slices (3/4 of the bytes per FLOP), one tile lets two blocks
 // share a multiprocessor (one's epilogue beside the other's wgmmas); sm90_gemm picks per product.
 //
-// Measured on the H200 (docs/NOTES.md, sessions 7 and 8): per tile it runs at 73-91 % of
-// cuBLAS's rate (91 % at 8192^3, 73 % over k = 768), so it pays only where the skipped tiles
-// outweigh that: symmetric products of sides >= 768 over k >= 2048 (1.16-1.55x cuBLAS's whole
-// product), not over k = 768 (0.78-0.88x) nor at side 512 (0.88x).
+// Per tile it is slower than cuBLAS, most of all over short k. It pays only where the skipped
+// tiles outweigh that: big symmetric products (docs/PERFORMANCE.md, docs/DECISIONS.md).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -47,13 +45,7 @@ struct sm90_output {
 ///   two_tiles    two tiles per block sharing one operand's slices (a row's neighbours, or
 ///                with `symmetric` also two tiles of the last column), 4 stages, one block per
 ///                multiprocessor.
-///   persistent   the two-tile blocks' work, but one block per multiprocessor that takes one
-///                block's work after another (3 stages; the epilogue stages its tiles in bf16
-///                buffers of its own, so the producer loads the next tiles' slices while the
-///                consumers write the last ones). `automatic` picks it in place of two_tiles
-///                only with ZMUON_SM90_PERSISTENT=1 in the environment: on an H100 (session
-///                21) NS5 ran 2 % slower with it at 4096², 5 % at 8192² (docs/NOTES.md).
-enum class sm90_block { automatic, one_tile, two_tiles, persistent };
+enum class sm90_block { automatic, one_tile, two_tiles };
 
 struct sm90_gemm_args {
   int64_t batch = 0, m = 0, n = 0, k = 0;
@@ -64,14 +56,6 @@ struct sm90_gemm_args {
   sm90_output d;
   bool symmetric = false;
   sm90_block shape = sm90_block::automatic;
-  /// persistent only: at most this many blocks (0: one per multiprocessor). Tests use it to
-  /// give every block several tiles' work.
-  int max_blocks = 0;
-  /// persistent only: where C is P's buffer and k == n (each tile's C is P's rows over the
-  /// tile's columns), copy C from P's slices as they pass through the stages instead of reading
-  /// it in the epilogue. ZMUON_SM90_C_FROM_STAGES=0 in the environment turns it off everywhere
-  /// (A/B runs).
-  bool c_from_stages = true;
 };
 
 /// The tile sides: m and n must be multiples of kSm90Tile, k of kSm90Slice.
