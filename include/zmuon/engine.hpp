@@ -22,6 +22,7 @@
 // with errc::bad_state naming that failure (a new engine can load a checkpoint).
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -210,6 +211,11 @@ public:
 
   /// Learning-rate schedules (default: the constant lr of the options).
   void set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr);
+  /// Steps this engine skipped for a non-finite gradient (not counted across a checkpoint load):
+  /// a DeepSpeed scheduler advances on applied steps only.
+  uint64_t skipped_steps() const;
+  /// The learning rates the next step() uses: {Muon, AdamW}.
+  std::array<float, 2> next_lrs() const;
 
   /// Memory held by local rank `rank`'s compute backend (zmuon/memory.hpp); the peak counts
   /// from the last reset_peak_memory() (benchmarks: the transient memory of a step).

@@ -184,6 +184,30 @@ ZMUON_API int zmuon_engine_write_call_timeline(zmuon_engine* eng, const char* pa
 ZMUON_API int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir);
 ZMUON_API int zmuon_engine_load_checkpoint(zmuon_engine* eng, const char* dir, uint64_t* step_out);
 
+/* -- DeepSpeed configs: "auto" from the host, the notes, the scheduled rates, the metrics ------
+ * An engine made from a config as zmuon_engine_create does, with `host_json` (NULL or "": none)
+ * the host's values for the config's "auto" (an object: "host" ("python" lets the tensorboard,
+ * wandb and comet sections through to the metrics callback), "lr", "muon_lr", "adam_lr",
+ * "weight_decay", "momentum", "betas", "eps", "gradient_clipping", "micro_batch", "gas", "fp16",
+ * "bf16", "reduce_bucket_size", "warmup_num_steps", "total_num_steps"). It keeps the config's
+ * notes, runs its scheduler, and writes its csv_monitor and zmuon.metrics_file after each step. */
+ZMUON_API int zmuon_engine_create_with_host(const char* config_json, const char* const* overrides,
+                                            size_t n_overrides, const char* host_json,
+                                            zmuon_engine** out);
+/* The config's notes (keys accepted with no effect, "auto" resolved), one a line; "" when none.
+ * Valid while the engine lives. */
+ZMUON_API int zmuon_engine_notes(const zmuon_engine* eng, const char** out);
+/* The learning rates the next step uses (the scheduler's, or zmuon_engine_set_lr's). */
+ZMUON_API int zmuon_engine_next_lrs(const zmuon_engine* eng, float* muon_lr, float* adam_lr);
+/* Each step's figures, a JSON object ("step", "samples", "loss", "grad_norm", "loss_scale",
+ * "skipped", "lr": {"muon", "adamw"}, "step_ms", "ns_ms", "memory_bytes"), to `callback` during
+ * zmuon_engine_step (NULL: none). Engines of zmuon_engine_create_with_host only. */
+typedef void (*zmuon_metrics_callback)(const char* record_json, void* user);
+ZMUON_API int zmuon_engine_set_metrics_callback(zmuon_engine* eng, zmuon_metrics_callback callback,
+                                                void* user);
+/* The host's mean loss of the step under way, for that step's record. */
+ZMUON_API int zmuon_engine_log_loss(zmuon_engine* eng, double loss);
+
 /* -- Newton-Schulz on its own (zmuon/orthogonalize.hpp), without an engine --------------------
  * Orthogonalizes the caller's matrices in place with a compute backend that keeps its workspace
  * across calls:

@@ -412,3 +412,64 @@ class Orthogonalizer:
         else:
             _check(_lib.zmuon_orthogonalize_on_stream(self._h(), ctypes.byref(arr),
                                                       ctypes.c_void_p(stream)))
+
+
+# -- DeepSpeed configs: "auto" from the host, the notes, the scheduled rates, the metrics --------
+
+MetricsCallback = ctypes.CFUNCTYPE(None, ctypes.c_char_p, ctypes.c_void_p)
+for _name, _argtypes in {
+        "zmuon_engine_create_with_host": [ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p),
+                                          ctypes.c_size_t, ctypes.c_char_p,
+                                          ctypes.POINTER(ctypes.c_void_p)],
+        "zmuon_engine_notes": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)],
+        "zmuon_engine_next_lrs": [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
+                                  ctypes.POINTER(ctypes.c_float)],
+        "zmuon_engine_set_metrics_callback": [ctypes.c_void_p, MetricsCallback, ctypes.c_void_p],
+        "zmuon_engine_log_loss": [ctypes.c_void_p, ctypes.c_double]}.items():
+    getattr(_lib, _name).restype = ctypes.c_int
+    getattr(_lib, _name).argtypes = _argtypes
+
+
+def engine_with_host(config_json="", overrides=(), host_values=None):
+    """An Engine from a config (JSON text) and overrides, whose "auto" values come from
+    `host_values` (a dict: lr, weight_decay, betas, total_num_steps, host="python", ...; see
+    zmuon_engine_create_with_host); it keeps the config's notes and runs its scheduler."""
+    import json as _json
+    handle = ctypes.c_void_p()
+    ov = [_text(o, "override") for o in overrides]
+    ov_arr = (ctypes.c_char_p * max(len(ov), 1))(*ov)
+    host = _json.dumps(host_values) if host_values is not None else ""
+    _check(_lib.zmuon_engine_create_with_host(_text(config_json, "config JSON"), ov_arr, len(ov),
+                                              _text(host, "host values"), ctypes.byref(handle)))
+    eng = Engine.__new__(Engine)
+    eng._handle = handle
+    return eng
+
+
+def engine_notes(engine):
+    """The config's notes of an engine_with_host, a list of lines."""
+    out = ctypes.c_char_p()
+    _check(_lib.zmuon_engine_notes(engine._h(), ctypes.byref(out)))
+    return [line for line in (out.value or b"").decode().split("\n") if line]
+
+
+def engine_next_lrs(engine):
+    """(Muon's, AdamW's) learning rate for the next step: what param_groups should show."""
+    muon, adam = ctypes.c_float(), ctypes.c_float()
+    _check(_lib.zmuon_engine_next_lrs(engine._h(), ctypes.byref(muon), ctypes.byref(adam)))
+    return muon.value, adam.value
+
+
+def set_metrics_callback(engine, fn):
+    """fn(record: dict) after each step of an engine_with_host (None: none); the engine keeps
+    the callback alive."""
+    import json as _json
+    callback = MetricsCallback(lambda text, _user: fn(_json.loads(text.decode())))
+    _check(_lib.zmuon_engine_set_metrics_callback(engine._h(),
+                                                  callback if fn else MetricsCallback(), None))
+    engine._metrics_callback = callback
+
+
+def log_loss(engine, loss):
+    """The host's mean loss of the step under way, for its metrics record."""
+    _check(_lib.zmuon_engine_log_loss(engine._h(), float(loss)))

@@ -16,20 +16,22 @@
 namespace zmuon {
 
 /// Checks `j` against the schema and maps it onto a job_config; absent keys keep their defaults.
-/// Errors name the key's full path: an unknown key (with the nearest valid key), a wrong type or
-/// a value out of range (with the allowed range).
-expected<job_config> parse_config(const nlohmann::json& j);
+/// DeepSpeed's keys are mapped, accepted with no effect (noted) or refused with the reason;
+/// "auto" resolves from `context` or zmuon's default (noted). Errors name the key's full path:
+/// an unknown key (with the nearest valid key), a wrong type, a value out of range (with the
+/// allowed range); every problem of the document at once, one a line.
+expected<job_config> parse_config(const nlohmann::json& j, const config_context& context = {});
 
 /// Reads the JSON file at `path` (none when empty), merged over `base` (a tool's own defaults,
 /// themselves over job_config's), applies `overrides` ("key.path=value", in order) and parses the
 /// result. Errors say where they come from: the file's path or the offending override.
 expected<job_config> load_config(const std::string& path, const std::vector<std::string>& overrides,
-                                 const nlohmann::json& base = nlohmann::json::object());
+                                 const nlohmann::json& base = nlohmann::json::object(),
+                                 const config_context& context = {});
 
 /// Sets one key of `j` from "key.path=value". The value is parsed as JSON, or else taken as a
 /// string; `null` removes the key (back to its default); an object value is merged into an
-/// object. The path must name a key of the schema. Setting `optimizer.params.lr` or its alias
-/// `muon_lr` removes the other, so the last one given wins.
+/// object. The path must name a key of the schema or one of DeepSpeed's.
 error apply_override(nlohmann::json& j, const std::string& key_eq_value);
 
 /// The canonical JSON of a job_config: every key of the schema (aliases left out), with the

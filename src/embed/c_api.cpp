@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/config.hpp"
+#include "embed/job_hooks.hpp"
 #include "plan/plan.hpp"
 #include "zmuon/engine.hpp"
 #include "zmuon/orthogonalize.hpp"
@@ -21,6 +22,7 @@
 struct zmuon_engine {
   std::unique_ptr<zmuon::engine> eng;
   std::map<std::string, bool> uses_muon;  // by registered name
+  std::unique_ptr<zmuon::job_hooks> job;  // zmuon_engine_create_with_host: notes, monitor
 };
 
 struct zmuon_orthogonalizer {
@@ -348,9 +350,14 @@ int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
   return guarded(fn, [&]() -> zmuon::error {
     if (!eng)
       return null_arg(fn, "eng");
+    if (eng->job)
+      eng->job->before_step();
     auto info = eng->eng->step();
     if (!info)
       return info.err();
+    if (eng->job)
+      if (auto err = eng->job->after_step(*info))
+        return err;
     if (out) {
       out->step = info->step;
       out->skipped = info->skipped ? 1 : 0;
@@ -541,6 +548,79 @@ int zmuon_orthogonalize(zmuon_orthogonalizer* ns, const zmuon_array* x) {
 int zmuon_orthogonalize_on_stream(zmuon_orthogonalizer* ns, const zmuon_array* x,
                                   void* cuda_stream) {
   return orthogonalize("zmuon_orthogonalize_on_stream", ns, x, cuda_stream);
+}
+
+}  // extern "C"
+
+extern "C" {
+
+int zmuon_engine_create_with_host(const char* config_json, const char* const* overrides,
+                                  size_t n_overrides, const char* host_json, zmuon_engine** out) {
+  const char* fn = "zmuon_engine_create_with_host";
+  if (auto err = null_override(fn, overrides, n_overrides))
+    return fail(err);
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!out)
+      return null_arg(fn, "out");
+    *out = nullptr;
+    zmuon::config_context context;
+    context.host_values = host_json ? host_json : "";
+    auto cfg = zmuon::parse_config_text(config_json ? config_json : "",
+                                        override_list(overrides, n_overrides), context);
+    if (!cfg)
+      return cfg.err();
+    auto made = zmuon::engine::create(cfg->engine);
+    if (!made)
+      return made.err();
+    auto handle = std::make_unique<zmuon_engine>();
+    handle->eng = std::move(*made);
+    auto hooks = zmuon::job_hooks::make(*handle->eng, *cfg);
+    if (!hooks)
+      return hooks.err();
+    handle->job = std::move(*hooks);
+    *out = handle.release();
+    return {};
+  });
+}
+
+int zmuon_engine_notes(const zmuon_engine* eng, const char** out) {
+  if (!eng || !out)
+    return fail(null_arg("zmuon_engine_notes", eng ? "out" : "eng"));
+  *out = eng->job ? eng->job->notes().c_str() : "";
+  return ZMUON_OK;
+}
+
+int zmuon_engine_next_lrs(const zmuon_engine* eng, float* muon_lr, float* adam_lr) {
+  if (!eng || !muon_lr || !adam_lr)
+    return fail(null_arg("zmuon_engine_next_lrs", !eng ? "eng" : !muon_lr ? "muon_lr" : "adam_lr"));
+  const auto lrs = eng->eng->next_lrs();
+  *muon_lr = lrs[0];
+  *adam_lr = lrs[1];
+  return ZMUON_OK;
+}
+
+int zmuon_engine_set_metrics_callback(zmuon_engine* eng, zmuon_metrics_callback callback,
+                                      void* user) {
+  const char* fn = "zmuon_engine_set_metrics_callback";
+  if (!eng)
+    return fail(null_arg(fn, "eng"));
+  if (!eng->job)
+    return fail(zmuon::error{zmuon::errc::bad_state,
+                             std::string(fn) + ": the engine was not made by "
+                                               "zmuon_engine_create_with_host"});
+  eng->job->set_callback([callback, user](const std::string& record) {
+    if (callback)
+      callback(record.c_str(), user);
+  });
+  return ZMUON_OK;
+}
+
+int zmuon_engine_log_loss(zmuon_engine* eng, double loss) {
+  if (!eng)
+    return fail(null_arg("zmuon_engine_log_loss", "eng"));
+  if (eng->job)
+    eng->job->set_loss(loss);
+  return ZMUON_OK;
 }
 
 }  // extern "C"

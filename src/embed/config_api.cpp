@@ -6,6 +6,7 @@
 #include "config/config.hpp"
 #include "zmuon/config.hpp"
 #include "zmuon/engine.hpp"
+#include "zmuon/lr_schedule.hpp"
 
 namespace zmuon {
 namespace {
@@ -21,25 +22,45 @@ expected<nlohmann::json> parse_text(const std::string& text, const std::string& 
 }  // namespace
 
 expected<job_config> parse_config_text(const std::string& json_text,
-                                       const std::vector<std::string>& overrides) {
+                                       const std::vector<std::string>& overrides,
+                                       const config_context& context) {
   auto parsed = parse_text(json_text, "the config is");
   if (!parsed)
     return parsed.err();
   nlohmann::json j = std::move(*parsed);
+  config_context lenient = context;  // the notes are judged once, on the whole
+  lenient.strict = false;
   if (json_text.find_first_not_of(" \t\r\n") != std::string::npos)
-    if (auto checked = parse_config(j); !checked)  // the text's own errors, before overrides'
+    if (auto checked = parse_config(j, lenient); !checked)  // the text's own, before overrides'
       return checked.err();
   for (const auto& o : overrides)
     if (auto err = apply_override(j, o))
       return err;
-  return parse_config(j);
+  return parse_config(j, context);
 }
 
 expected<job_config> load_config_file(const std::string& path,
-                                      const std::vector<std::string>& overrides) {
+                                      const std::vector<std::string>& overrides,
+                                      const config_context& context) {
   if (path.empty())
     return error{errc::invalid_argument, "config file path is empty"};
-  return load_config(path, overrides);
+  return load_config(path, overrides, nlohmann::json::object(), context);
+}
+
+void install_lr_schedule(engine& eng, const job_config& cfg) {
+  if (cfg.scheduler.type == lr_schedule_type::none)
+    return;
+  // DeepSpeed's scheduler steps after each applied step: the step about to run follows
+  // step - 1 - skipped applied ones. The engine owns these callbacks, so `eng` outlives them.
+  auto schedule = [&eng, s = cfg.scheduler](int group, float group_lr) {
+    return [&eng, s, group, group_lr](uint64_t step) {
+      const uint64_t done = step - 1;
+      const uint64_t applied = done - std::min(done, eng.skipped_steps());
+      return static_cast<float>(scheduled_lr(s, group, group_lr, applied));
+    };
+  };
+  eng.set_lr_schedules(schedule(kMuonGroup, cfg.engine.muon.lr),
+                       schedule(kAdamwGroup, cfg.engine.adamw.lr));
 }
 
 expected<ns_options> parse_ns_options(const std::string& json_text) {
@@ -86,7 +107,10 @@ expected<std::unique_ptr<engine>> engine::create_from_json(
   auto cfg = parse_config_text(json_text, overrides);
   if (!cfg)
     return cfg.err();
-  return create(cfg->engine);
+  auto made = create(cfg->engine);
+  if (made)
+    install_lr_schedule(**made, *cfg);
+  return made;
 }
 
 expected<std::unique_ptr<engine>> engine::create_from_file(
@@ -94,7 +118,10 @@ expected<std::unique_ptr<engine>> engine::create_from_file(
   auto cfg = load_config_file(path, overrides);
   if (!cfg)
     return cfg.err();
-  return create(cfg->engine);
+  auto made = create(cfg->engine);
+  if (made)
+    install_lr_schedule(**made, *cfg);
+  return made;
 }
 
 }  // namespace zmuon

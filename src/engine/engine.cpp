@@ -420,6 +420,11 @@ expected<float> engine::loss_scale() {
   return d.ask<float>(d.ranks[0].scaler, scale_atom::value);
 }
 
+std::array<float, 2> engine::next_lrs() const {
+  const uint64_t next = impl_->step + 1;
+  return {impl_->muon_lr(next), impl_->adam_lr(next)};
+}
+
 uint64_t engine::skipped_steps() const {
   return impl_->skipped_steps;
 }

@@ -28,6 +28,7 @@
 #include "node/node.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "node/node_setup.hpp"
+#include "step_report.hpp"
 
 namespace {
 
@@ -45,8 +46,22 @@ bool ranks_given(const std::string& config_path, const std::vector<std::string>&
 }
 
 // The launcher's own defaults, over job_config's and under any config file: the example model
-// trains with AdamW lr 3e-3 (docs/DECISIONS.md; the engine's default is 3e-4).
-nlohmann::json launcher_defaults() {
+// trains with AdamW lr 3e-3 (docs/DECISIONS.md; the engine's default is 3e-4), unless the file or
+// an override gives lr or adam_lr (DeepSpeed's lr is both groups').
+nlohmann::json launcher_defaults(const std::string& config_path = "",
+                                 const std::vector<std::string>& sets = {}) {
+  for (const auto& s : sets)
+    if (s.rfind("optimizer.params.lr=", 0) == 0 || s.rfind("optimizer.params.adam_lr=", 0) == 0)
+      return nlohmann::json::object();
+  if (!config_path.empty())
+    if (auto j = zmuon::read_json_file(config_path); j && j->is_object()) {
+      const auto* p = j->contains("optimizer") && (*j)["optimizer"].is_object()
+                              && (*j)["optimizer"].contains("params")
+                          ? &(*j)["optimizer"]["params"]
+                          : nullptr;
+      if (p && p->is_object() && (p->contains("lr") || p->contains("adam_lr")))
+        return nlohmann::json::object();
+    }
   return {{"optimizer", {{"params", {{"adam_lr", 3e-3}}}}}};
 }
 
@@ -225,14 +240,25 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
         topts.fp16 ? ", fp16 loss scaling" : "", eng->options().comm.c_str());
   std::printf("zmuon-launch: %s joined\n", nd->name().c_str());
   std::fflush(stdout);
+  zmuon::example::step_report report(*eng, job, lead);
+  if (auto err = report.open()) {
+    say(who, err.message());
+    return 1;
+  }
   zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
   auto records = zmuon::example::train(
       *eng, topts,
       [&](const auto& rec) {
-        if (lead)
+        auto shown = report.finished(rec, topts.steps);
+        if (!shown)
+          say(who, shown.err().message());
+        if (lead && shown && *shown)
           show.step(rec);
       },
-      [&](int step) { nd->step_started(step); });
+      [&](int step) {
+        report.started();
+        nd->step_started(step);
+      });
   show.done();
   int code = records ? save(*eng, topts, save_params, who) : 1;
   if (!records || code != 0) {
@@ -369,6 +395,10 @@ int run(int argc, char** argv) {
   auto* fp16 = app.add_flag("--fp16", flags.engine.fp16.enabled,
                             "fp16 loss scaling on the host, DeepSpeed's dynamic rules "
                             "(fp16.enabled=true)");
+  bool strict = false;
+  app.add_flag("--strict", strict,
+               "every config note is an error: a DeepSpeed key with no effect in zmuon, an "
+               "\"auto\" resolved (zmuon.strict=true)");
   app.add_option("--steps", topts.steps, "optimizer steps")
       ->capture_default_str()
       ->check(non_negative);
@@ -436,11 +466,21 @@ int run(int argc, char** argv) {
     sets.push_back(flags.engine.fp16.enabled ? "fp16.enabled=true" : "fp16.enabled=false");
   if (trace->count() > 0)
     sets.push_back("zmuon.trace=" + nlohmann::json(trace_dir).dump());
-  auto job = zmuon::load_config(config_path, sets, launcher_defaults());
+  zmuon::config_context context;  // what "auto" resolves from: the job
+  context.total_steps = topts.steps;
+  context.strict = strict;
+  context.world = std::max(1, nf.nodes > 1 ? nf.nodes : nf.local_nodes) * [&] {
+    auto ranks = zmuon::load_config(config_path, sets, launcher_defaults(config_path, sets));
+    return ranks ? ranks->engine.world : 1;  // a bad config: its own check says why below
+  }();
+  auto job = zmuon::load_config(config_path, sets, launcher_defaults(config_path, sets), context);
   if (!job) {
     std::cerr << "zmuon-launch: config error: " << job.err().message() << "\n";
     return 2;
   }
+  if (nf.node_rank == 0)
+    for (const auto& note : job->notes)
+      std::fprintf(stderr, "zmuon-launch: note: %s\n", note.c_str());
   job->engine.trace_dir = job->trace;
   // --local-nodes on GPUs: node n sees its own run of the visible GPUs (CUDA_VISIBLE_DEVICES),
   // ranks-per-node of them (by default the GPUs shared out evenly), so that its ranks do not
@@ -502,11 +542,27 @@ int run(int argc, char** argv) {
       "%s\n",
       eopts.world, topts.gas, topts.micro_batch, eopts.world * topts.gas * topts.micro_batch,
       topts.steps, topts.fp16 ? ", fp16 loss scaling" : "", (*eng)->options().comm.c_str());
+  zmuon::example::step_report report(**eng, *job, true);
+  if (auto err = report.open()) {
+    std::cerr << "zmuon-launch: " << err.message() << "\n";
+    return 1;
+  }
+  zmuon::error report_failed;
   zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
-  auto records = zmuon::example::train(**eng, topts, [&](const auto& rec) { show.step(rec); });
+  auto records = zmuon::example::train(
+      **eng, topts,
+      [&](const auto& rec) {
+        auto shown = report.finished(rec, topts.steps);
+        if (!shown && !report_failed)
+          report_failed = shown.err();
+        if (shown && *shown)
+          show.step(rec);
+      },
+      [&](int) { report.started(); });
   show.done();
-  if (!records) {
-    std::cerr << "zmuon-launch: " << records.err().to_string() << "\n";
+  if (!records || report_failed) {
+    std::cerr << "zmuon-launch: "
+              << (records ? report_failed.message() : records.err().to_string()) << "\n";
     return 1;
   }
   return save_params.empty() ? 0 : save(**eng, topts, save_params, "zmuon-launch: ");
