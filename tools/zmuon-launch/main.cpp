@@ -317,7 +317,7 @@ int run(int argc, char** argv) {
       "Precedence: the defaults shown < --config FILE < --set (in order) < the flags above, each "
       "a shorthand for the config key in its description.\nConfig keys: "
       "examples/zmuon_config.json (DeepSpeed's shape with the engine's defaults; unknown keys are "
-      "errors).\nTwo nodes: on host A `zmuon-launch --nodes 2 --node-rank 0 --master A:29500 "
+      "errors); DeepSpeed's own keys, \"auto\" and the migration: docs/CONFIG.md.\nTwo nodes: on host A `zmuon-launch --nodes 2 --node-rank 0 --master A:29500 "
       "--ranks-per-node 2`, on host B the same with --node-rank 1; one machine: --local-nodes 2."
       "\nExit codes: 0 done, 1 failed, 2 bad input (flags, config, nodes that disagree), 3 a node "
       "of the job was lost (the message names it, its ranks and its step).");
@@ -470,7 +470,10 @@ int run(int argc, char** argv) {
   context.total_steps = topts.steps;
   context.strict = strict;
   context.world = std::max(1, nf.nodes > 1 ? nf.nodes : nf.local_nodes) * [&] {
-    auto ranks = zmuon::load_config(config_path, sets, launcher_defaults(config_path, sets));
+    zmuon::config_context lenient = context;
+    lenient.strict = false;
+    auto ranks =
+        zmuon::load_config(config_path, sets, launcher_defaults(config_path, sets), lenient);
     return ranks ? ranks->engine.world : 1;  // a bad config: its own check says why below
   }();
   auto job = zmuon::load_config(config_path, sets, launcher_defaults(config_path, sets), context);
