@@ -10,7 +10,7 @@ zmuon's speed-up over each PyTorch variant, with the issue's targets checked.
 
     bench/ns_torch.py --zmuon OUT/bench_ns.json [--reps 20] [--out OUT/ns_table.md]
 
-With --step-json (zmuon-bench-step --json outputs, issue 8), it prints instead the whole-step
+With --step-json (zmuon-bench-step --json outputs), it prints instead the whole-step
 table: per table and world/comm, zmuon's step() time, its NS phase from the trace (on CUDA the
 time to enqueue NS), zmuon's NS kernel time for the whole table from bench_ns (--zmuon, CUDA
 events; optional), PyTorch's NS5 over the same table batched by shape (as Dion runs it, the
@@ -375,7 +375,7 @@ def main():
                          f"{fmt(compiled_ms / z['standard_ms'] if compiled_ms else None, '.2f')}"
                          f" | | |")
         m = min(rows, cols)
-        ok = x_eager >= 1.5  # issue 8: on every shape
+        ok = x_eager >= 1.5  # the target, on every shape
         verdicts.append(f"{label}: {x_eager:.2f}x eager (target >= 1.5x): "
                         f"{'met' if ok else 'BELOW'}")
         if m >= 4096 and batch == 1:

@@ -14,7 +14,7 @@
 namespace zmuon::bench {
 namespace {
 
-// -- --variant / --schedule: the NS variants per shape (issue 8) ----------------------------------
+// -- --variant / --schedule: the NS variants per shape --------------------------------------------
 
 /// ||O O^T - I||_F / sqrt(m) of the wide view of the row-major [rows, cols] fp32 `o` on the
 /// device: the Gram matrix by an fp32 cuBLAS GEMM, the norm summed on the host in double.

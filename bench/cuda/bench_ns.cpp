@@ -161,7 +161,7 @@ int main(int argc, char* argv[]) {
   std::string json_path;
   std::vector<int64_t> sym_sides = {0, 256, 512, 1024};
   std::vector<std::string> only;  // --only: these shapes' rows, no tables
-  // --variant / --schedule / --gram-restart / --steps: the variants table instead (issue 8).
+  // --variant / --schedule / --gram-restart / --steps: the variants table instead.
   bool variants_mode = false;
   bool tables_mode = false;  // --tables: only the tables, group by group
   bool split_mode = false;   // --split: sub-batches of one group against one call

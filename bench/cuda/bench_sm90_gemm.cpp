@@ -1,10 +1,9 @@
-// bench_sm90_gemm: zmuon's own Hopper GEMM (kernels/cuda/sm90_gemm.hpp) against cuBLAS(Lt) on
-// the products Newton-Schulz runs, same operands, same device, one run:
+// bench_sm90_gemm: zmuon's own Hopper GEMM (kernels/cuda/sm90/sm90_gemm.hpp) against
+// cuBLAS(Lt) on the products Newton-Schulz runs, same operands, same device, one run:
 //   - each case's result against cuBLAS's whole product (max |ours - cuBLAS| / max |cuBLAS|);
 //   - each case's median ms and TFLOP/s, counted as full GEMMs (a symmetric product's skipped
 //     tiles count too: that is its gain), cuBLAS's and each block shape's of ours (one 128x128
-//     tile per block, two per block, two per block in persistent blocks, and the shape sm90_gemm
-//     chooses), and the best speedup.
+//     tile per block, two per block, and the shape sm90_gemm chooses), and the best speedup.
 // Then NS's update X' = B' X on cuBLAS in each operand layout it could take (B' is symmetric, so
 // op(B') may be N or T; TN, both operands K-major, is the layout of the whole products above),
 // each as the median of single calls and as the mean of 20 calls back to back (sustained, as
@@ -207,7 +206,6 @@ int main(int argc, char** argv) {
     const std::vector<std::pair<zmuon::gpu::sm90_block, const char*>> shapes = {
         {zmuon::gpu::sm90_block::one_tile, "1 tile"},
         {zmuon::gpu::sm90_block::two_tiles, "2 tiles"},
-        {zmuon::gpu::sm90_block::persistent, "persistent"},
         {zmuon::gpu::sm90_block::automatic, "chosen"}};
     std::printf("%-30s %10s %11s", "case", "cuBLAS ms", "cuBLAS TF/s");
     for (const auto& shape : shapes)

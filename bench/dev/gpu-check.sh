@@ -10,66 +10,62 @@
 # The GPU machine has CUDA, CMake and PyTorch but no Boost or OpenBLAS, so the binaries are built
 # on a development machine and carried:
 #
-#   bench/gpu-check.sh pack      # here: build (build-gpu-check/) and pack .carry/gpu/
-#   QUICK=1 bench/gpu-check.sh pack   # only bench/cuda's project (test_cuda_kernels, bench_ns,
-#                                # bench_sm90_gemm), for "exec" runs of those: minutes less on a
-#                                # fresh machine, where the engine's CAF build is the long part
-#   bench/gpu-check.sh           # there, from the repository root, with .carry carried:
+#   bench/dev/gpu-check.sh pack  # here: the project with -DZMUON_CUDA=ON in build-cuda/, packed
+#                                # into .carry/gpu/ (no GPU needed to build)
+#   QUICK=1 bench/dev/gpu-check.sh pack   # only the kernel targets of that build
+#                                # (test_cuda_kernels, bench_ns, bench_sm90_gemm), for "exec"
+#                                # runs of those: the engine's CAF build is the long part
+#   bench/dev/gpu-check.sh       # there, from the repository root, with .carry carried:
 #                                # runs everything, logs and tables to $OUT (default ./out)
-#   ONLY_STEP=1 bench/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
-#   SKIP_NS=1 bench/gpu-check.sh     # everything but bench_ns and the NS table
-#   bench/gpu-check.sh exec zmuon-bench-step --table llama-1b ...   # one carried binary
-#   bench/gpu-check.sh profile KERNEL_REGEX COUNT BINARY ARGS...   # Nsight Compute on COUNT
+#   ONLY_STEP=1 bench/dev/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
+#   SKIP_NS=1 bench/dev/gpu-check.sh     # everything but bench_ns and the NS table
+#   bench/dev/gpu-check.sh exec zmuon-bench-step --table llama-1b ...   # one carried binary
+#   bench/dev/gpu-check.sh profile KERNEL_REGEX COUNT BINARY ARGS...   # Nsight Compute on COUNT
 #                                    # launches of the kernels matching KERNEL_REGEX (clocks left
 #                                    # alone), e.g. profile sm90_gemm_kernel 4 bench_sm90_gemm
 #                                    # --only "48x768, k 768" --reps 1
-#   TABLES_CANDIDATES="8 32" bench/gpu-check.sh   # only bench_ns --tables, once per count of
+#   TABLES_CANDIDATES="8 32" bench/dev/gpu-check.sh   # only bench_ns --tables, once per count of
 #                                    # cuBLASLt algorithms timed per shape
-#   bench/gpu-check.sh base REV  # here: bench_ns and bench_sm90_gemm built at git revision REV
-#                                # into .carry/base/ (a worktree in build-gpu-base/), for "ab"
-#   bench/gpu-check.sh ab        # there: base and packed binaries alternating, twice each
+#   bench/dev/gpu-check.sh base REV  # here: bench_ns and bench_sm90_gemm built at git revision
+#                                # REV (one with this layout: bench/cuda built by the main
+#                                # project) into .carry/base/, in a worktree in build-gpu-base/
+#   bench/dev/gpu-check.sh ab    # there: base and packed binaries alternating, twice each
 #                                # (bench_sm90_gemm, bench_ns --variant standard, the tables;
 #                                # AB="gemm variants" picks parts: all three take over 10 min;
-#                                # AB=flip: the new bench_ns with and without --update-flipped;
-#                                # AB=persistent: zmuon.newton_schulz against eager NS5
-#                                # (ns_torch.py --interleave, full pack) with the persistent
-#                                # blocks off and on, twice; bench_sm90_gemm (C from stages
-#                                # on, off), then the new bench_ns's squares and Gram rows (twice) and
-#                                # tables (once) with the persistent blocks off, on, and on
-#                                # with ZMUON_SM90_C_FROM_STAGES=0; no base binaries needed):
-#                                # a change between versions counts only past the spread of
-#                                # each version's own two runs. Logs ab_*.log in $OUT
+#                                # AB=flip: the new bench_ns with and without --update-flipped,
+#                                # no base binaries needed): a change between versions counts
+#                                # only past the spread of each version's own two runs.
+#                                # Logs ab_*.log in $OUT
 #
-# With the device tool: run(command="bash bench/gpu-check.sh", carry=[".carry"]).
+# With the device tool: run(command="bash bench/dev/gpu-check.sh", carry=[".carry"]).
 set -uo pipefail
 
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
 bundle=.carry/gpu/gpu-check.tar.gz
 unpacked=/tmp/zmuon-gpu-check  # where check and ab unpack the bundle
 
+# The binaries a pack carries, as paths in the CUDA build: the kernel targets (QUICK=1 packs
+# only these), then the engine's.
+kernel_binaries=(tests/gpu/test_cuda_kernels bench/cuda/bench_ns bench/cuda/bench_sm90_gemm)
+engine_binaries=(tests/gpu/test_engine_cuda tests/gpu/test_orthogonalize_cuda
+  tools/zmuon-launch/zmuon-launch bench/step/zmuon-bench-step)
+engine_library=src/embed/libzmuon.so  # the Python package's
+
 pack() {
   set -e
-  local jobs="${JOBS:-2}"
-  # bench/cuda's own project: the CUDA and host backends, the test and the benchmark, without
-  # the engine, so that a half-edited engine elsewhere in the tree cannot stop the check.
-  cmake -S bench/cuda -B build-gpu-check -G Ninja >/dev/null
-  ninja -C build-gpu-check -j"$jobs" test_cuda_kernels bench_ns bench_sm90_gemm
-  if [[ -z "${QUICK:-}" ]]; then
-    # The whole engine with the CUDA backend and the nccl comm (CAF comes along as libraries).
-    cmake -S . -B build-cuda -G Ninja -DZMUON_CUDA=ON >/dev/null
-    ninja -C build-cuda -j"$jobs" test_engine_cuda test_orthogonalize_cuda zmuon-launch \
-      zmuon-bench-step zmuon
-  fi
+  local jobs="${JOBS:-2}" build=build-cuda binaries=("${kernel_binaries[@]}") path
+  [[ -z "${QUICK:-}" ]] && binaries+=("${engine_binaries[@]}")
+  cmake -S . -B "$build" -G Ninja -DZMUON_CUDA=ON >/dev/null
+  local targets=()
+  for path in "${binaries[@]}"; do targets+=("$(basename "$path")"); done
+  [[ -z "${QUICK:-}" ]] && targets+=(zmuon)
+  ninja -C "$build" -j"$jobs" "${targets[@]}"
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/bin" "$stage/lib"
-  cp build-gpu-check/test_cuda_kernels build-gpu-check/bench_ns build-gpu-check/bench_sm90_gemm "$stage/bin/"
-  if [[ -z "${QUICK:-}" ]]; then
-    cp build-cuda/tests/test_engine_cuda build-cuda/tests/test_orthogonalize_cuda \
-      build-cuda/launch/exe/zmuon-launch build-cuda/bench/step/zmuon-bench-step "$stage/bin/"
-    cp -L build-cuda/embed/libzmuon.so "$stage/lib/libzmuon.so"  # the Python package's
-  fi
+  for path in "${binaries[@]}"; do cp "$build/$path" "$stage/bin/"; done
+  [[ -z "${QUICK:-}" ]] && cp -L "$build/$engine_library" "$stage/lib/libzmuon.so"
   # Every non-CUDA, non-glibc library they load (Boost.Test, OpenBLAS and its Fortran runtime).
   find "$stage/bin" "$stage/lib" -type f -exec ldd {} + | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
@@ -103,7 +99,7 @@ unpack() {
   local work="$unpacked"
   rm -rf "$work" && mkdir -p "$work"
   if [[ ! -f "$bundle" ]]; then
-    echo "gpu-check: $bundle missing: run 'bench/gpu-check.sh pack' here and carry .carry" >&2
+    echo "gpu-check: $bundle missing: run 'bench/dev/gpu-check.sh pack' here and carry .carry" >&2
     return 1
   fi
   tar -C "$work" -xzf "$bundle"
@@ -151,9 +147,8 @@ check() {
   local bench="$work/bin/bench_ns"
   "$bench" --help >/dev/null 2>&1
   if [[ $? -ne 2 ]]; then  # 2 is its usage exit; anything else means it cannot start
-    echo "gpu-check: carried bench_ns does not start here; building it from bench/cuda"
-    cmake -S bench/cuda -B "$work/build" -G Ninja >/dev/null && ninja -C "$work/build" bench_ns &&
-      bench="$work/build/bench_ns"
+    echo "gpu-check: the carried bench_ns does not start here (ldd $bench)" >&2
+    return 1
   fi
 
   local status=0 rc
@@ -198,7 +193,7 @@ check() {
     done
   fi
 
-  echo "== zmuon-bench-step (the whole step through the engine, traced; issue 8)"
+  echo "== zmuon-bench-step (the whole step through the engine, traced)"
   # Each run prints its phases, bytes (trace against plan, and DeepSpeed's scheme), plumbing
   # share and each backend call's device time (--call-times), and writes
   # $out/step_<table>_w<world>.json for the table after bench_ns, and beside it the median step's
@@ -222,7 +217,7 @@ check() {
     [[ -f "$json" && $variant == auto ]] && step_jsons+=("$json")
   done
 
-  echo "== NS load balance of the owners at world 8 (issue 10's <= 1.15), one rank at a time"
+  echo "== NS load balance of the owners at world 8 (target <= 1.15), one rank at a time"
   for table in gpt2-124m llama-1b; do
     timeout 300 "$work/bin/zmuon-bench-step" --ns-owners --table "$table" --world 8 \
       --compute cuda --steps 10 --json "$out/owners_${table}_w8.json" 2>&1 | tee -a "$out/owners.log"
@@ -258,7 +253,7 @@ check() {
     rc=${PIPESTATUS[0]}
     [[ $rc -ne 0 ]] && status=1 && echo "bench_ns: exit $rc"
 
-    echo "== bench_ns: NS variants (standard vs gram, NS5 and Polar Express; issue 8)"
+    echo "== bench_ns: NS variants (standard vs gram, NS5 and Polar Express)"
     for args in "--schedule ns5" "--schedule polar_express" "--schedule polar_express --gram-restart 0"; do
       # shellcheck disable=SC2086
       timeout 120 "$bench" --reps 10 $args 2>&1 | tee -a "$out/bench_ns.log"
@@ -266,7 +261,7 @@ check() {
       [[ $rc -ne 0 ]] && status=1 && echo "bench_ns $args: exit $rc"
     done
 
-    echo "== bench_sm90_gemm: the own Hopper GEMM against cuBLAS on the NS products (issue 8)"
+    echo "== bench_sm90_gemm: the own Hopper GEMM against cuBLAS on the NS products"
     timeout 120 "$work/bin/bench_sm90_gemm" 2>&1 | tee "$out/bench_sm90_gemm.log"
     rc=${PIPESTATUS[0]}
     [[ $rc -ne 0 ]] && status=1 && echo "bench_sm90_gemm: exit $rc"
@@ -307,17 +302,18 @@ check() {
   return $status
 }
 
-# Here: the two A/B binaries at revision $1, built in a worktree of their own.
+# Here: the two A/B binaries at revision $1, the project built in a worktree of its own.
 base() {
   set -e
-  local rev="${1:?usage: bench/gpu-check.sh base REV}" tree=build-gpu-base/tree
+  local rev="${1:?usage: bench/dev/gpu-check.sh base REV}" tree=build-gpu-base/tree
   git worktree remove --force "$tree" 2>/dev/null || rm -rf "$tree"
   git worktree prune
   git worktree add --detach "$tree" "$rev" >/dev/null
-  cmake -S "$tree/bench/cuda" -B build-gpu-base/build -G Ninja >/dev/null
+  cmake -S "$tree" -B build-gpu-base/build -G Ninja -DZMUON_CUDA=ON >/dev/null
   ninja -C build-gpu-base/build -j"${JOBS:-2}" bench_ns bench_sm90_gemm
   mkdir -p .carry/base
-  cp build-gpu-base/build/bench_ns build-gpu-base/build/bench_sm90_gemm .carry/base/
+  cp build-gpu-base/build/bench/cuda/bench_ns build-gpu-base/build/bench/cuda/bench_sm90_gemm \
+    .carry/base/
   git -C "$tree" log -1 --format='%h %s' >.carry/base/REVISION
   echo "base: $(cat .carry/base/REVISION) in .carry/base/"
 }
@@ -327,9 +323,9 @@ ab() {
   local out="${OUT:-$root/out}"
   mkdir -p "$out"
   local parts=" ${AB:-gemm variants tables} "
-  if [[ $parts != " persistent " && $parts != " flip " ]] &&
+  if [[ $parts != " flip " ]] &&
     [[ ! -x .carry/base/bench_ns || ! -x .carry/base/bench_sm90_gemm ]]; then
-    echo "gpu-check ab: .carry/base/ has no binaries: run 'bench/gpu-check.sh base REV' here" >&2
+    echo "gpu-check ab: .carry/base/ has no binaries: run 'bench/dev/gpu-check.sh base REV' here" >&2
     return 1
   fi
   echo "base: $(cat .carry/base/REVISION 2>/dev/null), new: the packed bundle"
@@ -363,45 +359,6 @@ ab() {
       done
     done
   fi
-  if [[ $parts == *" persistent "* ]]; then  # the new binaries alone: sm90_gemm's persistent
-    local log="$out/ab_persistent.log" setting  # blocks off, on, and on with C from memory
-    # First what decides it: zmuon.newton_schulz against eager NS5 in one process (the full
-    # pack's libzmuon.so), persistent off and on, twice.
-    if unpack && [[ -f $unpacked/lib/libzmuon.so ]]; then
-      for round in 1 2; do
-        for setting in 0 1; do
-          echo "== round $round: ZMUON_SM90_PERSISTENT=$setting ns_torch.py --interleave" |
-            tee -a "$log"
-          ZMUON_SM90_PERSISTENT=$setting interleave 120 --only 4096x4096,8192x8192,2048x8192 \
-            --rounds 10 2>&1 | tee -a "$log" |
-            grep -E "ms,|Error"
-          [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
-        done
-      done
-    fi
-    for setting in "ZMUON_SM90_C_FROM_STAGES=1" "ZMUON_SM90_C_FROM_STAGES=0"; do
-      echo "== $setting bench_sm90_gemm" | tee -a "$log"
-      (export "$setting" && check bench_sm90_gemm --reps 30) 2>&1 | tee -a "$log" |
-        grep -E "case|sym|full|FAIL"
-      [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
-    done
-    local settings=("ZMUON_SM90_PERSISTENT=0" "ZMUON_SM90_PERSISTENT=1"
-      "ZMUON_SM90_PERSISTENT=1 ZMUON_SM90_C_FROM_STAGES=0")
-    for round in 1 2; do
-      for setting in "${settings[@]}"; do
-        echo "== round $round: $setting bench_ns" | tee -a "$log"
-        # shellcheck disable=SC2086
-        (export $setting && check bench_ns --only 4096x4096,8192x8192,2048x8192,4096x11008 \
-          --reps 20) 2>&1 | tee -a "$log" | grep -E "x[0-9]"
-        [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
-        [[ $round == 1 ]] || continue  # the tables once per setting (the call's time limit)
-        # shellcheck disable=SC2086
-        (export $setting ZMUON_GEMM_CANDIDATES=8 && check bench_ns --tables --reps 20) 2>&1 |
-          tee -a "$log" | grep -E "ceiling|gpt2-124m  |llama"
-        [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "exit non-zero"
-      done
-    done
-  fi
   return $status
 }
 
@@ -412,5 +369,5 @@ case "${1:-check}" in
   check) check ;;
   exec) shift && check "$@" ;;
   profile) shift && check --profile "$@" ;;
-  *) echo "usage: bench/gpu-check.sh [pack|base REV|check|ab|exec BINARY ARGS...|profile REGEX COUNT BINARY ARGS...]" >&2; exit 2 ;;
+  *) echo "usage: bench/dev/gpu-check.sh [pack|base REV|check|ab|exec BINARY ARGS...|profile REGEX COUNT BINARY ARGS...]" >&2; exit 2 ;;
 esac

@@ -33,12 +33,12 @@
 //   written inside them x the cost of one record, measured at start-up: `record_ns`). As a
 //   fraction of the step's wall time (first record of the step, i.e. reduce()'s start, to
 //   step()'s answer): the largest rank's share (`plumbing max rank`) and all ranks together
-//   (`plumbing all ranks`, CPU time over wall time). Target (issue 8): <= 2 % for llama-1b.
+//   (`plumbing all ranks`, CPU time over wall time). Target: <= 2 % for llama-1b.
 //
 // - peak transient memory: per rank, the most the compute backend held during step() above
 //   what it held when step() started (engine::memory, zmuon/memory.hpp), the largest over ranks
 //   (median over steps), beside one chunk's buffers on that rank (its u and result shards and
-//   the matrices it owns) and the NS workspace; target (issue 8): <= 2 chunks + the largest
+//   the matrices it owns) and the NS workspace; target: <= 2 chunks + the largest
 //   matrix's NS workspace. Apart: the reduce() hand-over's peak above the state between steps
 //   (its reduce buckets; --buckets-in-flight N bounds them per rank, engine option
 //   max_buckets_in_flight, default 2, 0 = unbounded; applied at --world 1 only, where the engine
@@ -473,7 +473,7 @@ int main(int argc, char* argv[]) {
       100 * median(plumb_max), 100 * median(plumb_all), median(plumb_raw_all), median(overhead_all),
       static_cast<long long>(record_ns));
   if (table_name == "llama-1b")
-    std::printf("  issue 8's target for llama-1b, <= 2 %% (largest rank): %s\n",
+    std::printf("  the target for llama-1b, <= 2 %% (largest rank): %s\n",
                 median(plumb_max) <= 0.02 ? "met" : "NOT met");
   {  // where the plumbing time goes: the largest activation kinds, all ranks, all timed steps
     std::map<std::string, int64_t> by;

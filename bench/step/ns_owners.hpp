@@ -2,8 +2,8 @@
 // (plan/ownership.hpp: per Muon chunk, one batched call per shape group, on the transport's
 // element type as the coordinator runs it), timed one rank at a time on this process's backend:
 // what each rank's NS takes on a device of its own, and their balance (max / mean) beside the
-// plan's predicted one (ns_cost). Issue 10 asks for an NS load imbalance of at most 1.15 at
-// world 8; this measures it on one GPU.
+// plan's predicted one (ns_cost). The target is an NS load imbalance of at most 1.15 at world 8;
+// this measures it on one GPU.
 #pragma once
 
 #include <string>

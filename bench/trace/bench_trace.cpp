@@ -1,4 +1,4 @@
-// bench_trace: what the message trace costs (DESIGN.md §6: near-zero when off).
+// bench_trace: what the message trace costs (docs/DESIGN.md §9: near-zero when off).
 //
 // 1. Messages per second between two actors of one process, request/answer pairs with 64 in
 //    flight, three ways: plain CAF (self->request, no trace helpers), the trace helpers with

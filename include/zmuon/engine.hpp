@@ -251,6 +251,7 @@ private:
   error gather_params_on(const std::vector<tensor_span>& out, std::optional<void*> caller_stream);
   struct impl;
   std::unique_ptr<impl> impl_;
+  friend struct engine_access;  // the engine's internal hooks (src/engine/)
 };
 
 }  // namespace zmuon

@@ -1,4 +1,4 @@
-// Optimizer and engine options: the numerical contract of DESIGN.md §2, with its defaults.
+// Optimizer and engine options: the numerical contract of docs/DESIGN.md §2, with its defaults.
 #pragma once
 
 #include <array>
@@ -8,7 +8,7 @@
 
 namespace zmuon {
 
-/// How the Muon update is scaled (DESIGN.md §2).
+/// How the Muon update is scaled (docs/DESIGN.md §2).
 enum class adjust_lr_rule : uint8_t {
   original,         // sqrt(max(1, rows/cols))
   match_rms_adamw,  // 0.2 * sqrt(max(rows, cols))
@@ -21,7 +21,7 @@ enum class muon_transport : uint8_t {
   fp32,       // 4 bytes per element: the exact reference
 };
 
-/// How Newton-Schulz is evaluated (both compute the same polynomial of X, DESIGN.md §2).
+/// How Newton-Schulz is evaluated (both compute the same polynomial of X, docs/DESIGN.md §2).
 enum class ns_variant : uint8_t {
   standard,   // per step A = X X^T; B = b*A + c*A*A; X = a*X + B*X
   gram,       // iterate on the small Gram matrix R = X X^T and apply the product Q of the
@@ -62,8 +62,8 @@ struct muon_options {
   bool nesterov = true;
   float weight_decay = 0.0f;
   adjust_lr_rule adjust_lr = adjust_lr_rule::original;
-  /// The plain NS5 of DESIGN.md §2 with the variant left to the backend (ns_variant::automatic);
-  /// a bare ns_options{} (the kernels' API) is `standard`.
+  /// The plain NS5 of docs/DESIGN.md §2 with the variant left to the backend
+  /// (ns_variant::automatic); a bare ns_options{} (the kernels' API) is `standard`.
   ns_options ns = automatic_ns();
   muon_transport transport = muon_transport::automatic;  // gather / scatter element type
 };
@@ -85,22 +85,6 @@ struct fp16_options {
   int hysteresis = 2;
   float min_loss_scale = 1.0f;
   float scale_factor = 2.0f;
-};
-
-/// Fault injection, for tests of the reliability paths. Nothing is injected by default.
-struct nonfinite_fault {
-  uint64_t step = 0;                 // the step whose micro-batch is poisoned
-  int rank = 0;                      // the rank handing the gradient over
-  std::string param;                 // the parameter whose gradient (element 0) is poisoned
-  int micro = 0;                     // the micro-batch (0-based) within the step
-  float value = __builtin_nanf("");  // NaN by default; +-inf works too
-};
-
-struct fault_options {
-  std::vector<nonfinite_fault> nonfinite;  // engine::reduce writes `value` into these gradients
-  uint64_t kill_at_step = 0;          // the process SIGKILLs itself as step() of this step begins
-  uint64_t kill_in_save_at_step = 0;  // the process SIGKILLs itself in the checkpoint save of
-  int kill_in_save_after_files = 1;   // this step, after this many shard files are written
 };
 
 /// The longest timeout (engine_options::timeout_ms, zmuon.heartbeat_timeout_ms): 30 days, far
@@ -125,15 +109,15 @@ struct engine_options {
   // rank; in a multi-process job, the rendezvous decides for all nodes from the GPUs each brings
   // (their UUIDs: one per rank, none listed twice). engine::options() shows the choice. caf
   // moves device memory through the host, which on one GPU costs far more than the step
-  // (docs/NOTES.md, session 13).
+  // (docs/PERFORMANCE.md).
   std::string comm = "auto";
   int64_t timeout_ms = 60'000;  // a request not answered in this time is an error (<= 30 days)
-  std::string trace_dir;        // message trace (DESIGN.md §6) into this directory; empty: the
-                                // environment's ZMUON_TRACE, else off
+  // The message trace (docs/DESIGN.md §9) goes into this directory; empty: the environment's
+  // ZMUON_TRACE, else off.
+  std::string trace_dir;
   // With the trace on, every compute-backend call is a `compute` span too (on CUDA each call is
   // then timed with two events). Off: the messages only (benchmarks that time the step traced).
   bool trace_compute_calls = true;
-  fault_options faults;  // tests only
 
   // reduce() keeps at most this many of a rank's reduce buckets handed to its reducer and not yet
   // landed in the store (it waits for the oldest first), which bounds the buckets' memory (host

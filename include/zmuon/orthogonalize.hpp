@@ -39,8 +39,8 @@ struct matrix_batch {
   int device = 0;  // CUDA device ordinal when space == cuda
 };
 
-/// What a call computes, per matrix X (the engine's Newton-Schulz, DESIGN.md §2): tall matrices
-/// as their transpose, X / (||X||_F + ns.eps), then ns.steps iterations of
+/// What a call computes, per matrix X (the engine's Newton-Schulz, docs/DESIGN.md §2): tall
+/// matrices as their transpose, X / (||X||_F + ns.eps), then ns.steps iterations of
 /// X <- a X + (b A + c A^2) X, A = X X^T (or the Gram form of ns.variant; ns.schedule gives
 /// per-step (a, b, c)). fp32 on the host backend (bf16 input is widened and the result rounded);
 /// bf16 arithmetic with fp32 sums on cuda, whatever the element type.

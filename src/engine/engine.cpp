@@ -270,7 +270,7 @@ error engine::impl::start_locked() {
   auto made = make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon);
   if (!made)
     return made.err();
-  for (const auto& f : opts.faults.nonfinite)
+  for (const auto& f : faults.nonfinite)
     if (made->find(f.param) < 0 || f.rank < 0 || f.rank >= opts.world)
       return {errc::invalid_argument, "fault injection names parameter '" + f.param + "' on rank "
                                           + std::to_string(f.rank)
@@ -355,7 +355,7 @@ expected<step_info> engine::step() {
   d.host_collectives = 0;
   if (d.step_started)
     d.step_started(step);
-  if (d.opts.faults.kill_at_step == step)
+  if (d.faults.kill_at_step == step)
     std::raise(SIGKILL);  // fault injection: the process dies as this step begins
   step_request req{step, muon_lr, adam_lr};
   // Every coordinator gets its request before any reply is awaited: the step's collectives

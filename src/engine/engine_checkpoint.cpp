@@ -88,7 +88,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   //    store, written straight to the file and dropped); their entries and counters go round.
   constexpr int width = 6;  // written, bytes, CRC-32, AdamW steps, loss scale, scaler iteration
   std::vector<double> files(static_cast<size_t>(world) * width, 0.0);
-  const auto& f = d.opts.faults;
+  const auto& f = d.faults;
   for (int i = 0; i < d.local; ++i) {
     const int r = d.first_rank + i;
     auto state = d.ask<rank_state>(d.ranks[i].store, saved_state_atom::value);

@@ -172,7 +172,7 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
         read_on_device = true;
       }
       if (host)  // fault injection (tests) acts on host-packed gradients
-        inject_nonfinite(d.opts.faults, pl, bucket, step, rank, micro, *host);
+        inject_nonfinite(d.faults, pl, bucket, step, rank, micro, *host);
       msg.data = std::move(host);
       in_flight.hand_over(d.ranks[local].reducer, std::move(msg));
     }

@@ -16,6 +16,7 @@
 #include "caf/all.hpp"
 
 #include "actors/rank.hpp"
+#include "engine/faults.hpp"
 #include "engine/host_buckets.hpp"
 #include "engine/reduce_window.hpp"
 #include "messages/errors.hpp"
@@ -101,6 +102,7 @@ error index_views(const plan& pl, const engine_options& opts, const std::vector<
 
 struct engine::impl {
   engine_options opts;
+  fault_options faults;  // tests only (arm_faults)
   engine_config cfg;
   std::unique_ptr<caf::actor_system> own_sys;  // null when running on a node's actor system
   // A process made by create_node(): joins the job with the registered table when it starts and

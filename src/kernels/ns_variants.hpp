@@ -71,13 +71,8 @@ inline constexpr double kGramMinAspect = 1.5;
 
 /// ns_variant::automatic runs Gram on the GPU only for batches with enough work that its extra
 /// launches (the Gram path is not graph-captured) do not dominate: batch·m²·n at least this
-/// (m <= n the sides). Measured (bench_ns on the H200, NS5, Gram vs standard): in session 5 a
-/// single 768x3072 lost, 0.234 vs 0.169 ms (m²n = 1.8e9), while 12 of them won, 0.88 vs 1.02 ms
-/// (2.2e10), 32 of 512x2048 0.82 vs 0.93 ms (1.7e10), a single 2048x8192 0.88 vs 1.10 ms
-/// (3.4e10). Session 22 (H100, `bench_ns --variant both --shapes`, cuBLAS-only: where
-/// sm90_gemm_suits_symmetric now leaves these batches): a single 768x3072 standard 0.159 vs Gram
-/// 0.227 ms, 1024x2048 0.206 vs 0.269, 2 x 768x3072 0.214 vs 0.206 and 1024x4096 0.248 vs 0.226
-/// (about even, 3.6e9 and 4.3e9), 6 x 768x3072 0.555 vs 0.464 (1.1e10).
+/// (m <= n the sides). Below it standard wins or the two are even; docs/DECISIONS.md has the
+/// figures.
 inline constexpr double kGramAutoMinWork = 1e10;
 
 /// What ns_variant::automatic means on the GPU for `batch` [rows, cols] matrices.
@@ -89,9 +84,7 @@ inline ns_variant gpu_automatic_variant(int64_t batch, int64_t rows, int64_t col
 }
 
 /// What ns_variant::automatic means on the host: Gram wherever its aspect pays (ns_uses_gram),
-/// since the host has no launches to amortize. Measured (docs/NOTES.md, session 16): GPT-2's
-/// table NS on this 2-core VM 7.7-8.3 -> 5.9-7.0 s a step (`zmuon-bench-step --table gpt2-124m
-/// --world 1 --compute host --ns-variant standard|gram`); 1.2-1.5x per aspect-4 matrix (session 3).
+/// since the host has no launches to amortize (GPT-2's step: docs/PERFORMANCE.md).
 inline constexpr ns_variant kHostAutomaticVariant = ns_variant::gram;
 
 /// Whether a [rows, cols] matrix runs the Gram variant under `ns` on a backend whose
@@ -105,9 +98,9 @@ inline bool ns_uses_gram(const ns_options& ns, int64_t rows, int64_t cols,
          && static_cast<double>(n) > kGramMinAspect * static_cast<double>(m);
 }
 
-/// The longest Gram block (restart interval) that bf16 arithmetic survives: measured with
-/// bench/ns_variants_bf16.py (256x1024, singular values over [1e-3, 1] and [1e-6, 1]), blocks of
-/// up to 3 steps match the standard bf16 iteration's accuracy; 4 steps of Polar Express reach an
+/// The longest Gram block (restart interval) that bf16 arithmetic survives. Measured with
+/// bench/dev/ns_variants_bf16.py (256x1024, singular values over [1e-3, 1] and [1e-6, 1]): blocks
+/// of up to 3 steps match the standard bf16 iteration's accuracy; 4 steps of Polar Express reach an
 /// orthogonality error of 7-19 and 5 steps diverge for NS5 too. The engine refuses longer blocks
 /// (and 0, one block of all steps) on the cuda backend.
 inline constexpr int kGramMaxBlockBf16 = 3;
@@ -135,7 +128,7 @@ inline error check_ns_options(const ns_options& ns, const std::string& backend) 
                + (ns.variant == ns_variant::gram ? "gram" : "auto (gram)")
                + " on the cuda backend: bf16 Gram blocks of more than "
                + std::to_string(kGramMaxBlockBf16)
-               + " steps diverge on ill-conditioned gradients (docs/NOTES.md, issue 8); use 1.."
+               + " steps lose orthogonality on ill-conditioned gradients; use 1.."
                + std::to_string(kGramMaxBlockBf16));
   return {};
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
+#include "engine/faults.hpp"
 #include "plan/plan.hpp"
 #include "support/scratch_dir.hpp"
 
@@ -34,9 +35,9 @@ const std::vector<param_spec> table = {
 std::unique_ptr<engine> fresh_engine(int world, const fault_options& faults = {}) {
   auto o = options(world);
   o.adamw.lr = 3e-3f;
-  o.faults = faults;
   auto eng = make_engine(o);
   register_table(*eng, table, 3);
+  BOOST_REQUIRE(!arm_faults(*eng, faults));
   return eng;
 }
 

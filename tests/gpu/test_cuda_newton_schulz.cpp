@@ -426,11 +426,10 @@ BOOST_AUTO_TEST_CASE(call_timing) {
   BOOST_TEST(cuda.take_call_times().empty());
 }
 
-// -- Newton-Schulz variants: Polar Express and the Gram iteration (issue 8)
-// ------------------------
+// -- Newton-Schulz variants: Polar Express and the Gram iteration ---------------------------------
 //
-// Bounds from a host emulation of the same bf16 arithmetic (bench/ns_variants_bf16.py, 256x1024,
-// numpy sgemm + bf16 rounding; docs/NOTES.md, issue 8): Gram with restarts every 3 steps against
+// Bounds from a host emulation of the same bf16 arithmetic (bench/dev/ns_variants_bf16.py,
+// 256x1024, numpy sgemm + bf16 rounding): Gram with restarts every 3 steps against
 // the standard bf16 path differs by 1.3e-2..3.3e-2 (relative Frobenius) on Gaussian inputs and
 // 5e-2..1.3e-1 on ill-conditioned ones, while the orthogonality errors and polar distances differ
 // by <= 5.5e-3 and <= 2.2e-3 absolute: the Gram result is as close to the polar factor as the

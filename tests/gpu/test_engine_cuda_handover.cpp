@@ -77,10 +77,9 @@ BOOST_AUTO_TEST_CASE(device_gradients_are_read_before_reduce_returns) {
 
 // reduce(rank, views, stream): the engine's reads come after the work queued on the caller's
 // stream (here a 16 GB memset, then the gradients' upload over NaN), and the work queued there
-// next (NaN over the gradients again) waits for them. Either order missing, the step sees NaN
-// (nccl: both fail without their order, H200, session 12). Under the caf comm the gradients are
-// copied to host memory during the call, after the caller's work (that case was missing until
-// the end of session 12: zmuon.Muon's default comm is caf).
+// next (NaN over the gradients again) waits for them. Either order missing, the step sees NaN.
+// Under the caf comm (zmuon.Muon's default) the gradients are copied to host memory during the
+// call, after the caller's work.
 BOOST_AUTO_TEST_CASE(stream_ordered_reduce_reads_between_the_callers_work) {
   const std::vector<param_spec> table{{"a", {4096, 4096}}, {"b", {2048, 4096}}};
   std::vector<float*> host;  // pinned: the uploads stay queued behind the memset

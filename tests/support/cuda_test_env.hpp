@@ -22,7 +22,7 @@ constexpr double kElementwiseTolerance = 1e-6;
 /// bf16 GEMM operands against fp32 (METHOD.md): relative error between these two.
 constexpr double kBf16Band[2] = {1e-3, 1e-2};
 /// NS5 on the GPU against the host's arithmetic with bf16 storage (bf16_reference).
-/// Measured on the H200 (bench/gpu-check.sh, 2026-12-03): 4.4e-3..7.1e-3 for single matrices, worst
+/// Measured on the H200 (bench/dev/gpu-check.sh): 4.4e-3..7.1e-3 for single matrices, worst
 /// of a batch of 48 square 64x64 matrices 1.02e-2 (square matrices have singular values near 0,
 /// where NS is most sensitive to summation order).
 constexpr double kNs5ToBf16Reference = 1.5e-2;

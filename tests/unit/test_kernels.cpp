@@ -116,9 +116,6 @@ BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
   a.d = {x + 1, 256, 0};  // rows not 16-byte aligned
   refusal("16-byte aligned");
   a.d = {x, 256, 0};
-  a.max_blocks = -1;
-  refusal("max_blocks must be 0 (one block per multiprocessor) or positive");
-  a.max_blocks = 0;
   BOOST_TEST(gpu::sm90_gemm_fits(a));
   a.symmetric = false;  // 65535 x 256 x 256 tiles: past the grid's 2^31 - 1 blocks
   a.batch = 65535;
@@ -127,10 +124,10 @@ BOOST_AUTO_TEST_CASE(sm90_gemm_refuses_what_does_not_fit) {
   refusal("more than 2^31 - 1 tiles");
 }
 
-// The CUDA backend's A/B switches take 0/1 and numbers in range; anything else is refused with
-// the variable's name and value (a typo must not quietly time the other side).
-BOOST_AUTO_TEST_CASE(environment_switches_refuse_what_they_do_not_take) {
-  const char* name = "ZMUON_TEST_SWITCH";
+// A number from the environment must be whole and in range. Anything else is refused with the
+// variable's name and value, so that a typo does not quietly time something else.
+BOOST_AUTO_TEST_CASE(environment_numbers_refuse_what_they_do_not_take) {
+  const char* name = "ZMUON_TEST_NUMBER";
   const auto refused = [&](const std::string& value, auto read, const std::string& why) {
     ::setenv(name, value.c_str(), 1);
     try {
@@ -142,24 +139,15 @@ BOOST_AUTO_TEST_CASE(environment_switches_refuse_what_they_do_not_take) {
     }
   };
   ::unsetenv(name);
-  BOOST_TEST(gpu::env_switch(name, true));
-  BOOST_TEST(!gpu::env_switch(name, false));
   BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 8);
   ::setenv(name, "", 1);
-  BOOST_TEST(gpu::env_switch(name, true));
   BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 8);
-  ::setenv(name, "0", 1);
-  BOOST_TEST(!gpu::env_switch(name, true));
   ::setenv(name, "1", 1);
-  BOOST_TEST(gpu::env_switch(name, false));
   BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 1);
   ::setenv(name, "64", 1);
   BOOST_TEST(gpu::env_number(name, 1, 64, 8) == 64);
-  const auto as_switch = [&] { return gpu::env_switch(name, false); };
   const auto as_number = [&] { return gpu::env_number(name, 1, 64, 8); };
-  refused("true", as_switch, "ZMUON_TEST_SWITCH must be 0 or 1 (or unset), not 'true'");
-  refused("01", as_switch, "not '01'");
-  refused("65", as_number, "ZMUON_TEST_SWITCH must be a whole number from 1 to 64, not '65'");
+  refused("65", as_number, "ZMUON_TEST_NUMBER must be a whole number from 1 to 64, not '65'");
   refused("0", as_number, "not '0'");
   refused("8x", as_number, "not '8x'");
   refused("99999999999999999999", as_number, "not '99999999999999999999'");

@@ -161,8 +161,7 @@ BOOST_AUTO_TEST_CASE(ns_variants_accuracy) {
   // Orthogonality error ||O O^T - I||_F / sqrt(r) and distance to the exact polar factor, fp32
   // (OpenBLAS), for NS5, Polar Express (PE) and their Gram variants (restart 3 and never), on a
   // Gaussian matrix (both orientations) and on matrices with singular values log-spaced over
-  // [1e-3, 1] and [1e-6, 1]. The table goes to the log (--log_level=message); docs/NOTES.md
-  // (issue 8) quotes it.
+  // [1e-3, 1] and [1e-6, 1]. The table goes to the log (--log_level=message).
   struct input {
     const char* name;
     ns_accuracy::test_matrix t;

@@ -317,8 +317,8 @@ BOOST_AUTO_TEST_CASE(writing_into_a_missing_directory_fails_cleanly) {
 }
 
 // The write renames over `path`: a directory or a device there is refused before a temporary
-// file is made, and left as it was (`--save-params /dev/full` had replaced the device with a
-// regular file; a non-empty directory used to fail only at the rename).
+// file is made, and left as it was: a rename over /dev/full would replace the device with a
+// regular file, and a non-empty directory would fail only at the rename.
 BOOST_AUTO_TEST_CASE(writing_over_what_is_not_a_regular_file_is_refused) {
   scratch_dir dir;
   const std::string fifo = dir.file("pipe"), sub = dir.file("sub");

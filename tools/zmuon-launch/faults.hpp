@@ -1,5 +1,5 @@
 // zmuon-launch's fault-injection flags (tests of checkpoints and non-finite handling): they fill
-// engine_options::faults (include/zmuon/options.hpp).
+// the fault_options that register_model arms (engine/faults.hpp).
 #pragma once
 
 #include <string>
@@ -7,7 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "zmuon/options.hpp"
+#include "engine/faults.hpp"
 #include "zmuon/status.hpp"
 
 namespace zmuon::example {

@@ -155,7 +155,7 @@ int resume_from(zmuon::engine& eng, const std::string& dir, const std::string& s
     say(who, "cannot resume: " + info.err().to_string());
     return 1;
   }
-  if (auto err = zmuon::example::check_faults_after_resume(eng.options().faults, info->step)) {
+  if (auto err = zmuon::example::check_faults_after_resume(zmuon::armed_faults(eng), info->step)) {
     say(who, err.message());
     return exit_bad_input;
   }
@@ -504,10 +504,10 @@ int run(int argc, char** argv) {
     int gpus = zmuon::compute_device_count("cuda");
     job->engine.world = gpus > 0 ? gpus : 1;
   }
-  // Into the job, so that a node of a multi-process job gets them too.
+  // Into the launch options, so that a node of a multi-process job arms them too.
   if (auto err =
           zmuon::example::apply_fault_flags(faults, static_cast<uint64_t>(topts.steps), job->gas,
-                                            topts.checkpoint_every, job->engine.faults)) {
+                                            topts.checkpoint_every, topts.faults)) {
     std::cerr << "zmuon-launch: " << err.message() << "\n";
     return exit_bad_input;
   }

@@ -29,7 +29,7 @@ error register_model(engine& eng, const train_options& opts) {
   for (const auto& spec : param_table(opts.model))
     if (auto err = eng.add_parameter(spec, init.at(spec.name)))
       return err;
-  return {};
+  return arm_faults(eng, opts.faults);
 }
 
 expected<std::vector<step_record>> train(engine& eng, const train_options& opts,

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/faults.hpp"
 #include "zmuon-launch/model.hpp"
 #include "zmuon/engine.hpp"
 
@@ -23,6 +24,7 @@ struct train_options {
   std::string checkpoint_dir;              // when set, save a checkpoint there every
   int checkpoint_every = 0;                // this many steps (at steps that are multiples of it)
   std::string checkpoint_config = "null";  // JSON stored in each checkpoint's manifest
+  fault_options faults;                    // the fault-injection flags' (tests only)
 };
 
 struct step_record {
@@ -30,7 +32,8 @@ struct step_record {
   double loss = 0;  // mean loss of the step's global batch, before the step
 };
 
-/// Registers the model's parameters (initialized from the seed) with a fresh engine.
+/// Registers the model's parameters (initialized from the seed) with a fresh engine, and arms
+/// the faults.
 error register_model(engine& eng, const train_options& opts);
 
 /// Runs steps last+1 .. `opts.steps`, where last is the engine's last_step() (0 for a fresh

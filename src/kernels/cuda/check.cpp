@@ -17,16 +17,6 @@ std::string where(const char* call, const char* file, int line) {
 
 }  // namespace
 
-bool env_switch(const char* name, bool otherwise) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0')
-    return otherwise;
-  if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0)
-    throw failure(error(errc::invalid_argument,
-                        std::string(name) + " must be 0 or 1 (or unset), not '" + v + "'"));
-  return *v == '1';
-}
-
 long env_number(const char* name, long low, long high, long otherwise) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0')

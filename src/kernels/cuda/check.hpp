@@ -35,11 +35,6 @@ std::string describe(cudaError_t code);
 /// "CUBLAS_STATUS_NOT_SUPPORTED"
 const char* describe(cublasStatus_t code);
 
-/// An A/B switch from the environment (ZMUON_SM90_PERSISTENT, ...): "1" true, "0" false, unset
-/// or empty `otherwise`; any other value throws gpu::failure (errc::invalid_argument) naming the
-/// variable and its value, so that a typo does not quietly time the other side.
-bool env_switch(const char* name, bool otherwise);
-
 /// A whole number from the environment within [low, high], unset or empty `otherwise`; anything
 /// else throws gpu::failure (errc::invalid_argument) naming the variable, the range and the value.
 long env_number(const char* name, long low, long high, long otherwise);

@@ -234,10 +234,9 @@ bool ns_workspace::graphs_wanted(int64_t batch, int64_t m, int64_t n) const {
 }
 
 int64_t ns_workspace::symmetric_blocks(int64_t m, int64_t batch) const {
-  // Measured on the H200 (docs/NOTES.md): block GEMMs of side 256 win for batches of 2048-sided
-  // Gram matrices, a single matrix needs blocks of 512 to fill the device, and below 4 blocks'
-  // worth (768: 0.159 -> 0.216 ms at k = 3) the mirror copies and the smaller GEMMs cost more
-  // than the FLOPs they save.
+  // Block GEMMs of side 256 fit batches of 2048-sided Gram matrices. A single matrix needs
+  // blocks of 512 to fill the device. Below 4 blocks' worth, the mirror copies and the smaller
+  // GEMMs cost more than the FLOPs they save.
   constexpr int64_t kSmallBatch = 8;
   const int64_t min_side = batch < kSmallBatch ? 2 * symmetric_min_side_ : symmetric_min_side_;
   if (symmetric_min_side_ <= 0 || m < 4 * symmetric_min_side_)

@@ -269,11 +269,10 @@ void launch(cudaStream_t stream, const sm90_gemm_args& a, kernel_params prm) {
   ZMUON_LAUNCH_CHECK();
 }
 
-/// The block shape for `a` (measured, docs/NOTES.md sessions 8 and 16). Over k >= 2048 a tile
-/// runs at about 90 % of the ceiling in a two-tile block (3/4 of the bytes per FLOP) and at about
-/// 70 % in one-tile blocks (two a multiprocessor), so two tiles win unless they take more waves
-/// of the device: 7 * waves(two tiles) <= 9 * waves(one tile). Over short k one tile wins (one
-/// block's epilogue beside the other's wgmmas).
+/// The block shape for `a`. Over k >= 2048 a two-tile block loads 3/4 of the bytes per FLOP,
+/// and its tiles run about 9/7 as fast as one-tile blocks' (docs/PERFORMANCE.md). So two tiles
+/// win unless they take more waves: 7 * waves(two tiles) <= 9 * waves(one tile). Over short k
+/// one tile wins: one block's epilogue runs beside the other's wgmmas.
 sm90_block choose_block(const sm90_gemm_args& a) {
   if (a.k < 2048)
     return sm90_block::one_tile;
@@ -331,16 +330,9 @@ bool sm90_gemm_fits(const sm90_gemm_args& a) {
 }
 
 bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
-  // Measured (bench_sm90_gemm, docs/NOTES.md sessions 7, 8 and 22): over k >= 2048, 1.22-1.59x
-  // cuBLAS's whole product once the upper tiles fill a wave and a half (12 x [768, 768]: 252
-  // tiles, [4096, 4096]: 528); below that cuBLAS (which splits k) wins. Whole NS5 with every
-  // GEMM on cuBLAS against the own GEMM's products (session 22, H100, `bench_ns --variant
-  // both`): 768x3072 0.155 vs 0.305 ms (21 tiles), 2 x 768x3072 0.214 vs 0.340 (42), 6 x
-  // 768x3072 0.555 vs 0.584 (126), 2048x8192 1.083 vs 1.212 (136; Gram 0.848 vs 0.951),
-  // 7 x 768x3072 0.589 vs 0.659 (147; Gram 0.538 vs 1.141).
-  // Over k = 768: 0.82-0.91x when the upper tiles take several waves of two blocks per
-  // multiprocessor (48 x [768, 768]) and 0.84x on a single matrix (21 blocks), 0.98-1.06x
-  // between half a wave and one (6 and 12 matrices), which made GPT-2's Gram groups 2-3 % faster.
+  // Over k >= 2048 the kernel beats cuBLAS's whole product once the upper tiles fill a wave and
+  // a half; below that cuBLAS wins, since it splits k. Over short k it wins only where the upper
+  // tiles number half the multiprocessors to twice them. Figures: docs/PERFORMANCE.md.
   if (m % kSm90Tile != 0 || k % kSm90Slice != 0 || m < 768 || batch > 65535)
     return false;
   const int64_t tiles = m / kSm90Tile;
