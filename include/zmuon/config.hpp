@@ -18,25 +18,25 @@ class engine;
 /// The per-step figures a config asks for: DeepSpeed's csv_monitor, zmuon's JSON Lines stream,
 /// and the monitors a Python host writes itself (tensorboard, wandb, comet).
 struct monitor_options {
-  bool csv = false;                             // csv_monitor.enabled
-  std::string csv_output_path;                  // csv_monitor.output_path
+  bool csv = false;                               // csv_monitor.enabled
+  std::string csv_output_path;                    // csv_monitor.output_path
   std::string csv_job_name = "DeepSpeedJobName";  // csv_monitor.job_name
-  std::string metrics_file;                     // zmuon.metrics_file: JSON Lines, a record a step
-  bool wall_clock_breakdown = false;            // adds the step time to the csv files
-  std::vector<std::string> forwarded;           // enabled monitors the Python host writes
+  std::string metrics_file;                       // zmuon.metrics_file: JSON Lines, a record a step
+  bool wall_clock_breakdown = false;              // adds the step time to the csv files
+  std::vector<std::string> forwarded;             // enabled monitors the Python host writes
 };
 
 /// Everything a config file sets: the engine's options and the host loop's batch shape.
 struct job_config {
   engine_options engine;
-  int gas = 1;          // gradient_accumulation_steps
-  int micro_batch = 8;  // train_micro_batch_size_per_gpu
+  int gas = 1;                   // gradient_accumulation_steps
+  int micro_batch = 8;           // train_micro_batch_size_per_gpu
   int64_t train_batch_size = 0;  // micro_batch * gas * the job's world, once parsed
-  bool bf16 = false;    // bf16.enabled: the host computes in bf16 (excludes fp16.enabled)
-  std::string trace;    // zmuon.trace: the message trace directory (zmuon-launch --trace)
+  bool bf16 = false;             // bf16.enabled: the host computes in bf16 (excludes fp16.enabled)
+  std::string trace;             // zmuon.trace: the message trace directory (zmuon-launch --trace)
   int64_t heartbeat_timeout_ms = 10'000;  // zmuon.heartbeat_timeout_ms: a silent node is lost
   int steps_per_print = 0;  // steps_per_print: zmuon-launch shows every Nth step (0: every one)
-  bool strict = false;            // zmuon.strict: every note is an error
+  bool strict = false;      // zmuon.strict: every note is an error
   lr_schedule_options scheduler;  // the scheduler section
   monitor_options monitor;
   /// What the config asked for that zmuon did its own way: the keys accepted with no effect and
@@ -46,8 +46,8 @@ struct job_config {
 
 /// What "auto" values resolve from, besides zmuon's defaults: the job and the host.
 struct config_context {
-  int world = 0;             // ranks of the whole job (0: the config's zmuon.ranks)
-  int64_t total_steps = 0;   // the job's steps (zmuon-launch --steps; 0: unknown)
+  int world = 0;            // ranks of the whole job (0: the config's zmuon.ranks)
+  int64_t total_steps = 0;  // the job's steps (zmuon-launch --steps; 0: unknown)
   /// The host's values, a JSON object (text; empty: none): "host" ("python" lets tensorboard,
   /// wandb and comet through to its callback), "lr", "muon_lr", "adam_lr", "weight_decay",
   /// "momentum", "betas", "eps", "gradient_clipping", "micro_batch", "gas", "fp16", "bf16",

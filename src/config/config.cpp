@@ -599,11 +599,12 @@ void check_keys(const json& obj, const std::string& prefix, findings& out) {
         out.add(bad(path, ds_type_text(k->type), value));
         continue;
       }
-      const bool off = is_auto(value) || k->kind == ds_kind::no_effect
-                       || (k->kind == ds_kind::refused
-                           && std::find(k->off.begin(), k->off.end(), value) != k->off.end())
-                       || (k->kind == ds_kind::section && !(value.is_object() && value.contains(
-                               "enabled") && value["enabled"] == true));
+      const bool off =
+          is_auto(value) || k->kind == ds_kind::no_effect
+          || (k->kind == ds_kind::refused
+              && std::find(k->off.begin(), k->off.end(), value) != k->off.end())
+          || (k->kind == ds_kind::section
+              && !(value.is_object() && value.contains("enabled") && value["enabled"] == true));
       if (off)
         out.no_effect.push_back(path);
       else if (k->kind == ds_kind::section)
@@ -612,9 +613,9 @@ void check_keys(const json& obj, const std::string& prefix, findings& out) {
         out.problems.push_back(path + " " + describe(value) + " is refused: " + k->why);
       continue;
     }
-    const bool monitor = prefix.empty() && std::any_of(host_monitors().begin(),
-                                                       host_monitors().end(),
-                                                       [&](const auto& m) { return m.first == key; });
+    const bool monitor = prefix.empty()
+                         && std::any_of(host_monitors().begin(), host_monitors().end(),
+                                        [&](const auto& m) { return m.first == key; });
     if (!is_section(path)) {
       out.problems.push_back(unknown_key(prefix, key));
       continue;
@@ -647,10 +648,22 @@ json host_values(const config_context& ctx, findings& out) {
     out.problems.push_back(parsed.err().message());
     return json::object();
   }
-  static const std::vector<std::string> keys = {
-      "host", "lr", "muon_lr", "adam_lr", "weight_decay", "momentum", "betas", "eps",
-      "gradient_clipping", "micro_batch", "gas", "fp16", "bf16", "reduce_bucket_size",
-      "warmup_num_steps", "total_num_steps"};
+  static const std::vector<std::string> keys = {"host",
+                                                "lr",
+                                                "muon_lr",
+                                                "adam_lr",
+                                                "weight_decay",
+                                                "momentum",
+                                                "betas",
+                                                "eps",
+                                                "gradient_clipping",
+                                                "micro_batch",
+                                                "gas",
+                                                "fp16",
+                                                "bf16",
+                                                "reduce_bucket_size",
+                                                "warmup_num_steps",
+                                                "total_num_steps"};
   if (!parsed->is_object()) {
     out.problems.push_back("the host values: expected a JSON object, got " + describe(*parsed));
     return json::object();
@@ -696,8 +709,8 @@ void resolve_auto(json& j, const json& host, const config_context& ctx, findings
                            [&](const auto& e) { return e.first == f.path; });
     if (it != from_host.end() && host.contains(it->second)) {
       (*parent)[parts.back()] = host[it->second];
-      out.resolved.push_back(f.path + " = " + host[it->second].dump() + " (the host's "
-                             + it->second + ")");
+      out.resolved.push_back(f.path + " = " + host[it->second].dump() + " (the host's " + it->second
+                             + ")");
       continue;
     }
     parent->erase(parts.back());
@@ -735,15 +748,16 @@ error per_group(const json& v, const std::string& path, std::array<double, 2>& o
 }
 
 /// The scheduler section onto cfg.scheduler; "auto" resolved as HF resolves it.
-void read_scheduler(const json& sched, const json& host, const config_context& ctx,
-                    job_config& cfg, findings& out) {
+void read_scheduler(const json& sched, const json& host, const config_context& ctx, job_config& cfg,
+                    findings& out) {
   auto& s = cfg.scheduler;
   const json* type = sched.contains("type") ? &sched["type"] : nullptr;
   const json* params = sched.contains("params") ? &sched["params"] : nullptr;
   if (!type) {
     if (params)
-      out.problems.push_back("scheduler.params given without scheduler.type (one of "
-                             "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
+      out.problems.push_back(
+          "scheduler.params given without scheduler.type (one of "
+          "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest)");
     return;
   }
   std::vector<std::string> names;
@@ -874,7 +888,9 @@ void batch_shape(const json& j, int world, job_config& cfg, findings& out) {
     if (cfg.train_batch_size % known != 0) {
       out.problems.push_back("train_batch_size " + std::to_string(cfg.train_batch_size)
                              + " is not a multiple of " + std::to_string(known) + " ("
-                             + (micro ? "micro-batch x world" : gas ? "gas x world" : "world")
+                             + (micro ? "micro-batch x world"
+                                : gas ? "gas x world"
+                                      : "world")
                              + ")");
       return;
     }
@@ -935,13 +951,13 @@ expected<job_config> parse_config(const json& document, const config_context& ct
     out.problems.push_back("fp16.enabled and bf16.enabled are both true; pick one");
   const int world = ctx.world > 0 ? ctx.world : cfg.engine.world;
   if (out.problems.empty()) {
-    const bool tbs_auto = find(document, "train_batch_size") && is_auto(document["train_batch_size"]);
+    const bool tbs_auto =
+        find(document, "train_batch_size") && is_auto(document["train_batch_size"]);
     batch_shape(j, world, cfg, out);
     if (tbs_auto)
       out.resolved.push_back("train_batch_size = " + std::to_string(cfg.train_batch_size)
                              + " (micro-batch " + std::to_string(cfg.micro_batch) + " x gas "
-                             + std::to_string(cfg.gas) + " x world " + std::to_string(world)
-                             + ")");
+                             + std::to_string(cfg.gas) + " x world " + std::to_string(world) + ")");
   }
   for (const auto& [name, keys] : host_monitors())
     if (const json* m = find(j, name); m && m->is_object() && m->value("enabled", false) == true)

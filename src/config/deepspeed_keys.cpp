@@ -106,9 +106,9 @@ std::vector<ds_key> make_table() {
       section("zero_optimization.zenflow", "zmuon has no ZenFlow (stall-free offload)"),
   };
   // The stage-3 keys, under both of DeepSpeed's names.
-  for (const char* key : {"prefetch_bucket_size", "param_persistence_threshold",
-                          "model_persistence_threshold", "max_live_parameters",
-                          "max_reuse_distance", "module_granularity_threshold"}) {
+  for (const char* key :
+       {"prefetch_bucket_size", "param_persistence_threshold", "model_persistence_threshold",
+        "max_live_parameters", "max_reuse_distance", "module_granularity_threshold"}) {
     keys.push_back(no_effect(std::string("zero_optimization.stage3_") + key, t::integer));
     keys.push_back(no_effect(std::string("zero_optimization.") + key, t::integer));
   }
@@ -117,7 +117,8 @@ std::vector<ds_key> make_table() {
     keys.push_back(no_effect(std::string("zero_optimization.stage3_") + key, t::boolean));
     keys.push_back(no_effect(std::string("zero_optimization.") + key, t::boolean));
   }
-  keys.push_back(no_effect("zero_optimization.stage3_gather_fp16_weights_on_model_save", t::boolean));
+  keys.push_back(
+      no_effect("zero_optimization.stage3_gather_fp16_weights_on_model_save", t::boolean));
   // Offloading: off (device "none") is accepted.
   for (const char* what : {"offload_param", "offload_optimizer"}) {
     const std::string p = std::string("zero_optimization.") + what + ".";
@@ -127,7 +128,8 @@ std::vector<ds_key> make_table() {
     keys.push_back(no_effect(p + "pin_memory", t::boolean));
   }
   for (const char* key : {"pipeline_read", "pipeline_write", "fast_init", "super_offload"})
-    keys.push_back(no_effect(std::string("zero_optimization.offload_optimizer.") + key, t::boolean));
+    keys.push_back(
+        no_effect(std::string("zero_optimization.offload_optimizer.") + key, t::boolean));
   for (const char* key : {"ratio", "cpuadam_cores_perc"})
     keys.push_back(no_effect(std::string("zero_optimization.offload_optimizer.") + key, t::number));
   // Feature sections with their keys listed.
@@ -135,9 +137,9 @@ std::vector<ds_key> make_table() {
     keys.push_back(no_effect(std::string("aio.") + key, t::integer));
   for (const char* key : {"single_submit", "overlap_events", "use_gds"})
     keys.push_back(no_effect(std::string("aio.") + key, t::boolean));
-  for (const char* key : {"partition_activations", "cpu_checkpointing",
-                          "contiguous_memory_optimization", "synchronize_checkpoint_boundary",
-                          "profile"})
+  for (const char* key :
+       {"partition_activations", "cpu_checkpointing", "contiguous_memory_optimization",
+        "synchronize_checkpoint_boundary", "profile"})
     keys.push_back(no_effect(std::string("activation_checkpointing.") + key, t::boolean));
   keys.push_back(no_effect("activation_checkpointing.number_checkpoints", t::any));
   keys.push_back(refused("flops_profiler.enabled", t::boolean, {false},
@@ -184,8 +186,8 @@ std::vector<ds_key> make_table() {
                          "zmuon shards with ZeRO-3 only (no tensor parallelism)"));
   keys.push_back(refused("sparse_attention", t::object, {json::object()},
                          "zmuon has no attention kernels; the host's model computes attention"));
-  keys.push_back(refused("pipeline", t::object, {json::object()},
-                         "zmuon has no pipeline parallelism"));
+  keys.push_back(
+      refused("pipeline", t::object, {json::object()}, "zmuon has no pipeline parallelism"));
   return keys;
 }
 

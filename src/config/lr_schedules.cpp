@@ -63,7 +63,7 @@ double one_cycle_lr(const lr_schedule_options& s, int g, int64_t k) {
   const double ratio = first / total;
   const double x = 1.0 + b / total - std::floor(1.0 + b / total);
   double scale = x <= ratio ? x / ratio : (x - 1.0) / (ratio - 1.0);
-  const int64_t stairs = x <= ratio                      ? s.cycle_first_stair_count
+  const int64_t stairs = x <= ratio                       ? s.cycle_first_stair_count
                          : s.cycle_second_stair_count < 0 ? s.cycle_first_stair_count
                                                           : s.cycle_second_stair_count;
   if (stairs > 0) {
@@ -76,8 +76,7 @@ double one_cycle_lr(const lr_schedule_options& s, int g, int64_t k) {
 }
 
 double lr_range_test_lr(const lr_schedule_options& s, int g, int64_t k) {
-  double interval =
-      static_cast<double>(k + 1) / static_cast<double>(s.lr_range_test_step_size);
+  double interval = static_cast<double>(k + 1) / static_cast<double>(s.lr_range_test_step_size);
   if (s.lr_range_test_staircase)
     interval = std::floor(interval);
   return s.lr_range_test_min_lr[g] * (1.0 + s.lr_range_test_step_rate * interval);

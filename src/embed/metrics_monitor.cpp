@@ -82,9 +82,9 @@ error metrics_monitor::write(const step_metrics& m) {
       if (auto err = write_csv("train_loss", m.samples, *m.loss))
         return err;
     // DeepSpeed's lr is its first group's: Muon's.
-    for (const auto& [name, value] :
-         {std::pair<std::string, double>{"lr", m.muon_lr}, {"adam_lr", m.adam_lr},
-          {"grad_norm", m.info.grad_norm}})
+    for (const auto& [name, value] : {std::pair<std::string, double>{"lr", m.muon_lr},
+                                      {"adam_lr", m.adam_lr},
+                                      {"grad_norm", m.info.grad_norm}})
       if (auto err = write_csv(name, m.samples, value))
         return err;
     if (fp16_)

@@ -96,19 +96,22 @@ struct shaped {
 
 const std::vector<shaped>& four_configs() {
   static const std::vector<shaped> configs = {
-      {"hf", kHfZero3,
+      {"hf",
+       kHfZero3,
        {"accepted with no effect in zmuon: ", "zero_optimization.overlap_comm",
         "zero_optimization.stage3_prefetch_bucket_size", "zero_optimization.offload_param.device",
         "\"auto\" resolved: ", "train_micro_batch_size_per_gpu = 8 (zmuon's default)",
         "optimizer.params.lr = each group's default: Muon 0.02, AdamW 3e-4",
         "scheduler.params.warmup_max_lr = each group's lr",
         "train_batch_size = 16 (micro-batch 8 x gas 1 x world 2)"}},
-      {"accelerate", kAccelerateZero3,
+      {"accelerate",
+       kAccelerateZero3,
        {"zero_optimization.contiguous_gradients",
         "zero_optimization.stage3_gather_16bit_weights_on_model_save",
         "scheduler.params.total_num_steps = 2 (the job's steps)",
         "gradient_clipping = 0.0 (zmuon's default)"}},
-      {"examples", kDeepSpeedExamples,
+      {"examples",
+       kDeepSpeedExamples,
        {"prescale_gradients", "fp16.fp16_master_weights_and_grads",
         "zero_optimization.allgather_bucket_size", "zero_optimization.cpu_offload"}},
       {"muon", kDeepSpeedMuon, {"zero_optimization.save_muon_momentum_buffer_in_memory"}},
@@ -185,8 +188,8 @@ BOOST_AUTO_TEST_CASE(lr_rule_on_the_update) {
   for (size_t i = 0; i < gw.size(); ++i)
     gw[i] = std::sin(0.7f * static_cast<float>(i)) + 0.1f;
   auto step_with = [&](const std::string& params) {
-    auto eng = zmuon::engine::create_from_json(
-        R"({"zmuon": {"ranks": 1}, "optimizer": {"params": )" + params + "}}");
+    auto eng = zmuon::engine::create_from_json(R"({"zmuon": {"ranks": 1}, "optimizer": {"params": )"
+                                               + params + "}}");
     BOOST_REQUIRE_MESSAGE(eng, why(eng));
     BOOST_REQUIRE(!(*eng)->add_parameter({"w", {8, 4}}, w0));
     BOOST_REQUIRE(!(*eng)->add_parameter({"b", {4}}, b0));
@@ -256,9 +259,9 @@ BOOST_AUTO_TEST_CASE(schedulers_follow_their_formulas) {
   s.warmup_min_lr = {0, 0};
   s.warmup_max_lr = {0.01, 0.01};
   s.total_num_steps = 20;
-  BOOST_TEST(scheduled_lr(s, 0, 1, 11) == 0.01, tol);          // k = 10: decay starts
-  BOOST_TEST(scheduled_lr(s, 0, 1, 16) == 0.01 * 0.5, tol);    // (20 - 15) / (20 - 10)
-  BOOST_TEST(scheduled_lr(s, 0, 1, 26) == 0.0, tol);           // past the end: 0
+  BOOST_TEST(scheduled_lr(s, 0, 1, 11) == 0.01, tol);        // k = 10: decay starts
+  BOOST_TEST(scheduled_lr(s, 0, 1, 16) == 0.01 * 0.5, tol);  // (20 - 15) / (20 - 10)
+  BOOST_TEST(scheduled_lr(s, 0, 1, 26) == 0.0, tol);         // past the end: 0
   // WarmupCosineLR: lr x ratio; the cosine reaches cos_min_ratio at total_num_steps.
   s = {};
   s.type = zmuon::lr_schedule_type::warmup_cosine_lr;
@@ -266,11 +269,11 @@ BOOST_AUTO_TEST_CASE(schedulers_follow_their_formulas) {
   s.warmup_num_steps = 4;
   s.total_num_steps = 12;
   s.cos_min_ratio = 0.1;
-  BOOST_TEST(scheduled_lr(s, 0, 0.02, 0) == 0.0, tol);               // before the first step()
-  BOOST_TEST(scheduled_lr(s, 0, 0.02, 4) == 0.02 * 3 / 4, tol);       // k = 3: warm-up
-  BOOST_TEST(scheduled_lr(s, 0, 0.02, 8) == 0.02 * 0.55, tol);        // halfway: 0.1 + 0.9 / 2
-  BOOST_TEST(scheduled_lr(s, 1, 0.002, 12) == 0.002 * 0.1, tol);      // the cosine's minimum
-  BOOST_TEST(scheduled_lr(s, 1, 0.002, 100) == 0.002 * 0.1, tol);     // and after it
+  BOOST_TEST(scheduled_lr(s, 0, 0.02, 0) == 0.0, tol);             // before the first step()
+  BOOST_TEST(scheduled_lr(s, 0, 0.02, 4) == 0.02 * 3 / 4, tol);    // k = 3: warm-up
+  BOOST_TEST(scheduled_lr(s, 0, 0.02, 8) == 0.02 * 0.55, tol);     // halfway: 0.1 + 0.9 / 2
+  BOOST_TEST(scheduled_lr(s, 1, 0.002, 12) == 0.002 * 0.1, tol);   // the cosine's minimum
+  BOOST_TEST(scheduled_lr(s, 1, 0.002, 100) == 0.002 * 0.1, tol);  // and after it
   // OneCycle: up over the first step size, down over the second, then decay.
   s = {};
   s.type = zmuon::lr_schedule_type::one_cycle;
@@ -280,9 +283,9 @@ BOOST_AUTO_TEST_CASE(schedulers_follow_their_formulas) {
   s.decay_lr_rate = 1;
   s.decay_step_size = 2;
   BOOST_TEST(scheduled_lr(s, 0, 1, 0) == 0.001, tol);
-  BOOST_TEST(scheduled_lr(s, 0, 1, 4) == 0.01, tol);                 // the peak
+  BOOST_TEST(scheduled_lr(s, 0, 1, 4) == 0.01, tol);  // the peak
   BOOST_TEST(scheduled_lr(s, 1, 1, 4) == 0.001, tol);
-  BOOST_TEST(scheduled_lr(s, 0, 1, 6) == 0.001 + 0.009 * 0.5, tol);  // half way down
+  BOOST_TEST(scheduled_lr(s, 0, 1, 6) == 0.001 + 0.009 * 0.5, tol);     // half way down
   BOOST_TEST(scheduled_lr(s, 0, 1, 12) == 0.001 / (1 + 1.0 * 2), tol);  // decay: 4 / 2 intervals
   // LRRangeTest: min x (1 + rate x (k + 1) / size), floored when staircase.
   s = {};
@@ -372,10 +375,19 @@ BOOST_AUTO_TEST_CASE(typos_and_wrong_types_name_the_right_key) {
       "train_batch_sise": 8, "zero_optimization": {"stage3_prefetch_bucket": 1,
       "overlap_com": true}, "bf16": {"enabled": "yes"}})");
   BOOST_TEST(message.rfind("the config has 4 problems:\n", 0) == 0, message);
-  for (const char* want : {"(did you mean 'train_batch_size'?)",
-                           "(did you mean 'stage3_prefetch_bucket_size'?)",
-                           "(did you mean 'overlap_comm'?)", "bf16.enabled: expected true"})
+  for (const char* want :
+       {"(did you mean 'train_batch_size'?)", "(did you mean 'stage3_prefetch_bucket_size'?)",
+        "(did you mean 'overlap_comm'?)", "bf16.enabled: expected true"})
     BOOST_TEST(message.find(want) != std::string::npos, message);
+}
+
+// DeepSpeed rejects a key given twice in one object (its JSON loader): so does zmuon, naming it.
+BOOST_AUTO_TEST_CASE(a_duplicate_key_is_an_error) {
+  auto cfg = zmuon::parse_config_text(R"({"optimizer": {"params": {"lr": 0.1, "lr": 0.2}}})");
+  BOOST_REQUIRE(!cfg);
+  BOOST_TEST(cfg.err().message().find("key \"lr\" appears twice in the object at /optimizer/params")
+                 != std::string::npos,
+             cfg.err().message());
 }
 
 BOOST_AUTO_TEST_CASE(refused_keys_say_why) {
@@ -415,8 +427,9 @@ BOOST_AUTO_TEST_CASE(refused_keys_say_why) {
   BOOST_TEST(tb->monitor.forwarded == std::vector<std::string>{"tensorboard"});
   BOOST_TEST(tb->engine.muon.lr == 0.05f);  // "auto" from the host's lr
   BOOST_TEST(tb->engine.adamw.lr == 0.05f);
-  BOOST_TEST(joined(tb->notes).find("optimizer.params.lr = 0.05 (the host's lr)")
-             != std::string::npos, joined(tb->notes));
+  BOOST_TEST(
+      joined(tb->notes).find("optimizer.params.lr = 0.05 (the host's lr)") != std::string::npos,
+      joined(tb->notes));
 }
 
 BOOST_AUTO_TEST_CASE(strict_turns_the_notes_into_errors) {
@@ -445,9 +458,11 @@ BOOST_AUTO_TEST_CASE(csv_monitor_files_and_the_json_lines_stream) {
       "scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linear",
                                                    "warmup_num_steps": 4}},
       "wall_clock_breakdown": true,
-      "csv_monitor": {"enabled": true, "output_path": ")" + dir.string() + R"(",
+      "csv_monitor": {"enabled": true, "output_path": ")"
+                             + dir.string() + R"(",
                       "job_name": "job"},
-      "zmuon": {"metrics_file": ")" + (dir / "steps.jsonl").string() + R"("}})";
+      "zmuon": {"metrics_file": ")"
+                             + (dir / "steps.jsonl").string() + R"("}})";
   const auto path = write_file("test_config_deepspeed_monitor.json", config);
   int status = 0;
   auto out = zmuon::test::run_launch("--config " + path + " --ranks 2 --steps 3", &status);
@@ -471,7 +486,8 @@ BOOST_AUTO_TEST_CASE(csv_monitor_files_and_the_json_lines_stream) {
   BOOST_REQUIRE(lr.size() == 3u);
   for (int s = 1; s <= 3; ++s) {
     BOOST_TEST(lr[s - 1].first == s * 2 * 3 * 2);  // samples: micro x gas x world per step
-    BOOST_TEST(lr[s - 1].second == 0.02 * (s - 2 < 0 ? 0 : s - 2) / 4.0, boost::test_tools::tolerance(1e-6));
+    BOOST_TEST(lr[s - 1].second == 0.02 * (s - 2 < 0 ? 0 : s - 2) / 4.0,
+               boost::test_tools::tolerance(1e-6));
   }
   BOOST_TEST(rows("train_loss").size() == 3u);
   BOOST_TEST(rows("adam_lr").size() == 3u);

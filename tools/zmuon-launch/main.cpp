@@ -481,7 +481,7 @@ int run(int argc, char** argv) {
     std::cerr << "zmuon-launch: config error: " << job.err().message() << "\n";
     return 2;
   }
-  if (nf.node_rank == 0)
+  if (nf.node_rank == 0 && nf.local_nodes == 0)  // --local-nodes: node 0's process says them
     for (const auto& note : job->notes)
       std::fprintf(stderr, "zmuon-launch: note: %s\n", note.c_str());
   job->engine.trace_dir = job->trace;
