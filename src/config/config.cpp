@@ -778,6 +778,8 @@ void read_scheduler(const json& sched, const json& host, const config_context& c
   if (s.type == lr_schedule_type::warmup_decay_lr)
     s.warmup_max_lr = {1e-3, 1e-3};  // WarmupDecayLR's default; WarmupLR's is the group's lr
   const auto keys = schedule_keys(type);
+  if (params && !params->is_object())
+    return;  // check_keys said so
   json p = params ? *params : json::object();
   for (const auto& [key, value] : p.items())
     if (std::find(keys.begin(), keys.end(), key) == keys.end())
@@ -895,6 +897,12 @@ void batch_shape(const json& j, int world, job_config& cfg, findings& out) {
       return;
     }
     const int64_t rest = cfg.train_batch_size / known;
+    if (rest > (int64_t{1} << 20)) {
+      out.problems.push_back("train_batch_size " + std::to_string(cfg.train_batch_size) + " makes "
+                             + (micro ? "gradient_accumulation_steps " : "the micro-batch ")
+                             + std::to_string(rest) + ", more than 1048576");
+      return;
+    }
     if (micro)
       cfg.gas = static_cast<int>(rest);
     else

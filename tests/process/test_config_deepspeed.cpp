@@ -412,6 +412,12 @@ BOOST_AUTO_TEST_CASE(refused_keys_say_why) {
        "train_batch_size 30 is not train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
        "world = 8 x 1 x 4 = 32"},
   });
+  check_errors({
+      {R"({"scheduler": {"type": "WarmupLR", "params": 5}})",
+       "scheduler.params: expected an object, got 5"},
+      {R"({"train_batch_size": 1099511627776, "zmuon": {"ranks": 1}})",
+       "train_batch_size 1099511627776 makes the micro-batch 1099511627776, more than 1048576"},
+  });
   // Off is accepted: offload device "none", a disabled feature section.
   auto off = zmuon::parse_config(json::parse(
       R"({"zero_optimization": {"offload_param": {"device": "none"}},
