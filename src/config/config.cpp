@@ -878,6 +878,57 @@ void read_scheduler(const json& sched, const json& host, const config_context& c
   }
 }
 
+/// The scheduler section of `s`: its type and the params that type reads, per-group pairs as
+/// [Muon, AdamW] lists (a group's own lr is left out).
+json scheduler_json(const lr_schedule_options& s) {
+  auto pair = [](const std::array<double, 2>& v) {
+    return json::array(
+        {float_json(static_cast<float>(v[0])), float_json(static_cast<float>(v[1]))});
+  };
+  const json shape = s.warmup_type == warmup_shape::log ? "log" : "linear";
+  json p = json::object();
+  switch (s.type) {
+    case lr_schedule_type::warmup_lr:
+    case lr_schedule_type::warmup_decay_lr:
+      p = {{"warmup_min_lr", pair(s.warmup_min_lr)},
+           {"warmup_num_steps", s.warmup_num_steps},
+           {"warmup_type", shape}};
+      if (!std::isnan(s.warmup_max_lr[0]) && !std::isnan(s.warmup_max_lr[1]))
+        p["warmup_max_lr"] = pair(s.warmup_max_lr);
+      if (s.type == lr_schedule_type::warmup_decay_lr)
+        p["total_num_steps"] = s.total_num_steps;
+      break;
+    case lr_schedule_type::warmup_cosine_lr:
+      p = {{"total_num_steps", s.total_num_steps},
+           {"warmup_min_ratio", s.warmup_min_ratio},
+           {"warmup_num_steps", s.warmup_num_steps},
+           {"cos_min_ratio", s.cos_min_ratio},
+           {"warmup_type", shape}};
+      break;
+    case lr_schedule_type::one_cycle:
+      p = {{"cycle_min_lr", pair(s.cycle_min_lr)},
+           {"cycle_max_lr", pair(s.cycle_max_lr)},
+           {"decay_lr_rate", s.decay_lr_rate},
+           {"cycle_first_step_size", s.cycle_first_step_size},
+           {"cycle_first_stair_count", s.cycle_first_stair_count},
+           {"decay_step_size", s.decay_step_size}};
+      if (s.cycle_second_step_size >= 0)
+        p["cycle_second_step_size"] = s.cycle_second_step_size;
+      if (s.cycle_second_stair_count >= 0)
+        p["cycle_second_stair_count"] = s.cycle_second_stair_count;
+      break;
+    case lr_schedule_type::lr_range_test:
+      p = {{"lr_range_test_min_lr", pair(s.lr_range_test_min_lr)},
+           {"lr_range_test_step_size", s.lr_range_test_step_size},
+           {"lr_range_test_step_rate", s.lr_range_test_step_rate},
+           {"lr_range_test_staircase", s.lr_range_test_staircase}};
+      break;
+    case lr_schedule_type::none:
+      break;
+  }
+  return {{"type", lr_schedule_name(s.type)}, {"params", p}};
+}
+
 /// DeepSpeed's batch rule: train_batch_size = micro-batch x gas x world; given two of the
 /// three, the third follows.
 void batch_shape(const json& j, int world, job_config& cfg, findings& out) {
@@ -1055,6 +1106,8 @@ json config_json(const job_config& cfg) {
       node = &(*node)[key];
     *node = f.write(cfg);
   }
+  if (cfg.scheduler.type != lr_schedule_type::none)  // so that nodes and checkpoints see it
+    j["scheduler"] = scheduler_json(cfg.scheduler);
   return j;
 }
 

@@ -232,6 +232,33 @@ BOOST_AUTO_TEST_CASE(lr_rule_on_the_update) {
     BOOST_TEST(d2[i] == 2.0f * d1[i], boost::test_tools::tolerance(1e-4f));
 }
 
+// The scheduler is part of the config's canonical JSON (what nodes agree on, what a checkpoint
+// records), and that JSON reads back as the same schedule.
+BOOST_AUTO_TEST_CASE(the_scheduler_round_trips_through_config_json) {
+  for (const char* sched :
+       {R"({"type": "WarmupDecayLR", "params": {"total_num_steps": 9, "warmup_max_lr": [0.1, 0.01],
+                                                "warmup_type": "linear"}})",
+        R"({"type": "WarmupLR", "params": {"warmup_num_steps": 7}})",
+        R"({"type": "WarmupCosineLR", "params": {"total_num_steps": 50, "cos_min_ratio": 0.2}})",
+        R"({"type": "OneCycle", "params": {"cycle_min_lr": 0.001, "cycle_max_lr": 0.01,
+                                           "cycle_second_step_size": 3, "decay_step_size": 2}})",
+        R"({"type": "LRRangeTest", "params": {"lr_range_test_staircase": true}})"}) {
+    BOOST_TEST_CONTEXT(sched) {
+      auto cfg = zmuon::parse_config(json{{"scheduler", json::parse(sched)}});
+      BOOST_REQUIRE_MESSAGE(cfg, why(cfg));
+      const json written = zmuon::config_json(*cfg);
+      auto again = zmuon::parse_config(written);
+      BOOST_REQUIRE_MESSAGE(again, why(again) << "\n" << written.dump());
+      BOOST_TEST(zmuon::config_json(*again) == written, written.dump());
+      for (uint64_t applied : {0, 1, 3, 8, 20})
+        for (int g : {0, 1})
+          BOOST_TEST(zmuon::scheduled_lr(again->scheduler, g, 0.02, applied)
+                         == zmuon::scheduled_lr(cfg->scheduler, g, 0.02, applied),
+                     boost::test_tools::tolerance(1e-7));
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(schedulers_follow_their_formulas) {
   using zmuon::scheduled_lr;
   const auto tol = boost::test_tools::tolerance(1e-12);
