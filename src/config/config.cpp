@@ -733,14 +733,14 @@ error per_group(const json& v, const std::string& path, std::array<double, 2>& o
     if (v.size() != 2)
       return bad(path, "a number or a list of 2 numbers (Muon's, AdamW's)", v);
     for (size_t g = 0; g < 2; ++g) {
-      auto x = read_as<double>(v[g], path + "[" + std::to_string(g) + "]", range::at_least(0), {});
+      auto x = read_as<float>(v[g], path + "[" + std::to_string(g) + "]", range::at_least(0), {});
       if (!x)
         return x.err();
       out[g] = *x;
     }
     return {};
   }
-  auto x = read_as<double>(v, path, range::at_least(0), {});
+  auto x = read_as<float>(v, path, range::at_least(0), {});  // a learning rate: a float
   if (!x)
     return bad(path, "a number >= 0 or a list of 2 (Muon's, AdamW's)", v);
   out = {*x, *x};
@@ -881,6 +881,7 @@ void read_scheduler(const json& sched, const json& host, const config_context& c
 /// The scheduler section of `s`: its type and the params that type reads, per-group pairs as
 /// [Muon, AdamW] lists (a group's own lr is left out).
 json scheduler_json(const lr_schedule_options& s) {
+  // Per-group rates are read as floats (per_group), so the cast is exact and in range.
   auto pair = [](const std::array<double, 2>& v) {
     return json::array(
         {float_json(static_cast<float>(v[0])), float_json(static_cast<float>(v[1]))});
