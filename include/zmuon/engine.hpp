@@ -31,6 +31,7 @@
 
 #include "zmuon/call_times.hpp"
 #include "zmuon/config.hpp"
+#include "zmuon/group_hparams.hpp"
 #include "zmuon/memory.hpp"
 #include "zmuon/options.hpp"
 #include "zmuon/param.hpp"
@@ -209,8 +210,21 @@ public:
   /// The loss scale the host multiplies its next loss by (1 without fp16).
   expected<float> loss_scale();
 
-  /// Learning-rate schedules (default: the constant lr of the options).
+  /// Learning-rate schedules (default: the constant lr of the options) of the hyperparameter
+  /// groups never given set_group_hparams.
   void set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr);
+
+  /// Puts parameter `name` in hyperparameter group `group` (param_spec::hparam_group); only
+  /// before the first reduce() or step(). Every process registers the same groups.
+  error set_hparam_group(const std::string& name, int group);
+  /// Group `group`'s values from the next step on, until set again: each parameter steps with
+  /// its group's (a Muon parameter with `values.muon`, an AdamW one with `values.adamw`; the
+  /// NS options too). Checked as the options are; a bad value changes nothing. A group never
+  /// set runs the options' values, its lr from the schedules. Every process of a
+  /// multi-process job sets the same values before the same step.
+  error set_group_hparams(int group, const group_hparams& values);
+  /// The values group `group` runs with at step `step`.
+  group_hparams group_values(int group, uint64_t step) const;
   /// Steps this engine skipped for a non-finite gradient (not counted across a checkpoint load):
   /// a DeepSpeed scheduler advances on applied steps only.
   uint64_t skipped_steps() const;

@@ -14,6 +14,9 @@ struct rank_state {
   std::vector<float> exp_avg;     // Adam first moment
   std::vector<float> exp_avg_sq;  // Adam second moment
   int64_t adam_steps = 0;         // AdamW steps applied
+  // Per AdamW parameter in table order, the steps that touched it (Adam's bias correction); the
+  // same on every rank. Empty in a state to load: every one is adam_steps.
+  std::vector<int64_t> adam_param_steps = {};
 };
 
 /// The dynamic loss scaler's whole state (DeepSpeed's counters), as checkpoints keep it.

@@ -168,6 +168,38 @@ ZMUON_API int zmuon_engine_loss_scale(zmuon_engine* eng, float* out);
  * A negative value keeps that group's current schedule. */
 ZMUON_API int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr);
 
+/* Hyperparameter groups (engine::set_hparam_group / set_group_hparams), as torch's param groups:
+ * each parameter steps with its group's values, read at every step. A group never set runs the
+ * config's values with zmuon_engine_set_lr's rates. */
+typedef enum zmuon_ns_variant {
+  ZMUON_NS_STANDARD = 0,
+  ZMUON_NS_GRAM = 1,
+  ZMUON_NS_AUTO = 2
+} zmuon_ns_variant;
+typedef enum zmuon_adjust_lr {
+  ZMUON_ADJUST_LR_ORIGINAL = 0,       /* sqrt(max(1, rows/cols)) */
+  ZMUON_ADJUST_LR_MATCH_RMS_ADAMW = 1 /* 0.2 * sqrt(max(rows, cols)) */
+} zmuon_adjust_lr;
+typedef struct zmuon_group_hparams {
+  float lr;           /* of the group's Muon and AdamW parameters */
+  float weight_decay; /* decoupled: p *= 1 - lr * weight_decay */
+  float momentum;     /* Muon */
+  int32_t nesterov;   /* Muon: 1 Nesterov, 0 plain momentum */
+  float beta1, beta2; /* AdamW */
+  float eps;          /* AdamW */
+  int32_t ns_steps;   /* Muon's Newton-Schulz; the config's coefficient schedule stays while */
+  float ns_coefficients[3]; /* ns_steps and ns_coefficients are the config's */
+  float ns_eps;
+  int32_t ns_variant; /* zmuon_ns_variant */
+  int32_t adjust_lr;  /* zmuon_adjust_lr */
+} zmuon_group_hparams;
+/* Puts parameter `name` in group `group` (0 by default; [0, 4096)); before the first reduce or
+ * step. Every process registers the same groups. */
+ZMUON_API int zmuon_engine_set_hparam_group(zmuon_engine* eng, const char* name, int32_t group);
+/* Group `group`'s values from the next step on (checked; a bad one changes nothing). */
+ZMUON_API int zmuon_engine_set_group_hparams(zmuon_engine* eng, int32_t group,
+                                             const zmuon_group_hparams* values);
+
 /* Where a step's time goes (engine::time_backend_calls / write_call_timeline): `on` 1 times
  * every compute-backend call from the next one on (on CUDA with two events on its stream), 0
  * stops. Off by default. write_call_timeline ends the timing period of every rank this process

@@ -102,6 +102,20 @@ class StepInfo(ctypes.Structure):
                 for name, _ in self._fields_}
 
 
+NS_VARIANTS = {"standard": 0, "gram": 1, "auto": 2}  # zmuon_ns_variant
+ADJUST_LR = {"original": 0, "match_rms_adamw": 1}  # zmuon_adjust_lr
+
+
+class GroupHparams(ctypes.Structure):
+    """zmuon_group_hparams: one hyperparameter group's values."""
+    _fields_ = [("lr", ctypes.c_float), ("weight_decay", ctypes.c_float),
+                ("momentum", ctypes.c_float), ("nesterov", ctypes.c_int32),
+                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
+                ("ns_steps", ctypes.c_int32), ("ns_coefficients", ctypes.c_float * 3),
+                ("ns_eps", ctypes.c_float), ("ns_variant", ctypes.c_int32),
+                ("adjust_lr", ctypes.c_int32)]
+
+
 def _find_library():
     env = os.environ.get("ZMUON_LIBRARY")
     if env:
@@ -156,6 +170,8 @@ def _load():
                                                          ctypes.c_void_p]),
         "zmuon_engine_loss_scale": (c_int, [eng_p, ctypes.POINTER(c_f)]),
         "zmuon_engine_set_lr": (c_int, [eng_p, c_f, c_f]),
+        "zmuon_engine_set_hparam_group": (c_int, [eng_p, ctypes.c_char_p, c_i32]),
+        "zmuon_engine_set_group_hparams": (c_int, [eng_p, c_i32, ctypes.POINTER(GroupHparams)]),
         "zmuon_engine_time_calls": (c_int, [eng_p, c_i32]),
         "zmuon_engine_write_call_timeline": (c_int, [eng_p, ctypes.c_char_p]),
         "zmuon_engine_save_checkpoint": (c_int, [eng_p, ctypes.c_char_p]),
@@ -353,6 +369,20 @@ class Engine:
 
     def set_lr(self, muon_lr=-1.0, adam_lr=-1.0):
         _check(_lib.zmuon_engine_set_lr(self._h(), muon_lr, adam_lr))
+
+    def set_hparam_group(self, name, group):
+        _check(_lib.zmuon_engine_set_hparam_group(self._h(), _text(name, "parameter name"),
+                                                  group))
+
+    def set_group_hparams(self, group, values):
+        """`values`: a dict of GroupHparams' fields (ns_variant and adjust_lr by name)."""
+        v = dict(values)
+        v["ns_coefficients"] = (ctypes.c_float * 3)(*v["ns_coefficients"])
+        v["ns_variant"] = NS_VARIANTS[v["ns_variant"]]
+        v["adjust_lr"] = ADJUST_LR[v["adjust_lr"]]
+        v["nesterov"] = 1 if v["nesterov"] else 0
+        _check(_lib.zmuon_engine_set_group_hparams(self._h(), group,
+                                                   ctypes.byref(GroupHparams(**v))))
 
     def time_calls(self, on=True):
         _check(_lib.zmuon_engine_time_calls(self._h(), 1 if on else 0))

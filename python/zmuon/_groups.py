@@ -7,7 +7,7 @@ import math
 import numbers
 
 from . import _capi
-from ._capi import InvalidArgument, UnknownParameter, Unsupported
+from ._capi import InvalidArgument, UnknownParameter
 
 FLOAT32_MAX = 3.4028234663852886e38  # the engine takes hyperparameters as float32
 
@@ -158,28 +158,28 @@ def checked_group(group, i):
     return out
 
 
-def per_algorithm(param_groups):
-    """(Muon's, AdamW's) hyperparameters from the param groups, each a dict or None where no
-    group of that algorithm holds a parameter. The engine runs one set per algorithm: groups of
-    one algorithm that differ raise zmuon.Unsupported naming the key and both groups."""
-    chosen = {True: None, False: None}
-    first = {}
-    checked = [checked_group(g, i) for i, g in enumerate(param_groups)]
-    for i, (group, values) in enumerate(zip(param_groups, checked)):
-        if not group["params"]:
-            continue
-        muon = bool(group.get("use_muon"))
-        if chosen[muon] is None:
-            chosen[muon], first[muon] = values, i
-            continue
-        for key, value in values.items():
-            if chosen[muon][key] != value:
-                name = "Muon" if muon else "AdamW"
-                raise Unsupported(
-                    f"param_groups[{first[muon]}] and param_groups[{i}] (both {name}) have "
-                    f"different '{key}' ({chosen[muon][key]!r} and {value!r}): the engine runs "
-                    f"one set of hyperparameters per algorithm")
-    return chosen[True], chosen[False]
+def engine_values(param_groups):
+    """Every group's hyperparameters as the engine takes them (zmuon_group_hparams fields, by
+    group index), checked: InvalidArgument names a bad one. A Muon group's `eps` is Newton-Schulz's;
+    the keys its algorithm does not read go over as the engine's defaults (unused)."""
+    d = ENGINE_DEFAULTS
+    out = []
+    for i, group in enumerate(param_groups):
+        v = checked_group(group, i)
+        values = {"lr": v["lr"], "weight_decay": v["weight_decay"],
+                  "momentum": d["momentum"], "nesterov": d["nesterov"],
+                  "beta1": d["betas"][0], "beta2": d["betas"][1], "eps": d["eps"],
+                  "ns_steps": d["ns_steps"], "ns_coefficients": d["ns_coefficients"],
+                  "ns_eps": d["ns_eps"], "ns_variant": d["ns_variant"],
+                  "adjust_lr": d["adjust_lr"]}
+        if group.get("use_muon"):
+            values.update(momentum=v["momentum"], nesterov=v["nesterov"], ns_steps=v["ns_steps"],
+                          ns_coefficients=v["ns_coefficients"], ns_eps=v["eps"],
+                          ns_variant=v["ns_variant"], adjust_lr=v["adjust_lr"])
+        else:
+            values.update(beta1=v["betas"][0], beta2=v["betas"][1], eps=v["eps"])
+        out.append(values)
+    return out
 
 
 def resolve_groups(named, groups):

@@ -150,14 +150,10 @@ class Muon(_Optimizer):
         if self._heads:
             raise InvalidArgument(f"heads given for {sorted(self._heads)}, which are not "
                                   "parameters")
-        if self._node is not None:
-            self._engine.start()  # joins the job: blocks until every process is in
-            self._started = True
-        self._first_rank = self._engine.first_rank
         self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
         self._had_grad = set()  # parameters given a gradient since the last step
         self._backward_hooks, self._pending = [], {}  # hand_over_in_backward
-        self._applied = (None, None)  # the hyperparameters the engine runs with
+        self._applied = []  # per group, the hyperparameters the engine runs with
         self.last_step = None
         defaults = _groups.defaults_of(config_dict, overrides)
         defaults["ns_eps"] = ns_eps
@@ -171,6 +167,10 @@ class Muon(_Optimizer):
         else:
             super().__init__(groups_in, defaults)
         self.state = _state.ShardState(self)
+        if self._node is not None:  # the hyperparameter groups are part of the table
+            self._engine.start()  # joins the job: blocks until every process is in
+            self._started = True
+        self._first_rank = self._engine.first_rank
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -321,6 +321,9 @@ class Muon(_Optimizer):
             raise InvalidArgument(f"add_param_group: use_muon={group['use_muon']} for "
                                   "parameters registered with the other algorithm")
         muon = bool(group["use_muon"])
+        index = len(self.param_groups)  # the engine's hyperparameter group
+        for name, _ in pairs:
+            self._engine.set_hparam_group(name, index)
         d = self.defaults
         group.setdefault("lr", d["lr"] if muon else d["adam_lr"])
         group.setdefault("eps", d["ns_eps"] if muon else d["eps"])
@@ -346,7 +349,7 @@ class Muon(_Optimizer):
         closure's loss (None without a closure). The param groups' hyperparameters are read and
         checked first (zmuon.InvalidArgument naming a bad one, before anything runs). The step's
         report is then in `last_step` (docs/PYTORCH.md)."""
-        muon, adamw = _groups.per_algorithm(self.param_groups)
+        values = _groups.engine_values(self.param_groups)
         loss = None
         if closure is not None:
             if torch is not None:
@@ -371,7 +374,7 @@ class Muon(_Optimizer):
             raise InvalidArgument(f"step(): no gradient for '{missing[0]}'{more} in this step; "
                                   "zmuon steps every parameter: hand each one a gradient "
                                   "(zeros where it has none) or leave it out of the optimizer")
-        self._apply_hyperparameters(muon, adamw)
+        self._apply_hyperparameters(values)
         self._micro = [0] * len(self._micro)
         self._had_grad = set()
         info = self._engine.step()
@@ -490,23 +493,16 @@ class Muon(_Optimizer):
 
     # -- the engine's side -----------------------------------------------------------------------
 
-    def _apply_hyperparameters(self, muon, adamw):
-        """Hands the groups' hyperparameters to the engine where they changed."""
-        if (muon, adamw) == self._applied:
-            return
-        if hasattr(self._engine, "set_hyperparameters"):
-            self._engine.set_hyperparameters(muon, adamw)
-        else:
-            old_muon, old_adamw = self._applied
-            for new, old, name in ((muon, old_muon, "Muon"), (adamw, old_adamw, "AdamW")):
-                if new is None or old is None:
-                    continue
-                changed = [k for k in new if k != "lr" and new[k] != old[k]]
-                if changed:
-                    raise Unsupported(f"this libzmuon takes only 'lr' per step; {name}'s "
-                                      f"'{changed[0]}' changed")
-            self._engine.set_lr(muon["lr"] if muon else -1.0, adamw["lr"] if adamw else -1.0)
-        self._applied = (muon, adamw)
+    def _apply_hyperparameters(self, values):
+        """Hands each group's hyperparameters to the engine where they changed."""
+        for index, v in enumerate(values):
+            if index < len(self._applied) and self._applied[index] == v:
+                continue
+            self._engine.set_group_hparams(index, v)
+            if index < len(self._applied):
+                self._applied[index] = v
+            else:
+                self._applied.append(v)
 
     def _write_back(self):
         entries, targets = [], []

@@ -77,10 +77,7 @@ struct coordinator_state {
   std::shared_ptr<compute_backend> be;
   bool comm_on_host = true;          // the comm backend moves host memory (staged_buffer)
   wire_type wire = wire_type::fp32;  // what the gather and the scatter carry
-  // Per chunk, each parameter's update scale, applied by the receiving rank's store when the
-  // scatter carries bf16 (the owner sends NS's output unscaled: on CUDA, its exact bf16 bits);
-  // empty for fp32, where the owner scales before the scatter.
-  std::vector<std::vector<float>> receiver_scales;
+  group_hparams defaults;  // the options' values, for a group the step request does not list
   std::vector<chunk_ownership> own;
   std::vector<bool> padded;  // per chunk: this rank's shards have padding (the scatter skips it)
   std::optional<step_work> work;  // the step in progress
@@ -131,6 +128,47 @@ void add_segment(std::vector<segment>& list, wire_buffer& buf, int64_t offset, i
 
 void finish(coord_pointer self);
 void advance(coord_pointer self);
+
+// -- the step's values per parameter -------------------------------------------------------------
+
+/// Hyperparameter group g's values in the step in progress: the request's, else the options'.
+const group_hparams& hparams(const coordinator_state& st, int g) {
+  const auto& groups = st.work->req.groups;
+  if (g >= 0 && g < static_cast<int>(groups.size()))
+    return groups[g];
+  return st.defaults;
+}
+
+const group_hparams& hparams_of_param(const coordinator_state& st, int param) {
+  return hparams(st, st.pl->params[param].hparam_group);
+}
+
+bool touched(const coordinator_state& st, int param) {
+  const auto& mask = st.work->req.touched;
+  return mask.empty() || (param < static_cast<int>(mask.size()) && mask[param] != 0);
+}
+
+bool same(const muon_param_args& a, const muon_param_args& b) {
+  return a.beta == b.beta && a.nesterov == b.nesterov && a.lr == b.lr
+         && a.weight_decay == b.weight_decay && a.touched == b.touched;
+}
+
+/// Chunk c's parameters' values: empty when they all share the first one's and all are touched
+/// (the message's own values then say it, and the store makes one backend call).
+std::vector<muon_param_args> muon_args(const coordinator_state& st, int c, muon_param_args& first) {
+  std::vector<muon_param_args> out;
+  for (int i : st.pl->chunks[c].params) {
+    const auto& m = hparams_of_param(st, i).muon;
+    out.push_back(muon_param_args{m.momentum, m.nesterov, m.lr, m.weight_decay, touched(st, i)});
+  }
+  first = out.front();
+  bool uniform = first.touched;
+  for (const auto& a : out)
+    uniform = uniform && same(a, first);
+  if (uniform)
+    out.clear();
+  return out;
+}
 
 // Buffer work of chunk c (allocation, staging copies, release): backend calls, recorded as a
 // `buffers` span so that bench/step does not count them as actor plumbing.
@@ -195,14 +233,14 @@ void gather(coord_pointer self, int c) {
       cw.u = wire_buffer{};
       cw.full.to_compute(*st.be);
     });
-    const auto& muon = st.opts.muon;
     const float_view full = cw.full.compute();
     trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                    trace::span::per_param);
     for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape (fp32: scaled)
+      const auto& muon = hparams(st, g.hparam_group).muon;
       ns.add_params(g.params);
       ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
-      if (full.bf16 != nullptr) {  // the receivers scale (receiver_scales)
+      if (full.bf16 != nullptr) {  // the receivers scale (apply_muon's scales)
         st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, muon.ns);
       } else {
         float* x = full.data + g.offset;
@@ -247,10 +285,19 @@ void scatter(coord_pointer self, int c) {
       cw.full = wire_buffer{};
       cw.result.to_compute(*st.be);
     });
-    const auto& muon = st.opts.muon;
-    apply_muon msg{st.work->req.step,    c,
-                   st.work->req.muon_lr, muon.weight_decay,
-                   cw.result.compute(),  st.receiver_scales[c]};
+    muon_param_args first;
+    auto args = muon_args(st, c, first);
+    std::vector<float> scales;
+    // Under bf16 the owner sends NS's output unscaled (on CUDA, its exact bf16 bits) and this
+    // rank's store scales each parameter, under its group's rule; fp32 arrives scaled.
+    if (st.wire == wire_type::bf16)
+      for (int i : st.pl->chunks[c].params) {
+        const auto& p = st.pl->params[i];
+        scales.push_back(
+            update_scale(hparams_of_param(st, i).muon.adjust_lr, p.rows / p.heads, p.cols));
+      }
+    apply_muon msg{st.work->req.step,   c, first.lr, first.weight_decay, cw.result.compute(),
+                   std::move(scales), std::move(args)};
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
       buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
@@ -284,8 +331,10 @@ void advance(coord_pointer self) {
                              buffer_init::overwritten);  // momentum writes all of it
         });
         cw.at = chunk_work::momentum_requested;
-        const auto& muon = st.opts.muon;
-        muon_momentum msg{w.req.step, s.chunk, muon.momentum, muon.nesterov, cw.u.compute()};
+        muon_param_args first;
+        auto args = muon_args(st, s.chunk, first);
+        muon_momentum msg{w.req.step, s.chunk,        first.beta,
+                          first.nesterov, cw.u.compute(), std::move(args)};
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
           auto& st = self->state;
           auto& u = st.work->chunks[s.chunk].u;
@@ -331,8 +380,26 @@ void run_muon(coord_pointer self) {
 
 void finish(coord_pointer self) {
   auto& st = self->state;
-  const auto& a = st.opts.adamw;
-  adamw_step msg{st.work->req.step, st.work->req.adam_lr, a.beta1, a.beta2, a.eps, a.weight_decay};
+  adamw_step msg{st.work->req.step};
+  bool uniform = true;
+  for (size_t i = 0; i < st.pl->params.size(); ++i) {
+    if (st.pl->params[i].muon)
+      continue;
+    const auto& a = hparams_of_param(st, static_cast<int>(i)).adamw;
+    msg.params.push_back(adamw_param_args{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
+                                          touched(st, static_cast<int>(i))});
+    const auto& x = msg.params.back();
+    const auto& f = msg.params.front();
+    uniform = uniform && x.touched && x.lr == f.lr && x.beta1 == f.beta1 && x.beta2 == f.beta2
+              && x.eps == f.eps && x.weight_decay == f.weight_decay;
+  }
+  if (!msg.params.empty()) {  // the message's own values: the first parameter's
+    const auto& f = msg.params.front();
+    msg.lr = f.lr, msg.beta1 = f.beta1, msg.beta2 = f.beta2, msg.eps = f.eps;
+    msg.weight_decay = f.weight_decay;
+  }
+  if (uniform)
+    msg.params.clear();
   ask<ack>(self, st.peers.store, msg, [=](ack&) {
     ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
       auto& st = self->state;
@@ -401,20 +468,13 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.be = std::move(be);
   st.comm_on_host = comm_on_host(st.opts.comm);
   st.wire = muon_wire_type(st.opts);
-  st.receiver_scales.resize(st.pl->chunks.size());
+  st.defaults = group_hparams{st.opts.muon, st.opts.adamw};
   for (const auto& chunk : st.pl->chunks) {
     int64_t valid = 0;
     for (int i : chunk.params)
       valid += valid_len(st.pl->params[i], rank);
     st.padded.push_back(valid != chunk.shard_len);
   }
-  if (st.wire == wire_type::bf16)
-    for (size_t c = 0; c < st.pl->chunks.size(); ++c)
-      for (int i : st.pl->chunks[c].params) {
-        const auto& p = st.pl->params[i];
-        st.receiver_scales[c].push_back(
-            update_scale(st.opts.muon.adjust_lr, p.rows / p.heads, p.cols));
-      }
   // A failure inside a handler (a CUDA error) or of a peer actor of this rank ends the step in
   // progress with that error instead of leaving the host waiting.
   self->set_exception_handler([=](std::exception_ptr& eptr) -> caf::error {

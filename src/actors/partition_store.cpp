@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <deque>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include "caf/all.hpp"
@@ -36,7 +38,8 @@ struct store_state {
   // The backend's calls over several parameters: each Muon chunk's, and every AdamW parameter's.
   std::vector<std::vector<param_slice>> chunk_slices;
   std::vector<param_slice> adam_slices;
-  int64_t adam_steps = 0;
+  int64_t adam_steps = 0;                  // applied steps
+  std::vector<int64_t> adam_param_steps;   // per AdamW parameter: the steps that touched it
   // Work on the backend whose completion comes back as gpu_done, oldest first.
   struct pending_scan {
     uint64_t step;
@@ -66,6 +69,27 @@ std::vector<param_slice> slices_of(const plan& pl, const std::vector<int>& param
     slices.push_back(param_slice{p.shard_offset, p.state_offset, p.shard_len, 1.0f});
   }
   return slices;
+}
+
+/// Runs `call(subset, key)` once per distinct key over the slices, in first-seen order: one
+/// backend call per set of parameters that share their values. `key(k)` is slice k's values, or
+/// nullopt to leave it out.
+template <class Key, class KeyOf, class Call>
+void by_key(const std::vector<param_slice>& slices, KeyOf key_of, Call call) {
+  std::vector<std::pair<Key, std::vector<param_slice>>> sets;
+  for (size_t k = 0; k < slices.size(); ++k) {
+    std::optional<Key> key = key_of(k);
+    if (!key)
+      continue;
+    auto it = std::find_if(sets.begin(), sets.end(), [&](const auto& s) { return s.first == *key; });
+    if (it == sets.end()) {
+      sets.emplace_back(*key, std::vector<param_slice>{});
+      it = sets.end() - 1;
+    }
+    it->second.push_back(slices[k]);
+  }
+  for (const auto& [key, subset] : sets)
+    call(subset, key);
 }
 
 /// The gradient is zero from here on: every bucket unwritten, nothing touched.
@@ -139,7 +163,19 @@ store_snapshot saved_state(store_pointer self) {
   be.synchronize();
   return store_snapshot{to_host(be, st.params),     {},
                         to_host(be, st.momentum),   to_host(be, st.exp_avg),
-                        to_host(be, st.exp_avg_sq), st.adam_steps};
+                        to_host(be, st.exp_avg_sq), st.adam_steps,
+                        st.adam_param_steps};
+}
+
+/// A message's per-parameter entries: none, or one per parameter of the chunk.
+template <class Args>
+caf::error check_args(const std::vector<Args>& args, size_t params, const char* what, int chunk) {
+  if (args.empty() || args.size() == params)
+    return {};
+  return make_caf_error(errc::shape_mismatch, std::string(what) + ": chunk " + std::to_string(chunk)
+                                                  + " has " + std::to_string(params)
+                                                  + " parameters, got "
+                                                  + std::to_string(args.size()) + " entries");
 }
 
 caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, const char* what) {
@@ -173,6 +209,14 @@ caf::error check_state(const store_state& st, const rank_state* in) {
                             "load_state: rank " + std::to_string(st.rank) + ": " + msg);
   if (in->adam_steps < 0)
     return make_caf_error(errc::invalid_argument, "load_state: negative AdamW step count");
+  if (!in->adam_param_steps.empty() && in->adam_param_steps.size() != st.adam_param_steps.size())
+    return make_caf_error(errc::shape_mismatch,
+                          "load_state: " + std::to_string(in->adam_param_steps.size())
+                              + " AdamW step counts for "
+                              + std::to_string(st.adam_param_steps.size()) + " AdamW parameters");
+  for (int64_t n : in->adam_param_steps)
+    if (n < 0)
+      return make_caf_error(errc::invalid_argument, "load_state: negative AdamW step count");
   return {};
 }
 
@@ -197,6 +241,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
     if (!st.pl->params[i].muon)
       adam_params.push_back(static_cast<int>(i));
   st.adam_slices = slices_of(*st.pl, adam_params);
+  st.adam_param_steps.assign(adam_params.size(), 0);
   for (const auto& c : st.pl->chunks)
     st.chunk_slices.push_back(slices_of(*st.pl, c.params));
   // A CUDA failure inside a handler ends the store with a device_failure naming the call; the
@@ -260,9 +305,28 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
           return err;
         const auto& c = pl.chunks[msg.chunk];
+        if (auto err = check_args(msg.params, c.params.size(), "muon_momentum", msg.chunk))
+          return err;
         materialize(self);
-        st.be->momentum_slices(st.momentum.data(), st.grads.data(), {msg.out.data, msg.out.bf16},
-                               c.state_offset, st.chunk_slices[msg.chunk], msg.beta, msg.nesterov);
+        const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
+        const auto& slices = st.chunk_slices[msg.chunk];
+        if (msg.params.empty()) {
+          st.be->momentum_slices(st.momentum.data(), st.grads.data(), out, c.state_offset, slices,
+                                 msg.beta, msg.nesterov);
+          return ack{msg.step};
+        }
+        // An untouched parameter: beta 1 keeps m exactly (its gradient is zero), u = m.
+        using key = std::pair<float, bool>;
+        by_key<key>(
+            slices,
+            [&](size_t k) -> std::optional<key> {
+              const auto& a = msg.params[k];
+              return a.touched ? key{a.beta, a.nesterov} : key{1.0f, false};
+            },
+            [&](const std::vector<param_slice>& subset, const key& k) {
+              st.be->momentum_slices(st.momentum.data(), st.grads.data(), out, c.state_offset,
+                                     subset, k.first, k.second);
+            });
         return ack{msg.step};
       },
       [=](apply_muon& msg) -> caf::result<ack> {
@@ -278,21 +342,58 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                                 "apply_muon: chunk " + std::to_string(msg.chunk) + " has "
                                     + std::to_string(c.params.size()) + " parameters, got "
                                     + std::to_string(msg.scales.size()) + " scales");
+        if (auto err = check_args(msg.params, c.params.size(), "apply_muon", msg.chunk))
+          return err;
         std::vector<param_slice>& slices = st.chunk_slices[msg.chunk];
         for (size_t k = 0; k < slices.size(); ++k)
           slices[k].scale = msg.scales.empty() ? 1.0f : msg.scales[k];
-        st.be->apply_update_slices(st.params.data(), {msg.update.data, msg.update.bf16},
-                                   c.state_offset, slices, msg.lr, msg.weight_decay);
+        const fp32_or_bf16 update{msg.update.data, msg.update.bf16};
+        if (msg.params.empty()) {
+          st.be->apply_update_slices(st.params.data(), update, c.state_offset, slices, msg.lr,
+                                     msg.weight_decay);
+          return ack{msg.step};
+        }
+        using key = std::pair<float, float>;  // lr, weight decay; untouched: left out
+        by_key<key>(
+            slices,
+            [&](size_t k) -> std::optional<key> {
+              const auto& a = msg.params[k];
+              return a.touched ? std::optional<key>(key{a.lr, a.weight_decay}) : std::nullopt;
+            },
+            [&](const std::vector<param_slice>& subset, const key& k) {
+              st.be->apply_update_slices(st.params.data(), update, c.state_offset, subset, k.first,
+                                         k.second);
+            });
         return ack{msg.step};
       },
-      [=](adamw_step& msg) -> ack {
+      [=](adamw_step& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;
+        if (!msg.params.empty() && msg.params.size() != st.adam_slices.size())
+          return make_caf_error(errc::shape_mismatch,
+                                "adamw_step: " + std::to_string(msg.params.size()) + " entries for "
+                                    + std::to_string(st.adam_slices.size()) + " AdamW parameters");
         ++st.adam_steps;
         materialize(self);
-        adamw_args args{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, st.adam_steps};
-        st.be->adamw_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
-                            st.exp_avg_sq.data(), st.adam_slices, args);
+        // One call per set of parameters that share their values and step count.
+        using key = std::tuple<float, float, float, float, float, int64_t>;
+        by_key<key>(
+            st.adam_slices,
+            [&](size_t k) -> std::optional<key> {
+              adamw_param_args a{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, true};
+              if (!msg.params.empty())
+                a = msg.params[k];
+              if (!a.touched)
+                return std::nullopt;
+              int64_t n = ++st.adam_param_steps[k];
+              return key{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, n};
+            },
+            [&](const std::vector<param_slice>& subset, const key& k) {
+              auto [lr, beta1, beta2, eps, wd, n] = k;
+              st.be->adamw_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
+                                  st.exp_avg_sq.data(), subset,
+                                  adamw_args{lr, beta1, beta2, eps, wd, n});
+            });
         return ack{msg.step};
       },
       [=](finish_step& msg) -> caf::result<ack> {
@@ -329,6 +430,10 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         be.copy_from_host(st.exp_avg_sq.data(), in.exp_avg_sq.data(), in.exp_avg_sq.size());
         be.synchronize();
         st.adam_steps = in.adam_steps;
+        if (in.adam_param_steps.empty())
+          st.adam_param_steps.assign(st.adam_param_steps.size(), in.adam_steps);
+        else
+          st.adam_param_steps = in.adam_param_steps;
         forget_gradient(self);
         return ack{msg.step};
       },

@@ -3,6 +3,7 @@
 #include "zmuon/zmuon.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <exception>
 #include <functional>
@@ -410,6 +411,73 @@ int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
       a = [adam_lr](uint64_t) { return adam_lr; };
     eng->eng->set_lr_schedules(std::move(m), std::move(a));
     return {};
+  });
+}
+
+namespace {
+
+/// The C struct as the engine's values: lr and weight_decay go to both algorithms; the NS
+/// options start from the config's, whose coefficient schedule stays while the group keeps the
+/// config's steps and coefficients.
+zmuon::error to_group(const zmuon::engine& eng, const zmuon_group_hparams& in,
+                      zmuon::group_hparams& out) {
+  const auto& opts = eng.options();
+  if (in.ns_variant < ZMUON_NS_STANDARD || in.ns_variant > ZMUON_NS_AUTO)
+    return {errc::invalid_argument, "ns_variant must be 0 (standard), 1 (gram) or 2 (auto), got "
+                                        + std::to_string(in.ns_variant)};
+  if (in.adjust_lr < ZMUON_ADJUST_LR_ORIGINAL || in.adjust_lr > ZMUON_ADJUST_LR_MATCH_RMS_ADAMW)
+    return {errc::invalid_argument, "adjust_lr must be 0 (original) or 1 (match_rms_adamw), got "
+                                        + std::to_string(in.adjust_lr)};
+  out.muon = opts.muon;
+  out.adamw = opts.adamw;
+  out.muon.lr = out.adamw.lr = in.lr;
+  out.muon.weight_decay = out.adamw.weight_decay = in.weight_decay;
+  out.muon.momentum = in.momentum;
+  out.muon.nesterov = in.nesterov != 0;
+  out.adamw.beta1 = in.beta1;
+  out.adamw.beta2 = in.beta2;
+  out.adamw.eps = in.eps;
+  auto& ns = out.muon.ns;
+  const std::array<float, 3> coefficients{in.ns_coefficients[0], in.ns_coefficients[1],
+                                          in.ns_coefficients[2]};
+  if (in.ns_steps != ns.steps || coefficients != ns.coefficients)
+    ns.schedule.clear();
+  ns.steps = in.ns_steps;
+  ns.coefficients = coefficients;
+  ns.eps = in.ns_eps;
+  ns.variant = static_cast<zmuon::ns_variant>(in.ns_variant);
+  out.muon.adjust_lr = static_cast<zmuon::adjust_lr_rule>(in.adjust_lr);
+  return {};
+}
+
+}  // namespace
+
+static_assert(ZMUON_NS_STANDARD == static_cast<int>(zmuon::ns_variant::standard));
+static_assert(ZMUON_NS_GRAM == static_cast<int>(zmuon::ns_variant::gram));
+static_assert(ZMUON_NS_AUTO == static_cast<int>(zmuon::ns_variant::automatic));
+static_assert(ZMUON_ADJUST_LR_MATCH_RMS_ADAMW
+              == static_cast<int>(zmuon::adjust_lr_rule::match_rms_adamw));
+
+int zmuon_engine_set_hparam_group(zmuon_engine* eng, const char* name, int32_t group) {
+  const char* fn = "zmuon_engine_set_hparam_group";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !name)
+      return null_arg(fn, eng ? "name" : "eng");
+    return eng->eng->set_hparam_group(name, group);
+  });
+}
+
+int zmuon_engine_set_group_hparams(zmuon_engine* eng, int32_t group,
+                                   const zmuon_group_hparams* values) {
+  const char* fn = "zmuon_engine_set_group_hparams";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !values)
+      return null_arg(fn, eng ? "values" : "eng");
+    zmuon::group_hparams v;
+    if (auto err = to_group(*eng->eng, *values, v))
+      return {err.code(), std::string(fn) + ": group " + std::to_string(group) + ": "
+                              + err.message()};
+    return eng->eng->set_group_hparams(group, v);
   });
 }
 

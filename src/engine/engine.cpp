@@ -337,15 +337,11 @@ expected<step_info> engine::step() {
     return error{errc::bad_state,
                  "step() before any gradient was handed over (call reduce() "
                  "for every rank first)"};
-  // The schedules' rates are checked before the step begins: a bad one leaves everything as it
-  // was, the gradients included, for a step() with a good one.
-  const float muon_lr = d.muon_lr(d.step + 1), adam_lr = d.adam_lr(d.step + 1);
-  for (const auto& [group, lr] : {std::pair{"Muon", muon_lr}, std::pair{"AdamW", adam_lr}})
-    if (!std::isfinite(lr) || lr < 0)
-      return error{errc::invalid_argument, std::string("the ") + group + " learning rate for step "
-                                               + std::to_string(d.step + 1) + " is "
-                                               + std::to_string(lr)
-                                               + ": learning rates must be finite and >= 0"};
+  // The groups' values are checked before the step begins: a schedule's bad rate leaves
+  // everything as it was, the gradients included, for a step() with a good one.
+  auto groups = d.step_groups(d.step + 1);
+  if (!groups)
+    return groups.err();
   // The buckets still in flight land first (the flush would wait for them anyway), so that
   // their buffers are gone before the step's own.
   for (auto& w : d.windows)
@@ -357,7 +353,7 @@ expected<step_info> engine::step() {
     d.step_started(step);
   if (d.faults.kill_at_step == step)
     std::raise(SIGKILL);  // fault injection: the process dies as this step begins
-  step_request req{step, muon_lr, adam_lr};
+  step_request req{step, std::move(*groups)};
   // Every coordinator gets its request before any reply is awaited: the step's collectives
   // need all ranks.
   caf::scoped_actor self{*d.sys};

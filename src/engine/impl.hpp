@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cstddef>
 #include <memory>
 #include <mutex>
@@ -132,6 +133,7 @@ struct engine::impl {
   bool time_calls = false;  // time_backend_calls(): what the backends get when they are made
   lr_schedule muon_lr;
   lr_schedule adam_lr;
+  std::map<int, group_hparams> group_set;  // set_group_hparams: the groups given values
 
   // reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
   // several, the host hands over rank after rank and a bucket lands only once all did
@@ -239,6 +241,9 @@ struct engine::impl {
       ranks[r].backend->read_traced_calls();  // the step's device work, done by now
     rec.flush();
   }
+  /// Every hyperparameter group's values for `step` (engine_hparams.cpp), by group up to the
+  /// highest a parameter uses; a schedule's bad learning rate is an error naming it.
+  expected<std::vector<group_hparams>> step_groups(uint64_t step) const;
   error check_local(int rank) const;
   /// start() for a call on global rank `rank`: the rank is checked first (a bad one starts
   /// nothing), except where a joining process learns its ranks only when it starts.

@@ -16,6 +16,7 @@
 #include "caf/meta/type_name.hpp"
 #include "caf/serializer.hpp"
 
+#include "zmuon/group_hparams.hpp"
 #include "zmuon/rank_state.hpp"
 
 namespace zmuon {
@@ -230,19 +231,33 @@ struct unscale_clip {
   float factor = 1;
 };
 
+/// One Muon parameter's values in a step, where the parameters of a chunk differ (param groups,
+/// parameters no rank handed a gradient): they replace the message's own. An untouched
+/// parameter keeps its momentum and its value; its u is its momentum (NS runs on it, unused).
+struct muon_param_args {
+  float beta = 0.95f;
+  bool nesterov = true;
+  float lr = 0;
+  float weight_decay = 0;
+  bool touched = true;
+};
+
 /// Momentum update of one chunk's local shards; the update source u goes to `out` (fp32 or
-/// rounded to bf16 bits).
+/// rounded to bf16 bits). `params`: empty (every parameter uses beta and nesterov), or one entry
+/// per parameter of the chunk in chunk order (its beta, nesterov, touched).
 struct muon_momentum {
   uint64_t step = 0;
   int32_t chunk = 0;
   float beta = 0.95f;
   bool nesterov = true;
   float_view out;
+  std::vector<muon_param_args> params = {};
 };
 
 /// Apply one chunk's orthogonalized update: p = p*(1 - lr*wd) - lr*scale*o, where `scales`
 /// holds each parameter's update scale in chunk order, or is empty when o is already scaled;
-/// o is `update`, fp32 or bf16 bits.
+/// o is `update`, fp32 or bf16 bits. `params`: empty (every parameter uses lr and weight_decay),
+/// or one entry per parameter of the chunk in chunk order (its lr, weight_decay, touched).
 struct apply_muon {
   uint64_t step = 0;
   int32_t chunk = 0;
@@ -250,9 +265,22 @@ struct apply_muon {
   float weight_decay = 0;
   float_view update;
   std::vector<float> scales = {};
+  std::vector<muon_param_args> params = {};
 };
 
-/// AdamW on every non-Muon shard.
+/// One AdamW parameter's values in a step (see muon_param_args). An untouched parameter keeps
+/// its value, its moments and its step count.
+struct adamw_param_args {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-10f;
+  float weight_decay = 0;
+  bool touched = true;
+};
+
+/// AdamW on every non-Muon shard. `params`: empty (every parameter uses the message's values),
+/// or one entry per AdamW parameter in table order.
 struct adamw_step {
   uint64_t step = 0;
   float lr = 0;
@@ -260,6 +288,7 @@ struct adamw_step {
   float beta2 = 0.95f;
   float eps = 1e-10f;
   float weight_decay = 0;
+  std::vector<adamw_param_args> params = {};
 };
 
 /// End of an applied step: zero the gradients.
@@ -310,10 +339,14 @@ struct restore_scaler {
 };
 
 // -- host -> coordinator -------------------------------------------------------------------------
+/// `groups[g]`: the values of hyperparameter group g (param_layout::hparam_group) for this step;
+/// a group beyond the list, or an empty list, runs the engine options'. `touched[i]`: 0 where no
+/// rank handed parameter i a gradient in this step (it is left as it is); empty: all touched.
+/// Every rank gets the same request.
 struct step_request {
   uint64_t step = 0;
-  float muon_lr = 0;
-  float adam_lr = 0;
+  std::vector<group_hparams> groups = {};
+  std::vector<uint8_t> touched = {};
 };
 
 struct step_result {
@@ -359,17 +392,23 @@ ZMUON_INSPECT(grad_scan, x.step, x.nonfinite, x.sum_squares)
 ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale, x.sum_squares)
 ZMUON_INSPECT(discard_grads, x.step)
 ZMUON_INSPECT(unscale_clip, x.step, x.factor)
-ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out)
-ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update)
-ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay)
+ZMUON_INSPECT(muon_param_args, x.beta, x.nesterov, x.lr, x.weight_decay, x.touched)
+ZMUON_INSPECT(adamw_param_args, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.touched)
+ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out, x.params)
+ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update, x.params)
+ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.params)
 ZMUON_INSPECT(finish_step, x.step)
 ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
 ZMUON_INSPECT(load_params, x.step)
-ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps)
+ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps,
+              x.adam_param_steps)
 ZMUON_INSPECT(load_state, x.step)
 ZMUON_INSPECT(loss_scale_snapshot, x.scale, x.iter, x.last_overflow_iter, x.hysteresis_left)
 ZMUON_INSPECT(restore_scaler, x.step, x.state)
-ZMUON_INSPECT(step_request, x.step, x.muon_lr, x.adam_lr)
+// A group's scalars (the NS options are not shown; the request never leaves its process).
+ZMUON_INSPECT(group_hparams, x.muon.lr, x.muon.momentum, x.muon.nesterov, x.muon.weight_decay,
+              x.adamw.lr, x.adamw.beta1, x.adamw.beta2, x.adamw.eps, x.adamw.weight_decay)
+ZMUON_INSPECT(step_request, x.step, x.groups, x.touched)
 ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_scale,
               x.next_loss_scale, x.micros, x.ns_params, x.ns_matrices)
 

@@ -1,6 +1,7 @@
 #include "plan/ownership.hpp"
 
 #include <algorithm>
+#include <tuple>
 
 namespace zmuon {
 
@@ -12,10 +13,11 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
     for (int i : pl.chunks[c].params)
       if (pl.params[i].owner == rank)
         mine.push_back(i);
-    // Lay out by block shape so that same-shape blocks are contiguous; ties keep table order.
+    // Lay out by block shape and hyperparameter group so that the blocks of one NS call are
+    // contiguous; ties keep table order.
     auto block = [&](int i) {
       auto& p = pl.params[i];
-      return std::make_pair(p.rows / p.heads, p.cols);
+      return std::make_tuple(p.rows / p.heads, p.cols, p.hparam_group);
     };
     std::vector<int> by_shape = mine;
     std::stable_sort(by_shape.begin(), by_shape.end(),
@@ -23,9 +25,10 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
     std::vector<int64_t> offset_of(pl.params.size(), -1);
     for (int i : by_shape) {
       auto& p = pl.params[i];
-      auto [rows, cols] = block(i);
-      if (own.groups.empty() || own.groups.back().rows != rows || own.groups.back().cols != cols)
-        own.groups.push_back(ns_group{own.full_size, 0, rows, cols, {}});
+      auto [rows, cols, hparams] = block(i);
+      if (own.groups.empty() || own.groups.back().rows != rows || own.groups.back().cols != cols
+          || own.groups.back().hparam_group != hparams)
+        own.groups.push_back(ns_group{own.full_size, 0, rows, cols, hparams, {}});
       own.groups.back().batch += p.heads;
       own.groups.back().params.push_back(i);
       offset_of[i] = own.full_size;

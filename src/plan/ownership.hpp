@@ -14,12 +14,14 @@ struct owned_matrix {
   int64_t full_offset = 0;  // start of the whole matrix in the owner's chunk buffer
 };
 
-/// Same-shape blocks back to back: one batched Newton-Schulz call.
+/// Same-shape blocks of one hyperparameter group back to back: one batched Newton-Schulz call
+/// (each group may run its own NS options).
 struct ns_group {
   int64_t offset = 0;
   int64_t batch = 0;  // blocks (a per-head parameter contributes `heads` blocks)
   int64_t rows = 0;   // of one block
   int64_t cols = 0;
+  int hparam_group = 0;
   std::vector<int> params;
 };
 

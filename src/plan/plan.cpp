@@ -39,6 +39,10 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
       return {errc::invalid_argument, "parameter '" + p.name + "': heads=" + std::to_string(p.heads)
                                           + " do not divide rows=" + std::to_string(p.shape[0])};
   }
+  if (p.hparam_group < 0 || p.hparam_group >= kMaxHparamGroups)
+    return {errc::invalid_argument, "parameter '" + p.name + "': hyperparameter group "
+                                        + std::to_string(p.hparam_group) + " is outside [0, "
+                                        + std::to_string(kMaxHparamGroups) + ")"};
   if (p.group == param_group::muon && p.shape.size() < 2)
     return {errc::invalid_argument,
             "parameter '" + p.name + "' is put in the Muon group but is not a matrix"};
@@ -92,6 +96,7 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
     param_layout p;
     p.name = spec.name;
     p.shape = spec.shape;
+    p.hparam_group = spec.hparam_group;
     p.numel =
         std::accumulate(spec.shape.begin(), spec.shape.end(), int64_t{1}, std::multiplies<>());
     p.shard_len = (p.numel + world - 1) / world;

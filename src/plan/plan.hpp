@@ -28,6 +28,7 @@ struct param_layout {
   int64_t shard_offset = 0;  // offset of this parameter's shard in a rank's flat shard buffers
   int64_t state_offset = 0;  // offset in the rank's Muon-state or Adam-state flat buffer
   int bucket = 0;            // reduce bucket index
+  int hparam_group = 0;      // param_spec::hparam_group
   // Muon only:
   int64_t rows = 0;  // matrix view [rows, cols]: shape[0] x prod(shape[1:])
   int64_t cols = 0;

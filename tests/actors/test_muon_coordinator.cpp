@@ -42,6 +42,7 @@ struct coord_fixture : actor_fixture {
   int rank = 0;
   bool hold_a2a = false;  // all-to-alls wait for complete_a2a
   std::map<std::pair<int, int>, std::vector<std::vector<float>>> sent;  // (gather?, chunk)
+  std::vector<group_hparams> groups;  // the hyperparameter groups a test sent, for the reference
   muon_coordinator_actor coord;
 
   coord_fixture() {
@@ -131,17 +132,23 @@ struct coord_fixture : actor_fixture {
         out.push_back(full[q * p.shard_len + k]);
     });
   }
-  /// NS of the whole matrix i, each head block alone, scaled by sqrt(max(1, rows/cols)) of a block.
+  /// NS of the whole matrix i, each head block alone, scaled by sqrt(max(1, rows/cols)) of a block
+  /// (0.2 * sqrt(max(rows, cols)) under match_rms_adamw), with its group's NS options where the
+  /// test sent groups (`groups`), else the options'.
   std::vector<float> reference_update(int i) {
     const auto& p = pl->params[i];
+    const bool grouped = p.hparam_group < static_cast<int>(groups.size());
+    const muon_options& muon = grouped ? groups[p.hparam_group].muon : opts.muon;
     std::vector<float> full(p.numel);
     for (int q = 0; q < pl->world; ++q)
       for (int64_t k = 0; k < valid_len(p, q); ++k)
         full[q * p.shard_len + k] = u_value(i, q, k);
     const int64_t rows = p.rows / p.heads;
     for (int64_t h = 0; h < p.heads; ++h)
-      host_backend()->newton_schulz(full.data() + h * rows * p.cols, 1, rows, p.cols, opts.muon.ns);
-    double scale = std::sqrt(std::max(1.0, double(rows) / double(p.cols)));
+      host_backend()->newton_schulz(full.data() + h * rows * p.cols, 1, rows, p.cols, muon.ns);
+    double scale = muon.adjust_lr == adjust_lr_rule::match_rms_adamw
+                       ? 0.2 * std::sqrt(double(std::max(rows, p.cols)))
+                       : std::sqrt(std::max(1.0, double(rows) / double(p.cols)));
     for (auto& x : full)
       x = static_cast<float>(x * scale);
     return full;
@@ -160,8 +167,17 @@ struct coord_fixture : actor_fixture {
     return out;
   }
 
-  std::shared_ptr<reply_slot<step_result>> step(uint64_t s) {
-    auto r = ask<step_result>(coord, step_request{s, 0.02f, 0.001f});
+  /// Step s's request: one hyperparameter group, the options' values with lr 0.02 (Muon) and
+  /// 0.001 (AdamW).
+  step_request request(uint64_t s) const {
+    group_hparams g{opts.muon, opts.adamw};
+    g.muon.lr = 0.02f;
+    g.adamw.lr = 0.001f;
+    return step_request{s, {g}};
+  }
+  std::shared_ptr<reply_slot<step_result>> step(uint64_t s) { return step(request(s)); }
+  std::shared_ptr<reply_slot<step_result>> step(step_request req) {
+    auto r = ask<step_result>(coord, std::move(req));
     run();
     return r;
   }
@@ -229,6 +245,9 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   const auto& m = stored->momentums.at(0);
   BOOST_CHECK_EQUAL(m.beta, 0.9f);
   BOOST_CHECK(!m.nesterov);
+  // One group, every parameter touched: the messages' own values, no per-parameter entries.
+  BOOST_CHECK(m.params.empty() && stored->applies.at(0).first.params.empty()
+              && stored->adamws.at(0).params.empty());
   BOOST_CHECK_EQUAL(m.out.size, pl->chunks[0].shard_len);
   BOOST_CHECK_EQUAL(stored->applies.at(0).first.lr, 0.02f);
   BOOST_CHECK_EQUAL(stored->applies.at(0).first.weight_decay, 0.1f);
@@ -395,6 +414,79 @@ BOOST_AUTO_TEST_CASE(device_comm_orders_each_momentum_after_the_gather_before_it
     BOOST_CHECK(position("comm: gather 1/" + std::to_string(c - 1))
                 < position("store: muon_momentum 1/" + std::to_string(c)));
   check_updates();
+}
+
+BOOST_AUTO_TEST_CASE(each_parameter_steps_with_its_hyperparameter_groups_values) {
+  // One chunk holding "a" (group 0) and "b" (group 1); AdamW "bias" in group 1, "gain" in 0.
+  std::vector<param_spec> table = {{"a", {4, 3}}, {"b", {3, 5}}, {"bias", {3}}, {"gain", {5}}};
+  table[1].hparam_group = table[2].hparam_group = 1;
+  start(table, 1, 1000, 0);
+  BOOST_REQUIRE_EQUAL(pl->chunks.size(), 1u);
+  auto req = request(1);
+  group_hparams g1 = req.groups[0];
+  g1.muon.lr = 0.5f;
+  g1.muon.momentum = 0.7f;
+  g1.muon.nesterov = true;
+  g1.muon.weight_decay = 0.3f;
+  g1.muon.ns.steps = 3;
+  g1.muon.ns.coefficients = {2.0f, -1.5f, 0.5f};
+  g1.muon.ns.variant = ns_variant::standard;
+  g1.muon.adjust_lr = adjust_lr_rule::match_rms_adamw;
+  g1.adamw = adamw_options{0.004f, 0.5f, 0.6f, 1e-6f, 0.2f};
+  req.groups.push_back(g1);
+  groups = req.groups;
+  auto r = step(req);
+  BOOST_REQUIRE(!value_of(r).skipped);
+  const auto& m = stored->momentums.at(0);
+  BOOST_REQUIRE_EQUAL(m.params.size(), 2u);  // chunk order: a, b
+  BOOST_CHECK(m.params[0].beta == 0.9f && !m.params[0].nesterov && m.params[0].touched);
+  BOOST_CHECK(m.params[1].beta == 0.7f && m.params[1].nesterov && m.params[1].touched);
+  const auto& a = stored->applies.at(0).first;
+  BOOST_REQUIRE_EQUAL(a.params.size(), 2u);
+  BOOST_CHECK(a.params[0].lr == 0.02f && a.params[0].weight_decay == 0.1f);
+  BOOST_CHECK(a.params[1].lr == 0.5f && a.params[1].weight_decay == 0.3f);
+  check_updates();  // "b" orthogonalized with its group's 3 steps, coefficients and scale
+  const auto& w = stored->adamws.at(0);
+  BOOST_REQUIRE_EQUAL(w.params.size(), 2u);  // table order: bias, gain
+  BOOST_CHECK(w.params[0].lr == 0.004f && w.params[0].beta1 == 0.5f && w.params[0].beta2 == 0.6f
+              && w.params[0].eps == 1e-6f && w.params[0].weight_decay == 0.2f);
+  BOOST_CHECK(w.params[1].lr == 0.001f && w.params[1].beta1 == 0.8f && w.params[1].beta2 == 0.99f
+              && w.params[1].eps == 1e-8f && w.params[1].weight_decay == 0.05f);
+  // The next request's values apply to the next step.
+  req.step = 2;
+  req.groups[0].muon.momentum = 0.5f;
+  req.groups[1].muon.ns.steps = 4;
+  groups = req.groups;
+  stored->momentums.clear();
+  stored->applies.clear();
+  BOOST_REQUIRE(!value_of(step(req)).skipped);
+  BOOST_REQUIRE_EQUAL(stored->momentums.at(0).params.size(), 2u);
+  BOOST_CHECK(stored->momentums.at(0).params[0].beta == 0.5f
+              && stored->momentums.at(0).params[1].beta == 0.7f);
+  check_updates();
+}
+
+BOOST_AUTO_TEST_CASE(a_parameter_no_rank_touched_is_marked_and_the_collectives_stay) {
+  std::vector<param_spec> table = kThreeMatrices;
+  table.push_back({"bias", {3}});
+  table.push_back({"gain", {5}});
+  start(table, 1, 1000, 0);
+  auto req = request(1);
+  req.touched = {1, 0, 1, 0, 1};  // "b" and "bias" got no gradient on any rank
+  auto r = step(req);
+  BOOST_REQUIRE(!value_of(r).skipped);
+  BOOST_CHECK_EQUAL(value_of(r).ns_params, 3);  // NS still runs on all: the same collectives
+  const auto& m = stored->momentums.at(0);
+  BOOST_REQUIRE_EQUAL(m.params.size(), 3u);
+  BOOST_CHECK(m.params[0].touched && !m.params[1].touched && m.params[2].touched);
+  const auto& a = stored->applies.at(0).first;
+  BOOST_REQUIRE_EQUAL(a.params.size(), 3u);
+  BOOST_CHECK(a.params[0].touched && !a.params[1].touched && a.params[2].touched);
+  const auto& w = stored->adamws.at(0);
+  BOOST_REQUIRE_EQUAL(w.params.size(), 2u);
+  BOOST_CHECK(!w.params[0].touched && w.params[1].touched);
+  BOOST_CHECK(lines_of("comm") == (std::vector<std::string>{"comm: gather 1/0",
+                                                            "comm: scatter 1/0"}));
 }
 
 BOOST_AUTO_TEST_CASE(step_without_muon_parameters_runs_adamw_only) {

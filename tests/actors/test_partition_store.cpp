@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "actors/partition_store.hpp"
+#include "plan/ownership.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/compute.hpp"
 #include "plan/plan.hpp"
@@ -335,6 +336,66 @@ BOOST_AUTO_TEST_CASE(adamw_step_matches_a_reference_on_non_muon_shards_only) {
   check_close(snap.exp_avg_sq, v, 1e-5, 1e-8, "exp_avg_sq");
   BOOST_CHECK(snap.grads == std::vector<float>(pl->shard_total, 0.0f));  // finish_step
   BOOST_CHECK(snap.momentum == std::vector<float>(pl->muon_state_total, 0.0f));
+}
+
+// Per-parameter entries (param groups, the touched mask): each parameter steps with its own
+// values; an untouched one keeps its value, momentum, moments and AdamW step count bit for bit.
+BOOST_AUTO_TEST_CASE(per_parameter_values_apply_and_untouched_parameters_stay_as_they_are) {
+  load(eighths(pl->shard_total, 40));
+  accumulate_all(1, eighths(pl->shard_total, 41));
+  momentum_all(1, 0.9f, true);
+  value_of(call(adamw_step{1, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f}));
+  value_of(call(finish_step{1}));
+  const auto before = snapshot();
+  // Step 2: "c.weight" (chunk 1) and "b.bias" (AdamW 0) untouched; a gradient for the rest.
+  auto g = eighths(pl->shard_total, 42);
+  for (int i : {1, 2})
+    std::fill_n(g.begin() + pl->params[i].shard_offset, pl->params[i].shard_len, 0.0f);
+  accumulate_all(2, g);
+  std::vector<float> u(pl->muon_state_total, -99.0f);
+  for (int c = 0; c < 2; ++c) {
+    const auto& ch = pl->chunks[c];
+    muon_param_args args{0.8f, false, 0.0f, 0.0f, c == 0};
+    value_of(call(muon_momentum{2, c, 0.5f, true, {u.data() + ch.state_offset, ch.shard_len},
+                                {args}}));
+  }
+  std::vector<float> o(pl->muon_state_total, 0.25f);
+  for (int c = 0; c < 2; ++c) {
+    const auto& ch = pl->chunks[c];
+    muon_param_args args{0.0f, false, 0.1f, 0.5f, c == 0};
+    value_of(call(apply_muon{2, c, 9.0f, 9.0f, {o.data() + ch.state_offset, ch.shard_len}, {},
+                             {args}}));
+  }
+  adamw_param_args untouched{0.5f, 0.5f, 0.5f, 1e-3f, 0.5f, false};
+  adamw_param_args embed{0.02f, 0.8f, 0.9f, 1e-6f, 0.0f, true};
+  value_of(call(adamw_step{2, 9.0f, 0.9f, 0.95f, 1e-8f, 9.0f, {untouched, embed}}));
+  value_of(call(finish_step{2}));
+  const auto after = snapshot();
+  auto same = [&](const std::vector<float>& x, const std::vector<float>& y, int64_t off,
+                  int64_t n) { return std::equal(x.begin() + off, x.begin() + off + n, y.begin() + off); };
+  const auto &a = pl->params[0], &b = pl->params[1], &c = pl->params[2], &e = pl->params[3];
+  BOOST_CHECK(same(after.params, before.params, c.shard_offset, c.shard_len));
+  BOOST_CHECK(same(after.momentum, before.momentum, c.state_offset, c.shard_len));
+  BOOST_CHECK(same(u, before.momentum, c.state_offset, c.shard_len));  // u = m, unused
+  BOOST_CHECK(same(after.params, before.params, b.shard_offset, b.shard_len));
+  BOOST_CHECK(same(after.exp_avg, before.exp_avg, b.state_offset, b.shard_len));
+  BOOST_CHECK(same(after.exp_avg_sq, before.exp_avg_sq, b.state_offset, b.shard_len));
+  BOOST_CHECK(after.adam_param_steps == (std::vector<int64_t>{1, 2}));
+  BOOST_CHECK_EQUAL(after.adam_steps, 2);
+  for (int64_t k = 0; k < valid_len(a, kRank); ++k) {  // the entry's beta, not the message's
+    double m = 0.8 * before.momentum[a.state_offset + k] + 0.2 * g[a.shard_offset + k];
+    BOOST_CHECK_CLOSE(after.momentum[a.state_offset + k], m, 1e-4);
+    double p = before.params[a.shard_offset + k] * (1 - 0.1 * 0.5) - 0.1 * 0.25;
+    BOOST_CHECK_CLOSE(after.params[a.shard_offset + k], p, 1e-4);
+  }
+  for (int64_t k = 0; k < valid_len(e, kRank); ++k) {  // its own values and its second step
+    double gi = g[e.shard_offset + k];
+    double m = 0.8 * before.exp_avg[e.state_offset + k] + 0.2 * gi;
+    double v = 0.9 * before.exp_avg_sq[e.state_offset + k] + 0.1 * gi * gi;
+    double p = before.params[e.shard_offset + k]
+               - 0.02 * (m / (1 - 0.64)) / (std::sqrt(v / (1 - 0.81)) + 1e-6);
+    BOOST_CHECK_CLOSE(after.params[e.shard_offset + k], p, 1e-3);
+  }
 }
 
 // What a checkpoint save asks for: every state but the gradient, equal bit for bit to the full

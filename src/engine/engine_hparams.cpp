@@ -1,0 +1,112 @@
+// Hyperparameter groups: which group each parameter steps with, each group's values, and the
+// table every rank gets in its step request (the same on all of them).
+#include "engine/impl.hpp"
+
+#include <cmath>
+
+#include "kernels/ns_variants.hpp"
+
+namespace zmuon {
+
+namespace {
+
+/// Why group `group`'s values cannot run, or no error.
+error check_group(int group, const group_hparams& v, const std::string& backend) {
+  const std::string where = "hyperparameter group " + std::to_string(group) + ": ";
+  auto bad = [&](const std::string& what) { return error{errc::invalid_argument, where + what}; };
+  auto rate = [](float x) { return std::isfinite(x) && x >= 0; };
+  const auto& m = v.muon;
+  const auto& a = v.adamw;
+  if (!rate(m.lr) || !rate(a.lr))
+    return bad("learning rates must be finite and >= 0, got " + std::to_string(m.lr) + " (Muon) "
+               + std::to_string(a.lr) + " (AdamW)");
+  if (!rate(m.weight_decay) || !rate(a.weight_decay))
+    return bad("weight_decay must be finite and >= 0");
+  if (!(m.momentum >= 0 && m.momentum < 1))
+    return bad("momentum must be in [0, 1), got " + std::to_string(m.momentum));
+  if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
+    return bad("betas must be in [0, 1)");
+  if (!(a.eps > 0) || !std::isfinite(a.eps))
+    return bad("eps (AdamW) must be finite and > 0");
+  if (!(m.ns.eps >= 0) || !std::isfinite(m.ns.eps))
+    return bad("eps (Newton-Schulz) must be finite and >= 0");
+  for (float c : m.ns.coefficients)
+    if (!std::isfinite(c))
+      return bad("ns_coefficients must be finite");
+  if (auto err = check_ns_options(m.ns, backend))
+    return bad(err.message());
+  return {};
+}
+
+}  // namespace
+
+error engine::set_hparam_group(const std::string& name, int group) {
+  auto& d = *impl_;
+  if (d.pl)
+    return {errc::bad_state, "hyperparameter group of '" + name
+                                 + "' set after the first reduce() or step()"};
+  if (group < 0 || group >= kMaxHparamGroups)
+    return {errc::invalid_argument, "hyperparameter group " + std::to_string(group)
+                                        + " is outside [0, " + std::to_string(kMaxHparamGroups)
+                                        + ")"};
+  for (auto& spec : d.table)
+    if (spec.name == name) {
+      spec.hparam_group = group;
+      return {};
+    }
+  return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
+}
+
+error engine::set_group_hparams(int group, const group_hparams& values) {
+  auto& d = *impl_;
+  if (group < 0 || group >= kMaxHparamGroups)
+    return {errc::invalid_argument, "hyperparameter group " + std::to_string(group)
+                                        + " is outside [0, " + std::to_string(kMaxHparamGroups)
+                                        + ")"};
+  if (auto err = check_group(group, values, d.opts.compute))
+    return err;
+  group_hparams v = values;
+  v.muon.transport = d.opts.muon.transport;
+  d.group_set[group] = std::move(v);
+  return {};
+}
+
+group_hparams engine::group_values(int group, uint64_t step) const {
+  const auto& d = *impl_;
+  if (auto it = d.group_set.find(group); it != d.group_set.end())
+    return it->second;
+  group_hparams v{d.opts.muon, d.opts.adamw};
+  v.muon.lr = d.muon_lr(step);
+  v.adamw.lr = d.adam_lr(step);
+  return v;
+}
+
+expected<std::vector<group_hparams>> engine::impl::step_groups(uint64_t step) const {
+  int groups = 1;
+  for (const auto& p : pl->params)
+    groups = std::max(groups, p.hparam_group + 1);
+  std::vector<group_hparams> out;
+  out.reserve(groups);
+  bool checked_schedules = false;
+  for (int g = 0; g < groups; ++g) {
+    if (auto it = group_set.find(g); it != group_set.end()) {
+      out.push_back(it->second);
+      continue;
+    }
+    group_hparams v{opts.muon, opts.adamw};
+    v.muon.lr = muon_lr(step);
+    v.adamw.lr = adam_lr(step);
+    if (!checked_schedules)  // the schedules' rates, checked once
+      for (const auto& [name, lr] : {std::pair{"Muon", v.muon.lr}, std::pair{"AdamW", v.adamw.lr}})
+        if (!std::isfinite(lr) || lr < 0)
+          return error{errc::invalid_argument,
+                       std::string("the ") + name + " learning rate for step "
+                           + std::to_string(step) + " is " + std::to_string(lr)
+                           + ": learning rates must be finite and >= 0"};
+    checked_schedules = true;
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace zmuon
