@@ -151,7 +151,6 @@ class Muon(_Optimizer):
             raise InvalidArgument(f"heads given for {sorted(self._heads)}, which are not "
                                   "parameters")
         self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
-        self._had_grad = set()  # parameters given a gradient since the last step
         self._backward_hooks, self._pending = [], {}  # hand_over_in_backward
         self._applied = []  # per group, the hyperparameters the engine runs with
         self.last_step = None
@@ -368,15 +367,8 @@ class Muon(_Optimizer):
             raise InvalidArgument(f"step(): {max(self._micro)} micro-batches were handed over "
                                   "since the last step (accumulate() calls), but the config's "
                                   f"gradient_accumulation_steps is {self._gas}")
-        missing = [n for n, _, _ in self._params if n not in self._had_grad]
-        if missing:
-            more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-            raise InvalidArgument(f"step(): no gradient for '{missing[0]}'{more} in this step; "
-                                  "zmuon steps every parameter: hand each one a gradient "
-                                  "(zeros where it has none) or leave it out of the optimizer")
         self._apply_hyperparameters(values)
         self._micro = [0] * len(self._micro)
-        self._had_grad = set()
         info = self._engine.step()
         if info["skipped"] and math.isfinite(info["grad_norm"]):
             info["grad_norm"] = float("nan")  # no norm of a non-finite gradient
@@ -391,8 +383,10 @@ class Muon(_Optimizer):
         rank): by default each torch parameter's .grad (None: no gradient in this micro-batch);
         else `grads`, a dict name -> array/tensor or a list in the order of the parameters. A
         parameter left out here counts as zero in this micro-batch; one left out of every
-        micro-batch of a step makes step() raise. Each gradient has its parameter's shape (else
-        zmuon.ShapeMismatch, and nothing of the call is handed over)."""
+        micro-batch on every rank of a step is left as it is, as torch leaves a parameter whose
+        .grad is None (no momentum decay, no weight decay, no AdamW step count). Each gradient
+        has its parameter's shape (else zmuon.ShapeMismatch, and nothing of the call is handed
+        over)."""
         if rank is None:
             rank = self._first_rank
         entries, keep = self._entries(grads)
@@ -401,7 +395,6 @@ class Muon(_Optimizer):
             synchronize_torch(keep)  # the gradients must be written before the engine reads them
         self._engine.reduce(rank, entries, stream=stream)
         self._started = True
-        self._had_grad.update(name for name, _, _, _ in entries)
         if 0 <= rank - self._first_rank < len(self._micro):
             self._micro[rank - self._first_rank] += 1
 
@@ -423,8 +416,6 @@ class Muon(_Optimizer):
             synchronize_torch(keep)  # read during the call, after the work that wrote them
         self._engine.reduce_all(entries)
         self._started = True
-        for e in entries:
-            self._had_grad.update(name for name, _, _, _ in e)
         for i in range(min(len(grads_by_rank), len(self._micro))):
             self._micro[i] += 1
 

@@ -431,6 +431,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     st.exp_avg.assign(target.adam_state_total, 0.0f);
     st.exp_avg_sq.assign(target.adam_state_total, 0.0f);
     st.adam_steps = m.adam_steps;
+    st.adam_param_steps = m.adam_param_steps;
   }
   // Elements [begin, end) of parameter p that target ranks [first, last) hold.
   auto wanted_range = [&](const param_layout& p) {

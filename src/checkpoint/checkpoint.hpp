@@ -44,6 +44,9 @@ struct checkpoint_manifest {
   int world = 0;
   uint64_t step = 0;       // steps done (skipped ones included)
   int64_t adam_steps = 0;  // AdamW steps applied (Adam's bias correction)
+  // Per AdamW parameter in table order, the steps that touched it; empty where every one is
+  // adam_steps (the manifest then has no "adam_param_steps").
+  std::vector<int64_t> adam_param_steps;
   loss_scale_snapshot scaler;
   std::vector<checkpoint_param> params;
   nlohmann::json config;  // the job's config as the caller gave it (null when none)

@@ -84,6 +84,8 @@ std::string manifest_text(const checkpoint_manifest& m) {
       {"config", m.config},
       {"files", files},
   };
+  if (!m.adam_param_steps.empty())
+    j["adam_param_steps"] = m.adam_param_steps;
   return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
@@ -92,12 +94,24 @@ expected<checkpoint_manifest> parse_manifest(const std::string& text, const std:
   if (!parsed)
     return bad(path, "manifest is not valid JSON: " + parsed.err().message());
   json j = std::move(*parsed);
+  checkpoint_manifest m;
+  if (j.is_object() && j.contains("adam_param_steps")) {  // optional: per-parameter counts
+    const json& steps = j["adam_param_steps"];
+    if (!steps.is_array())
+      return bad(path, "manifest adam_param_steps is not an array");
+    for (const auto& n : steps) {
+      if (!n.is_number_integer() || n.get<int64_t>() < 0)
+        return bad(path, "manifest adam_param_steps holds " + n.dump()
+                             + ", not a step count");
+      m.adam_param_steps.push_back(n.get<int64_t>());
+    }
+    j.erase("adam_param_steps");
+  }
   if (auto err = exact_keys(j,
                             {"format", "version", "world", "step", "adam_steps", "loss_scaler",
                              "parameters", "config", "files"},
                             "manifest", path))
     return err;
-  checkpoint_manifest m;
   std::string format;
   int version = 0;
   if (auto err = get(j, "format", format, path))
@@ -186,6 +200,16 @@ expected<checkpoint_manifest> parse_manifest(const std::string& text, const std:
   if (static_cast<int>(m.files.size()) != m.world)
     return bad(path, "manifest says world " + std::to_string(m.world) + " but lists "
                          + std::to_string(m.files.size()) + " shard files");
+  size_t adam_params = 0;
+  for (const auto& p : m.params)
+    adam_params += p.muon ? 0 : 1;
+  if (!m.adam_param_steps.empty() && m.adam_param_steps.size() != adam_params)
+    return bad(path, "manifest adam_param_steps has " + std::to_string(m.adam_param_steps.size())
+                         + " counts for " + std::to_string(adam_params) + " AdamW parameters");
+  for (int64_t n : m.adam_param_steps)
+    if (static_cast<uint64_t>(n) > m.step)
+      return bad(path, "manifest adam_param_steps holds " + std::to_string(n)
+                           + ", more than the step " + std::to_string(m.step));
   return m;
 }
 

@@ -353,7 +353,10 @@ expected<step_info> engine::step() {
     d.step_started(step);
   if (d.faults.kill_at_step == step)
     std::raise(SIGKILL);  // fault injection: the process dies as this step begins
-  step_request req{step, std::move(*groups)};
+  auto touched = d.step_touched();
+  if (!touched)
+    return d.stop(touched.err(), impl::in_step(step));
+  step_request req{step, std::move(*groups), std::move(*touched)};
   // Every coordinator gets its request before any reply is awaited: the step's collectives
   // need all ranks.
   caf::scoped_actor self{*d.sys};

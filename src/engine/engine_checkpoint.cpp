@@ -96,6 +96,12 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
       own = state.err();
       break;
     }
+    if (r == 0)  // the same on every rank: rank 0's go in the manifest
+      for (int64_t n : state->adam_param_steps)
+        if (n != state->adam_steps) {
+          meta.adam_param_steps = state->adam_param_steps;
+          break;
+        }
     auto file = write_shard_file(out, *d.pl, r, *state, d.step);
     if (!file) {
       own = file.err();

@@ -1,5 +1,6 @@
-// Hyperparameter groups: which group each parameter steps with, each group's values, and the
-// table every rank gets in its step request (the same on all of them).
+// What every rank's step request carries besides the step, the same on all of them: each
+// hyperparameter group's values, and which parameters some rank handed a gradient (torch leaves
+// a parameter without one as it is).
 #include "engine/impl.hpp"
 
 #include <cmath>
@@ -106,6 +107,48 @@ expected<std::vector<group_hparams>> engine::impl::step_groups(uint64_t step) co
     checked_schedules = true;
     out.push_back(std::move(v));
   }
+  return out;
+}
+
+expected<std::vector<uint8_t>> engine::impl::step_touched() {
+  const size_t n = pl->params.size();
+  std::vector<double> any(n, 0.0);
+  for (auto& marks : touched) {
+    for (size_t i = 0; i < marks.size() && i < n; ++i)
+      any[i] += marks[i];
+    marks.assign(n, 0);
+  }
+  if (multi_node()) {  // every process learns what the others' ranks touched
+    collective_tag tag{collective_kind::host, step, 0, host_collectives++};
+    caf::scoped_actor self{*sys};
+    using handle = decltype(self->request(comms[0], timeout(), all_reduce_req{}));
+    std::vector<handle> pending;
+    for (int i = 0; i < local; ++i)
+      pending.push_back(self->request(
+          comms[i], timeout(),
+          all_reduce_req{tag, reduce_op::sum, i == 0 ? any : std::vector<double>(n, 0.0)}));
+    error failed;
+    for (size_t i = 0; i < pending.size(); ++i)
+      pending[i].receive(
+          [&](all_reduce_result& res) {
+            if (i == 0)
+              any = std::move(res.values);
+          },
+          [&](caf::error& err) {
+            if (!failed)
+              failed = reply_error(err, "the step's touched mask");
+          });
+    if (failed)
+      return failed;
+  }
+  std::vector<uint8_t> out(n, 1);
+  bool all = true;
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = any[i] > 0 ? 1 : 0;
+    all = all && out[i] == 1;
+  }
+  if (all)
+    out.clear();
   return out;
 }
 

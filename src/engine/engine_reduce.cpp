@@ -116,6 +116,10 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       return err;
   }
   int micro = d.micros[local]++;
+  auto& marks = d.touched[local];  // this rank's thread alone writes them
+  marks.resize(pl.params.size(), 0);
+  for (size_t i = 0; i < source.size(); ++i)
+    marks[i] |= source[i] != nullptr ? 1 : 0;
   uint64_t step = d.step + 1;
   auto& in_flight = d.windows[local];
   error failed;

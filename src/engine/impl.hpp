@@ -134,6 +134,8 @@ struct engine::impl {
   lr_schedule muon_lr;
   lr_schedule adam_lr;
   std::map<int, group_hparams> group_set;  // set_group_hparams: the groups given values
+  // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
+  std::vector<std::vector<uint8_t>> touched;
 
   // reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
   // several, the host hands over rank after rank and a bucket lands only once all did
@@ -175,6 +177,7 @@ struct engine::impl {
     first_rank = first;
     local = local_ranks;
     micros.assign(local_ranks, 0);
+    touched.assign(local_ranks, {});
     float muon = o.muon.lr;
     float adam = o.adamw.lr;
     muon_lr = [muon](uint64_t) { return muon; };
@@ -244,6 +247,10 @@ struct engine::impl {
   /// Every hyperparameter group's values for `step` (engine_hparams.cpp), by group up to the
   /// highest a parameter uses; a schedule's bad learning rate is an error naming it.
   expected<std::vector<group_hparams>> step_groups(uint64_t step) const;
+  /// The open step's touched mask, the same on every rank: 1 where some rank of the job handed
+  /// the parameter a gradient (an OR over local ranks, then a sum over processes); empty when
+  /// all were. Clears the local marks.
+  expected<std::vector<uint8_t>> step_touched();
   error check_local(int rank) const;
   /// start() for a call on global rank `rank`: the rank is checked first (a bad one starts
   /// nothing), except where a joining process learns its ranks only when it starts.
