@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zmuon/call_times.hpp"
@@ -86,6 +87,32 @@ struct checkpoint_info {
   uint64_t step = 0;   // steps done when it was saved; the next step() is step + 1
   int world = 0;       // the world size that saved it
   std::string config;  // the config JSON given to save_checkpoint ("null" when none)
+};
+
+/// One parameter's optimizer state (engine::read_state / write_state): elements
+/// [offset, offset + count) of each flattened tensor, the whole tensor when read in full.
+struct param_state {
+  std::string name;
+  int64_t offset = 0;
+  std::vector<float> param;       // the fp32 master
+  std::vector<float> momentum;    // Muon; empty for AdamW
+  std::vector<float> exp_avg;     // AdamW; empty for Muon
+  std::vector<float> exp_avg_sq;  // AdamW; empty for Muon
+  int64_t adam_step = 0;          // AdamW: the steps that touched it (bias correction)
+};
+
+/// The whole optimizer state, without files: what a checkpoint holds.
+struct optimizer_state {
+  uint64_t step = 0;        // steps done (skipped ones included)
+  int64_t adam_steps = 0;   // AdamW steps applied
+  loss_scale_snapshot scaler;
+  std::vector<param_state> params;  // read: in registration order; write: any order, each once
+};
+
+/// What read_state returns.
+enum class state_scope {
+  full,   // whole tensors; in a multi-process job a collective every process calls
+  local,  // the elements this process's ranks hold (all of them in one process); no collective
 };
 
 class engine {
@@ -203,6 +230,19 @@ public:
   /// multi-process job a collective: every node reads the checkpoint and keeps its own ranks'
   /// part; a node that cannot read it, or reads another step's, fails the load on every node.
   expected<checkpoint_info> load_checkpoint(const std::string& dir);
+
+  /// The optimizer state by parameter name, out of the ranks' shards (the checkpoint's
+  /// resharding, checkpoint/shards.hpp, without files). Only between steps.
+  expected<optimizer_state> read_state(state_scope scope = state_scope::full);
+  /// Loads full tensors (as read_state(full) gives them, from an engine of any world size):
+  /// every registered parameter once, with the state its algorithm keeps, finite values. All
+  /// is checked before anything changes; a bad state is an error naming what is wrong. In a
+  /// multi-process job a collective: every process passes the same state and keeps its ranks'
+  /// part; one that refuses it fails the load on every process.
+  error write_state(const optimizer_state& state);
+  /// Elements [first, second) of parameter `name`'s flattened tensor that this process's ranks
+  /// hold (what read_state(local) gives).
+  expected<std::pair<int64_t, int64_t>> local_range(const std::string& name);
 
   /// Steps done so far (0 for a fresh engine, the checkpoint's step after load_checkpoint).
   uint64_t last_step() const;

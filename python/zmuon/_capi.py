@@ -503,3 +503,70 @@ def set_metrics_callback(engine, fn):
 def log_loss(engine, loss):
     """The host's mean loss of the step under way, for its metrics record."""
     _check(_lib.zmuon_engine_log_loss(engine._h(), float(loss)))
+
+
+# -- The optimizer state by parameter name (zmuon_engine_read_state / write_state) --------------
+
+STATE_FULL, STATE_LOCAL = 0, 1  # zmuon_state_scope
+
+
+class StateInfo(ctypes.Structure):
+    _fields_ = [("step", ctypes.c_uint64), ("adam_steps", ctypes.c_int64),
+                ("loss_scale", ctypes.c_float), ("scaler_iter", ctypes.c_int64),
+                ("scaler_last_overflow_iter", ctypes.c_int64),
+                ("scaler_hysteresis_left", ctypes.c_int32)]
+
+
+class ParamState(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("offset", ctypes.c_int64), ("numel", ctypes.c_int64),
+                ("param", ctypes.c_void_p), ("momentum", ctypes.c_void_p),
+                ("exp_avg", ctypes.c_void_p), ("exp_avg_sq", ctypes.c_void_p),
+                ("adam_step", ctypes.c_int64)]
+
+
+STATE_TENSORS = ("param", "momentum", "exp_avg", "exp_avg_sq")  # zmuon_param_state's buffers
+
+for _name, _argtypes in {
+        "zmuon_engine_state_range": [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32,
+                                     ctypes.POINTER(ctypes.c_int64),
+                                     ctypes.POINTER(ctypes.c_int64)],
+        "zmuon_engine_read_state": [ctypes.c_void_p, ctypes.c_int32, ctypes.POINTER(ParamState),
+                                    ctypes.c_size_t, ctypes.POINTER(StateInfo)],
+        "zmuon_engine_write_state": [ctypes.c_void_p, ctypes.POINTER(ParamState),
+                                     ctypes.c_size_t, ctypes.POINTER(StateInfo)]}.items():
+    getattr(_lib, _name).restype = ctypes.c_int
+    getattr(_lib, _name).argtypes = _argtypes
+
+
+def state_range(engine, name, scope):
+    """(offset, numel) of the elements of parameter `name` that read_state gives in `scope`."""
+    offset, numel = ctypes.c_int64(), ctypes.c_int64()
+    _check(_lib.zmuon_engine_state_range(engine._h(), _text(name, "parameter name"), scope,
+                                         ctypes.byref(offset), ctypes.byref(numel)))
+    return offset.value, numel.value
+
+
+def _param_states(entries):
+    """entries: (name, numel, {tensor name: data pointer}, adam_step) -> a ctypes array."""
+    arr = (ParamState * max(len(entries), 1))()
+    for i, (name, numel, pointers, adam_step) in enumerate(entries):
+        arr[i] = ParamState(_text(name, "parameter name"), 0, numel,
+                            *(pointers.get(t) for t in STATE_TENSORS), adam_step)
+    return arr
+
+
+def read_state(engine, scope, entries):
+    """Fills the host buffers of `entries` ((name, numel, {tensor name: pointer}, 0) tuples).
+    Returns ([(offset, adam_step)] per entry, the engine's state info as a dict)."""
+    arr, info = _param_states(entries), StateInfo()
+    _check(_lib.zmuon_engine_read_state(engine._h(), scope, arr, len(entries),
+                                        ctypes.byref(info)))
+    return ([(arr[i].offset, arr[i].adam_step) for i in range(len(entries))],
+            {name: getattr(info, name) for name, _ in StateInfo._fields_})
+
+
+def write_state(engine, entries, info):
+    """Loads whole tensors: `entries` as read_state's, `info` a dict of StateInfo's fields."""
+    arr = _param_states(entries)
+    _check(_lib.zmuon_engine_write_state(engine._h(), arr, len(entries),
+                                         ctypes.byref(StateInfo(**info))))

@@ -1,20 +1,154 @@
-"""The optimizer state in torch's shape: opt.state (per parameter, its momentum or Adam moments)
-and state_dict() / load_state_dict()."""
+"""The optimizer state in torch's shape: opt.state (per parameter, its momentum or Adam moments,
+read from the engine when asked) and state_dict() / load_state_dict(), without files.
 
-import os
-import tempfile
+Tensors are torch CPU tensors where PyTorch is importable, numpy arrays otherwise."""
 
-from ._capi import InvalidArgument, Unsupported
+import math
+import numbers
+import sys
+
+import numpy as np
+
+from . import _capi
+from ._buffers import is_torch
+from ._capi import InvalidArgument, ShapeMismatch
 from ._groups import GROUP_KEYS, learning_rate
+
+# The engine's tensors under torch's names (torch.optim.Muon's and AdamW's state keys).
+MUON_NAMES = {"momentum": "momentum_buffer"}
+ADAMW_NAMES = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+SCALER_KEYS = ("scale", "iter", "last_overflow_iter", "hysteresis_left")
+
+
+def _torch():
+    return sys.modules.get("torch")
+
+
+def _empty(numel):
+    torch = _torch()
+    if torch is not None:
+        return torch.empty(numel, dtype=torch.float32)
+    return np.empty(numel, np.float32)
+
+
+def _pointer(buf):
+    return buf.data_ptr() if is_torch(buf) else buf.ctypes.data
+
+
+def _step_scalar(n):
+    """An AdamW step count as torch keeps it: a float32 scalar tensor (numpy: a 0-d array)."""
+    torch = _torch()
+    if torch is not None:
+        return torch.tensor(float(n), dtype=torch.float32)
+    return np.array(float(n), np.float32)
+
+
+def _read(opt, scope, with_master):
+    """{name: {torch name: tensor, "step": ...}}, {name: master} and the engine's info."""
+    entries, bufs = [], []
+    for name, _, _ in opt._params:
+        _, numel = _capi.state_range(opt._engine, name, scope)
+        muon = opt._engine.uses_muon(name)
+        kinds = (("param",) if with_master else ()) + tuple(MUON_NAMES if muon else ADAMW_NAMES)
+        own = {k: _empty(numel) for k in kinds}
+        bufs.append(own)
+        entries.append((name, numel, {k: _pointer(b) for k, b in own.items()}, 0))
+    placed, info = _capi.read_state(opt._engine, scope, entries)
+    state, masters = {}, {}
+    for (name, _, shape), own, (_, adam_step) in zip(opt._params, bufs, placed):
+        full = scope == _capi.STATE_FULL or opt._node is None
+        shaped = {k: (b.reshape(shape) if full else b) for k, b in own.items()}
+        if "param" in shaped:
+            masters[name] = shaped.pop("param")
+        if opt._engine.uses_muon(name):
+            state[name] = {MUON_NAMES[k]: v for k, v in shaped.items()}
+        else:
+            state[name] = {ADAMW_NAMES[k]: v for k, v in shaped.items()}
+            state[name]["step"] = _step_scalar(adam_step)
+    return state, masters, info
 
 
 class ShardState(dict):
     """opt.state: parameter -> {"momentum_buffer"} (Muon) or {"exp_avg", "exp_avg_sq", "step"}
-    (AdamW), read from the engine when asked."""
+    (AdamW), read from the engine on the first access after a step or a load. Keyed by the
+    parameter (a torch tensor), or its name where the parameters are numpy arrays; a name or
+    the array itself also finds an entry. In one process the tensors are whole and shaped like
+    the parameter; in a multi-process job they are this process's elements of the flattened
+    tensor (opt.local_range(name) says which), so that reading them is no collective. Each read
+    gives new host tensors: changing them changes nothing in the engine."""
 
     def __init__(self, opt):
         super().__init__()
         self._opt = opt
+        self._stale = True
+
+    def invalidate(self):
+        self._stale = True
+
+    def _refresh(self):
+        if not self._stale:
+            return
+        opt = self._opt
+        state, _, _ = _read(opt, _capi.STATE_LOCAL, with_master=False)
+        super().clear()
+        for name, p, _ in opt._params:
+            key = p if getattr(p, "__hash__", None) is not None else name
+            super().__setitem__(key, state[name])
+        self._stale = False
+
+    def _key(self, key):
+        if isinstance(key, str):
+            for name, p, _ in self._opt._params:
+                if name == key:
+                    return p if getattr(p, "__hash__", None) is not None else name
+            raise KeyError(key)
+        name = self._opt._name_of.get(id(key))
+        if name is not None and getattr(key, "__hash__", None) is None:
+            return name
+        return key
+
+    def __getitem__(self, key):
+        self._refresh()
+        return super().__getitem__(self._key(key))
+
+    def __contains__(self, key):
+        self._refresh()
+        try:
+            return super().__contains__(self._key(key))
+        except KeyError:
+            return False
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def __iter__(self):
+        self._refresh()
+        return super().__iter__()
+
+    def __len__(self):
+        self._refresh()
+        return super().__len__()
+
+    def keys(self):
+        self._refresh()
+        return super().keys()
+
+    def values(self):
+        self._refresh()
+        return super().values()
+
+    def items(self):
+        self._refresh()
+        return super().items()
+
+    def __repr__(self):
+        self._refresh()
+        return super().__repr__()
+
+
+def _indexed_names(opt):
+    """The parameter names in torch's index order (param_groups, then params in each)."""
+    return [opt._name_of[id(p)] for g in opt.param_groups for p in g["params"]]
 
 
 def _group_entries(opt):
@@ -28,49 +162,147 @@ def _group_entries(opt):
 
 
 def state_dict(opt):
-    """{"state": {index: {...}}, "param_groups": [...]} as torch's, plus "zmuon_checkpoint"."""
-    if opt._node is not None:
-        raise Unsupported("state_dict in a multi-process job: use save_checkpoint(dir) on a "
-                          "directory every process sees")
-    with tempfile.TemporaryDirectory() as tmp:
-        opt._engine.save_checkpoint(tmp)
-        files = {}
-        for root, _, names in os.walk(tmp):
-            for n in names:
-                path = os.path.join(root, n)
-                with open(path, "rb") as f:
-                    files[os.path.relpath(path, tmp)] = f.read()
-    return {"state": {}, "param_groups": _group_entries(opt), "zmuon_checkpoint": files}
+    """torch's shape: {"state": {index: {name: tensor}}, "param_groups": [{..., "params":
+    [indices], "param_names": [...]}]}, plus "zmuon": the step, the AdamW step count, the loss
+    scaler and each parameter's fp32 master by index. Whole tensors: in a multi-process job a
+    collective (every process calls it and gets the same dict)."""
+    state, masters, info = _read(opt, _capi.STATE_FULL, with_master=True)
+    names = _indexed_names(opt)
+    return {
+        "state": {i: state[n] for i, n in enumerate(names)},
+        "param_groups": _group_entries(opt),
+        "zmuon": {
+            "step": int(info["step"]),
+            "adam_steps": int(info["adam_steps"]),
+            "loss_scaler": {"scale": float(info["loss_scale"]),
+                            "iter": int(info["scaler_iter"]),
+                            "last_overflow_iter": int(info["scaler_last_overflow_iter"]),
+                            "hysteresis_left": int(info["scaler_hysteresis_left"])},
+            "masters": {i: masters[n] for i, n in enumerate(names)},
+        },
+    }
 
 
-def load_state_dict(opt, state):
-    if opt._node is not None:
-        raise Unsupported("load_state_dict in a multi-process job: use load_checkpoint(dir) "
-                          "on a directory every process sees")
-    if not isinstance(state, dict) or not isinstance(state.get("zmuon_checkpoint"), dict):
-        raise InvalidArgument("load_state_dict: not a zmuon.Muon state_dict (no "
-                              "'zmuon_checkpoint' dict of checkpoint files)")
-    groups = state.get("param_groups")
+def _host_float32(value, shape, what):
+    """`value` (a torch tensor or numpy array) as a contiguous float32 host buffer of `shape`,
+    or a ShapeMismatch / InvalidArgument naming `what`."""
+    if is_torch(value):
+        got = tuple(value.shape)
+        if got != tuple(shape):
+            raise ShapeMismatch(f"load_state_dict: {what} has shape {got}, the parameter's is "
+                                f"{tuple(shape)}")
+        return value.detach().to("cpu", dtype=_torch().float32).contiguous()
+    if not hasattr(value, "__array_interface__"):
+        raise InvalidArgument(f"load_state_dict: {what} is a {type(value).__name__}, not a "
+                              "tensor")
+    arr = np.ascontiguousarray(value, dtype=np.float32)
+    if tuple(arr.shape) != tuple(shape):
+        raise ShapeMismatch(f"load_state_dict: {what} has shape {tuple(arr.shape)}, the "
+                            f"parameter's is {tuple(shape)}")
+    return arr
+
+
+def _count(value, what, low=0):
+    """A step count (an int, or a scalar tensor / array as torch keeps it) as an int."""
+    if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value != int(value) or value < low:
+        raise InvalidArgument(f"load_state_dict: {what} must be a whole number >= {low}, got "
+                              f"{value!r}")
+    return int(value)
+
+
+def _need(mapping, key, where):
+    if not isinstance(mapping, dict) or key not in mapping:
+        raise InvalidArgument(f"load_state_dict: {where} has no {key!r} (not a zmuon.Muon "
+                              "state_dict)")
+    return mapping[key]
+
+
+def load_state_dict(opt, sd):
+    """Checks everything, then loads it into the engine (and the parameters, from the masters;
+    without them the parameters' current values are the masters) and the groups'
+    hyperparameters. A bad dict raises naming what is wrong, and changes nothing."""
+    if isinstance(sd, dict) and "zmuon_checkpoint" in sd and "zmuon" not in sd:
+        raise InvalidArgument("load_state_dict: a state_dict of an older zmuon, which packed a "
+                              "checkpoint's files: load those with load_checkpoint(dir)")
+    saved_state = _need(sd, "state", "the state_dict")
+    groups = _need(sd, "param_groups", "the state_dict")
+    extra = _need(sd, "zmuon", "the state_dict")
+    if not isinstance(saved_state, dict):
+        raise InvalidArgument("load_state_dict: 'state' must be a dict index -> state")
     if not isinstance(groups, list) or len(groups) != len(opt.param_groups):
         raise InvalidArgument(f"load_state_dict: 'param_groups' must list "
                               f"{len(opt.param_groups)} groups, got {groups!r}")
-    for i, g in enumerate(groups):
-        learning_rate(g.get("lr") if isinstance(g, dict) else None,
-                      f"load_state_dict: param_groups[{i}]['lr']")
-    with tempfile.TemporaryDirectory() as tmp:
-        for rel, data in state["zmuon_checkpoint"].items():
-            parts = os.path.normpath(str(rel)).split(os.sep)
-            if os.path.isabs(str(rel)) or ".." in parts or parts == ["."] \
-                    or "\0" in str(rel) or not isinstance(data, bytes):
-                raise InvalidArgument(f"load_state_dict: checkpoint file {rel!r} is not a "
-                                      "relative path inside the checkpoint with bytes")
-            path = os.path.join(tmp, *parts)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
-        opt._engine.load_checkpoint(tmp)
+    for i, (g, mine) in enumerate(zip(groups, opt.param_groups)):
+        where = f"param_groups[{i}]"
+        learning_rate(g.get("lr") if isinstance(g, dict) else None, f"load_state_dict: {where}['lr']")
+        indices = _need(g, "params", where)
+        if not isinstance(indices, list) or len(indices) != len(mine["params"]):
+            raise InvalidArgument(f"load_state_dict: {where} has {len(indices) if isinstance(indices, list) else indices!r} "
+                                  f"params, this optimizer's {len(mine['params'])}")
+        if "param_names" in g and list(g["param_names"]) != list(mine["param_names"]):
+            raise InvalidArgument(f"load_state_dict: {where}['param_names'] is "
+                                  f"{list(g['param_names'])}, this optimizer's "
+                                  f"{list(mine['param_names'])}")
+    masters = extra.get("masters") if isinstance(extra, dict) else None
+    if masters is not None and not isinstance(masters, dict):
+        raise InvalidArgument("load_state_dict: zmuon['masters'] must be a dict index -> tensor")
+
+    # Each parameter's saved index, as torch maps them: by position in the groups.
+    names, shapes = _indexed_names(opt), opt._shapes
+    saved_index = [i for g in groups for i in g["params"]]
+    entries, keep = [], []
+    for name, index in zip(names, saved_index):
+        where = f"state[{index!r}] (parameter '{name}')"
+        entry = saved_state.get(index)
+        if entry is None:
+            raise InvalidArgument(f"load_state_dict: 'state' has no entry {index!r} for "
+                                  f"parameter '{name}'")
+        muon = opt._engine.uses_muon(name)
+        pointers, adam_step = {}, 0
+        for engine_name, torch_name in (MUON_NAMES if muon else ADAMW_NAMES).items():
+            buf = _host_float32(_need(entry, torch_name, where), shapes[name],
+                                f"{where}[{torch_name!r}]")
+            keep.append(buf)
+            pointers[engine_name] = _pointer(buf)
+        if not muon:
+            adam_step = _count(_need(entry, "step", where), f"{where}['step']")
+        if masters is not None:
+            buf = _host_float32(_need(masters, index, "zmuon['masters']"), shapes[name],
+                                f"zmuon['masters'][{index!r}]")
+        else:
+            buf = _host_float32(_current(opt, name), shapes[name], f"parameter '{name}'")
+        keep.append(buf)
+        pointers["param"] = _pointer(buf)
+        numel = math.prod(shapes[name])
+        entries.append((name, numel, pointers, adam_step))
+    scaler = _need(extra, "loss_scaler", "zmuon")
+    info = {"step": _count(_need(extra, "step", "zmuon"), "zmuon['step']"),
+            "adam_steps": _count(_need(extra, "adam_steps", "zmuon"), "zmuon['adam_steps']")}
+    for key in SCALER_KEYS:
+        _need(scaler, key, "zmuon['loss_scaler']")
+    info.update(loss_scale=float(scaler["scale"]),
+                scaler_iter=_count(scaler["iter"], "zmuon['loss_scaler']['iter']"),
+                scaler_last_overflow_iter=_count(scaler["last_overflow_iter"],
+                                                 "zmuon['loss_scaler']['last_overflow_iter']",
+                                                 low=-1),
+                scaler_hysteresis_left=_count(scaler["hysteresis_left"],
+                                              "zmuon['loss_scaler']['hysteresis_left']", low=1))
+    _capi.write_state(opt._engine, entries, info)  # checks again, all before it changes anything
+    del keep
+    opt.state.invalidate()
     opt._write_back()
     for g, saved in zip(opt.param_groups, groups):
         for key in GROUP_KEYS:
             if key in saved:
                 g[key] = saved[key]
+
+
+def _current(opt, name):
+    """Parameter `name`'s current values, on the host."""
+    for n, p, _ in opt._params:
+        if n == name:
+            return opt._staged.get(name, p) if not is_torch(p) else p.detach()
+    raise KeyError(name)

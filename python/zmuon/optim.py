@@ -373,6 +373,7 @@ class Muon(_Optimizer):
         if info["skipped"] and math.isfinite(info["grad_norm"]):
             info["grad_norm"] = float("nan")  # no norm of a non-finite gradient
         self.last_step = info
+        self.state.invalidate()
         self._write_back()
         return loss
 
@@ -553,13 +554,24 @@ class Muon(_Optimizer):
         """Restores a checkpoint saved by save_checkpoint (also one saved with another rank
         count) and writes its parameters into the tensors; returns the step it was saved at."""
         step = self._engine.load_checkpoint(directory)
+        self.state.invalidate()
         self._write_back()
         return step
 
+    def local_range(self, name):
+        """(offset, numel): the elements of parameter `name`'s flattened tensor that opt.state
+        holds in this process (the whole tensor in one process)."""
+        return _capi.state_range(self._engine, name, _capi.STATE_LOCAL)
+
     def state_dict(self):
+        """torch's shape, whole tensors (docs/PYTORCH.md): {"state": {index: {"momentum_buffer"}
+        or {"exp_avg", "exp_avg_sq", "step"}}, "param_groups": [...], "zmuon": {step, loss
+        scaler, fp32 masters}}. In a multi-process job a collective: every process calls it."""
         return _state.state_dict(self)
 
     def load_state_dict(self, state_dict):
+        """Loads a state_dict (of any rank count): checked first, a bad one raises naming what is
+        wrong and changes nothing. In a multi-process job a collective."""
         _state.load_state_dict(self, state_dict)
 
     def __getstate__(self):

@@ -17,6 +17,7 @@
 
 #include "checkpoint/detail.hpp"
 #include "checkpoint/safetensors.hpp"
+#include "checkpoint/shards.hpp"
 
 namespace zmuon {
 
@@ -64,16 +65,6 @@ bool holds_only_checkpoint_files(const fs::path& d) {
   return !ec;
 }
 
-/// Shard length and the real elements of rank r's shard for `numel` split over `world`.
-int64_t shard_len_of(int64_t numel, int world) {
-  return (numel + world - 1) / world;
-}
-int64_t valid_of(int64_t numel, int world, int r) {
-  int64_t len = shard_len_of(numel, world);
-  int64_t v = numel - static_cast<int64_t>(r) * len;
-  return std::clamp<int64_t>(v, 0, len);
-}
-
 error fsync_directory(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0)
@@ -87,28 +78,6 @@ error fsync_directory(const std::string& dir) {
   return {};
 }
 
-// The kinds of state a parameter has in a shard file.
-struct state_kind {
-  const char* prefix;
-  std::vector<float> rank_state::*buffer;
-  bool for_muon;  // momentum for Muon parameters; Adam moments for the others
-  bool always;    // params: every parameter
-};
-const state_kind state_kinds[] = {
-    {"param/", &rank_state::params, false, true},
-    {"momentum/", &rank_state::momentum, true, false},
-    {"exp_avg/", &rank_state::exp_avg, false, false},
-    {"exp_avg_sq/", &rank_state::exp_avg_sq, false, false},
-};
-
-bool has_kind(const state_kind& k, bool muon) {
-  return k.always || k.for_muon == muon;
-}
-
-int64_t offset_in(const state_kind& k, const param_layout& p) {
-  return k.always ? p.shard_offset : p.state_offset;
-}
-
 /// `crc` (zlib's CRC-32 of what came before) extended over `size` more bytes.
 uLong crc32_over(uLong crc, const void* data, size_t size) {
   const auto* p = static_cast<const Bytef*>(data);
@@ -119,12 +88,6 @@ uLong crc32_over(uLong crc, const void* data, size_t size) {
     size -= n;
   }
   return crc;
-}
-
-/// Elements [begin, end) of parameter `p` that rank `rank` of a world of `world` held.
-std::pair<int64_t, int64_t> saved_range(const param_layout& p, int world, int rank) {
-  const int64_t begin = static_cast<int64_t>(rank) * shard_len_of(p.numel, world);
-  return {begin, begin + valid_of(p.numel, world, rank)};
 }
 
 /// `bytes` bytes at offset `at` of a file, and where they go.
@@ -207,7 +170,7 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
     by_name[t.name] = &t;
   size_t used = 0;
   for (const auto& p : target.params) {
-    auto [sb, se] = saved_range(p, m.world, f.rank);
+    auto [sb, se] = rank_slice(p.numel, m.world, f.rank);
     for (const auto& kind : state_kinds) {
       if (!has_kind(kind, p.muon))
         continue;
@@ -222,9 +185,9 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
                              + std::to_string(m.world) + " holds " + std::to_string(se - sb));
       ++used;
       for (int r = first; r < last; ++r) {  // the part of it each target rank holds
-        const int64_t rb = static_cast<int64_t>(r) * p.shard_len;
+        auto [rb, re] = rank_slice(p.numel, target.world, r);
         const int64_t lo = std::max(sb, rb);
-        const int64_t hi = std::min(se, rb + valid_of(p.numel, target.world, r));
+        const int64_t hi = std::min(se, re);
         if (lo < hi)
           ranges.push_back({t.offset + static_cast<uint64_t>(lo - sb) * sizeof(float),
                             static_cast<uint64_t>(hi - lo) * sizeof(float),
@@ -281,7 +244,8 @@ expected<checkpoint_file> write_shard_file(const std::string& out, const plan& p
   // Written straight from the state (no copy of it), the CRC-32 taken on the way.
   std::vector<safetensors_view> tensors;
   for (const auto& p : pl.params) {
-    const int64_t n = valid_of(p.numel, pl.world, rank);
+    auto [begin, end] = rank_slice(p.numel, pl.world, rank);
+    const int64_t n = end - begin;
     for (const auto& k : state_kinds) {
       if (has_kind(k, p.muon))
         tensors.push_back({k.prefix + p.name,
@@ -441,7 +405,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
   for (const auto& f : m.files) {
     bool needed = false;
     for (const auto& p : target.params) {
-      auto [sb, se] = saved_range(p, m.world, f.rank);
+      auto [sb, se] = rank_slice(p.numel, m.world, f.rank);
       auto [wb, we] = wanted_range(p);
       needed = needed || (std::max(sb, wb) < std::min(se, we));
     }

@@ -25,7 +25,7 @@ error engine::impl::shards_to_node_leaders(const std::vector<comm_actor>& via,
     all_to_all_req req{tag, std::vector<std::vector<segment>>(p.world),
                        std::vector<std::vector<segment>>(p.world)};
     for (size_t k = 0; k < p.params.size(); ++k)
-      for (int peer = 0; peer < p.world; ++peer) {
+      for (int peer = 0; peer < p.world && target[k]; ++peer) {
         const auto& q = p.params[k];
         int64_t n = valid_len(q, first_rank + i);
         if (n > 0 && is_leader(peer))

@@ -275,7 +275,8 @@ struct engine::impl {
   }
   /// Every local rank sends its parameter shard (`shards[i]`, in the plan's shard layout) to
   /// each node's first rank through `via` (an all-to-all-v); this process's first rank
-  /// receives rank r's part of parameter k at `target[k] + r * shard_len`. Returns once every
+  /// receives rank r's part of parameter k at `target[k] + r * shard_len` (a null `target[k]`,
+  /// the same on every process, leaves parameter k out). Returns once every
   /// comm has answered (nccl: enqueued on the ranks' streams). `owner` keeps `shards` and
   /// `target` allocated while a comm still holds the request after a timeout (the caf comm
   /// writes the pieces that arrive late); null where the comm is done when it answers (nccl).

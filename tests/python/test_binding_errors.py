@@ -246,8 +246,9 @@ class BadArguments(unittest.TestCase):
         with self.assertRaisesRegex(zmuon.InvalidArgument, "gradient name must be a string"):
             opt.accumulate(grads={3: np.ones((4, 4), np.float32)})
         state = opt.state_dict()
-        bad = dict(state, zmuon_checkpoint={"latest\0x": b""})
-        with self.assertRaisesRegex(zmuon.InvalidArgument, "checkpoint file 'latest\\\\x00x'"):
+        bad = dict(state, param_groups=[dict(g, param_names=[n + "\0x" for n in g["param_names"]])
+                                        for g in state["param_groups"]])
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "param_names"):
             opt.load_state_dict(bad)
         with self.assertRaisesRegex(zmuon.InvalidArgument, "options JSON .* NUL"):
             zmuon._capi.Orthogonalizer("host", 0, '{"ns_steps": 5}\0junk')

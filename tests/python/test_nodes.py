@@ -46,8 +46,9 @@ def free_port():
 
 
 def worker(node_rank, master, out_path, config_json, checkpoint_dir):
-    """One process of the job: STEPS steps on its own rank's gradients, then its parameters (and
-    whether state_dict refused) into `out_path`."""
+    """One process of the job: STEPS steps on its own rank's gradients, then its parameters, its
+    state_dict (a collective: whole tensors) and its opt.state shard into `out_path`; the state
+    goes back in through load_state_dict (a collective too)."""
     params = initial_params()
     try:
         opt = zmuon.Muon(params, json.loads(config_json), nodes=2, node_rank=node_rank,
@@ -60,20 +61,30 @@ def worker(node_rank, master, out_path, config_json, checkpoint_dir):
     for step in range(1, STEPS + 1):
         opt.accumulate(grads=grads_of(node_rank, step))  # its own rank by default
         opt.step()
-    try:
-        opt.state_dict()
-        result["state_dict"] = "allowed"
-    except zmuon.Unsupported as e:
-        result["state_dict"] = str(e)
+    sd = opt.state_dict()
+    np.savez(out_path + ".state", **state_arrays(sd))
+    offset, numel = opt.local_range("layer.w")
+    result["shard"] = [offset, numel]
+    np.save(out_path + ".shard.npy", opt.state["layer.w"]["momentum_buffer"])
     if checkpoint_dir:
         opt.save_checkpoint(checkpoint_dir)
         for p in params.values():  # scribbled over, then restored by the collective load
             p[...] = 0
         result["loaded_step"] = opt.load_checkpoint(checkpoint_dir)
+    for p in params.values():  # scribbled over, then restored from the dict's masters
+        p[...] = 0
+    opt.load_state_dict(sd)
     opt.close()
     np.savez(out_path, **params)
     with open(out_path + ".json", "w", encoding="utf-8") as f:
         json.dump(result, f)
+
+
+def state_arrays(sd):
+    """A state_dict's tensors as flat names: "state.0.momentum_buffer", "masters.0", ..."""
+    out = {f"state.{i}.{k}": np.asarray(v) for i, e in sd["state"].items() for k, v in e.items()}
+    out.update({f"masters.{i}": v for i, v in sd["zmuon"]["masters"].items()})
+    return out
 
 
 def run_job(tmp, configs, checkpoint_dir=""):
@@ -101,12 +112,15 @@ class NodesTest(unittest.TestCase):
             for rank in (0, 1):
                 opt.accumulate(grads=grads_of(rank, step), rank=rank)
             opt.step()
+        reference_state = state_arrays(opt.state_dict())
         opt.close()
         with tempfile.TemporaryDirectory() as tmp:
             ckpt = os.path.join(tmp, "ckpt")
             codes, outs, logs = run_job(tmp, [json.dumps(config)] * 2, ckpt)
             self.assertEqual(codes, [0, 0], "\n".join(logs))
             got = [np.load(o + ".npz") for o in outs]
+            states = [dict(np.load(o + ".state.npz")) for o in outs]
+            shards = [np.load(o + ".shard.npy") for o in outs]
             info = [read_json(o + ".json") for o in outs]
             with open(os.path.join(ckpt, "latest"), encoding="utf-8") as f:
                 latest = f.read().strip()
@@ -114,7 +128,6 @@ class NodesTest(unittest.TestCase):
         for i in (0, 1):
             self.assertEqual(info[i]["world"], 2)
             self.assertEqual(info[i]["sums"], [3.0, 0.5])  # 1 + 2, 0.25 + 0.25
-            self.assertIn("save_checkpoint(dir)", info[i]["state_dict"])
             self.assertEqual(info[i]["loaded_step"], STEPS)
         self.assertEqual(latest, f"step_{STEPS:08d}")
         self.assertEqual([f["rank"] for f in manifest["files"]], [0, 1])
@@ -129,6 +142,24 @@ class NodesTest(unittest.TestCase):
             moved = max(moved, np.abs(reference[name] - initial_params()[name]).max())
         self.assertGreater(moved, 1e-3)  # the steps changed the parameters
         print(f"2 processes x 1 rank vs 2 ranks in one: max relative difference {worst:g}",
+              file=sys.stderr)
+        # state_dict: the same whole tensors on both processes, those of two ranks in one.
+        self.assertEqual(sorted(states[0]), sorted(reference_state))
+        worst_state = 0.0
+        for key, want in reference_state.items():
+            np.testing.assert_array_equal(states[0][key], states[1][key], err_msg=key)
+            diff = np.abs(states[0][key] - want).max()
+            scale = max(np.abs(want).max(), 1e-30)
+            self.assertLessEqual(diff, 1e-6 * scale, key)
+            worst_state = max(worst_state, diff / scale)
+        # opt.state: each process's own elements of the flattened momentum, no collective.
+        momentum = states[0]["state.0.momentum_buffer"].reshape(-1)  # layer.w: index 0
+        for i in (0, 1):
+            offset, numel = info[i]["shard"]
+            self.assertEqual((offset, numel), (i * 48, 48))
+            np.testing.assert_array_equal(shards[i], momentum[offset:offset + numel])
+        print(f"state_dict of 2 processes vs 2 ranks in one: max relative difference "
+              f"{worst_state:g}; opt.state holds each process's 48 of 96 elements",
               file=sys.stderr)
 
     def test_processes_that_disagree_both_fail_naming_the_difference(self):

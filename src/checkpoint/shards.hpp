@@ -1,0 +1,43 @@
+// Where a parameter's elements lie in the ranks' shards: the map between full tensors and the
+// ranks' flat state buffers. Checkpoint files and engine::read_state / write_state share it.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "plan/plan.hpp"
+#include "zmuon/rank_state.hpp"
+
+namespace zmuon {
+
+/// One kind of per-parameter state in a rank's shards.
+struct state_kind {
+  const char* name;  // "param", "momentum", "exp_avg", "exp_avg_sq"
+  const char* prefix;  // its tensors' prefix in a shard file: "param/"
+  std::vector<float> rank_state::*buffer;
+  bool for_muon;  // momentum for Muon parameters; Adam moments for the others
+  bool always;    // params: every parameter
+};
+
+/// param, momentum, exp_avg, exp_avg_sq.
+extern const state_kind state_kinds[4];
+
+/// Whether a Muon (or AdamW) parameter has state of kind `k`.
+bool has_kind(const state_kind& k, bool muon);
+/// Where parameter `p`'s shard starts in a rank's buffer of kind `k`.
+int64_t offset_in(const state_kind& k, const param_layout& p);
+
+/// Elements [begin, end) of a tensor of `numel` elements that rank `rank` of a world of `world`
+/// holds (its real elements, no padding): ceil(numel / world) a rank, the last ones fewer.
+std::pair<int64_t, int64_t> rank_slice(int64_t numel, int world, int rank);
+
+/// Copies rank `rank`'s real elements of kind `k` of parameter `p` (a parameter of `pl`) from
+/// its state into `full`, the whole tensor (numel elements), at their place.
+void shard_to_full(const plan& pl, int rank, const rank_state& st, const state_kind& k,
+                   const param_layout& p, float* full);
+/// The other way: rank `rank`'s elements of `full` into its state.
+void full_to_shard(const plan& pl, int rank, const float* full, const state_kind& k,
+                   const param_layout& p, rank_state& st);
+
+}  // namespace zmuon

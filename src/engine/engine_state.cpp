@@ -1,0 +1,267 @@
+// engine::read_state / write_state: the optimizer state by parameter name, without files. The
+// ranks' snapshots (as save_checkpoint takes them) go to full tensors and back through the
+// checkpoint's map between shards and full tensors (checkpoint/shards.hpp).
+//
+// In a multi-process job read_state(full) sends every rank's shards to each process's first
+// rank (the gather behind parameters()); write_state needs no exchange, since every process is
+// given the full tensors and keeps its own ranks' part, but the processes agree on the outcome.
+#include <cmath>
+#include <map>
+
+#include "checkpoint/shards.hpp"
+#include "engine/impl.hpp"
+
+namespace zmuon {
+
+namespace {
+
+/// The state of kind `k` of every local rank, laid out as the parameter shards are (each
+/// parameter's elements at its shard_offset), so that the parameter gather carries it too.
+std::vector<std::vector<float>> in_shard_layout(const plan& pl, const std::vector<rank_state>& st,
+                                                const state_kind& k, int first_rank) {
+  std::vector<std::vector<float>> out;
+  for (size_t i = 0; i < st.size(); ++i) {
+    auto& v = out.emplace_back(pl.shard_total, 0.0f);
+    for (const auto& p : pl.params) {
+      if (!has_kind(k, p.muon))
+        continue;
+      auto [begin, end] = rank_slice(p.numel, pl.world, first_rank + static_cast<int>(i));
+      const float* from = (st[i].*k.buffer).data() + offset_in(k, p);
+      std::copy(from, from + (end - begin), v.data() + p.shard_offset);
+    }
+  }
+  return out;
+}
+
+/// Where param_state keeps a kind's values.
+std::vector<float> param_state::*member_of(const state_kind& k) {
+  static std::vector<float> param_state::*const members[] = {
+      &param_state::param, &param_state::momentum, &param_state::exp_avg,
+      &param_state::exp_avg_sq};
+  return members[&k - state_kinds];
+}
+
+/// `what` and the state kind's name of parameter `name`, for errors.
+std::string of(const std::string& name, const char* kind) {
+  return "parameter '" + name + "': " + kind;
+}
+
+}  // namespace
+
+expected<std::pair<int64_t, int64_t>> engine::local_range(const std::string& name) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  const int k = d.pl->find(name);
+  if (k < 0)
+    return error{errc::unknown_parameter, "local_range: no parameter '" + name + "'"};
+  const auto& p = d.pl->params[k];
+  return std::pair<int64_t, int64_t>{
+      rank_slice(p.numel, d.pl->world, d.first_rank).first,
+      rank_slice(p.numel, d.pl->world, d.first_rank + d.local - 1).second};
+}
+
+expected<optimizer_state> engine::read_state(state_scope scope) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  const plan& pl = *d.pl;
+  // 1. This process's ranks' snapshots (what a checkpoint saves) and the loss scaler's state.
+  std::vector<rank_state> snaps;
+  for (int i = 0; i < d.local; ++i) {
+    auto st = d.ask<rank_state>(d.ranks[i].store, saved_state_atom::value);
+    if (!st)
+      return st.err();
+    snaps.push_back(std::move(*st));
+  }
+  auto scaler = d.ask<loss_scale_snapshot>(d.ranks[0].scaler, scaler_state_atom::value);
+  if (!scaler)
+    return scaler.err();
+  optimizer_state out;
+  out.step = d.step;
+  out.adam_steps = snaps[0].adam_steps;
+  out.scaler = *scaler;
+  size_t adam_index = 0;
+  for (const auto& p : pl.params) {
+    param_state ps;
+    ps.name = p.name;
+    if (!p.muon) {
+      const auto& counts = snaps[0].adam_param_steps;
+      ps.adam_step = adam_index < counts.size() ? counts[adam_index] : snaps[0].adam_steps;
+      ++adam_index;
+    }
+    out.params.push_back(std::move(ps));
+  }
+
+  // 2. Each kind's full tensors (or this process's part), one kind at a time.
+  const bool gather = scope == state_scope::full && d.multi_node();
+  for (const state_kind& k : state_kinds) {
+    // Over the processes: every rank's shards to this process's first rank, in buffers held
+    // until every comm has answered (a late piece after a timeout lands in them, not in `out`).
+    struct buffers {
+      std::vector<std::vector<float>> shards, full;
+    };
+    auto bufs = std::make_shared<buffers>();
+    std::vector<float*> shards, target(pl.params.size(), nullptr);
+    if (gather) {
+      bufs->shards = in_shard_layout(pl, snaps, k, d.first_rank);
+      for (auto& b : bufs->shards)
+        shards.push_back(b.data());
+    }
+    for (size_t j = 0; j < pl.params.size(); ++j) {
+      const auto& p = pl.params[j];
+      if (!has_kind(k, p.muon))
+        continue;
+      auto& v = out.params[j].*member_of(k);
+      if (gather) {
+        target[j] = bufs->full.emplace_back(p.numel, 0.0f).data();
+      } else if (scope == state_scope::full) {
+        v.assign(p.numel, 0.0f);
+        for (int i = 0; i < d.local; ++i)
+          shard_to_full(pl, d.first_rank + i, snaps[i], k, p, v.data());
+      } else {
+        const int64_t begin = rank_slice(p.numel, pl.world, d.first_rank).first;
+        const int64_t end = rank_slice(p.numel, pl.world, d.first_rank + d.local - 1).second;
+        out.params[j].offset = begin;
+        v.assign(end - begin, 0.0f);
+        for (int i = 0; i < d.local; ++i) {
+          auto [b, e] = rank_slice(p.numel, pl.world, d.first_rank + i);
+          const float* from = (snaps[i].*k.buffer).data() + offset_in(k, p);
+          std::copy(from, from + (e - b), v.data() + (b - begin));
+        }
+      }
+    }
+    if (!gather)
+      continue;
+    if (auto err = d.shards_to_node_leaders(d.comms, shards, target, bufs))
+      return d.stop(err, "while gathering the optimizer state");
+    size_t n = 0;
+    for (size_t j = 0; j < pl.params.size(); ++j)
+      if (target[j])
+        out.params[j].*member_of(k) = std::move(bufs->full[n++]);
+  }
+  return out;
+}
+
+error engine::write_state(const optimizer_state& state) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  const plan& pl = *d.pl;
+  const int world = d.opts.world;
+
+  // 1. Everything checked before anything changes: each parameter once, whole tensors of the
+  //    kinds its algorithm keeps, finite values, counters in range.
+  error own;
+  for (int i = 0; !own && i < d.local; ++i)
+    if (d.micros[i] != 0)
+      own = {errc::bad_state, "write_state with micro-batches of step "
+                                  + std::to_string(d.step + 1) + " handed over (load between "
+                                                                 "steps)"};
+  std::vector<const param_state*> by_index(pl.params.size(), nullptr);
+  for (const auto& ps : state.params) {
+    if (own)
+      break;
+    const int j = pl.find(ps.name);
+    if (j < 0) {
+      own = {errc::unknown_parameter, "write_state: no parameter '" + ps.name + "'"};
+      break;
+    }
+    if (by_index[j]) {
+      own = {errc::duplicate_parameter, "write_state: parameter '" + ps.name + "' given twice"};
+      break;
+    }
+    by_index[j] = &ps;
+    const auto& p = pl.params[j];
+    if (ps.offset != 0)
+      own = {errc::invalid_argument, of(ps.name, "offset ") + std::to_string(ps.offset)
+                                         + ": write_state takes whole tensors"};
+    for (const state_kind& k : state_kinds) {
+      if (own)
+        break;
+      const auto& v = ps.*member_of(k);
+      const int64_t need = has_kind(k, p.muon) ? p.numel : 0;
+      if (static_cast<int64_t>(v.size()) != need) {
+        own = {errc::shape_mismatch,
+               of(ps.name, k.name) + " has " + std::to_string(v.size()) + " values, the "
+                   + (p.muon ? "Muon" : "AdamW") + " parameter keeps " + std::to_string(need)};
+        break;
+      }
+      for (size_t e = 0; e < v.size(); ++e)
+        if (!std::isfinite(v[e])) {
+          own = {errc::invalid_argument, of(ps.name, k.name) + " holds " + std::to_string(v[e])
+                                             + " at element " + std::to_string(e)
+                                             + " (finite values only)"};
+          break;
+        }
+    }
+    if (!own && !p.muon && ps.adam_step < 0)
+      own = {errc::invalid_argument, of(ps.name, "AdamW step count ")
+                                         + std::to_string(ps.adam_step) + " is negative"};
+  }
+  for (size_t j = 0; !own && j < pl.params.size(); ++j)
+    if (!by_index[j])
+      own = {errc::invalid_argument, "write_state: parameter '" + pl.params[j].name
+                                         + "' is missing (every registered one is needed)"};
+  const auto& sc = state.scaler;
+  if (!own && (state.adam_steps < 0 || !(sc.scale > 0) || !std::isfinite(sc.scale) || sc.iter < 0
+               || sc.hysteresis_left < 1))
+    own = {errc::invalid_argument,
+           "write_state: AdamW steps " + std::to_string(state.adam_steps) + ", loss scale "
+               + std::to_string(sc.scale) + ", scaler iteration " + std::to_string(sc.iter)
+               + ", hysteresis " + std::to_string(sc.hysteresis_left) + " is not a valid state"};
+
+  // 2. Every process says whether its ranks took it, with the step, so that all load or none.
+  std::vector<double> ready(static_cast<size_t>(world) * 2, 0.0);
+  for (int i = 0; i < d.local && !own; ++i) {
+    ready[2 * (d.first_rank + i)] = 1;
+    ready[2 * (d.first_rank + i) + 1] = static_cast<double>(state.step);
+  }
+  auto agreed = sum_over_nodes(ready);
+  if (!agreed)
+    return agreed.err();
+  if (own)
+    return own;
+  for (int r = 0; r < world; ++r) {
+    if ((*agreed)[2 * r] != 1.0)
+      return {errc::comm_failure, "write_state: " + d.process_of(r)
+                                      + " refused the state (its own error names why)"};
+    if ((*agreed)[2 * r + 1] != (*agreed)[1])
+      return {errc::comm_failure, "write_state: " + d.process_of(r)
+                                      + " was given the state of another step than rank 0"};
+  }
+
+  // 3. Each rank's shards out of the full tensors, handed to its store and loss scaler. Once a
+  //    rank has taken its state, a failure stops the engine (the ranks would disagree).
+  std::vector<int64_t> adam_param_steps;
+  for (size_t j = 0; j < pl.params.size(); ++j)
+    if (!pl.params[j].muon)
+      adam_param_steps.push_back(by_index[j]->adam_step);
+  const std::string handing =
+      "while handing the optimizer state of step " + std::to_string(state.step) + " to its ranks";
+  for (int i = 0; i < d.local; ++i) {
+    const int r = d.first_rank + i;
+    auto st = std::make_shared<rank_state>();
+    st->params.assign(pl.shard_total, 0.0f);
+    st->momentum.assign(pl.muon_state_total, 0.0f);
+    st->exp_avg.assign(pl.adam_state_total, 0.0f);
+    st->exp_avg_sq.assign(pl.adam_state_total, 0.0f);
+    st->adam_steps = state.adam_steps;
+    st->adam_param_steps = adam_param_steps;
+    for (size_t j = 0; j < pl.params.size(); ++j)
+      for (const state_kind& k : state_kinds)
+        if (has_kind(k, pl.params[j].muon))
+          full_to_shard(pl, r, (by_index[j]->*member_of(k)).data(),
+                        k, pl.params[j], *st);
+    std::shared_ptr<const rank_state> shared = std::move(st);
+    if (auto done = d.ask<ack>(d.ranks[i].store, load_state{state.step, shared}); !done)
+      return d.stop(done.err(), handing);
+    if (auto done = d.ask<ack>(d.ranks[i].scaler, restore_scaler{state.step, state.scaler});
+        !done)
+      return d.stop(done.err(), handing);
+  }
+  d.step = state.step;
+  return {};
+}
+
+}  // namespace zmuon
