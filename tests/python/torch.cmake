@@ -10,3 +10,12 @@ foreach(test test_torch_optim test_torch_state test_torch_frameworks)
   set_tests_properties(python_${test} PROPERTIES TIMEOUT 300 LABELS "embed;torch"
     ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;ZMUON_LIBRARY=$<TARGET_FILE:zmuon>;PYTHONDONTWRITEBYTECODE=1;HF_HUB_OFFLINE=1")
 endforeach()
+
+# pip install . into a fresh venv and the parity test from outside the checkout.
+add_test(NAME python_test_pip_install
+  COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/pip_install_check.sh ${PROJECT_SOURCE_DIR}
+          ${CMAKE_CURRENT_BINARY_DIR}/pip_install ${PROJECT_SOURCE_DIR}/.venv
+          ${PROJECT_BINARY_DIR} ${ZMUON_CUDA})
+# It reconfigures the build directory, so nothing else may configure or build there meanwhile.
+set_tests_properties(python_test_pip_install PROPERTIES TIMEOUT 600 LABELS "embed;torch"
+  RUN_SERIAL TRUE)
