@@ -15,6 +15,12 @@ py="$work/venv/bin/python"
 purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 mine=$(purelib "$py")
 purelib "$torch_venv/bin/python" >"$mine/torch_from_ci.pth"
+# The backend leaves its install prefix and Python variables in BUILD_DIR's cache: put them back.
+prefix=$(sed -n 's/^CMAKE_INSTALL_PREFIX:PATH=//p' "$build/CMakeCache.txt")
+restore() {
+  cmake -U 'SKBUILD*' -U 'Python*' -U 'Python3*' -DCMAKE_INSTALL_PREFIX="$prefix" "$build" >/dev/null
+}
+trap restore EXIT
 CMAKE_BUILD_PARALLEL_LEVEL=2 "$py" -m pip install -q --disable-pip-version-check \
   --no-build-isolation --no-deps --config-settings=build-dir="$build" \
   --config-settings=cmake.define.ZMUON_CUDA="$cuda" "$root"
