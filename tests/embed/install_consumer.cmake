@@ -21,11 +21,19 @@ endfunction()
 
 run(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
 foreach(f include/zmuon/zmuon.h include/zmuon/engine.hpp lib/cmake/zmuon/zmuonConfig.cmake
-          lib/cmake/zmuon/FindCAF.cmake lib/zmuon/python/zmuon/__init__.py)
+          lib/zmuon/python/zmuon/__init__.py bin/zmuon-launch bin/zmuon-trace)
   if(NOT EXISTS "${prefix}/${f}")
     message(FATAL_ERROR "cmake --install did not install ${f}")
   endif()
 endforeach()
+# The installed tools run from the prefix.
+run("${prefix}/bin/zmuon-launch" --version)
+run("${prefix}/bin/zmuon-trace" --version)
+# The package asks for nothing the public headers do not need: no CAF, no BLAS.
+file(READ "${prefix}/lib/cmake/zmuon/zmuonConfig.cmake" config)
+if(config MATCHES "find_dependency")
+  message(FATAL_ERROR "zmuonConfig.cmake asks for dependencies the public headers do not need")
+endif()
 # The installed headers must not reach into the source tree (plan/, actors/, ...).
 file(GLOB headers "${prefix}/include/zmuon/*")
 foreach(h ${headers})
