@@ -103,8 +103,8 @@ struct param_state {
 
 /// The whole optimizer state, without files: what a checkpoint holds.
 struct optimizer_state {
-  uint64_t step = 0;        // steps done (skipped ones included)
-  int64_t adam_steps = 0;   // AdamW steps applied
+  uint64_t step = 0;       // steps done (skipped ones included)
+  int64_t adam_steps = 0;  // AdamW steps applied
   loss_scale_snapshot scaler;
   std::vector<param_state> params;  // read: in registration order; write: any order, each once
 };

@@ -224,22 +224,22 @@ typedef enum zmuon_state_scope {
   ZMUON_STATE_LOCAL = 1 /* the elements this process's ranks hold; no collective */
 } zmuon_state_scope;
 typedef struct zmuon_state_info {
-  uint64_t step;       /* steps done; the next step is step + 1 */
-  int64_t adam_steps;  /* AdamW steps applied */
-  float loss_scale;    /* the dynamic loss scaler's state (DeepSpeed's counters) */
+  uint64_t step;      /* steps done; the next step is step + 1 */
+  int64_t adam_steps; /* AdamW steps applied */
+  float loss_scale;   /* the dynamic loss scaler's state (DeepSpeed's counters) */
   int64_t scaler_iter;
   int64_t scaler_last_overflow_iter;
   int32_t scaler_hysteresis_left;
 } zmuon_state_info;
 typedef struct zmuon_param_state {
   const char* name;
-  int64_t offset;     /* first element (of the flattened tensor) the buffers hold: 0 when full */
-  int64_t numel;      /* elements each non-NULL buffer holds */
-  float* param;       /* the fp32 master */
-  float* momentum;    /* Muon parameters only, else NULL */
-  float* exp_avg;     /* AdamW parameters only, else NULL */
-  float* exp_avg_sq;  /* AdamW parameters only, else NULL */
-  int64_t adam_step;  /* AdamW: the steps that touched it */
+  int64_t offset;    /* first element (of the flattened tensor) the buffers hold: 0 when full */
+  int64_t numel;     /* elements each non-NULL buffer holds */
+  float* param;      /* the fp32 master */
+  float* momentum;   /* Muon parameters only, else NULL */
+  float* exp_avg;    /* AdamW parameters only, else NULL */
+  float* exp_avg_sq; /* AdamW parameters only, else NULL */
+  int64_t adam_step; /* AdamW: the steps that touched it */
 } zmuon_param_state;
 /* Elements [*offset, *offset + *numel) of parameter `name` that read_state gives in `scope`. */
 ZMUON_API int zmuon_engine_state_range(zmuon_engine* eng, const char* name, int32_t scope,
@@ -253,8 +253,8 @@ ZMUON_API int zmuon_engine_read_state(zmuon_engine* eng, int32_t scope, zmuon_pa
  * once with the buffers its algorithm keeps (the others NULL), finite values, and `info`. All is
  * checked first: a bad state is an error naming it, and changes nothing. Only between steps; in
  * a multi-process job a collective, every process passing the same state. */
-ZMUON_API int zmuon_engine_write_state(zmuon_engine* eng, const zmuon_param_state* params,
-                                       size_t n, const zmuon_state_info* info);
+ZMUON_API int zmuon_engine_write_state(zmuon_engine* eng, const zmuon_param_state* params, size_t n,
+                                       const zmuon_state_info* info);
 
 /* -- DeepSpeed configs: "auto" from the host, the notes, the scheduled rates, the metrics ------
  * An engine made from a config as zmuon_engine_create does, with `host_json` (NULL or "": none)

@@ -13,7 +13,7 @@ namespace zmuon {
 
 /// One kind of per-parameter state in a rank's shards.
 struct state_kind {
-  const char* name;  // "param", "momentum", "exp_avg", "exp_avg_sq"
+  const char* name;    // "param", "momentum", "exp_avg", "exp_avg_sq"
   const char* prefix;  // its tensors' prefix in a shard file: "param/"
   std::vector<float> rank_state::*buffer;
   bool for_muon;  // momentum for Muon parameters; Adam moments for the others

@@ -538,8 +538,8 @@ std::array<float*, 4> buffers_of(const zmuon_param_state& p) {
   return {p.param, p.momentum, p.exp_avg, p.exp_avg_sq};
 }
 std::array<std::vector<float> zmuon::param_state::*, 4> tensors_of() {
-  return {&zmuon::param_state::param, &zmuon::param_state::momentum,
-          &zmuon::param_state::exp_avg, &zmuon::param_state::exp_avg_sq};
+  return {&zmuon::param_state::param, &zmuon::param_state::momentum, &zmuon::param_state::exp_avg,
+          &zmuon::param_state::exp_avg_sq};
 }
 const char* const tensor_names[4] = {"param", "momentum", "exp_avg", "exp_avg_sq"};
 
@@ -619,10 +619,10 @@ int zmuon_engine_read_state(zmuon_engine* eng, int32_t scope, zmuon_param_state*
           return {errc::invalid_argument, std::string(fn) + ": parameter '" + params[i].name
                                               + "' keeps no " + tensor_names[t]};
         if (static_cast<int64_t>(v.size()) != params[i].numel)
-          return {errc::shape_mismatch,
-                  std::string(fn) + ": parameter '" + params[i].name + "': " + tensor_names[t]
-                      + " has " + std::to_string(v.size()) + " values, the buffer "
-                      + std::to_string(params[i].numel)};
+          return {errc::shape_mismatch, std::string(fn) + ": parameter '" + params[i].name
+                                            + "': " + tensor_names[t] + " has "
+                                            + std::to_string(v.size()) + " values, the buffer "
+                                            + std::to_string(params[i].numel)};
       }
     }
     for (size_t i = 0; i < n; ++i) {
@@ -634,9 +634,12 @@ int zmuon_engine_read_state(zmuon_engine* eng, int32_t scope, zmuon_param_state*
       params[i].adam_step = found[i]->adam_step;
     }
     if (info)
-      *info = {state->step,        state->adam_steps,
-               state->scaler.scale, state->scaler.iter,
-               state->scaler.last_overflow_iter, state->scaler.hysteresis_left};
+      *info = {state->step,
+               state->adam_steps,
+               state->scaler.scale,
+               state->scaler.iter,
+               state->scaler.last_overflow_iter,
+               state->scaler.hysteresis_left};
     return {};
   });
 }

@@ -36,14 +36,13 @@ std::vector<std::vector<float>> in_shard_layout(const plan& pl, const std::vecto
 /// Where param_state keeps a kind's values.
 std::vector<float> param_state::*member_of(const state_kind& k) {
   static std::vector<float> param_state::*const members[] = {
-      &param_state::param, &param_state::momentum, &param_state::exp_avg,
-      &param_state::exp_avg_sq};
+      &param_state::param, &param_state::momentum, &param_state::exp_avg, &param_state::exp_avg_sq};
   return members[&k - state_kinds];
 }
 
-/// `what` and the state kind's name of parameter `name`, for errors.
-std::string of(const std::string& name, const char* kind) {
-  return "parameter '" + name + "': " + kind;
+/// "parameter 'name': what", for errors.
+std::string of(const std::string& name, const char* what) {
+  return "parameter '" + name + "': " + what;
 }
 
 }  // namespace
@@ -182,9 +181,9 @@ error engine::write_state(const optimizer_state& state) {
       const auto& v = ps.*member_of(k);
       const int64_t need = has_kind(k, p.muon) ? p.numel : 0;
       if (static_cast<int64_t>(v.size()) != need) {
-        own = {errc::shape_mismatch,
-               of(ps.name, k.name) + " has " + std::to_string(v.size()) + " values, the "
-                   + (p.muon ? "Muon" : "AdamW") + " parameter keeps " + std::to_string(need)};
+        own = {errc::shape_mismatch, of(ps.name, k.name) + " has " + std::to_string(v.size())
+                                         + " values, the " + (p.muon ? "Muon" : "AdamW")
+                                         + " parameter keeps " + std::to_string(need)};
         break;
       }
       for (size_t e = 0; e < v.size(); ++e)
@@ -196,16 +195,17 @@ error engine::write_state(const optimizer_state& state) {
         }
     }
     if (!own && !p.muon && ps.adam_step < 0)
-      own = {errc::invalid_argument, of(ps.name, "AdamW step count ")
-                                         + std::to_string(ps.adam_step) + " is negative"};
+      own = {errc::invalid_argument,
+             of(ps.name, "AdamW step count ") + std::to_string(ps.adam_step) + " is negative"};
   }
   for (size_t j = 0; !own && j < pl.params.size(); ++j)
     if (!by_index[j])
       own = {errc::invalid_argument, "write_state: parameter '" + pl.params[j].name
                                          + "' is missing (every registered one is needed)"};
   const auto& sc = state.scaler;
-  if (!own && (state.adam_steps < 0 || !(sc.scale > 0) || !std::isfinite(sc.scale) || sc.iter < 0
-               || sc.hysteresis_left < 1))
+  if (!own
+      && (state.adam_steps < 0 || !(sc.scale > 0) || !std::isfinite(sc.scale) || sc.iter < 0
+          || sc.hysteresis_left < 1))
     own = {errc::invalid_argument,
            "write_state: AdamW steps " + std::to_string(state.adam_steps) + ", loss scale "
                + std::to_string(sc.scale) + ", scaler iteration " + std::to_string(sc.iter)
@@ -224,8 +224,8 @@ error engine::write_state(const optimizer_state& state) {
     return own;
   for (int r = 0; r < world; ++r) {
     if ((*agreed)[2 * r] != 1.0)
-      return {errc::comm_failure, "write_state: " + d.process_of(r)
-                                      + " refused the state (its own error names why)"};
+      return {errc::comm_failure,
+              "write_state: " + d.process_of(r) + " refused the state (its own error names why)"};
     if ((*agreed)[2 * r + 1] != (*agreed)[1])
       return {errc::comm_failure, "write_state: " + d.process_of(r)
                                       + " was given the state of another step than rank 0"};
@@ -251,13 +251,11 @@ error engine::write_state(const optimizer_state& state) {
     for (size_t j = 0; j < pl.params.size(); ++j)
       for (const state_kind& k : state_kinds)
         if (has_kind(k, pl.params[j].muon))
-          full_to_shard(pl, r, (by_index[j]->*member_of(k)).data(),
-                        k, pl.params[j], *st);
+          full_to_shard(pl, r, (by_index[j]->*member_of(k)).data(), k, pl.params[j], *st);
     std::shared_ptr<const rank_state> shared = std::move(st);
     if (auto done = d.ask<ack>(d.ranks[i].store, load_state{state.step, shared}); !done)
       return d.stop(done.err(), handing);
-    if (auto done = d.ask<ack>(d.ranks[i].scaler, restore_scaler{state.step, state.scaler});
-        !done)
+    if (auto done = d.ask<ack>(d.ranks[i].scaler, restore_scaler{state.step, state.scaler}); !done)
       return d.stop(done.err(), handing);
   }
   d.step = state.step;
