@@ -50,15 +50,19 @@ def defaults_of(config, overrides):
     """The optimizer defaults a config and its overrides set (the engine checked them)."""
     params = dict(config.get("optimizer", {}).get("params", {})) if isinstance(config, dict) \
         else {}
-    if "muon_lr" in params:  # an alias of lr
-        params["lr"] = params.pop("muon_lr")
     for o in overrides:
         key, _, value = o.partition("=")
         key = key[len("optimizer.params."):] if key.startswith("optimizer.params.") else key
         try:
-            params["lr" if key == "muon_lr" else key] = json.loads(value)
+            params[key] = json.loads(value)
         except ValueError:
             params[key] = value
+    # DeepSpeed's rule: "lr" for both algorithms, unless muon_lr / adam_lr say otherwise.
+    # ("auto" the engine resolves; the caller takes the engine's rates over these.)
+    common = params.get("lr")
+    params["lr"] = params.get("muon_lr", common)
+    params["adam_lr"] = params.get("adam_lr", common)
+    params = {k: v for k, v in params.items() if v is not None and v != "auto"}
     out = dict(ENGINE_DEFAULTS)
     for key in out:
         if key in params and key != "ns_eps":

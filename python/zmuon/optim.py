@@ -32,7 +32,7 @@ import json
 import math
 import os
 
-from . import _capi, _groups, _state
+from . import _capi, _groups, _host, _state
 from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import HOST, BadState, InvalidArgument, ShapeMismatch, Unsupported
 from ._groups import hyperparameter_override, learning_rate
@@ -120,7 +120,7 @@ class Muon(_Optimizer):
 
     def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
                  ranks=None, host_staging=False, nodes=None, node_rank=None, master=None,
-                 **hyperparameters):
+                 on_metrics=None, **hyperparameters):
         user_groups = _named_groups(params)
         named = [item for g in user_groups for item in g["params"]]
         for name, _ in named:
@@ -135,7 +135,7 @@ class Muon(_Optimizer):
                                        for k, v in hyperparameters.items()]
         config_dict, config_file = self._read_config(config)
         self._engine = self._create_engine(config_dict, config_file, overrides, hyperparameters,
-                                           ranks, nodes, node_rank, master)
+                                           ranks, nodes, node_rank, master, on_metrics)
         self._gas = self._explicit_gas(config_dict, overrides)
         self._host_staging = host_staging
         self._heads = dict(heads or {})
@@ -156,6 +156,11 @@ class Muon(_Optimizer):
         self.last_step = None
         defaults = _groups.defaults_of(config_dict, overrides)
         defaults["ns_eps"] = ns_eps
+        # The engine resolved the config's lr rule (DeepSpeed's: "lr" for both algorithms unless
+        # muon_lr / adam_lr), "auto" and the scheduler's first rate: param_groups show those.
+        for key, lr in zip(("lr", "adam_lr"), _capi.engine_next_lrs(self._engine)):
+            if abs(lr - defaults[key]) > 1e-6 * abs(defaults[key]):
+                defaults[key] = lr
         groups_in = self._split_default_groups(user_groups)
         if _Optimizer is object:
             self.defaults = defaults
@@ -166,6 +171,12 @@ class Muon(_Optimizer):
         else:
             super().__init__(groups_in, defaults)
         self.state = _state.ShardState(self)
+        self._schedule = None  # the config's scheduler, shown in param_groups
+        if self._host_engine:
+            _host.forward_metrics(self._engine, _host.metrics_sinks(config_dict, on_metrics))
+            if "scheduler" in config_dict:
+                self._schedule = _host.ScheduleView(self._engine)
+                self._schedule.show(self.param_groups)
         if self._node is not None:  # the hyperparameter groups are part of the table
             self._engine.start()  # joins the job: blocks until every process is in
             self._started = True
@@ -188,7 +199,7 @@ class Muon(_Optimizer):
         raise TypeError(f"config: expected a dict, a path or None, got {type(config).__name__}")
 
     def _create_engine(self, config_dict, config_file, overrides, hyperparameters, ranks,
-                       nodes, node_rank, master):
+                       nodes, node_rank, master, on_metrics):
         has_ranks = isinstance(config_dict.get("zmuon"), dict) and "ranks" in config_dict["zmuon"]
         self._node = None
         if nodes is not None or node_rank is not None or master is not None:
@@ -201,7 +212,11 @@ class Muon(_Optimizer):
             overrides.append(f"zmuon.ranks={int(ranks)}")
         elif not has_ranks:
             overrides.insert(0, "zmuon.ranks=1")
+        self._host_engine = self._node is None and _host.needs_host(config_dict, on_metrics)
         try:
+            if self._host_engine:
+                return _capi.engine_with_host(json.dumps(config_dict), overrides,
+                                              _host.host_values(hyperparameters))
             if self._node is not None:
                 return _capi.Engine(json.dumps(config_dict) if config_file is None else "",
                                     overrides, config_file=config_file, node=self._node)
@@ -369,12 +384,17 @@ class Muon(_Optimizer):
                                   f"gradient_accumulation_steps is {self._gas}")
         self._apply_hyperparameters(values)
         self._micro = [0] * len(self._micro)
+        if loss is not None and self._host_engine:
+            value = loss.detach() if hasattr(loss, "detach") else loss
+            _capi.log_loss(self._engine, float(value))  # for the step's metrics record
         info = self._engine.step()
         if info["skipped"] and math.isfinite(info["grad_norm"]):
             info["grad_norm"] = float("nan")  # no norm of a non-finite gradient
         self.last_step = info
         self.state.invalidate()
         self._write_back()
+        if self._schedule is not None:
+            self._schedule.show(self.param_groups)
         return loss
 
     # -- gradients -------------------------------------------------------------------------------

@@ -420,8 +420,11 @@ expected<float> engine::loss_scale() {
 }
 
 std::array<float, 2> engine::next_lrs() const {
-  const uint64_t next = impl_->step + 1;
-  return {impl_->muon_lr(next), impl_->adam_lr(next)};
+  const auto& d = *impl_;
+  const uint64_t next = d.step + 1;
+  // A node's engine sets its schedules when it joins the job: until then, the options' rates.
+  return {d.muon_lr ? d.muon_lr(next) : d.opts.muon.lr,
+          d.adam_lr ? d.adam_lr(next) : d.opts.adamw.lr};
 }
 
 uint64_t engine::skipped_steps() const {

@@ -350,7 +350,7 @@ class BindingMatchesEngine(unittest.TestCase):
                 opt = zmuon.Muon(params, config)
             elif how == "keywords over config":
                 opt = zmuon.Muon(params, {"optimizer": {"params": {
-                    "momentum": 0.5, "muon_lr": 0.3, "ns_steps": 7}}}, **hyper)
+                    "momentum": 0.5, "lr": 0.3, "ns_steps": 7}}}, **hyper)
             else:
                 opt = zmuon.Muon(params)
             for step in range(2):

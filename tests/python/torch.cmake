@@ -3,7 +3,7 @@
 # with the venv that .ci/deps makes (.venv at the repository root, .ci/requirements.txt); without
 # it they fail, they never skip.
 set(ZMUON_TORCH_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
-foreach(test test_torch_optim test_torch_state test_torch_frameworks)
+foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_deepspeed)
   add_test(NAME python_${test}
     COMMAND ${ZMUON_TORCH_PYTHON} -m unittest -v ${test}
     WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR})
