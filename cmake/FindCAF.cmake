@@ -1,10 +1,11 @@
 # Finds Debian's CAF 0.17 (libcaf-dev), which ships no CMake package, no pkg-config file and no
-# caf-config script. Defines CAF::core and CAF::io (upstream CAF >= 0.18 uses the same names).
+# caf-config script. Defines CAF::core, CAF::io and CAF::openssl (upstream CAF >= 0.18 uses the same names).
 include(FindPackageHandleStandardArgs)
 
 find_path(CAF_INCLUDE_DIR NAMES caf/all.hpp)
 find_library(CAF_CORE_LIBRARY NAMES caf_core)
 find_library(CAF_IO_LIBRARY NAMES caf_io)
+find_library(CAF_OPENSSL_LIBRARY NAMES caf_openssl)
 
 if(CAF_INCLUDE_DIR AND EXISTS "${CAF_INCLUDE_DIR}/caf/config.hpp")
   file(STRINGS "${CAF_INCLUDE_DIR}/caf/config.hpp" _zm_caf_line REGEX "^#define CAF_VERSION [0-9]+")
@@ -42,5 +43,11 @@ if(CAF_FOUND)
       IMPORTED_LOCATION "${CAF_IO_LIBRARY}"
       INTERFACE_LINK_LIBRARIES CAF::core)
   endif()
+  if(CAF_OPENSSL_LIBRARY AND NOT TARGET CAF::openssl)
+    add_library(CAF::openssl SHARED IMPORTED)
+    set_target_properties(CAF::openssl PROPERTIES
+      IMPORTED_LOCATION "${CAF_OPENSSL_LIBRARY}"
+      INTERFACE_LINK_LIBRARIES CAF::io)
+  endif()
 endif()
-mark_as_advanced(CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY)
+mark_as_advanced(CAF_INCLUDE_DIR CAF_CORE_LIBRARY CAF_IO_LIBRARY CAF_OPENSSL_LIBRARY)

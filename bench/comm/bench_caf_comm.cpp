@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -145,6 +146,10 @@ int main(int argc, char** argv) {
 
   pid_t child = -1;
   if (node_rank == 0) {
+    // TLS with a fresh secret for the two processes, unless the caller gave one or asked for
+    // plain TCP (ZMUON_INSECURE=1): the two figures docs/SECURITY.md compares.
+    if (std::getenv("ZMUON_JOB_SECRET") == nullptr && std::getenv("ZMUON_INSECURE") == nullptr)
+      ::setenv("ZMUON_JOB_SECRET", zmuon::random_secret().c_str(), 1);
     std::remove(file.c_str());
     child = ::fork();
     if (child == 0) {

@@ -7,20 +7,25 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include <netdb.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "caf/all.hpp"
 #include "caf/io/all.hpp"
 
+#include "base/log.hpp"
 #include "comm/caf_comm.hpp"
 #include "kernels/compute.hpp"
 #include "node/node_supervisor.hpp"
 #include "node/rendezvous.hpp"
+#include "node/transport.hpp"
+#include "base/private_files.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 #ifdef ZMUON_HAVE_NCCL
@@ -55,21 +60,6 @@ struct node_config : caf::actor_system_config {
   }
 };
 
-// Writes `text` to `path` atomically (a reader never sees half of it).
-error write_file_atomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out)
-      return {errc::io_error, "cannot write '" + tmp + "': " + std::strerror(errno)};
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0)
-    return {errc::io_error,
-            "cannot rename '" + tmp + "' to '" + path + "': " + std::strerror(errno)};
-  return {};
-}
-
 node_door_actor::behavior_type door_impl(int32_t node) {
   return {[node](door_atom) { return node; }};
 }
@@ -77,17 +67,13 @@ node_door_actor::behavior_type door_impl(int32_t node) {
 /// How long a node waits for another's door to take a connection before it goes through node 0.
 constexpr std::chrono::milliseconds kDoorProbe{3000};
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 // node_options::host's default.
 std::string advertised_host(const node_options& opts) {
   if (!opts.host.empty())
     return opts.host;
   if (const char* env = std::getenv("ZMUON_NODE_HOST"); env != nullptr && *env != '\0')
     return env;
-  if (is_loopback(opts.master_host))
+  if (is_loopback_host(opts.master_host))
     return opts.master_host;
   char name[256] = "";
   if (::gethostname(name, sizeof name - 1) == 0 && name[0] != '\0')
@@ -104,6 +90,7 @@ size_t node_scheduler_threads(int ranks) {
 
 struct node::impl {
   node_options opts;
+  std::unique_ptr<tls_credentials> tls;  // outlives the actor system, which reads its files
   node_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   std::vector<caf_comm_actor> comms;
@@ -111,6 +98,11 @@ struct node::impl {
   node_supervisor_actor supervisor;
   node_door_actor door;
   join_reply reply;
+  uint16_t rendezvous_port = 0;  // node 0: where the rendezvous listens until the job starts
+  uint16_t door_port = 0;
+
+  bool use_tls() const { return tls != nullptr; }
+  std::shared_ptr<job_end> end = std::make_shared<job_end>();
 
   std::chrono::milliseconds join_timeout() const {
     return std::chrono::milliseconds(opts.join_timeout_ms);
@@ -131,43 +123,84 @@ struct node::impl {
   /// higher rank connects), so that once join_reply hands out the actor handles, CAF routes
   /// every message between two nodes over their own connection.
   error connect_peers_directly(const rendezvous_actor& rdv);
+
+  /// Asks the rendezvous, within the join timeout; node 0 lost meanwhile (its connection gone)
+  /// fails the wait at once, naming node 0.
+  template <class Reply, class Request>
+  expected<Reply> ask_rendezvous(const rendezvous_actor& rdv, Request req);
+
+  /// Once the job has started: no more connections are taken at the rendezvous or the door.
+  void close_doors();
 };
+
+template <class Reply, class Request>
+expected<Reply> node::impl::ask_rendezvous(const rendezvous_actor& rdv, Request req) {
+  auto answer = std::make_shared<std::promise<expected<Reply>>>();
+  auto result = answer->get_future();
+  const bool remote = opts.node_rank != 0;
+  const auto timeout = join_timeout();
+  auto failure = [this](const caf::error& err) { return join_failure(err); };
+  sys->spawn([=](caf::event_based_actor* self) mutable {
+    auto done = std::make_shared<bool>(false);
+    auto finish = [=](expected<Reply> value) {
+      if (!*done) {
+        *done = true;
+        answer->set_value(std::move(value));
+      }
+      self->quit();
+    };
+    if (remote) {
+      self->monitor(rdv);
+      self->set_down_handler([=](caf::down_msg& dm) {
+        finish(error{errc::comm_failure, "node 0 was lost while the nodes were joining ("
+                                             + to_string(dm.reason) + ")"});
+      });
+    }
+    self->request(rdv, timeout, std::move(req))
+        .then([=](Reply& reply) { finish(std::move(reply)); },
+              [=](caf::error& err) { finish(failure(err)); });
+  });
+  return result.get();
+}
+
+void node::impl::close_doors() {
+  if (rendezvous && rendezvous_port != 0)
+    sys->middleman().unpublish(rendezvous, rendezvous_port);
+  if (door && door_port != 0)
+    sys->middleman().unpublish(door, door_port);
+}
 
 error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
   hello h{opts.node_rank, caf::actor_cast<caf::actor>(supervisor), advertised_host(opts), 0};
-  const std::string who = "zmuon-launch[node " + std::to_string(opts.node_rank) + "]: ";
   if (opts.nodes > 2 && opts.node_rank > 0) {
     door = sys->spawn(door_impl, opts.node_rank);
-    auto port = sys->middleman().publish(door, 0, h.host.c_str(), /*reuse_addr=*/true);
+    auto port = publish_actor(use_tls(), door, 0, h.host);
     if (port)
-      h.port = *port;
+      h.port = door_port = *port;
     else
-      std::fprintf(stderr,
-                   "%scannot listen for the other nodes on %s (%s); their messages to this "
-                   "node go through node 0\n",
-                   who.c_str(), h.host.c_str(), sys->render(port.error()).c_str());
+      ZMUON_LOG_WARN("cannot listen for the other nodes on " + h.host + " ("
+                     + port.err().message()
+                     + "); their messages to this node go through node 0");
   }
-  hello_reply doors;
-  error failed;
+  auto answer = ask_rendezvous<hello_reply>(rdv, std::move(h));
+  if (!answer)
+    return answer.err();
+  hello_reply doors = std::move(*answer);
   caf::scoped_actor self{*sys};
-  self->request(rdv, join_timeout(), std::move(h))
-      .receive([&](hello_reply& r) { doors = std::move(r); },
-               [&](caf::error& err) { failed = join_failure(err); });
-  if (failed)
-    return failed;
-  // Nodes 1..node_rank-1, each door first probed (all at once) with a short timeout: CAF's
-  // connect would wait out the system's SYN retries (about two minutes) at a door a firewall
-  // hides, past every other node's join timeout.
+  // Nodes 1..node_rank-1, all at once, each with a short deadline (connect_actor's probe): a
+  // door a firewall hides costs kDoorProbe, not the system's SYN retries (about two minutes).
   const int lower = std::min<int>(opts.node_rank, static_cast<int>(doors.ports.size()));
-  std::vector<char> reachable(static_cast<size_t>(std::max(lower, 0)), 0);
+  std::vector<expected<node_door_actor>> found_doors(
+      static_cast<size_t>(std::max(lower, 0)), error{errc::comm_failure, "not tried"});
   {
-    std::vector<std::thread> probes;
+    std::vector<std::thread> connects;
     for (int j = 1; j < lower; ++j)
       if (doors.ports[j] != 0)
-        probes.emplace_back([&, j] {
-          reachable[j] = tcp_reachable(doors.hosts[j], doors.ports[j], kDoorProbe) ? 1 : 0;
+        connects.emplace_back([&, j] {
+          found_doors[j] = connect_actor<node_door_actor>(*sys, tls.get(), doors.hosts[j],
+                                                          doors.ports[j], kDoorProbe);
         });
-    for (auto& t : probes)
+    for (auto& t : connects)
       t.join();
   }
   for (int j = 1; j < lower; ++j) {
@@ -175,12 +208,8 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
       continue;  // it said why on its own stderr
     const std::string where = doors.hosts[j] + ":" + std::to_string(doors.ports[j]);
     std::string problem;
-    if (reachable[j] == 0) {
-      problem = "no connection within " + std::to_string(kDoorProbe.count()) + " ms";
-    } else if (auto found =
-                   sys->middleman().remote_actor<node_door_actor>(doors.hosts[j], doors.ports[j]);
-               !found) {
-      problem = sys->render(found.error());
+    if (auto& found = found_doors[j]; !found) {
+      problem = found.err().message();
     } else {
       // The answer comes back over the new connection: node j knows it before any handle of
       // this node's actors reaches it.
@@ -193,51 +222,62 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
               [&](caf::error& err) { problem = sys->render(err); });
     }
     if (!problem.empty())
-      std::fprintf(stderr,
-                   "%sno direct connection to node %d at %s (%s); messages between "
-                   "them go through node 0\n",
-                   who.c_str(), j, where.c_str(), problem.c_str());
+      ZMUON_LOG_WARN("no direct connection to node " + std::to_string(j) + " at " + where + " ("
+                     + problem + "); messages between them go through node 0");
   }
   return {};
 }
 
 expected<rendezvous_actor> node::impl::find_rendezvous() {
   auto where = opts.master_host + ":" + std::to_string(opts.master_port);
+  // The job's progress: info for the launcher, debug where a host embeds the node.
+  const log_level progress_level = opts.quiet ? log_level::debug : log_level::info;
   if (opts.node_rank == 0) {
-    std::function<void(const std::string&)> progress;
-    if (!opts.quiet)
-      progress = [](const std::string& line) {
-        std::printf("zmuon-launch[node 0]: %s\n", line.c_str());
-        std::fflush(stdout);
-      };
+    std::function<void(const std::string&)> progress = [progress_level](const std::string& line) {
+      ZMUON_LOG(progress_level, line);
+    };
     rendezvous = spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id, opts.nccl_only_on_own_gpus,
                                   std::move(progress));
-    auto port = sys->middleman().publish(rendezvous, opts.master_port, opts.master_host.c_str(),
-                                         /*reuse_addr=*/true);
+    auto port = opts.nodes == 1 ? expected<uint16_t>(uint16_t{0})
+                                : publish_actor(use_tls(), rendezvous, opts.master_port,
+                                                opts.master_host);
     if (!port)
-      return error{errc::comm_failure,
-                   "node 0 cannot listen on " + where + ": " + sys->render(port.error())};
+      return error{errc::comm_failure, "node 0 cannot listen on " + where + ": "
+                                           + port.err().message()};
+    rendezvous_port = *port;
     std::string actual = opts.master_host + ":" + std::to_string(*port);
-    if (!opts.quiet)
-      std::printf("zmuon-launch[node 0]: rendezvous listening on %s\n", actual.c_str());
-    std::fflush(stdout);
+    ZMUON_LOG(progress_level, "rendezvous listening on " + actual);
     if (!opts.rendezvous_file.empty())
-      if (auto err = write_file_atomically(opts.rendezvous_file, actual + "\n"))
+      if (auto err = replace_file(opts.rendezvous_file, actual + "\n", 0600))
         return err;
     return rendezvous;
   }
-  // Node 0 may not listen yet: retry until the join timeout.
-  auto deadline = std::chrono::steady_clock::now() + join_timeout();
+  // Node 0 may not listen yet: retry until the join timeout. Each try has the time left: a
+  // listener that accepts and never answers costs the timeout, not forever.
+  const auto deadline = std::chrono::steady_clock::now() + join_timeout();
   for (;;) {
-    auto found =
-        sys->middleman().remote_actor<rendezvous_actor>(opts.master_host, opts.master_port);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    bool nobody_listens = false;
+    auto found = connect_actor<rendezvous_actor>(*sys, tls.get(), opts.master_host,
+                                                 opts.master_port,
+                                                 std::max(left, std::chrono::milliseconds(1)),
+                                                 &nobody_listens);
     if (found)
       return *found;
+    if (!nobody_listens && found.err().code() != errc::timeout)  // a listener not of this job
+      return error{errc::comm_failure,
+                   "node " + std::to_string(opts.node_rank) + ": the handshake with " + where
+                       + " failed (" + found.err().message() + ")"
+                       + (use_tls() ? ": the node there is not of this job, or the nodes have "
+                                      "different secrets or certificates"
+                                    : "")};
     if (std::chrono::steady_clock::now() >= deadline)
-      return error{errc::timeout, "node " + std::to_string(opts.node_rank)
-                                      + " found no rendezvous at " + where + " within "
-                                      + std::to_string(opts.join_timeout_ms)
-                                      + " ms (zmuon.timeout_ms): " + sys->render(found.error())};
+      return error{errc::timeout,
+                   "node " + std::to_string(opts.node_rank) + " found no rendezvous at " + where
+                       + " within " + std::to_string(opts.join_timeout_ms)
+                       + " ms (zmuon.timeout_ms): " + found.err().message()
+                       + (use_tls() ? " (under TLS: does every node have the job's secret?)" : "")};
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
@@ -266,10 +306,28 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
                                              + ")"};
   if (opts.ranks < 1)
     return error{errc::invalid_argument, "a node needs at least one rank"};
+  // Idle connections of strangers used to exhaust a 256-descriptor soft limit and spin node 0 on
+  // accept(): the soft limit goes up to the hard one.
+  if (rlimit files{}; ::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
   std::unique_ptr<node> n(new node());
   auto& d = *n->impl_;
   d.opts = opts;
   d.cfg.set("scheduler.max-threads", node_scheduler_threads(opts.ranks));
+  // A job of one node takes no connections: it needs no secret and opens no port.
+  auto secret = opts.nodes == 1 ? expected<std::string>(std::string())
+                                : resolve_transport(d.opts.transport, opts.secret, opts.master_host);
+  if (!secret)
+    return secret.err();
+  if (opts.nodes > 1 && d.opts.transport == node_transport::tls) {
+    auto creds = tls_credentials::make(*secret, opts.certificate);
+    if (!creds)
+      return creds.err();
+    d.tls = std::move(*creds);
+  }
+  configure_transport(d.cfg, d.tls.get());
   d.sys = std::make_unique<caf::actor_system>(d.cfg);
   join_request req{opts.node_rank, opts.ranks, table, job, {}, {}, opts.gpus};
   for (int i = 0; i < opts.ranks; ++i) {
@@ -280,6 +338,7 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   sopts.node = opts.node_rank;
   sopts.heartbeat_timeout = std::chrono::milliseconds(opts.heartbeat_timeout_ms);
   sopts.comms = d.comms;
+  sopts.end = d.end;
   d.supervisor = spawn_node_supervisor(*d.sys, sopts);
   req.supervisor = caf::actor_cast<caf::actor>(d.supervisor);
 
@@ -288,13 +347,11 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
     return rdv.err();
   if (auto err = d.connect_peers_directly(*rdv))
     return err;
-  error failed;
-  caf::scoped_actor self{*d.sys};
-  self->request(*rdv, d.join_timeout(), std::move(req))
-      .receive([&](join_reply& reply) { d.reply = std::move(reply); },
-               [&](caf::error& err) { failed = d.join_failure(err); });
-  if (failed)
-    return failed;
+  auto joined = d.ask_rendezvous<join_reply>(*rdv, std::move(req));
+  if (!joined)
+    return joined.err();
+  d.reply = std::move(*joined);
+  d.close_doors();
   for (int i = 0; i < opts.ranks; ++i)
     caf::anon_send(d.comms[i], connect_peers{d.reply.first_rank + i, d.reply.comms});
   caf::anon_send(d.supervisor,
@@ -312,6 +369,7 @@ node_setup node::setup() const {
   s.node_first_ranks.assign(impl_->reply.node_first_ranks.begin(),
                             impl_->reply.node_first_ranks.end());
   s.nccl_unique_id = impl_->reply.nccl_unique_id;
+  s.end = impl_->end;
   return s;
 }
 
@@ -350,6 +408,10 @@ void choose_comm(node_options& opts, const std::string& compute, const std::stri
 
 int node::world() const {
   return impl_->reply.world;
+}
+
+std::shared_ptr<const job_end> node::end() const {
+  return impl_->end;
 }
 
 std::string node::name() const {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "node/node_setup.hpp"
+#include "node/tls_credentials.hpp"
 #include "zmuon/param.hpp"
 #include "zmuon/status.hpp"
 
@@ -46,6 +47,12 @@ struct node_options {
   bool nccl_only_on_own_gpus = false;
   /// The GPUs this node's ranks would run on under nccl (join_request::gpus).
   std::vector<std::string> gpus;
+  /// TLS with mutual authentication from `secret` (docs/SECURITY.md), or plain TCP where asked
+  /// for. An empty secret: $ZMUON_JOB_SECRET, else the file $ZMUON_JOB_SECRET_FILE, else plain
+  /// TCP if $ZMUON_INSECURE says so, else join refuses to start.
+  node_transport transport = node_transport::tls;
+  std::string secret;
+  test_certificate certificate = test_certificate::valid;  // tests only: a bad certificate
 };
 
 /// The scheduler threads of a node of `ranks` ranks: at least the cores, two a rank (a rank's
@@ -70,6 +77,8 @@ public:
   int world() const;
   /// "node 1 (ranks 2-3)"
   std::string name() const;
+  /// Why the job ended, once it has (a lost node); readable from any thread.
+  std::shared_ptr<const job_end> end() const;
 
   /// Tells the supervisor (and, through heartbeats, the other nodes) the step this node is in.
   void step_started(uint64_t step);

@@ -25,6 +25,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The job's secret, as a user hands it to each node: the processes started here inherit it.
+struct job_secret_in_environment {
+  job_secret_in_environment() { ::setenv("ZMUON_JOB_SECRET", "multinode-test-secret-0123456789", 1); }
+};
+BOOST_GLOBAL_FIXTURE(job_secret_in_environment);
+
 using namespace std::chrono_literals;
 using zmuon::test::launch_process;
 
@@ -214,20 +220,22 @@ BOOST_AUTO_TEST_CASE(a_node_that_stops_answering_is_lost_after_the_heartbeat_tim
 BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
   struct mismatch {
     std::string node1_args;
-    std::string expected;
+    std::string expected;    // on both nodes
+    std::string node0_only;  // node 0's own value: never told to another process
   };
   const std::vector<mismatch> cases = {
       // A hidden flag changes the model on node 1 only.
       {"--model-hidden 48",
-       "the parameter table of node 1 differs from node 0's at entry 0: node 0 has "
-       "'embed.weight [64, 32] automatic, heads 0', node 1 has 'embed.weight [48, 32] "
+       "the parameter table of node 1 differs from node 0's at entry 0: ",
+       "node 0 has 'embed.weight [64, 32] automatic, heads 0', node 1 has 'embed.weight [48, 32] "
        "automatic, heads 0'"},
       {"--set optimizer.params.momentum=0.9",
-       "the config of node 1 differs from node 0's at 'optimizer.params.momentum': node 0 has "
-       "0.95, node 1 has 0.9"},
-      {"--seed 7", "the config of node 1 differs from node 0's at 'launch.seed'"},
+       "the config of node 1 differs from node 0's at 'optimizer.params.momentum': ",
+       "node 0 has 0.95, node 1 has 0.9"},
+      {"--seed 7", "the config of node 1 differs from node 0's at 'launch.seed'", "node 0 has 1"},
       // Loading a checkpoint is a collective: all nodes resume, or none.
-      {"--resume test_mn_nowhere", "the config of node 1 differs from node 0's at 'launch.resume'"},
+      {"--resume test_mn_nowhere", "the config of node 1 differs from node 0's at 'launch.resume'",
+       "node 0 has \"\""},
   };
   for (const auto& c : cases) {
     BOOST_TEST_CONTEXT(c.node1_args) {
@@ -239,6 +247,8 @@ BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
                            "test_mn_node1.log");
       BOOST_REQUIRE(node0.wait(20s));
       BOOST_REQUIRE(node1.wait(20s));
+      BOOST_TEST(node0.output().find(c.node0_only) != std::string::npos, node0.output());
+      BOOST_TEST(node1.output().find(c.node0_only) == std::string::npos, node1.output());
       for (auto* n : {&node0, &node1}) {
         BOOST_TEST(exited_with(n->status(), 2), n->output());
         BOOST_TEST(n->output().find(c.expected) != std::string::npos, n->output());

@@ -20,6 +20,10 @@ import numpy as np
 
 import zmuon
 
+# The job's secret, as a user hands it to each process: the nodes authenticate each other with it
+# (TLS). The worker processes inherit it.
+os.environ["ZMUON_JOB_SECRET"] = "python-test-job-secret-0123456789"
+
 SHAPES = {"layer.w": (12, 8), "layer.v": (8, 6), "head.bias": (6,)}
 STEPS = 3
 

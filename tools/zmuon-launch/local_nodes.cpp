@@ -9,8 +9,13 @@
 #include <thread>
 
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "base/private_files.hpp"
+
+#include "base/log.hpp"
 
 namespace zmuon::example {
 
@@ -39,29 +44,57 @@ std::vector<std::string> without(const std::vector<std::string>& args, const std
 
 constexpr const char* kVisibleDevices = "CUDA_VISIBLE_DEVICES";
 
-/// This process's environment with CUDA_VISIBLE_DEVICES set to `devices` (unchanged if empty).
-std::vector<std::string> environment_with_devices(const std::string& devices) {
+constexpr const char* kJobSecret = "ZMUON_JOB_SECRET";
+
+/// This process's environment with CUDA_VISIBLE_DEVICES set to `devices` (unchanged if empty)
+/// and ZMUON_JOB_SECRET to `secret` (unchanged if empty).
+std::vector<std::string> environment_with(const std::string& devices, const std::string& secret) {
   std::vector<std::string> env;
   const std::string key = std::string(kVisibleDevices) + "=";
+  const std::string secret_key = std::string(kJobSecret) + "=";
   for (char** e = environ; *e != nullptr; ++e)
-    if (devices.empty() || !starts_with(*e, key))
+    if ((devices.empty() || !starts_with(*e, key)) && (secret.empty() || !starts_with(*e, secret_key)))
       env.emplace_back(*e);
   if (!devices.empty())
     env.push_back(key + devices);
+  if (!secret.empty())
+    env.push_back(secret_key + secret);
   return env;
+}
+
+bool has_flag(const std::vector<std::string>& args, const std::string& name) {
+  for (const auto& a : args)
+    if (a == name || starts_with(a, name + "="))
+      return true;
+  return false;
+}
+
+/// The job's own secret: 32 random bytes as hex ("" if the system has no randomness to give).
+std::string fresh_secret() {
+  unsigned char bytes[32];
+  if (::getrandom(bytes, sizeof bytes, 0) != static_cast<ssize_t>(sizeof bytes))
+    return {};
+  static const char hex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char b : bytes) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
 }
 
 // vfork, not fork: fork runs OpenBLAS's pthread_atfork handler (it shuts the BLAS thread pool
 // down first), the suspected cause of one test run in which the launcher printed nothing for
 // 30 s. The child only sets its death signal and execs (everything it needs is built before).
-pid_t spawn(const std::vector<std::string>& args, const std::string& devices) {
+pid_t spawn(const std::vector<std::string>& args, const std::string& devices,
+            const std::string& secret) {
   static const char* self = "/proc/self/exe";
   std::vector<char*> argv;
   argv.push_back(const_cast<char*>(self));
   for (auto& a : args)
     argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  std::vector<std::string> env = environment_with_devices(devices);
+  std::vector<std::string> env = environment_with(devices, secret);
   std::vector<char*> envp;
   for (auto& e : env)
     envp.push_back(e.data());
@@ -126,8 +159,29 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
   auto gpus_of = [&](int n) {  // for the "node N pid P" line
     return devices_of(n).empty() ? std::string() : " (CUDA_VISIBLE_DEVICES=" + devices_of(n) + ")";
   };
-  std::string file = "/tmp/zmuon-rendezvous-" + std::to_string(::getpid());
-  std::remove(file.c_str());
+  // The hand-over of node 0's port: a file in a directory only this user can enter, so that no
+  // one else can plant a file or a link there.
+  auto dir = make_private_dir("zmuon-rendezvous-");
+  if (!dir) {
+    std::fprintf(stderr, "zmuon-launch: %s\n", dir.err().message().c_str());
+    return 1;
+  }
+  struct dir_guard {
+    std::string path;
+    ~dir_guard() { remove_private_dir(path); }
+  } guard{*dir};
+  const std::string file = *dir + "/rendezvous";
+  // The job's secret, handed to each node in its environment (readable by this user only):
+  // fresh for each job unless the user gave one or asked for plain TCP.
+  std::string secret;
+  if (!has_flag(args, "--secret-file") && !has_flag(args, "--insecure")
+      && !has_flag(args, "--insecure-any-host")) {
+    secret = fresh_secret();
+    if (secret.empty()) {
+      std::fprintf(stderr, "zmuon-launch: no randomness for the job's secret\n");
+      return 1;
+    }
+  }
   auto node_args = [&](int n, const std::string& master) {
     auto a = n == 0 ? args : without(args, "--save-params");
     a.insert(a.end(), {"--nodes", std::to_string(nodes), "--node-rank", std::to_string(n),
@@ -156,7 +210,7 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
     return -1;
   };
 
-  pids[0] = spawn(node_args(0, "127.0.0.1:0"), devices_of(0));
+  pids[0] = spawn(node_args(0, "127.0.0.1:0"), devices_of(0), secret);
   running[0] = true;
   std::printf("zmuon-launch: node 0 pid %d%s\n", static_cast<int>(pids[0]), gpus_of(0).c_str());
   std::fflush(stdout);
@@ -170,12 +224,11 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
     if (!master.empty())
       break;
     if (reap(false) == 0) {
-      std::fprintf(stderr, "zmuon-launch: node 0 %s before it listened\n",
-                   describe(status[0]).c_str());
+      ZMUON_LOG_ERROR("node 0 " + describe(status[0]) + " before it listened");
       return exit_code(status[0]) == 0 ? 1 : exit_code(status[0]);
     }
     if (clock::now() >= deadline) {
-      std::fprintf(stderr, "zmuon-launch: node 0 did not listen within %lld ms\n", join_timeout_ms);
+      ZMUON_LOG_ERROR("node 0 did not listen within " + std::to_string(join_timeout_ms) + " ms");
       kill_all();
       while (reap(true) >= 0) {
       }
@@ -185,7 +238,7 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
   }
   std::remove(file.c_str());
   for (int n = 1; n < nodes; ++n) {
-    pids[n] = spawn(node_args(n, master), devices_of(n));
+    pids[n] = spawn(node_args(n, master), devices_of(n), secret);
     running[n] = true;
     std::printf("zmuon-launch: node %d pid %d%s\n", n, static_cast<int>(pids[n]),
                 gpus_of(n).c_str());
@@ -200,10 +253,9 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
       if (first_failure >= 0 && clock::now() >= kill_at) {
         for (int q = 0; q < nodes; ++q)
           if (running[q])
-            std::fprintf(stderr,
-                         "zmuon-launch: node %d still running %lld ms after node %d "
-                         "failed; killing it\n",
-                         q, grace_ms, first_failure);
+            ZMUON_LOG_ERROR("node " + std::to_string(q) + " still running "
+                            + std::to_string(grace_ms) + " ms after node "
+                            + std::to_string(first_failure) + " failed; killing it");
         kill_all();
         kill_at = clock::time_point::max();
       }
@@ -212,7 +264,7 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
     }
     --left;
     if (exit_code(status[n]) != 0) {
-      std::fprintf(stderr, "zmuon-launch: node %d %s\n", n, describe(status[n]).c_str());
+      ZMUON_LOG_ERROR("node " + std::to_string(n) + " " + describe(status[n]));
       if (first_failure < 0) {
         first_failure = n;
         kill_at = clock::now() + std::chrono::milliseconds(grace_ms);

@@ -3,13 +3,13 @@
 // --local-nodes K runs K nodes on 127.0.0.1), and shows each step. Options: defaults < --config
 // FILE < --set key.path=value < flags (launch/config.hpp).
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <iostream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include "base/log.hpp"
 #include "kernels/compute.hpp"
 #include "config/cli_hints.hpp"
 #include "config/config.hpp"
@@ -29,6 +30,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "node/node_setup.hpp"
 #include "step_report.hpp"
+#include "zmuon/version.hpp"
 
 namespace {
 
@@ -109,18 +111,43 @@ struct node_flags {
   int local_nodes = 0;
   std::string rendezvous_file;
   std::string host;  // node_options::host
+  std::string secret_file;
+  bool insecure = false;
+  bool insecure_any_host = false;
+  std::string test_certificate;  // tests: "expired" or "foreign" (node_options::certificate)
 };
 
-/// One line on stderr in one write: a node's supervisor prints from its own thread.
-void say(const std::string& who, const std::string& what) {
-  std::fputs((who + what + "\n").c_str(), stderr);
+/// An error on stderr, after the prefix the launcher set ("zmuon-launch[node 1]: ").
+void say(const std::string& what) {
+  ZMUON_LOG_ERROR(what);
 }
 
-int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const std::string& path,
-         const std::string& who) {
+/// How long a node's process may still run once the job lost a node (its loop unblocks at once:
+/// the collectives in flight fail) before the launcher ends it.
+constexpr std::chrono::seconds loss_grace{5};
+
+/// The exit code run_node_job decided, or -1 while it runs.
+std::atomic<int> node_exit_code{-1};
+
+/// Ends the process should it still run `loss_grace` after the job ended (`end` set: a node was
+/// lost), with the code decided by then, else 3. The library never ends the process; the
+/// launcher does, so that a call still blocked somewhere never becomes a hang.
+void end_process_after_loss(std::shared_ptr<const zmuon::job_end> end) {
+  std::thread([end = std::move(end)] {
+    while (end->wait(std::chrono::hours(1)).empty()) {
+    }
+    std::this_thread::sleep_for(loss_grace);
+    const int decided = node_exit_code.load();
+    say("still running " + std::to_string(loss_grace.count()) + " s after the job ended; exiting");
+    std::fflush(nullptr);
+    std::_Exit(decided >= 0 ? decided : exit_node_lost);
+  }).detach();
+}
+
+int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const std::string& path) {
   auto params = eng.parameters();  // a collective on a node: every node calls it
   if (!params) {
-    say(who, params.err().to_string());
+    say(params.err().to_string());
     return 1;
   }
   if (path.empty())
@@ -129,7 +156,7 @@ int save(zmuon::engine& eng, const zmuon::example::train_options& topts, const s
   for (const auto& spec : zmuon::example::param_table(topts.model))
     tensors.push_back({spec.name, spec.shape, params->at(spec.name)});
   if (auto err = zmuon::write_safetensors(path, tensors, {{"producer", "zmuon-launch"}})) {
-    say(who, err.to_string());
+    say(err.to_string());
     return 1;
   }
   std::printf("saved %zu parameters to %s\n", tensors.size(), path.c_str());
@@ -149,14 +176,14 @@ std::string checkpoint_settings(const zmuon::job_config& job,
 /// other data from here on than the saved run would have seen. Returns the exit status on
 /// failure, 0 on success; a fault flag whose step the resumed run has passed is bad input.
 int resume_from(zmuon::engine& eng, const std::string& dir, const std::string& settings, bool lead,
-                const std::string& who, int steps) {
+                int steps) {
   auto info = eng.load_checkpoint(dir);
   if (!info) {
-    say(who, "cannot resume: " + info.err().to_string());
+    say("cannot resume: " + info.err().to_string());
     return 1;
   }
   if (auto err = zmuon::example::check_faults_after_resume(zmuon::armed_faults(eng), info->step)) {
-    say(who, err.message());
+    say(err.message());
     return exit_bad_input;
   }
   if (!lead)
@@ -167,13 +194,10 @@ int resume_from(zmuon::engine& eng, const std::string& dir, const std::string& s
   const auto saved = zmuon::parse_json_text(info->config, "");  // the manifest's: user input
   if (saved && saved->is_object())
     for (const std::string& change : zmuon::json_changes(*saved, nlohmann::json::parse(settings)))
-      std::fprintf(stderr, "%sresuming with a setting the saved run did not have: %s\n",
-                   who.c_str(), change.c_str());
+      ZMUON_LOG_WARN("resuming with a setting the saved run did not have: " + change);
   if (info->step >= static_cast<uint64_t>(steps))
-    std::fprintf(stderr,
-                 "%sthe checkpoint is at step %llu and --steps is %d: no step is left to "
-                 "train\n",
-                 who.c_str(), static_cast<unsigned long long>(info->step), steps);
+    ZMUON_LOG_WARN("the checkpoint is at step " + std::to_string(info->step) + " and --steps is "
+                   + std::to_string(steps) + ": no step is left to train");
   return 0;
 }
 
@@ -182,10 +206,9 @@ int resume_from(zmuon::engine& eng, const std::string& dir, const std::string& s
 int run_node_job(const zmuon::job_config& job, zmuon::example::train_options topts,
                  const node_flags& nf, const std::string& save_params, const std::string& resume,
                  std::unique_ptr<zmuon::node>& nd, std::unique_ptr<zmuon::engine>& eng) {
-  std::string who = "zmuon-launch[node " + std::to_string(nf.node_rank) + "]: ";
   auto master = zmuon::parse_host_port(nf.master);
   if (!master) {
-    say(who, master.err().message());
+    say(master.err().message());
     return exit_bad_input;
   }
   zmuon::node_options nopts;
@@ -194,6 +217,19 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   nopts.master_host = master->first;
   nopts.master_port = master->second;
   nopts.ranks = job.engine.world;
+  auto secret = zmuon::read_job_secret(nf.secret_file);
+  if (!secret) {
+    say(secret.err().message());
+    return exit_bad_input;
+  }
+  nopts.secret = *secret;
+  if (nf.insecure || nf.insecure_any_host)
+    nopts.transport = nf.insecure_any_host ? zmuon::node_transport::insecure_any_host
+                                           : zmuon::node_transport::insecure_loopback;
+  if (nf.test_certificate == "expired")
+    nopts.certificate = zmuon::test_certificate::expired;
+  else if (nf.test_certificate == "foreign")
+    nopts.certificate = zmuon::test_certificate::foreign_ca;
   nopts.rendezvous_file = nf.rendezvous_file;
   nopts.host = nf.host;
   nopts.join_timeout_ms = job.engine.timeout_ms;
@@ -207,29 +243,30 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   auto joined = zmuon::node::join(
       nopts, zmuon::table_lines(zmuon::example::param_table(topts.model)), agreed.dump());
   if (!joined) {
-    say(who, joined.err().message());
+    say(joined.err().message());
     auto code = joined.err().code();
     return code == zmuon::errc::invalid_argument ? exit_bad_input
            : code == zmuon::errc::comm_failure   ? exit_node_lost
                                                  : 1;
   }
   nd = std::move(*joined);
+  end_process_after_loss(nd->end());
   zmuon::engine_options eopts = job.engine;
   eopts.world = nd->world();
   auto created = zmuon::engine::create(eopts, nd->setup());
   if (!created) {
-    say(who, created.err().to_string());
+    say(created.err().to_string());
     return exit_bad_input;
   }
   eng = std::move(*created);
   if (auto err = zmuon::example::register_model(*eng, topts)) {
-    say(who, err.to_string());
+    say(err.to_string());
     return exit_bad_input;
   }
   bool lead = nf.node_rank == 0;
   topts.checkpoint_config = checkpoint_settings(job, topts);
   if (!resume.empty())
-    if (int rc = resume_from(*eng, resume, topts.checkpoint_config, lead, who, topts.steps))
+    if (int rc = resume_from(*eng, resume, topts.checkpoint_config, lead, topts.steps))
       return rc;
   if (lead)
     std::printf(
@@ -242,7 +279,7 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   std::fflush(stdout);
   zmuon::example::step_report report(*eng, job, lead);
   if (auto err = report.open()) {
-    say(who, err.message());
+    say(err.message());
     return 1;
   }
   zmuon::example::progress show(topts.steps, ::isatty(STDOUT_FILENO) != 0);
@@ -251,7 +288,7 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
       [&](const auto& rec) {
         auto shown = report.finished(rec, topts.steps);
         if (!shown)
-          say(who, shown.err().message());
+          say(shown.err().message());
         if (lead && shown && *shown)
           show.step(rec);
       },
@@ -260,7 +297,7 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
         nd->step_started(step);
       });
   show.done();
-  int code = records ? save(*eng, topts, save_params, who) : 1;
+  int code = records ? save(*eng, topts, save_params) : 1;
   if (!records || code != 0) {
     std::string own = records ? "saving the parameters failed" : records.err().to_string();
     std::string lost = nd->explain_failure(own);
@@ -270,14 +307,14 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
       auto code = records ? zmuon::errc::none : records.err().code();
       if (code != zmuon::errc::none && code != zmuon::errc::comm_failure
           && code != zmuon::errc::timeout)
-        say(who, own);
+        say(own);
       return exit_node_lost;
     }
-    say(who, own);
+    say(own);
     return 1;
   }
   if (auto err = nd->finish()) {
-    say(who, err.message());
+    say(err.message());
     return exit_node_lost;
   }
   return 0;
@@ -287,12 +324,14 @@ int run_node(const zmuon::job_config& job, const zmuon::example::train_options& 
              const node_flags& nf, const std::string& save_params, const std::string& resume) {
   std::unique_ptr<zmuon::node> nd;
   std::unique_ptr<zmuon::engine> eng;
+  zmuon::set_log_prefix("zmuon-launch[node " + std::to_string(nf.node_rank) + "]: ");
   int code = run_node_job(job, topts, nf, save_params, resume, nd, eng);
+  node_exit_code = code;
   // Shutting down waits for every actor; should one not stop (a peer vanished mid-message),
   // the process still ends, with the job's exit code.
   std::thread([code] {
     std::this_thread::sleep_for(std::chrono::seconds(10));
-    std::fprintf(stderr, "zmuon-launch: shutdown did not finish within 10 s; exiting\n");
+    say("shutdown did not finish within 10 s; exiting");
     std::fflush(nullptr);
     std::_Exit(code);
   }).detach();
@@ -434,7 +473,20 @@ int run(int argc, char** argv) {
       ->excludes(nodes)
       ->excludes(node_rank)
       ->excludes(master);
+  app.add_option("--secret-file", nf.secret_file,
+                 "the job's secret (its first line, 16+ bytes, a file only you may read): the "
+                 "nodes authenticate each other with it under TLS (default: $ZMUON_JOB_SECRET, "
+                 "else the file $ZMUON_JOB_SECRET_FILE; --local-nodes makes one of its own)")
+      ->type_name("FILE");
+  app.add_flag("--insecure", nf.insecure,
+               "no secret, no TLS: plain TCP, on loopback addresses only ($ZMUON_INSECURE=1)");
+  app.add_flag("--insecure-any-host", nf.insecure_any_host,
+               "no secret, no TLS: plain TCP on any address; anyone who reaches the ports can "
+               "join, read or stop the job ($ZMUON_INSECURE=any-host)");
   app.add_option("--rendezvous-file", nf.rendezvous_file)->group("");  // --local-nodes' own
+  app.add_option("--test-certificate", nf.test_certificate)  // tests: a certificate to refuse
+      ->check(CLI::IsMember({"expired", "foreign"}))
+      ->group("");
   app.add_option("--model-hidden", topts.model.hidden)->group("");     // tests: another model
   auto* save_ckpt =
       app.add_option("--save-checkpoint", topts.checkpoint_dir,
@@ -452,11 +504,20 @@ int run(int argc, char** argv) {
       ->type_name("DIR");
   zmuon::example::fault_flags faults;
   zmuon::example::add_fault_flags(app, faults);
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "the least severe messages on stderr: error | warn | info | debug | trace "
+                 "(default: $ZMUON_LOG_LEVEL, else info)")
+      ->check(CLI::IsMember({"error", "warn", "info", "debug", "trace"}));
+  app.set_version_flag("--version", std::string("zmuon-launch ") + zmuon::version(),
+                       "print the version and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return zmuon::parse_failure(app, e, "zmuon-launch");  // --help 0, a bad flag 2 (bad input)
+    return zmuon::parse_failure(app, e);  // --help 0, a bad flag 2 (bad input)
   }
+  if (!log_level.empty())
+    zmuon::set_log_level(*zmuon::parse_log_level(log_level));
 
   // The flags given become the last overrides, so the config's checks apply to them too.
   for (const auto& [option, key] : flag_keys)
@@ -478,12 +539,12 @@ int run(int argc, char** argv) {
   }();
   auto job = zmuon::load_config(config_path, sets, launcher_defaults(config_path, sets), context);
   if (!job) {
-    std::cerr << "zmuon-launch: config error: " << job.err().message() << "\n";
+    say("config error: " + job.err().message());
     return 2;
   }
   if (nf.node_rank == 0 && nf.local_nodes == 0)  // --local-nodes: node 0's process says them
     for (const auto& note : job->notes)
-      std::fprintf(stderr, "zmuon-launch: note: %s\n", note.c_str());
+      ZMUON_LOG_WARN("note: " + note);
   job->engine.trace_dir = job->trace;
   // --local-nodes on GPUs: node n sees its own run of the visible GPUs (CUDA_VISIBLE_DEVICES),
   // ranks-per-node of them (by default the GPUs shared out evenly), so that its ranks do not
@@ -508,7 +569,7 @@ int run(int argc, char** argv) {
   if (auto err =
           zmuon::example::apply_fault_flags(faults, static_cast<uint64_t>(topts.steps), job->gas,
                                             topts.checkpoint_every, topts.faults)) {
-    std::cerr << "zmuon-launch: " << err.message() << "\n";
+    say(err.message());
     return exit_bad_input;
   }
   zmuon::engine_options eopts = job->engine;
@@ -522,23 +583,22 @@ int run(int argc, char** argv) {
   if (nf.nodes > 1)
     return run_node(*job, topts, nf, save_params, resume);
   if (nf.node_rank != 0) {
-    std::cerr << "zmuon-launch: --node-rank " << nf.node_rank << " needs --nodes > " << nf.node_rank
-              << "\n";
+    say("--node-rank " + std::to_string(nf.node_rank) + " needs --nodes > "
+        + std::to_string(nf.node_rank));
     return exit_bad_input;
   }
   auto eng = zmuon::engine::create(eopts);
   if (!eng) {
-    std::cerr << "zmuon-launch: " << eng.err().to_string() << "\n";
+    say(eng.err().to_string());
     return 2;
   }
   if (auto err = zmuon::example::register_model(**eng, topts)) {
-    std::cerr << "zmuon-launch: " << err.to_string() << "\n";
+    say(err.to_string());
     return 2;
   }
   topts.checkpoint_config = checkpoint_settings(*job, topts);
   if (!resume.empty())
-    if (int rc = resume_from(**eng, resume, topts.checkpoint_config, true,
-                             "zmuon-launch: ", topts.steps))
+    if (int rc = resume_from(**eng, resume, topts.checkpoint_config, true, topts.steps))
       return rc;
   std::printf(
       "zmuon-launch: %d ranks, gas %d, micro-batch %d, global batch %d, %d steps%s, comm "
@@ -547,7 +607,7 @@ int run(int argc, char** argv) {
       topts.steps, topts.fp16 ? ", fp16 loss scaling" : "", (*eng)->options().comm.c_str());
   zmuon::example::step_report report(**eng, *job, true);
   if (auto err = report.open()) {
-    std::cerr << "zmuon-launch: " << err.message() << "\n";
+    say(err.message());
     return 1;
   }
   zmuon::error report_failed;
@@ -564,15 +624,15 @@ int run(int argc, char** argv) {
       [&](int) { report.started(); });
   show.done();
   if (!records || report_failed) {
-    std::cerr << "zmuon-launch: "
-              << (records ? report_failed.message() : records.err().to_string()) << "\n";
+    say(records ? report_failed.message() : records.err().to_string());
     return 1;
   }
-  return save_params.empty() ? 0 : save(**eng, topts, save_params, "zmuon-launch: ");
+  return save_params.empty() ? 0 : save(**eng, topts, save_params);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  zmuon::set_log_prefix("zmuon-launch: ");  // a node's own: run_node
   return run(argc, argv);
 }
