@@ -1,6 +1,7 @@
 #include "messages/registry.hpp"
 
 #include "caf/actor_system_config.hpp"
+#include "caf/binary_deserializer.hpp"
 #include "caf/sec.hpp"
 
 #include "messages/errors.hpp"
@@ -57,11 +58,22 @@ caf::error write_raw(caf::serializer& f, std::vector<T>& v) {
   return f.end_sequence();
 }
 
+// CAF's network messages are under 4 GiB (BASP's payload length is 32 bits).
+constexpr size_t kMaxWireElements = size_t(1) << 30;
+
+// The count on the wire is checked against the bytes that arrived before anything is
+// allocated: a peer's message claiming 2^32 floats in 60 bytes is refused, not filled.
 template <class T>
 caf::error read_raw(caf::deserializer& f, std::vector<T>& v) {
   size_t n = 0;
   if (auto err = f.begin_sequence(n))
     return err;
+  auto* bytes = dynamic_cast<caf::binary_deserializer*>(&f);
+  const size_t left = bytes != nullptr ? bytes->remaining() : kMaxWireElements * sizeof(T);
+  if (n > kMaxWireElements || n > left / sizeof(T))
+    return make_caf_error(errc::invalid_argument,
+                          "a message claims " + std::to_string(n) + " numbers in "
+                              + std::to_string(left) + " bytes");
   v.resize(n);
   if (n > 0)
     if (auto err = f.apply_raw(n * sizeof(T), v.data()))

@@ -1,5 +1,6 @@
 #include "node/rendezvous.hpp"
 
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -7,6 +8,7 @@
 
 #include "caf/all.hpp"
 
+#include "base/json_text.hpp"
 #include "messages/errors.hpp"
 
 namespace zmuon {
@@ -25,14 +27,50 @@ void flatten(const json& j, const std::string& prefix, std::map<std::string, std
   out[prefix] = j.dump();
 }
 
+// A peer's config: parsed with the depth limit of user JSON (kMaxJsonDepth) before the
+// recursive walk, so no nesting can exhaust the stack.
 std::map<std::string, std::string> leaves(const std::string& text) {
   std::map<std::string, std::string> out;
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded())
+  auto j = parse_json_text(text, "");
+  if (!j)
     out["(config)"] = "unreadable JSON";
   else
-    flatten(j, "", out);
+    flatten(*j, "", out);
   return out;
+}
+
+// A value from a peer as a message quotes it: printable ASCII, the rest escaped, cut short.
+std::string printable(const std::string& text) {
+  std::string out;
+  for (unsigned char c : text.substr(0, 200)) {
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return text.size() > 200 ? out + "..." : out;
+}
+
+// What a join request may carry: far beyond any job, small enough to check quickly.
+constexpr size_t kMaxJobBytes = size_t(4) << 20;
+constexpr size_t kMaxTableEntries = size_t(1) << 20;
+constexpr size_t kMaxTableLine = 4096;
+
+std::string request_problem(const join_request& req) {
+  if (req.job.size() > kMaxJobBytes)
+    return "node " + std::to_string(req.node) + "'s config holds " + std::to_string(req.job.size())
+           + " bytes, more than the " + std::to_string(kMaxJobBytes) + " a job may";
+  if (req.table.size() > kMaxTableEntries)
+    return "node " + std::to_string(req.node) + " brings " + std::to_string(req.table.size())
+           + " parameters, more than " + std::to_string(kMaxTableEntries);
+  for (const auto& line : req.table)
+    if (line.size() > kMaxTableLine)
+      return "node " + std::to_string(req.node) + " brings a parameter line of "
+             + std::to_string(line.size()) + " bytes";
+  return {};
 }
 
 std::string node_name(const join_request& r) {
@@ -63,12 +101,18 @@ void complete(rendezvous_pointer self) {
   st.answered = true;
   const auto& base = st.joined.at(0);
   std::string diff;
+  int32_t first_differing = 0;
   for (const auto& [node, req] : st.joined)
-    if (diff.empty() && node != 0)
+    if (diff.empty() && node != 0) {
       diff = first_difference(base, req);
+      first_differing = node;
+    }
   if (!diff.empty()) {
+    // Node 0 hears what differs; the others only their own side (node 0's settings stay its own).
     for (auto& [node, promise] : st.waiting)
-      promise.deliver(make_caf_error(errc::invalid_argument, diff));
+      promise.deliver(make_caf_error(
+          errc::invalid_argument,
+          node == 0 ? diff : first_difference(base, st.joined.at(first_differing), false)));
     st.waiting.clear();
     return;
   }
@@ -184,6 +228,8 @@ rendezvous_actor::behavior_type rendezvous_impl(rendezvous_pointer self, int nod
         if (!st.failed.empty())
           return make_caf_error(errc::comm_failure, st.failed);
         auto problem = rank_problem(st, req.node, st.joined.count(req.node) > 0, "joined twice");
+        if (problem.empty())
+          problem = request_problem(req);
         if (!problem.empty())
           return make_caf_error(errc::invalid_argument, problem);
         if (req.ranks < 1 || static_cast<int32_t>(req.comms.size()) != req.ranks)
@@ -223,20 +269,24 @@ bool own_gpus(const std::vector<join_request>& nodes) {
   return true;
 }
 
-std::string first_difference(const join_request& base, const join_request& other) {
+std::string first_difference(const join_request& base, const join_request& other,
+                             bool reveal_base) {
   auto who = [&](const std::string& what) {
     return what + " of " + node_name(other) + " differs from " + node_name(base) + "'s";
   };
   size_t n = std::min(base.table.size(), other.table.size());
   for (size_t i = 0; i < n; ++i)
     if (base.table[i] != other.table[i])
-      return who("the parameter table") + " at entry " + std::to_string(i) + ": " + node_name(base)
-             + " has '" + base.table[i] + "', " + node_name(other) + " has '" + other.table[i]
-             + "'";
+      return who("the parameter table") + " at entry " + std::to_string(i) + ": "
+             + (reveal_base ? node_name(base) + " has '" + printable(base.table[i]) + "', " : "")
+             + node_name(other) + " has '" + printable(other.table[i]) + "'";
   if (base.table.size() != other.table.size())
-    return who("the parameter table") + ": " + node_name(base) + " has "
-           + std::to_string(base.table.size()) + " parameters, " + node_name(other) + " has "
-           + std::to_string(other.table.size());
+    return who("the parameter table") + ": "
+           + (reveal_base ? node_name(base) + " has " + std::to_string(base.table.size())
+                                + " parameters, "
+                          : "")
+           + node_name(other) + " has " + std::to_string(other.table.size())
+           + (reveal_base ? "" : " parameters");
   auto a = leaves(base.job);
   auto b = leaves(other.job);
   auto ia = a.begin();
@@ -253,8 +303,9 @@ std::string first_difference(const join_request& base, const join_request& other
       key = ib->first;
     std::string va = value(a, key), vb = value(b, key);
     if (va != vb)
-      return who("the config") + " at '" + key + "': " + node_name(base) + " has " + va + ", "
-             + node_name(other) + " has " + vb;
+      return who("the config") + " at '" + printable(key) + "': "
+             + (reveal_base ? node_name(base) + " has " + printable(va) + ", " : "")
+             + node_name(other) + " has " + printable(vb);
     if (ia != a.end() && ia->first == key)
       ++ia;
     if (ib != b.end() && ib->first == key)

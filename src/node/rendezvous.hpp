@@ -12,8 +12,9 @@
 //     ranks in node-rank order (node n's first rank is the sum of the ranks of nodes < n), every
 //     rank's comm actor, every node's supervisor, and the NCCL unique id when one is made.
 //     If some node's parameter table or config differs from node 0's, every joiner gets an
-//     invalid_argument error naming the first difference. A node rank out of range or one that
-//     joins twice is an error for that joiner only.  A node that dies before everyone has joined
+//     invalid_argument error naming the first difference (node 0's values only to node 0).
+//     Requests beyond the limits (a 4 MiB config, 2^20 parameters) are refused on arrival. A node
+//     rank out of range or one that joins twice is an error for that joiner only. A node that dies before everyone has joined
 //     fails the join of the others at once (comm_failure naming it).
 #pragma once
 
@@ -47,7 +48,10 @@ rendezvous_actor spawn_rendezvous(caf::actor_system& sys, int nodes,
 bool own_gpus(const std::vector<join_request>& nodes);
 
 /// The first difference between node `base`'s and node `other`'s request: parameter table first,
-/// then the config key by key. Empty when they agree.
-std::string first_difference(const join_request& base, const join_request& other);
+/// then the config key by key. Empty when they agree. Without `reveal_base`, what `base` has is
+/// left out (the message for `other`: node 0's settings are not told to another process). Values
+/// from peers are quoted with control bytes escaped.
+std::string first_difference(const join_request& base, const join_request& other,
+                             bool reveal_base = true);
 
 }  // namespace zmuon

@@ -106,8 +106,35 @@ BOOST_FIXTURE_TEST_CASE(every_node_hears_the_first_difference, fixture) {
       auto a1 = ask<join_reply>(rdv, r1);
       run();
       zmuon::test::check_error(a0, zmuon::errc::invalid_argument, c.expected);
-      zmuon::test::check_error(a1, zmuon::errc::invalid_argument, c.expected);
+      // Node 1 hears only its own side: node 0's settings are not told to another process.
+      const auto node1_side = zmuon::first_difference(request(0, 1), r1, false);
+      BOOST_TEST(node1_side.find("node 0 has") == std::string::npos);
+      BOOST_TEST(c.expected.find(node1_side.substr(0, node1_side.find(':'))) == 0);
+      zmuon::test::check_error(a1, zmuon::errc::invalid_argument, node1_side);
       BOOST_TEST(zmuon::first_difference(r1, r1).empty());
+    }
+  }
+}
+
+// A config nested 10^5 deep crashed node 0 (the walk of its leaves recursed without a limit); a
+// huge one cost seconds. Both are refused by name, and node 0 lives on.
+BOOST_FIXTURE_TEST_CASE(a_hostile_job_description_is_refused_not_walked, fixture) {
+  const size_t depth = 100000;
+  for (const std::string& hostile :
+       {std::string(depth, '[') + std::string(depth, ']'), std::string(size_t(5) << 20, ' ')}) {
+    auto rdv = keep(zmuon::spawn_rendezvous(sys, 2));
+    auto r1 = request(1, 1);
+    r1.job = hostile;
+    auto a0 = ask<join_reply>(rdv, request(0, 1));
+    auto a1 = ask<join_reply>(rdv, r1);
+    run();
+    if (hostile.size() > (size_t(4) << 20)) {
+      zmuon::test::check_error(a1, zmuon::errc::invalid_argument, "more than the 4194304 a job may");
+      BOOST_TEST(!a0->done);  // node 0 still waits for a node 1
+    } else {
+      zmuon::test::check_error(a1, zmuon::errc::invalid_argument,
+                               "the config of node 1 differs from node 0's at '(config)'");
+      zmuon::test::check_error(a0, zmuon::errc::invalid_argument, "unreadable JSON");
     }
   }
 }
