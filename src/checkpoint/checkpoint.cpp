@@ -30,6 +30,9 @@ using detail::shape_text;
 
 const char* const manifest_name = "manifest.json";
 const char* const latest_name = "latest";
+/// What `latest` and a manifest may hold: a name, and a table of up to millions of parameters.
+constexpr uint64_t kMaxLatestBytes = 4096;
+constexpr uint64_t kMaxManifestBytes = uint64_t(256) << 20;
 
 std::string step_dir_name(uint64_t step) {
   char buf[40];
@@ -303,7 +306,7 @@ error commit_checkpoint(const std::string& dir, const std::string& name, const p
   // Point `latest` at the new checkpoint, then keep it and the one before.
   const std::string latest = (fs::path(dir) / latest_name).string();
   std::string previous;
-  if (auto old = read_file(latest)) {
+  if (auto old = read_file(latest, kMaxLatestBytes)) {
     previous = *old;
     while (!previous.empty() && (previous.back() == '\n' || previous.back() == ' '))
       previous.pop_back();
@@ -345,7 +348,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     if (!latest_there)
       return error{errc::io_error, "no checkpoint in " + in_quotes(dir) + ": it has neither "
                                        + manifest_name + " nor " + latest_name};
-    auto text = read_file(latest);
+    auto text = read_file(latest, kMaxLatestBytes);
     if (!text)
       return text.err();
     std::string name = *text;
@@ -360,7 +363,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
   if (!fs::exists(manifest_path, ec))
     return error{errc::io_error,
                  "missing manifest " + in_quotes(manifest_path) + " (the save did not complete)"};
-  auto text = read_file(manifest_path);
+  auto text = read_file(manifest_path, kMaxManifestBytes);
   if (!text)
     return text.err();
   auto parsed = parse_manifest(*text, manifest_path);

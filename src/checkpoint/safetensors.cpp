@@ -95,9 +95,10 @@ bool read_all(int fd, void* data, size_t size, uint64_t offset) {
 }
 
 /// Opens `path` for reading and gives its size; io_error naming the file when it cannot be
-/// opened or is not a regular file. The caller owns the returned descriptor.
+/// opened or is not a regular file. Opened without blocking: a FIFO planted there is refused,
+/// not waited on. The caller owns the returned descriptor.
 expected<int> open_regular(const std::string& path, uint64_t& size) {
-  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  file_descriptor fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC));
   if (!fd.valid())
     return io_failure("cannot open", path);
   struct stat st {};
@@ -375,8 +376,11 @@ error write_atomically(const std::string& path, Fill&& fill) {
             in_quotes(path) + " is " + (S_ISDIR(st.st_mode) ? "a directory" : "not a regular file")
                 + ": a safetensors file is written by replacing it, so it must be a regular "
                   "file or not exist"};
+  // A new file, never one planted there: a symbolic link at the name is refused, not followed.
   std::string tmp_path = path + ".tmp." + std::to_string(::getpid());
-  file_descriptor fd(::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  ::unlink(tmp_path.c_str());  // a stale one of an earlier process with this pid
+  file_descriptor fd(::open(tmp_path.c_str(),
+                            O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd.valid())
     return io_failure("cannot create", tmp_path);
   error err = fill(fd.get(), tmp_path);
@@ -454,12 +458,15 @@ expected<std::vector<named_tensor>> parse_safetensors(
   return tensors;
 }
 
-expected<std::string> read_file(const std::string& path) {
+expected<std::string> read_file(const std::string& path, uint64_t most) {
   uint64_t size = 0;
   expected<int> opened = open_regular(path, size);
   if (!opened)
     return opened.err();
   file_descriptor fd(*opened);
+  if (size > most)
+    return bad_file(path, "holds " + std::to_string(size) + " bytes, more than the "
+                              + std::to_string(most) + " it may");
   std::string bytes(static_cast<size_t>(size), '\0');
   if (!read_all(fd.get(), bytes.data(), bytes.size(), 0))
     return io_failure("cannot read", path);

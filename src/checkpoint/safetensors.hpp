@@ -80,8 +80,9 @@ expected<std::vector<named_tensor>> parse_safetensors(
 expected<std::string> encode_safetensors(const std::vector<named_tensor>& tensors,
                                          const std::map<std::string, std::string>& metadata = {});
 
-/// The whole content of a regular file (io_error naming the file otherwise).
-expected<std::string> read_file(const std::string& path);
+/// The whole content of a regular file of at most `most` bytes (invalid_argument naming the file
+/// when larger, io_error when it is not a regular file), refused before it is read.
+expected<std::string> read_file(const std::string& path, uint64_t most = UINT64_MAX);
 
 /// Writes `bytes` to `path` atomically, as write_safetensors does.
 error write_file_atomically(const std::string& path, const std::string& bytes);
