@@ -327,6 +327,9 @@ class Engine:
     def reduce(self, rank, entries, stream=None):
         """`stream`: the CUDA stream (cudaStream_t as an int) the device gradients were written
         on; the engine then orders its reads after it, and it after the reads (no waiting)."""
+        # ctypes would wrap a rank past int32 (2**32 became rank 0): refused by value instead.
+        if isinstance(rank, bool) or not isinstance(rank, int) or not -2**31 <= rank < 2**31:
+            raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
         if stream is None:
             _check(_lib.zmuon_engine_reduce(self._h(), rank, _tensor_array(entries),
                                             len(entries)))

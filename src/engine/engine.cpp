@@ -204,6 +204,7 @@ error engine::impl::adopt(const engine_options& options, const node_setup& node)
   comms = node.comms;
   nccl_id = node.nccl_unique_id;
   node_first_ranks = node.node_first_ranks;
+  job = node.end;
   return {};
 }
 
@@ -233,9 +234,11 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
   if (d.pl)
     return {errc::bad_state,
             "parameter '" + spec.name + "' registered after the first reduce() or step()"};
-  std::vector<param_spec> probe = d.table;
-  probe.push_back(spec);
-  auto checked = make_plan(probe, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon);
+  // The new parameter alone is checked (its name against a set): registration stays linear in
+  // the number of parameters; start() plans the whole table once.
+  if (d.table_names.count(spec.name) > 0)
+    return {errc::duplicate_parameter, "parameter '" + spec.name + "' is registered twice"};
+  auto checked = make_plan({spec}, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon);
   if (!checked)
     return checked.err();
   const auto& p = checked->params.back();
@@ -248,7 +251,10 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
   d.init.push_back(std::move(values));
   try {
     d.table.push_back(spec);
+    d.table_names.insert(spec.name);
   } catch (...) {
+    if (d.table.size() > d.init.size() - 1)
+      d.table.pop_back();
     d.init.pop_back();
     throw;
   }

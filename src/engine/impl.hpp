@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "caf/all.hpp"
@@ -116,8 +117,10 @@ struct engine::impl {
   int first_rank = 0;  // this process runs ranks [first_rank, first_rank + local)
   int local = 0;
   std::vector<int> node_first_ranks;  // set on a node of a multi-process job
+  std::shared_ptr<const job_end> job;  // a node of a multi-process job: why the job ended, if so
   int32_t host_collectives = 0;       // parameters()/sum_over_nodes() issued since the last step
   std::vector<param_spec> table;
+  std::unordered_set<std::string> table_names;  // add_parameter's duplicate check, O(1) a call
   std::vector<std::vector<float>> init;
   std::shared_ptr<const plan> pl;
   std::vector<comm_actor> comms;       // of this process's ranks (host collectives use these too)
@@ -197,8 +200,11 @@ struct engine::impl {
     {
       std::lock_guard<std::mutex> lock(stop_mutex);
       if (!stopped.empty())
-        return {errc::bad_state, stopped};
+        return {stopped_code, stopped};
     }
+    if (job)
+      if (auto what = job->what(); !what.empty())
+        return {errc::comm_failure, job_over(what)};
     std::lock_guard<std::mutex> lock(start_mutex);
     return start_locked();
   }
@@ -209,10 +215,23 @@ struct engine::impl {
   /// backend failure while handing over), or a start that got only part of the way. start()
   /// refuses every later call with it.
   std::string stopped;
+  errc stopped_code = errc::bad_state;  // comm_failure when the job lost a node
   std::mutex stop_mutex;  // guards `stopped` (two ranks' reduce() may fail at once)
   /// Latches `err` (when set) as the failure that stops the engine `when` ("in step 3",
-  /// "while starting"); returns it.
+  /// "while starting"); returns it. On a node whose job lost another node (noticed within a
+  /// moment of `err`), the loss is the error, and the engine's from then on.
   error stop(error err, const std::string& when) {
+    if (err && job) {
+      auto what = job->wait(kLossNoticed);
+      if (!what.empty()) {
+        std::lock_guard<std::mutex> lock(stop_mutex);
+        if (stopped.empty()) {
+          stopped = job_over(what);
+          stopped_code = errc::comm_failure;
+        }
+        return {errc::comm_failure, what};
+      }
+    }
     std::lock_guard<std::mutex> lock(stop_mutex);
     if (err && stopped.empty())
       stopped = "the engine stopped " + when + " (" + err.to_string()
@@ -220,6 +239,13 @@ struct engine::impl {
                   "load a checkpoint into a new engine, and raise timeout_ms (zmuon.timeout_ms) if "
                   "the work only needs longer";
     return err;
+  }
+  /// How long a failed call waits for the node supervisor to name a lost node: a collective
+  /// can fail on the dead peer's connection a moment before the supervisor hears of it.
+  static constexpr std::chrono::milliseconds kLossNoticed{3000};
+  /// The error of every call once the job has ended.
+  static std::string job_over(const std::string& what) {
+    return "the job is over (" + what + "): this engine takes no further call";
   }
   static std::string in_step(uint64_t step) { return "in step " + std::to_string(step); }
   /// Runs on `node`'s actor system as its ranks (engine::create(opts, node), and a joining

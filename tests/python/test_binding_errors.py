@@ -36,6 +36,13 @@ class BadArguments(unittest.TestCase):
         self.assertEqual(str(cm.exception),
                          "gradient of 'blocks.0.mlp.fc' has 5 elements, expected 128")
 
+    def test_a_rank_past_int32_is_refused_not_wrapped(self):
+        # ctypes wrapped 2**32 to rank 0: the gradients went to another rank.
+        grads = make_grads(5, 1, 0, 0)
+        for rank in (2**32, 2**31, -2**31 - 1):
+            with self.assertRaisesRegex(zmuon.InvalidArgument, "is not a rank"):
+                self.opt.accumulate(grads, rank=rank)
+
     def test_gradient_of_another_shape_with_the_same_size_is_refused(self):
         # A (2, 8) or a flat (16,) gradient of an (8, 2) parameter: ShapeMismatch naming both
         # shapes, and nothing of that call handed over (the good gradient beside it neither).
