@@ -108,7 +108,11 @@ ZMUON_API int zmuon_engine_create_from_file(const char* path, const char* const*
  * parameter table, otherwise every process fails naming the first difference. reduce() then
  * takes this process's ranks [first_rank, first_rank + ranks) of the job's world; step(),
  * gather_params() and the checkpoints are collectives every process calls in the same order.
- * Destroying the engine waits until every process is done (up to zmuon.timeout_ms). */
+ * Destroying the engine waits until every process is done (up to zmuon.timeout_ms).
+ * The processes authenticate each other under TLS with the job's secret, read from
+ * $ZMUON_JOB_SECRET or the file $ZMUON_JOB_SECRET_FILE (16+ bytes, the same in every process);
+ * without one a job of two or more processes fails to start unless $ZMUON_INSECURE=1 (plain TCP
+ * on loopback) or any-host (docs/SECURITY.md). */
 ZMUON_API int zmuon_engine_create_node(const char* config_json, const char* const* overrides,
                                        size_t n_overrides, int32_t nodes, int32_t node_rank,
                                        int32_t ranks, const char* master, zmuon_engine** out);
