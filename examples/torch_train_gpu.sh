@@ -26,8 +26,8 @@ pack() {
   local stage
   stage="$(mktemp -d)"
   mkdir -p "$stage/lib"
-  cp -L build-cuda/embed/libzmuon.so "$stage/lib/libzmuon.so"
-  ldd build-cuda/embed/libzmuon.so | awk '/=> \// {print $3}' | sort -u |
+  cp -L build-cuda/src/embed/libzmuon.so "$stage/lib/libzmuon.so"
+  ldd build-cuda/src/embed/libzmuon.so | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux[^/]*)\.so' |
     grep -Ev '/(libcudart|libcublas|libcublasLt|libnccl)\.so' |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
