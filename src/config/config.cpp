@@ -97,15 +97,20 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-/// The candidate nearest to `key` (case-insensitive), or "" when none is close.
+/// The candidate nearest to `key` (case-insensitive), or "" when none is close. The distance is
+/// at least the lengths' difference, so a key far longer than a candidate is compared by prefix
+/// only: a hostile key of megabytes costs its length, not its length times the candidates'.
 std::string nearest(const std::string& key, const std::vector<std::string>& candidates) {
   std::string best;
   size_t best_distance = SIZE_MAX;
+  const std::string k = lower(key);
   for (const auto& c : candidates) {
-    std::string k = lower(key), l = lower(c);
-    size_t dist = edit_distance(k, l);
-    bool close = dist <= std::max<size_t>(2, std::min(k.size(), l.size()) / 3)
-                 || (k.size() >= 3 && (l.rfind(k, 0) == 0 || k.rfind(l, 0) == 0));
+    const std::string l = lower(c);
+    const size_t limit = std::max<size_t>(2, std::min(k.size(), l.size()) / 3);
+    const size_t gap = k.size() > l.size() ? k.size() - l.size() : l.size() - k.size();
+    const bool prefix = k.size() >= 3 && (l.rfind(k, 0) == 0 || k.compare(0, l.size(), l) == 0);
+    const size_t dist = gap > limit ? gap : edit_distance(k, l);
+    bool close = dist <= limit || prefix;
     if (close && dist < best_distance) {
       best = c;
       best_distance = dist;
@@ -523,7 +528,11 @@ std::string nearest_in(const std::string& key, const std::vector<std::string>& k
 
 std::string unknown_key(const std::string& prefix, const std::string& key,
                         const std::vector<std::string>& keys) {
-  std::string message = "unknown key '" + join(prefix, key) + "'";
+  constexpr size_t shown = 80;  // a key longer than any valid one is shown cut
+  std::string name = join(prefix, key);
+  if (name.size() > shown)
+    name = name.substr(0, shown) + "... (" + std::to_string(name.size()) + " bytes)";
+  std::string message = "unknown key '" + name + "'";
   if (auto guess = nearest_in(key, keys); !guess.empty())
     return message + " (did you mean '" + guess + "'?)";
   return message + " (valid keys" + (prefix.empty() ? "" : " under '" + prefix + "'") + ": "
