@@ -7,7 +7,9 @@ search path (ctypes.util.find_library).
 
 import ctypes
 import ctypes.util
+import functools
 import os
+import threading
 
 HOST = -1  # zmuon_tensor.device for host memory
 
@@ -215,6 +217,31 @@ def _close_handle(obj, destroy):
         obj._handle = None
 
 
+def _init_calls(engine):
+    """The guard that lets close() from another thread wait for the call in flight: the C ABI's
+    calls on one engine must not overlap its destruction."""
+    engine._calls_cv = threading.Condition()
+    engine._calls = 0
+    engine._closing = False
+
+
+def _tracked(method):
+    """An engine call that close() waits for (and that a closed engine refuses)."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with self._calls_cv:
+            if self._closing:
+                raise BadState("the engine is closed")
+            self._calls += 1
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            with self._calls_cv:
+                self._calls -= 1
+                self._calls_cv.notify_all()
+    return call
+
+
 def _open_handle(obj, closed_message):
     if not getattr(obj, "_handle", None):
         raise BadState(closed_message)
@@ -263,6 +290,7 @@ class Engine:
     def __init__(self, config_json="", overrides=(), config_file=None, node=None):
         """`node`: (nodes, node_rank, ranks, master) for one process of a multi-process job
         (zmuon_engine_create_node; config_file is then read here)."""
+        _init_calls(self)
         handle = ctypes.c_void_p()
         ov = [_text(o, "override") for o in overrides]
         ov_arr = (ctypes.c_char_p * max(len(ov), 1))(*ov)
@@ -284,7 +312,13 @@ class Engine:
         self._handle = handle
 
     def close(self, _destroy=_lib.zmuon_engine_destroy):
-        """Stops the engine's ranks; later calls raise BadState."""
+        """Stops the engine's ranks; later calls raise BadState. From another thread while a
+        call runs (a step, say), it waits for that call to return, then stops the engine."""
+        cv = getattr(self, "_calls_cv", None)
+        if cv is not None:
+            with cv:
+                self._closing = True
+                cv.wait_for(lambda: self._calls == 0)
         _close_handle(self, _destroy)
 
     def __del__(self):
@@ -305,9 +339,11 @@ class Engine:
         _check(_lib.zmuon_engine_first_rank(self._h(), ctypes.byref(out)))
         return out.value
 
+    @_tracked
     def start(self):
         _check(_lib.zmuon_engine_start(self._h()))
 
+    @_tracked
     def sum_over_nodes(self, values):
         arr = (ctypes.c_double * max(len(values), 1))(*values)
         _check(_lib.zmuon_engine_sum_over_nodes(self._h(), arr, len(values)))
@@ -324,6 +360,7 @@ class Engine:
                                                  ctypes.byref(out)))
         return bool(out.value)
 
+    @_tracked
     def reduce(self, rank, entries, stream=None):
         """`stream`: the CUDA stream (cudaStream_t as an int) the device gradients were written
         on; the engine then orders its reads after it, and it after the reads (no waiting)."""
@@ -337,6 +374,7 @@ class Engine:
             _check(_lib.zmuon_engine_reduce_on_stream(self._h(), rank, _tensor_array(entries),
                                                       len(entries), ctypes.c_void_p(stream)))
 
+    @_tracked
     def reduce_all(self, entries_by_rank):
         """One micro-batch of every local rank (entries_by_rank[i]: local rank i's), each
         handed over on a thread of its own inside the engine."""
@@ -346,11 +384,13 @@ class Engine:
         counts = (ctypes.c_size_t * len(arrays))(*[len(entries) for entries in entries_by_rank])
         _check(_lib.zmuon_engine_reduce_all(self._h(), pointers, counts, len(arrays)))
 
+    @_tracked
     def step(self):
         info = StepInfo()
         _check(_lib.zmuon_engine_step(self._h(), ctypes.byref(info)))
         return info.as_dict()
 
+    @_tracked
     def gather_params(self, entries, stream=None):
         """`stream`: the CUDA stream (cudaStream_t as an int) that uses the device buffers; the
         engine then writes them between its queued work and its next (no waiting)."""
@@ -393,10 +433,12 @@ class Engine:
     def write_call_timeline(self, path):
         _check(_lib.zmuon_engine_write_call_timeline(self._h(), _path(path, "timeline path")))
 
+    @_tracked
     def save_checkpoint(self, directory):
         _check(_lib.zmuon_engine_save_checkpoint(self._h(),
                                                  _path(directory, "checkpoint directory")))
 
+    @_tracked
     def load_checkpoint(self, directory):
         """Returns the step the checkpoint was saved at."""
         step = ctypes.c_uint64()
@@ -475,6 +517,7 @@ def engine_with_host(config_json="", overrides=(), host_values=None):
     _check(_lib.zmuon_engine_create_with_host(_text(config_json, "config JSON"), ov_arr, len(ov),
                                               _text(host, "host values"), ctypes.byref(handle)))
     eng = Engine.__new__(Engine)
+    _init_calls(eng)
     eng._handle = handle
     return eng
 

@@ -36,6 +36,32 @@ class BadArguments(unittest.TestCase):
         self.assertEqual(str(cm.exception),
                          "gradient of 'blocks.0.mlp.fc' has 5 elements, expected 128")
 
+    def test_close_from_another_thread_waits_for_the_step_in_flight(self):
+        # close() while another thread steps: it waits for that step (not for the step's
+        # timeout, here 10 minutes), and the stepping thread's next call says the engine is closed.
+        import threading
+        import time
+        opt = zmuon.Muon(make_params(5), {"zmuon": {"timeout_ms": 600000}})
+        seen, steps = [], [0]
+
+        def train():
+            try:
+                while True:
+                    opt.accumulate(make_grads(5, steps[0], 0, 0))
+                    opt.step()
+                    steps[0] += 1
+            except zmuon.BadState as e:
+                seen.append(str(e))
+
+        worker = threading.Thread(target=train)
+        worker.start()
+        while steps[0] < 3:
+            time.sleep(0.01)
+        opt.close()
+        worker.join(60)
+        self.assertFalse(worker.is_alive(), "the stepping thread still runs a minute after close()")
+        self.assertEqual(seen, ["the engine is closed"])
+
     def test_a_rank_past_int32_is_refused_not_wrapped(self):
         # ctypes wrapped 2**32 to rank 0: the gradients went to another rank.
         grads = make_grads(5, 1, 0, 0)
