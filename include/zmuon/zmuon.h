@@ -19,7 +19,8 @@
  * Threads: zmuon_engine_reduce for different ranks may run on different threads at once; no
  * other call may overlap another on the same engine. After a failure that may leave the ranks
  * part of the way through a step (a timeout, a failed rank), every later call fails with
- * ZMUON_BAD_STATE naming it.
+ * ZMUON_BAD_STATE naming it; on a process of a multi-process job that lost another process,
+ * with ZMUON_COMM_FAILURE naming the lost node.
  */
 #ifndef ZMUON_ZMUON_H
 #define ZMUON_ZMUON_H
@@ -92,6 +93,24 @@ ZMUON_API const char* zmuon_last_error(void);
 ZMUON_API const char* zmuon_version(void);
 /* The name of a status code ("invalid_argument"). */
 ZMUON_API const char* zmuon_status_name(int status);
+
+/* The library's log (zmuon/log.hpp): a lost node, a route through node 0. By default each
+ * message is a line on stderr, prefixed "zmuon: ". The library never exits the process. */
+typedef enum zmuon_log_level {
+  ZMUON_LOG_ERROR = 0,
+  ZMUON_LOG_WARN = 1,
+  ZMUON_LOG_INFO = 2,
+  ZMUON_LOG_DEBUG = 3,
+  ZMUON_LOG_TRACE = 4
+} zmuon_log_level;
+/* Messages at `level` or more severe are logged (initially $ZMUON_LOG_LEVEL, else
+ * ZMUON_LOG_INFO). ZMUON_INVALID_ARGUMENT outside [ZMUON_LOG_ERROR, ZMUON_LOG_TRACE]. */
+ZMUON_API int zmuon_set_log_level(int level);
+/* Sends every message logged to `callback` instead of stderr: a zmuon_log_level, one line
+ * (valid during the call) and `user`. One call at a time, from whichever thread logs; it should
+ * return quickly and not call zmuon. NULL restores stderr. */
+typedef void (*zmuon_log_callback)(int level, const char* message, void* user);
+ZMUON_API int zmuon_set_log_callback(zmuon_log_callback callback, void* user);
 
 /* Creates an engine from a DeepSpeed-style JSON config (NULL or "": defaults) and
  * `n_overrides` "key.path=value" overrides. */

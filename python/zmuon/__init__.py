@@ -12,8 +12,10 @@ from ._capi import (HOST, BadState, CommFailure, DeviceFailure, DuplicateParamet
                     Unsupported, ZmuonError, version)
 from .optim import Muon, buffer_of
 from .orthogonalize import Orthogonalizer, newton_schulz
+from ._log import set_log_level  # and the library's log goes to logging.getLogger("zmuon")
 
-__all__ = ["Muon", "Engine", "buffer_of", "newton_schulz", "Orthogonalizer", "version", "HOST",
+__all__ = ["Muon", "Engine", "buffer_of", "newton_schulz", "Orthogonalizer", "version",
+           "set_log_level", "HOST",
            "ZmuonError", "InvalidArgument",
            "UnknownParameter", "DuplicateParameter", "ShapeMismatch", "BadState", "CommFailure",
            "Timeout", "IOFailure", "InternalError", "Unsupported", "DeviceFailure"]

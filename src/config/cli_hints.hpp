@@ -1,22 +1,22 @@
 // The command-line tools' answer to a parse error (zmuon-launch, zmuon-trace): CLI11's own
 // message, then, for each argument it did not take, the nearest flag or subcommand it lists in
-// --help ("zmuon-trace: unknown subcommand 'chek' (did you mean 'check'?)"), with the config
-// keys' nearest-key rule. The exit status is 0 for --help and 2 for anything else (bad input),
+// --help ("zmuon-trace: unknown subcommand 'chek' (did you mean 'check'?)", logged after the
+// tool's prefix), with the config keys' nearest-key rule. The exit status is 0 for --help and 2 for anything else (bad input),
 // not CLI11's own codes.
 #pragma once
 
-#include <cstdio>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "base/log.hpp"
 #include "config/config.hpp"
 
 namespace zmuon {
 
-/// The hints for the arguments `app` (or the subcommand it got to) left over, on stderr.
-inline void print_parse_hints(CLI::App& app, const char* tool) {
+/// The hints for the arguments `app` (or the subcommand it got to) left over, as errors.
+inline void print_parse_hints(CLI::App& app) {
   CLI::App* at = &app;  // the innermost subcommand given: its flags are the candidates
   while (!at->get_subcommands().empty())
     at = at->get_subcommands().front();
@@ -36,18 +36,17 @@ inline void print_parse_hints(CLI::App& app, const char* tool) {
     if (guess == "--")  // `--check` for the subcommand `check`
       guess = nearest_key(name, commands);
     if (!guess.empty())
-      std::fprintf(stderr, "%s: unknown %s '%s' (did you mean '%s'?)\n", tool,
-                   flag ? "flag" : "subcommand", arg.substr(0, arg.find('=')).c_str(),
-                   guess.c_str());
+      ZMUON_LOG_ERROR(std::string("unknown ") + (flag ? "flag" : "subcommand") + " '"
+                      + arg.substr(0, arg.find('=')) + "' (did you mean '" + guess + "'?)");
   }
 }
 
 /// For `catch (const CLI::ParseError& e)` around app.parse(): prints CLI11's message and the
 /// hints; returns the exit status (0 for --help and --version, 2 otherwise).
-inline int parse_failure(CLI::App& app, const CLI::ParseError& e, const char* tool) {
+inline int parse_failure(CLI::App& app, const CLI::ParseError& e) {
   if (app.exit(e) == 0)
     return 0;
-  print_parse_hints(app, tool);
+  print_parse_hints(app);
   return 2;
 }
 

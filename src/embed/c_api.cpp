@@ -18,7 +18,9 @@
 #include "embed/job_hooks.hpp"
 #include "plan/plan.hpp"
 #include "zmuon/engine.hpp"
+#include "zmuon/log.hpp"
 #include "zmuon/orthogonalize.hpp"
+#include "zmuon/version.hpp"
 
 struct zmuon_engine {
   std::unique_ptr<zmuon::engine> eng;
@@ -41,6 +43,8 @@ static_assert(ZMUON_UNSUPPORTED == static_cast<int>(errc::unsupported));
 static_assert(ZMUON_DEVICE_FAILURE == static_cast<int>(errc::device_failure));
 static_assert(ZMUON_FLOAT32 == static_cast<int>(zmuon::element_type::fp32));
 static_assert(ZMUON_BFLOAT16 == static_cast<int>(zmuon::element_type::bf16));
+static_assert(ZMUON_LOG_ERROR == static_cast<int>(zmuon::log_level::error));
+static_assert(ZMUON_LOG_TRACE == static_cast<int>(zmuon::log_level::trace));
 
 thread_local std::string last_error;
 
@@ -137,13 +141,36 @@ const char* zmuon_last_error(void) {
 }
 
 const char* zmuon_version(void) {
-  return ZMUON_VERSION_STRING;
+  return zmuon::version();
 }
 
 const char* zmuon_status_name(int status) {
   if (status < 0 || status > ZMUON_DEVICE_FAILURE)
     return "unknown";
   return zmuon::to_string(static_cast<errc>(status));
+}
+
+int zmuon_set_log_level(int level) {
+  if (level < ZMUON_LOG_ERROR || level > ZMUON_LOG_TRACE)
+    return fail(errc::invalid_argument, "zmuon_set_log_level: level " + std::to_string(level)
+                                            + " is outside [ZMUON_LOG_ERROR = 0, "
+                                              "ZMUON_LOG_TRACE = 4]");
+  zmuon::set_log_level(static_cast<zmuon::log_level>(level));
+  return ZMUON_OK;
+}
+
+int zmuon_set_log_callback(zmuon_log_callback callback, void* user) {
+  return guarded("zmuon_set_log_callback", [&]() -> zmuon::error {
+    if (!callback) {
+      zmuon::set_log_sink({});
+      return {};
+    }
+    zmuon::set_log_sink([callback, user](zmuon::log_level level, std::string_view message) {
+      const std::string line(message);  // NUL-terminated
+      callback(static_cast<int>(level), line.c_str(), user);
+    });
+    return {};
+  });
 }
 
 int zmuon_engine_create(const char* config_json, const char* const* overrides, size_t n_overrides,

@@ -3,10 +3,12 @@
 // connected to the other nodes' through CAF's network layer.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/comm.hpp"
+#include "node/job_end.hpp"
 
 namespace caf {
 class actor_system;
@@ -21,6 +23,7 @@ struct node_setup {
   std::vector<int> node_first_ranks;    // first global rank of every node, by node rank
   std::string nccl_unique_id;  // from node 0 when node_options::nccl_unique_id is set; else empty
   int world = 0;               // ranks of the job (0: the engine options' world)
+  std::shared_ptr<const job_end> end;  // why the job ended (a lost node); null: one process
 };
 
 }  // namespace zmuon

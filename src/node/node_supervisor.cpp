@@ -1,12 +1,11 @@
 #include "node/node_supervisor.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <optional>
 
 #include "caf/all.hpp"
 
+#include "base/log.hpp"
 #include "messages/errors.hpp"
 
 namespace zmuon {
@@ -29,7 +28,6 @@ struct supervisor_state {
   std::vector<bool> done;                    // by node: finished the job
   uint64_t step = 0;                         // this node's
   std::string failure;                       // the first loss noticed or reported
-  clock::time_point exit_at;                 // set with `failure`
   std::vector<waiter> waiters;
   std::optional<caf::typed_response_promise<bool>> finish;
   static const char* name;
@@ -59,18 +57,17 @@ void broadcast(supervisor_pointer self, const Msg& msg, int skip = -1) {
       caf::anon_send(peer(st.nodes.supervisors[q]), msg);  // queued messages hold no ref to us
 }
 
-// The job is over on this node: say why, release whoever waits, unblock the ranks, and make
-// sure the process ends even if something still blocks.
-void end_job(supervisor_pointer self, const std::string& what, bool print) {
+// The job is over on this node: say why, release whoever waits, and unblock the ranks. `log`:
+// whether the loss is news here (this node's own failure was said by its host).
+void end_job(supervisor_pointer self, const std::string& what, bool log) {
   auto& st = self->state;
   if (!st.failure.empty())
     return;
   st.failure = what;
-  st.exit_at = clock::now() + st.opts.grace;
-  if (print) {
-    std::fprintf(stderr, "zmuon-launch[node %d]: %s\n", st.opts.node, what.c_str());
-    std::fflush(stderr);
-  }
+  if (log)
+    ZMUON_LOG_ERROR(what);
+  if (st.opts.end)
+    st.opts.end->set(what);
   for (auto& c : st.opts.comms)
     self->send(c, comm_abort{what});
   for (auto& w : st.waiters)
@@ -97,13 +94,6 @@ void lose(supervisor_pointer self, int q, const std::string& why) {
 void tick(supervisor_pointer self) {
   auto& st = self->state;
   auto now = clock::now();
-  if (!st.failure.empty() && now >= st.exit_at) {
-    std::fprintf(stderr, "zmuon-launch[node %d]: still running %lld ms after the loss; exiting\n",
-                 st.opts.node, static_cast<long long>(st.opts.grace.count()));
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::_Exit(3);
-  }
   for (auto it = st.waiters.begin(); it != st.waiters.end();)
     if (now >= it->until) {
       it->promise.deliver(std::string());

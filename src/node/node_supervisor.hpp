@@ -1,11 +1,11 @@
 // node_supervisor: one per node. It watches every other node in two ways: a CAF
 // monitor on that node's supervisor (a dead process or a closed connection is a down message at
 // once) and heartbeats (a node that stops answering for `heartbeat_timeout` is lost too). A lost
-// node ends the job on every node: the supervisor that notices tells the others, aborts this
-// node's comm actors (their pending collectives fail, so the host loop unwinds) and, should
-// something still block, ends the process after a grace period. Never a hang. It is a
-// scheduled actor: its heartbeats need a scheduler thread that no rank's handler holds
-// (node_scheduler_threads).
+// node ends the job on every node: the supervisor that notices tells the others, logs the loss,
+// writes it into the node's job_end (the engine then fails every call with it) and aborts this
+// node's comm actors (their pending collectives fail, so the host loop unwinds). It never ends
+// the process: that is the host's choice (zmuon-launch exits with 3). It is a scheduled actor:
+// its heartbeats need a scheduler thread that no rank's handler holds (node_scheduler_threads).
 //
 // Interface:
 //   watch_nodes               from the node after the rendezvous: every node's supervisor and
@@ -22,6 +22,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "caf/typed_actor.hpp"
 
 #include "comm/caf_comm.hpp"
+#include "node/job_end.hpp"
 #include "node/node_messages.hpp"
 
 namespace zmuon {
@@ -57,8 +59,8 @@ struct supervisor_options {
   int node = 0;
   std::chrono::milliseconds heartbeat_timeout{10'000};
   std::chrono::milliseconds failure_wait{3'000};  // how long failure_atom waits for a report
-  std::chrono::milliseconds grace{5'000};         // after a loss, the process ends by then
   std::vector<caf_comm_actor> comms;              // this node's comm actors, aborted on a loss
+  std::shared_ptr<job_end> end;                   // written when the job ends (may be null)
 };
 
 node_supervisor_actor spawn_node_supervisor(caf::actor_system& sys, supervisor_options opts);

@@ -9,29 +9,41 @@
 
 #include <CLI/CLI.hpp>
 
+#include "base/log.hpp"
 #include "config/cli_hints.hpp"
 #include "zmuon-trace/check.hpp"
 #include "zmuon-trace/perfetto.hpp"
 #include "zmuon-trace/summary.hpp"
+#include "zmuon/version.hpp"
 
 namespace {
 
 using namespace zmuon::trace_tool;
 
 int with_traces(const std::string& dir, const std::function<int(const trace_set&)>& f) {
-  auto ts = read_traces(dir);
+  auto ts = read_traces(dir, {nullptr});  // its warnings go to the log, here
   if (!ts) {
-    std::cerr << "zmuon-trace: " << ts.err().message() << "\n";
+    ZMUON_LOG_ERROR(ts.err().message());
     return 2;
   }
+  for (const auto& w : ts->warnings)
+    ZMUON_LOG_WARN("warning: " + w);
   return f(*ts);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  zmuon::set_log_prefix("zmuon-trace: ");
   CLI::App app{"zmuon-trace: summarize, convert and check zmuon message traces"};
   app.require_subcommand(1);
+  std::string log_level;
+  app.add_option("--log-level", log_level,
+                 "the least severe messages on stderr: error | warn | info | debug | trace "
+                 "(default: $ZMUON_LOG_LEVEL, else info)")
+      ->check(CLI::IsMember({"error", "warn", "info", "debug", "trace"}));
+  app.set_version_flag("--version", std::string("zmuon-trace ") + zmuon::version(),
+                       "print the version and exit");
   std::string dir, out;
   auto* sum = app.add_subcommand("summary",
                                  "per step: phase times per rank, slowest rank, "
@@ -50,8 +62,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return zmuon::parse_failure(app, e, "zmuon-trace");
+    return zmuon::parse_failure(app, e);
   }
+  if (!log_level.empty())
+    zmuon::set_log_level(*zmuon::parse_log_level(log_level));
 
   if (*sum)
     return with_traces(dir, [](const trace_set& ts) {
@@ -62,13 +76,13 @@ int main(int argc, char** argv) {
     return with_traces(dir, [&](const trace_set& ts) {
       std::ofstream f(out);
       if (!f) {
-        std::cerr << "zmuon-trace: cannot write '" << out << "'\n";
+        ZMUON_LOG_ERROR("cannot write '" + out + "'");
         return 2;
       }
       auto j = to_perfetto(ts);
       f << j.dump() << "\n";
       if (!f.flush()) {
-        std::cerr << "zmuon-trace: cannot write '" << out << "'\n";
+        ZMUON_LOG_ERROR("cannot write '" + out + "'");
         return 2;
       }
       std::cout << "wrote " << j["traceEvents"].size() << " events to " << out << "\n";
