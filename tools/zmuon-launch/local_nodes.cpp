@@ -163,7 +163,7 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
   // one else can plant a file or a link there.
   auto dir = make_private_dir("zmuon-rendezvous-");
   if (!dir) {
-    std::fprintf(stderr, "zmuon-launch: %s\n", dir.err().message().c_str());
+    ZMUON_LOG_ERROR(dir.err().message());
     return 1;
   }
   struct dir_guard {
@@ -178,7 +178,7 @@ int run_local_nodes(int nodes, const std::vector<std::string>& args, long long j
       && !has_flag(args, "--insecure-any-host")) {
     secret = fresh_secret();
     if (secret.empty()) {
-      std::fprintf(stderr, "zmuon-launch: no randomness for the job's secret\n");
+      ZMUON_LOG_ERROR("no randomness for the job's secret");
       return 1;
     }
   }
