@@ -122,7 +122,11 @@ struct two_nodes {
   explicit two_nodes(engine_options o) {
     o.world = 2;
     for (int r = 0; r < 2; ++r) {
-      node_setup node{&sys, r, {comms[r]}, {0, 1}, ""};
+      node_setup node;
+      node.system = &sys;
+      node.first_rank = r;
+      node.comms = {comms[r]};
+      node.node_first_ranks = {0, 1};
       auto made = engine::create(o, node);
       BOOST_REQUIRE_MESSAGE(made, (made ? "" : made.err().to_string()));
       eng[r] = std::move(*made);
