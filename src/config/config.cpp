@@ -622,9 +622,10 @@ void check_keys(const json& obj, const std::string& prefix, findings& out) {
         out.problems.push_back(path + " " + describe(value) + " is refused: " + k->why);
       continue;
     }
+    const std::string& name = key;  // a structured binding: C++17 lambdas cannot capture it
     const bool monitor = prefix.empty()
                          && std::any_of(host_monitors().begin(), host_monitors().end(),
-                                        [&](const auto& m) { return m.first == key; });
+                                        [&](const auto& m) { return m.first == name; });
     if (!is_section(path)) {
       out.problems.push_back(unknown_key(prefix, key));
       continue;
