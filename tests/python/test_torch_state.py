@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 import zmuon
+from test_torch_optim import fp32_newton_schulz  # zmuon's contract, in float32
 
 torch.set_num_threads(2)
 
@@ -241,20 +242,6 @@ class StateDictTest(unittest.TestCase):
         opt2.load_state_dict(sd)  # the good one still loads
         self.assertEqual(same(other, model), [])
         print()
-
-
-def fp32_newton_schulz(grad, ns_coefficients, ns_steps, eps):
-    """torch.optim.Muon's Newton-Schulz in float32 (zmuon's contract), as test_torch_optim's."""
-    a, b, c = ns_coefficients
-    x = grad.float()
-    tall = x.shape[0] > x.shape[1]
-    if tall:
-        x = x.T
-    x = x / (x.norm() + eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
 
 
 if __name__ == "__main__":
