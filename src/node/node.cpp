@@ -140,7 +140,9 @@ expected<Reply> node::impl::ask_rendezvous(const rendezvous_actor& rdv, Request 
   const bool remote = opts.node_rank != 0;
   const auto timeout = join_timeout();
   auto failure = [this](const caf::error& err) { return join_failure(err); };
-  sys->spawn([=](caf::event_based_actor* self) mutable {
+  // The request goes in as a spawn argument: CAF 0.17 spawning a function with no argument
+  // besides `self` dereferences a null tuple (UBSan's finding, harmless but undefined).
+  sys->spawn([=](caf::event_based_actor* self, Request req) mutable {
     auto done = std::make_shared<bool>(false);
     auto finish = [=](expected<Reply> value) {
       if (!*done) {
@@ -159,7 +161,7 @@ expected<Reply> node::impl::ask_rendezvous(const rendezvous_actor& rdv, Request 
     self->request(rdv, timeout, std::move(req))
         .then([=](Reply& reply) { finish(std::move(reply)); },
               [=](caf::error& err) { finish(failure(err)); });
-  });
+  }, std::move(req));
   return result.get();
 }
 
