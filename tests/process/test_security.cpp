@@ -18,10 +18,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <thread>
 
@@ -330,25 +332,42 @@ BOOST_AUTO_TEST_CASE(planted_links_fifos_and_huge_files_are_refused) {
   fs::remove_all("test_sec_resume");
 }
 
-// 10,000 parameters registered in well under a second (each registration checks the new one
-// only; the whole table is planned once, at start).
-BOOST_AUTO_TEST_CASE(registration_is_linear_in_the_parameters) {
-  zmuon::engine_options opts;
-  opts.world = 1;
-  auto eng = zmuon::engine::create(opts);
-  BOOST_REQUIRE(eng);
-  const auto begin = clock_type::now();
-  for (int i = 0; i < 10000; ++i) {
-    zmuon::param_spec spec;
-    spec.name = "p" + std::to_string(i);
-    spec.shape = {4};
-    BOOST_REQUIRE(!(*eng)->add_parameter(spec, {}));
+// Registration is linear in the parameters: each one checks only itself; the whole table is
+// planned once, at start. The check is on the growth, not on a wall-clock figure: 4x the
+// parameters must cost well under 16x the time (the quadratic registration took 66-81 s for
+// 10,000). Each count is timed three times and the fastest kept, against noise.
+namespace {
+double register_seconds(int n, std::unique_ptr<zmuon::engine>* keep = nullptr) {
+  double best = 1e30;
+  for (int trial = 0; trial < 3; ++trial) {
+    zmuon::engine_options opts;
+    opts.world = 1;
+    auto eng = zmuon::engine::create(opts);
+    BOOST_REQUIRE(eng);
+    const auto begin = clock_type::now();
+    for (int i = 0; i < n; ++i) {
+      zmuon::param_spec spec;
+      spec.name = "p" + std::to_string(i);
+      spec.shape = {4};
+      BOOST_REQUIRE(!(*eng)->add_parameter(spec, {}));
+    }
+    best = std::min(best, std::chrono::duration<double>(clock_type::now() - begin).count());
+    if (keep)
+      *keep = std::move(*eng);
   }
-  const double seconds = std::chrono::duration<double>(clock_type::now() - begin).count();
-  BOOST_TEST_MESSAGE("10,000 parameters registered in " << seconds << " s");
-  BOOST_TEST(seconds < 1.0);
+  return best;
+}
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(registration_is_linear_in_the_parameters) {
+  std::unique_ptr<zmuon::engine> eng;
+  const double small = register_seconds(2500);
+  const double large = register_seconds(10000, &eng);
+  BOOST_TEST_MESSAGE("2,500 parameters registered in " << small << " s, 10,000 in " << large
+                                                       << " s (ratio " << large / small << ")");
+  BOOST_TEST(large / small < 8.0);
   zmuon::param_spec twice;
   twice.name = "p17";
   twice.shape = {4};
-  BOOST_TEST(((*eng)->add_parameter(twice, {}).code() == zmuon::errc::duplicate_parameter));
+  BOOST_TEST((eng->add_parameter(twice, {}).code() == zmuon::errc::duplicate_parameter));
 }
