@@ -26,8 +26,8 @@
 
 #include "caf/all.hpp"
 
-#include "node/node.hpp"
 #include "messages/errors.hpp"
+#include "node/node.hpp"
 
 namespace {
 

@@ -22,9 +22,9 @@
 
 #include "caf/all.hpp"
 
-#include "zmuon-launch/train.hpp"
 #include "messages/registry.hpp"
 #include "trace/trace.hpp"
+#include "zmuon-launch/train.hpp"
 
 namespace {
 

@@ -125,8 +125,8 @@ std::optional<log_level> parse_log_level(std::string_view name) {
   std::string lower;
   for (char c : name)
     lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  for (auto level : {log_level::error, log_level::warn, log_level::info, log_level::debug,
-                     log_level::trace})
+  for (auto level :
+       {log_level::error, log_level::warn, log_level::info, log_level::debug, log_level::trace})
     if (lower == to_string(level))
       return level;
   return std::nullopt;

@@ -16,10 +16,10 @@ void log_write(log_level level, std::string_view message) noexcept;
 
 }  // namespace zmuon
 
-#define ZMUON_LOG(level, message)              \
-  do {                                         \
-    if (::zmuon::log_enabled(level))           \
-      ::zmuon::log_write((level), (message));  \
+#define ZMUON_LOG(level, message)             \
+  do {                                        \
+    if (::zmuon::log_enabled(level))          \
+      ::zmuon::log_write((level), (message)); \
   } while (false)
 
 #define ZMUON_LOG_ERROR(message) ZMUON_LOG(::zmuon::log_level::error, message)

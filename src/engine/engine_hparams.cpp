@@ -44,8 +44,8 @@ error check_group(int group, const group_hparams& v, const std::string& backend)
 error engine::set_hparam_group(const std::string& name, int group) {
   auto& d = *impl_;
   if (d.pl)
-    return {errc::bad_state, "hyperparameter group of '" + name
-                                 + "' set after the first reduce() or step()"};
+    return {errc::bad_state,
+            "hyperparameter group of '" + name + "' set after the first reduce() or step()"};
   if (group < 0 || group >= kMaxHparamGroups)
     return {errc::invalid_argument, "hyperparameter group " + std::to_string(group)
                                         + " is outside [0, " + std::to_string(kMaxHparamGroups)

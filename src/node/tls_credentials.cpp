@@ -90,8 +90,9 @@ x509_ptr make_cert(EVP_PKEY* key, const std::string& cn, X509* issuer, EVP_PKEY*
   if (!cert || X509_set_version(cert.get(), 2) != 1)
     return nullptr;
   BIGNUM* serial = BN_new();
-  const bool serial_ok = serial != nullptr && BN_rand(serial, 120, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) == 1
-                         && BN_to_ASN1_INTEGER(serial, X509_get_serialNumber(cert.get())) != nullptr;
+  const bool serial_ok =
+      serial != nullptr && BN_rand(serial, 120, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) == 1
+      && BN_to_ASN1_INTEGER(serial, X509_get_serialNumber(cert.get())) != nullptr;
   BN_free(serial);
   if (!serial_ok)
     return nullptr;
@@ -131,8 +132,7 @@ std::string pem_of(X509* cert) {
 
 std::string pem_of(EVP_PKEY* key) {
   bio_ptr bio(BIO_new(BIO_s_mem()));
-  if (!bio
-      || PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1)
+  if (!bio || PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1)
     return {};
   char* data = nullptr;
   const long n = BIO_get_mem_data(bio.get(), &data);
@@ -150,8 +150,8 @@ std::string first_line(const std::string& text) {
 expected<std::string> secret_from_file(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-    return error{errc::invalid_argument, "the job's secret file '" + path
-                                             + "' may be read by others (chmod 600 it)"};
+    return error{errc::invalid_argument,
+                 "the job's secret file '" + path + "' may be read by others (chmod 600 it)"};
   auto text = read_regular_file(path, 4096, "the job's secret file '" + path + "'");
   if (!text)
     return text.err();
@@ -165,8 +165,8 @@ constexpr long kDay = 24 * 3600;
 expected<std::unique_ptr<tls_credentials>> tls_credentials::make(const std::string& secret,
                                                                  test_certificate kind) {
   if (secret.size() < kMinSecretBytes)
-    return error{errc::invalid_argument, "the job's secret is shorter than "
-                                             + std::to_string(kMinSecretBytes) + " bytes"};
+    return error{errc::invalid_argument,
+                 "the job's secret is shorter than " + std::to_string(kMinSecretBytes) + " bytes"};
   pkey_ptr ca_key = ca_key_from(secret);
   pkey_ptr signer = kind == test_certificate::foreign_ca ? ca_key_from(secret + " (another job)")
                                                          : ca_key_from(secret);

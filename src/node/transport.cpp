@@ -5,13 +5,13 @@
 #include <mutex>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
-#include <netdb.h>
-#include <dirent.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -84,7 +84,6 @@ void note_peer(SSL* ssl) {
   if (SSL_get_ex_data(ssl, peer_index()) == nullptr)
     SSL_set_ex_data(ssl, peer_index(), new peer_note{peer_of(SSL_get_fd(ssl))});
 }
-
 
 // Logs a handshake of CAF's openssl session that failed: who, and why (the certificate check's
 // verdict when there was one). The OpenSSL error queue is read, not consumed.
@@ -206,9 +205,9 @@ void configure_transport(caf::actor_system_config& cfg, const tls_credentials* c
   cfg.openssl_key = creds->key_file();
 }
 
-expected<uint16_t> publish_actor(caf::actor_system& sys, bool tls, const caf::strong_actor_ptr& whom,
-                                 std::set<std::string> interface, uint16_t port,
-                                 const std::string& host) {
+expected<uint16_t> publish_actor(caf::actor_system& sys, bool tls,
+                                 const caf::strong_actor_ptr& whom, std::set<std::string> interface,
+                                 uint16_t port, const std::string& host) {
   // The middleman actor's own message: it keeps the typed interface (which the peers check)
   // under plain TCP too.
   auto mm = tls ? sys.openssl_manager().actor_handle() : sys.middleman().actor_handle();
@@ -217,7 +216,9 @@ expected<uint16_t> publish_actor(caf::actor_system& sys, bool tls, const caf::st
   self->request(mm, std::chrono::seconds(30), caf::publish_atom::value, port, whom,
                 std::move(interface), host, true)
       .receive([&](uint16_t bound) { out = bound; },
-               [&](caf::error& err) { out = error{errc::comm_failure, sys.render(err)}; });
+               [&](caf::error& err) {
+                 out = error{errc::comm_failure, sys.render(err)};
+               });
   return out;
 }
 
@@ -260,8 +261,7 @@ void abort_connections_to(const std::string& host, uint16_t port) {
 
 }  // namespace
 
-expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys,
-                                              const tls_credentials* creds,
+expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys, const tls_credentials* creds,
                                               const std::string& host, uint16_t port,
                                               const std::set<std::string>& interface,
                                               std::chrono::milliseconds timeout,
@@ -291,11 +291,10 @@ expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys,
           [&](caf::error& err) {
             *nobody_listens = err == caf::sec::cannot_connect_to_node;
             if (err == caf::sec::request_timeout) {
-              out = error{errc::timeout, "no answer within " + std::to_string(timeout.count())
-                                             + " ms"};
+              out = error{errc::timeout,
+                          "no answer within " + std::to_string(timeout.count()) + " ms"};
               abort_connections_to(host, port);
-            }
-            else
+            } else
               out = error{errc::comm_failure, sys.render(err)};
           });
   return out;

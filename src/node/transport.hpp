@@ -30,9 +30,9 @@ expected<std::string> resolve_transport(node_transport& mode, const std::string&
 void configure_transport(caf::actor_system_config& cfg, const tls_credentials* creds);
 
 /// Publishes `whom` at host:port (TLS when `tls`); the port taken.
-expected<uint16_t> publish_actor(caf::actor_system& sys, bool tls, const caf::strong_actor_ptr& whom,
-                                 std::set<std::string> interface, uint16_t port,
-                                 const std::string& host);
+expected<uint16_t> publish_actor(caf::actor_system& sys, bool tls,
+                                 const caf::strong_actor_ptr& whom, std::set<std::string> interface,
+                                 uint16_t port, const std::string& host);
 
 template <class Handle>
 expected<uint16_t> publish_actor(bool tls, const Handle& whom, uint16_t port,
@@ -47,8 +47,7 @@ expected<uint16_t> publish_actor(bool tls, const Handle& whom, uint16_t port,
 /// handshake at the deadline is shut down (CAF cannot cancel it). Errors: errc::timeout, or
 /// errc::comm_failure with what CAF said; `nobody_listens`, when given, tells a refused
 /// connection (worth another try) from a handshake that failed (a peer not of this job).
-expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys,
-                                              const tls_credentials* creds,
+expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys, const tls_credentials* creds,
                                               const std::string& host, uint16_t port,
                                               const std::set<std::string>& interface,
                                               std::chrono::milliseconds timeout,
@@ -58,9 +57,9 @@ template <class Handle>
 expected<Handle> connect_actor(caf::actor_system& sys, const tls_credentials* creds,
                                const std::string& host, uint16_t port,
                                std::chrono::milliseconds timeout, bool* nobody_listens = nullptr) {
-  auto found = connect_actor(sys, creds, host, port,
-                             sys.message_types(caf::detail::type_list<Handle>{}), timeout,
-                             nobody_listens);
+  auto found =
+      connect_actor(sys, creds, host, port, sys.message_types(caf::detail::type_list<Handle>{}),
+                    timeout, nobody_listens);
   if (!found)
     return found.err();
   return caf::actor_cast<Handle>(std::move(*found));

@@ -122,9 +122,9 @@ BOOST_AUTO_TEST_CASE(strangers_are_refused_and_the_job_is_unharmed) {
   BOOST_REQUIRE_MESSAGE(exited_with(status, 0), reference);
 
   std::string master;
-  auto node0 = start_node0("--secret-file " + secret + " " + kJob
-                               + " --save-params test_sec_attacked.safetensors",
-                           master);
+  auto node0 = start_node0(
+      "--secret-file " + secret + " " + kJob + " --save-params test_sec_attacked.safetensors",
+      master);
   const std::string join = "--nodes 2 --node-rank 1 --master " + master + " " + kJob + " ";
   BOOST_TEST(send_raw(port_of(master), huge_header()));
   BOOST_TEST(send_raw(port_of(master), ""));  // a hello, then a hang-up
@@ -153,8 +153,8 @@ BOOST_AUTO_TEST_CASE(strangers_are_refused_and_the_job_is_unharmed) {
   }
   const std::string refusals = node0->output();
   std::regex refused(R"(refused a connection from 127\.0\.0\.1:\d+ \(TLS handshake failed)");
-  const auto count = std::distance(
-      std::sregex_iterator(refusals.begin(), refusals.end(), refused), std::sregex_iterator());
+  const auto count = std::distance(std::sregex_iterator(refusals.begin(), refusals.end(), refused),
+                                   std::sregex_iterator());
   BOOST_TEST(count >= 4, refusals);  // a hang-up before any byte is no handshake: not logged
   BOOST_TEST(refusals.find("certificate has expired") != std::string::npos, refusals);
 
@@ -171,8 +171,8 @@ BOOST_AUTO_TEST_CASE(strangers_are_refused_and_the_job_is_unharmed) {
 // loopback addresses only.
 BOOST_AUTO_TEST_CASE(no_secret_no_job_unless_plain_tcp_is_asked_for) {
   int status = 0;
-  auto out = zmuon::test::run_launch(
-      "--nodes 2 --node-rank 1 --master 127.0.0.1:1 --steps 1 2>&1", &status);
+  auto out = zmuon::test::run_launch("--nodes 2 --node-rank 1 --master 127.0.0.1:1 --steps 1 2>&1",
+                                     &status);
   BOOST_TEST(exited_with(status, 2), out);
   BOOST_TEST(out.find("the job has no secret") != std::string::npos, out);
   out = zmuon::test::run_launch(
@@ -189,9 +189,9 @@ BOOST_AUTO_TEST_CASE(the_join_has_a_deadline_and_the_port_closes_when_the_job_ru
   {
     std::string master;
     auto node0 = start_node0("--secret-file " + secret + " --steps 400", master);
-    launch_process node1("--nodes 2 --node-rank 1 --master " + master
-                             + " --steps 400 --secret-file " + secret,
-                         "test_sec_node1.log");
+    launch_process node1(
+        "--nodes 2 --node-rank 1 --master " + master + " --steps 400 --secret-file " + secret,
+        "test_sec_node1.log");
     BOOST_REQUIRE_MESSAGE(node0->wait_for_output("step    2", 30s), node0->output());
     BOOST_TEST(!send_raw(port_of(master), huge_header()), "the rendezvous port is still open");
     node0->kill();
@@ -230,9 +230,9 @@ BOOST_AUTO_TEST_CASE(the_join_has_a_deadline_and_the_port_closes_when_the_job_ru
     node0.kill();
     BOOST_REQUIRE(node1.wait(20s));
     BOOST_TEST((clock_type::now() - begin < 10s), "node 1 waited for its join timeout");
-    BOOST_TEST(node1.output().find("node 0 was lost while the nodes were joining")
-                   != std::string::npos,
-               node1.output());
+    BOOST_TEST(
+        node1.output().find("node 0 was lost while the nodes were joining") != std::string::npos,
+        node1.output());
   }
 }
 

@@ -43,21 +43,21 @@ BOOST_AUTO_TEST_CASE(log_level_chooses_the_messages_shown) {
     std::string env, flag;
     bool warning_shown;
   };
-  for (const auto& r : {run{"", "", true}, run{"", "--log-level warn", true},
-                        run{"", "--log-level trace", true}, run{"", "--log-level error", false},
-                        run{"ZMUON_LOG_LEVEL=error", "", false},
-                        run{"ZMUON_LOG_LEVEL=ERROR", "", false},
-                        run{"ZMUON_LOG_LEVEL=error", "--log-level info", true},
-                        run{"ZMUON_LOG_LEVEL=debug", "--log-level error", false}}) {
+  for (const auto& r :
+       {run{"", "", true}, run{"", "--log-level warn", true}, run{"", "--log-level trace", true},
+        run{"", "--log-level error", false}, run{"ZMUON_LOG_LEVEL=error", "", false},
+        run{"ZMUON_LOG_LEVEL=ERROR", "", false},
+        run{"ZMUON_LOG_LEVEL=error", "--log-level info", true},
+        run{"ZMUON_LOG_LEVEL=debug", "--log-level error", false}}) {
     BOOST_TEST_CONTEXT("'" << r.env << "' '" << r.flag << "'") {
-      out = zmuon::test::run_command("env " + r.env + " " + launch + " " + r.flag + resume,
-                                     &status);
+      out =
+          zmuon::test::run_command("env " + r.env + " " + launch + " " + r.flag + resume, &status);
       BOOST_TEST(exit_code(status) == 0, out);
-      BOOST_TEST((out.find("zmuon-launch: the checkpoint is at step 2 and --steps is 2: "
-                           + no_step_left)
-                  != std::string::npos)
-                     == r.warning_shown,
-                 out);
+      BOOST_TEST(
+          (out.find("zmuon-launch: the checkpoint is at step 2 and --steps is 2: " + no_step_left)
+           != std::string::npos)
+              == r.warning_shown,
+          out);
     }
   }
   // An error shows at every level; a bad level is bad input.

@@ -65,8 +65,8 @@ BOOST_AUTO_TEST_CASE(a_message_below_the_level_is_not_built) {
 }
 
 BOOST_AUTO_TEST_CASE(levels_have_names) {
-  for (auto level : {log_level::error, log_level::warn, log_level::info, log_level::debug,
-                     log_level::trace})
+  for (auto level :
+       {log_level::error, log_level::warn, log_level::info, log_level::debug, log_level::trace})
     BOOST_TEST((zmuon::parse_log_level(zmuon::to_string(level)) == level));
   BOOST_TEST((zmuon::parse_log_level("WARN") == log_level::warn));
   BOOST_TEST(!zmuon::parse_log_level("warning"));
