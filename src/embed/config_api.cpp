@@ -102,26 +102,28 @@ expected<ns_options> parse_ns_options(const std::string& json_text) {
   return cfg->engine.muon.ns;
 }
 
-expected<std::unique_ptr<engine>> engine::create_from_json(
-    const std::string& json_text, const std::vector<std::string>& overrides) {
-  auto cfg = parse_config_text(json_text, overrides);
+namespace {
+
+/// An engine with a parsed config's options and its LR schedule.
+expected<std::unique_ptr<engine>> engine_of(const expected<job_config>& cfg) {
   if (!cfg)
     return cfg.err();
-  auto made = create(cfg->engine);
+  auto made = engine::create(cfg->engine);
   if (made)
     install_lr_schedule(**made, *cfg);
   return made;
 }
 
+}  // namespace
+
+expected<std::unique_ptr<engine>> engine::create_from_json(
+    const std::string& json_text, const std::vector<std::string>& overrides) {
+  return engine_of(parse_config_text(json_text, overrides));
+}
+
 expected<std::unique_ptr<engine>> engine::create_from_file(
     const std::string& path, const std::vector<std::string>& overrides) {
-  auto cfg = load_config_file(path, overrides);
-  if (!cfg)
-    return cfg.err();
-  auto made = create(cfg->engine);
-  if (made)
-    install_lr_schedule(**made, *cfg);
-  return made;
+  return engine_of(load_config_file(path, overrides));
 }
 
 }  // namespace zmuon

@@ -4,11 +4,8 @@
 # it they fail, they never skip.
 set(ZMUON_TORCH_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
 foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_deepspeed)
-  add_test(NAME python_${test}
-    COMMAND ${ZMUON_TORCH_PYTHON} -m unittest -v ${test}
-    WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR})
-  set_tests_properties(python_${test} PROPERTIES TIMEOUT 300 LABELS "embed;torch"
-    ENVIRONMENT "PYTHONPATH=${PROJECT_SOURCE_DIR}/python;ZMUON_LIBRARY=$<TARGET_FILE:zmuon>;PYTHONDONTWRITEBYTECODE=1;HF_HUB_OFFLINE=1")
+  zmuon_add_python_test(python_${test} MODULE ${test} PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300
+    LABELS embed torch ENV "HF_HUB_OFFLINE=1")
 endforeach()
 
 # pip install . into a fresh venv and the parity test from outside the checkout.
