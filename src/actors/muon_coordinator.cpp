@@ -296,8 +296,9 @@ void scatter(coord_pointer self, int c) {
         scales.push_back(
             update_scale(hparams_of_param(st, i).muon.adjust_lr, p.rows / p.heads, p.cols));
       }
-    apply_muon msg{st.work->req.step,   c, first.lr, first.weight_decay, cw.result.compute(),
-                   std::move(scales), std::move(args)};
+    apply_muon msg{
+        st.work->req.step, c, first.lr, first.weight_decay, cw.result.compute(), std::move(scales),
+        std::move(args)};
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
       buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
@@ -333,7 +334,7 @@ void advance(coord_pointer self) {
         cw.at = chunk_work::momentum_requested;
         muon_param_args first;
         auto args = muon_args(st, s.chunk, first);
-        muon_momentum msg{w.req.step, s.chunk,        first.beta,
+        muon_momentum msg{w.req.step,     s.chunk,        first.beta,
                           first.nesterov, cw.u.compute(), std::move(args)};
         ask<ack>(self, st.peers.store, msg, [=](ack&) {
           auto& st = self->state;

@@ -38,8 +38,8 @@ struct store_state {
   // The backend's calls over several parameters: each Muon chunk's, and every AdamW parameter's.
   std::vector<std::vector<param_slice>> chunk_slices;
   std::vector<param_slice> adam_slices;
-  int64_t adam_steps = 0;                  // applied steps
-  std::vector<int64_t> adam_param_steps;   // per AdamW parameter: the steps that touched it
+  int64_t adam_steps = 0;                 // applied steps
+  std::vector<int64_t> adam_param_steps;  // per AdamW parameter: the steps that touched it
   // Work on the backend whose completion comes back as gpu_done, oldest first.
   struct pending_scan {
     uint64_t step;
@@ -81,7 +81,8 @@ void by_key(const std::vector<param_slice>& slices, KeyOf key_of, Call call) {
     std::optional<Key> key = key_of(k);
     if (!key)
       continue;
-    auto it = std::find_if(sets.begin(), sets.end(), [&](const auto& s) { return s.first == *key; });
+    auto it =
+        std::find_if(sets.begin(), sets.end(), [&](const auto& s) { return s.first == *key; });
     if (it == sets.end()) {
       sets.emplace_back(*key, std::vector<param_slice>{});
       it = sets.end() - 1;

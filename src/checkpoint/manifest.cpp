@@ -5,9 +5,9 @@
 #include <set>
 #include <type_traits>
 
+#include "base/json_text.hpp"
 #include "checkpoint/checkpoint.hpp"
 #include "checkpoint/detail.hpp"
-#include "base/json_text.hpp"
 
 namespace zmuon {
 
@@ -101,8 +101,7 @@ expected<checkpoint_manifest> parse_manifest(const std::string& text, const std:
       return bad(path, "manifest adam_param_steps is not an array");
     for (const auto& n : steps) {
       if (!n.is_number_integer() || n.get<int64_t>() < 0)
-        return bad(path, "manifest adam_param_steps holds " + n.dump()
-                             + ", not a step count");
+        return bad(path, "manifest adam_param_steps holds " + n.dump() + ", not a step count");
       m.adam_param_steps.push_back(n.get<int64_t>());
     }
     j.erase("adam_param_steps");

@@ -379,8 +379,8 @@ error write_atomically(const std::string& path, Fill&& fill) {
   // A new file, never one planted there: a symbolic link at the name is refused, not followed.
   std::string tmp_path = path + ".tmp." + std::to_string(::getpid());
   ::unlink(tmp_path.c_str());  // a stale one of an earlier process with this pid
-  file_descriptor fd(::open(tmp_path.c_str(),
-                            O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  file_descriptor fd(
+      ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
   if (!fd.valid())
     return io_failure("cannot create", tmp_path);
   error err = fill(fd.get(), tmp_path);

@@ -1,8 +1,8 @@
 // The command-line tools' answer to a parse error (zmuon-launch, zmuon-trace): CLI11's own
 // message, then, for each argument it did not take, the nearest flag or subcommand it lists in
 // --help ("zmuon-trace: unknown subcommand 'chek' (did you mean 'check'?)", logged after the
-// tool's prefix), with the config keys' nearest-key rule. The exit status is 0 for --help and 2 for anything else (bad input),
-// not CLI11's own codes.
+// tool's prefix), with the config keys' nearest-key rule. The exit status is 0 for --help and 2 for
+// anything else (bad input), not CLI11's own codes.
 #pragma once
 
 #include <string>

@@ -502,8 +502,8 @@ int zmuon_engine_set_group_hparams(zmuon_engine* eng, int32_t group,
       return null_arg(fn, eng ? "values" : "eng");
     zmuon::group_hparams v;
     if (auto err = to_group(*eng->eng, *values, v))
-      return {err.code(), std::string(fn) + ": group " + std::to_string(group) + ": "
-                              + err.message()};
+      return {err.code(),
+              std::string(fn) + ": group " + std::to_string(group) + ": " + err.message()};
     return eng->eng->set_group_hparams(group, v);
   });
 }
@@ -850,9 +850,9 @@ int zmuon_engine_set_metrics_callback(zmuon_engine* eng, zmuon_metrics_callback 
   if (!eng)
     return fail(null_arg(fn, "eng"));
   if (!eng->job)
-    return fail(zmuon::error{zmuon::errc::bad_state,
-                             std::string(fn) + ": the engine was not made by "
-                                               "zmuon_engine_create_with_host"});
+    return fail(zmuon::error{zmuon::errc::bad_state, std::string(fn)
+                                                         + ": the engine was not made by "
+                                                           "zmuon_engine_create_with_host"});
   eng->job->set_callback([callback, user](const std::string& record) {
     if (callback)
       callback(record.c_str(), user);

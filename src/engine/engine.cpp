@@ -18,9 +18,9 @@
 #endif
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
+#include "node/node_setup.hpp"
 #include "plan/ownership.hpp"
 #include "trace/trace.hpp"
-#include "node/node_setup.hpp"
 
 namespace zmuon {
 

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <map>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -23,9 +23,9 @@
 #include "engine/reduce_window.hpp"
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
+#include "node/node_setup.hpp"
 #include "trace/trace.hpp"
 #include "zmuon/engine.hpp"
-#include "node/node_setup.hpp"
 
 namespace zmuon {
 
@@ -116,9 +116,9 @@ struct engine::impl {
   caf::actor_system* sys = nullptr;
   int first_rank = 0;  // this process runs ranks [first_rank, first_rank + local)
   int local = 0;
-  std::vector<int> node_first_ranks;  // set on a node of a multi-process job
+  std::vector<int> node_first_ranks;   // set on a node of a multi-process job
   std::shared_ptr<const job_end> job;  // a node of a multi-process job: why the job ended, if so
-  int32_t host_collectives = 0;       // parameters()/sum_over_nodes() issued since the last step
+  int32_t host_collectives = 0;        // parameters()/sum_over_nodes() issued since the last step
   std::vector<param_spec> table;
   std::unordered_set<std::string> table_names;  // add_parameter's duplicate check, O(1) a call
   std::vector<std::vector<float>> init;
@@ -130,10 +130,10 @@ struct engine::impl {
   std::vector<reduce_window> windows;  // their reduce buckets in flight, by local index
   std::vector<host_buckets> packed;    // their host buffers for packed buckets, by local index
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
-  std::vector<int> micros;  // micro-batches handed over per local rank in the open step
-  uint64_t step = 0;        // last step number issued
+  std::vector<int> micros;     // micro-batches handed over per local rank in the open step
+  uint64_t step = 0;           // last step number issued
   uint64_t skipped_steps = 0;  // steps of this engine skipped for a non-finite gradient
-  bool time_calls = false;  // time_backend_calls(): what the backends get when they are made
+  bool time_calls = false;     // time_backend_calls(): what the backends get when they are made
   lr_schedule muon_lr;
   lr_schedule adam_lr;
   std::map<int, group_hparams> group_set;  // set_group_hparams: the groups given values
@@ -216,7 +216,7 @@ struct engine::impl {
   /// refuses every later call with it.
   std::string stopped;
   errc stopped_code = errc::bad_state;  // comm_failure when the job lost a node
-  std::mutex stop_mutex;  // guards `stopped` (two ranks' reduce() may fail at once)
+  std::mutex stop_mutex;                // guards `stopped` (two ranks' reduce() may fail at once)
   /// Latches `err` (when set) as the failure that stops the engine `when` ("in step 3",
   /// "while starting"); returns it. On a node whose job lost another node (noticed within a
   /// moment of `err`), the loss is the error, and the engine's from then on.

@@ -71,9 +71,9 @@ caf::error read_raw(caf::deserializer& f, std::vector<T>& v) {
   auto* bytes = dynamic_cast<caf::binary_deserializer*>(&f);
   const size_t left = bytes != nullptr ? bytes->remaining() : kMaxWireElements * sizeof(T);
   if (n > kMaxWireElements || n > left / sizeof(T))
-    return make_caf_error(errc::invalid_argument,
-                          "a message claims " + std::to_string(n) + " numbers in "
-                              + std::to_string(left) + " bytes");
+    return make_caf_error(
+        errc::invalid_argument,
+        "a message claims " + std::to_string(n) + " numbers in " + std::to_string(left) + " bytes");
   v.resize(n);
   if (n > 0)
     if (auto err = f.apply_raw(n * sizeof(T), v.data()))

@@ -20,14 +20,14 @@
 #include "caf/io/all.hpp"
 
 #include "base/log.hpp"
+#include "base/private_files.hpp"
 #include "comm/caf_comm.hpp"
 #include "kernels/compute.hpp"
+#include "messages/errors.hpp"
+#include "messages/registry.hpp"
 #include "node/node_supervisor.hpp"
 #include "node/rendezvous.hpp"
 #include "node/transport.hpp"
-#include "base/private_files.hpp"
-#include "messages/errors.hpp"
-#include "messages/registry.hpp"
 #ifdef ZMUON_HAVE_NCCL
 #include "comm/nccl_comm.hpp"
 #endif
@@ -142,26 +142,28 @@ expected<Reply> node::impl::ask_rendezvous(const rendezvous_actor& rdv, Request 
   auto failure = [this](const caf::error& err) { return join_failure(err); };
   // The request goes in as a spawn argument: CAF 0.17 spawning a function with no argument
   // besides `self` dereferences a null tuple (UBSan's finding, harmless but undefined).
-  sys->spawn([=](caf::event_based_actor* self, Request req) mutable {
-    auto done = std::make_shared<bool>(false);
-    auto finish = [=](expected<Reply> value) {
-      if (!*done) {
-        *done = true;
-        answer->set_value(std::move(value));
-      }
-      self->quit();
-    };
-    if (remote) {
-      self->monitor(rdv);
-      self->set_down_handler([=](caf::down_msg& dm) {
-        finish(error{errc::comm_failure, "node 0 was lost while the nodes were joining ("
-                                             + to_string(dm.reason) + ")"});
-      });
-    }
-    self->request(rdv, timeout, std::move(req))
-        .then([=](Reply& reply) { finish(std::move(reply)); },
-              [=](caf::error& err) { finish(failure(err)); });
-  }, std::move(req));
+  sys->spawn(
+      [=](caf::event_based_actor* self, Request req) mutable {
+        auto done = std::make_shared<bool>(false);
+        auto finish = [=](expected<Reply> value) {
+          if (!*done) {
+            *done = true;
+            answer->set_value(std::move(value));
+          }
+          self->quit();
+        };
+        if (remote) {
+          self->monitor(rdv);
+          self->set_down_handler([=](caf::down_msg& dm) {
+            finish(error{errc::comm_failure, "node 0 was lost while the nodes were joining ("
+                                                 + to_string(dm.reason) + ")"});
+          });
+        }
+        self->request(rdv, timeout, std::move(req))
+            .then([=](Reply& reply) { finish(std::move(reply)); },
+                  [=](caf::error& err) { finish(failure(err)); });
+      },
+      std::move(req));
   return result.get();
 }
 
@@ -180,8 +182,7 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
     if (port)
       h.port = door_port = *port;
     else
-      ZMUON_LOG_WARN("cannot listen for the other nodes on " + h.host + " ("
-                     + port.err().message()
+      ZMUON_LOG_WARN("cannot listen for the other nodes on " + h.host + " (" + port.err().message()
                      + "); their messages to this node go through node 0");
   }
   auto answer = ask_rendezvous<hello_reply>(rdv, std::move(h));
@@ -192,8 +193,8 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
   // Nodes 1..node_rank-1, all at once, each with a short deadline (connect_actor's probe): a
   // door a firewall hides costs kDoorProbe, not the system's SYN retries (about two minutes).
   const int lower = std::min<int>(opts.node_rank, static_cast<int>(doors.ports.size()));
-  std::vector<expected<node_door_actor>> found_doors(
-      static_cast<size_t>(std::max(lower, 0)), error{errc::comm_failure, "not tried"});
+  std::vector<expected<node_door_actor>> found_doors(static_cast<size_t>(std::max(lower, 0)),
+                                                     error{errc::comm_failure, "not tried"});
   {
     std::vector<std::thread> connects;
     for (int j = 1; j < lower; ++j)
@@ -240,12 +241,12 @@ expected<rendezvous_actor> node::impl::find_rendezvous() {
     };
     rendezvous = spawn_rendezvous(*sys, opts.nodes, opts.nccl_unique_id, opts.nccl_only_on_own_gpus,
                                   std::move(progress));
-    auto port = opts.nodes == 1 ? expected<uint16_t>(uint16_t{0})
-                                : publish_actor(use_tls(), rendezvous, opts.master_port,
-                                                opts.master_host);
+    auto port = opts.nodes == 1
+                    ? expected<uint16_t>(uint16_t{0})
+                    : publish_actor(use_tls(), rendezvous, opts.master_port, opts.master_host);
     if (!port)
-      return error{errc::comm_failure, "node 0 cannot listen on " + where + ": "
-                                           + port.err().message()};
+      return error{errc::comm_failure,
+                   "node 0 cannot listen on " + where + ": " + port.err().message()};
     rendezvous_port = *port;
     std::string actual = opts.master_host + ":" + std::to_string(*port);
     ZMUON_LOG(progress_level, "rendezvous listening on " + actual);
@@ -261,10 +262,9 @@ expected<rendezvous_actor> node::impl::find_rendezvous() {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     bool nobody_listens = false;
-    auto found = connect_actor<rendezvous_actor>(*sys, tls.get(), opts.master_host,
-                                                 opts.master_port,
-                                                 std::max(left, std::chrono::milliseconds(1)),
-                                                 &nobody_listens);
+    auto found = connect_actor<rendezvous_actor>(
+        *sys, tls.get(), opts.master_host, opts.master_port,
+        std::max(left, std::chrono::milliseconds(1)), &nobody_listens);
     if (found)
       return *found;
     if (!nobody_listens && found.err().code() != errc::timeout)  // a listener not of this job
@@ -319,8 +319,9 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   d.opts = opts;
   d.cfg.set("scheduler.max-threads", node_scheduler_threads(opts.ranks));
   // A job of one node takes no connections: it needs no secret and opens no port.
-  auto secret = opts.nodes == 1 ? expected<std::string>(std::string())
-                                : resolve_transport(d.opts.transport, opts.secret, opts.master_host);
+  auto secret = opts.nodes == 1
+                    ? expected<std::string>(std::string())
+                    : resolve_transport(d.opts.transport, opts.secret, opts.master_host);
   if (!secret)
     return secret.err();
   if (opts.nodes > 1 && d.opts.transport == node_transport::tls) {

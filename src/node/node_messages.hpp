@@ -1,6 +1,6 @@
-// The messages between the nodes of a multi-process job (docs/DESIGN.md §7): joining the rendezvous,
-// and the supervisors' heartbeats, loss reports and end-of-job barrier. All of them cross
-// processes, so all are registered (register_node_messages) identically on every node.
+// The messages between the nodes of a multi-process job (docs/DESIGN.md §7): joining the
+// rendezvous, and the supervisors' heartbeats, loss reports and end-of-job barrier. All of them
+// cross processes, so all are registered (register_node_messages) identically on every node.
 #pragma once
 
 #include <cstdint>

@@ -282,9 +282,9 @@ std::string first_difference(const join_request& base, const join_request& other
              + node_name(other) + " has '" + printable(other.table[i]) + "'";
   if (base.table.size() != other.table.size())
     return who("the parameter table") + ": "
-           + (reveal_base ? node_name(base) + " has " + std::to_string(base.table.size())
-                                + " parameters, "
-                          : "")
+           + (reveal_base
+                  ? node_name(base) + " has " + std::to_string(base.table.size()) + " parameters, "
+                  : "")
            + node_name(other) + " has " + std::to_string(other.table.size())
            + (reveal_base ? "" : " parameters");
   auto a = leaves(base.job);
@@ -303,8 +303,8 @@ std::string first_difference(const join_request& base, const join_request& other
       key = ib->first;
     std::string va = value(a, key), vb = value(b, key);
     if (va != vb)
-      return who("the config") + " at '" + printable(key) + "': "
-             + (reveal_base ? node_name(base) + " has " + printable(va) + ", " : "")
+      return who("the config") + " at '" + printable(key)
+             + "': " + (reveal_base ? node_name(base) + " has " + printable(va) + ", " : "")
              + node_name(other) + " has " + printable(vb);
     if (ia != a.end() && ia->first == key)
       ++ia;

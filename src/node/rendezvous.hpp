@@ -1,6 +1,7 @@
 // The rendezvous: one actor on node 0, published through CAF's middleman at --master HOST:PORT.
 // Every node (node 0 too) joins it once; it assigns global ranks, checks that every node brings
-// the same parameter table and config, and hands out the handles the nodes need (docs/DESIGN.md §7).
+// the same parameter table and config, and hands out the handles the nodes need (docs/DESIGN.md
+// §7).
 //
 // Interface:
 //   hello -> hello_reply   from each node's launcher, first (optional: a node that skips it gets
@@ -14,8 +15,8 @@
 //     If some node's parameter table or config differs from node 0's, every joiner gets an
 //     invalid_argument error naming the first difference (node 0's values only to node 0).
 //     Requests beyond the limits (a 4 MiB config, 2^20 parameters) are refused on arrival. A node
-//     rank out of range or one that joins twice is an error for that joiner only. A node that dies before everyone has joined
-//     fails the join of the others at once (comm_failure naming it).
+//     rank out of range or one that joins twice is an error for that joiner only. A node that dies
+//     before everyone has joined fails the join of the others at once (comm_failure naming it).
 #pragma once
 
 #include <functional>

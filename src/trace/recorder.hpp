@@ -1,5 +1,5 @@
-// The message trace's writer (docs/DESIGN.md §9): one JSON Lines file per rank, one record per line.
-// No CAF here; trace/trace.hpp puts it on the actors' sends, receives and replies.
+// The message trace's writer (docs/DESIGN.md §9): one JSON Lines file per rank, one record per
+// line. No CAF here; trace/trace.hpp puts it on the actors' sends, receives and replies.
 //
 // File: DIR/trace-node<N>-rank<R>.jsonl. First line `{"ev":"meta",...}` (node, rank, world, host,
 // pid, clock); then, in write order, records with a per-file sequence number `seq` and a

@@ -1,5 +1,6 @@
 // Recording the actors' messages (docs/DESIGN.md §9). CAF 0.17.6 as Debian builds it has logging
-// and the actor profiler compiled out, so the actors record themselves through these helpers, each a drop-in at a send, request or handler:
+// and the actor profiler compiled out, so the actors record themselves through these helpers, each
+// a drop-in at a send, request or handler:
 //
 //   state.tr = trace::track(recorder, "reducer");      // at spawn; a null recorder: tracing off
 //   ZMUON_TRACE_RECV(self, msg);                        // first line of a handler: a `recv` record

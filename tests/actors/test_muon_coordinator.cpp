@@ -485,8 +485,8 @@ BOOST_AUTO_TEST_CASE(a_parameter_no_rank_touched_is_marked_and_the_collectives_s
   const auto& w = stored->adamws.at(0);
   BOOST_REQUIRE_EQUAL(w.params.size(), 2u);
   BOOST_CHECK(!w.params[0].touched && w.params[1].touched);
-  BOOST_CHECK(lines_of("comm") == (std::vector<std::string>{"comm: gather 1/0",
-                                                            "comm: scatter 1/0"}));
+  BOOST_CHECK(lines_of("comm")
+              == (std::vector<std::string>{"comm: gather 1/0", "comm: scatter 1/0"}));
 }
 
 BOOST_AUTO_TEST_CASE(step_without_muon_parameters_runs_adamw_only) {

@@ -14,10 +14,10 @@
 
 #include "caf/all.hpp"
 
+#include "messages/registry.hpp"
 #include "node/job_end.hpp"
 #include "node/node.hpp"
 #include "node/node_supervisor.hpp"
-#include "messages/registry.hpp"
 
 namespace {
 
@@ -104,9 +104,9 @@ BOOST_AUTO_TEST_CASE(a_lost_node_ends_the_job_not_the_process) {
   BOOST_TEST(end->what().empty());
   caf::anon_send_exit(sups[1], caf::exit_reason::kill);
   const std::string lost = end->wait(5s);
-  BOOST_TEST(lost.rfind("node 1 (rank 2) lost in step 7: its process or connection is gone", 0)
-                 == 0,
-             lost);
+  BOOST_TEST(
+      lost.rfind("node 1 (rank 2) lost in step 7: its process or connection is gone", 0) == 0,
+      lost);
   caf::scoped_actor self{sys};
   std::string failure;
   self->request(sups[0], 5s, zmuon::failure_atom::value)

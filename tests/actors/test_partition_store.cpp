@@ -7,9 +7,9 @@
 #include <cmath>
 
 #include "actors/partition_store.hpp"
-#include "plan/ownership.hpp"
 #include "kernels/bf16.hpp"
 #include "kernels/compute.hpp"
+#include "plan/ownership.hpp"
 #include "plan/plan.hpp"
 
 namespace zmuon::test {
@@ -356,15 +356,15 @@ BOOST_AUTO_TEST_CASE(per_parameter_values_apply_and_untouched_parameters_stay_as
   for (int c = 0; c < 2; ++c) {
     const auto& ch = pl->chunks[c];
     muon_param_args args{0.8f, false, 0.0f, 0.0f, c == 0};
-    value_of(call(muon_momentum{2, c, 0.5f, true, {u.data() + ch.state_offset, ch.shard_len},
-                                {args}}));
+    value_of(
+        call(muon_momentum{2, c, 0.5f, true, {u.data() + ch.state_offset, ch.shard_len}, {args}}));
   }
   std::vector<float> o(pl->muon_state_total, 0.25f);
   for (int c = 0; c < 2; ++c) {
     const auto& ch = pl->chunks[c];
     muon_param_args args{0.0f, false, 0.1f, 0.5f, c == 0};
-    value_of(call(apply_muon{2, c, 9.0f, 9.0f, {o.data() + ch.state_offset, ch.shard_len}, {},
-                             {args}}));
+    value_of(
+        call(apply_muon{2, c, 9.0f, 9.0f, {o.data() + ch.state_offset, ch.shard_len}, {}, {args}}));
   }
   adamw_param_args untouched{0.5f, 0.5f, 0.5f, 1e-3f, 0.5f, false};
   adamw_param_args embed{0.02f, 0.8f, 0.9f, 1e-6f, 0.0f, true};
@@ -372,7 +372,9 @@ BOOST_AUTO_TEST_CASE(per_parameter_values_apply_and_untouched_parameters_stay_as
   value_of(call(finish_step{2}));
   const auto after = snapshot();
   auto same = [&](const std::vector<float>& x, const std::vector<float>& y, int64_t off,
-                  int64_t n) { return std::equal(x.begin() + off, x.begin() + off + n, y.begin() + off); };
+                  int64_t n) {
+    return std::equal(x.begin() + off, x.begin() + off + n, y.begin() + off);
+  };
   const auto &a = pl->params[0], &b = pl->params[1], &c = pl->params[2], &e = pl->params[3];
   BOOST_CHECK(same(after.params, before.params, c.shard_offset, c.shard_len));
   BOOST_CHECK(same(after.momentum, before.momentum, c.state_offset, c.shard_len));

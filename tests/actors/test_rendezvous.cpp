@@ -129,7 +129,8 @@ BOOST_FIXTURE_TEST_CASE(a_hostile_job_description_is_refused_not_walked, fixture
     auto a1 = ask<join_reply>(rdv, r1);
     run();
     if (hostile.size() > (size_t(4) << 20)) {
-      zmuon::test::check_error(a1, zmuon::errc::invalid_argument, "more than the 4194304 a job may");
+      zmuon::test::check_error(a1, zmuon::errc::invalid_argument,
+                               "more than the 4194304 a job may");
       BOOST_TEST(!a0->done);  // node 0 still waits for a node 1
     } else {
       zmuon::test::check_error(a1, zmuon::errc::invalid_argument,

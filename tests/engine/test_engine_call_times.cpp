@@ -15,10 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "support/engine_fixture.hpp"
 #include "kernels/compute.hpp"
 #include "plan/ownership.hpp"
 #include "plan/plan.hpp"
+#include "support/engine_fixture.hpp"
 #include "support/scratch_dir.hpp"
 
 using namespace zmuon;

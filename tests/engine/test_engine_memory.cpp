@@ -7,9 +7,9 @@
 
 #include <algorithm>
 
-#include "support/engine_fixture.hpp"
 #include "kernels/compute.hpp"
 #include "plan/plan.hpp"
+#include "support/engine_fixture.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;

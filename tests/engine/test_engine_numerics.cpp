@@ -11,9 +11,9 @@
 #include "actors/muon_coordinator.hpp"
 #include "kernels/compute.hpp"
 #include "kernels/ns_variants.hpp"
-#include "zmuon-launch/train.hpp"
 #include "plan/ownership.hpp"
 #include "support/ns_accuracy.hpp"
+#include "zmuon-launch/train.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;

@@ -30,8 +30,8 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/muon_coordinator.hpp"
-#include "zmuon-launch/train.hpp"
 #include "plan/ownership.hpp"
+#include "zmuon-launch/train.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;

@@ -24,9 +24,9 @@
 #include <set>
 
 #include "kernels/compute.hpp"
-#include "zmuon-launch/train.hpp"
 #include "support/device_grads.hpp"
 #include "support/scratch_dir.hpp"
+#include "zmuon-launch/train.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;

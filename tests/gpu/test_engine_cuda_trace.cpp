@@ -8,9 +8,9 @@
 #include <map>
 #include <string>
 
-#include "zmuon-launch/train.hpp"
 #include "support/scratch_dir.hpp"
 #include "support/trace_files.hpp"
+#include "zmuon-launch/train.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ns_variants.hpp"
 #include "config/config.hpp"
+#include "kernels/ns_variants.hpp"
 
 namespace {
 
@@ -185,7 +185,8 @@ BOOST_AUTO_TEST_CASE(misspelled_keys_name_the_path_and_the_nearest_key) {
       {R"({"fp16": {"xyzzy": 1}})",
        "unknown key 'fp16.xyzzy' (valid keys under 'fp16': enabled, "
        "loss_scale, initial_scale_power"},
-      {R"({"steps_per_prnt": 10})", "unknown key 'steps_per_prnt' (did you mean 'steps_per_print'?)"},
+      {R"({"steps_per_prnt": 10})",
+       "unknown key 'steps_per_prnt' (did you mean 'steps_per_print'?)"},
   });
 }
 

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/ns_variants.hpp"
 #include "config/config.hpp"
+#include "kernels/ns_variants.hpp"
 
 // Bad input found by exploratory testing: each is an invalid_argument that names what is wrong,
 // never a crash (deep nesting overflowed the stack of a recursive dump), an uncaught exception

@@ -17,9 +17,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.hpp"
 #include "zmuon-launch/local_nodes.hpp"
 #include "zmuon-launch/model.hpp"
-#include "checkpoint/safetensors.hpp"
 
 namespace {
 

@@ -27,7 +27,9 @@ namespace {
 
 // The job's secret, as a user hands it to each node: the processes started here inherit it.
 struct job_secret_in_environment {
-  job_secret_in_environment() { ::setenv("ZMUON_JOB_SECRET", "multinode-test-secret-0123456789", 1); }
+  job_secret_in_environment() {
+    ::setenv("ZMUON_JOB_SECRET", "multinode-test-secret-0123456789", 1);
+  }
 };
 BOOST_GLOBAL_FIXTURE(job_secret_in_environment);
 
@@ -225,8 +227,7 @@ BOOST_AUTO_TEST_CASE(nodes_that_disagree_are_reported) {
   };
   const std::vector<mismatch> cases = {
       // A hidden flag changes the model on node 1 only.
-      {"--model-hidden 48",
-       "the parameter table of node 1 differs from node 0's at entry 0: ",
+      {"--model-hidden 48", "the parameter table of node 1 differs from node 0's at entry 0: ",
        "node 0 has 'embed.weight [64, 32] automatic, heads 0', node 1 has 'embed.weight [48, 32] "
        "automatic, heads 0'"},
       {"--set optimizer.params.momentum=0.9",

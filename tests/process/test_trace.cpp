@@ -1,5 +1,5 @@
-// The message trace (docs/DESIGN.md §9) end to end: a traced engine run (3 in-process ranks, gas 2, a
-// skipped step from a NaN gradient) passes `zmuon-trace check`; the record counts match what the
+// The message trace (docs/DESIGN.md §9) end to end: a traced engine run (3 in-process ranks, gas 2,
+// a skipped step from a NaN gradient) passes `zmuon-trace check`; the record counts match what the
 // plan and the engine's step results say; traces altered by the test fail the check with the
 // right message; the Perfetto JSON has one process per rank with a slice per record and a flow
 // per matched message; zmuon-launch --trace and ZMUON_TRACE write traces.

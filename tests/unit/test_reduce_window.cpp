@@ -16,10 +16,10 @@
 
 #include "comm/caf_comm.hpp"
 #include "engine/impl.hpp"
+#include "node/node_setup.hpp"
 #include "plan/plan.hpp"
 #include "support/engine_fixture.hpp"
 #include "support/trace_files.hpp"
-#include "node/node_setup.hpp"
 
 namespace fs = std::filesystem;
 using namespace zmuon;

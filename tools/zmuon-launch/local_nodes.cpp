@@ -53,7 +53,8 @@ std::vector<std::string> environment_with(const std::string& devices, const std:
   const std::string key = std::string(kVisibleDevices) + "=";
   const std::string secret_key = std::string(kJobSecret) + "=";
   for (char** e = environ; *e != nullptr; ++e)
-    if ((devices.empty() || !starts_with(*e, key)) && (secret.empty() || !starts_with(*e, secret_key)))
+    if ((devices.empty() || !starts_with(*e, key))
+        && (secret.empty() || !starts_with(*e, secret_key)))
       env.emplace_back(*e);
   if (!devices.empty())
     env.push_back(key + devices);

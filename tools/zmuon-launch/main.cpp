@@ -19,17 +19,17 @@
 #include <CLI/CLI.hpp>
 
 #include "base/log.hpp"
-#include "kernels/compute.hpp"
+#include "checkpoint/safetensors.hpp"
 #include "config/cli_hints.hpp"
 #include "config/config.hpp"
+#include "kernels/compute.hpp"
+#include "node/node.hpp"
+#include "node/node_setup.hpp"
+#include "step_report.hpp"
 #include "zmuon-launch/faults.hpp"
 #include "zmuon-launch/local_nodes.hpp"
 #include "zmuon-launch/progress.hpp"
 #include "zmuon-launch/train.hpp"
-#include "node/node.hpp"
-#include "checkpoint/safetensors.hpp"
-#include "node/node_setup.hpp"
-#include "step_report.hpp"
 #include "zmuon/version.hpp"
 
 namespace {
@@ -356,7 +356,8 @@ int run(int argc, char** argv) {
       "Precedence: the defaults shown < --config FILE < --set (in order) < the flags above, each "
       "a shorthand for the config key in its description.\nConfig keys: "
       "examples/zmuon_config.json (DeepSpeed's shape with the engine's defaults; unknown keys are "
-      "errors); DeepSpeed's own keys, \"auto\" and the migration: docs/CONFIG.md.\nTwo nodes: on host A `zmuon-launch --nodes 2 --node-rank 0 --master A:29500 "
+      "errors); DeepSpeed's own keys, \"auto\" and the migration: docs/CONFIG.md.\nTwo nodes: on "
+      "host A `zmuon-launch --nodes 2 --node-rank 0 --master A:29500 "
       "--ranks-per-node 2`, on host B the same with --node-rank 1; one machine: --local-nodes 2."
       "\nExit codes: 0 done, 1 failed, 2 bad input (flags, config, nodes that disagree), 3 a node "
       "of the job was lost (the message names it, its ranks and its step).");
@@ -487,7 +488,7 @@ int run(int argc, char** argv) {
   app.add_option("--test-certificate", nf.test_certificate)  // tests: a certificate to refuse
       ->check(CLI::IsMember({"expired", "foreign"}))
       ->group("");
-  app.add_option("--model-hidden", topts.model.hidden)->group("");     // tests: another model
+  app.add_option("--model-hidden", topts.model.hidden)->group("");  // tests: another model
   auto* save_ckpt =
       app.add_option("--save-checkpoint", topts.checkpoint_dir,
                      "save a checkpoint under DIR every --every steps (DIR/latest names the "
