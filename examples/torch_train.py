@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "python"))
-_built = os.path.join(_here, "..", "build", "embed", "libzmuon.so")
+_built = os.path.join(_here, "..", "build", "src", "embed", "libzmuon.so")
 if "ZMUON_LIBRARY" not in os.environ and os.path.exists(_built):
     os.environ["ZMUON_LIBRARY"] = _built
 import zmuon  # noqa: E402

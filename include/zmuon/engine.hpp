@@ -180,6 +180,16 @@ public:
   /// errc::invalid_argument before anything is read or counted.
   error reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream);
 
+  /// Hands over local rank `rank`'s part of one micro-batch's gradient that the host has already
+  /// averaged over the ranks (DDP's all-reduce, FSDP2's reduce-scatter): no reduce-scatter runs,
+  /// the rank's shard is added as it is. Each view is the whole averaged gradient (the engine
+  /// reads the rank's shard of it) or exactly the rank's shard (the elements local_range gives
+  /// for that rank alone: under shard_layout::rows, FSDP2's local tensor). Every rank hands
+  /// over a micro-batch the same way (this or reduce()); checks and errors as reduce()'s.
+  error hand_over_reduced(int rank, const std::vector<tensor_view>& grads);
+  /// The same, stream-ordered for device gradients on the caller's CUDA stream (as reduce()).
+  error hand_over_reduced(int rank, const std::vector<tensor_view>& grads, void* cuda_stream);
+
   /// One micro-batch of every local rank at once: grads[i] is local rank first_rank() + i's.
   /// Every rank's gradients are checked first (nothing is handed over if one is wrong); then each
   /// rank hands over on a thread of its own, so that the ranks pack in parallel and the bound on
@@ -208,6 +218,12 @@ public:
   /// errc::invalid_argument before anything is written. Host buffers are written during the
   /// call, as above.
   error gather_params(const std::vector<tensor_span>& out, void* cuda_stream);
+  /// Writes local rank `rank`'s shard of the fp32 parameters named in `out` (each buffer of
+  /// that shard's size: local_range's elements for the rank alone; under shard_layout::rows
+  /// FSDP2's local tensor) into the caller's buffers: no collective. Device buffers as
+  /// gather_params().
+  error shard_params(int rank, const std::vector<tensor_span>& out);
+  error shard_params(int rank, const std::vector<tensor_span>& out, void* cuda_stream);
   /// Sums host values (e.g. the loss) over the processes of a multi-process job, each passing
   /// the sum over its own ranks; in one process, returns `values`.
   expected<std::vector<double>> sum_over_nodes(const std::vector<double>& values);
@@ -300,9 +316,12 @@ public:
 private:
   engine();
   /// `window`: the bound on the rank's unlanded buckets (0: none).
+  /// `reduced`: hand_over_reduced's.
   error reduce_views(int rank, const std::vector<tensor_view>& grads,
-                     std::optional<void*> caller_stream, size_t window);
-  error gather_params_on(const std::vector<tensor_span>& out, std::optional<void*> caller_stream);
+                     std::optional<void*> caller_stream, size_t window, bool reduced = false);
+  /// `shard_of` >= 0: shard_params of that rank.
+  error gather_params_on(const std::vector<tensor_span>& out, std::optional<void*> caller_stream,
+                         int shard_of = -1);
   struct impl;
   std::unique_ptr<impl> impl_;
   friend struct engine_access;  // the engine's internal hooks (src/engine/)

@@ -33,6 +33,13 @@ enum class ns_variant : uint8_t {
               // overhead offsets its fewer FLOPs
 };
 
+/// How every parameter is cut into the ranks' shards (docs/DESIGN.md §3).
+enum class shard_layout : uint8_t {
+  flat,  // ceil(numel / world) elements a rank: the least padding
+  rows,  // whole dim-0 slices, ceil(shape[0] / world) a rank: FSDP2's Shard(0), so that a
+         // process's shard of a parameter is its FSDP2 local tensor
+};
+
 /// Newton-Schulz iteration parameters.
 struct ns_options {
   int steps = 5;
@@ -100,6 +107,7 @@ struct engine_options {
   float gradient_clipping = 0.0f;            // max global norm of the raw gradient; 0 = off
   int64_t reduce_bucket_size = 500'000'000;  // elements per reduce bucket and per Muon chunk
   bool per_head_muon = true;                 // honour `heads` given at registration
+  shard_layout layout = shard_layout::flat;  // the shards' cut (zmuon.shard_layout)
   fp16_options fp16;
   muon_options muon;
   adamw_options adamw;

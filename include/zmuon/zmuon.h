@@ -175,6 +175,20 @@ ZMUON_API int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank,
  * zmuon_engine_reduce rank after rank on one thread cannot keep with several local ranks. */
 ZMUON_API int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* const* grads,
                                       const size_t* counts, int32_t ranks);
+/* Hands over rank `rank`'s part of one micro-batch's gradient that the host already averaged
+ * over the ranks (DDP's all-reduce, FSDP2's reduce-scatter): no reduce-scatter runs. Each tensor
+ * is the whole averaged gradient, or exactly the rank's shard (its elements of the flattened
+ * tensor: under zmuon.shard_layout "rows", FSDP2's local tensor; an empty shard may be NULL).
+ * Every rank hands over a micro-batch the same way (this or zmuon_engine_reduce). `cuda_stream`
+ * as zmuon_engine_reduce_on_stream's, or NULL: read during the call. */
+ZMUON_API int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank,
+                                             const zmuon_tensor* grads, size_t n,
+                                             void* cuda_stream);
+/* Writes local rank `rank`'s shard of the parameters named in `params` (buffers of the shard's
+ * size) into their buffers: no collective. `cuda_stream` as
+ * zmuon_engine_gather_params_on_stream's, or NULL: written during the call. */
+ZMUON_API int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank,
+                                        const zmuon_tensor* params, size_t n, void* cuda_stream);
 /* One optimizer step over everything handed over since the last one. `out` may be NULL. */
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
 /* Writes the full parameters named in `params` into their buffers. */

@@ -166,6 +166,10 @@ def _load():
                                                   ctypes.c_void_p]),
         "zmuon_engine_reduce_all": (c_int, [eng_p, ctypes.POINTER(ctypes.POINTER(Tensor)),
                                             ctypes.POINTER(c_size), c_i32]),
+        "zmuon_engine_hand_over_reduced": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
+                                                   ctypes.c_void_p]),
+        "zmuon_engine_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
+                                              ctypes.c_void_p]),
         "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_gather_params_on_stream": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size,
@@ -383,6 +387,23 @@ class Engine:
             *[ctypes.cast(a, ctypes.POINTER(Tensor)) for a in arrays])
         counts = (ctypes.c_size_t * len(arrays))(*[len(entries) for entries in entries_by_rank])
         _check(_lib.zmuon_engine_reduce_all(self._h(), pointers, counts, len(arrays)))
+
+    @_tracked
+    def hand_over_reduced(self, rank, entries, stream=None):
+        """Rank `rank`'s part of a gradient already averaged over the ranks (DDP, FSDP2): each
+        entry the whole averaged tensor or the rank's shard alone; no reduce-scatter."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not -2**31 <= rank < 2**31:
+            raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
+        _check(_lib.zmuon_engine_hand_over_reduced(self._h(), rank, _tensor_array(entries),
+                                                   len(entries), ctypes.c_void_p(stream or 0)))
+
+    @_tracked
+    def shard_params(self, rank, entries, stream=None):
+        """Writes local rank `rank`'s shard of each named parameter into its buffer (of the
+        shard's size): no collective."""
+        _check(_lib.zmuon_engine_shard_params(self._h(), rank,
+                                              _tensor_array(entries, "parameter name"),
+                                              len(entries), ctypes.c_void_p(stream or 0)))
 
     @_tracked
     def step(self):

@@ -55,9 +55,14 @@ def _read(opt, scope, with_master):
         entries.append((name, numel, {k: _pointer(b) for k, b in own.items()}, 0))
     placed, info = _capi.read_state(opt._engine, scope, entries)
     state, masters = {}, {}
-    for (name, _, shape), own, (_, adam_step) in zip(opt._params, bufs, placed):
+    for (name, p, shape), own, (_, adam_step) in zip(opt._params, bufs, placed):
         full = scope == _capi.STATE_FULL or opt._node is None
-        shaped = {k: (b.reshape(shape) if full else b) for k, b in own.items()}
+        if full:
+            shaped = {k: b.reshape(shape) for k, b in own.items()}
+        elif opt._mode == "fsdp":  # this process's rows, placed as the parameter is
+            shaped = {k: _like_param(b, p) for k, b in own.items()}
+        else:
+            shaped = dict(own)
         if "param" in shaped:
             masters[name] = shaped.pop("param")
         if opt._engine.uses_muon(name):
@@ -68,13 +73,30 @@ def _read(opt, scope, with_master):
     return state, masters, info
 
 
+def _like_param(local, p):
+    """This process's elements of FSDP2 parameter `p`'s state (whole dim-0 slices, as zmuon's
+    "rows" layout cuts it) as a DTensor placed as `p` (DCP reshards it)."""
+    from torch.distributed.tensor import DTensor
+    rows = local.reshape((-1,) + tuple(p.shape[1:]))
+    return DTensor.from_local(rows, p.device_mesh, p.placements, run_check=False,
+                              shape=p.shape, stride=p.stride())
+
+
+def _whole(value):
+    """A DTensor's whole tensor (a collective every process calls in the same order)."""
+    if type(value).__name__ == "DTensor" and hasattr(value, "full_tensor"):
+        return value.full_tensor()
+    return value
+
+
 class ShardState(dict):
     """opt.state: parameter -> {"momentum_buffer"} (Muon) or {"exp_avg", "exp_avg_sq", "step"}
     (AdamW), read from the engine on the first access after a step or a load. Keyed by the
     parameter (a torch tensor), or its name where the parameters are numpy arrays; a name or
     the array itself also finds an entry. In one process the tensors are whole and shaped like
     the parameter; in a multi-process job they are this process's elements of the flattened
-    tensor (opt.local_range(name) says which), so that reading them is no collective. Each read
+    tensor (opt.local_range(name) says which), so that reading them is no collective; under
+    FSDP2 they are DTensors placed as their parameters. Each read
     gives new host tensors: changing them changes nothing in the engine."""
 
     def __init__(self, opt):
@@ -163,29 +185,35 @@ def _group_entries(opt):
 
 def state_dict(opt):
     """torch's shape: {"state": {index: {name: tensor}}, "param_groups": [{..., "params":
-    [indices], "param_names": [...]}]}, plus "zmuon": the step, the AdamW step count, the loss
-    scaler and each parameter's fp32 master by index. Whole tensors: in a multi-process job a
-    collective (every process calls it and gets the same dict)."""
-    state, masters, info = _read(opt, _capi.STATE_FULL, with_master=True)
+    [indices], "param_names": [...], "zmuon": {the step, the AdamW step count, the loss
+    scaler}}]}, plus "zmuon": {"masters": each parameter's fp32 master by index}. The step and
+    scaler ride in every group, so that torch.distributed.checkpoint (which keeps "state" and
+    "param_groups" only) carries them. Whole tensors: in a multi-process job a collective (every
+    process calls it and gets the same dict); under FSDP2 this process's DTensor shards, no
+    collective."""
+    scope = _capi.STATE_LOCAL if opt._mode == "fsdp" else _capi.STATE_FULL
+    state, masters, info = _read(opt, scope, with_master=True)
     names = _indexed_names(opt)
+    counters = {"step": int(info["step"]),
+                "adam_steps": int(info["adam_steps"]),
+                "loss_scaler": {"scale": float(info["loss_scale"]),
+                                "iter": int(info["scaler_iter"]),
+                                "last_overflow_iter": int(info["scaler_last_overflow_iter"]),
+                                "hysteresis_left": int(info["scaler_hysteresis_left"])}}
+    groups = _group_entries(opt)
+    for g in groups:
+        g["zmuon"] = dict(counters, loss_scaler=dict(counters["loss_scaler"]))
     return {
         "state": {i: state[n] for i, n in enumerate(names)},
-        "param_groups": _group_entries(opt),
-        "zmuon": {
-            "step": int(info["step"]),
-            "adam_steps": int(info["adam_steps"]),
-            "loss_scaler": {"scale": float(info["loss_scale"]),
-                            "iter": int(info["scaler_iter"]),
-                            "last_overflow_iter": int(info["scaler_last_overflow_iter"]),
-                            "hysteresis_left": int(info["scaler_hysteresis_left"])},
-            "masters": {i: masters[n] for i, n in enumerate(names)},
-        },
+        "param_groups": groups,
+        "zmuon": {"masters": {i: masters[n] for i, n in enumerate(names)}},
     }
 
 
 def _host_float32(value, shape, what):
     """`value` (a torch tensor or numpy array) as a contiguous float32 host buffer of `shape`,
     or a ShapeMismatch / InvalidArgument naming `what`."""
+    value = _whole(value)
     if is_torch(value):
         got = tuple(value.shape)
         if got != tuple(shape):
@@ -229,7 +257,13 @@ def load_state_dict(opt, sd):
                               "checkpoint's files: load those with load_checkpoint(dir)")
     saved_state = _need(sd, "state", "the state_dict")
     groups = _need(sd, "param_groups", "the state_dict")
-    extra = _need(sd, "zmuon", "the state_dict")
+    # The counters: in every group (torch.distributed.checkpoint keeps groups), or in "zmuon".
+    extra = dict(sd.get("zmuon") or {})
+    if isinstance(groups, list) and groups and isinstance(groups[0], dict) \
+            and "zmuon" in groups[0]:
+        extra = dict(groups[0]["zmuon"], **extra)
+    for key in ("step", "adam_steps", "loss_scaler"):
+        _need(extra, key, "the state_dict's param_groups[0]['zmuon']")
     if not isinstance(saved_state, dict):
         raise InvalidArgument("load_state_dict: 'state' must be a dict index -> state")
     if not isinstance(groups, list) or len(groups) != len(opt.param_groups):

@@ -32,7 +32,7 @@ import json
 import math
 import os
 
-from . import _capi, _groups, _host, _state
+from . import _capi, _distributed, _groups, _host, _state
 from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import HOST, BadState, InvalidArgument, ShapeMismatch, Unsupported
 from ._groups import hyperparameter_override, learning_rate
@@ -88,7 +88,8 @@ class Muon(_Optimizer):
     torch.optim.Optimizer where PyTorch is importable (every torch.optim.lr_scheduler, GradScaler,
     Lightning and HF Trainer take it).
 
-    params:   model.named_parameters(), (name, tensor) pairs, a dict name -> tensor, or torch-style
+    params:   the model (a torch.nn.Module: its named_parameters(); a DDP model's gradients are
+              taken as averaged), model.named_parameters(), (name, tensor) pairs, a dict name -> tensor, or torch-style
               param groups [{"params": named pairs or tensors with "param_names", "use_muon":
               bool, "lr": ..., ...}]. Without groups the default rule (DeepSpeed's: a parameter of
               ndim >= 2 whose name contains neither "embed" nor "lm_head" uses Muon) makes two
@@ -112,6 +113,12 @@ class Muon(_Optimizer):
               not use). Under torchrun: nodes=int(os.environ["WORLD_SIZE"]),
               node_rank=int(os.environ["RANK"]),
               master=f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 1}".
+              Without them, where torch.distributed is initialized with more than one process,
+              every process of its default group is a node of one rank (docs/PYTORCH.md:
+              "torch.distributed: DDP and FSDP2"); distributed=False keeps this process alone.
+    averaged_grads: the .grad of every process is already averaged over the processes (DDP):
+              each hands over its shard of it, no second reduce. A DDP model passed as `params`
+              sets it; FSDP2's DTensor parameters are taken as their local shards, in place.
 
     Every param group carries lr, weight_decay, momentum, nesterov, betas, eps, ns_steps,
     ns_coefficients, ns_variant, adjust_lr, use_muon and param_names; step() reads them each
@@ -120,9 +127,28 @@ class Muon(_Optimizer):
 
     def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
                  ranks=None, host_staging=False, nodes=None, node_rank=None, master=None,
-                 on_metrics=None, **hyperparameters):
+                 on_metrics=None, distributed=None, averaged_grads=None, **hyperparameters):
+        params, ddp_module = _distributed.module_params(params)
         user_groups = _named_groups(params)
         named = [item for g in user_groups for item in g["params"]]
+        self._mode = _distributed.mode_of(named, ddp_module, averaged_grads)
+        overrides = list(overrides)
+        explicit = nodes is not None or node_rank is not None or master is not None
+        joined = _distributed.joined_process_group()
+        if self._mode != _distributed.PLAIN and (explicit or distributed is False):
+            raise InvalidArgument(f"{self._mode.upper()} runs in the job of torch.distributed's "
+                                  "default group: leave nodes, node_rank, master and "
+                                  "distributed unset")
+        if self._mode != _distributed.PLAIN and ranks not in (None, 1):
+            raise InvalidArgument(f"ranks={ranks}: under {self._mode.upper()} each process is "
+                                  "one rank")
+        if not explicit and distributed is not False and joined:
+            if ranks not in (None, 1):
+                raise InvalidArgument(f"ranks={ranks}: under torch.distributed each process is "
+                                      "one rank (or pass distributed=False)")
+            nodes, node_rank, master = _distributed.node_from_process_group()
+        if self._mode == _distributed.FSDP:  # the plan cuts the parameters as FSDP2 does
+            overrides.append("zmuon.shard_layout=rows")
         for name, _ in named:
             _capi._text(name, "parameter name")  # a NUL would cut the name short in C
         group_of = _groups.resolve_groups(named, groups)  # checked before the engine starts
@@ -131,8 +157,7 @@ class Muon(_Optimizer):
                 for name, _ in g["params"]:
                     group_of[name] = _capi.GROUP_MUON if g["use_muon"] else _capi.GROUP_ADAMW
         ns_eps = hyperparameters.pop("ns_eps", _groups.ENGINE_DEFAULTS["ns_eps"])
-        overrides = list(overrides) + [hyperparameter_override(k, v)
-                                       for k, v in hyperparameters.items()]
+        overrides = overrides + [hyperparameter_override(k, v) for k, v in hyperparameters.items()]
         config_dict, config_file = self._read_config(config)
         self._engine = self._create_engine(config_dict, config_file, overrides, hyperparameters,
                                            ranks, nodes, node_rank, master, on_metrics)
@@ -249,7 +274,13 @@ class Muon(_Optimizer):
     def _register(self, name, p):
         if name in self._shapes:
             raise _capi.DuplicateParameter(f"parameter '{name}' is registered twice")
-        ptr, numel, device, shape = buffer_of(p, f"parameter '{name}'", writable=True)
+        if _distributed.is_dtensor(p):  # FSDP2: the whole tensor once, to register it
+            whole = p.detach().full_tensor().to("cpu").contiguous()
+            ptr, numel, _, shape = buffer_of(whole, f"parameter '{name}'")
+            buffer_of(p.to_local(), f"parameter '{name}'", writable=True)  # fp32, contiguous
+            device = HOST
+        else:
+            ptr, numel, device, shape = buffer_of(p, f"parameter '{name}'", writable=True)
         if device != HOST:  # registration copies the initial values from host memory
             init = p.detach().to("cpu").contiguous()
             if self._host_staging:
@@ -414,7 +445,12 @@ class Muon(_Optimizer):
         stream = torch_stream(keep)
         if stream is None and any(device != HOST for _, _, _, device in entries):
             synchronize_torch(keep)  # the gradients must be written before the engine reads them
-        self._engine.reduce(rank, entries, stream=stream)
+        if self._mode == _distributed.PLAIN:
+            self._engine.reduce(rank, entries, stream=stream)
+        else:  # averaged over the processes already (DDP, FSDP2): no second reduce
+            if stream == 0 and any(device != HOST for _, _, _, device in entries):
+                synchronize_torch(keep)  # the C call takes no stream as "read now"
+            self._engine.hand_over_reduced(rank, entries, stream=stream)
         self._started = True
         if 0 <= rank - self._first_rank < len(self._micro):
             self._micro[rank - self._first_rank] += 1
@@ -449,6 +485,9 @@ class Muon(_Optimizer):
         read it (GradScaler, clip_grad_norm_) do not combine with this."""
         if torch is None:
             raise Unsupported("hand_over_in_backward needs PyTorch")
+        if self._mode == _distributed.FSDP:
+            raise Unsupported("hand_over_in_backward with FSDP2: FSDP2 reduce-scatters the "
+                              "gradients after backward; call step() after it")
         for handle in self._backward_hooks:
             handle.remove()
         self._backward_hooks, self._pending = [], {}
@@ -492,6 +531,13 @@ class Muon(_Optimizer):
             if g is None:
                 continue
             _capi._text(name, "gradient name")  # a NUL would cut the name short in C
+            if _distributed.is_dtensor(g):  # FSDP2: this process's shard, reduce-scattered
+                local = g.to_local()
+                g = local if local.is_contiguous() else local.contiguous()
+                keep.append(g)
+                ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
+                entries.append((name, ptr, numel, device))
+                continue
             if is_torch(g) and (g.is_cuda and self._host_staging):
                 g = g.detach().to("cpu").contiguous()
             keep.append(g)
@@ -517,6 +563,9 @@ class Muon(_Optimizer):
                 self._applied.append(v)
 
     def _write_back(self):
+        if self._mode == _distributed.FSDP:
+            self._write_back_shards()
+            return
         entries, targets = [], []
         for name, p, _ in self._params:
             target = self._staged.get(name, p)
@@ -534,6 +583,20 @@ class Muon(_Optimizer):
         for name, p, _ in self._params:
             if name in self._staged:
                 p.data.copy_(self._staged[name])
+
+    def _write_back_shards(self):
+        """FSDP2: the new fp32 shard of each parameter into its local tensor, in place (no
+        collective: FSDP2 all-gathers them at the next forward)."""
+        entries, targets = [], []
+        for name, p, _ in self._params:
+            local = p.to_local()
+            targets.append(local)
+            ptr, numel, device, _ = buffer_of(local, f"parameter '{name}'", writable=True)
+            entries.append((name, ptr, numel, device))
+        stream = torch_stream(targets)
+        if not stream and any(device != HOST for _, _, _, device in entries):
+            synchronize_torch(targets)  # the C call takes no stream as "write now"
+        self._engine.shard_params(self._first_rank, entries, stream=stream)
 
     # -- zmuon's own -----------------------------------------------------------------------------
 

@@ -132,7 +132,7 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                                                         + std::to_string(st.step) + " is open"));
         if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
             || (!msg.data && !msg.device_data) || (msg.device_data && !st.device)
-            || msg.size() != pl.buckets[msg.bucket].shard_len * pl.world)
+            || msg.size() != pl.buckets[msg.bucket].shard_len * (msg.reduced ? 1 : pl.world))
           return refuse(self, make_caf_error(errc::shape_mismatch,
                                              "bucket " + std::to_string(msg.bucket) + " of step "
                                                  + std::to_string(msg.step)
@@ -148,25 +148,29 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                         trace::stepped("buffers", msg.step, msg.micro, msg.bucket));
           return make_buffers(st.device.get(), msg);
         }();
-        float* own = buf->in + static_cast<int64_t>(st.rank) * b.shard_len;  // in place
+        // In place: this rank's part of the input becomes the output (an already averaged
+        // bucket is this rank's part alone).
+        float* own = buf->in + (msg.reduced ? 0 : static_cast<int64_t>(st.rank) * b.shard_len);
+        auto land = [=]() mutable {
+          accumulate acc{tag.step, tag.micro, tag.index, {own, b.shard_len, nullptr, buf},
+                         buf->on_host};
+          // The buffers live until the store has added them.
+          trace::request(self, self->state.tr, self->state.store, acc)
+              .then([=](ack&) mutable { bucket_done(self, *buf, answer, tag.step, {}); },
+                    [=](caf::error& err) mutable {
+                      bucket_done(self, *buf, answer, tag.step, std::move(err));
+                    });
+        };
+        if (msg.reduced) {
+          land();
+          return answer;
+        }
         // The requests carry `buf` as the owner of their views: a reducer that ends (the engine
         // stopping after a timeout) frees no buffer that the comm or the store still uses.
         trace::request(self, st.tr, st.comm,
                        reduce_scatter_req{tag, buf->in, own, b.shard_len, buf})
             .then(
-                [=](comm_done&) mutable {
-                  accumulate acc{tag.step,
-                                 tag.micro,
-                                 tag.index,
-                                 {own, b.shard_len, nullptr, buf},
-                                 buf->on_host};
-                  // The buffers live until the store has added them.
-                  trace::request(self, self->state.tr, self->state.store, acc)
-                      .then([=](ack&) mutable { bucket_done(self, *buf, answer, tag.step, {}); },
-                            [=](caf::error& err) mutable {
-                              bucket_done(self, *buf, answer, tag.step, std::move(err));
-                            });
-                },
+                [=](comm_done&) mutable { land(); },
                 [=](caf::error& err) mutable {
                   bucket_done(self, *buf, answer, tag.step, std::move(err));
                 });

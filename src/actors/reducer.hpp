@@ -11,7 +11,9 @@
 //                               failed reduce-scatter or accumulate). Errors are also kept for
 //                               the flush. The host bounds the buckets it has not had answered
 //                               (engine_options::max_buckets_in_flight), so the replies are the
-//                               back-pressure that bounds the buckets' memory.
+//                               back-pressure that bounds the buckets' memory. A `reduced`
+//                               bucket (the rank's part alone of a gradient the host already
+//                               averaged: DDP, FSDP2) skips the reduce-scatter.
 //   flush -> flush_done (coordinator)
 //                               answered once every bucket of the step handed over so far has
 //                               landed in the store, with the number of micro-batches; answered

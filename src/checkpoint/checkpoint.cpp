@@ -23,6 +23,11 @@ namespace zmuon {
 
 namespace {
 
+/// Parameter p's shard length in the saved files (the saving world's, cut by its layout).
+int64_t saved_shard_len(const checkpoint_manifest& m, const param_layout& p) {
+  return shard_length(p.numel, p.shape[0], m.world, m.layout);
+}
+
 namespace fs = std::filesystem;
 using detail::bad;
 using detail::in_quotes;
@@ -173,7 +178,7 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
     by_name[t.name] = &t;
   size_t used = 0;
   for (const auto& p : target.params) {
-    auto [sb, se] = rank_slice(p.numel, m.world, f.rank);
+    auto [sb, se] = rank_slice(p.numel, saved_shard_len(m, p), f.rank);
     for (const auto& kind : state_kinds) {
       if (!has_kind(kind, p.muon))
         continue;
@@ -188,7 +193,7 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
                              + std::to_string(m.world) + " holds " + std::to_string(se - sb));
       ++used;
       for (int r = first; r < last; ++r) {  // the part of it each target rank holds
-        auto [rb, re] = rank_slice(p.numel, target.world, r);
+        auto [rb, re] = rank_slice(p.numel, p.shard_len, r);
         const int64_t lo = std::max(sb, rb);
         const int64_t hi = std::min(se, re);
         if (lo < hi)
@@ -247,7 +252,7 @@ expected<checkpoint_file> write_shard_file(const std::string& out, const plan& p
   // Written straight from the state (no copy of it), the CRC-32 taken on the way.
   std::vector<safetensors_view> tensors;
   for (const auto& p : pl.params) {
-    auto [begin, end] = rank_slice(p.numel, pl.world, rank);
+    auto [begin, end] = rank_slice(p.numel, p.shard_len, rank);
     const int64_t n = end - begin;
     for (const auto& k : state_kinds) {
       if (has_kind(k, p.muon))
@@ -294,6 +299,7 @@ error commit_checkpoint(const std::string& dir, const std::string& name, const p
                     "of the job sees"};
   }
   meta.world = pl.world;
+  meta.layout = pl.layout;
   meta.params.clear();
   for (const auto& p : pl.params)
     meta.params.push_back({p.name, p.shape, p.muon});
@@ -408,7 +414,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
   for (const auto& f : m.files) {
     bool needed = false;
     for (const auto& p : target.params) {
-      auto [sb, se] = rank_slice(p.numel, m.world, f.rank);
+      auto [sb, se] = rank_slice(p.numel, saved_shard_len(m, p), f.rank);
       auto [wb, we] = wanted_range(p);
       needed = needed || (std::max(sb, wb) < std::min(se, we));
     }

@@ -42,6 +42,7 @@ struct checkpoint_file {
 
 struct checkpoint_manifest {
   int world = 0;
+  shard_layout layout = shard_layout::flat;  // how the files cut the parameters ("shard_layout")
   uint64_t step = 0;       // steps done (skipped ones included)
   int64_t adam_steps = 0;  // AdamW steps applied (Adam's bias correction)
   // Per AdamW parameter in table order, the steps that touched it; empty where every one is

@@ -86,6 +86,8 @@ std::string manifest_text(const checkpoint_manifest& m) {
   };
   if (!m.adam_param_steps.empty())
     j["adam_param_steps"] = m.adam_param_steps;
+  if (m.layout == shard_layout::rows)  // absent: flat
+    j["shard_layout"] = "rows";
   return j.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
@@ -105,6 +107,13 @@ expected<checkpoint_manifest> parse_manifest(const std::string& text, const std:
       m.adam_param_steps.push_back(n.get<int64_t>());
     }
     j.erase("adam_param_steps");
+  }
+  if (j.is_object() && j.contains("shard_layout")) {  // optional: absent is "flat"
+    const json& layout = j["shard_layout"];
+    if (layout != "flat" && layout != "rows")
+      return bad(path, "manifest shard_layout is " + layout.dump() + ", not \"flat\" or \"rows\"");
+    m.layout = layout == "rows" ? shard_layout::rows : shard_layout::flat;
+    j.erase("shard_layout");
   }
   if (auto err = exact_keys(j,
                             {"format", "version", "world", "step", "adam_steps", "loss_scaler",

@@ -20,22 +20,16 @@ int64_t offset_in(const state_kind& k, const param_layout& p) {
   return k.always ? p.shard_offset : p.state_offset;
 }
 
-std::pair<int64_t, int64_t> rank_slice(int64_t numel, int world, int rank) {
-  const int64_t len = (numel + world - 1) / world;
-  const int64_t begin = std::min(numel, static_cast<int64_t>(rank) * len);
-  return {begin, std::min(numel, begin + len)};
-}
-
 void shard_to_full(const plan& pl, int rank, const rank_state& st, const state_kind& k,
                    const param_layout& p, float* full) {
-  auto [begin, end] = rank_slice(p.numel, pl.world, rank);
+  auto [begin, end] = rank_slice(p.numel, p.shard_len, rank);
   const float* shard = (st.*k.buffer).data() + offset_in(k, p);
   std::copy(shard, shard + (end - begin), full + begin);
 }
 
 void full_to_shard(const plan& pl, int rank, const float* full, const state_kind& k,
                    const param_layout& p, rank_state& st) {
-  auto [begin, end] = rank_slice(p.numel, pl.world, rank);
+  auto [begin, end] = rank_slice(p.numel, p.shard_len, rank);
   std::copy(full + begin, full + end, (st.*k.buffer).data() + offset_in(k, p));
 }
 

@@ -28,10 +28,6 @@ bool has_kind(const state_kind& k, bool muon);
 /// Where parameter `p`'s shard starts in a rank's buffer of kind `k`.
 int64_t offset_in(const state_kind& k, const param_layout& p);
 
-/// Elements [begin, end) of a tensor of `numel` elements that rank `rank` of a world of `world`
-/// holds (its real elements, no padding): ceil(numel / world) a rank, the last ones fewer.
-std::pair<int64_t, int64_t> rank_slice(int64_t numel, int world, int rank);
-
 /// Copies rank `rank`'s real elements of kind `k` of parameter `p` (a parameter of `pl`) from
 /// its state into `full`, the whole tensor (numel elements), at their place.
 void shard_to_full(const plan& pl, int rank, const rank_state& st, const state_kind& k,

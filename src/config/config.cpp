@@ -390,6 +390,7 @@ const std::vector<field>& schema() {
         make<std::string>("zmuon.comm", ZMUON_SLOT(engine.comm), {}, {"auto", "caf", "nccl"}),
         make<muon_transport>("zmuon.muon_transport", ZMUON_SLOT(engine.muon.transport), {},
                              {"auto", "bf16", "fp32"}),
+        make<shard_layout>("zmuon.shard_layout", ZMUON_SLOT(engine.layout), {}, {"flat", "rows"}),
         make<int>("zmuon.ranks", ZMUON_SLOT(engine.world), r::closed(1, kMaxRanksPerProcess)),
         make<std::string>("zmuon.trace", ZMUON_SLOT(trace)),
         make<int64_t>("zmuon.timeout_ms", ZMUON_SLOT(engine.timeout_ms),

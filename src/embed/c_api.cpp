@@ -401,6 +401,34 @@ int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
   });
 }
 
+int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
+                                   size_t n, void* cuda_stream) {
+  const char* fn = "zmuon_engine_hand_over_reduced";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_view> views;
+    if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads, n, views))
+      return err;
+    return cuda_stream ? eng->eng->hand_over_reduced(rank, views, cuda_stream)
+                       : eng->eng->hand_over_reduced(rank, views);
+  });
+}
+
+int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params,
+                              size_t n, void* cuda_stream) {
+  const char* fn = "zmuon_engine_shard_params";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_span> spans;
+    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
+      return err;
+    return cuda_stream ? eng->eng->shard_params(rank, spans, cuda_stream)
+                       : eng->eng->shard_params(rank, spans);
+  });
+}
+
 int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n) {
   return gather_spans("zmuon_engine_gather_params", eng, params, n, std::nullopt);
 }

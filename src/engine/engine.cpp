@@ -238,7 +238,8 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
   // the number of parameters; start() plans the whole table once.
   if (d.table_names.count(spec.name) > 0)
     return {errc::duplicate_parameter, "parameter '" + spec.name + "' is registered twice"};
-  auto checked = make_plan({spec}, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon);
+  auto checked = make_plan({spec}, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon,
+                           d.opts.layout);
   if (!checked)
     return checked.err();
   const auto& p = checked->params.back();
@@ -273,7 +274,7 @@ error engine::impl::start_locked() {
     if (auto err = adopt(opts, *joined))
       return err;
   }
-  auto made = make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon);
+  auto made = make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon, opts.layout);
   if (!made)
     return made.err();
   for (const auto& f : faults.nonfinite)

@@ -37,17 +37,40 @@ error engine::gather_params(const std::vector<tensor_span>& out, void* cuda_stre
   return gather_params_on(out, cuda_stream);
 }
 
+error engine::shard_params(int rank, const std::vector<tensor_span>& out) {
+  return gather_params_on(out, std::nullopt, rank);
+}
+
+error engine::shard_params(int rank, const std::vector<tensor_span>& out, void* cuda_stream) {
+  return gather_params_on(out, cuda_stream, rank);
+}
+
 error engine::gather_params_on(const std::vector<tensor_span>& out,
-                               std::optional<void*> caller_stream) {
+                               std::optional<void*> caller_stream, int shard_of) {
   auto& d = *impl_;
   if (auto err = d.start())
     return err;
   const auto& pl = *d.pl;
+  const bool one_shard = shard_of >= 0;
+  if (one_shard && (shard_of < d.first_rank || shard_of >= d.first_rank + d.local))
+    return {errc::invalid_argument, "shard_params(): rank " + std::to_string(shard_of)
+                                        + " is not one of this process's ranks ["
+                                        + std::to_string(d.first_rank) + ", "
+                                        + std::to_string(d.first_rank + d.local) + ")"};
   std::vector<float*> target;
   std::vector<bool> on_device;
+  std::vector<bool> whole;
   // Everything is checked before anything is written.
-  if (auto err = index_views(pl, d.opts, out, "buffer for", "buffer for", target, on_device))
+  if (auto err = index_views(pl, d.opts, out, "buffer for", "buffer for", target, on_device,
+                             shard_of, &whole))
     return err;
+  for (size_t i = 0; one_shard && i < pl.params.size(); ++i)
+    if (target[i] && whole[i] && valid_len(pl.params[i], shard_of) != pl.params[i].numel)
+      return {errc::shape_mismatch, "shard_params(): the buffer for '" + pl.params[i].name
+                                        + "' has the whole tensor's size; it takes rank "
+                                        + std::to_string(shard_of) + "'s shard, "
+                                        + std::to_string(valid_len(pl.params[i], shard_of))
+                                        + " elements"};
   const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
   const bool any_on_host = std::find(on_device.begin(), on_device.end(), false) != on_device.end();
   const bool ordered = caller_stream && any_on_device;
@@ -55,7 +78,7 @@ error engine::gather_params_on(const std::vector<tensor_span>& out,
     if (auto err = d.ranks[i].backend->check_caller_stream(*caller_stream))
       return {err.code(),
               "gather_params(): rank " + std::to_string(d.first_rank + i) + ": " + err.message()};
-  if (d.multi_node()) {
+  if (d.multi_node() && !one_shard) {
     // A collective: every process calls it. Where every process asks for every parameter into
     // device buffers and the ranks run nccl, the shards go there over NCCL; otherwise over the
     // caf comms, through host memory.
@@ -85,22 +108,23 @@ error engine::gather_params_on(const std::vector<tensor_span>& out,
       be.synchronize();
     });
   }
-  for (int r = 0; r < pl.world; ++r) {
+  for (int r = one_shard ? shard_of : 0; r < (one_shard ? shard_of + 1 : pl.world); ++r) {
+    const int local = r - d.first_rank;
     std::vector<float> shard;
     float_view device_shard;  // the store's own buffer, when a device buffer is asked for
     if (any_on_device) {
-      auto view = d.ask<float_view>(d.ranks[r].store, params_view_atom::value);
+      auto view = d.ask<float_view>(d.ranks[local].store, params_view_atom::value);
       if (!view)
         return view.err();
       device_shard = *view;
     }
     if (any_on_host) {
-      auto host = d.ask<std::vector<float>>(d.ranks[r].store, params_atom::value);
+      auto host = d.ask<std::vector<float>>(d.ranks[local].store, params_atom::value);
       if (!host)
         return host.err();
       shard = std::move(*host);
     }
-    compute_backend& be = *d.ranks[r].backend;
+    compute_backend& be = *d.ranks[local].backend;
     const error device = on_backend("gather_params", r, [&] {
       std::vector<copy_span> spans;  // to device buffers: one copy_spans call
       for (size_t i = 0; i < pl.params.size(); ++i) {
@@ -108,11 +132,11 @@ error engine::gather_params_on(const std::vector<tensor_span>& out,
         int64_t n = valid_len(p, r);
         if (!target[i] || n <= 0)
           continue;
+        float* to = target[i] + (whole[i] ? r * p.shard_len : 0);
         if (on_device[i])
-          spans.push_back({device_shard.data + p.shard_offset, target[i] + r * p.shard_len, n});
+          spans.push_back({device_shard.data + p.shard_offset, to, n});
         else
-          std::memcpy(target[i] + r * p.shard_len, shard.data() + p.shard_offset,
-                      n * sizeof(float));
+          std::memcpy(to, shard.data() + p.shard_offset, n * sizeof(float));
       }
       if (!ordered) {
         be.copy_spans(spans);

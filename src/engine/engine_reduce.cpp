@@ -52,6 +52,15 @@ error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda
   return reduce_views(rank, grads, cuda_stream, impl_->buckets_in_flight());
 }
 
+error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads) {
+  return reduce_views(rank, grads, std::nullopt, impl_->buckets_in_flight(), true);
+}
+
+error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads,
+                                void* cuda_stream) {
+  return reduce_views(rank, grads, cuda_stream, impl_->buckets_in_flight(), true);
+}
+
 error engine::reduce_all(const std::vector<tensor_map>& grads) {
   std::vector<std::vector<tensor_view>> views;
   views.reserve(grads.size());
@@ -93,15 +102,17 @@ error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
 }
 
 error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
-                           std::optional<void*> caller_stream, size_t window) {
+                           std::optional<void*> caller_stream, size_t window, bool reduced) {
   auto& d = *impl_;
   if (auto err = d.start_for(rank))
     return err;
   const auto& pl = *d.pl;
   std::vector<const float*> source;
   std::vector<bool> on_device;
+  std::vector<bool> whole;  // reduced: the whole averaged tensor, else the rank's shard alone
   // Everything is checked before anything is sent.
-  if (auto err = index_views(pl, d.opts, grads, "gradient of", "gradient for", source, on_device))
+  if (auto err = index_views(pl, d.opts, grads, "gradient of", "gradient for", source, on_device,
+                             reduced ? rank : -1, &whole))
     return err;
   // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
   // copies before the reduce-scatter); everything else is packed in host memory.
@@ -133,15 +144,18 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       if (window > 0)
         if ((failed = in_flight.wait_until(window - 1)))
           break;
-      // Rank-major packing: rank q's part holds shard q of every parameter of the bucket.
-      const int64_t size = bucket.shard_len * pl.world;
-      micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0};
+      // Rank-major packing: rank q's part holds shard q of every parameter of the bucket. An
+      // already averaged gradient: this rank's part alone.
+      const int first_q = reduced ? rank : 0;
+      const int end_q = reduced ? rank + 1 : pl.world;
+      const int64_t size = bucket.shard_len * (end_q - first_q);
+      micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0, reduced};
       std::shared_ptr<std::vector<float>> host;
       // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
       // gradient): most buckets are covered whole and skip the fill's pass over the memory.
       int64_t covered = 0;
       for (int i = bucket.first_param; i < bucket.end_param; ++i)
-        for (int q = 0; source[i] && q < pl.world; ++q)
+        for (int q = first_q; source[i] && q < end_q; ++q)
           covered += valid_len(pl.params[i], q);
       if (pack_on_device) {
         msg.device_data = std::make_shared<device_buffer>(
@@ -155,12 +169,12 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
         const auto& p = pl.params[i];
         if (!source[i])
           continue;
-        for (int q = 0; q < pl.world; ++q) {
+        for (int q = first_q; q < end_q; ++q) {
           int64_t n = valid_len(p, q);
           if (n <= 0)
             continue;
-          const int64_t at = q * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
-          const float* src = source[i] + q * p.shard_len;
+          const int64_t at = (q - first_q) * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
+          const float* src = source[i] + (whole[i] ? q * p.shard_len : 0);
           if (pack_on_device && on_device[i])
             device_pieces.push_back(copy_piece{src, at, n});
           else if (pack_on_device)

@@ -25,7 +25,7 @@ std::vector<std::vector<float>> in_shard_layout(const plan& pl, const std::vecto
     for (const auto& p : pl.params) {
       if (!has_kind(k, p.muon))
         continue;
-      auto [begin, end] = rank_slice(p.numel, pl.world, first_rank + static_cast<int>(i));
+      auto [begin, end] = rank_slice(p.numel, p.shard_len, first_rank + static_cast<int>(i));
       const float* from = (st[i].*k.buffer).data() + offset_in(k, p);
       std::copy(from, from + (end - begin), v.data() + p.shard_offset);
     }
@@ -56,8 +56,8 @@ expected<std::pair<int64_t, int64_t>> engine::local_range(const std::string& nam
     return error{errc::unknown_parameter, "local_range: no parameter '" + name + "'"};
   const auto& p = d.pl->params[k];
   return std::pair<int64_t, int64_t>{
-      rank_slice(p.numel, d.pl->world, d.first_rank).first,
-      rank_slice(p.numel, d.pl->world, d.first_rank + d.local - 1).second};
+      rank_slice(p.numel, p.shard_len, d.first_rank).first,
+      rank_slice(p.numel, p.shard_len, d.first_rank + d.local - 1).second};
 }
 
 expected<optimizer_state> engine::read_state(state_scope scope) {
@@ -119,12 +119,12 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
         for (int i = 0; i < d.local; ++i)
           shard_to_full(pl, d.first_rank + i, snaps[i], k, p, v.data());
       } else {
-        const int64_t begin = rank_slice(p.numel, pl.world, d.first_rank).first;
-        const int64_t end = rank_slice(p.numel, pl.world, d.first_rank + d.local - 1).second;
+        const int64_t begin = rank_slice(p.numel, p.shard_len, d.first_rank).first;
+        const int64_t end = rank_slice(p.numel, p.shard_len, d.first_rank + d.local - 1).second;
         out.params[j].offset = begin;
         v.assign(end - begin, 0.0f);
         for (int i = 0; i < d.local; ++i) {
-          auto [b, e] = rank_slice(p.numel, pl.world, d.first_rank + i);
+          auto [b, e] = rank_slice(p.numel, p.shard_len, d.first_rank + i);
           const float* from = (snaps[i].*k.buffer).data() + offset_in(k, p);
           std::copy(from, from + (e - b), v.data() + (b - begin));
         }

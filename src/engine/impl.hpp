@@ -24,6 +24,7 @@
 #include "messages/errors.hpp"
 #include "messages/registry.hpp"
 #include "node/node_setup.hpp"
+#include "plan/ownership.hpp"
 #include "trace/trace.hpp"
 #include "zmuon/engine.hpp"
 
@@ -75,21 +76,35 @@ error check_buffer(const View& v, const engine_options& opts) {
 /// all of them pass: a registered name, its size, memory the backend can use, no null pointer,
 /// none given twice. The messages call a view `of` ("gradient of") and, when its name is
 /// unknown, `for_` ("gradient for").
+///
+/// `shard_of` >= 0: a view may also be rank shard_of's shard alone (valid_len elements);
+/// `whole` then says, per parameter, whether its view is the whole tensor.
 template <class View, class Ptr>
 error index_views(const plan& pl, const engine_options& opts, const std::vector<View>& views,
                   const std::string& of, const std::string& for_, std::vector<Ptr>& at,
-                  std::vector<bool>& on_device) {
+                  std::vector<bool>& on_device, int shard_of = -1,
+                  std::vector<bool>* whole = nullptr) {
   at.assign(pl.params.size(), nullptr);
   on_device.assign(pl.params.size(), false);
+  if (whole)
+    whole->assign(pl.params.size(), true);
   for (const auto& v : views) {
     const int i = pl.find(v.name);
     if (i < 0)
       return {errc::unknown_parameter,
               for_ + " '" + v.name + "', which is not a registered parameter"};
-    if (v.size != pl.params[i].numel)
-      return {errc::shape_mismatch, of + " '" + v.name + "' has " + std::to_string(v.size)
-                                        + " elements, expected "
-                                        + std::to_string(pl.params[i].numel)};
+    const int64_t shard = shard_of >= 0 ? valid_len(pl.params[i], shard_of) : -1;
+    if (v.size != pl.params[i].numel && v.size != shard)
+      return {errc::shape_mismatch,
+              of + " '" + v.name + "' has " + std::to_string(v.size) + " elements, expected "
+                  + std::to_string(pl.params[i].numel)
+                  + (shard_of >= 0 ? " (the whole tensor) or " + std::to_string(shard)
+                                         + " (rank " + std::to_string(shard_of) + "'s shard)"
+                                   : std::string())};
+    if (whole)
+      (*whole)[i] = v.size == pl.params[i].numel;
+    if (v.size == 0)  // rank shard_of holds none of it (a short last dim-0 slice)
+      continue;
     if (auto err = check_buffer(v, opts))
       return err;
     if (!v.data)

@@ -165,6 +165,9 @@ struct micro_grads {
   std::shared_ptr<std::vector<float>> data;
   std::shared_ptr<device_buffer> device_data = nullptr;
   int64_t device_size = 0;
+  // This rank's part alone, of a gradient the host has already averaged over the ranks
+  // (engine::hand_over_reduced): added as it is, no reduce-scatter.
+  bool reduced = false;
 
   int64_t size() const { return data ? static_cast<int64_t>(data->size()) : device_size; }
 };
@@ -381,7 +384,7 @@ ZMUON_INSPECT(all_reduce_req, x.tag, x.op, x.values)
 ZMUON_INSPECT(all_to_all_req, x.tag)
 ZMUON_INSPECT(comm_done, x.tag)
 ZMUON_INSPECT(all_reduce_result, x.tag, x.values)
-ZMUON_INSPECT(micro_grads, x.step, x.micro, x.bucket)
+ZMUON_INSPECT(micro_grads, x.step, x.micro, x.bucket, x.reduced)
 ZMUON_INSPECT(flush, x.step)
 ZMUON_INSPECT(flush_done, x.step, x.micros)
 ZMUON_INSPECT(accumulate, x.step, x.micro, x.bucket, x.slice, x.from_host)

@@ -76,13 +76,24 @@ int plan::muon_count() const {
       std::count_if(params.begin(), params.end(), [](const param_layout& p) { return p.muon; }));
 }
 
+int64_t shard_length(int64_t numel, int64_t dim0, int world, shard_layout layout) {
+  if (layout == shard_layout::rows)
+    return (dim0 + world - 1) / world * (numel / dim0);
+  return (numel + world - 1) / world;
+}
+
+std::pair<int64_t, int64_t> rank_slice(int64_t numel, int64_t shard_len, int rank) {
+  const int64_t begin = std::min(numel, static_cast<int64_t>(rank) * shard_len);
+  return {begin, std::min(numel, begin + shard_len)};
+}
+
 double ns_cost(int64_t rows, int64_t cols) {
   double lo = static_cast<double>(std::min(rows, cols));
   return static_cast<double>(std::max(rows, cols)) * lo * lo;
 }
 
 expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_t bucket_elements,
-                         bool per_head) {
+                         bool per_head, shard_layout layout) {
   if (world < 1)
     return error{errc::invalid_argument, "world size must be >= 1, got " + std::to_string(world)};
   if (bucket_elements < 1)
@@ -90,6 +101,7 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
                  "reduce_bucket_size must be >= 1, got " + std::to_string(bucket_elements)};
   plan pl;
   pl.world = world;
+  pl.layout = layout;
   for (auto& spec : table) {
     if (auto err = validate(spec, pl.index))
       return err;
@@ -99,7 +111,7 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
     p.hparam_group = spec.hparam_group;
     p.numel =
         std::accumulate(spec.shape.begin(), spec.shape.end(), int64_t{1}, std::multiplies<>());
-    p.shard_len = (p.numel + world - 1) / world;
+    p.shard_len = shard_length(p.numel, spec.shape[0], world, layout);
     p.shard_offset = pl.shard_total;
     pl.shard_total += p.shard_len;
     p.muon = spec.group == param_group::muon

@@ -7,8 +7,10 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
+#include "zmuon/options.hpp"
 #include "zmuon/param.hpp"
 #include "zmuon/status.hpp"
 
@@ -24,7 +26,7 @@ struct param_layout {
   std::vector<int64_t> shape;
   bool muon = false;
   int64_t numel = 0;
-  int64_t shard_len = 0;     // ceil(numel / world): every rank holds this many (zero padded)
+  int64_t shard_len = 0;     // every rank holds this many (zero padded): shard_length()
   int64_t shard_offset = 0;  // offset of this parameter's shard in a rank's flat shard buffers
   int64_t state_offset = 0;  // offset in the rank's Muon-state or Adam-state flat buffer
   int bucket = 0;            // reduce bucket index
@@ -55,6 +57,7 @@ struct chunk_layout {
 
 struct plan {
   int world = 1;
+  shard_layout layout = shard_layout::flat;
   std::vector<param_layout> params;
   std::vector<bucket_layout> buckets;
   std::vector<chunk_layout> chunks;
@@ -74,9 +77,17 @@ struct plan {
 /// NS cost of one [rows, cols] matrix: max(m,n) * min(m,n)^2.
 double ns_cost(int64_t rows, int64_t cols);
 
+/// Elements of every rank's shard of a parameter of `numel` elements whose dim 0 is `dim0`:
+/// ceil(numel / world) (flat), or ceil(dim0 / world) whole dim-0 slices (rows: FSDP2's Shard(0)).
+int64_t shard_length(int64_t numel, int64_t dim0, int world, shard_layout layout);
+
+/// Elements [begin, end) of a flattened parameter of `numel` elements that rank `rank` holds,
+/// each rank holding `shard_len` of them (the last ranks fewer, or none).
+std::pair<int64_t, int64_t> rank_slice(int64_t numel, int64_t shard_len, int rank);
+
 /// Validates the table (names unique and non-empty, no zero-size shapes, heads dividing rows)
 /// and builds the plan. `per_head` false ignores the registered heads.
 expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_t bucket_elements,
-                         bool per_head = true);
+                         bool per_head = true, shard_layout layout = shard_layout::flat);
 
 }  // namespace zmuon

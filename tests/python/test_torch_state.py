@@ -98,7 +98,7 @@ class StateDictTest(unittest.TestCase):
                 resumed, opt2 = make(5, ranks)  # other initial values: the masters overwrite them
                 opt2.load_state_dict(sd)
                 self.assertEqual(same(resumed, first), [])
-                self.assertEqual(opt2.state_dict()["zmuon"]["step"], 3)
+                self.assertEqual(opt2.state_dict()["param_groups"][0]["zmuon"]["step"], 3)
                 train(resumed, opt2, range(4, 7))
                 self.assertEqual(same(resumed, straight), [])
                 print(f"\n  ranks {ranks}: resumed after 3 of 6 steps, every parameter equal to "
@@ -217,7 +217,8 @@ class StateDictTest(unittest.TestCase):
         nan = copy.deepcopy(sd)
         nan["state"][0]["momentum_buffer"][0, 0] = float("nan")
         cases = [
-            (without(sd, "zmuon"), zmuon.InvalidArgument, "has no 'zmuon'"),
+            (without(sd, "param_groups", 0, "zmuon"), zmuon.InvalidArgument,
+             "param_groups[0]['zmuon'] has no 'step'"),
             (without(sd, "state", adam_index, "exp_avg"), zmuon.InvalidArgument,
              f"state[{adam_index}] (parameter"),
             (without(sd, "state", 1), zmuon.InvalidArgument, "no entry 1"),
@@ -235,7 +236,7 @@ class StateDictTest(unittest.TestCase):
             for n, p in other.named_parameters():
                 self.assertTrue(torch.equal(p.detach(), kept[n]), n)
             now = opt2.state_dict()
-            self.assertEqual(now["zmuon"]["step"], 1)
+            self.assertEqual(now["param_groups"][0]["zmuon"]["step"], 1)
             for i, entry in kept_state["state"].items():
                 for k, v in entry.items():
                     self.assertTrue(torch.equal(now["state"][i][k], v), (text, i, k))

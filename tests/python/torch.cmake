@@ -1,5 +1,6 @@
 # The torch tests: zmuon.Muon as a torch.optim.Optimizer (test_torch_optim), its state in torch's
-# shape (test_torch_state), and under Lightning and HF Trainer (test_torch_frameworks). They run
+# shape (test_torch_state), under Lightning and HF Trainer (test_torch_frameworks), and under
+# DDP and FSDP2 (test_torch_distributed). They run
 # with the venv that .ci/deps makes (.venv at the repository root, .ci/requirements.txt); without
 # it they fail, they never skip.
 set(ZMUON_TORCH_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
@@ -7,6 +8,10 @@ foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_
   zmuon_add_python_test(python_${test} MODULE ${test} PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300
     LABELS embed torch ENV "HF_HUB_OFFLINE=1")
 endforeach()
+
+# zmuon.Muon under torch.distributed (gloo): DDP and FSDP2 jobs of 2 to 4 processes.
+zmuon_add_python_test(python_test_torch_distributed MODULE test_torch_distributed
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 900 LABELS embed torch ENV "HF_HUB_OFFLINE=1")
 
 # pip install . into a fresh venv and the parity test from outside the checkout.
 add_test(NAME python_test_pip_install

@@ -1,0 +1,111 @@
+"""zmuon.Muon under torch.distributed: joining the job from the process group, and the models
+PyTorch distributes, DDP (whole parameters, gradients averaged over the processes) and FSDP2
+(`fully_shard`: DTensor parameters and gradients, Shard(0) on a 1-D mesh)."""
+
+import os
+import secrets
+import socket
+
+from ._capi import InvalidArgument, Unsupported
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # the numpy path: no torch.distributed
+    torch = None
+    dist = None
+
+# How a process hands its gradients over and gets its parameters back.
+PLAIN = "plain"  # its own gradient (the engine averages over ranks), whole parameters back
+DDP = "ddp"      # the gradient averaged by DDP already: no second reduce; whole parameters back
+FSDP = "fsdp"    # FSDP2's local shards in, the local shards of the parameters back, in place
+
+_SECRET_KEYS = ("ZMUON_JOB_SECRET", "ZMUON_JOB_SECRET_FILE", "ZMUON_INSECURE")
+
+
+def is_dtensor(p):
+    return torch is not None and type(p).__name__ == "DTensor" and hasattr(p, "to_local")
+
+
+def module_params(params):
+    """model.named_parameters() for a torch.nn.Module (DDP's with the "module." prefix taken
+    off, so that names match the unwrapped model's), and whether it is a DDP model."""
+    if torch is None or not isinstance(params, torch.nn.Module):
+        return params, False
+    ddp = isinstance(params, torch.nn.parallel.DistributedDataParallel)
+    if ddp:
+        return list(params.module.named_parameters()), True
+    return list(params.named_parameters()), False
+
+
+def check_fsdp(named):
+    """The mesh of FSDP2's parameters, once each is checked: Shard(0) on one 1-D mesh of every
+    process of the default group (zmuon's plan then cuts the parameters as FSDP2 does)."""
+    from torch.distributed.tensor import Shard
+    mesh = None
+    for name, p in named:
+        if not is_dtensor(p):
+            raise InvalidArgument(f"'{name}' is a plain tensor while others are FSDP2 DTensors: "
+                                  "shard every parameter with fully_shard, or none")
+        if p.device_mesh.ndim != 1:
+            raise Unsupported(f"'{name}' lives on a {p.device_mesh.ndim}-D device mesh (HSDP): "
+                              "zmuon takes FSDP2 on a 1-D mesh of every process; shard with "
+                              "fully_shard(model) on the default mesh, or use DDP")
+        if tuple(p.placements) != (Shard(0),):
+            raise Unsupported(f"'{name}' has placements {tuple(p.placements)}: zmuon takes "
+                              "FSDP2's Shard(0)")
+        if mesh is None:
+            mesh = p.device_mesh
+        elif p.device_mesh != mesh:
+            raise Unsupported(f"'{name}' is on another device mesh than the other parameters")
+    if mesh is not None and mesh.size() != dist.get_world_size():
+        raise Unsupported(f"the FSDP2 mesh has {mesh.size()} processes, the default process "
+                          f"group {dist.get_world_size()}: zmuon shards over every process")
+    return mesh
+
+
+def mode_of(named, ddp_module, averaged_grads):
+    """PLAIN, DDP or FSDP for these parameters: FSDP2's DTensors, a DDP model or
+    averaged_grads=True (the gradients are already averaged over the processes)."""
+    if any(is_dtensor(p) for _, p in named):
+        check_fsdp(named)
+        return FSDP
+    if ddp_module or averaged_grads:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            raise InvalidArgument("averaged gradients (a DDP model) need torch.distributed "
+                                  "initialized (init_process_group)")
+        return DDP
+    return PLAIN
+
+
+def joined_process_group():
+    return dist is not None and dist.is_available() and dist.is_initialized() \
+        and dist.get_world_size() > 1
+
+
+def node_from_process_group():
+    """(nodes, node_rank, master) of the zmuon job of torch.distributed's default group: one
+    zmuon node a process. Process 0 picks the rendezvous address (its host, a free port) and,
+    where no process was given a secret ($ZMUON_JOB_SECRET, $ZMUON_JOB_SECRET_FILE) nor told
+    $ZMUON_INSECURE, a fresh 32-byte secret; both go to every process over the process group
+    (docs/SECURITY.md: as private as torch.distributed's own traffic)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = [any(os.environ.get(k) for k in _SECRET_KEYS)]
+    told = [None] * world
+    dist.all_gather_object(told, mine[0])
+    if any(told) and not all(told):
+        missing = [r for r, t in enumerate(told) if not t]
+        raise InvalidArgument(f"processes {missing} have no job secret while others do: set "
+                              "$ZMUON_JOB_SECRET or $ZMUON_JOB_SECRET_FILE in every process, "
+                              "or in none")
+    message = [None, None]
+    if rank == 0:
+        host = os.environ.get("MASTER_ADDR") or socket.gethostname()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        message = [f"{host}:{port}", None if all(told) else secrets.token_hex(32)]
+    dist.broadcast_object_list(message, src=0)
+    if message[1] is not None:
+        os.environ["ZMUON_JOB_SECRET"] = message[1]
+    return world, rank, message[0]

@@ -1,0 +1,351 @@
+"""zmuon.Muon under torch.distributed on the CPU (gloo): a model wrapped in DDP or sharded by
+FSDP2 (fully_shard), one optimizer across the processes. Each case starts WORLD processes the
+way torchrun does (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; no agent, so that a process that
+dies is seen by the others and not killed for them) and compares what they wrote with references
+computed here:
+
+- DDP and FSDP2 at 2 and 4 processes against the plain zmuon.Muon in one process on the whole
+  batch (<= 1e-6 relative) and against torch.optim.Muon + AdamW on the full model (<= 1e-5);
+- gradient accumulation (4 micro-batches) against one micro-batch (<= 1e-6);
+- a NaN in one process's gradient: the step is skipped on every process, every state bit-equal;
+- one process killed before the step: the others fail naming it, within the heartbeat timeout;
+- torch.distributed.checkpoint (get_state_dict / set_state_dict) saved at 2 processes, loaded
+  at 1 and at 4, against the uninterrupted run (and, as the control, the weights alone with a
+  fresh optimizer, which must not match);
+- the memory claim: each process holds 1/world of the optimizer state.
+
+Run by ctest with the venv's python (.venv); without PyTorch it fails.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from test_torch_optim import (HYPER, TinyTransformer, batches, fp32_newton_schulz,  # noqa: E402
+                              lm_loss, rel, uses_muon)
+
+import zmuon  # noqa: E402
+
+STEPS = 10
+BATCH = 8          # the job's batch a step: 8 sequences, split over the processes
+PARITY_ZMUON = 1e-6
+PARITY_TORCH = 1e-5
+HEARTBEAT_MS = 3000
+
+
+# -- the worker: one process of the job -----------------------------------------------------------
+
+def build(kind):
+    """The model (same initial values in every process), wrapped or sharded."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    if kind == "ddp":
+        return torch.nn.parallel.DistributedDataParallel(model)
+    if kind == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+        for block in (model.qkv, model.proj, model.fc, model.out):
+            fully_shard(block)
+        fully_shard(model)
+    return model
+
+
+def full_params(model):
+    inner = model.module if hasattr(model, "module") else model
+    out = {}
+    for name, p in inner.named_parameters():
+        t = p.detach()
+        out[name] = (t.full_tensor() if hasattr(t, "full_tensor") else t).clone()
+    return out
+
+
+def train_steps(model, opt, steps, rank, world, gas, first=0, poison=None):
+    """Steps [first, first + steps) of the job: this process's share of each batch, in `gas`
+    micro-batches. poison=(step, name): a NaN in this process's shard of that gradient."""
+    data = batches(STEPS, batch=BATCH)
+    share = BATCH // world
+    reports = []
+    for step in range(first, first + steps):
+        local = data[step][rank * share:(rank + 1) * share]
+        for micro in local.chunk(gas):
+            lm_loss(model, micro).backward()
+            if poison is not None and poison[0] == step:
+                g = dict((model.module if hasattr(model, "module") else model)
+                         .named_parameters())[poison[1]].grad
+                local_g = g.to_local() if hasattr(g, "to_local") else g
+                begin, _ = opt.local_range(poison[1])
+                flat = local_g.view(-1)
+                flat[0 if hasattr(g, "to_local") else begin] = float("nan")
+            if gas > 1:
+                opt.accumulate()
+                opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        reports.append(opt.last_step)
+    return reports
+
+
+def local_state(opt):
+    """This process's state, bit for bit: the local state tensors and the masters."""
+    sd = opt.state_dict()
+    out = {}
+    for i, st in sd["state"].items():
+        for k, v in st.items():
+            v = v.to_local() if hasattr(v, "to_local") else v
+            out[f"{i}.{k}"] = v.clone()
+    for i, v in sd["zmuon"]["masters"].items():
+        v = v.to_local() if hasattr(v, "to_local") else v
+        out[f"master.{i}"] = v.clone()
+    return out
+
+
+def worker(args):
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {"rank": rank}
+    config = {"zmuon": {"heartbeat_timeout_ms": HEARTBEAT_MS}}
+    model = build(args.kind)
+    if args.case == "resume_model_only":  # the control: the weights alone, a fresh optimizer
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
+                                                             set_model_state_dict)
+        state = {"model": get_model_state_dict(model)}
+        dcp.load(state, checkpoint_id=args.dir)
+        set_model_state_dict(model, state["model"])
+    opt = zmuon.Muon(model if args.kind == "ddp" else model.named_parameters(), config,
+                     **HYPER)
+    if args.case == "train":
+        train_steps(model, opt, STEPS, rank, world, args.gas)
+        held = sum(opt.local_range(n)[1] for n, _, _ in opt._params)
+        total = sum(p.numel() for _, p in full_params(model).items())
+        out["held"], out["total"] = held, total
+    elif args.case == "nan":
+        train_steps(model, opt, 3, rank, world, 1)
+        before = local_state(opt)
+        report = train_steps(model, opt, 1, rank, world, 1, first=3,
+                             poison=(3, "fc.weight") if rank == world - 1 else None)[0]
+        after = local_state(opt)
+        out["skipped"] = bool(report["skipped"])
+        out["bit_equal"] = all(torch.equal(before[k], after[k]) for k in before)
+        train_steps(model, opt, STEPS - 4, rank, world, 1, first=4)
+    elif args.case == "kill":
+        train_steps(model, opt, 2, rank, world, 1)
+        lm_loss(model, batches(STEPS, batch=BATCH)[2][:2]).backward()
+        if rank == world - 1:
+            os._exit(9)  # dies with the step about to start
+        started = time.monotonic()
+        try:
+            opt.step()
+        except zmuon.ZmuonError as e:
+            print(f"step failed after {time.monotonic() - started:.1f} s: {e}", flush=True)
+            sys.exit(3)
+        sys.exit(0)
+    elif args.case == "resume_model_only":
+        train_steps(model, opt, STEPS - STEPS // 2, rank, world, 1, first=STEPS // 2)
+    elif args.case in ("save", "resume"):
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        half = STEPS // 2
+        if args.case == "save":
+            train_steps(model, opt, half, rank, world, 1)
+            msd, osd = get_state_dict(model, opt)
+            dcp.save({"model": msd, "optim": osd}, checkpoint_id=args.dir)
+        else:
+            msd, osd = get_state_dict(model, opt)
+            state = {"model": msd, "optim": osd}
+            dcp.load(state, checkpoint_id=args.dir)
+            set_state_dict(model, opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+            train_steps(model, opt, STEPS - half, rank, world, 1, first=half)
+    if args.case != "save":
+        params = full_params(model)
+        if rank == 0:
+            torch.save(params, os.path.join(args.out, "params.pt"))
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+    opt.close()
+    dist.destroy_process_group()
+
+
+# -- the tests ------------------------------------------------------------------------------------
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(world, kind, case, out, gas=1, directory="", timeout=240):
+    """Starts `world` processes as torchrun would; returns their (returncode, output)."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
+    env.pop("ZMUON_JOB_SECRET", None)
+    procs = []
+    for r in range(world):
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--kind", kind,
+               "--case", case, "--out", out, "--gas", str(gas), "--dir", directory]
+        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True))
+    results = []
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError(f"{kind} {case} at world {world}: no exit in {timeout} s")
+        results.append((p.returncode, text))
+    return results
+
+
+def single_process(gas=1, steps=STEPS):
+    """The plain zmuon.Muon in one process on the whole batch (no torch.distributed)."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    opt = zmuon.Muon(model.named_parameters(), distributed=False, **HYPER)
+    train_steps(model, opt, steps, 0, 1, gas)
+    opt.close()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def torch_reference():
+    """torch.optim.Muon (its NS in fp32, zmuon's contract) + AdamW on the full model."""
+    import torch.optim._muon as torch_muon
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    h = HYPER
+    muon = [p for n, p in model.named_parameters() if uses_muon(n, p)]
+    adam = [p for n, p in model.named_parameters() if not uses_muon(n, p)]
+    opts = [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
+                             momentum=h["momentum"], nesterov=h["nesterov"],
+                             ns_steps=h["ns_steps"], eps=1e-7),
+            torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
+                              weight_decay=h["weight_decay"])]
+    saved = torch_muon._zeropower_via_newtonschulz
+    torch_muon._zeropower_via_newtonschulz = fp32_newton_schulz
+    try:
+        for tokens in batches(STEPS, batch=BATCH):
+            for o in opts:
+                o.zero_grad()
+            lm_loss(model, tokens).backward()
+            for o in opts:
+                o.step()
+    finally:
+        torch_muon._zeropower_via_newtonschulz = saved
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def worst(a, b):
+    return max(rel(a[n], b[n]) for n in b)
+
+
+class Distributed(unittest.TestCase):
+    reference = None
+    torch_ref = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.reference = single_process()
+        cls.torch_ref = torch_reference()
+        print(f"one process vs torch.optim.Muon + AdamW: {worst(cls.reference, cls.torch_ref):.2e}")
+
+    def job(self, world, kind, case, **kw):
+        with tempfile.TemporaryDirectory() as out:
+            results = run_job(world, kind, case, out, **kw)
+            for r, (code, text) in enumerate(results):
+                self.assertEqual(code, 0, f"{kind} {case} world {world} rank {r}:\n{text}")
+            ranks = []
+            for r in range(world):
+                with open(os.path.join(out, f"rank{r}.json")) as f:
+                    ranks.append(json.load(f))
+            path = os.path.join(out, "params.pt")
+            params = torch.load(path) if os.path.exists(path) else None
+            return params, ranks
+
+    def test_ddp_and_fsdp2_match_one_process_and_torch(self):
+        for kind in ("ddp", "fsdp"):
+            for world in (2, 4):
+                params, ranks = self.job(world, kind, "train")
+                ours, theirs = worst(params, self.reference), worst(params, self.torch_ref)
+                held = max(r["held"] for r in ranks) / ranks[0]["total"]
+                print(f"{kind} world {world}: vs one process {ours:.2e}, vs torch {theirs:.2e}; "
+                      f"state held per process {held:.3f} of the whole (1/world = "
+                      f"{1 / world:.3f})")
+                self.assertLessEqual(ours, PARITY_ZMUON, f"{kind} world {world}")
+                self.assertLessEqual(theirs, PARITY_TORCH, f"{kind} world {world}")
+                # Each process holds its shard of every parameter's state: 1/world of the whole,
+                # plus the padding of the last shards (FSDP2's rows: up to a row a parameter).
+                self.assertLessEqual(max(r["held"] for r in ranks),
+                                     ranks[0]["total"] / world * 1.15)
+                self.assertEqual(sum(r["held"] for r in ranks), ranks[0]["total"])
+
+    def test_gradient_accumulation(self):
+        for kind in ("ddp", "fsdp"):
+            params, _ = self.job(2, kind, "train", gas=4)
+            e = worst(params, self.reference)
+            print(f"{kind} world 2, 4 micro-batches vs 1: {e:.2e}")
+            self.assertLessEqual(e, PARITY_ZMUON, kind)
+
+    def test_nan_in_one_process_skips_the_step_everywhere(self):
+        for kind in ("ddp", "fsdp"):
+            params, ranks = self.job(2, kind, "nan")
+            self.assertTrue(all(r["skipped"] for r in ranks), f"{kind}: {ranks}")
+            self.assertTrue(all(r["bit_equal"] for r in ranks), f"{kind}: {ranks}")
+            # The job went on and applied the other steps: it matches one process that skipped
+            # the same step (no step 3).
+            self.assertGreater(worst(params, self.reference), 1e-4)
+            print(f"{kind}: the NaN step was skipped on every process, state bit-equal")
+
+    def test_killed_process_fails_the_others_naming_it(self):
+        with tempfile.TemporaryDirectory() as out:
+            started = time.monotonic()
+            results = run_job(3, "ddp", "kill", out, timeout=120)
+            took = time.monotonic() - started
+        codes = [c for c, _ in results]
+        self.assertEqual(codes[2], 9)
+        for r in (0, 1):
+            self.assertEqual(codes[r], 3, results[r][1])
+            self.assertIn("node 2", results[r][1])
+        print(f"a killed process: the others failed naming it, job over in {took:.1f} s")
+
+    def test_distributed_checkpoint_resharded(self):
+        for kind in ("fsdp", "ddp"):
+            with tempfile.TemporaryDirectory() as ckpt:
+                self.job(2, kind, "save", directory=ckpt)
+                for world in (1, 4):
+                    params, _ = self.job(world, kind, "resume", directory=ckpt)
+                    e = worst(params, self.reference)
+                    print(f"{kind}: saved at 2, resumed at {world}: vs uninterrupted {e:.2e}")
+                    self.assertLessEqual(e, PARITY_ZMUON, f"{kind} 2 -> {world}")
+                # The control: the weights without the optimizer's state go elsewhere.
+                params, _ = self.job(2, kind, "resume_model_only", directory=ckpt)
+                e = worst(params, self.reference)
+                print(f"{kind}: the weights alone, a fresh optimizer: {e:.2e}")
+                self.assertGreater(e, 1e-3, kind)
+
+
+if __name__ == "__main__":
+    if "--worker" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--worker", action="store_true")
+        ap.add_argument("--kind", choices=("ddp", "fsdp"))
+        ap.add_argument("--case")
+        ap.add_argument("--out")
+        ap.add_argument("--gas", type=int, default=1)
+        ap.add_argument("--dir", default="")
+        worker(ap.parse_args())
+    else:
+        unittest.main()
