@@ -19,6 +19,8 @@
 #                                # runs everything, logs and tables to $OUT (default ./out)
 #   ONLY_STEP=1 bench/dev/gpu-check.sh   # only zmuon-bench-step, bench_ns and the tables
 #   SKIP_NS=1 bench/dev/gpu-check.sh     # everything but bench_ns and the NS table
+#   SKIP_NS=1 SKIP_STEP=1 bench/dev/gpu-check.sh   # also without zmuon-bench-step and the
+#                                # owners' balance: the tests, the PyTorch benches (about 7 min)
 #   bench/dev/gpu-check.sh exec zmuon-bench-step --table llama-1b ...   # one carried binary
 #   bench/dev/gpu-check.sh profile KERNEL_REGEX COUNT BINARY ARGS...   # Nsight Compute on COUNT
 #                                    # launches of the kernels matching KERNEL_REGEX (clocks left
@@ -182,6 +184,17 @@ check() {
       [[ $rc -ne 0 ]] && status=1
     done
 
+    echo "== zmuon.Muon in a PyTorch step beside torch.optim.Muon + AdamW (GPT-2 small), and"
+    echo "   under FSDP2 (one process, nccl, CUDA tensors)"
+    ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
+      python3 bench/torch_optim_step.py --device cuda --steps 25 2>&1 |
+      tee "$out/torch_optim_step.log" | tail -n 12
+    [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "torch_optim_step.py: exit non-zero"
+    ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
+      torchrun --nproc-per-node 1 bench/torch_fsdp2_step.py --device cuda --steps 20 2>&1 |
+      grep -v '^W1' | tee "$out/torch_fsdp2_step.log" | tail -n 6
+    [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "torch_fsdp2_step.py: exit non-zero"
+
     echo "== zmuon-launch on the GPU"
     for comm in "nccl --ranks 1" "caf --ranks 4"; do
       echo "-- zmuon-launch --backend cuda --comm $comm --steps 30"
@@ -194,7 +207,10 @@ check() {
     done
   fi
 
-  echo "== zmuon-bench-step (the whole step through the engine, traced)"
+  if [[ -n "${SKIP_STEP:-}" ]]; then
+    echo "== zmuon-bench-step and the owners' balance skipped (SKIP_STEP set)"
+  fi
+  [[ -z "${SKIP_STEP:-}" ]] && echo "== zmuon-bench-step (the whole step through the engine, traced)"
   # Each run prints its phases, bytes (trace against plan, and DeepSpeed's scheme), plumbing
   # share and each backend call's device time (--call-times), and writes
   # $out/step_<table>_w<world>.json for the table after bench_ns, and beside it the median step's
@@ -202,8 +218,10 @@ check() {
   # --ns-variant standard (the default, auto, runs Gram on cuda) beside them; those write
   # step_<table>_w<world>_standard.json and stay out of the PyTorch table.
   local step_jsons=()
-  for args in "gpt2-124m 1 nccl 6 auto" "gpt2-124m 1 nccl 6 standard" "gpt2-124m 4 caf 3 auto" \
-    "llama-1b 1 nccl 4 auto" "llama-1b 1 nccl 4 standard"; do
+  local step_runs=("gpt2-124m 1 nccl 6 auto" "gpt2-124m 1 nccl 6 standard" "gpt2-124m 4 caf 3 auto"
+    "llama-1b 1 nccl 4 auto" "llama-1b 1 nccl 4 standard")
+  [[ -n "${SKIP_STEP:-}" ]] && step_runs=()
+  for args in "${step_runs[@]}"; do
     local table world comm steps variant
     read -r table world comm steps variant <<<"$args"
     local json="$out/step_${table}_w${world}.json"
@@ -218,8 +236,10 @@ check() {
     [[ -f "$json" && $variant == auto ]] && step_jsons+=("$json")
   done
 
-  echo "== NS load balance of the owners at world 8 (target <= 1.15), one rank at a time"
-  for table in gpt2-124m llama-1b; do
+  local owner_tables=(gpt2-124m llama-1b)
+  [[ -n "${SKIP_STEP:-}" ]] && owner_tables=()
+  [[ -z "${SKIP_STEP:-}" ]] && echo "== NS load balance of the owners at world 8 (target <= 1.15), one rank at a time"
+  for table in "${owner_tables[@]}"; do
     timeout 300 "$work/bin/zmuon-bench-step" --ns-owners --table "$table" --world 8 \
       --compute cuda --steps 10 --json "$out/owners_${table}_w8.json" 2>&1 | tee -a "$out/owners.log"
     [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "zmuon-bench-step --ns-owners: exit non-zero"

@@ -12,7 +12,8 @@ computed here:
 - torch.distributed.checkpoint (get_state_dict / set_state_dict) saved at 2 processes, loaded
   at 1 and at 4, against the uninterrupted run (and, as the control, the weights alone with a
   fresh optimizer, which must not match);
-- the memory claim: each process holds 1/world of the optimizer state.
+- the memory claim: each process holds 1/world of the optimizer state;
+- HSDP (a 2-D mesh) refused by name.
 
 Run by ctest with the venv's python (.venv); without PyTorch it fails.
 """
@@ -46,16 +47,22 @@ HEARTBEAT_MS = 3000
 # -- the worker: one process of the job -----------------------------------------------------------
 
 def build(kind):
-    """The model (same initial values in every process), wrapped or sharded."""
+    """The model (same initial values in every process), wrapped or sharded (hsdp: FSDP2 on a
+    2 x world/2 mesh, replicated over its first dimension)."""
     torch.manual_seed(0)
     model = TinyTransformer()
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
-    if kind == "fsdp":
+    if kind in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
+        mesh = None
+        if kind == "hsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+            world = torch.distributed.get_world_size()
+            mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
         for block in (model.qkv, model.proj, model.fc, model.out):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     return model
 
 
@@ -116,6 +123,16 @@ def worker(args):
     out = {"rank": rank}
     config = {"zmuon": {"heartbeat_timeout_ms": HEARTBEAT_MS}}
     model = build(args.kind)
+    if args.case == "refused":  # a layout zmuon does not take: the error, and nothing started
+        try:
+            zmuon.Muon(model.named_parameters(), config, **HYPER)
+            out["error"] = None
+        except zmuon.ZmuonError as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+        dist.destroy_process_group()
+        return
     if args.case == "resume_model_only":  # the control: the weights alone, a fresh optimizer
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
@@ -321,6 +338,14 @@ class Distributed(unittest.TestCase):
             self.assertIn("node 2", results[r][1])
         print(f"a killed process: the others failed naming it, job over in {took:.1f} s")
 
+    def test_hsdp_is_refused_by_name(self):
+        _, ranks = self.job(4, "hsdp", "refused")
+        for r in ranks:
+            self.assertIsNotNone(r["error"])
+            self.assertIn("Unsupported", r["error"])
+            self.assertIn("HSDP", r["error"])
+        print(f"HSDP: {ranks[0]['error']}")
+
     def test_distributed_checkpoint_resharded(self):
         for kind in ("fsdp", "ddp"):
             with tempfile.TemporaryDirectory() as ckpt:
@@ -341,7 +366,7 @@ if __name__ == "__main__":
     if "--worker" in sys.argv:
         ap = argparse.ArgumentParser()
         ap.add_argument("--worker", action="store_true")
-        ap.add_argument("--kind", choices=("ddp", "fsdp"))
+        ap.add_argument("--kind", choices=("ddp", "fsdp", "hsdp"))
         ap.add_argument("--case")
         ap.add_argument("--out")
         ap.add_argument("--gas", type=int, default=1)
