@@ -27,13 +27,13 @@ import torch.multiprocessing as mp
 def timed(fn, reps):
     fn()  # warm-up (connections, buffers)
     dist.barrier()
-    best = float("inf")
+    times = []
     for _ in range(reps):
         dist.barrier()
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]  # the median, as bench_caf_comm
 
 
 def run(rank, args, port):
@@ -64,17 +64,17 @@ def run(rank, args, port):
         except RuntimeError as e:
             rows.append(("reduce_scatter", size, str(e).splitlines()[0]))
     if rank == 0:
-        print(f"# torch.distributed {args.backend}, {n} processes, best of {args.reps}")
-        print(f"{'collective':18s} {'size':>10s} {'time ms':>10s} {'algbw GB/s':>11s} "
-              f"{'busbw GB/s':>11s}")
+        print(f"# torch.distributed {args.backend}, {n} processes, median of {args.reps}")
+        print(f"{'collective':18s} {'size':>10s} {'time ms':>10s} {'algbw MB/s':>11s} "
+              f"{'busbw MB/s':>11s}")
         for name, size, t in rows:
             if isinstance(t, str):
                 print(f"{name:18s} {size / 2**20:8.0f}MB  unsupported: {t}")
                 continue
             moved = size / 2 if "bf16" in name else size
-            alg = moved / t / 1e9
-            print(f"{name:18s} {size / 2**20:8.0f}MB {t * 1e3:10.2f} {alg:11.3f} "
-                  f"{alg * (n - 1) / n:11.3f}")
+            alg = moved / t / 1e6
+            print(f"{name:18s} {size / 2**20:8.0f}MB {t * 1e3:10.2f} {alg:11.0f} "
+                  f"{alg * (n - 1) / n:11.0f}")
     dist.destroy_process_group()
 
 

@@ -228,7 +228,7 @@ public:
   /// the sum over its own ranks; in one process, returns `values`.
   expected<std::vector<double>> sum_over_nodes(const std::vector<double>& values);
 
-  /// A copy of one rank's shards.
+  /// A copy of one rank's shards, once every bucket it was handed has landed.
   expected<rank_state> snapshot(int rank);
 
   /// Saves every rank's state (parameters, momentum, Adam moments, AdamW and loss-scaler

@@ -78,6 +78,25 @@ def mode_of(named, ddp_module, averaged_grads):
     return PLAIN
 
 
+def job_of(mode, nodes, node_rank, master, ranks, distributed):
+    """(nodes, node_rank, master) of this process's job: as given; else, where
+    torch.distributed runs more than one process (and distributed is not False), the job of its
+    default group, a node of one rank per process; else (None, None, None): this process alone.
+    DDP and FSDP2 run in the default group's job only."""
+    explicit = nodes is not None or node_rank is not None or master is not None
+    if mode != PLAIN and (explicit or distributed is False):
+        raise InvalidArgument(f"{mode.upper()} runs in the job of torch.distributed's default "
+                              "group: leave nodes, node_rank, master and distributed unset")
+    if mode != PLAIN and ranks not in (None, 1):
+        raise InvalidArgument(f"ranks={ranks}: under {mode.upper()} each process is one rank")
+    if explicit or distributed is False or not joined_process_group():
+        return nodes, node_rank, master
+    if ranks not in (None, 1):
+        raise InvalidArgument(f"ranks={ranks}: under torch.distributed each process is one rank "
+                              "(or pass distributed=False)")
+    return node_from_process_group()
+
+
 def joined_process_group():
     return dist is not None and dist.is_available() and dist.is_initialized() \
         and dist.get_world_size() > 1

@@ -88,9 +88,9 @@ class Muon(_Optimizer):
     torch.optim.Optimizer where PyTorch is importable (every torch.optim.lr_scheduler, GradScaler,
     Lightning and HF Trainer take it).
 
-    params:   the model (a torch.nn.Module: its named_parameters(); a DDP model's gradients are
-              taken as averaged), model.named_parameters(), (name, tensor) pairs, a dict name -> tensor, or torch-style
-              param groups [{"params": named pairs or tensors with "param_names", "use_muon":
+    params:   the model (a torch.nn.Module: its named_parameters(); a DDP model's gradients
+              are taken as averaged), model.named_parameters(), (name, tensor) pairs, a dict
+              name -> tensor, or torch-style param groups [{"params": named pairs or tensors with "param_names", "use_muon":
               bool, "lr": ..., ...}]. Without groups the default rule (DeepSpeed's: a parameter of
               ndim >= 2 whose name contains neither "embed" nor "lm_head" uses Muon) makes two
               groups: param_groups[0] Muon's, param_groups[1] AdamW's.
@@ -133,20 +133,8 @@ class Muon(_Optimizer):
         named = [item for g in user_groups for item in g["params"]]
         self._mode = _distributed.mode_of(named, ddp_module, averaged_grads)
         overrides = list(overrides)
-        explicit = nodes is not None or node_rank is not None or master is not None
-        joined = _distributed.joined_process_group()
-        if self._mode != _distributed.PLAIN and (explicit or distributed is False):
-            raise InvalidArgument(f"{self._mode.upper()} runs in the job of torch.distributed's "
-                                  "default group: leave nodes, node_rank, master and "
-                                  "distributed unset")
-        if self._mode != _distributed.PLAIN and ranks not in (None, 1):
-            raise InvalidArgument(f"ranks={ranks}: under {self._mode.upper()} each process is "
-                                  "one rank")
-        if not explicit and distributed is not False and joined:
-            if ranks not in (None, 1):
-                raise InvalidArgument(f"ranks={ranks}: under torch.distributed each process is "
-                                      "one rank (or pass distributed=False)")
-            nodes, node_rank, master = _distributed.node_from_process_group()
+        nodes, node_rank, master = _distributed.job_of(self._mode, nodes, node_rank, master,
+                                                       ranks, distributed)
         if self._mode == _distributed.FSDP:  # the plan cuts the parameters as FSDP2 does
             overrides.append("zmuon.shard_layout=rows")
         for name, _ in named:
@@ -485,9 +473,9 @@ class Muon(_Optimizer):
         read it (GradScaler, clip_grad_norm_) do not combine with this."""
         if torch is None:
             raise Unsupported("hand_over_in_backward needs PyTorch")
-        if self._mode == _distributed.FSDP:
-            raise Unsupported("hand_over_in_backward with FSDP2: FSDP2 reduce-scatters the "
-                              "gradients after backward; call step() after it")
+        if self._mode != _distributed.PLAIN:
+            raise Unsupported(f"hand_over_in_backward with {self._mode.upper()}: it averages "
+                              "the gradients as backward ends; call step() after backward")
         for handle in self._backward_hooks:
             handle.remove()
         self._backward_hooks, self._pending = [], {}

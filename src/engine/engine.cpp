@@ -416,6 +416,9 @@ expected<rank_state> engine::snapshot(int rank) {
   auto& d = *impl_;
   if (auto err = d.start_for(rank))
     return err;
+  // The copy holds every bucket handed over so far: the rank's unlanded ones land first.
+  if (auto err = d.windows[rank - d.first_rank].wait_until(0))
+    return err;
   return d.ask<rank_state>(d.ranks[rank - d.first_rank].store, snapshot_atom::value);
 }
 
