@@ -7,6 +7,7 @@ computed here:
 - DDP and FSDP2 at 2 and 4 processes against the plain zmuon.Muon in one process on the whole
   batch (<= 1e-6 relative) and against torch.optim.Muon + AdamW on the full model (<= 1e-5);
 - gradient accumulation (4 micro-batches) against one micro-batch (<= 1e-6);
+- gradient clipping on the norm over every process (<= 1e-6 against one process);
 - a NaN in one process's gradient: the step is skipped on every process, every state bit-equal;
 - one process killed before the step: the others fail naming it, within the heartbeat timeout;
 - torch.distributed.checkpoint (get_state_dict / set_state_dict) saved at 2 processes, loaded
@@ -122,6 +123,8 @@ def worker(args):
     rank, world = dist.get_rank(), dist.get_world_size()
     out = {"rank": rank}
     config = {"zmuon": {"heartbeat_timeout_ms": HEARTBEAT_MS}}
+    if args.clip:
+        config["gradient_clipping"] = args.clip
     model = build(args.kind)
     if args.case == "refused":  # a layout zmuon does not take: the error, and nothing started
         try:
@@ -143,7 +146,8 @@ def worker(args):
     opt = zmuon.Muon(model if args.kind == "ddp" else model.named_parameters(), config,
                      **HYPER)
     if args.case == "train":
-        train_steps(model, opt, STEPS, rank, world, args.gas)
+        reports = train_steps(model, opt, STEPS, rank, world, args.gas)
+        out["clip_coefs"] = [r["clip_coef"] for r in reports]
         held = sum(opt.local_range(n)[1] for n, _, _ in opt._params)
         total = sum(p.numel() for _, p in full_params(model).items())
         out["held"], out["total"] = held, total
@@ -203,7 +207,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(world, kind, case, out, gas=1, directory="", timeout=240):
+def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, timeout=240):
     """Starts `world` processes as torchrun would; returns their (returncode, output)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
@@ -211,7 +215,8 @@ def run_job(world, kind, case, out, gas=1, directory="", timeout=240):
     procs = []
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--kind", kind,
-               "--case", case, "--out", out, "--gas", str(gas), "--dir", directory]
+               "--case", case, "--out", out, "--gas", str(gas), "--dir", directory,
+               "--clip", str(clip)]
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
@@ -228,11 +233,12 @@ def run_job(world, kind, case, out, gas=1, directory="", timeout=240):
     return results
 
 
-def single_process(gas=1, steps=STEPS):
+def single_process(gas=1, steps=STEPS, clip=0.0):
     """The plain zmuon.Muon in one process on the whole batch (no torch.distributed)."""
     torch.manual_seed(0)
     model = TinyTransformer()
-    opt = zmuon.Muon(model.named_parameters(), distributed=False, **HYPER)
+    config = {"gradient_clipping": clip} if clip else None
+    opt = zmuon.Muon(model.named_parameters(), config, distributed=False, **HYPER)
     train_steps(model, opt, steps, 0, 1, gas)
     opt.close()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -316,6 +322,20 @@ class Distributed(unittest.TestCase):
             print(f"{kind} world 2, 4 micro-batches vs 1: {e:.2e}")
             self.assertLessEqual(e, PARITY_ZMUON, kind)
 
+    def test_clipping_uses_the_norm_over_every_process(self):
+        clip = 0.3  # below the gradient's norm at every step: each step is clipped
+        reference = single_process(clip=clip)
+        for kind in ("ddp", "fsdp"):
+            params, ranks = self.job(2, kind, "train", clip=clip)
+            coefs = ranks[0]["clip_coefs"]
+            self.assertTrue(all(c < 1.0 for c in coefs), coefs)
+            self.assertEqual(coefs, ranks[1]["clip_coefs"])  # one vote, the same on both
+            e, unclipped = worst(params, reference), worst(params, self.reference)
+            print(f"{kind} world 2, clipped at {clip} (coefficients {min(coefs):.3f} to "
+                  f"{max(coefs):.3f}): vs one process {e:.2e}, vs unclipped {unclipped:.2e}")
+            self.assertLessEqual(e, PARITY_ZMUON, kind)
+            self.assertGreater(unclipped, 1e-3, kind)
+
     def test_nan_in_one_process_skips_the_step_everywhere(self):
         for kind in ("ddp", "fsdp"):
             params, ranks = self.job(2, kind, "nan")
@@ -371,6 +391,7 @@ if __name__ == "__main__":
         ap.add_argument("--out")
         ap.add_argument("--gas", type=int, default=1)
         ap.add_argument("--dir", default="")
+        ap.add_argument("--clip", type=float, default=0.0)
         worker(ap.parse_args())
     else:
         unittest.main()
