@@ -224,6 +224,11 @@ public:
   /// gather_params().
   error shard_params(int rank, const std::vector<tensor_span>& out);
   error shard_params(int rank, const std::vector<tensor_span>& out, void* cuda_stream);
+  /// Sets local rank `rank`'s shard of the fp32 parameters named in `in` (each view the whole
+  /// tensor or the rank's shard alone, as hand_over_reduced takes them; host memory) between
+  /// steps: an FSDP2 process registers its parameters without values and loads its local
+  /// tensors here, so that no process holds a whole parameter. No collective.
+  error load_shard_params(int rank, const std::vector<tensor_view>& in);
   /// Sums host values (e.g. the loss) over the processes of a multi-process job, each passing
   /// the sum over its own ranks; in one process, returns `values`.
   expected<std::vector<double>> sum_over_nodes(const std::vector<double>& values);

@@ -189,6 +189,11 @@ ZMUON_API int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank,
  * zmuon_engine_gather_params_on_stream's, or NULL: written during the call. */
 ZMUON_API int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank,
                                         const zmuon_tensor* params, size_t n, void* cuda_stream);
+/* Sets local rank `rank`'s shard of the parameters named in `params` (host memory, each the
+ * whole tensor or the rank's shard alone) between steps, with no collective: a process that
+ * holds only its shards (FSDP2) registers without values and loads them here. */
+ZMUON_API int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank,
+                                             const zmuon_tensor* params, size_t n);
 /* One optimizer step over everything handed over since the last one. `out` may be NULL. */
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
 /* Writes the full parameters named in `params` into their buffers. */

@@ -170,6 +170,8 @@ def _load():
                                                    ctypes.c_void_p]),
         "zmuon_engine_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                               ctypes.c_void_p]),
+        "zmuon_engine_load_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor),
+                                                   c_size]),
         "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_gather_params_on_stream": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size,
@@ -404,6 +406,14 @@ class Engine:
         _check(_lib.zmuon_engine_shard_params(self._h(), rank,
                                               _tensor_array(entries, "parameter name"),
                                               len(entries), ctypes.c_void_p(stream or 0)))
+
+    @_tracked
+    def load_shard_params(self, rank, entries):
+        """Sets local rank `rank`'s shard of each named parameter from host buffers (the whole
+        tensor or the shard alone): no collective."""
+        _check(_lib.zmuon_engine_load_shard_params(self._h(), rank,
+                                                   _tensor_array(entries, "parameter name"),
+                                                   len(entries)))
 
     @_tracked
     def step(self):

@@ -194,6 +194,12 @@ class Muon(_Optimizer):
             self._engine.start()  # joins the job: blocks until every process is in
             self._started = True
         self._first_rank = self._engine.first_rank
+        if self._mode == _distributed.FSDP:  # each process's local tensors: no whole parameter
+            local = [(name, p.to_local().detach().to("cpu").contiguous()) for name, p, _ in
+                     self._params]
+            self._engine.load_shard_params(self._first_rank, [
+                (name, *buffer_of(t, f"parameter '{name}'")[:3]) for name, t in local])
+            self._started = True
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -262,18 +268,16 @@ class Muon(_Optimizer):
     def _register(self, name, p):
         if name in self._shapes:
             raise _capi.DuplicateParameter(f"parameter '{name}' is registered twice")
-        if _distributed.is_dtensor(p):  # FSDP2: the whole tensor once, to register it
-            whole = p.detach().full_tensor().to("cpu").contiguous()
-            ptr, numel, _, shape = buffer_of(whole, f"parameter '{name}'")
+        if _distributed.is_dtensor(p):  # FSDP2: registered without values, loaded per shard
             buffer_of(p.to_local(), f"parameter '{name}'", writable=True)  # fp32, contiguous
-            device = HOST
+            ptr, numel, shape = None, 0, tuple(p.shape)
         else:
             ptr, numel, device, shape = buffer_of(p, f"parameter '{name}'", writable=True)
-        if device != HOST:  # registration copies the initial values from host memory
-            init = p.detach().to("cpu").contiguous()
-            if self._host_staging:
-                self._staged[name] = init
-            ptr, numel, _, _ = buffer_of(init, f"parameter '{name}'")
+            if device != HOST:  # registration copies the initial values from host memory
+                init = p.detach().to("cpu").contiguous()
+                if self._host_staging:
+                    self._staged[name] = init
+                ptr, numel, _, _ = buffer_of(init, f"parameter '{name}'")
         self._engine.add_parameter(name, shape, self._group_of.get(name, _capi.GROUP_AUTO),
                                    int(self._heads.pop(name, 0)), ptr, numel)
         self._params.append((name, p, shape))

@@ -429,6 +429,19 @@ int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tenso
   });
 }
 
+int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params,
+                                   size_t n) {
+  const char* fn = "zmuon_engine_load_shard_params";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<zmuon::tensor_view> views;
+    if (auto err = views_of<zmuon::tensor_view, const float*>(fn, params, n, views))
+      return err;
+    return eng->eng->load_shard_params(rank, views);
+  });
+}
+
 int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n) {
   return gather_spans("zmuon_engine_gather_params", eng, params, n, std::nullopt);
 }

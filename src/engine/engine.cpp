@@ -247,9 +247,9 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
     return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
                                       + std::to_string(init.size()) + " elements, shape needs "
                                       + std::to_string(p.numel)};
-  // The values first: a failed allocation (bad_alloc) leaves the table as it was.
-  std::vector<float> values = init.empty() ? std::vector<float>(p.numel, 0.0f) : init;
-  d.init.push_back(std::move(values));
+  // The values first: a failed allocation (bad_alloc) leaves the table as it was. None given:
+  // zeros, kept as an empty vector (the shards start zeroed).
+  d.init.push_back(init);
   try {
     d.table.push_back(spec);
     d.table_names.insert(spec.name);
@@ -318,7 +318,7 @@ error engine::impl::start_locked() {
     for (size_t i = 0; i < pl->params.size(); ++i) {
       const auto& p = pl->params[i];
       int64_t n = valid_len(p, r);
-      if (n > 0)
+      if (n > 0 && !init[i].empty())
         std::memcpy(shard->data() + p.shard_offset, init[i].data() + r * p.shard_len,
                     n * sizeof(float));
     }

@@ -45,6 +45,41 @@ error engine::shard_params(int rank, const std::vector<tensor_span>& out, void* 
   return gather_params_on(out, cuda_stream, rank);
 }
 
+error engine::load_shard_params(int rank, const std::vector<tensor_view>& in) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  const auto& pl = *d.pl;
+  if (rank < d.first_rank || rank >= d.first_rank + d.local)
+    return {errc::invalid_argument, "load_shard_params(): rank " + std::to_string(rank)
+                                        + " is not one of this process's ranks ["
+                                        + std::to_string(d.first_rank) + ", "
+                                        + std::to_string(d.first_rank + d.local) + ")"};
+  std::vector<const float*> source;
+  std::vector<bool> on_device, whole;
+  if (auto err = index_views(pl, d.opts, in, "values of", "values for", source, on_device, rank,
+                             &whole))
+    return err;
+  for (size_t i = 0; i < pl.params.size(); ++i)
+    if (on_device[i])
+      return {errc::unsupported, "load_shard_params(): the values of '" + pl.params[i].name
+                                     + "' are in device memory: give host memory"};
+  const auto& store = d.ranks[rank - d.first_rank].store;
+  auto shard = d.ask<std::vector<float>>(store, params_atom::value);
+  if (!shard)
+    return shard.err();
+  for (size_t i = 0; i < pl.params.size(); ++i) {
+    const auto& p = pl.params[i];
+    const int64_t n = valid_len(p, rank);
+    if (source[i] && n > 0)
+      std::memcpy(shard->data() + p.shard_offset, source[i] + (whole[i] ? rank * p.shard_len : 0),
+                  n * sizeof(float));
+  }
+  auto values = std::make_shared<std::vector<float>>(std::move(*shard));
+  auto done = d.ask<ack>(store, load_params{d.step, std::move(values)});
+  return done ? error{} : done.err();
+}
+
 error engine::gather_params_on(const std::vector<tensor_span>& out,
                                std::optional<void*> caller_stream, int shard_of) {
   auto& d = *impl_;

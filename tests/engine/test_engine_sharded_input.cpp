@@ -276,3 +276,43 @@ BOOST_AUTO_TEST_CASE(no_rank_holds_a_whole_matrix_it_does_not_own) {
     BOOST_TEST(transient <= owned + shards);
   }
 }
+
+BOOST_AUTO_TEST_CASE(parameters_registered_without_values_load_per_shard) {
+  // What an FSDP2 process does: register the shapes only, then each rank loads its own rows.
+  // The engine then holds exactly the values registered whole would give, and steps alike.
+  tensor_map whole;
+  for (size_t i = 0; i < kTable.size(); ++i)
+    whole[kTable[i].name] = random_values(numel(kTable[i]), 3000 + i, 0.1f);
+  auto by_values = make_engine(rows_options(4));
+  auto by_shards = make_engine(rows_options(4));
+  for (const auto& spec : kTable) {
+    BOOST_REQUIRE(!by_values->add_parameter(spec, whole.at(spec.name)));
+    BOOST_REQUIRE(!by_shards->add_parameter(spec));
+  }
+  BOOST_REQUIRE(!by_shards->start());
+  const plan& pl = *by_shards->layout();
+  for (int r = 0; r < 4; ++r) {
+    auto own = shards_of(pl, whole, r);
+    auto err = by_shards->load_shard_params(r, views_of(pl, own));
+    BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+  }
+  const tensor_map loaded = params_of(*by_shards);
+  for (const auto& [name, v] : whole)
+    BOOST_TEST(same_bits(loaded.at(name), v), name);
+  for (auto* eng : {by_values.get(), by_shards.get()}) {
+    for (int r = 0; r < 4; ++r)
+      reduce_ok(*eng, r, random_grads(kTable, 5, 1, r, 0));
+    step_ok(*eng);
+  }
+  const tensor_map a = params_of(*by_shards), b = params_of(*by_values);
+  for (const auto& [name, v] : b)
+    BOOST_TEST(same_bits(a.at(name), v), name);
+  // A wrong size is refused, naming the parameter, and loads nothing.
+  std::vector<float> wrong(5, 9.0f);
+  auto err = by_shards->load_shard_params(0, {{"fc2.weight", wrong.data(), 5}});
+  BOOST_TEST((err.code() == errc::shape_mismatch));
+  BOOST_TEST(err.message().find("fc2.weight") != std::string::npos);
+  const tensor_map after = params_of(*by_shards);
+  for (const auto& [name, v] : a)
+    BOOST_TEST(same_bits(after.at(name), v), name);
+}
