@@ -8,6 +8,7 @@ computed here:
   batch (<= 1e-6 relative) and against torch.optim.Muon + AdamW on the full model (<= 1e-5);
 - gradient accumulation (4 micro-batches) against one micro-batch (<= 1e-6);
 - gradient clipping on the norm over every process (<= 1e-6 against one process);
+- FSDP2 with bf16 mixed precision against torch.optim.Muon + AdamW on the same sharded model;
 - a NaN in one process's gradient: the step is skipped on every process, every state bit-equal;
 - one process killed before the step: the others fail naming it, within the heartbeat timeout;
 - torch.distributed.checkpoint (get_state_dict / set_state_dict) saved at 2 processes, loaded
@@ -54,16 +55,18 @@ def build(kind):
     model = TinyTransformer()
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
-    if kind in ("fsdp", "hsdp"):
-        from torch.distributed.fsdp import fully_shard
+    if kind in ("fsdp", "hsdp", "fsdp_mp"):
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = None
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+            if kind == "fsdp_mp" else MixedPrecisionPolicy()
         if kind == "hsdp":
             from torch.distributed.device_mesh import init_device_mesh
             world = torch.distributed.get_world_size()
             mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
         for block in (model.qkv, model.proj, model.fc, model.out):
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 
@@ -136,6 +139,15 @@ def worker(args):
             json.dump(out, f)
         dist.destroy_process_group()
         return
+    if args.case == "torch_opt":  # the same sharded model with torch.optim.Muon + AdamW
+        run_torch_optimizers(model, rank, world, args.steps)
+        params = full_params(model)
+        if rank == 0:
+            torch.save(params, os.path.join(args.out, "params.pt"))
+        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+            json.dump(out, f)
+        dist.destroy_process_group()
+        return
     if args.case == "resume_model_only":  # the control: the weights alone, a fresh optimizer
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
@@ -146,7 +158,7 @@ def worker(args):
     opt = zmuon.Muon(model if args.kind == "ddp" else model.named_parameters(), config,
                      **HYPER)
     if args.case == "train":
-        reports = train_steps(model, opt, STEPS, rank, world, args.gas)
+        reports = train_steps(model, opt, args.steps, rank, world, args.gas)
         out["clip_coefs"] = [r["clip_coef"] for r in reports]
         held = sum(opt.local_range(n)[1] for n, _, _ in opt._params)
         total = sum(p.numel() for _, p in full_params(model).items())
@@ -207,7 +219,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, timeout=240):
+def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, steps=STEPS, timeout=240):
     """Starts `world` processes as torchrun would; returns their (returncode, output)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
@@ -216,7 +228,7 @@ def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, timeout=240):
     for r in range(world):
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--kind", kind,
                "--case", case, "--out", out, "--gas", str(gas), "--dir", directory,
-               "--clip", str(clip)]
+               "--clip", str(clip), "--steps", str(steps)]
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))
@@ -244,30 +256,42 @@ def single_process(gas=1, steps=STEPS, clip=0.0):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def torch_reference():
-    """torch.optim.Muon (its NS in fp32, zmuon's contract) + AdamW on the full model."""
-    import torch.optim._muon as torch_muon
-    torch.manual_seed(0)
-    model = TinyTransformer()
+def torch_optimizers(model):
+    """torch.optim.Muon (its NS in fp32: install with fp32_ns()) + AdamW, zmuon's rule."""
     h = HYPER
-    muon = [p for n, p in model.named_parameters() if uses_muon(n, p)]
-    adam = [p for n, p in model.named_parameters() if not uses_muon(n, p)]
-    opts = [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
+    inner = model.module if hasattr(model, "module") else model
+    muon = [p for n, p in inner.named_parameters() if uses_muon(n, p)]
+    adam = [p for n, p in inner.named_parameters() if not uses_muon(n, p)]
+    return [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
                              momentum=h["momentum"], nesterov=h["nesterov"],
                              ns_steps=h["ns_steps"], eps=1e-7),
             torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
                               weight_decay=h["weight_decay"])]
+
+
+def run_torch_optimizers(model, rank, world, steps=STEPS):
+    """`steps` steps of this process's share with torch's optimizers (NS in fp32)."""
+    import torch.optim._muon as torch_muon
+    opts = torch_optimizers(model)
     saved = torch_muon._zeropower_via_newtonschulz
     torch_muon._zeropower_via_newtonschulz = fp32_newton_schulz
+    share = BATCH // world
     try:
-        for tokens in batches(STEPS, batch=BATCH):
+        for tokens in batches(STEPS, batch=BATCH)[:steps]:
             for o in opts:
                 o.zero_grad()
-            lm_loss(model, tokens).backward()
+            lm_loss(model, tokens[rank * share:(rank + 1) * share]).backward()
             for o in opts:
                 o.step()
     finally:
         torch_muon._zeropower_via_newtonschulz = saved
+
+
+def torch_reference():
+    """torch.optim.Muon (its NS in fp32, zmuon's contract) + AdamW on the full model."""
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    run_torch_optimizers(model, 0, 1)
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
@@ -321,6 +345,21 @@ class Distributed(unittest.TestCase):
             e = worst(params, self.reference)
             print(f"{kind} world 2, 4 micro-batches vs 1: {e:.2e}")
             self.assertLessEqual(e, PARITY_ZMUON, kind)
+
+    def test_fsdp2_mixed_precision_matches_torch_on_the_same_model(self):
+        # MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): forward and backward in
+        # bf16, the sharded parameters and gradients fp32. zmuon.Muon against torch.optim.Muon
+        # + AdamW on the same sharded model and data: the same gradients at the first step,
+        # then trajectories apart only by rounding (amplified by the bf16 forward).
+        steps = 3
+        ours, _ = self.job(2, "fsdp_mp", "train", steps=steps)
+        theirs, _ = self.job(2, "fsdp_mp", "torch_opt", steps=steps)
+        fp32 = single_process(steps=steps)
+        e, moved = worst(ours, theirs), worst(ours, fp32)
+        print(f"FSDP2 bf16 mixed precision, 2 processes, {steps} steps: zmuon vs torch on the "
+              f"same model {e:.2e}; vs the fp32 run {moved:.2e}")
+        self.assertLessEqual(e, 1e-4)
+        self.assertGreater(moved, 10 * e)  # bf16 compute moved the run, zmuon followed torch
 
     def test_clipping_uses_the_norm_over_every_process(self):
         clip = 0.3  # below the gradient's norm at every step: each step is clipped
@@ -386,12 +425,13 @@ if __name__ == "__main__":
     if "--worker" in sys.argv:
         ap = argparse.ArgumentParser()
         ap.add_argument("--worker", action="store_true")
-        ap.add_argument("--kind", choices=("ddp", "fsdp", "hsdp"))
+        ap.add_argument("--kind", choices=("ddp", "fsdp", "hsdp", "fsdp_mp"))
         ap.add_argument("--case")
         ap.add_argument("--out")
         ap.add_argument("--gas", type=int, default=1)
         ap.add_argument("--dir", default="")
         ap.add_argument("--clip", type=float, default=0.0)
+        ap.add_argument("--steps", type=int, default=STEPS)
         worker(ap.parse_args())
     else:
         unittest.main()
