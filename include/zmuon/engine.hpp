@@ -255,7 +255,8 @@ public:
   /// The optimizer state by parameter name, out of the ranks' shards (the checkpoint's
   /// resharding, checkpoint/shards.hpp, without files). Only between steps.
   expected<optimizer_state> read_state(state_scope scope = state_scope::full);
-  /// Loads full tensors (as read_state(full) gives them, from an engine of any world size):
+  /// Loads full tensors (as read_state(full) gives them, from an engine of any world size), or
+  /// per parameter exactly this process's elements (read_state(local)'s, param_state::offset):
   /// every registered parameter once, with the state its algorithm keeps, finite values. All
   /// is checked before anything changes; a bad state is an error naming what is wrong. In a
   /// multi-process job a collective: every process passes the same state and keeps its ranks'

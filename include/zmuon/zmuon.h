@@ -291,7 +291,9 @@ ZMUON_API int zmuon_engine_state_range(zmuon_engine* eng, const char* name, int3
  * or for a state the parameter does not keep, is an error before anything is written. */
 ZMUON_API int zmuon_engine_read_state(zmuon_engine* eng, int32_t scope, zmuon_param_state* params,
                                       size_t n, zmuon_state_info* info);
-/* Loads whole tensors (offset 0), from an engine of any rank count: every registered parameter
+/* Loads whole tensors (offset 0), or per parameter exactly this process's elements (offset and
+ * numel as zmuon_engine_state_range gives them in ZMUON_STATE_LOCAL scope), from an engine of
+ * any rank count: every registered parameter
  * once with the buffers its algorithm keeps (the others NULL), finite values, and `info`. All is
  * checked first: a bad state is an error naming it, and changes nothing. Only between steps; in
  * a multi-process job a collective, every process passing the same state. */

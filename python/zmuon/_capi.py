@@ -624,10 +624,11 @@ def state_range(engine, name, scope):
 
 
 def _param_states(entries):
-    """entries: (name, numel, {tensor name: data pointer}, adam_step) -> a ctypes array."""
+    """entries: (name, numel, {tensor name: data pointer}, adam_step[, offset]) -> a ctypes
+    array (offset: the first element the buffers hold, 0 by default)."""
     arr = (ParamState * max(len(entries), 1))()
-    for i, (name, numel, pointers, adam_step) in enumerate(entries):
-        arr[i] = ParamState(_text(name, "parameter name"), 0, numel,
+    for i, (name, numel, pointers, adam_step, *offset) in enumerate(entries):
+        arr[i] = ParamState(_text(name, "parameter name"), offset[0] if offset else 0, numel,
                             *(pointers.get(t) for t in STATE_TENSORS), adam_step)
     return arr
 
@@ -643,7 +644,8 @@ def read_state(engine, scope, entries):
 
 
 def write_state(engine, entries, info):
-    """Loads whole tensors: `entries` as read_state's, `info` a dict of StateInfo's fields."""
+    """Loads whole tensors, or this process's elements of them (an entry's offset):
+    `entries` as read_state's, `info` a dict of StateInfo's fields."""
     arr = _param_states(entries)
     _check(_lib.zmuon_engine_write_state(engine._h(), arr, len(entries),
                                          ctypes.byref(StateInfo(**info))))

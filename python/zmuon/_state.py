@@ -230,6 +230,26 @@ def _host_float32(value, shape, what):
     return arr
 
 
+def _local_float32(value, p, shape, lo, hi, what):
+    """Elements [lo, hi) of the flattened `value` (a DTensor, placed as FSDP2 parameter `p`
+    after a redistribute if need be, or a whole tensor) as a contiguous float32 host buffer."""
+    torch = _torch()
+    if type(value).__name__ == "DTensor":
+        if tuple(value.shape) != tuple(shape):
+            raise ShapeMismatch(f"load_state_dict: {what} has shape {tuple(value.shape)}, the "
+                                f"parameter's is {tuple(shape)}")
+        if tuple(value.placements) != tuple(p.placements) or value.device_mesh != p.device_mesh:
+            value = value.redistribute(p.device_mesh, p.placements)
+        rows = value.to_local().detach().to("cpu", dtype=torch.float32).reshape(-1)
+        if rows.numel() != hi - lo:
+            raise ShapeMismatch(f"load_state_dict: {what} holds {rows.numel()} elements here, "
+                                f"this process's shard {hi - lo}")
+        return rows.contiguous()
+    whole = _host_float32(value, shape, what)
+    return whole.reshape(-1)[lo:hi].contiguous() if is_torch(whole) \
+        else np.ascontiguousarray(whole.reshape(-1)[lo:hi])
+
+
 def _count(value, what, low=0):
     """A step count (an int, or a scalar tensor / array as torch keeps it) as an int."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
@@ -286,6 +306,18 @@ def load_state_dict(opt, sd):
 
     # Each parameter's saved index, as torch maps them: by position in the groups.
     names, shapes = _indexed_names(opt), opt._shapes
+    # Under FSDP2 each process loads its own elements: no whole tensor is gathered.
+    local, param_of = {}, {n: p for n, p, _ in opt._params}
+    if opt._mode == "fsdp":
+        for n in names:
+            offset, numel = _capi.state_range(opt._engine, n, _capi.STATE_LOCAL)
+            local[n] = (offset, offset + numel)
+
+    def load(value, name, what):
+        if opt._mode != "fsdp":
+            return _host_float32(value, shapes[name], what)
+        return _local_float32(value, param_of[name], shapes[name], *local[name], what)
+
     saved_index = [i for g in groups for i in g["params"]]
     entries, keep = [], []
     for name, index in zip(names, saved_index):
@@ -297,21 +329,23 @@ def load_state_dict(opt, sd):
         muon = opt._engine.uses_muon(name)
         pointers, adam_step = {}, 0
         for engine_name, torch_name in (MUON_NAMES if muon else ADAMW_NAMES).items():
-            buf = _host_float32(_need(entry, torch_name, where), shapes[name],
-                                f"{where}[{torch_name!r}]")
+            buf = load(_need(entry, torch_name, where), name, f"{where}[{torch_name!r}]")
             keep.append(buf)
             pointers[engine_name] = _pointer(buf)
         if not muon:
             adam_step = _count(_need(entry, "step", where), f"{where}['step']")
         if masters is not None:
-            buf = _host_float32(_need(masters, index, "zmuon['masters']"), shapes[name],
-                                f"zmuon['masters'][{index!r}]")
+            buf = load(_need(masters, index, "zmuon['masters']"), name,
+                       f"zmuon['masters'][{index!r}]")
         else:
-            buf = _host_float32(_current(opt, name), shapes[name], f"parameter '{name}'")
+            buf = load(_current(opt, name), name, f"parameter '{name}'")
         keep.append(buf)
         pointers["param"] = _pointer(buf)
-        numel = math.prod(shapes[name])
-        entries.append((name, numel, pointers, adam_step))
+        if opt._mode == "fsdp":  # this process's elements only
+            lo, hi = local[name]
+            entries.append((name, hi - lo, pointers, adam_step, lo))
+        else:
+            entries.append((name, math.prod(shapes[name]), pointers, adam_step))
     scaler = _need(extra, "loss_scaler", "zmuon")
     info = {"step": _count(_need(extra, "step", "zmuon"), "zmuon['step']"),
             "adam_steps": _count(_need(extra, "adam_steps", "zmuon"), "zmuon['adam_steps']")}

@@ -172,18 +172,25 @@ error engine::write_state(const optimizer_state& state) {
     }
     by_index[j] = &ps;
     const auto& p = pl.params[j];
-    if (ps.offset != 0)
-      own = {errc::invalid_argument, of(ps.name, "offset ") + std::to_string(ps.offset)
-                                         + ": write_state takes whole tensors"};
+    // The whole tensor, or exactly this process's elements of it (read_state(local)'s).
+    const int64_t local_begin = rank_slice(p.numel, p.shard_len, d.first_rank).first;
+    const int64_t local_end = rank_slice(p.numel, p.shard_len, d.first_rank + d.local - 1).second;
+    const bool whole = ps.offset == 0 && ps.param.size() == static_cast<size_t>(p.numel);
+    if (!whole && ps.offset != local_begin)
+      own = {errc::invalid_argument,
+             of(ps.name, "offset ") + std::to_string(ps.offset)
+                 + ": write_state takes whole tensors or this process's elements ["
+                 + std::to_string(local_begin) + ", " + std::to_string(local_end) + ")"};
     for (const state_kind& k : state_kinds) {
       if (own)
         break;
       const auto& v = ps.*member_of(k);
-      const int64_t need = has_kind(k, p.muon) ? p.numel : 0;
+      const int64_t need = !has_kind(k, p.muon) ? 0 : whole ? p.numel : local_end - local_begin;
       if (static_cast<int64_t>(v.size()) != need) {
         own = {errc::shape_mismatch, of(ps.name, k.name) + " has " + std::to_string(v.size())
                                          + " values, the " + (p.muon ? "Muon" : "AdamW")
-                                         + " parameter keeps " + std::to_string(need)};
+                                         + " parameter keeps " + std::to_string(need)
+                                         + (whole ? "" : " here (this process's elements)")};
         break;
       }
       for (size_t e = 0; e < v.size(); ++e)
@@ -248,10 +255,16 @@ error engine::write_state(const optimizer_state& state) {
     st->exp_avg_sq.assign(pl.adam_state_total, 0.0f);
     st->adam_steps = state.adam_steps;
     st->adam_param_steps = adam_param_steps;
-    for (size_t j = 0; j < pl.params.size(); ++j)
+    for (size_t j = 0; j < pl.params.size(); ++j) {
+      const auto& p = pl.params[j];
+      const param_state& ps = *by_index[j];
+      auto [begin, end] = rank_slice(p.numel, p.shard_len, r);
       for (const state_kind& k : state_kinds)
-        if (has_kind(k, pl.params[j].muon))
-          full_to_shard(pl, r, (by_index[j]->*member_of(k)).data(), k, pl.params[j], *st);
+        if (has_kind(k, p.muon)) {  // whole tensors start at 0, this process's at ps.offset
+          const float* from = (ps.*member_of(k)).data() + (begin - ps.offset);
+          std::copy(from, from + (end - begin), ((*st).*k.buffer).data() + offset_in(k, p));
+        }
+    }
     std::shared_ptr<const rank_state> shared = std::move(st);
     if (auto done = d.ask<ack>(d.ranks[i].store, load_state{state.step, shared}); !done)
       return d.stop(done.err(), handing);
