@@ -131,6 +131,9 @@ struct engine::impl {
   std::vector<host_buckets> packed;    // their host buffers for packed buckets, by local index
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;     // micro-batches handed over per local rank in the open step
+  // MuonClip: per local rank, the largest logit per query head reported in the open step
+  // (plan::qk_values entries once one is reported; report_qk_logits, engine_qk_clip.cpp).
+  std::vector<std::vector<float>> qk_logits;
   uint64_t step = 0;           // last step number issued
   uint64_t skipped_steps = 0;  // steps of this engine skipped for a non-finite gradient
   bool time_calls = false;     // time_backend_calls(): what the backends get when they are made
@@ -180,6 +183,7 @@ struct engine::impl {
     first_rank = first;
     local = local_ranks;
     micros.assign(local_ranks, 0);
+    qk_logits.assign(local_ranks, {});
     touched.assign(local_ranks, {});
     float muon = o.muon.lr;
     float adam = o.adamw.lr;
