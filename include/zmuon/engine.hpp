@@ -254,6 +254,12 @@ public:
   /// groups never given set_group_hparams.
   void set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr);
 
+  /// How Muon cuts registered parameter `name` into Newton-Schulz blocks (param_spec's
+  /// split_sizes, split_heads and view; heads given at registration then apply inside each
+  /// block). Only before the first reduce() or step(); a bad layout changes nothing.
+  error set_muon_blocks(const std::string& name, const std::vector<int64_t>& split_sizes,
+                        const std::vector<int64_t>& split_heads = {},
+                        matrix_view view = matrix_view::automatic);
   /// MuonClip (Kimi K2, arXiv:2507.20534): pairs query parameter `query` ([query_heads * d,
   /// ...]) with key parameter `key` ([key_heads * d, ...]; GQA: key_heads divides query_heads).
   /// After each applied step, a head whose largest logit exceeds its group's

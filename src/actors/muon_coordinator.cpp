@@ -298,7 +298,6 @@ void gather(coord_pointer self, int c) {
                    trace::span::per_param);
     for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape (fp32: scaled)
       const auto& muon = hparams(st, g.hparam_group).muon;
-      ns.add_params(g.params);
       ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
       if (full.bf16 != nullptr) {  // the receivers scale (apply_muon's scales)
         st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, muon.ns);
@@ -310,7 +309,10 @@ void gather(coord_pointer self, int c) {
     }
     if (full.bf16 != nullptr)
       rescale_bf16_blocks(st, c, full.bf16);
-    st.work->result.ns_params += st.own[c].ns_params;
+    // Each parameter is named once, by the owner of its first block (an expert stack's or a
+    // split matrix's blocks may run on several ranks).
+    ns.add_params(st.own[c].ns_params);
+    st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
     buffers(self, c, [&] { cw.full.to_comm(*st.be); });
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());

@@ -132,7 +132,7 @@ struct engine::impl {
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;     // micro-batches handed over per local rank in the open step
   // MuonClip: per local rank, the largest logit per query head reported in the open step
-  // (plan::qk_values entries once one is reported; report_qk_logits, engine_qk_clip.cpp).
+  // (plan::qk_values entries once one is reported; report_qk_logits, engine_blocks.cpp).
   std::vector<std::vector<float>> qk_logits;
   uint64_t step = 0;           // last step number issued
   uint64_t skipped_steps = 0;  // steps of this engine skipped for a non-finite gradient

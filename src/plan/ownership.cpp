@@ -16,7 +16,8 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
       for (int b = 0; b < static_cast<int>(blocks.size()); ++b)
         if (blocks[b].owner == rank)
           mine.emplace_back(i, b);
-      own.ns_params += blocks.front().owner == rank ? 1 : 0;
+      if (blocks.front().owner == rank)
+        own.ns_params.push_back(i);
     }
     // Lay out by matrix shape and hyperparameter group so that the matrices of one NS call are
     // contiguous; ties keep table and row order.

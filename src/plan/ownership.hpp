@@ -41,7 +41,7 @@ struct chunk_ownership {
   std::vector<owned_matrix> owned;  // in table order, each parameter's blocks in row order
   std::vector<ns_group> groups;
   int64_t full_size = 0;
-  int ns_params = 0;  // parameters whose first block this rank owns (each counted once)
+  std::vector<int> ns_params;  // parameters whose first block this rank owns (named once)
 };
 
 /// Elements of parameter p's shard q that are real (the last shards carry padding).

@@ -1,11 +1,43 @@
-// MuonClip's host side: the query/key pairs at registration and the logits the host reports per
-// micro-batch, kept per local rank until the step carries them to the rank's coordinator.
+// Registration of Muon's blocks (split_sizes, expert stacks) and MuonClip's host side: the
+// query/key pairs and the logits the host reports per micro-batch, kept per local rank until the
+// step carries them to the rank's coordinator.
 #include <algorithm>
 #include <cmath>
 
 #include "engine/impl.hpp"
 
 namespace zmuon {
+
+error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t>& split_sizes,
+                              const std::vector<int64_t>& split_heads, matrix_view view) {
+  auto& d = *impl_;
+  if (d.pl)
+    return {errc::bad_state, "Muon blocks of '" + name + "' set after the first reduce() or step()"};
+  if (static_cast<int>(view) > static_cast<int>(matrix_view::flatten))
+    return {errc::invalid_argument, "Muon blocks of '" + name + "': view must be automatic, "
+                                                               "expert_stack or flatten"};
+  auto it = std::find_if(d.table.begin(), d.table.end(),
+                         [&](const param_spec& s) { return s.name == name; });
+  if (it == d.table.end())
+    return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
+  param_spec changed = *it;
+  changed.split_sizes = split_sizes;
+  changed.split_heads = split_heads;
+  changed.view = view;
+  if (!split_sizes.empty() && changed.heads > 0 && split_heads.empty()) {
+    // heads given at registration apply inside every block
+    changed.split_heads.assign(split_sizes.size(), changed.heads);
+  }
+  if (!split_sizes.empty())
+    changed.heads = 0;
+  // The plan's own check, on a table of this parameter alone: nothing changes if it fails.
+  param_spec alone = changed;
+  alone.qk_clip_key.clear();
+  if (auto pl = make_plan({alone}, 1, kMaxParamElements); !pl)
+    return pl.err();
+  *it = std::move(changed);
+  return {};
+}
 
 error engine::add_qk_clip(const std::string& query, const std::string& key, int64_t query_heads,
                           int64_t key_heads) {
