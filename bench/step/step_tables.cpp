@@ -48,9 +48,9 @@ std::vector<param_spec> make_table(const std::string& name) {
       add(p + "kv", {1024, 2048}, param_group::muon);
       add(p + "o", {2048, 2048}, param_group::muon);
       for (const char* m : {"up", "down"}) {
-        const std::vector<int64_t> shape =
-            std::string(m) == "up" ? std::vector<int64_t>{8192, 2048}
-                                   : std::vector<int64_t>{2048, 8192};
+        const std::vector<int64_t> shape = std::string(m) == "up"
+                                               ? std::vector<int64_t>{8192, 2048}
+                                               : std::vector<int64_t>{2048, 8192};
         if (stacked) {
           add(p + "experts." + m, {8, shape[0], shape[1]}, param_group::muon);
           continue;

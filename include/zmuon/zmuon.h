@@ -200,7 +200,7 @@ typedef enum zmuon_ns_variant {
   ZMUON_NS_AUTO = 2
 } zmuon_ns_variant;
 typedef enum zmuon_adjust_lr {
-  ZMUON_ADJUST_LR_ORIGINAL = 0,       /* sqrt(max(1, rows/cols)) */
+  ZMUON_ADJUST_LR_ORIGINAL = 0,        /* sqrt(max(1, rows/cols)) */
   ZMUON_ADJUST_LR_MATCH_RMS_ADAMW = 1, /* 0.2 * sqrt(max(rows, cols)) */
   ZMUON_ADJUST_LR_SPECTRAL = 2,        /* sqrt(rows/cols): Dion's spectral_norm */
   ZMUON_ADJUST_LR_RMS = 3              /* 0.2 * sqrt(max(rows, cols)): Dion's rms_norm */

@@ -219,8 +219,8 @@ void for_shard_parts(const coordinator_state& st, int c, F f) {
   const auto& chunk = pl.chunks[c];
   for (int i : chunk.params) {
     const auto& p = pl.params[i];
-    const int64_t base = p.state_offset - chunk.state_offset
-                         - static_cast<int64_t>(st.rank) * p.shard_len;
+    const int64_t base =
+        p.state_offset - chunk.state_offset - static_cast<int64_t>(st.rank) * p.shard_len;
     for (const auto& b : p.blocks) {
       auto [begin, end] = block_elements(p, b);
       auto [first, last] = shard_part(p, st.rank, begin, end);
@@ -332,7 +332,7 @@ void scatter(coord_pointer self, int c) {
   all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world), st.wire};
   for_owned_parts(st, c, [&](int q, int64_t at, int64_t n) {  // each rank gets its part of
-    add_segment(req.sends[q], cw.full, at, n);                 // the blocks I own
+    add_segment(req.sends[q], cw.full, at, n);                // the blocks I own
   });
   for_shard_parts(st, c, [&](int owner, int64_t at, int64_t n) {  // my shard of every block
     add_segment(req.recvs[owner], cw.result, at, n);              // comes from its owner
@@ -353,9 +353,8 @@ void scatter(coord_pointer self, int c) {
     if (st.wire == wire_type::bf16)
       for (int i : st.pl->chunks[c].params) {
         const auto& p = st.pl->params[i];
-        scales.push_back(
-            update_scale(hparams_of_param(st, i).muon.adjust_lr,
-                         p.blocks.front().rows / p.blocks.front().heads, p.cols));
+        scales.push_back(update_scale(hparams_of_param(st, i).muon.adjust_lr,
+                                      p.blocks.front().rows / p.blocks.front().heads, p.cols));
       }
     apply_muon msg{
         st.work->req.step, c, first.lr, first.weight_decay, cw.result.compute(), std::move(scales),
@@ -453,9 +452,8 @@ void add_clip_rows(const coordinator_state& st, const param_layout& p, int64_t r
   const int64_t row_len = p.numel / p.shape[0];
   auto [first, last] = shard_part(p, st.rank, r0 * row_len, r1 * row_len);
   if (last > first)
-    out.push_back(clip_range{
-        p.shard_offset + first - static_cast<int64_t>(st.rank) * p.shard_len, last - first,
-        factor});
+    out.push_back(clip_range{p.shard_offset + first - static_cast<int64_t>(st.rank) * p.shard_len,
+                             last - first, factor});
 }
 
 // The heads to clip from the step's maxima over all ranks and micro-batches; `any` is true when
@@ -519,11 +517,11 @@ void clip_qk(coord_pointer self, Then then) {
   ask<all_reduce_result>(self, st.peers.comm, std::move(req), [=](all_reduce_result& res) {
     auto& st = self->state;
     if (res.values.size() != static_cast<size_t>(st.pl->qk_values)) {
-      fail_step(self, make_caf_error(errc::bad_state,
-                                     "step " + std::to_string(step)
-                                         + ": the MuonClip all-reduce returned "
-                                         + std::to_string(res.values.size()) + " values instead of "
-                                         + std::to_string(st.pl->qk_values)));
+      fail_step(self, make_caf_error(errc::bad_state, "step " + std::to_string(step)
+                                                          + ": the MuonClip all-reduce returned "
+                                                          + std::to_string(res.values.size())
+                                                          + " values instead of "
+                                                          + std::to_string(st.pl->qk_values)));
       return;
     }
     bool any = false;
@@ -535,7 +533,6 @@ void clip_qk(coord_pointer self, Then then) {
     ask<ack>(self, st.peers.store, qk_clip_scale{step, std::move(ranges)}, [=](ack&) { then(); });
   });
 }
-
 
 void finish(coord_pointer self) {
   auto& st = self->state;

@@ -102,8 +102,8 @@ caf::result<ack> scale_clipped_heads(store_pointer self, const qk_clip_scale& ms
       return make_caf_error(errc::shape_mismatch,
                             "qk_clip_scale: range [" + std::to_string(r.offset) + ", "
                                 + std::to_string(r.offset + r.n) + ") is outside rank "
-                                + std::to_string(st.rank) + "'s "
-                                + std::to_string(st.params.size()) + " parameter elements");
+                                + std::to_string(st.rank) + "'s " + std::to_string(st.params.size())
+                                + " parameter elements");
   for (const auto& r : msg.ranges)
     st.be->scale(st.params.data() + r.offset, r.n, r.factor);
   return ack{msg.step};

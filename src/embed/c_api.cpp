@@ -453,9 +453,10 @@ zmuon::error to_group(const zmuon::engine& eng, const zmuon_group_hparams& in,
     return {errc::invalid_argument, "ns_variant must be 0 (standard), 1 (gram) or 2 (auto), got "
                                         + std::to_string(in.ns_variant)};
   if (in.adjust_lr < ZMUON_ADJUST_LR_ORIGINAL || in.adjust_lr > ZMUON_ADJUST_LR_RMS)
-    return {errc::invalid_argument, "adjust_lr must be 0 (original), 1 (match_rms_adamw), "
-                                    "2 (spectral) or 3 (rms), got "
-                                        + std::to_string(in.adjust_lr)};
+    return {errc::invalid_argument,
+            "adjust_lr must be 0 (original), 1 (match_rms_adamw), "
+            "2 (spectral) or 3 (rms), got "
+                + std::to_string(in.adjust_lr)};
   out.muon = opts.muon;
   out.adamw = opts.adamw;
   out.muon.lr = out.adamw.lr = in.lr;

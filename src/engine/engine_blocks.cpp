@@ -12,7 +12,8 @@ error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t
                               const std::vector<int64_t>& split_heads, matrix_view view) {
   auto& d = *impl_;
   if (d.pl)
-    return {errc::bad_state, "Muon blocks of '" + name + "' set after the first reduce() or step()"};
+    return {errc::bad_state,
+            "Muon blocks of '" + name + "' set after the first reduce() or step()"};
   if (static_cast<int>(view) > static_cast<int>(matrix_view::flatten))
     return {errc::invalid_argument, "Muon blocks of '" + name + "': view must be automatic, "
                                                                "expert_stack or flatten"};
@@ -46,10 +47,10 @@ error engine::add_qk_clip(const std::string& query, const std::string& key, int6
     return {errc::bad_state,
             "MuonClip pair of '" + query + "' added after the first reduce() or step()"};
   if (query_heads < 1 || key_heads < 1 || query_heads % key_heads != 0)
-    return {errc::invalid_argument,
-            "MuonClip pair of '" + query + "': query heads " + std::to_string(query_heads)
-                + " and key heads " + std::to_string(key_heads)
-                + " must be >= 1, the key's dividing the query's"};
+    return {errc::invalid_argument, "MuonClip pair of '" + query + "': query heads "
+                                        + std::to_string(query_heads) + " and key heads "
+                                        + std::to_string(key_heads)
+                                        + " must be >= 1, the key's dividing the query's"};
   auto find = [&](const std::string& name) {
     return std::find_if(d.table.begin(), d.table.end(),
                         [&](const param_spec& s) { return s.name == name; });
@@ -92,8 +93,8 @@ error engine::report_qk_logits(int rank, const std::string& query,
                                       + std::to_string(max_logits.size()) + " values"};
   for (size_t h = 0; h < max_logits.size(); ++h)
     if (!std::isfinite(max_logits[h]))
-      return {errc::invalid_argument, "report_qk_logits: '" + query + "' head "
-                                          + std::to_string(h) + " has a non-finite logit"};
+      return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
+                                          + " has a non-finite logit"};
   auto& mine = d.qk_logits[rank - d.first_rank];
   if (mine.empty())
     mine.assign(static_cast<size_t>(d.pl->qk_values), -std::numeric_limits<float>::max());

@@ -131,9 +131,6 @@ struct engine::impl {
   std::vector<host_buckets> packed;    // their host buffers for packed buckets, by local index
   std::vector<std::shared_ptr<trace::recorder>> traces;  // per local rank when tracing, else empty
   std::vector<int> micros;     // micro-batches handed over per local rank in the open step
-  // MuonClip: per local rank, the largest logit per query head reported in the open step
-  // (plan::qk_values entries once one is reported; report_qk_logits, engine_blocks.cpp).
-  std::vector<std::vector<float>> qk_logits;
   uint64_t step = 0;           // last step number issued
   uint64_t skipped_steps = 0;  // steps of this engine skipped for a non-finite gradient
   bool time_calls = false;     // time_backend_calls(): what the backends get when they are made
@@ -142,6 +139,9 @@ struct engine::impl {
   std::map<int, group_hparams> group_set;  // set_group_hparams: the groups given values
   // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
   std::vector<std::vector<uint8_t>> touched;
+  // MuonClip: per local rank, the largest logit per query head reported in the open step
+  // (plan::qk_values entries once one is reported; report_qk_logits, engine_blocks.cpp).
+  std::vector<std::vector<float>> qk_logits;
 
   // reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
   // several, the host hands over rank after rank and a bucket lands only once all did

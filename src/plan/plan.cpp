@@ -91,8 +91,8 @@ error validate_blocks(const param_spec& p) {
     if (!p.split_heads.empty())
       return bad("split_heads given without split_sizes");
     if (p.heads > 0 && is_expert_stack(p) && p.shape[1] % p.heads != 0)
-      return bad("heads=" + std::to_string(p.heads) + " do not divide an expert's rows="
-                 + std::to_string(p.shape[1]));
+      return bad("heads=" + std::to_string(p.heads)
+                 + " do not divide an expert's rows=" + std::to_string(p.shape[1]));
     return {};
   }
   if (p.shape.size() < 2)
@@ -116,8 +116,8 @@ error validate_blocks(const param_spec& p) {
                  + " do not divide the block's rows=" + std::to_string(size));
   }
   if (sum != rows)
-    return bad("split_sizes sum to " + std::to_string(sum) + ", not the matrix's rows="
-               + std::to_string(rows));
+    return bad("split_sizes sum to " + std::to_string(sum)
+               + ", not the matrix's rows=" + std::to_string(rows));
   return {};
 }
 

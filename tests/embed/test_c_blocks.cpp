@@ -20,8 +20,8 @@ struct param {
   std::vector<int64_t> shape;
 };
 
-const std::vector<param> kTable{{"experts", {4, 8, 12}}, {"qkv", {24, 12}}, {"q", {8, 12}},
-                                {"k", {4, 12}}};
+const std::vector<param> kTable{
+    {"experts", {4, 8, 12}}, {"qkv", {24, 12}}, {"q", {8, 12}}, {"k", {4, 12}}};
 
 int64_t numel(const param& p) {
   int64_t n = 1;
@@ -51,11 +51,11 @@ std::map<std::string, std::vector<float>> run_c() {
   BOOST_REQUIRE_EQUAL(zmuon_engine_create(kConfig, nullptr, 0, &eng), ZMUON_OK);
   for (size_t p = 0; p < kTable.size(); ++p) {
     auto init = values(p, 9, 0, numel(kTable[p]));
-    BOOST_REQUIRE_EQUAL(zmuon_engine_add_parameter(eng, kTable[p].name.c_str(),
-                                                   kTable[p].shape.data(),
-                                                   static_cast<int32_t>(kTable[p].shape.size()),
-                                                   ZMUON_GROUP_AUTO, 0, init.data(), numel(kTable[p])),
-                        ZMUON_OK);
+    BOOST_REQUIRE_EQUAL(
+        zmuon_engine_add_parameter(eng, kTable[p].name.c_str(), kTable[p].shape.data(),
+                                   static_cast<int32_t>(kTable[p].shape.size()), ZMUON_GROUP_AUTO,
+                                   0, init.data(), numel(kTable[p])),
+        ZMUON_OK);
   }
   const int64_t sizes[] = {12, 4, 8}, heads[] = {2, 1, 0};
   BOOST_REQUIRE_EQUAL(zmuon_engine_set_muon_blocks(eng, "qkv", sizes, heads, 3, ZMUON_VIEW_AUTO),
@@ -132,9 +132,8 @@ BOOST_AUTO_TEST_CASE(wrong_block_and_clip_calls_return_their_status) {
   zmuon_engine* eng = nullptr;
   BOOST_REQUIRE_EQUAL(zmuon_engine_create(kConfig, nullptr, 0, &eng), ZMUON_OK);
   const int64_t shape[] = {24, 12};
-  BOOST_REQUIRE_EQUAL(zmuon_engine_add_parameter(eng, "qkv", shape, 2, ZMUON_GROUP_AUTO, 0,
-                                                 nullptr, 0),
-                      ZMUON_OK);
+  BOOST_REQUIRE_EQUAL(
+      zmuon_engine_add_parameter(eng, "qkv", shape, 2, ZMUON_GROUP_AUTO, 0, nullptr, 0), ZMUON_OK);
   const int64_t bad[] = {12, 4, 4};  // sums to 20, not 24
   BOOST_TEST(zmuon_engine_set_muon_blocks(eng, "qkv", bad, nullptr, 3, ZMUON_VIEW_AUTO)
              == ZMUON_INVALID_ARGUMENT);

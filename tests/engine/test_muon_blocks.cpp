@@ -6,8 +6,11 @@
 #include "support/engine_fixture.hpp"
 
 #include "plan/plan.hpp"
+#include "zmuon-trace/check.hpp"
+#include "zmuon-trace/reader.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <map>
@@ -184,7 +187,8 @@ checked check_param(const engine_options& o, const param_spec& spec,
   auto means = run_steps(*eng, table, o.world, 1, steps);
   auto after = params_of(*eng);
   auto want = reference_muon(before[spec.name], means[spec.name], blocks, cols, o.muon);
-  return {rel_diff_d(after[spec.name], want), update_error(before[spec.name], after[spec.name], want)};
+  return {rel_diff_d(after[spec.name], want),
+          update_error(before[spec.name], after[spec.name], want)};
 }
 
 std::vector<ref_block> equal_blocks(int64_t count, int64_t rows) {
@@ -233,8 +237,7 @@ BOOST_AUTO_TEST_CASE(split_sizes_orthogonalize_each_block_with_its_scale) {
   param_spec spec{"attn.qkv", {88, 32}};
   spec.split_sizes = {48, 16, 24};
   spec.split_heads = {3, 2, 0};
-  const std::vector<ref_block> blocks{{0, 16},  {16, 16}, {32, 16},
-                                      {48, 8},  {56, 8},  {64, 24}};
+  const std::vector<ref_block> blocks{{0, 16}, {16, 16}, {32, 16}, {48, 8}, {56, 8}, {64, 24}};
   for (auto rule : {adjust_lr_rule::original, adjust_lr_rule::spectral}) {
     auto o = exact_options(3);
     o.muon.adjust_lr = rule;
@@ -252,11 +255,29 @@ BOOST_AUTO_TEST_CASE(split_sizes_orthogonalize_each_block_with_its_scale) {
   BOOST_TEST(whole.update >= 1e-2);
 }
 
+BOOST_AUTO_TEST_CASE(split_blocks_keep_their_scales_under_bf16_transport) {
+  // Under bf16 the receivers scale each parameter by its first block's scale; the owner folds
+  // the other blocks' ratios in first. Spectral scales of [16, 32] heads and a [24, 32] block
+  // differ by 1.22x, so a lost ratio would be off by far more than bf16's rounding (2^-8).
+  param_spec spec{"attn.qkv", {88, 32}};
+  spec.split_sizes = {48, 16, 24};
+  spec.split_heads = {3, 2, 0};
+  const std::vector<ref_block> blocks{{0, 16}, {16, 16}, {32, 16}, {48, 8}, {56, 8}, {64, 24}};
+  auto o = exact_options(3);
+  o.muon.adjust_lr = adjust_lr_rule::spectral;
+  o.muon.transport = muon_transport::bf16;
+  auto c = check_param(o, spec, blocks, 32);
+  BOOST_TEST_MESSAGE("split blocks, spectral, bf16 transport vs double reference: update "
+                     << c.update);
+  BOOST_TEST(c.update <= 1e-2);
+}
+
 BOOST_AUTO_TEST_CASE(adjust_lr_spectral_and_rms_follow_their_formulas) {
   // Wide [24, 56] and tall [56, 24]: spectral is below 1 on the wide one (original is 1 there),
   // rms is 0.2 sqrt(max).
   for (auto rule : {adjust_lr_rule::spectral, adjust_lr_rule::rms}) {
-    for (std::vector<int64_t> shape : {std::vector<int64_t>{24, 56}, std::vector<int64_t>{56, 24}}) {
+    for (std::vector<int64_t> shape :
+         {std::vector<int64_t>{24, 56}, std::vector<int64_t>{56, 24}}) {
       auto o = exact_options(2);
       o.muon.adjust_lr = rule;
       auto c = check_param(o, {"w", shape}, {{0, shape[0]}}, shape[1]);
@@ -368,8 +389,8 @@ BOOST_AUTO_TEST_CASE(world_1_2_4_and_gas_1_4_give_the_same_weights_with_blocks_a
   param_spec qkv{"qkv", {40, 24}};
   qkv.split_sizes = {16, 8, 16};
   qkv.split_heads = {2, 1, 0};
-  const std::vector<param_spec> table{{"experts", {3, 16, 24}}, qkv, {"q", {32, 24}},
-                                      {"k", {16, 24}}, {"bias", {24}}};
+  const std::vector<param_spec> table{
+      {"experts", {3, 16, 24}}, qkv, {"q", {32, 24}}, {"k", {16, 24}}, {"bias", {24}}};
   auto train = [&](int world) {
     auto o = exact_options(world);
     o.muon.adjust_lr = adjust_lr_rule::spectral;
@@ -396,9 +417,74 @@ BOOST_AUTO_TEST_CASE(world_1_2_4_and_gas_1_4_give_the_same_weights_with_blocks_a
   auto w2 = train(2);
   auto w4 = train(4);
   const double d2 = rel_diff(w2, w1), d4 = rel_diff(w4, w1);
-  BOOST_TEST_MESSAGE("experts + split + spectral + MuonClip, 3 steps: world 2 (gas 2) vs world 1 "
-                     "(gas 4): "
-                     << d2 << ", world 4 (gas 1): " << d4);
+  BOOST_TEST_MESSAGE(
+      "experts + split + spectral + MuonClip, 3 steps: world 2 (gas 2) vs world 1 "
+      "(gas 4): "
+      << d2 << ", world 4 (gas 1): " << d4);
   BOOST_TEST(d2 <= 1e-6);
   BOOST_TEST(d4 <= 1e-6);
+}
+
+// -- the trace ---------------------------------------------------------------------------------
+
+// A traced run (world 2, an expert stack, a split matrix and a MuonClip pair; step 2 skipped for
+// a NaN, steps 1 and 3 clip) passes `zmuon-trace check`: NS once per parameter although its
+// blocks run on both ranks, qk_clip spans on the clipping steps only. The same traces with a
+// qk_clip span added on the skipped step fail the check's `qk_clip` rule.
+BOOST_AUTO_TEST_CASE(
+    traced_run_with_blocks_and_clip_passes_check_and_a_clip_on_a_skipped_step_fails) {
+  namespace fs = std::filesystem;
+  const std::string dir = "test_muon_blocks_trace";
+  fs::remove_all(dir);
+  param_spec qkv{"qkv", {40, 24}};
+  qkv.split_sizes = {16, 8, 16};
+  const std::vector<param_spec> table{
+      {"experts", {4, 16, 24}}, qkv, {"q", {32, 24}}, {"k", {16, 24}}, {"bias", {24}}};
+  {
+    auto o = exact_options(2);
+    o.trace_dir = dir;
+    o.muon.qk_clip_tau = 1;
+    auto eng = make_engine(o);
+    register_table(*eng, table, 4);
+    BOOST_REQUIRE(!eng->add_qk_clip("q", "k", 4, 2));
+    for (int s = 1; s <= 3; ++s) {
+      for (int r = 0; r < 2; ++r) {
+        auto g = random_grads(table, 4, s, r, 0);
+        if (s == 2 && r == 1)
+          g["bias"][0] = std::numeric_limits<float>::infinity();
+        reduce_ok(*eng, r, g);
+        BOOST_REQUIRE(!eng->report_qk_logits(r, "q", {5, 0.5f, 0.5f, 0.5f}));
+      }
+      BOOST_TEST(step_ok(*eng).skipped == (s == 2));
+    }
+  }
+  auto traces = trace_tool::read_traces(dir);
+  BOOST_REQUIRE_MESSAGE(traces, (traces ? "" : traces.err().to_string()));
+  auto violations = trace_tool::check(*traces);
+  for (const auto& v : violations)
+    BOOST_TEST_MESSAGE(trace_tool::format(*traces, v));
+  BOOST_TEST(violations.empty());
+  std::map<uint64_t, int> clip_spans;
+  for (const auto& rt : traces->ranks)
+    for (const auto& r : rt.records)
+      if (r.ev == "span" && r.phase == "qk_clip")
+        ++clip_spans[r.step];
+  BOOST_TEST_MESSAGE("qk_clip spans by step: step 1 " << clip_spans[1] << ", step 2 "
+                                                      << clip_spans[2] << ", step 3 "
+                                                      << clip_spans[3]);
+  BOOST_TEST(clip_spans[1] == 2);  // one per rank
+  BOOST_TEST(clip_spans[2] == 0);
+  BOOST_TEST(clip_spans[3] == 2);
+  // Move rank 0's step-1 qk_clip span into the skipped step: the check must fail.
+  for (auto& rt : traces->ranks)
+    for (auto& r : rt.records)
+      if (rt.rank == 0 && r.ev == "span" && r.phase == "qk_clip" && r.step == 1)
+        r.step = 2;
+  auto bad = trace_tool::check(*traces);
+  BOOST_REQUIRE_EQUAL(bad.size(), 1u);
+  const std::string text = trace_tool::format(*traces, bad.front());
+  BOOST_TEST_MESSAGE(text);
+  BOOST_TEST(text.find("[qk_clip] rank 0, step 2: MuonClip scaled query/key heads on skipped "
+                       "step 2")
+             != std::string::npos);
 }

@@ -281,7 +281,9 @@ void qk_clip(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector
   for (const auto& rt : ts.ranks)
     for (const auto& r : rt.records)
       if (r.ev == "span" && r.phase == "qk_clip" && skipped.count(r.step) && checked(ts, r.step))
-        out.push_back({"qk_clip", r.rank, r.step,
+        out.push_back({"qk_clip",
+                       r.rank,
+                       r.step,
                        "MuonClip scaled query/key heads on skipped step " + std::to_string(r.step),
                        {&r}});
 }
