@@ -19,9 +19,9 @@
 // - time per phase of the step protocol on the rank whose coordinator took longest, in the step
 //   where that took the median time (so that the phases sum to it): the coordinator's step cut into
 //   disjoint pieces, each going to the innermost span active then (flush, overflow_check, vote,
-//   unscale_clip, momentum, gather, ns, scatter, apply, adamw, finish, reduce_scatter), `other`
-//   where none is. On CUDA the spans end when the work is enqueued (ns is the enqueue time) and
-//   waiting for the GPU falls into `other`.
+//   unscale_clip, momentum, gather, ns, scatter, apply, adamw, qk_clip, finish, reduce_scatter),
+//   `other` where none is. On CUDA the spans end when the work is enqueued (ns is the enqueue
+//   time) and waiting for the GPU falls into `other`.
 // - bytes each rank sends per step by collective kind, read from the trace's `bytes` field (the
 //   caf comm's peer pieces; real payload bytes), beside the plan's count at 4 bytes a float: the
 //   two must agree under fp32 transport, else the bench fails (exit 3). The nccl comm records
@@ -453,8 +453,8 @@ int main(int argc, char* argv[]) {
       opts.compute == "cuda" ? "; CUDA: spans are enqueue times, GPU waits are in 'other'" : "");
   std::vector<std::string> order{"reduce_scatter", "flush",    "overflow_check", "vote",
                                  "unscale_clip",   "momentum", "gather",         "ns",
-                                 "scatter",        "apply",    "adamw",          "finish",
-                                 "discard"};
+                                 "scatter",        "apply",    "adamw",          "qk_clip",
+                                 "finish",         "discard"};
   for (const auto& p : names)
     if (std::find(order.begin(), order.end(), p) == order.end() && p != "other")
       order.push_back(p);
