@@ -1,7 +1,8 @@
 // zmuon-bench-step: the whole optimizer step through the engine for a model's parameter table
 // (shapes only, random gradients), with the message trace on, and what the trace says about it.
 //
-//   zmuon-bench-step [--table gpt2-124m|llama-1b|tiny] [--world N] [--compute host|cuda]
+//   zmuon-bench-step [--table gpt2-124m|llama-1b|moe|moe-unstacked|tiny] [--world N]
+//                    [--compute host|cuda]
 //                    [--comm caf|nccl] [--steps N] [--gas N] [--bucket-size N]
 //                    [--buckets-in-flight N] [--trace DIR] [--json FILE] [--call-times]
 //                    [--timeline FILE]
@@ -18,9 +19,9 @@
 // - time per phase of the step protocol on the rank whose coordinator took longest, in the step
 //   where that took the median time (so that the phases sum to it): the coordinator's step cut into
 //   disjoint pieces, each going to the innermost span active then (flush, overflow_check, vote,
-//   unscale_clip, momentum, gather, ns, scatter, apply, adamw, finish, reduce_scatter), `other`
-//   where none is. On CUDA the spans end when the work is enqueued (ns is the enqueue time) and
-//   waiting for the GPU falls into `other`.
+//   unscale_clip, momentum, gather, ns, scatter, apply, adamw, qk_clip, finish, reduce_scatter),
+//   `other` where none is. On CUDA the spans end when the work is enqueued (ns is the enqueue
+//   time) and waiting for the GPU falls into `other`.
 // - bytes each rank sends per step by collective kind, read from the trace's `bytes` field (the
 //   caf comm's peer pieces; real payload bytes), beside the plan's count at 4 bytes a float: the
 //   two must agree under fp32 transport, else the bench fails (exit 3). The nccl comm records
@@ -43,6 +44,14 @@
 //   (its reduce buckets; --buckets-in-flight N bounds them per rank, engine option
 //   max_buckets_in_flight, default 2, 0 = unbounded; applied at --world 1 only, where the engine
 //   drives one local rank).
+//
+// MoE expert stacks against the same matrices one by one (GPU; 4 layers of 8 experts of
+// [8192, 2048] and [2048, 8192] plus attention, about 1.1 G elements, some 20 GB a rank at
+// --world 1 on one H100; --world 2 on two GPUs spreads the experts' owners):
+//   zmuon-bench-step --table moe --world 1 --steps 5
+//   zmuon-bench-step --table moe-unstacked --world 1 --steps 5
+// The two tables have the same matrices and owners balanced per expert; the step times differ
+// by the batching of same-shape NS calls and the collectives' segment counts.
 //
 // --call-times: the compute backends time their calls (engine::time_backend_calls; on CUDA two
 // events around each call's work on its stream) and the bench prints, for the rank of the phase
@@ -139,7 +148,8 @@ int main(int argc, char* argv[]) {
   int gas = 1;
   std::string trace_dir, json_out, timeline_out;
   CLI::App app{"zmuon-bench-step: the optimizer step for a model's parameter table"};
-  app.add_option("--table", table_name)->check(CLI::IsMember({"gpt2-124m", "llama-1b", "tiny"}));
+  app.add_option("--table", table_name)
+      ->check(CLI::IsMember({"gpt2-124m", "llama-1b", "moe", "moe-unstacked", "tiny"}));
   app.add_option("--world", opts.world)->check(CLI::Range(1, 64));
   app.add_option("--compute", opts.compute)->check(CLI::IsMember({"host", "cuda"}));
   app.add_option("--comm", opts.comm, "default nccl, caf with --compute host")
@@ -443,8 +453,8 @@ int main(int argc, char* argv[]) {
       opts.compute == "cuda" ? "; CUDA: spans are enqueue times, GPU waits are in 'other'" : "");
   std::vector<std::string> order{"reduce_scatter", "flush",    "overflow_check", "vote",
                                  "unscale_clip",   "momentum", "gather",         "ns",
-                                 "scatter",        "apply",    "adamw",          "finish",
-                                 "discard"};
+                                 "scatter",        "apply",    "adamw",          "qk_clip",
+                                 "finish",         "discard"};
   for (const auto& p : names)
     if (std::find(order.begin(), order.end(), p) == order.end() && p != "other")
       order.push_back(p);

@@ -38,6 +38,28 @@ std::vector<param_spec> make_table(const std::string& name) {
       add(p + "norm2", {2048}, param_group::adamw);
     }
     add("norm", {2048}, param_group::adamw);
+  } else if (name == "moe" || name == "moe-unstacked") {
+    // 4 MoE layers of 8 experts, each expert's up [8192, 2048] and down [2048, 8192]: one 3-D
+    // expert stack per layer and projection ("moe"), or the same matrices one by one.
+    const bool stacked = name == "moe";
+    for (int l = 0; l < 4; ++l) {
+      const std::string p = "l" + std::to_string(l) + ".";
+      add(p + "q", {2048, 2048}, param_group::muon);
+      add(p + "kv", {1024, 2048}, param_group::muon);
+      add(p + "o", {2048, 2048}, param_group::muon);
+      for (const char* m : {"up", "down"}) {
+        const std::vector<int64_t> shape = std::string(m) == "up"
+                                               ? std::vector<int64_t>{8192, 2048}
+                                               : std::vector<int64_t>{2048, 8192};
+        if (stacked) {
+          add(p + "experts." + m, {8, shape[0], shape[1]}, param_group::muon);
+          continue;
+        }
+        for (int e = 0; e < 8; ++e)
+          add(p + "experts." + std::to_string(e) + "." + m, shape, param_group::muon);
+      }
+      add(p + "norm", {2048}, param_group::adamw);
+    }
   } else if (name == "tiny") {
     add("embed", {1000, 64}, param_group::adamw);
     for (int l = 0; l < 2; ++l) {
@@ -85,12 +107,19 @@ std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int
   for (const auto& p : pl.params) {
     if (!p.muon)
       continue;
-    if (p.owner != rank) {
-      gather += valid_len(p, rank);
-    } else {
-      for (int q = 0; q < w; ++q)
-        if (q != rank)
-          scatter += valid_len(p, q);
+    for (const auto& b : p.blocks) {  // each NS block's own owner (experts, split blocks)
+      auto [begin, end] = block_elements(p, b);
+      auto part = [&](int q) {
+        auto [first, last] = shard_part(p, q, begin, end);
+        return last - first;
+      };
+      if (b.owner != rank) {
+        gather += part(rank);
+      } else {
+        for (int q = 0; q < w; ++q)
+          if (q != rank)
+            scatter += part(q);
+      }
     }
   }
   out["reduce_scatter"] = int64_t{gas} * reduce * static_cast<int64_t>(sizeof(float));

@@ -13,7 +13,8 @@
 
 namespace zmuon::bench {
 
-/// gpt2-124m, llama-1b or tiny (shapes only); empty for another name.
+/// gpt2-124m, llama-1b, moe (8 experts a layer as 3-D expert stacks), moe-unstacked (the same
+/// matrices one by one) or tiny (shapes only); empty for another name.
 std::vector<param_spec> make_table(const std::string& name);
 
 /// Deterministic values in [-scale/2, scale/2).

@@ -276,6 +276,23 @@ public:
   /// groups never given set_group_hparams.
   void set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr);
 
+  /// How Muon cuts registered parameter `name` into Newton-Schulz blocks (param_spec's
+  /// split_sizes, split_heads and view; heads given at registration then apply inside each
+  /// block). Only before the first reduce() or step(); a bad layout changes nothing.
+  error set_muon_blocks(const std::string& name, const std::vector<int64_t>& split_sizes,
+                        const std::vector<int64_t>& split_heads = {},
+                        matrix_view view = matrix_view::automatic);
+  /// MuonClip (Kimi K2, arXiv:2507.20534): pairs query parameter `query` ([query_heads * d,
+  /// ...]) with key parameter `key` ([key_heads * d, ...]; GQA: key_heads divides query_heads).
+  /// After each applied step, a head whose largest logit exceeds its group's
+  /// muon_options::qk_clip_tau has its query rows and its key rows scaled by sqrt(tau / max).
+  /// Only before the first reduce() or step(); every process registers the same pairs.
+  error add_qk_clip(const std::string& query, const std::string& key, int64_t query_heads,
+                    int64_t key_heads);
+  /// Local rank `rank`'s largest pre-softmax logit of one micro-batch for each head of query
+  /// `query` (query_heads finite values). The step clips by the max over every report of every
+  /// rank and process since the last step; a rank may report any number of times (or never).
+  error report_qk_logits(int rank, const std::string& query, const std::vector<float>& max_logits);
   /// Puts parameter `name` in hyperparameter group `group` (param_spec::hparam_group); only
   /// before the first reduce() or step(). Every process registers the same groups.
   error set_hparam_group(const std::string& name, int group);

@@ -12,6 +12,8 @@ namespace zmuon {
 enum class adjust_lr_rule : uint8_t {
   original,         // sqrt(max(1, rows/cols))
   match_rms_adamw,  // 0.2 * sqrt(max(rows, cols))
+  spectral,         // sqrt(rows/cols): Dion's adjust_lr_spectral_norm (no max with 1)
+  rms,              // 0.2 * sqrt(max(rows, cols)): Dion's adjust_lr_rms_norm
 };
 
 /// What the Muon phase's gather (u) and scatter (the orthogonalized update) carry.
@@ -73,6 +75,9 @@ struct muon_options {
   /// (ns_variant::automatic); a bare ns_options{} (the kernels' API) is `standard`.
   ns_options ns = automatic_ns();
   muon_transport transport = muon_transport::automatic;  // gather / scatter element type
+  /// MuonClip's threshold tau (Kimi K2, arXiv:2507.20534) for the group's query/key pairs
+  /// (engine::add_qk_clip); 0 = off. A head whose step max logit exceeds tau is scaled down.
+  float qk_clip_tau = 0.0f;
 };
 
 struct adamw_options {

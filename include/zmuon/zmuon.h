@@ -219,8 +219,10 @@ typedef enum zmuon_ns_variant {
   ZMUON_NS_AUTO = 2
 } zmuon_ns_variant;
 typedef enum zmuon_adjust_lr {
-  ZMUON_ADJUST_LR_ORIGINAL = 0,       /* sqrt(max(1, rows/cols)) */
-  ZMUON_ADJUST_LR_MATCH_RMS_ADAMW = 1 /* 0.2 * sqrt(max(rows, cols)) */
+  ZMUON_ADJUST_LR_ORIGINAL = 0,        /* sqrt(max(1, rows/cols)) */
+  ZMUON_ADJUST_LR_MATCH_RMS_ADAMW = 1, /* 0.2 * sqrt(max(rows, cols)) */
+  ZMUON_ADJUST_LR_SPECTRAL = 2,        /* sqrt(rows/cols): Dion's spectral_norm */
+  ZMUON_ADJUST_LR_RMS = 3              /* 0.2 * sqrt(max(rows, cols)): Dion's rms_norm */
 } zmuon_adjust_lr;
 typedef struct zmuon_group_hparams {
   float lr;           /* of the group's Muon and AdamW parameters */
@@ -234,6 +236,7 @@ typedef struct zmuon_group_hparams {
   float ns_eps;
   int32_t ns_variant; /* zmuon_ns_variant */
   int32_t adjust_lr;  /* zmuon_adjust_lr */
+  float qk_clip_tau;  /* MuonClip's threshold for the group's query/key pairs; 0: off */
 } zmuon_group_hparams;
 /* Puts parameter `name` in group `group` (0 by default; [0, 4096)); before the first reduce or
  * step. Every process registers the same groups. */
@@ -241,6 +244,29 @@ ZMUON_API int zmuon_engine_set_hparam_group(zmuon_engine* eng, const char* name,
 /* Group `group`'s values from the next step on (checked; a bad one changes nothing). */
 ZMUON_API int zmuon_engine_set_group_hparams(zmuon_engine* eng, int32_t group,
                                              const zmuon_group_hparams* values);
+
+/* Muon blocks (engine::set_muon_blocks), before the first reduce or step: `split_sizes` (n row
+ * blocks summing to one matrix's rows, e.g. a fused QKV's {q, k, v}; NULL with n 0: one block)
+ * with `split_heads` (n heads per block, 0: whole; may be NULL), and `view`: a 3-D parameter is
+ * an expert stack [E, rows, cols] by default (ZMUON_VIEW_AUTO). */
+typedef enum zmuon_matrix_view {
+  ZMUON_VIEW_AUTO = 0,         /* ndim 3: expert stack; otherwise [shape[0], rest] */
+  ZMUON_VIEW_EXPERT_STACK = 1, /* [E, rows, prod(rest)]: E matrices */
+  ZMUON_VIEW_FLATTEN = 2       /* [shape[0], prod(rest)]: one matrix */
+} zmuon_matrix_view;
+ZMUON_API int zmuon_engine_set_muon_blocks(zmuon_engine* eng, const char* name,
+                                           const int64_t* split_sizes, const int64_t* split_heads,
+                                           size_t n, int32_t view);
+/* MuonClip (Kimi K2): pairs query parameter `query` (query_heads heads of rows) with key `key`
+ * (key_heads; GQA: dividing query_heads), before the first reduce or step. After each applied
+ * step, a head whose largest logit over every rank's reports exceeds its group's qk_clip_tau has
+ * its query and key rows scaled by sqrt(tau / max). */
+ZMUON_API int zmuon_engine_add_qk_clip(zmuon_engine* eng, const char* query, const char* key,
+                                       int64_t query_heads, int64_t key_heads);
+/* Rank `rank`'s largest pre-softmax logit of one micro-batch per head of `query` (n =
+ * query_heads finite values); the step takes the max over all reports since the last step. */
+ZMUON_API int zmuon_engine_report_qk_logits(zmuon_engine* eng, int32_t rank, const char* query,
+                                            const float* max_logits, size_t n);
 
 /* Where a step's time goes (engine::time_backend_calls / write_call_timeline): `on` 1 times
  * every compute-backend call from the next one on (on CUDA with two events on its stream), 0

@@ -105,7 +105,8 @@ class StepInfo(ctypes.Structure):
 
 
 NS_VARIANTS = {"standard": 0, "gram": 1, "auto": 2}  # zmuon_ns_variant
-ADJUST_LR = {"original": 0, "match_rms_adamw": 1}  # zmuon_adjust_lr
+ADJUST_LR = {"original": 0, "match_rms_adamw": 1, "spectral": 2, "rms": 3}  # zmuon_adjust_lr
+MATRIX_VIEWS = {"auto": 0, "expert_stack": 1, "flatten": 2}  # zmuon_matrix_view
 
 
 class GroupHparams(ctypes.Structure):
@@ -115,7 +116,7 @@ class GroupHparams(ctypes.Structure):
                 ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
                 ("ns_steps", ctypes.c_int32), ("ns_coefficients", ctypes.c_float * 3),
                 ("ns_eps", ctypes.c_float), ("ns_variant", ctypes.c_int32),
-                ("adjust_lr", ctypes.c_int32)]
+                ("adjust_lr", ctypes.c_int32), ("qk_clip_tau", ctypes.c_float)]
 
 
 def _find_library():
@@ -179,6 +180,13 @@ def _load():
         "zmuon_engine_loss_scale": (c_int, [eng_p, ctypes.POINTER(c_f)]),
         "zmuon_engine_set_lr": (c_int, [eng_p, c_f, c_f]),
         "zmuon_engine_set_hparam_group": (c_int, [eng_p, ctypes.c_char_p, c_i32]),
+        "zmuon_engine_set_muon_blocks": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(c_i64),
+                                                 ctypes.POINTER(c_i64), ctypes.c_size_t, c_i32]),
+        "zmuon_engine_add_qk_clip": (c_int, [eng_p, ctypes.c_char_p, ctypes.c_char_p, c_i64,
+                                             c_i64]),
+        "zmuon_engine_report_qk_logits": (c_int, [eng_p, c_i32, ctypes.c_char_p,
+                                                  ctypes.POINTER(ctypes.c_float),
+                                                  ctypes.c_size_t]),
         "zmuon_engine_set_group_hparams": (c_int, [eng_p, c_i32, ctypes.POINTER(GroupHparams)]),
         "zmuon_engine_time_calls": (c_int, [eng_p, c_i32]),
         "zmuon_engine_write_call_timeline": (c_int, [eng_p, ctypes.c_char_p]),
@@ -447,6 +455,33 @@ class Engine:
     def set_hparam_group(self, name, group):
         _check(_lib.zmuon_engine_set_hparam_group(self._h(), _text(name, "parameter name"),
                                                   group))
+
+    def set_muon_blocks(self, name, split_sizes=(), split_heads=None, view="auto"):
+        """Muon's blocks of a registered parameter: row blocks `split_sizes` with heads
+        `split_heads` inside each (None: none), `view` one of MATRIX_VIEWS."""
+        if view not in MATRIX_VIEWS:
+            raise InvalidArgument(f"view {view!r} is not one of {sorted(MATRIX_VIEWS)}")
+        n = len(split_sizes)
+        sizes = (ctypes.c_int64 * max(n, 1))(*split_sizes)
+        heads = None
+        if split_heads is not None:
+            if len(split_heads) != n:
+                raise InvalidArgument(f"split_heads of '{name}' has {len(split_heads)} entries "
+                                      f"for {n} split_sizes")
+            heads = (ctypes.c_int64 * max(n, 1))(*split_heads)
+        _check(_lib.zmuon_engine_set_muon_blocks(self._h(), _text(name, "parameter name"), sizes,
+                                                 heads, n, MATRIX_VIEWS[view]))
+
+    def add_qk_clip(self, query, key, query_heads, key_heads):
+        _check(_lib.zmuon_engine_add_qk_clip(self._h(), _text(query, "parameter name"),
+                                             _text(key, "parameter name"), query_heads,
+                                             key_heads))
+
+    def report_qk_logits(self, rank, query, values):
+        """Rank `rank`'s largest logit per head of `query` for one micro-batch (floats)."""
+        arr = (ctypes.c_float * max(len(values), 1))(*values)
+        _check(_lib.zmuon_engine_report_qk_logits(self._h(), rank, _text(query, "parameter name"),
+                                                  arr, len(values)))
 
     def set_group_hparams(self, group, values):
         """`values`: a dict of GroupHparams' fields (ns_variant and adjust_lr by name)."""

@@ -15,19 +15,19 @@ GROUPS = {"auto": _capi.GROUP_AUTO, "muon": _capi.GROUP_MUON, "adamw": _capi.GRO
 
 # The keys every param group carries. Which algorithm reads which:
 MUON_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "eps", "ns_steps", "ns_coefficients",
-             "ns_variant", "adjust_lr")
+             "ns_variant", "adjust_lr", "qk_clip_tau")
 ADAMW_KEYS = ("lr", "weight_decay", "betas", "eps")
 GROUP_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps", "ns_steps",
-              "ns_coefficients", "ns_variant", "adjust_lr")
+              "ns_coefficients", "ns_variant", "adjust_lr", "qk_clip_tau")
 
 NS_VARIANTS = ("standard", "gram", "auto")
-ADJUST_LR = ("original", "match_rms_adamw")
+ADJUST_LR = ("original", "match_rms_adamw", "spectral", "rms")
 
 # The engine's defaults (zmuon/options.hpp), for keys a config leaves out.
 ENGINE_DEFAULTS = {"lr": 0.02, "adam_lr": 3e-4, "weight_decay": 0.0, "momentum": 0.95,
                    "nesterov": True, "betas": (0.9, 0.95), "eps": 1e-10, "ns_eps": 1e-7,
                    "ns_steps": 5, "ns_coefficients": (3.4445, -4.7750, 2.0315),
-                   "ns_variant": "auto", "adjust_lr": "original"}
+                   "ns_variant": "auto", "adjust_lr": "original", "qk_clip_tau": 0.0}
 
 
 def suggestion(name, names):
@@ -147,6 +147,7 @@ def checked_group(group, i):
                 raise InvalidArgument(f"{where}['{key}'] must be one of {', '.join(allowed)}; "
                                       f"got {value!r}{suggestion(value, allowed)}")
             out[key] = value
+        out["qk_clip_tau"] = number(group.get("qk_clip_tau", 0.0), f"{where}['qk_clip_tau']")
     else:
         betas = get("betas")
         try:
@@ -175,11 +176,12 @@ def engine_values(param_groups):
                   "beta1": d["betas"][0], "beta2": d["betas"][1], "eps": d["eps"],
                   "ns_steps": d["ns_steps"], "ns_coefficients": d["ns_coefficients"],
                   "ns_eps": d["ns_eps"], "ns_variant": d["ns_variant"],
-                  "adjust_lr": d["adjust_lr"]}
+                  "adjust_lr": d["adjust_lr"], "qk_clip_tau": d["qk_clip_tau"]}
         if group.get("use_muon"):
             values.update(momentum=v["momentum"], nesterov=v["nesterov"], ns_steps=v["ns_steps"],
                           ns_coefficients=v["ns_coefficients"], ns_eps=v["eps"],
-                          ns_variant=v["ns_variant"], adjust_lr=v["adjust_lr"])
+                          ns_variant=v["ns_variant"], adjust_lr=v["adjust_lr"],
+                          qk_clip_tau=v["qk_clip_tau"])
         else:
             values.update(beta1=v["betas"][0], beta2=v["betas"][1], eps=v["eps"])
         out.append(values)

@@ -34,7 +34,7 @@ import os
 
 from . import _capi, _distributed, _groups, _host, _state
 from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
-from ._capi import HOST, BadState, InvalidArgument, ShapeMismatch, Unsupported
+from ._capi import HOST, BadState, InvalidArgument, ShapeMismatch, UnknownParameter, Unsupported
 from ._groups import hyperparameter_override, learning_rate
 
 try:
@@ -99,7 +99,16 @@ class Muon(_Optimizer):
     groups:   overrides the default rule: {name: "muon" | "adamw"}, or [{"params": [names or
               tensors], "use_muon": bool}, ...]. A tensor's own `use_muon` attribute (as
               DeepSpeed sets it) is honoured too.
-    heads:    {name: H}: orthogonalize H row blocks of that matrix independently (q/k/v).
+    heads:    {name: H}: orthogonalize H row blocks of that matrix independently (q/k/v); with
+              split_sizes, a list: the heads inside each block (0: the whole block).
+    split_sizes: {name: [rows, ...]}: a fused matrix (QKV [q + k + v, in]) orthogonalized per
+              row block, each with its own scale. A 3-D tensor [E, rows, cols] is E expert
+              matrices by default; views={name: "flatten"} makes it one [E, rows * cols] matrix
+              (or "expert_stack" for ndim > 3).
+    qk_clip:  {query_name: key_name} (head counts from `heads`) or {query_name: (key_name,
+              query_heads, key_heads)}: MuonClip on those pairs with tau qk_clip_tau (a
+              hyperparameter, 0 = off); report each micro-batch's per-head max logits with
+              report_qk_logits(query_name, max_logits).
     overrides: "key.path=value" strings applied over the config.
     **hyperparameters: the defaults (keys of the config's optimizer.params): lr (Muon's),
               adam_lr, weight_decay, momentum, nesterov, betas, eps (AdamW's), ns_steps,
@@ -127,7 +136,8 @@ class Muon(_Optimizer):
 
     def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
                  ranks=None, host_staging=False, nodes=None, node_rank=None, master=None,
-                 on_metrics=None, distributed=None, averaged_grads=None, **hyperparameters):
+                 on_metrics=None, split_sizes=None, views=None, qk_clip=None,
+                 distributed=None, averaged_grads=None, **hyperparameters):
         params, ddp_module = _distributed.module_params(params)
         user_groups = _named_groups(params)
         named = [item for g in user_groups for item in g["params"]]
@@ -152,6 +162,12 @@ class Muon(_Optimizer):
         self._gas = self._explicit_gas(config_dict, overrides)
         self._host_staging = host_staging
         self._heads = dict(heads or {})
+        all_heads = dict(self._heads)
+        # Per-block heads (a list) go with split_sizes, not to add_parameter.
+        block_heads = {n: list(h) for n, h in self._heads.items()
+                       if isinstance(h, (list, tuple))}
+        for n in block_heads:
+            del self._heads[n]
         self._params = []       # (name, tensor or array, shape), in registration order
         self._shapes = {}       # name -> shape
         self._name_of = {}      # id(tensor) -> name
@@ -163,6 +179,8 @@ class Muon(_Optimizer):
         if self._heads:
             raise InvalidArgument(f"heads given for {sorted(self._heads)}, which are not "
                                   "parameters")
+        self._register_blocks(split_sizes, block_heads, views)
+        self._qk_heads = self._register_qk_clip(qk_clip, all_heads)
         self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
         self._backward_hooks, self._pending = [], {}  # hand_over_in_backward
         self._applied = []  # per group, the hyperparameters the engine runs with
@@ -283,6 +301,55 @@ class Muon(_Optimizer):
         self._params.append((name, p, shape))
         self._shapes[name] = tuple(shape)
         self._name_of[id(p)] = name
+
+    def _register_blocks(self, split_sizes, block_heads, views):
+        """Muon's blocks: split_sizes with per-block heads, and matrix views."""
+        split_sizes, views = dict(split_sizes or {}), dict(views or {})
+        for name in list(block_heads) + list(split_sizes) + list(views):
+            if name not in self._shapes:
+                raise UnknownParameter(f"split_sizes, heads or views name {name!r}, which is "
+                                       f"not a parameter{_groups.suggestion(name, self._shapes)}")
+        for name in list(block_heads):
+            if name not in split_sizes:
+                raise InvalidArgument(f"heads of '{name}' is a list: that needs split_sizes "
+                                      f"for '{name}'")
+        for name in set(split_sizes) | set(views):
+            sizes = [int(x) for x in split_sizes.get(name, ())]
+            self._engine.set_muon_blocks(name, sizes, block_heads.get(name),
+                                         views.get(name, "auto"))
+
+    def _register_qk_clip(self, qk_clip, heads):
+        """MuonClip pairs: {query: key} (heads from `heads`) or {query: (key, hq, hk)}."""
+        out = {}
+        for query, spec in dict(qk_clip or {}).items():
+            if isinstance(spec, str):
+                key = spec
+                if not isinstance(heads.get(query), int) or not isinstance(heads.get(key), int):
+                    raise InvalidArgument(f"qk_clip pair '{query}' -> '{key}': give both head "
+                                          f"counts in heads=, or ('{key}', query_heads, "
+                                          "key_heads)")
+                hq, hk = heads[query], heads[key]
+            else:
+                try:
+                    key, hq, hk = spec
+                except (TypeError, ValueError):
+                    raise InvalidArgument(f"qk_clip of '{query}': expected a key name or (key, "
+                                          f"query_heads, key_heads), got {spec!r}") from None
+            self._engine.add_qk_clip(query, key, int(hq), int(hk))
+            out[query] = int(hq)
+        return out
+
+    def report_qk_logits(self, query, max_logits, rank=None):
+        """MuonClip: the largest pre-softmax logit of this micro-batch per head of `query`
+        (a tensor or sequence of query_heads numbers) on `rank` (default: this process's
+        first rank). The step clips by the max over all reports of all ranks since the last."""
+        if query not in self._qk_heads:
+            raise InvalidArgument(f"report_qk_logits: '{query}' is not a qk_clip query"
+                                  f"{_groups.suggestion(query, self._qk_heads)}")
+        if hasattr(max_logits, "detach"):
+            max_logits = max_logits.detach().float().cpu().reshape(-1).tolist()
+        values = [float(x) for x in max_logits]
+        self._engine.report_qk_logits(self._first_rank if rank is None else rank, query, values)
 
     def _split_default_groups(self, user_groups):
         """The groups handed to add_param_group: a group without use_muon becomes Muon's and

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "caf/all.hpp"
@@ -16,8 +17,14 @@ namespace zmuon {
 float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols) {
   auto r = static_cast<double>(rows);
   auto c = static_cast<double>(cols);
-  if (rule == adjust_lr_rule::match_rms_adamw)
+  if (rule == adjust_lr_rule::match_rms_adamw || rule == adjust_lr_rule::rms)
+    // Moonlight (arXiv:2502.16982, eq. 4); Dion's adjust_lr_rms_norm is the same formula.
     return static_cast<float>(0.2 * std::sqrt(std::max(r, c)));
+  if (rule == adjust_lr_rule::spectral)
+    // Dion's adjust_lr_spectral_norm (microsoft/dion, after arXiv:2310.17813): spectral norm 1
+    // to RMS operator norm 1, sqrt(fan_out / fan_in), below 1 for wide matrices.
+    return static_cast<float>(std::sqrt(r / c));
+  // Keller Jordan's Muon: sqrt(max(1, rows / cols)).
   return static_cast<float>(std::sqrt(std::max(1.0, r / c)));
 }
 
@@ -81,6 +88,7 @@ struct coordinator_state {
   std::vector<chunk_ownership> own;
   std::vector<bool> padded;  // per chunk: this rank's shards have padding (the scatter skips it)
   std::optional<step_work> work;  // the step in progress
+  device_buffer bf16_scratch;     // rescale_bf16_blocks' fp32 copy of one block (kept)
   trace::track tr;
   static const char* name;
 };
@@ -203,11 +211,67 @@ void after_gpu(coord_pointer self, gpu_event what, int chunk, bool wait) {
 
 // -- 5. the gather-NS-scatter pipeline ----------------------------------------------------------
 
+// Calls f(owner, offset in the chunk's shard buffer, n) for this rank's shard of every NS block
+// of chunk c, in table and row order: what the gather sends and the scatter receives.
+template <class F>
+void for_shard_parts(const coordinator_state& st, int c, F f) {
+  const auto& pl = *st.pl;
+  const auto& chunk = pl.chunks[c];
+  for (int i : chunk.params) {
+    const auto& p = pl.params[i];
+    const int64_t base =
+        p.state_offset - chunk.state_offset - static_cast<int64_t>(st.rank) * p.shard_len;
+    for (const auto& b : p.blocks) {
+      auto [begin, end] = block_elements(p, b);
+      auto [first, last] = shard_part(p, st.rank, begin, end);
+      f(b.owner, base + first, last - first);
+    }
+  }
+}
+
+// Calls f(rank q, offset in the owner's full buffer, n) for every rank's shard part of every
+// block this rank owns in chunk c, block by block (table and row order), q ascending.
+template <class F>
+void for_owned_parts(const coordinator_state& st, int c, F f) {
+  const auto& pl = *st.pl;
+  for (const auto& m : st.own[c].owned) {
+    const auto& p = pl.params[m.param];
+    auto [begin, end] = block_elements(p, p.blocks[m.block]);
+    for (int q = 0; q < pl.world; ++q) {
+      auto [first, last] = shard_part(p, q, begin, end);
+      f(q, m.full_offset + (first - begin), last - first);
+    }
+  }
+}
+
+// Under bf16 the receivers scale each parameter by its first block's scale; a block whose own
+// scale differs (unequal split sizes) is multiplied here by the ratio, in fp32, then rounded
+// back to bf16 (once more than the other blocks).
+void rescale_bf16_blocks(coordinator_state& st, int c, uint16_t* full) {
+  const auto& pl = *st.pl;
+  device_buffer& tmp = st.bf16_scratch;
+  for (const auto& m : st.own[c].owned) {
+    const auto& p = pl.params[m.param];
+    const auto rule = hparams_of_param(st, m.param).muon.adjust_lr;
+    const auto& b = p.blocks[m.block];
+    const auto& b0 = p.blocks.front();
+    const float ratio = update_scale(rule, b.rows / b.heads, p.cols)
+                        / update_scale(rule, b0.rows / b0.heads, p.cols);
+    if (ratio == 1.0f)
+      continue;
+    const int64_t n = b.rows * p.cols;
+    if (tmp.size() < n)
+      tmp = st.be->allocate_for_overwrite(n);
+    st.be->from_bf16(tmp.data(), full + m.full_offset, n);
+    st.be->scale(tmp.data(), n, ratio);
+    st.be->to_bf16(full + m.full_offset, tmp.data(), n);
+  }
+}
+
 void gather(coord_pointer self, int c) {
   auto& st = self->state;
   auto& w = *st.work;
   const auto& pl = *st.pl;
-  const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
   buffers(self, c, [&] {  // the gather writes every element: each rank's valid part
     cw.full = wire_buffer(*st.be, st.own[c].full_size, st.wire, st.comm_on_host,
@@ -215,16 +279,12 @@ void gather(coord_pointer self, int c) {
   });
   all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world), st.wire};
-  for (int i : chunk.params) {  // my shard of every matrix goes to its owner
-    const auto& p = pl.params[i];
-    add_segment(req.sends[p.owner], cw.u, p.state_offset - chunk.state_offset,
-                valid_len(p, st.rank));
-  }
-  for (const auto& m : st.own[c].owned) {  // every rank's shard of the matrices I own
-    const auto& p = pl.params[m.param];
-    for (int q = 0; q < pl.world; ++q)
-      add_segment(req.recvs[q], cw.full, m.full_offset + q * p.shard_len, valid_len(p, q));
-  }
+  for_shard_parts(st, c, [&](int owner, int64_t at, int64_t n) {  // my shard of every block
+    add_segment(req.sends[owner], cw.u, at, n);                   // goes to its owner
+  });
+  for_owned_parts(st, c, [&](int q, int64_t at, int64_t n) {  // every rank's part of my blocks
+    add_segment(req.recvs[q], cw.full, at, n);
+  });
   cw.at = chunk_work::gather_issued;
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
     auto& st = self->state;
@@ -238,7 +298,6 @@ void gather(coord_pointer self, int c) {
                    trace::span::per_param);
     for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape (fp32: scaled)
       const auto& muon = hparams(st, g.hparam_group).muon;
-      ns.add_params(g.params);
       ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
       if (full.bf16 != nullptr) {  // the receivers scale (apply_muon's scales)
         st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, muon.ns);
@@ -247,8 +306,13 @@ void gather(coord_pointer self, int c) {
         st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
         st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
       }
-      st.work->result.ns_params += static_cast<int32_t>(g.params.size());
     }
+    if (full.bf16 != nullptr)
+      rescale_bf16_blocks(st, c, full.bf16);
+    // Each parameter is named once, by the owner of its first block (an expert stack's or a
+    // split matrix's blocks may run on several ranks).
+    ns.add_params(st.own[c].ns_params);
+    st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
     buffers(self, c, [&] { cw.full.to_comm(*st.be); });
     after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
@@ -267,16 +331,12 @@ void scatter(coord_pointer self, int c) {
   });
   all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
                      per_rank(pl.world), st.wire};
-  for (const auto& m : st.own[c].owned) {  // each rank gets its shard of what I own
-    const auto& p = pl.params[m.param];
-    for (int q = 0; q < pl.world; ++q)
-      add_segment(req.sends[q], cw.full, m.full_offset + q * p.shard_len, valid_len(p, q));
-  }
-  for (int i : chunk.params) {  // my shard of every matrix comes from its owner
-    const auto& p = pl.params[i];
-    add_segment(req.recvs[p.owner], cw.result, p.state_offset - chunk.state_offset,
-                valid_len(p, st.rank));
-  }
+  for_owned_parts(st, c, [&](int q, int64_t at, int64_t n) {  // each rank gets its part of
+    add_segment(req.sends[q], cw.full, at, n);                // the blocks I own
+  });
+  for_shard_parts(st, c, [&](int owner, int64_t at, int64_t n) {  // my shard of every block
+    add_segment(req.recvs[owner], cw.result, at, n);              // comes from its owner
+  });
   cw.at = chunk_work::scatter_issued;
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
     auto& st = self->state;
@@ -293,8 +353,8 @@ void scatter(coord_pointer self, int c) {
     if (st.wire == wire_type::bf16)
       for (int i : st.pl->chunks[c].params) {
         const auto& p = st.pl->params[i];
-        scales.push_back(
-            update_scale(hparams_of_param(st, i).muon.adjust_lr, p.rows / p.heads, p.cols));
+        scales.push_back(update_scale(hparams_of_param(st, i).muon.adjust_lr,
+                                      p.blocks.front().rows / p.blocks.front().heads, p.cols));
       }
     apply_muon msg{
         st.work->req.step, c, first.lr, first.weight_decay, cw.result.compute(), std::move(scales),
@@ -377,7 +437,102 @@ void run_muon(coord_pointer self) {
   advance(self);
 }
 
-// -- 6. AdamW, zero the gradient, answer ----------------------------------------------------------
+// -- 6. AdamW, MuonClip, zero the gradient, answer ----------------------------------------------
+
+// Factor of one head under MuonClip (Kimi K2, arXiv:2507.20534, Algorithm 1): when the head's
+// largest logit S exceeds tau, its query and its key are each scaled by sqrt(tau / S), so that
+// their product's logits scale by tau / S. 1 otherwise.
+float qk_factor(double tau, double max_logit) {
+  return tau > 0 && max_logit > tau ? static_cast<float>(std::sqrt(tau / max_logit)) : 1.0f;
+}
+
+// The clip ranges of this rank's shard: rows [r0, r1) of parameter p scaled by `factor`.
+void add_clip_rows(const coordinator_state& st, const param_layout& p, int64_t r0, int64_t r1,
+                   float factor, std::vector<clip_range>& out) {
+  const int64_t row_len = p.numel / p.shape[0];
+  auto [first, last] = shard_part(p, st.rank, r0 * row_len, r1 * row_len);
+  if (last > first)
+    out.push_back(clip_range{p.shard_offset + first - static_cast<int64_t>(st.rank) * p.shard_len,
+                             last - first, factor});
+}
+
+// The heads to clip from the step's maxima over all ranks and micro-batches; `any` is true when
+// some head of some pair is clipped (the same on every rank).
+std::vector<clip_range> clip_ranges(const coordinator_state& st, const std::vector<double>& max,
+                                    bool& any) {
+  const auto& pl = *st.pl;
+  std::vector<clip_range> out;
+  for (const auto& pair : pl.qk_pairs) {
+    const auto& q = pl.params[pair.query];
+    const auto& k = pl.params[pair.key];
+    const double tau = hparams(st, q.hparam_group).muon.qk_clip_tau;
+    const int64_t group = pair.query_heads / pair.key_heads;  // query heads per key head (GQA)
+    const int64_t dq = q.shape[0] / pair.query_heads;
+    const int64_t dk = k.shape[0] / pair.key_heads;
+    for (int64_t j = 0; j < pair.key_heads; ++j) {
+      double group_max = -std::numeric_limits<double>::infinity();
+      for (int64_t h = j * group; h < (j + 1) * group; ++h) {
+        const double s = max[pair.value_offset + h];
+        group_max = std::max(group_max, s);
+        const float f = qk_factor(tau, s);
+        if (f != 1.0f) {
+          any = true;
+          add_clip_rows(st, q, h * dq, (h + 1) * dq, f, out);
+        }
+      }
+      // A key head shared by a group of query heads takes the group's largest logit.
+      const float f = qk_factor(tau, group_max);
+      if (f != 1.0f)
+        add_clip_rows(st, k, j * dk, (j + 1) * dk, f, out);
+    }
+  }
+  return out;
+}
+
+bool qk_clip_on(const coordinator_state& st) {
+  for (const auto& pair : st.pl->qk_pairs)
+    if (hparams(st, st.pl->params[pair.query].hparam_group).muon.qk_clip_tau > 0)
+      return true;
+  return false;
+}
+
+// MuonClip after the update of an applied step: one max all-reduce of the ranks' per-head
+// logits (right after the vote decided the step applies, so every rank issues it), then each
+// rank scales its own shard's part of the clipped heads: no gather.
+template <class Then>
+void clip_qk(coord_pointer self, Then then) {
+  auto& st = self->state;
+  if (!qk_clip_on(st)) {
+    then();
+    return;
+  }
+  const auto& pl = *st.pl;
+  const auto& mine = st.work->req.qk_logits;
+  std::vector<double> values(static_cast<size_t>(pl.qk_values), -1e300);
+  for (size_t v = 0; v < values.size() && v < mine.size(); ++v)
+    values[v] = std::max(values[v], static_cast<double>(mine[v]));
+  const uint64_t step = st.work->req.step;
+  all_reduce_req req{collective_tag{collective_kind::vote, step, 0, 1}, reduce_op::max,
+                     std::move(values)};
+  ask<all_reduce_result>(self, st.peers.comm, std::move(req), [=](all_reduce_result& res) {
+    auto& st = self->state;
+    if (res.values.size() != static_cast<size_t>(st.pl->qk_values)) {
+      fail_step(self, make_caf_error(errc::bad_state, "step " + std::to_string(step)
+                                                          + ": the MuonClip all-reduce returned "
+                                                          + std::to_string(res.values.size())
+                                                          + " values instead of "
+                                                          + std::to_string(st.pl->qk_values)));
+      return;
+    }
+    bool any = false;
+    auto ranges = clip_ranges(st, res.values, any);
+    if (!any) {
+      then();
+      return;
+    }
+    ask<ack>(self, st.peers.store, qk_clip_scale{step, std::move(ranges)}, [=](ack&) { then(); });
+  });
+}
 
 void finish(coord_pointer self) {
   auto& st = self->state;
@@ -402,12 +557,14 @@ void finish(coord_pointer self) {
   if (uniform)
     msg.params.clear();
   ask<ack>(self, st.peers.store, msg, [=](ack&) {
-    ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
-      auto& st = self->state;
-      auto& w = *st.work;
-      w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
-      w.promise.deliver(w.result);
-      st.work.reset();
+    clip_qk(self, [=] {
+      ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
+        auto& st = self->state;
+        auto& w = *st.work;
+        w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
+        w.promise.deliver(w.result);
+        st.work.reset();
+      });
     });
   });
 }

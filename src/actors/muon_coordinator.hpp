@@ -14,8 +14,11 @@
 //        gather u shards to owners, Newton-Schulz on the owner, scatter result shards,
 //        apply_muon (store); gather and scatter carry fp32 or bf16 (muon_wire_type): with
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
-//        moves from the owner to the receiving store so that NS's output travels unscaled
-//     6. adamw_step, finish_step (store), answer the result
+//        moves from the owner to the receiving store so that NS's output travels unscaled.
+//        Each Muon parameter is a list of NS blocks (plan.hpp, muon_block), each with its owner
+//     6. adamw_step (store); MuonClip pairs: a max all-reduce of the query heads' logits, then
+//        qk_clip_scale (store) on this rank's shard of the clipped heads; finish_step (store),
+//        answer the result
 //   gpu_done  (the rank's compute backend, from its completion callback) a chunk's GPU work has
 //             finished: with the caf comm on a GPU, u and the NS result are copied to host
 //             mirrors first, and the chunk moves on only when this arrives; no thread waits.

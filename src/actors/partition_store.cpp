@@ -93,6 +93,22 @@ void by_key(const std::vector<param_slice>& slices, KeyOf key_of, Call call) {
     call(subset, key);
 }
 
+// MuonClip after the step's update: each range lies in this rank's parameter shard.
+caf::result<ack> scale_clipped_heads(store_pointer self, const qk_clip_scale& msg) {
+  ZMUON_TRACE_RECV(self, msg);
+  auto& st = self->state;
+  for (const auto& r : msg.ranges)
+    if (r.offset < 0 || r.n < 0 || r.offset + r.n > st.params.size())
+      return make_caf_error(errc::shape_mismatch,
+                            "qk_clip_scale: range [" + std::to_string(r.offset) + ", "
+                                + std::to_string(r.offset + r.n) + ") is outside rank "
+                                + std::to_string(st.rank) + "'s " + std::to_string(st.params.size())
+                                + " parameter elements");
+  for (const auto& r : msg.ranges)
+    st.be->scale(st.params.data() + r.offset, r.n, r.factor);
+  return ack{msg.step};
+}
+
 /// The gradient is zero from here on: every bucket unwritten, nothing touched.
 void forget_gradient(store_pointer self) {
   auto& st = self->state;
@@ -409,6 +425,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return promise;
       },
       [=](gpu_done& msg) { on_gpu_done(self, msg); },
+      [=](qk_clip_scale& msg) -> caf::result<ack> { return scale_clipped_heads(self, msg); },
       [=](load_params& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         auto& st = self->state;

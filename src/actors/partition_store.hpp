@@ -14,6 +14,7 @@
 //                            parameter's scale from the message; 1 when it carries none)
 //   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards
 //   finish_step -> ack       (coordinator) zero the gradient after an applied step
+//   qk_clip_scale -> ack     (coordinator, MuonClip) scale ranges of the parameter shard
 //   load_params -> ack       (host) set the parameter shard
 //   load_state -> ack        (host, checkpoint load) set params, momentum, Adam moments and the
 //                            AdamW step count; zero the gradient
@@ -49,7 +50,8 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<snapshot_atom>::with<store_snapshot>,
     caf::replies_to<saved_state_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>,
-    caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>>;
+    caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>,
+    caf::replies_to<qk_clip_scale>::with<ack>>;
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
                                             int rank, std::shared_ptr<compute_backend> backend,

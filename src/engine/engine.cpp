@@ -370,9 +370,12 @@ expected<step_info> engine::step() {
   using handle = decltype(self->request(d.ranks[0].coordinator, d.timeout(), req));
   std::vector<handle> pending;
   std::vector<int64_t> sent_at;  // traced: when each rank's request went out
-  for (auto& r : d.ranks) {
+  for (size_t i = 0; i < d.ranks.size(); ++i) {
+    auto rank_req = req;  // MuonClip: each rank's own logits; the ranks' max is a collective
+    rank_req.qk_logits = std::move(d.qk_logits[i]);
+    d.qk_logits[i].clear();
     sent_at.push_back(trace::now_ns());
-    pending.push_back(self->request(r.coordinator, d.timeout(), req));
+    pending.push_back(self->request(d.ranks[i].coordinator, d.timeout(), std::move(rank_req)));
   }
   std::vector<expected<step_result>> results;
   for (size_t r = 0; r < pending.size(); ++r) {

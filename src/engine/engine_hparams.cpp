@@ -36,6 +36,11 @@ error check_group(int group, const group_hparams& v, const std::string& backend)
       return bad("ns_coefficients must be finite");
   if (auto err = check_ns_options(m.ns, backend))
     return bad(err.message());
+  if (!(m.qk_clip_tau >= 0) || !std::isfinite(m.qk_clip_tau))
+    return bad("qk_clip_tau must be finite and >= 0 (0: off), got "
+               + std::to_string(m.qk_clip_tau));
+  if (static_cast<int>(m.adjust_lr) > static_cast<int>(adjust_lr_rule::rms))
+    return bad("adjust_lr is not one of original, match_rms_adamw, spectral, rms");
   return {};
 }
 

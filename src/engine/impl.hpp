@@ -154,6 +154,9 @@ struct engine::impl {
   std::map<int, group_hparams> group_set;  // set_group_hparams: the groups given values
   // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
   std::vector<std::vector<uint8_t>> touched;
+  // MuonClip: per local rank, the largest logit per query head reported in the open step
+  // (plan::qk_values entries once one is reported; report_qk_logits, engine_blocks.cpp).
+  std::vector<std::vector<float>> qk_logits;
 
   // reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
   // several, the host hands over rank after rank and a bucket lands only once all did
@@ -195,6 +198,7 @@ struct engine::impl {
     first_rank = first;
     local = local_ranks;
     micros.assign(local_ranks, 0);
+    qk_logits.assign(local_ranks, {});
     touched.assign(local_ranks, {});
     float muon = o.muon.lr;
     float adam = o.adamw.lr;

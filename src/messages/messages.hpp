@@ -271,6 +271,20 @@ struct apply_muon {
   std::vector<muon_param_args> params = {};
 };
 
+/// MuonClip: scale `n` elements of the parameter shard from `offset` by `factor`.
+struct clip_range {
+  int64_t offset = 0;
+  int64_t n = 0;
+  float factor = 1;
+};
+
+/// Coordinator -> store, after the step's update: the rank's part of the clipped query and key
+/// heads (MuonClip, docs/DESIGN.md §2).
+struct qk_clip_scale {
+  uint64_t step = 0;
+  std::vector<clip_range> ranges = {};
+};
+
 /// One AdamW parameter's values in a step (see muon_param_args). An untouched parameter keeps
 /// its value, its moments and its step count.
 struct adamw_param_args {
@@ -350,6 +364,9 @@ struct step_request {
   uint64_t step = 0;
   std::vector<group_hparams> groups = {};
   std::vector<uint8_t> touched = {};
+  /// MuonClip: this rank's largest attention logit of the step per query head (plan::qk_values,
+  /// -inf where none was reported); empty when the plan has no pair.
+  std::vector<float> qk_logits = {};
 };
 
 struct step_result {
@@ -401,6 +418,8 @@ ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out, x.param
 ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update, x.params)
 ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.params)
 ZMUON_INSPECT(finish_step, x.step)
+ZMUON_INSPECT(clip_range, x.offset, x.n, x.factor)
+ZMUON_INSPECT(qk_clip_scale, x.step, x.ranges)
 ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
 ZMUON_INSPECT(load_params, x.step)
 ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps,
@@ -411,7 +430,7 @@ ZMUON_INSPECT(restore_scaler, x.step, x.state)
 // A group's scalars (the NS options are not shown; the request never leaves its process).
 ZMUON_INSPECT(group_hparams, x.muon.lr, x.muon.momentum, x.muon.nesterov, x.muon.weight_decay,
               x.adamw.lr, x.adamw.beta1, x.adamw.beta2, x.adamw.eps, x.adamw.weight_decay)
-ZMUON_INSPECT(step_request, x.step, x.groups, x.touched)
+ZMUON_INSPECT(step_request, x.step, x.groups, x.touched, x.qk_logits)
 ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_scale,
               x.next_loss_scale, x.micros, x.ns_params, x.ns_matrices)
 

@@ -376,6 +376,25 @@ node_setup node::setup() const {
   return s;
 }
 
+// The table's Muon block layout and MuonClip pairing, which every process must agree on too.
+static std::string muon_blocks_line(const param_spec& spec) {
+  std::string line;
+  auto list = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size(); ++i)
+      s += (i ? "," : "") + std::to_string(v[i]);
+    return s;
+  };
+  if (!spec.split_sizes.empty())
+    line += ", split " + list(spec.split_sizes) + " heads " + list(spec.split_heads);
+  if (spec.view != matrix_view::automatic)
+    line += spec.view == matrix_view::expert_stack ? ", expert stack" : ", flatten";
+  if (!spec.qk_clip_key.empty())
+    line += ", qk clip " + spec.qk_clip_key + " " + std::to_string(spec.qk_clip_heads) + "/"
+            + std::to_string(spec.qk_clip_key_heads);
+  return line;
+}
+
 std::vector<std::string> table_lines(const std::vector<param_spec>& table) {
   std::vector<std::string> lines;
   for (const auto& spec : table) {
@@ -385,6 +404,7 @@ std::vector<std::string> table_lines(const std::vector<param_spec>& table) {
     const char* groups[] = {"automatic", "muon", "adamw"};
     line += "] " + std::string(groups[static_cast<int>(spec.group)]) + ", heads "
             + std::to_string(spec.heads);
+    line += muon_blocks_line(spec);
     lines.push_back(line);
   }
   return lines;

@@ -1,6 +1,7 @@
 #include "plan/ownership.hpp"
 
 #include <algorithm>
+#include <map>
 #include <tuple>
 
 namespace zmuon {
@@ -9,33 +10,42 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
   std::vector<chunk_ownership> out(pl.chunks.size());
   for (size_t c = 0; c < pl.chunks.size(); ++c) {
     auto& own = out[c];
-    std::vector<int> mine;
-    for (int i : pl.chunks[c].params)
-      if (pl.params[i].owner == rank)
-        mine.push_back(i);
-    // Lay out by block shape and hyperparameter group so that the blocks of one NS call are
-    // contiguous; ties keep table order.
-    auto block = [&](int i) {
-      auto& p = pl.params[i];
-      return std::make_tuple(p.rows / p.heads, p.cols, p.hparam_group);
+    std::vector<std::pair<int, int>> mine;  // (parameter, block) in table and row order
+    for (int i : pl.chunks[c].params) {
+      const auto& blocks = pl.params[i].blocks;
+      for (int b = 0; b < static_cast<int>(blocks.size()); ++b)
+        if (blocks[b].owner == rank)
+          mine.emplace_back(i, b);
+      if (blocks.front().owner == rank)
+        own.ns_params.push_back(i);
+    }
+    // Lay out by matrix shape and hyperparameter group so that the matrices of one NS call are
+    // contiguous; ties keep table and row order.
+    auto shape = [&](const std::pair<int, int>& ib) {
+      auto& p = pl.params[ib.first];
+      auto& b = p.blocks[ib.second];
+      return std::make_tuple(b.rows / b.heads, p.cols, p.hparam_group);
     };
-    std::vector<int> by_shape = mine;
+    std::vector<std::pair<int, int>> by_shape = mine;
     std::stable_sort(by_shape.begin(), by_shape.end(),
-                     [&](int a, int b) { return block(a) < block(b); });
-    std::vector<int64_t> offset_of(pl.params.size(), -1);
-    for (int i : by_shape) {
-      auto& p = pl.params[i];
-      auto [rows, cols, hparams] = block(i);
+                     [&](const auto& a, const auto& b) { return shape(a) < shape(b); });
+    std::map<std::pair<int, int>, int64_t> offset_of;
+    for (const auto& ib : by_shape) {
+      auto& p = pl.params[ib.first];
+      auto& b = p.blocks[ib.second];
+      auto [rows, cols, hparams] = shape(ib);
       if (own.groups.empty() || own.groups.back().rows != rows || own.groups.back().cols != cols
           || own.groups.back().hparam_group != hparams)
         own.groups.push_back(ns_group{own.full_size, 0, rows, cols, hparams, {}});
-      own.groups.back().batch += p.heads;
-      own.groups.back().params.push_back(i);
-      offset_of[i] = own.full_size;
-      own.full_size += p.numel;
+      auto& g = own.groups.back();
+      g.batch += b.heads;
+      if (g.params.empty() || g.params.back() != ib.first)
+        g.params.push_back(ib.first);
+      offset_of[ib] = own.full_size;
+      own.full_size += b.rows * p.cols;
     }
-    for (int i : mine)
-      own.owned.push_back(owned_matrix{i, offset_of[i]});
+    for (const auto& ib : mine)
+      own.owned.push_back(owned_matrix{ib.first, offset_of[ib], ib.second});
   }
   return out;
 }

@@ -3,16 +3,28 @@
 // function of the plan and the rank.
 #pragma once
 
+#include <utility>
 #include <vector>
 
 #include "plan/plan.hpp"
 
 namespace zmuon {
 
+/// One NS block this rank owns (a whole matrix when the parameter has one block).
 struct owned_matrix {
   int param = 0;
-  int64_t full_offset = 0;  // start of the whole matrix in the owner's chunk buffer
+  int64_t full_offset = 0;  // start of the block in the owner's chunk buffer
+  int block = 0;            // index into param_layout::blocks
 };
+
+/// A block's elements [begin, end) in its parameter's flat tensor.
+inline std::pair<int64_t, int64_t> block_elements(const param_layout& p, const muon_block& b) {
+  return {b.row0 * p.cols, (b.row0 + b.rows) * p.cols};
+}
+
+/// The part of rank q's shard of p inside [begin, end): flat elements [first, second).
+inline std::pair<int64_t, int64_t> shard_part(const param_layout& p, int q, int64_t begin,
+                                              int64_t end);
 
 /// Same-shape blocks of one hyperparameter group back to back: one batched Newton-Schulz call
 /// (each group may run its own NS options).
@@ -26,15 +38,24 @@ struct ns_group {
 };
 
 struct chunk_ownership {
-  std::vector<owned_matrix> owned;  // in table order
+  std::vector<owned_matrix> owned;  // in table order, each parameter's blocks in row order
   std::vector<ns_group> groups;
   int64_t full_size = 0;
+  std::vector<int> ns_params;  // parameters whose first block this rank owns (named once)
 };
 
 /// Elements of parameter p's shard q that are real (the last shards carry padding).
 inline int64_t valid_len(const param_layout& p, int q) {
   int64_t v = p.numel - static_cast<int64_t>(q) * p.shard_len;
   return v < 0 ? 0 : (v > p.shard_len ? p.shard_len : v);
+}
+
+inline std::pair<int64_t, int64_t> shard_part(const param_layout& p, int q, int64_t begin,
+                                              int64_t end) {
+  const int64_t lo = static_cast<int64_t>(q) * p.shard_len;
+  const int64_t first = begin > lo ? begin : lo;
+  const int64_t last = end < lo + valid_len(p, q) ? end : lo + valid_len(p, q);
+  return {first, last > first ? last : first};
 }
 
 std::vector<chunk_ownership> make_ownership(const plan& pl, int rank);

@@ -49,24 +49,131 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
   return {};
 }
 
-// Longest-processing-time first: heaviest matrix to the least-loaded rank, ties to the lower
-// rank and, for equal cost, table order. Deterministic, so identical on every rank.
+// Longest-processing-time first: heaviest NS block to the least-loaded rank, ties to the lower
+// rank and, for equal cost, table and row order. Deterministic, so identical on every rank. The
+// blocks of one parameter (experts, split blocks) may go to different ranks.
 void assign_owners(plan& pl) {
-  std::vector<int> order;
+  std::vector<std::pair<int, int>> order;  // (parameter, block)
   for (int i = 0; i < static_cast<int>(pl.params.size()); ++i)
-    if (pl.params[i].muon)
-      order.push_back(i);
-  auto cost = [&](int i) {
-    auto& p = pl.params[i];
-    return static_cast<double>(p.heads) * ns_cost(p.rows / p.heads, p.cols);
+    for (int b = 0; pl.params[i].muon && b < static_cast<int>(pl.params[i].blocks.size()); ++b)
+      order.emplace_back(i, b);
+  auto cost = [&](const std::pair<int, int>& ib) {
+    auto& p = pl.params[ib.first];
+    auto& b = p.blocks[ib.second];
+    return static_cast<double>(b.heads) * ns_cost(b.rows / b.heads, p.cols);
   };
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return cost(a) > cost(b); });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
   pl.owner_cost.assign(pl.world, 0.0);
-  for (int i : order) {
+  for (const auto& ib : order) {
     auto least = std::min_element(pl.owner_cost.begin(), pl.owner_cost.end());
-    pl.params[i].owner = static_cast<int>(least - pl.owner_cost.begin());
-    *least += cost(i);
+    pl.params[ib.first].blocks[ib.second].owner = static_cast<int>(least - pl.owner_cost.begin());
+    *least += cost(ib);
   }
+  for (auto& p : pl.params)
+    if (p.muon)
+      p.owner = p.blocks.front().owner;
+}
+
+bool is_expert_stack(const param_spec& p) {
+  return p.view == matrix_view::expert_stack
+         || (p.view == matrix_view::automatic && p.shape.size() == 3);
+}
+
+error validate_blocks(const param_spec& p) {
+  auto bad = [&](const std::string& what) {
+    return error{errc::invalid_argument, "parameter '" + p.name + "': " + what};
+  };
+  if (p.view == matrix_view::expert_stack && p.shape.size() < 3)
+    return bad("an expert stack needs ndim >= 3 ([experts, rows, cols]), got ndim "
+               + std::to_string(p.shape.size()));
+  if (p.split_sizes.empty()) {
+    if (!p.split_heads.empty())
+      return bad("split_heads given without split_sizes");
+    if (p.heads > 0 && is_expert_stack(p) && p.shape[1] % p.heads != 0)
+      return bad("heads=" + std::to_string(p.heads)
+                 + " do not divide an expert's rows=" + std::to_string(p.shape[1]));
+    return {};
+  }
+  if (p.shape.size() < 2)
+    return bad("split_sizes need a matrix (ndim >= 2)");
+  if (p.heads > 0)
+    return bad("heads and split_sizes together: give the heads per block (split_heads)");
+  if (!p.split_heads.empty() && p.split_heads.size() != p.split_sizes.size())
+    return bad("split_heads has " + std::to_string(p.split_heads.size()) + " entries for "
+               + std::to_string(p.split_sizes.size()) + " split_sizes");
+  const int64_t rows = is_expert_stack(p) ? p.shape[1] : p.shape[0];
+  int64_t sum = 0;
+  for (size_t k = 0; k < p.split_sizes.size(); ++k) {
+    const int64_t size = p.split_sizes[k];
+    if (size <= 0 || size > rows)
+      return bad("split size " + std::to_string(size) + " is outside [1, " + std::to_string(rows)
+                 + "]");
+    sum += size;
+    const int64_t h = p.split_heads.empty() ? 0 : p.split_heads[k];
+    if (h < 0 || (h > 0 && size % h != 0))
+      return bad("split_heads[" + std::to_string(k) + "]=" + std::to_string(h)
+                 + " do not divide the block's rows=" + std::to_string(size));
+  }
+  if (sum != rows)
+    return bad("split_sizes sum to " + std::to_string(sum)
+               + ", not the matrix's rows=" + std::to_string(rows));
+  return {};
+}
+
+// The NS blocks of Muon parameter p (its rows, cols and view already set).
+void make_blocks(const param_spec& spec, param_layout& p, bool per_head) {
+  const bool experts = is_expert_stack(spec);
+  const int64_t count = experts ? spec.shape[0] : 1;
+  const int64_t rows = p.rows / count;
+  for (int64_t e = 0; e < count; ++e) {
+    if (spec.split_sizes.empty()) {
+      int64_t heads = per_head && spec.heads > 0 ? spec.heads : 1;
+      p.blocks.push_back(muon_block{e * rows, rows, heads, -1});
+      continue;
+    }
+    int64_t row0 = e * rows;
+    for (size_t k = 0; k < spec.split_sizes.size(); ++k) {
+      int64_t h = spec.split_heads.empty() ? 0 : spec.split_heads[k];
+      p.blocks.push_back(muon_block{row0, spec.split_sizes[k], per_head && h > 0 ? h : 1, -1});
+      row0 += spec.split_sizes[k];
+    }
+  }
+  p.heads = 0;  // the matrices Newton-Schulz sees
+  for (const auto& b : p.blocks)
+    p.heads += b.heads;
+}
+
+// MuonClip pairs: after the whole table is in (a key may be registered after its query).
+error make_qk_pairs(const std::vector<param_spec>& table, plan& pl) {
+  for (int i = 0; i < static_cast<int>(table.size()); ++i) {
+    const auto& q = table[i];
+    if (q.qk_clip_key.empty())
+      continue;
+    auto bad = [&](const std::string& what) {
+      return error{errc::invalid_argument, "MuonClip pair of query '" + q.name + "': " + what};
+    };
+    const int k = pl.find(q.qk_clip_key);
+    if (k < 0)
+      return error{errc::unknown_parameter, "MuonClip pair of query '" + q.name + "': key '"
+                                                + q.qk_clip_key
+                                                + "' is not a registered parameter"};
+    if (k == i)
+      return bad("the key is the query itself");
+    const int64_t qh = q.qk_clip_heads;
+    const int64_t kh = q.qk_clip_key_heads;
+    if (qh < 1 || kh < 1 || qh % kh != 0)
+      return bad("query heads " + std::to_string(qh) + " and key heads " + std::to_string(kh)
+                 + ": both >= 1 and the key's dividing the query's");
+    if (q.shape.size() < 2 || q.shape[0] % qh != 0)
+      return bad(std::to_string(qh) + " heads do not divide the query's rows (shape[0])");
+    const auto& ks = table[k].shape;
+    if (ks.size() < 2 || ks[0] % kh != 0)
+      return bad(std::to_string(kh) + " heads do not divide the key's rows (shape[0])");
+    pl.qk_pairs.push_back(qk_pair{i, k, qh, kh, pl.qk_values});
+    pl.qk_values += qh;
+  }
+  return {};
 }
 
 }  // namespace
@@ -87,6 +194,13 @@ std::pair<int64_t, int64_t> rank_slice(int64_t numel, int64_t shard_len, int ran
   return {begin, std::min(numel, begin + shard_len)};
 }
 
+int plan::find_qk_pair(int query) const {
+  for (size_t k = 0; k < qk_pairs.size(); ++k)
+    if (qk_pairs[k].query == query)
+      return static_cast<int>(k);
+  return -1;
+}
+
 double ns_cost(int64_t rows, int64_t cols) {
   double lo = static_cast<double>(std::min(rows, cols));
   return static_cast<double>(std::max(rows, cols)) * lo * lo;
@@ -105,6 +219,8 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
   for (auto& spec : table) {
     if (auto err = validate(spec, pl.index))
       return err;
+    if (auto err = validate_blocks(spec))
+      return err;
     param_layout p;
     p.name = spec.name;
     p.shape = spec.shape;
@@ -117,9 +233,11 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
     p.muon = spec.group == param_group::muon
              || (spec.group == param_group::automatic && default_is_muon(spec));
     if (p.muon) {
-      p.rows = spec.shape[0];
-      p.cols = p.numel / p.rows;  // conv weights [out, in, kh, kw] -> [out, in*kh*kw]
-      p.heads = per_head && spec.heads > 0 ? spec.heads : 1;
+      // Expert stacks [E, r, c...] -> E blocks of [r, prod(c...)]; others (conv weights
+      // [out, in, kh, kw]) -> [out, in*kh*kw].
+      p.rows = is_expert_stack(spec) ? spec.shape[0] * spec.shape[1] : spec.shape[0];
+      p.cols = p.numel / p.rows;
+      make_blocks(spec, p, per_head);
       p.state_offset = pl.muon_state_total;
       pl.muon_state_total += p.shard_len;
     } else {
@@ -166,6 +284,8 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
     p.chunk = static_cast<int>(pl.chunks.size()) - 1;
   }
 
+  if (auto err = make_qk_pairs(table, pl))
+    return err;
   assign_owners(pl);
   return pl;
 }

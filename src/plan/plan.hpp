@@ -20,6 +20,26 @@ namespace zmuon {
 /// offsets stay far from int64_t's range.
 inline constexpr int64_t kMaxParamElements = int64_t{1} << 40;
 
+/// One Newton-Schulz block of a Muon parameter: rows [row0, row0 + rows) of its [rows, cols]
+/// view, contiguous in the flat tensor, split into `heads` equal matrices. An expert stack
+/// [E, r, c] has E blocks of r rows (times its split blocks); a plain matrix has one.
+struct muon_block {
+  int64_t row0 = 0;
+  int64_t rows = 0;
+  int64_t heads = 1;
+  int owner = -1;  // rank that runs this block's Newton-Schulz
+};
+
+/// A MuonClip query/key pair (param_spec::qk_clip_key): head h of the query and head
+/// h / (query_heads / key_heads) of the key (GQA).
+struct qk_pair {
+  int query = 0;  // indices into plan::params
+  int key = 0;
+  int64_t query_heads = 1;
+  int64_t key_heads = 1;
+  int64_t value_offset = 0;  // first of this pair's query_heads values in plan::qk_values
+};
+
 /// Where one parameter lives.
 struct param_layout {
   std::string name;
@@ -37,6 +57,8 @@ struct param_layout {
   int64_t heads = 1;  // independent [rows/heads, cols] blocks
   int owner = -1;     // rank that runs this matrix's Newton-Schulz
   int chunk = -1;     // Muon chunk index
+  // The NS blocks in row order, covering all rows; one block: heads and owner above are its.
+  std::vector<muon_block> blocks;
 };
 
 /// Consecutive parameters reduced together: their shards are contiguous in every rank's buffer.
@@ -66,12 +88,16 @@ struct plan {
   int64_t adam_state_total = 0;                // per-rank elements of each Adam moment
   std::vector<double> owner_cost;              // NS cost assigned to each rank
   std::unordered_map<std::string, int> index;  // name -> position in params
+  std::vector<qk_pair> qk_pairs;               // MuonClip pairs in table order of the query
+  int64_t qk_values = 0;                       // sum of the pairs' query_heads
 
   int find(const std::string& name) const {
     auto it = index.find(name);
     return it == index.end() ? -1 : it->second;
   }
   int muon_count() const;
+  /// The pair whose query is parameter `query` (-1: none).
+  int find_qk_pair(int query) const;
 };
 
 /// NS cost of one [rows, cols] matrix: max(m,n) * min(m,n)^2.
@@ -85,7 +111,8 @@ int64_t shard_length(int64_t numel, int64_t dim0, int world, shard_layout layout
 /// each rank holding `shard_len` of them (the last ranks fewer, or none).
 std::pair<int64_t, int64_t> rank_slice(int64_t numel, int64_t shard_len, int rank);
 
-/// Validates the table (names unique and non-empty, no zero-size shapes, heads dividing rows)
+/// Validates the table (names unique and non-empty, no zero-size shapes, heads dividing rows,
+/// split sizes summing to the rows, MuonClip pairs naming registered parameters)
 /// and builds the plan. `per_head` false ignores the registered heads.
 expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_t bucket_elements,
                          bool per_head = true, shard_layout layout = shard_layout::flat);

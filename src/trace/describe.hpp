@@ -147,6 +147,11 @@ inline fields describe(const finish_step& m) {
   f.phase = "finish";
   return f;
 }
+inline fields describe(const qk_clip_scale& m) {
+  auto f = stepped("qk_clip_scale", m.step);
+  f.phase = "qk_clip";
+  return f;
+}
 inline fields describe(const load_params& m) {
   return stepped("load_params", m.step, -1, -1,
                  m.shard ? floats(static_cast<int64_t>(m.shard->size())) : 0);

@@ -170,6 +170,44 @@ BOOST_AUTO_TEST_CASE(cuda_matches_host_world_1_nccl_and_world_4_caf) {
   BOOST_TEST(d_auto == 0.0);  // small batches: auto is standard
 }
 
+// Muon blocks and MuonClip on CUDA: an expert stack, a split QKV with unequal block scales
+// (spectral: the bf16 owner folds the ratios in) and a clipped query/key pair, 3 steps, against
+// the host backend with bf16 transport (only NS's own precision differs: kParityBound), with the
+// nccl comm at world 1 and the caf comm at world 4.
+BOOST_AUTO_TEST_CASE(blocks_and_qk_clip_on_cuda_match_the_host) {
+  param_spec qkv{"qkv", {160, 64}};
+  qkv.split_sizes = {64, 32, 64};
+  qkv.split_heads = {4, 2, 0};
+  const std::vector<param_spec> table{
+      {"experts", {8, 64, 96}}, qkv, {"q", {64, 64}}, {"k", {32, 64}}, {"bias", {64}}};
+  auto train = [&](engine_options o) {
+    o.muon.transport = muon_transport::bf16;
+    o.muon.adjust_lr = adjust_lr_rule::spectral;
+    o.muon.qk_clip_tau = 2;
+    auto eng = make_engine(o);
+    register_table(*eng, table, 8);
+    BOOST_REQUIRE(!eng->add_qk_clip("q", "k", 4, 2));
+    for (int s = 1; s <= 3; ++s) {
+      for (int b = 0; b < 4; ++b) {
+        const int r = b * o.world / 4;
+        reduce_ok(*eng, r, random_grads(table, 8, s, 0, b));
+        BOOST_REQUIRE(!eng->report_qk_logits(r, "q", {1.0f * b, 3, 0.5f, 1.0f * s}));
+      }
+      step_ok(*eng);
+    }
+    return params_of(*eng);
+  };
+  for (const auto& [world, comm] : {std::pair<int, std::string>{1, "nccl"}, {4, "caf"}}) {
+    auto cuda = train(gpu_options(world, comm));
+    auto host = train(options(world));
+    const double d = rel_diff(cuda, host);
+    BOOST_TEST_MESSAGE("cuda+" << comm << " world " << world
+                               << ", experts + split + MuonClip, 3 steps: vs host " << d);
+    BOOST_TEST(d <= kParityBound);
+    BOOST_TEST(d > 0.0);
+  }
+}
+
 // zmuon.muon_transport on CUDA: bf16 (the default there) against host bf16 (only NS's own
 // precision differs: kParityBound) and against CUDA fp32 (only the transport differs:
 // kTransportBound), with the nccl comm at world 1 and the caf comm at world 4. Both differences

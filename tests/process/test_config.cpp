@@ -224,8 +224,10 @@ BOOST_AUTO_TEST_CASE(wrong_types_name_the_key_and_what_is_expected) {
       {R"({"optimizer": {"params": {"nesterov": "yes"}}})",
        "optimizer.params.nesterov: expected true or false, got string \"yes\""},
       {R"({"optimizer": {"params": {"adjust_lr": "orignal"}}})",
-       "optimizer.params.adjust_lr: expected one of \"original\", \"match_rms_adamw\", got string "
-       "\"orignal\" (did you mean \"original\"?)"},
+       "optimizer.params.adjust_lr: expected one of \"original\", \"match_rms_adamw\", "
+       "\"spectral\", \"rms\", got string \"orignal\" (did you mean \"original\"?)"},
+      {R"({"optimizer": {"params": {"qk_clip_tau": -1}}})",
+       "optimizer.params.qk_clip_tau: expected a number >= 0"},
       {R"({"optimizer": {"type": "AdamW"}})", "optimizer.type: expected \"Muon\""},
       {R"({"zmuon": {"backend": "gpu"}})",
        "zmuon.backend: expected one of \"host\", \"cuda\", got string \"gpu\""},

@@ -1,8 +1,8 @@
 """zmuon.Muon as one process of a multi-process job (nodes=, node_rank=, master=), the way
 torchrun starts one process per GPU: two processes of one rank each give the same parameters as
 one process of two ranks, every process ends with the same parameters, processes that disagree
-on the config both fail naming the difference, and checkpoints are collectives on a shared
-directory.
+on the config both fail naming the difference, checkpoints are collectives on a shared
+directory, and MuonClip clips by the max of both processes' logits.
 
 Run by ctest with Debian's /usr/bin/python3, PYTHONPATH=python and ZMUON_LIBRARY=libzmuon.so. The
 processes are real (subprocess), joined over CAF's network layer on 127.0.0.1.
@@ -196,8 +196,78 @@ class NodesTest(unittest.TestCase):
             zmuon.Muon(initial_params(), nodes=2, node_rank=0, master="nohost")
 
 
+# MuonClip across processes: query "q" (4 heads of 2 rows), key "k" (2 heads); each process's rank
+# reports its own logits, and only the max over both processes passes tau for heads 1 and 3.
+QK_SHAPES = {"q": (8, 6), "k": (4, 6)}
+QK_LOGITS = ([1.0, 9.0, 1.0, 1.0], [1.0, 1.0, 1.0, 6.0])  # by rank
+QK_CONFIG = {"optimizer": {"params": {"lr": 0.05, "qk_clip_tau": 4.0}}}
+
+
+def qk_initial():
+    rng = np.random.default_rng(11)
+    return {n: rng.standard_normal(s).astype(np.float32) * 0.3 for n, s in QK_SHAPES.items()}
+
+
+def qk_grads(rank):
+    rng = np.random.default_rng(50 + rank)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in QK_SHAPES.items()}
+
+
+def qk_worker(node_rank, master, out_path):
+    params = qk_initial()
+    opt = zmuon.Muon(params, QK_CONFIG, nodes=2, node_rank=node_rank, master=master,
+                     qk_clip={"q": ("k", 4, 2)})
+    opt.accumulate(grads=qk_grads(node_rank))
+    opt.report_qk_logits("q", QK_LOGITS[node_rank])
+    opt.step()
+    opt.close()
+    np.savez(out_path, **params)
+
+
+class QkClipAcrossProcesses(unittest.TestCase):
+    def test_two_processes_clip_by_the_max_of_both(self):
+        def one_process(tau):
+            params = qk_initial()
+            config = {"optimizer": {"params": {"lr": 0.05, "qk_clip_tau": tau}}}
+            opt = zmuon.Muon(params, config, ranks=2, qk_clip={"q": ("k", 4, 2)})
+            for rank in (0, 1):
+                opt.accumulate(grads=qk_grads(rank), rank=rank)
+                opt.report_qk_logits("q", QK_LOGITS[rank], rank=rank)
+            opt.step()
+            opt.close()
+            return params
+
+        reference, plain = one_process(4.0), one_process(0.0)
+        with tempfile.TemporaryDirectory() as tmp:
+            master = f"127.0.0.1:{free_port()}"
+            procs, outs = [], []
+            for node_rank in (0, 1):
+                out = os.path.join(tmp, f"qk{node_rank}")
+                outs.append(out)
+                procs.append(subprocess.Popen(
+                    [sys.executable, __file__, "qk_worker", str(node_rank), master, out],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            logs = [p.communicate(timeout=120)[0] for p in procs]
+            self.assertEqual([p.returncode for p in procs], [0, 0], "\n".join(logs))
+            got = [dict(np.load(o + ".npz")) for o in outs]
+        for name in QK_SHAPES:
+            np.testing.assert_array_equal(got[0][name], got[1][name], err_msg=name)
+            np.testing.assert_allclose(got[0][name], reference[name], rtol=0, atol=1e-6)
+        # Heads 1 (rank 0 saw 9) and 3 (rank 1 saw 6) are clipped on both processes' shards;
+        # query heads 0 and 2 are not.
+        q, q_plain = got[0]["q"], plain["q"]
+        np.testing.assert_allclose(q[2:4], q_plain[2:4] * np.sqrt(4 / 9), rtol=1e-6)
+        np.testing.assert_allclose(q[6:8], q_plain[6:8] * np.sqrt(4 / 6), rtol=1e-6)
+        np.testing.assert_allclose(q[0:2], q_plain[0:2], rtol=1e-6)
+        np.testing.assert_allclose(q[4:6], q_plain[4:6], rtol=1e-6)
+        np.testing.assert_allclose(got[0]["k"][0:2], plain["k"][0:2] * np.sqrt(4 / 9), rtol=1e-6)
+        np.testing.assert_allclose(got[0]["k"][2:4], plain["k"][2:4] * np.sqrt(4 / 6), rtol=1e-6)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6])
+    elif len(sys.argv) > 1 and sys.argv[1] == "qk_worker":
+        qk_worker(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     else:
         unittest.main()

@@ -4,7 +4,8 @@
 # with the venv that .ci/deps makes (.venv at the repository root, .ci/requirements.txt); without
 # it they fail, they never skip.
 set(ZMUON_TORCH_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
-foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_deepspeed)
+foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_deepspeed
+    test_torch_muon_blocks)
   zmuon_add_python_test(python_${test} MODULE ${test} PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300
     LABELS embed torch ENV "HF_HUB_OFFLINE=1")
 endforeach()

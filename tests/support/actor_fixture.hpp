@@ -464,6 +464,11 @@ inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer
           return err;
         return ack{m.step};
       },
+      [log](qk_clip_scale& m) -> caf::result<ack> {
+        if (auto err = log->record("qk_clip_scale", m.step))
+          return err;
+        return ack{m.step};
+      },
   };
 }
 

@@ -121,3 +121,86 @@ BOOST_AUTO_TEST_CASE(bad_tables_are_named) {
   }
   BOOST_TEST(static_cast<bool>(make_plan({{"edge", {int64_t{1} << 20, 1 << 20}}}, 2, 100)));
 }
+
+BOOST_AUTO_TEST_CASE(expert_stacks_and_split_sizes_are_blocks_with_owners_of_their_own) {
+  param_spec qkv{"qkv", {40, 8}};
+  qkv.split_sizes = {16, 8, 16};
+  qkv.split_heads = {4, 1, 0};
+  param_spec conv{"conv", {6, 2, 3, 3}};  // 4-D: stays one [6, 18] matrix
+  param_spec flat{"flat", {3, 4, 5}};
+  flat.view = matrix_view::flatten;
+  auto pl = make({{"experts", {4, 8, 16}}, qkv, conv, flat}, 4, 1 << 20);
+  const auto& e = pl.params[0];
+  BOOST_TEST(e.rows == 32);
+  BOOST_TEST(e.cols == 16);
+  BOOST_REQUIRE_EQUAL(e.blocks.size(), 4u);
+  std::vector<int> owners;
+  for (int b = 0; b < 4; ++b) {
+    BOOST_TEST(e.blocks[b].row0 == 8 * b);
+    BOOST_TEST(e.blocks[b].rows == 8);
+    owners.push_back(e.blocks[b].owner);
+  }
+  std::sort(owners.begin(), owners.end());
+  BOOST_TEST(owners == (std::vector<int>{0, 1, 2, 3}));  // the four experts on four ranks
+  const auto& s = pl.params[1];
+  BOOST_REQUIRE_EQUAL(s.blocks.size(), 3u);
+  BOOST_TEST(s.blocks[1].row0 == 16);
+  BOOST_TEST(s.blocks[0].heads == 4);
+  BOOST_TEST(s.blocks[2].rows == 16);
+  BOOST_TEST(s.heads == 4 + 1 + 1);  // NS matrices
+  BOOST_TEST(pl.params[2].blocks.size() == 1u);
+  BOOST_TEST(pl.params[2].cols == 18);
+  BOOST_TEST(pl.params[3].blocks.size() == 1u);
+  BOOST_TEST(pl.params[3].cols == 20);
+  // Every element of every Muon parameter is in exactly one block; the owned blocks of all
+  // ranks together cover every block once.
+  int64_t owned = 0;
+  for (int r = 0; r < 4; ++r)
+    for (const auto& c : make_ownership(pl, r))
+      owned += c.full_size;
+  int64_t muon = 0;
+  for (const auto& p : pl.params)
+    muon += p.muon ? p.numel : 0;
+  BOOST_TEST(owned == muon);
+}
+
+BOOST_AUTO_TEST_CASE(bad_blocks_and_qk_pairs_are_named) {
+  auto error_of = [](const std::vector<param_spec>& t) {
+    auto p = make_plan(t, 2, 1 << 20);
+    BOOST_REQUIRE(!p);
+    return p.err().message();
+  };
+  param_spec s{"qkv", {40, 8}};
+  s.split_sizes = {16, 8, 8};
+  BOOST_TEST(error_of({s}).find("split_sizes sum to 32, not the matrix's rows=40")
+             != std::string::npos);
+  s.split_sizes = {16, 8, 16};
+  s.split_heads = {3, 1, 0};
+  BOOST_TEST(error_of({s}).find("split_heads[0]=3 do not divide the block's rows=16")
+             != std::string::npos);
+  s.split_heads = {1, 1};
+  BOOST_TEST(error_of({s}).find("split_heads has 2 entries for 3 split_sizes")
+             != std::string::npos);
+  param_spec e{"experts", {4, 6, 5}, param_group::automatic, 4};
+  BOOST_TEST(error_of({e}).find("heads=4 do not divide an expert's rows=6") != std::string::npos);
+  param_spec two{"m", {4, 6}};
+  two.view = matrix_view::expert_stack;
+  BOOST_TEST(error_of({two}).find("an expert stack needs ndim >= 3") != std::string::npos);
+  param_spec q{"q", {8, 4}};
+  q.qk_clip_key = "k";
+  q.qk_clip_heads = 4;
+  q.qk_clip_key_heads = 3;
+  BOOST_TEST(error_of({q, {"k", {6, 4}}}).find("key heads 3") != std::string::npos);
+  q.qk_clip_key_heads = 2;
+  BOOST_TEST(error_of({q, {"k", {5, 4}}}).find("2 heads do not divide the key's rows")
+             != std::string::npos);
+  q.qk_clip_key = "nope";
+  BOOST_TEST(error_of({q}).find("key 'nope' is not a registered parameter") != std::string::npos);
+  // A good pair: the plan lists it with its values' offset.
+  q.qk_clip_key = "k";
+  auto pl = make({{"k", {4, 4}}, q}, 2, 1 << 20);
+  BOOST_REQUIRE_EQUAL(pl.qk_pairs.size(), 1u);
+  BOOST_TEST(pl.qk_pairs[0].query == 1);
+  BOOST_TEST(pl.qk_pairs[0].key == 0);
+  BOOST_TEST(pl.qk_values == 4);
+}

@@ -276,6 +276,18 @@ void answered(const trace_set& ts, std::vector<violation>& out) {
              {&r}});
 }
 
+// MuonClip scales weights after the update of an applied step only.
+void qk_clip(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector<violation>& out) {
+  for (const auto& rt : ts.ranks)
+    for (const auto& r : rt.records)
+      if (r.ev == "span" && r.phase == "qk_clip" && skipped.count(r.step) && checked(ts, r.step))
+        out.push_back({"qk_clip",
+                       r.rank,
+                       r.step,
+                       "MuonClip scaled query/key heads on skipped step " + std::to_string(r.step),
+                       {&r}});
+}
+
 }  // namespace
 
 std::vector<violation> check(const trace_set& ts) {
@@ -286,6 +298,7 @@ std::vector<violation> check(const trace_set& ts) {
   after_report(ts, out);
   momentum(ts, skipped, out);
   compute_after_report(ts, skipped, out);
+  qk_clip(ts, skipped, out);
   collectives(ts, out);
   answered(ts, out);
   return out;

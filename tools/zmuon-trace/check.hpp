@@ -8,6 +8,7 @@
 //                  before that rank's overflow report (50 us of slack: on CUDA the device's
 //                  clock is mapped onto the host's): the backend's own record, below the
 //                  messages (compute spans, trace/recorder.hpp)
+//   qk_clip        no MuonClip scaling (the store's qk_clip span) on a skipped step
 //   collectives    the same sequence of collectives on every rank: at the first divergence,
 //                  each rank that differs from the majority (ties: the lowest rank)
 //   answered       every request answered

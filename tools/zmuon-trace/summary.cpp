@@ -24,7 +24,7 @@ std::string cell(const std::string& s, int width) {
 const char* const phase_order[] = {"step",           "coordinator", "reduce_scatter", "flush",
                                    "overflow_check", "vote",        "unscale_clip",   "momentum",
                                    "gather",         "ns",          "scatter",        "apply",
-                                   "adamw",          "finish",      "buffers"};
+                                   "adamw",          "qk_clip",     "finish",         "buffers"};
 
 struct tally {
   int64_t count = 0;
