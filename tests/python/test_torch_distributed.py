@@ -135,18 +135,11 @@ def worker(args):
             out["error"] = None
         except zmuon.ZmuonError as e:
             out["error"] = f"{type(e).__name__}: {e}"
-        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-            json.dump(out, f)
-        dist.destroy_process_group()
+        finish(args, model, rank, out, params=False)
         return
     if args.case == "torch_opt":  # the same sharded model with torch.optim.Muon + AdamW
         run_torch_optimizers(model, rank, world, args.steps)
-        params = full_params(model)
-        if rank == 0:
-            torch.save(params, os.path.join(args.out, "params.pt"))
-        with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
-            json.dump(out, f)
-        dist.destroy_process_group()
+        finish(args, model, rank, out)
         return
     if args.case == "resume_model_only":  # the control: the weights alone, a fresh optimizer
         import torch.distributed.checkpoint as dcp
@@ -212,13 +205,20 @@ def worker(args):
             finally:
                 DTensor.full_tensor = gather
             train_steps(model, opt, STEPS - half, rank, world, 1, first=half)
-    if args.case != "save":
-        params = full_params(model)
+    opt.close()
+    finish(args, model, rank, out, params=args.case != "save")
+
+
+def finish(args, model, rank, out, params=True):
+    """Process 0 writes the whole parameters (a gather every process joins); each process its
+    JSON record."""
+    import torch.distributed as dist
+    if params:
+        whole = full_params(model)
         if rank == 0:
-            torch.save(params, os.path.join(args.out, "params.pt"))
+            torch.save(whole, os.path.join(args.out, "params.pt"))
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
-    opt.close()
     dist.destroy_process_group()
 
 
