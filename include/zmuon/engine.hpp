@@ -99,6 +99,10 @@ struct param_state {
   std::vector<float> exp_avg;     // AdamW; empty for Muon
   std::vector<float> exp_avg_sq;  // AdamW; empty for Muon
   int64_t adam_step = 0;          // AdamW: the steps that touched it (bias correction)
+  // Muon: NorMuon's row second moments, one per row of the whole matrix (zeros until a NorMuon
+  // step). Read: held by the matrix's owner rank, empty where that rank is in another process.
+  // Write: empty means zeros.
+  std::vector<float> row_moments = {};
 };
 
 /// The whole optimizer state, without files: what a checkpoint holds.

@@ -56,6 +56,13 @@ inline ns_options automatic_ns() {
   return ns;
 }
 
+/// Which update the Muon parameters take (docs/DESIGN.md §2).
+enum class muon_variant : uint8_t {
+  muon,     // the orthogonalized momentum, scaled by adjust_lr
+  normuon,  // NorMuon (arXiv:2510.05491): the orthogonalized momentum normalized per row by an
+            // EMA of its rows' mean squares, its Frobenius norm restored, then scaled
+};
+
 struct muon_options {
   float lr = 0.02f;
   float momentum = 0.95f;
@@ -66,6 +73,11 @@ struct muon_options {
   /// (ns_variant::automatic); a bare ns_options{} (the kernels' API) is `standard`.
   ns_options ns = automatic_ns();
   muon_transport transport = muon_transport::automatic;  // gather / scatter element type
+  /// Cautious weight decay (arXiv:2510.12402): decay only where p * update >= 0.
+  bool cautious_weight_decay = false;
+  muon_variant variant = muon_variant::muon;
+  float normuon_beta2 = 0.95f;  // NorMuon's row second-moment EMA
+  float normuon_eps = 1e-8f;    // NorMuon's o / (sqrt(v) + eps)
 };
 
 struct adamw_options {
@@ -74,6 +86,8 @@ struct adamw_options {
   float beta2 = 0.95f;
   float eps = 1e-10f;
   float weight_decay = 0.0f;
+  /// Cautious weight decay (arXiv:2510.12402): decay only where p * update >= 0.
+  bool cautious_weight_decay = false;
 };
 
 /// Dynamic fp16 loss scaling, DeepSpeed's defaults. `loss_scale > 0` means a static scale.

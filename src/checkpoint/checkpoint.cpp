@@ -18,6 +18,7 @@
 #include "checkpoint/detail.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "checkpoint/shards.hpp"
+#include "plan/ownership.hpp"
 
 namespace zmuon {
 
@@ -200,6 +201,27 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
       }
     }
   }
+  // NorMuon's row moments: in the file of the rank that owned the matrix when it was saved,
+  // whole (a file without them: zeros); each goes to the target rank that owns it now.
+  const std::vector<int64_t> row_offsets = row_moment_offsets(target);
+  for (size_t j = 0; j < target.params.size(); ++j) {
+    const auto& p = target.params[j];
+    if (!p.muon)
+      continue;
+    const std::string name = kRowMomentsPrefix + p.name;
+    auto it = by_name.find(name);
+    if (it == by_name.end())
+      continue;
+    const safetensors_entry& t = *it->second;
+    if (static_cast<int64_t>(t.count) != p.rows)
+      return bad(path, "tensor " + in_quotes(name) + " has " + std::to_string(t.count)
+                           + " values, the matrix has " + std::to_string(p.rows) + " rows");
+    ++used;
+    if (p.owner >= first && p.owner < last && row_offsets[j] >= 0)
+      ranges.push_back({t.offset, static_cast<uint64_t>(p.rows) * sizeof(float),
+                        reinterpret_cast<char*>(states[p.owner].row_moments.data() + row_offsets[j]),
+                        t.name, 0});
+  }
   if (used != index->tensors.size())
     return bad(path, "shard file holds " + std::to_string(index->tensors.size() - used)
                          + " tensors that belong to no parameter of the table");
@@ -255,6 +277,21 @@ expected<checkpoint_file> write_shard_file(const std::string& out, const plan& p
                            {n},
                            (st.*k.buffer).data() + offset_in(k, p),
                            static_cast<size_t>(n)});
+    }
+  }
+  // NorMuon's row moments of the matrices this rank owns, each whole.
+  if (!st.row_moments.empty()) {
+    if (static_cast<int64_t>(st.row_moments.size()) != row_moment_total(pl, rank))
+      return error{errc::internal, "write_shard_file: rank " + std::to_string(rank)
+                                       + "'s row moments do not fit the plan"};
+    const std::vector<int64_t> offsets = row_moment_offsets(pl);
+    for (size_t j = 0; j < pl.params.size(); ++j) {
+      const auto& p = pl.params[j];
+      if (p.muon && p.owner == rank)
+        tensors.push_back({kRowMomentsPrefix + p.name,
+                           {p.rows},
+                           st.row_moments.data() + offsets[j],
+                           static_cast<size_t>(p.rows)});
     }
   }
   uLong crc = ::crc32(0L, Z_NULL, 0);
@@ -399,6 +436,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     st.exp_avg_sq.assign(target.adam_state_total, 0.0f);
     st.adam_steps = m.adam_steps;
     st.adam_param_steps = m.adam_param_steps;
+    st.row_moments.assign(row_moment_total(target, r), 0.0f);
   }
   // Elements [begin, end) of parameter p that target ranks [first, last) hold.
   auto wanted_range = [&](const param_layout& p) {
@@ -407,6 +445,10 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
   };
   for (const auto& f : m.files) {
     bool needed = false;
+    // Row moments lie in the file of the rank that owned the matrix at the save: any file may
+    // hold those of a matrix a target rank owns.
+    for (const auto& p : target.params)
+      needed = needed || (p.muon && p.owner >= first && p.owner < last);
     for (const auto& p : target.params) {
       auto [sb, se] = rank_slice(p.numel, m.world, f.rank);
       auto [wb, we] = wanted_range(p);

@@ -20,6 +20,10 @@ struct state_kind {
   bool always;    // params: every parameter
 };
 
+/// The prefix of NorMuon's row moments in a shard file: one tensor [rows] per Muon matrix, in
+/// the file of the rank that owned it (plan/ownership.hpp's row_moment_offsets).
+inline constexpr const char* kRowMomentsPrefix = "row_moments/";
+
 /// param, momentum, exp_avg, exp_avg_sq.
 extern const state_kind state_kinds[4];
 

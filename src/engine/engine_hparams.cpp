@@ -11,6 +11,18 @@ namespace zmuon {
 
 namespace {
 
+/// Why NorMuon's values cannot run, or no error.
+error check_normuon(const muon_options& m) {
+  if (m.variant != muon_variant::muon && m.variant != muon_variant::normuon)
+    return error{errc::invalid_argument, "variant must be muon or normuon"};
+  if (!(m.normuon_beta2 >= 0 && m.normuon_beta2 < 1))
+    return error{errc::invalid_argument,
+                 "normuon_beta2 must be in [0, 1), got " + std::to_string(m.normuon_beta2)};
+  if (!(m.normuon_eps > 0) || !std::isfinite(m.normuon_eps))
+    return error{errc::invalid_argument, "normuon_eps must be finite and > 0"};
+  return {};
+}
+
 /// Why group `group`'s values cannot run, or no error.
 error check_group(int group, const group_hparams& v, const std::string& backend) {
   const std::string where = "hyperparameter group " + std::to_string(group) + ": ";
@@ -35,6 +47,8 @@ error check_group(int group, const group_hparams& v, const std::string& backend)
     if (!std::isfinite(c))
       return bad("ns_coefficients must be finite");
   if (auto err = check_ns_options(m.ns, backend))
+    return bad(err.message());
+  if (auto err = check_normuon(m))
     return bad(err.message());
   return {};
 }

@@ -10,6 +10,7 @@
 
 #include "checkpoint/shards.hpp"
 #include "engine/impl.hpp"
+#include "plan/ownership.hpp"
 
 namespace zmuon {
 
@@ -90,6 +91,19 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
       ++adam_index;
     }
     out.params.push_back(std::move(ps));
+  }
+
+  // NorMuon's row moments, whole, from the owner rank where it is one of this process's.
+  const std::vector<int64_t> row_offsets = row_moment_offsets(pl);
+  for (size_t j = 0; j < pl.params.size(); ++j) {
+    const auto& p = pl.params[j];
+    const int i = p.owner - d.first_rank;
+    if (!p.muon || i < 0 || i >= d.local)
+      continue;
+    const auto& rows = snaps[i].row_moments;
+    if (row_offsets[j] + p.rows <= static_cast<int64_t>(rows.size()))
+      out.params[j].row_moments.assign(rows.begin() + row_offsets[j],
+                                       rows.begin() + row_offsets[j] + p.rows);
   }
 
   // 2. Each kind's full tensors (or this process's part), one kind at a time.
@@ -194,6 +208,18 @@ error engine::write_state(const optimizer_state& state) {
           break;
         }
     }
+    if (!own && !ps.row_moments.empty()) {
+      if (!p.muon || static_cast<int64_t>(ps.row_moments.size()) != p.rows)
+        own = {errc::shape_mismatch,
+               of(ps.name, "row_moments has ") + std::to_string(ps.row_moments.size())
+                   + " values, the parameter keeps "
+                   + std::to_string(p.muon ? p.rows : 0) + " (one per row of a Muon matrix)"};
+      for (size_t e = 0; !own && e < ps.row_moments.size(); ++e)
+        if (!std::isfinite(ps.row_moments[e]) || ps.row_moments[e] < 0)
+          own = {errc::invalid_argument, of(ps.name, "row_moments") + " holds "
+                                             + std::to_string(ps.row_moments[e]) + " at element "
+                                             + std::to_string(e) + " (finite, >= 0 only)"};
+    }
     if (!own && !p.muon && ps.adam_step < 0)
       own = {errc::invalid_argument,
              of(ps.name, "AdamW step count ") + std::to_string(ps.adam_step) + " is negative"};
@@ -248,6 +274,13 @@ error engine::write_state(const optimizer_state& state) {
     st->exp_avg_sq.assign(pl.adam_state_total, 0.0f);
     st->adam_steps = state.adam_steps;
     st->adam_param_steps = adam_param_steps;
+    st->row_moments.assign(row_moment_total(pl, r), 0.0f);
+    const std::vector<int64_t> row_offsets = row_moment_offsets(pl);
+    for (size_t j = 0; j < pl.params.size(); ++j) {
+      const auto& rows = by_index[j]->row_moments;
+      if (pl.params[j].owner == r && !rows.empty())
+        std::copy(rows.begin(), rows.end(), st->row_moments.begin() + row_offsets[j]);
+    }
     for (size_t j = 0; j < pl.params.size(); ++j)
       for (const state_kind& k : state_kinds)
         if (has_kind(k, pl.params[j].muon))

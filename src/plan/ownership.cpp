@@ -40,4 +40,25 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
   return out;
 }
 
+std::vector<int64_t> row_moment_offsets(const plan& pl) {
+  std::vector<int64_t> out(pl.params.size(), -1);
+  std::vector<int64_t> next(static_cast<size_t>(std::max(pl.world, 1)), 0);
+  for (size_t i = 0; i < pl.params.size(); ++i) {
+    const auto& p = pl.params[i];
+    if (!p.muon || p.owner < 0 || p.owner >= pl.world)
+      continue;
+    out[i] = next[p.owner];
+    next[p.owner] += p.rows;
+  }
+  return out;
+}
+
+int64_t row_moment_total(const plan& pl, int rank) {
+  int64_t total = 0;
+  for (const auto& p : pl.params)
+    if (p.muon && p.owner == rank)
+      total += p.rows;
+  return total;
+}
+
 }  // namespace zmuon

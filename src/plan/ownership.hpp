@@ -39,4 +39,11 @@ inline int64_t valid_len(const param_layout& p, int q) {
 
 std::vector<chunk_ownership> make_ownership(const plan& pl, int rank);
 
+/// NorMuon's row moments live with each matrix's owner (the rank that holds the whole matrix
+/// after the gather), one per row of the whole matrix, the owner's matrices in table order.
+/// Per parameter: where its rows start in its owner's buffer (-1 for AdamW parameters).
+std::vector<int64_t> row_moment_offsets(const plan& pl);
+/// The row moments rank `rank` holds.
+int64_t row_moment_total(const plan& pl, int rank);
+
 }  // namespace zmuon
