@@ -8,8 +8,14 @@
 #include <cmath>
 #include <map>
 
+#include <filesystem>
+#include <fstream>
+
 #include "support/ns_accuracy.hpp"
 #include "support/scratch_dir.hpp"
+#include "support/trace_files.hpp"
+#include "zmuon-trace/check.hpp"
+#include "zmuon-trace/reader.hpp"
 
 using namespace zmuon;
 using namespace zmuon::test;
@@ -385,4 +391,86 @@ BOOST_AUTO_TEST_CASE(resharding_4_to_2_resumes_as_an_uninterrupted_run) {
                      << d << "; with the row moments dropped " << d_dropped);
   BOOST_TEST(d <= 1e-6);
   BOOST_TEST(d_dropped >= 1e-4);
+}
+
+namespace {
+
+/// The violations `zmuon-trace check` finds in the traces of `dir`, formatted.
+std::vector<std::string> violations_in(const std::string& dir) {
+  auto ts = trace_tool::read_traces(dir);
+  BOOST_REQUIRE_MESSAGE(ts, (ts ? "" : ts.err().to_string()));
+  std::vector<std::string> out;
+  for (const auto& v : trace_tool::check(*ts))
+    out.push_back(trace_tool::format(*ts, v));
+  return out;
+}
+
+}  // namespace
+
+// NorMuon's row-moment writes are messages in the trace (normuon_step to the store): in every
+// applied step, none in the skipped one, and `zmuon-trace check` flags one placed there.
+BOOST_AUTO_TEST_CASE(trace_shows_row_moment_writes_and_check_flags_one_in_a_skipped_step) {
+  namespace fs = std::filesystem;
+  const std::string dir = "test_cautious_normuon_trace";
+  fs::remove_all(dir);
+  const int world = 2, steps = 3, bad_step = 2;
+  {
+    auto o = with_features(world, true, true);
+    o.trace_dir = dir;
+    auto eng = make_engine(o);
+    register_table(*eng, kTable, 8);
+    for (int s = 1; s <= steps; ++s) {
+      for (int r = 0; r < world; ++r) {
+        auto g = random_grads(kTable, 8, s, r, 0);
+        if (s == bad_step && r == 0)
+          g["wide"][3] = NAN;
+        reduce_ok(*eng, r, g);
+      }
+      BOOST_REQUIRE(step_ok(*eng).skipped == (s == bad_step));
+    }
+  }
+  auto clean = violations_in(dir);
+  for (const auto& v : clean)
+    BOOST_TEST_MESSAGE(v);
+  BOOST_TEST(clean.empty());
+  std::map<int, int> writes;  // step -> normuon_step received, all ranks
+  for (int r = 0; r < world; ++r)
+    for (const auto& rec : read_jsonl(trace_file(dir, r)))
+      if (rec.value("ev", "") == "recv" && rec.value("type", "") == "normuon_step")
+        ++writes[rec["step"].get<int>()];
+  BOOST_TEST_MESSAGE("normuon_step messages per step: 1: " << writes[1] << ", 2 (skipped): "
+                                                           << writes[2] << ", 3: " << writes[3]);
+  BOOST_TEST(writes[1] > 0);
+  BOOST_TEST(writes[bad_step] == 0);
+  BOOST_TEST(writes[3] == writes[1]);
+
+  auto recs = read_jsonl(trace_file(dir, 0));
+  int64_t report = -1;
+  for (const auto& rec : recs)
+    if (rec.value("ev", "") == "reply" && rec.value("type", "") == "overflow_report"
+        && rec["step"] == bad_step)
+      report = rec["t"];
+  BOOST_REQUIRE(report > 0);
+  recs.push_back({{"seq", 1000000},
+                  {"ev", "recv"},
+                  {"t", report + 5000},
+                  {"actor", "partition_store"},
+                  {"dur", 100},
+                  {"type", "normuon_step"},
+                  {"step", bad_step},
+                  {"index", 0},
+                  {"bytes", 256},
+                  {"id", "r999.1"}});
+  {
+    std::ofstream f(trace_file(dir, 0), std::ios::trunc);
+    for (const auto& rec : recs)
+      f << rec.dump() << "\n";
+  }
+  auto found = violations_in(dir);
+  BOOST_REQUIRE_EQUAL(found.size(), 1u);
+  BOOST_TEST_MESSAGE(found[0]);
+  BOOST_TEST(found[0].find("[normuon] rank 0, step 2: NorMuon row-moment write (normuon_step, "
+                           "chunk 0) on skipped step 2")
+             != std::string::npos);
+  fs::remove_all(dir);
 }
