@@ -151,8 +151,7 @@ bool touched(const coordinator_state& st, int param) {
 
 bool same(const muon_param_args& a, const muon_param_args& b) {
   return a.beta == b.beta && a.nesterov == b.nesterov && a.lr == b.lr
-         && a.weight_decay == b.weight_decay && a.touched == b.touched
-         && a.cautious == b.cautious;
+         && a.weight_decay == b.weight_decay && a.touched == b.touched && a.cautious == b.cautious;
 }
 
 /// Chunk c's parameters' values: empty when they all share the first one's and all are touched

@@ -15,6 +15,9 @@
 //        apply_muon (store); gather and scatter carry fp32 or bf16 (muon_wire_type): with
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
 //        moves from the owner to the receiving store so that NS's output travels unscaled
+//        NorMuon (muon_variant::normuon): after NS, normuon_step asks this rank's store to
+//        normalize the rows of the matrices it owns (their row moments live there), then
+//        the update is scaled; only here, so a skipped step never writes them
 //     6. adamw_step, finish_step (store), answer the result
 //   gpu_done  (the rank's compute backend, from its completion callback) a chunk's GPU work has
 //             finished: with the caf comm on a GPU, u and the NS result are copied to host

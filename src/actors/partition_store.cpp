@@ -203,15 +203,14 @@ caf::error normalize_rows(store_state& st, const normuon_step& msg) {
   const auto& pl = *st.pl;
   const std::string what = "normuon_step: chunk " + std::to_string(msg.chunk);
   if (msg.chunk < 0 || msg.chunk >= static_cast<int32_t>(pl.chunks.size()))
-    return make_caf_error(errc::invalid_argument, "normuon_step: no Muon chunk "
-                                                      + std::to_string(msg.chunk));
+    return make_caf_error(errc::invalid_argument,
+                          "normuon_step: no Muon chunk " + std::to_string(msg.chunk));
   if (msg.full.data == nullptr && msg.full.bf16 == nullptr)
     return make_caf_error(errc::invalid_argument, what + ": no owner buffer");
   for (const auto& a : msg.params) {
     if (a.param < 0 || a.param >= static_cast<int32_t>(pl.params.size())
         || pl.params[a.param].chunk != msg.chunk || st.full_offset[a.param] < 0)
-      return make_caf_error(errc::invalid_argument, what + ": parameter "
-                                                        + std::to_string(a.param)
+      return make_caf_error(errc::invalid_argument, what + ": parameter " + std::to_string(a.param)
                                                         + " is not a matrix this rank owns there");
     const auto& p = pl.params[a.param];
     if (st.full_offset[a.param] + p.numel > msg.full.size)
@@ -285,8 +284,7 @@ caf::error check_state(const store_state& st, const rank_state* in) {
     if (n < 0)
       return make_caf_error(errc::invalid_argument, "load_state: negative AdamW step count");
   if (!in->row_moments.empty()) {
-    if (auto msg = fits("row_moments", in->row_moments.size(), st.row_moments.size());
-        !msg.empty())
+    if (auto msg = fits("row_moments", in->row_moments.size(), st.row_moments.size()); !msg.empty())
       return make_caf_error(errc::shape_mismatch,
                             "load_state: rank " + std::to_string(st.rank) + ": " + msg);
     for (float v : in->row_moments)
@@ -445,8 +443,8 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
                                : std::nullopt;
             },
             [&](const std::vector<param_slice>& subset, const key& k) {
-              apply_slices(*st.be, st.params.data(), update, c.state_offset, subset,
-                           std::get<0>(k), std::get<1>(k), std::get<2>(k));
+              apply_slices(*st.be, st.params.data(), update, c.state_offset, subset, std::get<0>(k),
+                           std::get<1>(k), std::get<2>(k));
             });
         return ack{msg.step};
       },

@@ -218,9 +218,10 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
                            + " values, the matrix has " + std::to_string(p.rows) + " rows");
     ++used;
     if (p.owner >= first && p.owner < last && row_offsets[j] >= 0)
-      ranges.push_back({t.offset, static_cast<uint64_t>(p.rows) * sizeof(float),
-                        reinterpret_cast<char*>(states[p.owner].row_moments.data() + row_offsets[j]),
-                        t.name, 0});
+      ranges.push_back(
+          {t.offset, static_cast<uint64_t>(p.rows) * sizeof(float),
+           reinterpret_cast<char*>(states[p.owner].row_moments.data() + row_offsets[j]), t.name,
+           0});
   }
   if (used != index->tensors.size())
     return bad(path, "shard file holds " + std::to_string(index->tensors.size() - used)

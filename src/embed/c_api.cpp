@@ -518,8 +518,8 @@ int zmuon_engine_set_group_rule(zmuon_engine* eng, int32_t group, const zmuon_gr
       return null_arg(fn, eng ? "values" : "eng");
     zmuon::group_hparams v;
     auto bad = [&](const zmuon::error& err) -> zmuon::error {
-      return {err.code(), std::string(fn) + ": group " + std::to_string(group) + ": "
-                              + err.message()};
+      return {err.code(),
+              std::string(fn) + ": group " + std::to_string(group) + ": " + err.message()};
     };
     if (auto err = to_group(*eng->eng, *values, v))
       return bad(err);
@@ -793,8 +793,8 @@ int zmuon_engine_read_row_moments(zmuon_engine* eng, zmuon_row_moments* entries,
                                             + "' keeps no row moments here (an AdamW parameter, "
                                               "or its owner rank is in another process)"};
       if (static_cast<int64_t>(v.size()) != entries[i].rows || !entries[i].values)
-        return {errc::shape_mismatch, std::string(fn) + ": parameter '" + entries[i].name
-                                          + "' has " + std::to_string(v.size())
+        return {errc::shape_mismatch, std::string(fn) + ": parameter '" + entries[i].name + "' has "
+                                          + std::to_string(v.size())
                                           + " row moments, the entry holds "
                                           + std::to_string(entries[i].rows)};
     }

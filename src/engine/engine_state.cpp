@@ -212,8 +212,8 @@ error engine::write_state(const optimizer_state& state) {
       if (!p.muon || static_cast<int64_t>(ps.row_moments.size()) != p.rows)
         own = {errc::shape_mismatch,
                of(ps.name, "row_moments has ") + std::to_string(ps.row_moments.size())
-                   + " values, the parameter keeps "
-                   + std::to_string(p.muon ? p.rows : 0) + " (one per row of a Muon matrix)"};
+                   + " values, the parameter keeps " + std::to_string(p.muon ? p.rows : 0)
+                   + " (one per row of a Muon matrix)"};
       for (size_t e = 0; !own && e < ps.row_moments.size(); ++e)
         if (!std::isfinite(ps.row_moments[e]) || ps.row_moments[e] < 0)
           own = {errc::invalid_argument, of(ps.name, "row_moments") + " holds "

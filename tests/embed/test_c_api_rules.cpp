@@ -39,8 +39,8 @@ std::vector<float> values(const spec& s, uint32_t seed, float scale) {
 }
 
 void ok(int status) {
-  BOOST_REQUIRE_MESSAGE(status == ZMUON_OK, zmuon_status_name(status) << ": "
-                                                                      << zmuon_last_error());
+  BOOST_REQUIRE_MESSAGE(status == ZMUON_OK, zmuon_status_name(status)
+                                                << ": " << zmuon_last_error());
 }
 
 const char* kConfig =
@@ -78,8 +78,8 @@ std::vector<float> run_c(zmuon_engine** keep = nullptr) {
   for (size_t p = 0; p < kTable.size(); ++p) {
     auto init = values(kTable[p], 10 + p, 0.2f);
     ok(zmuon_engine_add_parameter(eng, kTable[p].name, kTable[p].shape.data(),
-                                  static_cast<int32_t>(kTable[p].shape.size()), ZMUON_GROUP_AUTO,
-                                  0, init.data(), numel_of(kTable[p])));
+                                  static_cast<int32_t>(kTable[p].shape.size()), ZMUON_GROUP_AUTO, 0,
+                                  init.data(), numel_of(kTable[p])));
   }
   const zmuon_group_hparams g = group_values();
   const zmuon_update_rule rule = both_rules();
@@ -128,8 +128,8 @@ std::vector<float> run_cpp() {
   auto eng = zmuon::engine::create(o);
   BOOST_REQUIRE_MESSAGE(eng, (eng ? "" : eng.err().to_string()));
   for (size_t p = 0; p < kTable.size(); ++p)
-    BOOST_REQUIRE(!(*eng)->add_parameter({kTable[p].name, kTable[p].shape},
-                                         values(kTable[p], 10 + p, 0.2f)));
+    BOOST_REQUIRE(
+        !(*eng)->add_parameter({kTable[p].name, kTable[p].shape}, values(kTable[p], 10 + p, 0.2f)));
   for (int s = 1; s <= 2; ++s) {
     for (int r = 0; r < 2; ++r) {
       zmuon::tensor_map g;

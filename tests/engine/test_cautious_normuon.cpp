@@ -131,9 +131,10 @@ struct ref_optimizer {
 };
 
 // A wide and a tall matrix, a per-head one (3 heads of [4, 10]) and an AdamW bias.
-const std::vector<param_spec> kTable{
-    {"wide", {12, 20}}, {"tall", {24, 9}}, {"attn", {12, 10}, param_group::automatic, 3},
-    {"bias", {20}}};
+const std::vector<param_spec> kTable{{"wide", {12, 20}},
+                                     {"tall", {24, 9}},
+                                     {"attn", {12, 10}, param_group::automatic, 3},
+                                     {"bias", {20}}};
 
 engine_options with_features(int world, bool cautious, bool normuon) {
   engine_options o = options(world);
@@ -200,7 +201,8 @@ BOOST_AUTO_TEST_CASE(cautious_weight_decay_matches_a_double_precision_reference)
   const double effect = rel_diff(want, plain_want);
   BOOST_TEST_MESSAGE("cautious weight decay, world 2, 3 steps: engine vs double reference "
                      << d << "; cautious vs plain decay (reference) " << effect
-                     << "; weights that differ from plain decay's: " << held_back_fraction(got, plain));
+                     << "; weights that differ from plain decay's: "
+                     << held_back_fraction(got, plain));
   BOOST_TEST(d <= 1e-5);
   BOOST_TEST(rel_diff(plain, plain_want) <= 1e-5);
   BOOST_TEST(effect >= 1e-3);  // the feature changes the weights far beyond the tolerance
@@ -211,9 +213,10 @@ BOOST_AUTO_TEST_CASE(normuon_matches_a_double_precision_reference) {
   auto [muon, muon_want] = engine_and_reference(with_features(2, false, false), 3);
   const double d = rel_diff(got, want);
   const double effect = rel_diff(want, muon_want);
-  BOOST_TEST_MESSAGE("NorMuon, world 2, 3 steps (per-head matrix included): engine vs double "
-                     "reference "
-                     << d << "; NorMuon vs Muon (reference) " << effect);
+  BOOST_TEST_MESSAGE(
+      "NorMuon, world 2, 3 steps (per-head matrix included): engine vs double "
+      "reference "
+      << d << "; NorMuon vs Muon (reference) " << effect);
   BOOST_TEST(d <= 1e-5);
   BOOST_TEST(effect >= 1e-3);
   // Both features together.

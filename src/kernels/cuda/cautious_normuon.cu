@@ -74,8 +74,8 @@ __global__ void normuon_row_kernel(float* __restrict__ x, float* __restrict__ v,
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
     sum += static_cast<double>(r[j]) * r[j];
   sum = block_sum(sum);
-  const float vi = __fmaf_rn(beta2, v[row],
-                             __fmul_rn(1.0f - beta2, static_cast<float>(sum / static_cast<double>(cols))));
+  const float vi = __fmaf_rn(
+      beta2, v[row], __fmul_rn(1.0f - beta2, static_cast<float>(sum / static_cast<double>(cols))));
   const float inv = __fdiv_rn(1.0f, __fadd_rn(sqrtf(vi), eps));
   double after = 0.0;
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
@@ -115,7 +115,7 @@ void launch_apply_update_cautious(const launch_context& ctx, float* p, const flo
   if (n <= 0)
     return;
   apply_update_cautious_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, o, n, lr * weight_decay,
-                                                                          lr * scale);
+                                                                         lr * scale);
   ZMUON_LAUNCH_CHECK();
 }
 
@@ -131,8 +131,8 @@ void launch_adamw_cautious(const launch_context& ctx, float* p, const float* g, 
   f.eps = args.eps;
   f.coeff = args.lr * args.weight_decay;
   f.step_size = static_cast<float>(args.lr / (1.0 - std::pow(static_cast<double>(args.beta1), t)));
-  f.inv_sqrt_bc2 = static_cast<float>(
-      1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(args.beta2), t)));
+  f.inv_sqrt_bc2 =
+      static_cast<float>(1.0 / std::sqrt(1.0 - std::pow(static_cast<double>(args.beta2), t)));
   adamw_cautious_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, g, m, v, n, f);
   ZMUON_LAUNCH_CHECK();
 }

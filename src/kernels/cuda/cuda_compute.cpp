@@ -351,8 +351,8 @@ void cuda_compute::normuon_rows(float* x, float* v, int64_t batch, int64_t rows,
     return;
   // Each row's sums of squares before and after, in double: 4 floats a row.
   device_buffer scratch = allocate_for_overwrite(4 * rows_total);
-  const launch_guard guard = activate(
-      {floats(x, rows_total * cols), floats(v, rows_total), floats(scratch.data(), 4 * rows_total)});
+  const launch_guard guard = activate({floats(x, rows_total * cols), floats(v, rows_total),
+                                       floats(scratch.data(), 4 * rows_total)});
   const call_timer timer(*this, "normuon", ctx_.stream);
   launch_normuon_rows(guard, x, v, batch, rows, cols, beta2, eps,
                       reinterpret_cast<double*>(scratch.data()));

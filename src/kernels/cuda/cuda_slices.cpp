@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/cautious_normuon.cuh"
+#include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/elementwise.cuh"
 
 namespace zmuon::gpu {

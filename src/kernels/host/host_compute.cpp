@@ -225,8 +225,8 @@ void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
   }
 }
 
-void host_compute::apply_update_cautious(float* p, const float* o, int64_t n, float lr,
-                                         float scale, float weight_decay) {
+void host_compute::apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
+                                         float weight_decay) {
   const scoped_call_timer timer(*this, "apply_update");
   const float coeff = lr * weight_decay;
   const float step = lr * scale;
@@ -258,8 +258,7 @@ void host_compute::normuon_rows(float* x, float* v, int64_t batch, int64_t rows,
       }
       after += row_after;
     }
-    const auto factor =
-        static_cast<float>(std::sqrt(before) / std::max(std::sqrt(after), 1e-8));
+    const auto factor = static_cast<float>(std::sqrt(before) / std::max(std::sqrt(after), 1e-8));
     for (int64_t k = 0; k < rows * cols; ++k)
       block[k] *= factor;
   }
