@@ -477,3 +477,39 @@ BOOST_AUTO_TEST_CASE(trace_shows_row_moment_writes_and_check_flags_one_in_a_skip
              != std::string::npos);
   fs::remove_all(dir);
 }
+
+// Per hyperparameter group: a group with both rules steps its parameters as an engine with the
+// rules on for all, the other group as one with them off, bit for bit.
+BOOST_AUTO_TEST_CASE(each_group_steps_with_its_own_rule) {
+  auto run = [](bool cautious, bool normuon, bool mixed) {
+    auto eng = make_engine(with_features(2, cautious, normuon));
+    std::vector<param_spec> table = kTable;
+    if (mixed) {
+      for (auto& s : table)
+        s.hparam_group = (s.name == "wide" || s.name == "bias") ? 1 : 0;
+    }
+    register_table(*eng, table, 12);
+    if (mixed) {
+      group_hparams on{with_features(2, true, true).muon, with_features(2, true, true).adamw};
+      BOOST_REQUIRE(!eng->set_group_hparams(1, on));
+      group_hparams bad = on;
+      bad.muon.normuon_beta2 = 1.5f;
+      const auto err = eng->set_group_hparams(1, bad);
+      BOOST_TEST(err.message().find("normuon_beta2 must be in [0, 1)") != std::string::npos,
+                 err.message());
+    }
+    for (int s = 1; s <= 3; ++s) {
+      for (int r = 0; r < 2; ++r)
+        reduce_ok(*eng, r, random_grads(kTable, 12, s, r, 0));
+      step_ok(*eng);
+    }
+    return params_of(*eng);
+  };
+  const auto on = run(true, true, false), off = run(false, false, false);
+  const auto mixed = run(false, false, true);
+  BOOST_TEST(same_bits(mixed.at("wide"), on.at("wide")));
+  BOOST_TEST(same_bits(mixed.at("bias"), on.at("bias")));
+  BOOST_TEST(same_bits(mixed.at("tall"), off.at("tall")));
+  BOOST_TEST(same_bits(mixed.at("attn"), off.at("attn")));
+  BOOST_TEST(rel_diff(on.at("wide"), off.at("wide")) > 1e-3);
+}
