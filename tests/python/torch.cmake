@@ -22,3 +22,7 @@ add_test(NAME python_test_pip_install
 # It reconfigures the build directory, so nothing else may configure or build there meanwhile.
 set_tests_properties(python_test_pip_install PROPERTIES TIMEOUT 600 LABELS "embed;torch"
   RUN_SERIAL TRUE)
+
+# cautious_weight_decay= and variant="normuon" against a float64 torch reference, and their state.
+zmuon_add_python_test(python_test_torch_cautious_normuon MODULE test_torch_cautious_normuon
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch)
