@@ -444,12 +444,15 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     return std::pair<int64_t, int64_t>{std::min(p.numel, first * p.shard_len),
                                        std::min(p.numel, last * p.shard_len)};
   };
+  const std::vector<int> saved_owner = owners_at_world(target, m.world);
   for (const auto& f : m.files) {
     bool needed = false;
-    // Row moments lie in the file of the rank that owned the matrix at the save: any file may
-    // hold those of a matrix a target rank owns.
-    for (const auto& p : target.params)
-      needed = needed || (p.muon && p.owner >= first && p.owner < last);
+    // Row moments lie in the file of the rank that owned the matrix at the save.
+    for (size_t j = 0; j < target.params.size(); ++j) {
+      const auto& p = target.params[j];
+      needed = needed
+               || (p.muon && saved_owner[j] == f.rank && p.owner >= first && p.owner < last);
+    }
     for (const auto& p : target.params) {
       auto [sb, se] = rank_slice(p.numel, m.world, f.rank);
       auto [wb, we] = wanted_range(p);

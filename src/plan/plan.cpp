@@ -52,6 +52,14 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
 // Longest-processing-time first: heaviest matrix to the least-loaded rank, ties to the lower
 // rank and, for equal cost, table order. Deterministic, so identical on every rank.
 void assign_owners(plan& pl) {
+  const std::vector<int> owners = owners_at_world(pl, pl.world, &pl.owner_cost);
+  for (size_t i = 0; i < pl.params.size(); ++i)
+    pl.params[i].owner = owners[i];
+}
+
+}  // namespace
+
+std::vector<int> owners_at_world(const plan& pl, int world, std::vector<double>* cost_of_rank) {
   std::vector<int> order;
   for (int i = 0; i < static_cast<int>(pl.params.size()); ++i)
     if (pl.params[i].muon)
@@ -61,15 +69,17 @@ void assign_owners(plan& pl) {
     return static_cast<double>(p.heads) * ns_cost(p.rows / p.heads, p.cols);
   };
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return cost(a) > cost(b); });
-  pl.owner_cost.assign(pl.world, 0.0);
+  std::vector<double> load(static_cast<size_t>(std::max(world, 1)), 0.0);
+  std::vector<int> owners(pl.params.size(), -1);
   for (int i : order) {
-    auto least = std::min_element(pl.owner_cost.begin(), pl.owner_cost.end());
-    pl.params[i].owner = static_cast<int>(least - pl.owner_cost.begin());
+    auto least = std::min_element(load.begin(), load.end());
+    owners[i] = static_cast<int>(least - load.begin());
     *least += cost(i);
   }
+  if (cost_of_rank)
+    *cost_of_rank = std::move(load);
+  return owners;
 }
-
-}  // namespace
 
 int plan::muon_count() const {
   return static_cast<int>(

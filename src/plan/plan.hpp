@@ -74,6 +74,12 @@ struct plan {
 /// NS cost of one [rows, cols] matrix: max(m,n) * min(m,n)^2.
 double ns_cost(int64_t rows, int64_t cols);
 
+/// The owner rank of each Muon parameter of `pl`'s table at world size `world` (-1 for AdamW
+/// ones): longest-processing-time first, as the plan assigns them; each rank's NS cost to
+/// `cost_of_rank` when given. A checkpoint's reader finds the saving owners with it.
+std::vector<int> owners_at_world(const plan& pl, int world,
+                                 std::vector<double>* cost_of_rank = nullptr);
+
 /// Validates the table (names unique and non-empty, no zero-size shapes, heads dividing rows)
 /// and builds the plan. `per_head` false ignores the registered heads.
 expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_t bucket_elements,
