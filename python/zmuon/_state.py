@@ -18,8 +18,8 @@ from ._groups import GROUP_KEYS, learning_rate
 MUON_NAMES = {"momentum": "momentum_buffer"}
 ADAMW_NAMES = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 SCALER_KEYS = ("scale", "iter", "last_overflow_iter", "hysteresis_left")
-# NorMuon's row second moments of a Muon parameter, under Dion's name and shape (rows, 1); in
-# the state only while some group runs NorMuon.
+# NorMuon's row second moments of a Muon parameter, under Dion's name and shape (rows, 1), or
+# (E, r, 1) for an expert stack; in the state only while some group runs NorMuon.
 ROW_MOMENTS = "variance_neuron"
 
 
@@ -110,9 +110,9 @@ def _row_moments_shape(opt, name, shape):
 
 
 def _read_row_moments(opt, scope):
-    """{name: (rows, 1) tensor} of NorMuon's row moments of every Muon parameter, while some
-    group runs NorMuon and the state read is whole (the moments sit with each matrix's owner
-    rank, maybe in another process)."""
+    """{name: (rows, 1) or (E, r, 1) tensor} of NorMuon's row moments of every Muon parameter,
+    while some group runs NorMuon and the state read is whole (the moments sit with each NS
+    block's owner rank, maybe in another process: the read is a collective)."""
     if not _uses_normuon(opt) or (scope != _capi.STATE_FULL and opt._node is not None):
         return {}
     entries, bufs, shapes = [], {}, {}
