@@ -99,6 +99,12 @@ struct param_state {
   std::vector<float> exp_avg;     // AdamW; empty for Muon
   std::vector<float> exp_avg_sq;  // AdamW; empty for Muon
   int64_t adam_step = 0;          // AdamW: the steps that touched it (bias correction)
+  // Muon: NorMuon's row second moments, one per row of the matrix view (an expert stack
+  // [E, r, c]: E * r), zeros until a NorMuon step. Each NS block's rows are held by the block's
+  // owner rank. Read whole: every block's (over the processes too); read local: the blocks of
+  // this process's ranks (zeros for the others), empty where it owns none. Write: empty means
+  // zeros; each rank takes its blocks' rows.
+  std::vector<float> row_moments = {};
 };
 
 /// The whole optimizer state, without files: what a checkpoint holds.

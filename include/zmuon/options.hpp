@@ -65,6 +65,13 @@ inline ns_options automatic_ns() {
   return ns;
 }
 
+/// Which update the Muon parameters take (docs/DESIGN.md §2).
+enum class muon_variant : uint8_t {
+  muon,     // the orthogonalized momentum, scaled by adjust_lr
+  normuon,  // NorMuon (arXiv:2510.05491): the orthogonalized momentum normalized per row by an
+            // EMA of its rows' mean squares, its Frobenius norm restored, then scaled
+};
+
 struct muon_options {
   float lr = 0.02f;
   float momentum = 0.95f;
@@ -78,6 +85,11 @@ struct muon_options {
   /// MuonClip's threshold tau (Kimi K2, arXiv:2507.20534) for the group's query/key pairs
   /// (engine::add_qk_clip); 0 = off. A head whose step max logit exceeds tau is scaled down.
   float qk_clip_tau = 0.0f;
+  /// Cautious weight decay (arXiv:2510.12402): decay only where p * update >= 0.
+  bool cautious_weight_decay = false;
+  muon_variant variant = muon_variant::muon;
+  float normuon_beta2 = 0.95f;  // NorMuon's row second-moment EMA
+  float normuon_eps = 1e-8f;    // NorMuon's o / (sqrt(v) + eps)
 };
 
 struct adamw_options {
@@ -86,6 +98,8 @@ struct adamw_options {
   float beta2 = 0.95f;
   float eps = 1e-10f;
   float weight_decay = 0.0f;
+  /// Cautious weight decay (arXiv:2510.12402): decay only where p * update >= 0.
+  bool cautious_weight_decay = false;
 };
 
 /// Dynamic fp16 loss scaling, DeepSpeed's defaults. `loss_scale > 0` means a static scale.

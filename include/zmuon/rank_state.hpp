@@ -17,6 +17,9 @@ struct rank_state {
   // Per AdamW parameter in table order, the steps that touched it (Adam's bias correction); the
   // same on every rank. Empty in a state to load: every one is adam_steps.
   std::vector<int64_t> adam_param_steps = {};
+  // NorMuon's row second moments of the NS blocks this rank owns (plan/ownership.hpp's
+  // row_moment_offsets). Empty in a state to load: zeros.
+  std::vector<float> row_moments = {};
 };
 
 /// The dynamic loss scaler's whole state (DeepSpeed's counters), as checkpoints keep it.

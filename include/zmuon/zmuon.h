@@ -267,6 +267,25 @@ ZMUON_API int zmuon_engine_add_qk_clip(zmuon_engine* eng, const char* query, con
  * query_heads finite values); the step takes the max over all reports since the last step. */
 ZMUON_API int zmuon_engine_report_qk_logits(zmuon_engine* eng, int32_t rank, const char* query,
                                             const float* max_logits, size_t n);
+/* A group's update rule beside its hyperparameters. Cautious weight decay (arXiv:2510.12402)
+ * decays only the elements where the parameter and its update have the same sign: for Muon the
+ * scaled orthogonalized update, for AdamW m_hat / (sqrt(v_hat) + eps). NorMuon (arXiv:2510.05491)
+ * normalizes each row of the orthogonalized update by an EMA of its mean square, then restores
+ * the update's Frobenius norm before the adjust_lr scale. */
+typedef enum zmuon_muon_variant {
+  ZMUON_VARIANT_MUON = 0,
+  ZMUON_VARIANT_NORMUON = 1
+} zmuon_muon_variant;
+typedef struct zmuon_update_rule {
+  int32_t cautious_weight_decay; /* 1: cautious (Muon and AdamW), 0: plain decoupled decay */
+  int32_t variant;               /* zmuon_muon_variant */
+  float normuon_beta2;           /* NorMuon's row second-moment EMA, in [0, 1) */
+  float normuon_eps;             /* NorMuon's o / (sqrt(v) + eps), > 0 */
+} zmuon_update_rule;
+/* zmuon_engine_set_group_hparams with the group's update rule (`rule` NULL: the config's). */
+ZMUON_API int zmuon_engine_set_group_rule(zmuon_engine* eng, int32_t group,
+                                          const zmuon_group_hparams* values,
+                                          const zmuon_update_rule* rule);
 
 /* Where a step's time goes (engine::time_backend_calls / write_call_timeline): `on` 1 times
  * every compute-backend call from the next one on (on CUDA with two events on its stream), 0
@@ -325,6 +344,21 @@ ZMUON_API int zmuon_engine_read_state(zmuon_engine* eng, int32_t scope, zmuon_pa
  * a multi-process job a collective, every process passing the same state. */
 ZMUON_API int zmuon_engine_write_state(zmuon_engine* eng, const zmuon_param_state* params, size_t n,
                                        const zmuon_state_info* info);
+
+/* NorMuon's row second moments by Muon parameter: `rows` values, one per row of its matrix view
+ * (an expert stack [E, r, c]: E * r; zeros before any NorMuon step). read_row_moments fills `values` (whole, read as
+ * read_state(ZMUON_STATE_FULL) reads; in a multi-process job a collective); write_state_rows is
+ * zmuon_engine_write_state with the row moments of the `n_rows` entries (the others zeros). */
+typedef struct zmuon_row_moments {
+  const char* name;
+  float* values;
+  int64_t rows;
+} zmuon_row_moments;
+ZMUON_API int zmuon_engine_read_row_moments(zmuon_engine* eng, zmuon_row_moments* entries,
+                                            size_t n);
+ZMUON_API int zmuon_engine_write_state_rows(zmuon_engine* eng, const zmuon_param_state* params,
+                                            size_t n, const zmuon_state_info* info,
+                                            const zmuon_row_moments* rows, size_t n_rows);
 
 /* -- DeepSpeed configs: "auto" from the host, the notes, the scheduled rates, the metrics ------
  * An engine made from a config as zmuon_engine_create does, with `host_json` (NULL or "": none)

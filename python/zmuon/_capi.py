@@ -119,6 +119,22 @@ class GroupHparams(ctypes.Structure):
                 ("adjust_lr", ctypes.c_int32), ("qk_clip_tau", ctypes.c_float)]
 
 
+MUON_VARIANTS = {"muon": 0, "normuon": 1}  # zmuon_muon_variant
+# The update-rule keys of a group's values (zmuon_update_rule), beside GroupHparams' fields.
+RULE_FIELDS = ("cautious_weight_decay", "variant", "normuon_beta2", "normuon_eps")
+
+
+class UpdateRule(ctypes.Structure):
+    """zmuon_update_rule: cautious weight decay and the Muon variant (NorMuon) of a group."""
+    _fields_ = [("cautious_weight_decay", ctypes.c_int32), ("variant", ctypes.c_int32),
+                ("normuon_beta2", ctypes.c_float), ("normuon_eps", ctypes.c_float)]
+
+
+class RowMoments(ctypes.Structure):
+    """zmuon_row_moments: NorMuon's row second moments of one Muon parameter."""
+    _fields_ = [("name", ctypes.c_char_p), ("values", ctypes.c_void_p), ("rows", ctypes.c_int64)]
+
+
 def _find_library():
     env = os.environ.get("ZMUON_LIBRARY")
     if env:
@@ -188,6 +204,8 @@ def _load():
                                                   ctypes.POINTER(ctypes.c_float),
                                                   ctypes.c_size_t]),
         "zmuon_engine_set_group_hparams": (c_int, [eng_p, c_i32, ctypes.POINTER(GroupHparams)]),
+        "zmuon_engine_set_group_rule": (c_int, [eng_p, c_i32, ctypes.POINTER(GroupHparams),
+                                                ctypes.POINTER(UpdateRule)]),
         "zmuon_engine_time_calls": (c_int, [eng_p, c_i32]),
         "zmuon_engine_write_call_timeline": (c_int, [eng_p, ctypes.c_char_p]),
         "zmuon_engine_save_checkpoint": (c_int, [eng_p, ctypes.c_char_p]),
@@ -484,12 +502,24 @@ class Engine:
                                                   arr, len(values)))
 
     def set_group_hparams(self, group, values):
-        """`values`: a dict of GroupHparams' fields (ns_variant and adjust_lr by name)."""
+        """`values`: a dict of GroupHparams' fields (ns_variant and adjust_lr by name), and
+        optionally of UpdateRule's (variant by name): then zmuon_engine_set_group_rule."""
         v = dict(values)
+        rule = {k: v.pop(k) for k in RULE_FIELDS if k in v}
         v["ns_coefficients"] = (ctypes.c_float * 3)(*v["ns_coefficients"])
         v["ns_variant"] = NS_VARIANTS[v["ns_variant"]]
         v["adjust_lr"] = ADJUST_LR[v["adjust_lr"]]
         v["nesterov"] = 1 if v["nesterov"] else 0
+        if rule:
+            full = {"cautious_weight_decay": False, "variant": "muon", "normuon_beta2": 0.95,
+                    "normuon_eps": 1e-8}
+            full.update(rule)
+            full["cautious_weight_decay"] = 1 if full["cautious_weight_decay"] else 0
+            full["variant"] = MUON_VARIANTS[full["variant"]]
+            _check(_lib.zmuon_engine_set_group_rule(self._h(), group,
+                                                    ctypes.byref(GroupHparams(**v)),
+                                                    ctypes.byref(UpdateRule(**full))))
+            return
         _check(_lib.zmuon_engine_set_group_hparams(self._h(), group,
                                                    ctypes.byref(GroupHparams(**v))))
 
@@ -684,3 +714,37 @@ def write_state(engine, entries, info):
     arr = _param_states(entries)
     _check(_lib.zmuon_engine_write_state(engine._h(), arr, len(entries),
                                          ctypes.byref(StateInfo(**info))))
+
+
+# -- NorMuon's row moments (zmuon_engine_read_row_moments / write_state_rows) --------------------
+
+for _name, _argtypes in {
+        "zmuon_engine_read_row_moments": [ctypes.c_void_p, ctypes.POINTER(RowMoments),
+                                          ctypes.c_size_t],
+        "zmuon_engine_write_state_rows": [ctypes.c_void_p, ctypes.POINTER(ParamState),
+                                          ctypes.c_size_t, ctypes.POINTER(StateInfo),
+                                          ctypes.POINTER(RowMoments), ctypes.c_size_t]}.items():
+    getattr(_lib, _name).restype = ctypes.c_int
+    getattr(_lib, _name).argtypes = _argtypes
+
+
+def _row_moments(entries):
+    """entries: (name, rows, data pointer) -> a ctypes array."""
+    arr = (RowMoments * max(len(entries), 1))()
+    for i, (name, rows, pointer) in enumerate(entries):
+        arr[i] = RowMoments(_text(name, "parameter name"), pointer, rows)
+    return arr
+
+
+def read_row_moments(engine, entries):
+    """Fills the host buffers of `entries` ((name, rows, pointer) tuples) with NorMuon's row
+    moments (read as read_state(STATE_FULL) reads)."""
+    _check(_lib.zmuon_engine_read_row_moments(engine._h(), _row_moments(entries), len(entries)))
+
+
+def write_state_rows(engine, entries, info, rows):
+    """write_state with the row moments of `rows` ((name, rows, pointer) tuples)."""
+    arr = _param_states(entries)
+    _check(_lib.zmuon_engine_write_state_rows(engine._h(), arr, len(entries),
+                                              ctypes.byref(StateInfo(**info)),
+                                              _row_moments(rows), len(rows)))

@@ -29,6 +29,16 @@ ENGINE_DEFAULTS = {"lr": 0.02, "adam_lr": 3e-4, "weight_decay": 0.0, "momentum":
                    "ns_steps": 5, "ns_coefficients": (3.4445, -4.7750, 2.0315),
                    "ns_variant": "auto", "adjust_lr": "original", "qk_clip_tau": 0.0}
 
+# The update rule per group (zmuon_update_rule): cautious weight decay (arXiv:2510.12402; both
+# algorithms read it) and the Muon variant with NorMuon's beta2 and eps (arXiv:2510.05491).
+RULE_KEYS = _capi.RULE_FIELDS
+MUON_VARIANTS = tuple(_capi.MUON_VARIANTS)
+ENGINE_DEFAULTS.update({"cautious_weight_decay": False, "variant": "muon", "normuon_beta2": 0.95,
+                        "normuon_eps": 1e-8})
+MUON_KEYS = MUON_KEYS + RULE_KEYS
+ADAMW_KEYS = ADAMW_KEYS + ("cautious_weight_decay",)
+GROUP_KEYS = GROUP_KEYS + RULE_KEYS
+
 
 def suggestion(name, names):
     """' (did you mean 'x'?)' for the nearest of `names`, or ''."""
@@ -71,6 +81,8 @@ def defaults_of(config, overrides):
     out["ns_coefficients"] = tuple(out["ns_coefficients"])
     if out["ns_variant"] == "automatic":
         out["ns_variant"] = "auto"
+    if isinstance(out["variant"], str):
+        out["variant"] = out["variant"].lower()  # the config takes any case
     return out
 
 
@@ -160,7 +172,26 @@ def checked_group(group, i):
         out["betas"] = tuple(number(b, f"{where}['betas'][{k}]", high=1.0)
                              for k, b in enumerate(betas))
         out["eps"] = number(get("eps"), f"{where}['eps']", low_open=True)
+    out.update(checked_rule(group, where))
     return out
+
+
+def checked_rule(group, where):
+    """A group's update rule, checked (a group without these keys runs the engine's defaults)."""
+    d = ENGINE_DEFAULTS
+    cautious = group.get("cautious_weight_decay", d["cautious_weight_decay"])
+    if not isinstance(cautious, bool):
+        raise InvalidArgument(f"{where}['cautious_weight_decay'] must be True or False, got "
+                              f"{cautious!r}")
+    variant = group.get("variant", d["variant"])
+    if variant not in MUON_VARIANTS:
+        raise InvalidArgument(f"{where}['variant'] must be one of {', '.join(MUON_VARIANTS)}; "
+                              f"got {variant!r}{suggestion(variant, MUON_VARIANTS)}")
+    return {"cautious_weight_decay": cautious, "variant": variant,
+            "normuon_beta2": number(group.get("normuon_beta2", d["normuon_beta2"]),
+                                    f"{where}['normuon_beta2']", high=1.0),
+            "normuon_eps": number(group.get("normuon_eps", d["normuon_eps"]),
+                                  f"{where}['normuon_eps']", low_open=True)}
 
 
 def engine_values(param_groups):
@@ -184,6 +215,7 @@ def engine_values(param_groups):
                           qk_clip_tau=v["qk_clip_tau"])
         else:
             values.update(beta1=v["betas"][0], beta2=v["betas"][1], eps=v["eps"])
+        values.update({k: v[k] for k in RULE_KEYS})
         out.append(values)
     return out
 

@@ -18,6 +18,9 @@ from ._groups import GROUP_KEYS, learning_rate
 MUON_NAMES = {"momentum": "momentum_buffer"}
 ADAMW_NAMES = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 SCALER_KEYS = ("scale", "iter", "last_overflow_iter", "hysteresis_left")
+# NorMuon's row second moments of a Muon parameter, under Dion's name and shape (rows, 1), or
+# (E, r, 1) for an expert stack; in the state only while some group runs NorMuon.
+ROW_MOMENTS = "variance_neuron"
 
 
 def _torch():
@@ -54,6 +57,7 @@ def _read(opt, scope, with_master):
         bufs.append(own)
         entries.append((name, numel, {k: _pointer(b) for k, b in own.items()}, 0))
     placed, info = _capi.read_state(opt._engine, scope, entries)
+    rows = _read_row_moments(opt, scope)
     state, masters = {}, {}
     for (name, p, shape), own, (_, adam_step) in zip(opt._params, bufs, placed):
         full = scope == _capi.STATE_FULL or opt._node is None
@@ -67,6 +71,8 @@ def _read(opt, scope, with_master):
             masters[name] = shaped.pop("param")
         if opt._engine.uses_muon(name):
             state[name] = {MUON_NAMES[k]: v for k, v in shaped.items()}
+            if name in rows:
+                state[name][ROW_MOMENTS] = rows[name]
         else:
             state[name] = {ADAMW_NAMES[k]: v for k, v in shaped.items()}
             state[name]["step"] = _step_scalar(adam_step)
@@ -87,6 +93,36 @@ def _whole(value):
     if type(value).__name__ == "DTensor" and hasattr(value, "full_tensor"):
         return value.full_tensor()
     return value
+
+
+def _uses_normuon(opt):
+    return any(g.get("variant") == "normuon" for g in opt.param_groups)
+
+
+def _row_moments_shape(opt, name, shape):
+    """NorMuon's row moments of Muon parameter `name`: one per row of its matrix view, as
+    (rows, 1), or (E, r, 1) for an expert stack [E, r, ...] (the engine's E * r rows)."""
+    view = getattr(opt, "_matrix_views", {}).get(name, "auto")
+    shape = tuple(int(s) for s in shape)
+    if len(shape) >= 3 and (view == "expert_stack" or (view == "auto" and len(shape) == 3)):
+        return shape[0] * shape[1], (shape[0], shape[1], 1)
+    return shape[0], (shape[0], 1)
+
+
+def _read_row_moments(opt, scope):
+    """{name: (rows, 1) or (E, r, 1) tensor} of NorMuon's row moments of every Muon parameter,
+    while some group runs NorMuon and the state read is whole (the moments sit with each NS
+    block's owner rank, maybe in another process: the read is a collective)."""
+    if not _uses_normuon(opt) or (scope != _capi.STATE_FULL and opt._node is not None):
+        return {}
+    entries, bufs, shapes = [], {}, {}
+    for name, _, shape in opt._params:
+        if opt._engine.uses_muon(name):
+            rows, shapes[name] = _row_moments_shape(opt, name, shape)
+            bufs[name] = _empty(rows)
+            entries.append((name, rows, _pointer(bufs[name])))
+    _capi.read_row_moments(opt._engine, entries)
+    return {name: b.reshape(shapes[name]) for name, b in bufs.items()}
 
 
 class ShardState(dict):
@@ -319,7 +355,7 @@ def load_state_dict(opt, sd):
         return _local_float32(value, param_of[name], shapes[name], *local[name], what)
 
     saved_index = [i for g in groups for i in g["params"]]
-    entries, keep = [], []
+    entries, keep, row_entries = [], [], []
     for name, index in zip(names, saved_index):
         where = f"state[{index!r}] (parameter '{name}')"
         entry = saved_state.get(index)
@@ -334,6 +370,11 @@ def load_state_dict(opt, sd):
             pointers[engine_name] = _pointer(buf)
         if not muon:
             adam_step = _count(_need(entry, "step", where), f"{where}['step']")
+        if muon and ROW_MOMENTS in entry:
+            rows, rows_shape = _row_moments_shape(opt, name, shapes[name])
+            buf = _host_float32(entry[ROW_MOMENTS], rows_shape, f"{where}[{ROW_MOMENTS!r}]")
+            keep.append(buf)
+            row_entries.append((name, rows, _pointer(buf)))
         if masters is not None:
             buf = load(_need(masters, index, "zmuon['masters']"), name,
                        f"zmuon['masters'][{index!r}]")
@@ -358,7 +399,8 @@ def load_state_dict(opt, sd):
                                                  low=-1),
                 scaler_hysteresis_left=_count(scaler["hysteresis_left"],
                                               "zmuon['loss_scaler']['hysteresis_left']", low=1))
-    _capi.write_state(opt._engine, entries, info)  # checks again, all before it changes anything
+    # checks again, all before it changes anything
+    _capi.write_state_rows(opt._engine, entries, info, row_entries)
     del keep
     opt.state.invalidate()
     opt._write_back()

@@ -305,6 +305,7 @@ class Muon(_Optimizer):
     def _register_blocks(self, split_sizes, block_heads, views):
         """Muon's blocks: split_sizes with per-block heads, and matrix views."""
         split_sizes, views = dict(split_sizes or {}), dict(views or {})
+        self._matrix_views = views  # NorMuon's row moments follow the matrix view
         for name in list(block_heads) + list(split_sizes) + list(views):
             if name not in self._shapes:
                 raise UnknownParameter(f"split_sizes, heads or views name {name!r}, which is "

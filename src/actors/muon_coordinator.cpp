@@ -136,6 +136,7 @@ void add_segment(std::vector<segment>& list, wire_buffer& buf, int64_t offset, i
 
 void finish(coord_pointer self);
 void advance(coord_pointer self);
+void ns_finished(coord_pointer self, int c);
 
 // -- the step's values per parameter -------------------------------------------------------------
 
@@ -158,7 +159,7 @@ bool touched(const coordinator_state& st, int param) {
 
 bool same(const muon_param_args& a, const muon_param_args& b) {
   return a.beta == b.beta && a.nesterov == b.nesterov && a.lr == b.lr
-         && a.weight_decay == b.weight_decay && a.touched == b.touched;
+         && a.weight_decay == b.weight_decay && a.touched == b.touched && a.cautious == b.cautious;
 }
 
 /// Chunk c's parameters' values: empty when they all share the first one's and all are touched
@@ -168,6 +169,7 @@ std::vector<muon_param_args> muon_args(const coordinator_state& st, int c, muon_
   for (int i : st.pl->chunks[c].params) {
     const auto& m = hparams_of_param(st, i).muon;
     out.push_back(muon_param_args{m.momentum, m.nesterov, m.lr, m.weight_decay, touched(st, i)});
+    out.back().cautious = m.cautious_weight_decay;
   }
   first = out.front();
   bool uniform = first.touched;
@@ -175,6 +177,20 @@ std::vector<muon_param_args> muon_args(const coordinator_state& st, int c, muon_
     uniform = uniform && same(a, first);
   if (uniform)
     out.clear();
+  return out;
+}
+
+/// NorMuon's parameters of chunk c with a block this rank owns that the step touches, with
+/// their values, each once in table order (the store normalizes every block of it it owns).
+std::vector<normuon_param_args> normuon_args(const coordinator_state& st, int c) {
+  std::vector<normuon_param_args> out;
+  for (const auto& o : st.own[c].owned) {  // table order, a parameter's blocks together
+    if (!out.empty() && out.back().param == o.param)
+      continue;
+    const auto& m = hparams_of_param(st, o.param).muon;
+    if (m.variant == muon_variant::normuon && touched(st, o.param))
+      out.push_back(normuon_param_args{o.param, m.normuon_beta2, m.normuon_eps});
+  }
   return out;
 }
 
@@ -304,19 +320,48 @@ void gather(coord_pointer self, int c) {
       } else {
         float* x = full.data + g.offset;
         st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
-        st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
+        if (muon.variant != muon_variant::normuon)  // NorMuon: scaled after its normalization
+          st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
       }
     }
-    if (full.bf16 != nullptr)
-      rescale_bf16_blocks(st, c, full.bf16);
     // Each parameter is named once, by the owner of its first block (an expert stack's or a
     // split matrix's blocks may run on several ranks).
     ns.add_params(st.own[c].ns_params);
     st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
     ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
-    buffers(self, c, [&] { cw.full.to_comm(*st.be); });
-    after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
+    auto rows = normuon_args(st, c);
+    if (rows.empty()) {
+      if (full.bf16 != nullptr)
+        rescale_bf16_blocks(st, c, full.bf16);
+      ns_finished(self, c);
+      return;
+    }
+    // NorMuon: the store normalizes the rows (its row moments change only here, in a step
+    // that is applied), then the fp32 update is scaled as Muon's.
+    normuon_step msg{st.work->req.step, c, full, std::move(rows)};
+    ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
+      auto& st = self->state;
+      const float_view full = st.work->chunks[c].full.compute();
+      if (full.data != nullptr)
+        for (const auto& g : st.own[c].groups) {
+          const auto& muon = hparams(st, g.hparam_group).muon;
+          if (muon.variant == muon_variant::normuon)
+            st.be->scale(full.data + g.offset, g.batch * g.rows * g.cols,
+                         update_scale(muon.adjust_lr, g.rows, g.cols));
+        }
+      else  // bf16: the blocks' scale ratios after the normalization, whose moments are unscaled
+        rescale_bf16_blocks(st, c, full.bf16);
+      ns_finished(self, c);
+    });
   });
+}
+
+// Chunk c's owner buffer holds its final update: off to the comm.
+void ns_finished(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& cw = st.work->chunks[c];
+  buffers(self, c, [&] { cw.full.to_comm(*st.be); });
+  after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
 }
 
 void scatter(coord_pointer self, int c) {
@@ -359,6 +404,7 @@ void scatter(coord_pointer self, int c) {
     apply_muon msg{
         st.work->req.step, c, first.lr, first.weight_decay, cw.result.compute(), std::move(scales),
         std::move(args)};
+    msg.cautious = first.cautious;
     ask<ack>(self, st.peers.store, msg, [=](ack&) {
       auto& w = *self->state.work;
       buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
@@ -544,15 +590,17 @@ void finish(coord_pointer self) {
     const auto& a = hparams_of_param(st, static_cast<int>(i)).adamw;
     msg.params.push_back(adamw_param_args{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
                                           touched(st, static_cast<int>(i))});
+    msg.params.back().cautious = a.cautious_weight_decay;
     const auto& x = msg.params.back();
     const auto& f = msg.params.front();
     uniform = uniform && x.touched && x.lr == f.lr && x.beta1 == f.beta1 && x.beta2 == f.beta2
-              && x.eps == f.eps && x.weight_decay == f.weight_decay;
+              && x.eps == f.eps && x.weight_decay == f.weight_decay && x.cautious == f.cautious;
   }
   if (!msg.params.empty()) {  // the message's own values: the first parameter's
     const auto& f = msg.params.front();
     msg.lr = f.lr, msg.beta1 = f.beta1, msg.beta2 = f.beta2, msg.eps = f.eps;
     msg.weight_decay = f.weight_decay;
+    msg.cautious = f.cautious;
   }
   if (uniform)
     msg.params.clear();

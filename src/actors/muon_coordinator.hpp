@@ -16,6 +16,10 @@
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
 //        moves from the owner to the receiving store so that NS's output travels unscaled.
 //        Each Muon parameter is a list of NS blocks (plan.hpp, muon_block), each with its owner
+//        NorMuon (muon_variant::normuon): after NS, normuon_step asks this rank's store to
+//        normalize the rows of the NS blocks it owns (their row moments live there), then
+//        the update is scaled (bf16: the blocks' scale ratios); only here, so a skipped step
+//        never writes them
 //     6. adamw_step (store); MuonClip pairs: a max all-reduce of the query heads' logits, then
 //        qk_clip_scale (store) on this rank's shard of the clipped heads; finish_step (store),
 //        answer the result

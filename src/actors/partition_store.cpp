@@ -1,6 +1,7 @@
 #include "actors/partition_store.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <deque>
 #include <optional>
 #include <tuple>
@@ -9,6 +10,7 @@
 #include "caf/all.hpp"
 
 #include "messages/errors.hpp"
+#include "plan/ownership.hpp"
 #include "trace/trace.hpp"
 
 namespace zmuon {
@@ -38,6 +40,12 @@ struct store_state {
   // The backend's calls over several parameters: each Muon chunk's, and every AdamW parameter's.
   std::vector<std::vector<param_slice>> chunk_slices;
   std::vector<param_slice> adam_slices;
+  // NorMuon's row moments of the NS blocks this rank owns (plan/ownership.hpp), and per
+  // parameter and block where its rows start there and where the whole block sits in its
+  // chunk's owner buffer (-1: another rank's block).
+  device_buffer row_moments;
+  std::vector<std::vector<int64_t>> row_offset;
+  std::vector<std::vector<int64_t>> full_offset;
   int64_t adam_steps = 0;                 // applied steps
   std::vector<int64_t> adam_param_steps;  // per AdamW parameter: the steps that touched it
   // Work on the backend whose completion comes back as gpu_done, oldest first.
@@ -178,10 +186,83 @@ store_snapshot saved_state(store_pointer self) {
   auto& st = self->state;
   auto& be = *st.be;
   be.synchronize();
-  return store_snapshot{to_host(be, st.params),     {},
-                        to_host(be, st.momentum),   to_host(be, st.exp_avg),
-                        to_host(be, st.exp_avg_sq), st.adam_steps,
-                        st.adam_param_steps};
+  store_snapshot snap{to_host(be, st.params),     {},
+                      to_host(be, st.momentum),   to_host(be, st.exp_avg),
+                      to_host(be, st.exp_avg_sq), st.adam_steps,
+                      st.adam_param_steps};
+  snap.row_moments = to_host(be, st.row_moments);
+  return snap;
+}
+
+/// apply_update_slices(), or with cautious weight decay a call per slice (a bf16 update widened
+/// first).
+void apply_slices(compute_backend& be, float* p, fp32_or_bf16 o, int64_t origin,
+                  const std::vector<param_slice>& slices, float lr, float weight_decay,
+                  bool cautious) {
+  if (!cautious)
+    return be.apply_update_slices(p, o, origin, slices, lr, weight_decay);
+  for (const param_slice& s : slices) {
+    const int64_t at = s.state_offset - origin;
+    if (o.f32 != nullptr) {
+      be.apply_update_cautious(p + s.shard_offset, o.f32 + at, s.n, lr, s.scale, weight_decay);
+      continue;
+    }
+    device_buffer wide = be.allocate_for_overwrite(s.n);
+    be.from_bf16(wide.data(), o.bf16 + at, s.n);
+    be.apply_update_cautious(p + s.shard_offset, wide.data(), s.n, lr, s.scale, weight_decay);
+  }
+}
+
+/// normuon_step: each NS block of the listed parameters that this rank owns normalized in place
+/// in the owner buffer (a bf16 one through an fp32 copy) with its own row moments, its heads as
+/// separate matrices whose rows are the block's rows (NorMuon per matrix, arXiv:2510.05491).
+caf::error normalize_rows(store_state& st, const normuon_step& msg) {
+  const auto& pl = *st.pl;
+  const std::string what = "normuon_step: chunk " + std::to_string(msg.chunk);
+  if (msg.chunk < 0 || msg.chunk >= static_cast<int32_t>(pl.chunks.size()))
+    return make_caf_error(errc::invalid_argument,
+                          "normuon_step: no Muon chunk " + std::to_string(msg.chunk));
+  if (msg.full.data == nullptr && msg.full.bf16 == nullptr)
+    return make_caf_error(errc::invalid_argument, what + ": no owner buffer");
+  auto owned = [&](int32_t param, size_t b) { return st.full_offset[param][b] >= 0; };
+  for (const auto& a : msg.params) {
+    bool any = false;
+    if (a.param >= 0 && a.param < static_cast<int32_t>(pl.params.size())
+        && pl.params[a.param].chunk == msg.chunk)
+      for (size_t b = 0; b < st.full_offset[a.param].size(); ++b)
+        any = any || owned(a.param, b);
+    if (!any)
+      return make_caf_error(errc::invalid_argument, what + ": parameter " + std::to_string(a.param)
+                                                        + " has no block this rank owns there");
+    const auto& p = pl.params[a.param];
+    for (size_t b = 0; b < p.blocks.size(); ++b)
+      if (owned(a.param, b)
+          && st.full_offset[a.param][b] + p.blocks[b].rows * p.cols > msg.full.size)
+        return make_caf_error(
+            errc::shape_mismatch,
+            what + ": the owner buffer holds " + std::to_string(msg.full.size) + " floats");
+  }
+  for (const auto& a : msg.params) {
+    const auto& p = pl.params[a.param];
+    for (size_t k = 0; k < p.blocks.size(); ++k) {
+      if (!owned(a.param, k))
+        continue;
+      const muon_block& b = p.blocks[k];
+      float* v = st.row_moments.data() + st.row_offset[a.param][k];
+      const int64_t at = st.full_offset[a.param][k];
+      const int64_t n = b.rows * p.cols;
+      if (msg.full.data != nullptr) {
+        st.be->normuon_rows(msg.full.data + at, v, b.heads, b.rows / b.heads, p.cols, a.beta2,
+                            a.eps);
+        continue;
+      }
+      device_buffer wide = st.be->allocate_for_overwrite(n);
+      st.be->from_bf16(wide.data(), msg.full.bf16 + at, n);
+      st.be->normuon_rows(wide.data(), v, b.heads, b.rows / b.heads, p.cols, a.beta2, a.eps);
+      st.be->to_bf16(msg.full.bf16 + at, wide.data(), n);
+    }
+  }
+  return {};
 }
 
 /// A message's per-parameter entries: none, or one per parameter of the chunk.
@@ -234,6 +315,15 @@ caf::error check_state(const store_state& st, const rank_state* in) {
   for (int64_t n : in->adam_param_steps)
     if (n < 0)
       return make_caf_error(errc::invalid_argument, "load_state: negative AdamW step count");
+  if (!in->row_moments.empty()) {
+    if (auto msg = fits("row_moments", in->row_moments.size(), st.row_moments.size()); !msg.empty())
+      return make_caf_error(errc::shape_mismatch,
+                            "load_state: rank " + std::to_string(st.rank) + ": " + msg);
+    for (float v : in->row_moments)
+      if (!(v >= 0.0f) || !std::isfinite(v))
+        return make_caf_error(errc::invalid_argument,
+                              "load_state: NorMuon row moments must be finite and >= 0");
+  }
   return {};
 }
 
@@ -261,6 +351,14 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
   st.adam_param_steps.assign(adam_params.size(), 0);
   for (const auto& c : st.pl->chunks)
     st.chunk_slices.push_back(slices_of(*st.pl, c.params));
+  st.row_moments = st.be->allocate(row_moment_total(*st.pl, rank));
+  st.row_offset = row_moment_offsets(*st.pl);
+  st.full_offset.resize(st.pl->params.size());
+  for (size_t i = 0; i < st.pl->params.size(); ++i)
+    st.full_offset[i].assign(st.pl->params[i].blocks.size(), -1);
+  for (const auto& own : make_ownership(*st.pl, rank))
+    for (const auto& m : own.owned)
+      st.full_offset[m.param][m.block] = m.full_offset;
   // A CUDA failure inside a handler ends the store with a device_failure naming the call; the
   // coordinator monitors the store and fails the step with it.
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
@@ -366,20 +464,21 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
           slices[k].scale = msg.scales.empty() ? 1.0f : msg.scales[k];
         const fp32_or_bf16 update{msg.update.data, msg.update.bf16};
         if (msg.params.empty()) {
-          st.be->apply_update_slices(st.params.data(), update, c.state_offset, slices, msg.lr,
-                                     msg.weight_decay);
+          apply_slices(*st.be, st.params.data(), update, c.state_offset, slices, msg.lr,
+                       msg.weight_decay, msg.cautious);
           return ack{msg.step};
         }
-        using key = std::pair<float, float>;  // lr, weight decay; untouched: left out
+        using key = std::tuple<float, float, bool>;  // lr, weight decay, cautious; untouched: out
         by_key<key>(
             slices,
             [&](size_t k) -> std::optional<key> {
               const auto& a = msg.params[k];
-              return a.touched ? std::optional<key>(key{a.lr, a.weight_decay}) : std::nullopt;
+              return a.touched ? std::optional<key>(key{a.lr, a.weight_decay, a.cautious})
+                               : std::nullopt;
             },
             [&](const std::vector<param_slice>& subset, const key& k) {
-              st.be->apply_update_slices(st.params.data(), update, c.state_offset, subset, k.first,
-                                         k.second);
+              apply_slices(*st.be, st.params.data(), update, c.state_offset, subset, std::get<0>(k),
+                           std::get<1>(k), std::get<2>(k));
             });
         return ack{msg.step};
       },
@@ -393,24 +492,33 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         ++st.adam_steps;
         materialize(self);
         // One call per set of parameters that share their values and step count.
-        using key = std::tuple<float, float, float, float, float, int64_t>;
+        using key = std::tuple<float, float, float, float, float, int64_t, bool>;
         by_key<key>(
             st.adam_slices,
             [&](size_t k) -> std::optional<key> {
               adamw_param_args a{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, true};
+              a.cautious = msg.cautious;
               if (!msg.params.empty())
                 a = msg.params[k];
               if (!a.touched)
                 return std::nullopt;
               int64_t n = ++st.adam_param_steps[k];
-              return key{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, n};
+              return key{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, n, a.cautious};
             },
             [&](const std::vector<param_slice>& subset, const key& k) {
-              auto [lr, beta1, beta2, eps, wd, n] = k;
+              auto [lr, beta1, beta2, eps, wd, n, cautious] = k;
+              adamw_args args{lr, beta1, beta2, eps, wd, n};
+              args.cautious = cautious;
               st.be->adamw_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
-                                  st.exp_avg_sq.data(), subset,
-                                  adamw_args{lr, beta1, beta2, eps, wd, n});
+                                  st.exp_avg_sq.data(), subset, args);
             });
+        return ack{msg.step};
+      },
+      [=](normuon_step& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
+        const keep_alive held = std::move(msg.full.owner);  // as in accumulate
+        if (auto err = normalize_rows(self->state, msg))
+          return err;
         return ack{msg.step};
       },
       [=](finish_step& msg) -> caf::result<ack> {
@@ -446,6 +554,10 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         be.copy_from_host(st.momentum.data(), in.momentum.data(), in.momentum.size());
         be.copy_from_host(st.exp_avg.data(), in.exp_avg.data(), in.exp_avg.size());
         be.copy_from_host(st.exp_avg_sq.data(), in.exp_avg_sq.data(), in.exp_avg_sq.size());
+        if (in.row_moments.empty())
+          be.fill_zero(st.row_moments.data(), st.row_moments.size());
+        else
+          be.copy_from_host(st.row_moments.data(), in.row_moments.data(), in.row_moments.size());
         be.synchronize();
         st.adam_steps = in.adam_steps;
         if (in.adam_param_steps.empty())

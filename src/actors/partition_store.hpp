@@ -12,12 +12,17 @@
 //   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`
 //   apply_muon -> ack        (coordinator) p = p*(1 - lr*wd) - lr*scale*o for one chunk (each
 //                            parameter's scale from the message; 1 when it carries none)
-//   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards
+//   apply_muon carries `cautious`: the decay only where p * o >= 0 (arXiv:2510.12402)
+//   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards (cautious: likewise,
+//                            with the direction m_hat / (sqrt(v_hat) + eps))
+//   normuon_step -> ack      (coordinator, owner, applied steps only) NorMuon's row
+//                            normalization of the NS blocks this rank owns in a chunk,
+//                            after NS: updates their row moments, which this store keeps
 //   finish_step -> ack       (coordinator) zero the gradient after an applied step
 //   qk_clip_scale -> ack     (coordinator, MuonClip) scale ranges of the parameter shard
 //   load_params -> ack       (host) set the parameter shard
-//   load_state -> ack        (host, checkpoint load) set params, momentum, Adam moments and the
-//                            AdamW step count; zero the gradient
+//   load_state -> ack        (host, checkpoint load) set params, momentum, Adam moments, the
+//                            AdamW step count and the row moments; zero the gradient
 //   snapshot_atom -> store_snapshot  (host, tests) a copy of all state
 //   saved_state_atom -> store_snapshot  (host, checkpoint save) a copy of what a checkpoint
 //                                    keeps: all state but the gradient (left empty, and the
@@ -51,7 +56,8 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<saved_state_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>,
     caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>,
-    caf::replies_to<qk_clip_scale>::with<ack>>;
+    caf::replies_to<qk_clip_scale>::with<ack>,
+    caf::replies_to<normuon_step>::with<ack>>;
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
                                             int rank, std::shared_ptr<compute_backend> backend,

@@ -14,10 +14,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 #include "checkpoint/detail.hpp"
 #include "checkpoint/safetensors.hpp"
 #include "checkpoint/shards.hpp"
+#include "plan/ownership.hpp"
 
 namespace zmuon {
 
@@ -152,6 +154,27 @@ expected<uint32_t> read_once(const std::string& path, uint64_t size,
   return static_cast<uint32_t>(crc);
 }
 
+/// A row-moment tensor's name after kRowMomentsPrefix: "<name>" (all rows: b = -1) or
+/// "<name>@a:b" (rows [a, b)); the parameter's index in `pl` (-1: none) and the rows.
+std::tuple<int, int64_t, int64_t> row_moment_tensor(const plan& pl, const std::string& rest) {
+  if (const int j = pl.find(rest); j >= 0)
+    return {j, 0, -1};
+  const size_t at = rest.rfind('@');
+  const size_t colon = rest.rfind(':');
+  if (at == std::string::npos || colon == std::string::npos || colon < at)
+    return {-1, 0, 0};
+  const std::string a = rest.substr(at + 1, colon - at - 1);
+  const std::string b = rest.substr(colon + 1);
+  auto digits = [](const std::string& t) {
+    return !t.empty() && t.size() < 18
+           && std::all_of(t.begin(), t.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  const int j = pl.find(rest.substr(0, at));
+  if (j < 0 || !digits(a) || !digits(b) || std::stoll(b) <= std::stoll(a))
+    return {-1, 0, 0};
+  return {j, std::stoll(a), std::stoll(b)};
+}
+
 /// Checks the header of shard file `path` (saved rank f.rank of `m`) against the manifest and
 /// the target's table, and lists where the values target ranks [first, last) hold lie in it,
 /// sorted by offset, each with its place in `states`.
@@ -203,6 +226,35 @@ error shard_ranges(const std::string& path, const checkpoint_file& f, const chec
                                                     + offset_in(kind, p) + (lo - rb)),
                             t.name, lo - sb});
       }
+    }
+  }
+  // NorMuon's row moments: in the file of the rank that owned each NS block when it was saved
+  // (a file without them: zeros), as tensors of rows [a, b) of a parameter's matrix view; each
+  // row goes to the target rank that owns its block now.
+  const std::vector<std::vector<int64_t>> row_offsets = row_moment_offsets(target);
+  for (const auto& [name, entry] : by_name) {
+    if (name.rfind(kRowMomentsPrefix, 0) != 0)
+      continue;
+    auto [j, a, b] = row_moment_tensor(target, name.substr(std::string(kRowMomentsPrefix).size()));
+    if (j < 0)
+      continue;  // counted as unused below
+    const auto& p = target.params[j];
+    const int64_t b_end = b < 0 ? static_cast<int64_t>(entry->count) : b;
+    if (!p.muon || a < 0 || b_end > p.rows || b_end - a != static_cast<int64_t>(entry->count))
+      return bad(path, "tensor " + in_quotes(name) + " has " + std::to_string(entry->count)
+                           + " values, not rows of the matrix of " + std::to_string(p.rows)
+                           + " rows it names");
+    ++used;
+    for (size_t k = 0; k < p.blocks.size(); ++k) {
+      const muon_block& blk = p.blocks[k];
+      const int64_t lo = std::max(a, blk.row0);
+      const int64_t hi = std::min(b_end, blk.row0 + blk.rows);
+      if (lo < hi && blk.owner >= first && blk.owner < last && row_offsets[j][k] >= 0)
+        ranges.push_back({entry->offset + static_cast<uint64_t>(lo - a) * sizeof(float),
+                          static_cast<uint64_t>(hi - lo) * sizeof(float),
+                          reinterpret_cast<char*>(states[blk.owner].row_moments.data()
+                                                  + row_offsets[j][k] + (lo - blk.row0)),
+                          name, lo - a});
     }
   }
   if (used != index->tensors.size())
@@ -260,6 +312,27 @@ expected<checkpoint_file> write_shard_file(const std::string& out, const plan& p
                            {n},
                            (st.*k.buffer).data() + offset_in(k, p),
                            static_cast<size_t>(n)});
+    }
+  }
+  // NorMuon's row moments of the NS blocks this rank owns: a parameter of one block whole
+  // ("row_moments/<name>"), another's blocks as rows [a, b) ("row_moments/<name>@a:b").
+  if (!st.row_moments.empty()) {
+    if (static_cast<int64_t>(st.row_moments.size()) != row_moment_total(pl, rank))
+      return error{errc::internal, "write_shard_file: rank " + std::to_string(rank)
+                                       + "'s row moments do not fit the plan"};
+    const std::vector<std::vector<int64_t>> offsets = row_moment_offsets(pl);
+    for (size_t j = 0; j < pl.params.size(); ++j) {
+      const auto& p = pl.params[j];
+      for (size_t k = 0; p.muon && k < p.blocks.size(); ++k) {
+        const muon_block& b = p.blocks[k];
+        if (b.owner != rank)
+          continue;
+        std::string name = kRowMomentsPrefix + p.name;
+        if (p.blocks.size() > 1)
+          name += "@" + std::to_string(b.row0) + ":" + std::to_string(b.row0 + b.rows);
+        tensors.push_back(
+            {name, {b.rows}, st.row_moments.data() + offsets[j][k], static_cast<size_t>(b.rows)});
+      }
     }
   }
   uLong crc = ::crc32(0L, Z_NULL, 0);
@@ -405,14 +478,22 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     st.exp_avg_sq.assign(target.adam_state_total, 0.0f);
     st.adam_steps = m.adam_steps;
     st.adam_param_steps = m.adam_param_steps;
+    st.row_moments.assign(row_moment_total(target, r), 0.0f);
   }
   // Elements [begin, end) of parameter p that target ranks [first, last) hold.
   auto wanted_range = [&](const param_layout& p) {
     return std::pair<int64_t, int64_t>{std::min(p.numel, first * p.shard_len),
                                        std::min(p.numel, last * p.shard_len)};
   };
+  const std::vector<std::vector<int>> saved_owner = owners_at_world(target, m.world);
   for (const auto& f : m.files) {
     bool needed = false;
+    // Row moments lie in the file of the rank that owned the block at the save.
+    for (size_t j = 0; j < target.params.size(); ++j)
+      for (size_t b = 0; b < saved_owner[j].size(); ++b) {
+        const int now = target.params[j].blocks[b].owner;
+        needed = needed || (saved_owner[j][b] == f.rank && now >= first && now < last);
+      }
     for (const auto& p : target.params) {
       auto [sb, se] = rank_slice(p.numel, saved_shard_len(m, p), f.rank);
       auto [wb, we] = wanted_range(p);

@@ -3,7 +3,10 @@
 //   DIR/latest                        the name of the newest complete checkpoint ("step_00000005")
 //   DIR/step_00000005/rank_00000.safetensors   rank 0's shards (real elements only, no padding):
 //                                     param/<name>, momentum/<name> (Muon), exp_avg/<name> and
-//                                     exp_avg_sq/<name> (AdamW); metadata rank, world, step
+//                                     exp_avg_sq/<name> (AdamW); row_moments/<name> (NorMuon's,
+//                                     of the NS blocks the rank owns: <name>@a:b for rows
+//                                     [a, b) of a parameter of several); metadata
+//                                     rank, world, step
 //   DIR/step_00000005/manifest.json   world, step, AdamW step count, loss-scaler state, the
 //                                     parameter table, the job's config, size and CRC-32 per file
 //

@@ -20,6 +20,11 @@ struct state_kind {
   bool always;    // params: every parameter
 };
 
+/// The prefix of NorMuon's row moments in a shard file: one tensor [rows] per NS block, in the
+/// file of the rank that owned it (plan/ownership.hpp's row_moment_offsets): "<prefix><name>"
+/// for a parameter of one block, "<prefix><name>@a:b" (rows [a, b) of its matrix view) else.
+inline constexpr const char* kRowMomentsPrefix = "row_moments/";
+
 /// param, momentum, exp_avg, exp_avg_sq.
 extern const state_kind state_kinds[4];
 

@@ -339,6 +339,14 @@ const std::vector<field>& schema() {
       c.engine.adamw.weight_decay = c.engine.muon.weight_decay;  // one decay for both groups
       return err;
     };
+    // Cautious weight decay (arXiv:2510.12402) for both groups, as weight_decay is one decay.
+    field cautious =
+        make<bool>(p + "cautious_weight_decay", ZMUON_SLOT(engine.muon.cautious_weight_decay));
+    cautious.read = [read = cautious.read](const json& v, job_config& c) {
+      error err = read(v, c);
+      c.engine.adamw.cautious_weight_decay = c.engine.muon.cautious_weight_decay;
+      return err;
+    };
     return std::vector<field>{
         batch,
         make<int>("train_micro_batch_size_per_gpu", ZMUON_SLOT(micro_batch), r::closed(1, 1 << 20)),
@@ -368,6 +376,10 @@ const std::vector<field>& schema() {
         ns_method,
         make<bool>(p + "nesterov", ZMUON_SLOT(engine.muon.nesterov)),
         weight_decay,
+        cautious,
+        make<muon_variant>(p + "variant", ZMUON_SLOT(engine.muon.variant), {}, {"muon", "normuon"}),
+        make<float>(p + "normuon_beta2", ZMUON_SLOT(engine.muon.normuon_beta2), r::half_open(0, 1)),
+        make<float>(p + "normuon_eps", ZMUON_SLOT(engine.muon.normuon_eps), r::above(0)),
         numbers(p + "betas", {ZMUON_SLOT(engine.adamw.beta1), ZMUON_SLOT(engine.adamw.beta2)},
                 r::half_open(0, 1)),
         make<float>(p + "eps", ZMUON_SLOT(engine.adamw.eps), r::above(0)),

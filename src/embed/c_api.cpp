@@ -597,6 +597,35 @@ int zmuon_engine_set_group_hparams(zmuon_engine* eng, int32_t group,
   });
 }
 
+static_assert(ZMUON_VARIANT_NORMUON == static_cast<int>(zmuon::muon_variant::normuon));
+
+int zmuon_engine_set_group_rule(zmuon_engine* eng, int32_t group, const zmuon_group_hparams* values,
+                                const zmuon_update_rule* rule) {
+  const char* fn = "zmuon_engine_set_group_rule";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !values)
+      return null_arg(fn, eng ? "values" : "eng");
+    zmuon::group_hparams v;
+    auto bad = [&](const zmuon::error& err) -> zmuon::error {
+      return {err.code(),
+              std::string(fn) + ": group " + std::to_string(group) + ": " + err.message()};
+    };
+    if (auto err = to_group(*eng->eng, *values, v))
+      return bad(err);
+    if (rule) {
+      if (rule->variant != ZMUON_VARIANT_MUON && rule->variant != ZMUON_VARIANT_NORMUON)
+        return bad({errc::invalid_argument, "variant must be 0 (muon) or 1 (normuon), got "
+                                                + std::to_string(rule->variant)});
+      v.muon.cautious_weight_decay = v.adamw.cautious_weight_decay =
+          rule->cautious_weight_decay != 0;
+      v.muon.variant = static_cast<zmuon::muon_variant>(rule->variant);
+      v.muon.normuon_beta2 = rule->normuon_beta2;
+      v.muon.normuon_eps = rule->normuon_eps;
+    }
+    return eng->eng->set_group_hparams(group, v);
+  });
+}
+
 int zmuon_engine_time_calls(zmuon_engine* eng, int32_t on) {
   const char* fn = "zmuon_engine_time_calls";
   return guarded(fn, [&]() -> zmuon::error {
@@ -760,14 +789,19 @@ int zmuon_engine_read_state(zmuon_engine* eng, int32_t scope, zmuon_param_state*
   });
 }
 
-int zmuon_engine_write_state(zmuon_engine* eng, const zmuon_param_state* params, size_t n,
-                             const zmuon_state_info* info) {
-  const char* fn = "zmuon_engine_write_state";
-  return guarded(fn, [&]() -> zmuon::error {
+namespace {
+
+/// zmuon_engine_write_state's state, with row moments from `rows` (n_rows entries) when given.
+zmuon::error write_state_of(const char* fn, zmuon_engine* eng, const zmuon_param_state* params,
+                            size_t n, const zmuon_state_info* info, const zmuon_row_moments* rows,
+                            size_t n_rows) {
+  {
     if (!eng || !info)
       return null_arg(fn, eng ? "info" : "eng");
     if (n > 0 && !params)
       return null_arg(fn, "params");
+    if (n_rows > 0 && !rows)
+      return null_arg(fn, "rows");
     zmuon::optimizer_state state;
     state.step = info->step;
     state.adam_steps = info->adam_steps;
@@ -791,7 +825,70 @@ int zmuon_engine_write_state(zmuon_engine* eng, const zmuon_param_state* params,
           (p.*tensors[t]).assign(bufs[t], bufs[t] + params[i].numel);
       state.params.push_back(std::move(p));
     }
+    for (size_t i = 0; i < n_rows; ++i) {
+      if (!rows[i].name || (rows[i].rows > 0 && !rows[i].values) || rows[i].rows < 0)
+        return {errc::invalid_argument, std::string(fn) + ": row-moment entry " + std::to_string(i)
+                                            + " has a NULL name or values, or negative rows"};
+      auto it = std::find_if(state.params.begin(), state.params.end(),
+                             [&](const zmuon::param_state& p) { return p.name == rows[i].name; });
+      if (it == state.params.end())
+        return {errc::unknown_parameter, std::string(fn) + ": row moments of '" + rows[i].name
+                                             + "', which the state does not list"};
+      it->row_moments.assign(rows[i].values, rows[i].values + rows[i].rows);
+    }
     return eng->eng->write_state(state);
+  }
+}
+
+}  // namespace
+
+int zmuon_engine_write_state(zmuon_engine* eng, const zmuon_param_state* params, size_t n,
+                             const zmuon_state_info* info) {
+  const char* fn = "zmuon_engine_write_state";
+  return guarded(fn, [&]() { return write_state_of(fn, eng, params, n, info, nullptr, 0); });
+}
+
+int zmuon_engine_write_state_rows(zmuon_engine* eng, const zmuon_param_state* params, size_t n,
+                                  const zmuon_state_info* info, const zmuon_row_moments* rows,
+                                  size_t n_rows) {
+  const char* fn = "zmuon_engine_write_state_rows";
+  return guarded(fn, [&]() { return write_state_of(fn, eng, params, n, info, rows, n_rows); });
+}
+
+int zmuon_engine_read_row_moments(zmuon_engine* eng, zmuon_row_moments* entries, size_t n) {
+  const char* fn = "zmuon_engine_read_row_moments";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    if (n > 0 && !entries)
+      return null_arg(fn, "entries");
+    auto state = eng->eng->read_state(zmuon::state_scope::full);  // a collective: first
+    if (!state)
+      return state.err();
+    std::vector<const zmuon::param_state*> found(n);
+    for (size_t i = 0; i < n; ++i) {  // everything checked before anything is written
+      if (!entries[i].name)
+        return {errc::invalid_argument,
+                std::string(fn) + ": entry " + std::to_string(i) + " has a NULL name"};
+      for (const auto& p : state->params)
+        if (p.name == entries[i].name)
+          found[i] = &p;
+      if (!found[i])
+        return {errc::unknown_parameter,
+                std::string(fn) + ": no parameter '" + entries[i].name + "'"};
+      const auto& v = found[i]->row_moments;
+      if (v.empty())
+        return {errc::invalid_argument, std::string(fn) + ": parameter '" + entries[i].name
+                                            + "' keeps no row moments (an AdamW parameter)"};
+      if (static_cast<int64_t>(v.size()) != entries[i].rows || !entries[i].values)
+        return {errc::shape_mismatch, std::string(fn) + ": parameter '" + entries[i].name + "' has "
+                                          + std::to_string(v.size())
+                                          + " row moments, the entry holds "
+                                          + std::to_string(entries[i].rows)};
+    }
+    for (size_t i = 0; i < n; ++i)
+      std::copy(found[i]->row_moments.begin(), found[i]->row_moments.end(), entries[i].values);
+    return {};
   });
 }
 

@@ -39,6 +39,10 @@ error check_options(const engine_options& o) {
     return bad("muon momentum must be in [0, 1)");
   if (auto err = check_ns_options(m.ns, o.compute))
     return err;
+  if (!(m.normuon_beta2 >= 0 && m.normuon_beta2 < 1))
+    return bad("normuon_beta2 must be in [0, 1)");
+  if (!(m.normuon_eps > 0) || !std::isfinite(m.normuon_eps))
+    return bad("normuon_eps must be finite and > 0");
   const auto& a = o.adamw;
   if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
     return bad("adamw betas must be in [0, 1)");

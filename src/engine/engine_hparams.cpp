@@ -11,6 +11,18 @@ namespace zmuon {
 
 namespace {
 
+/// Why NorMuon's values cannot run, or no error.
+error check_normuon(const muon_options& m) {
+  if (m.variant != muon_variant::muon && m.variant != muon_variant::normuon)
+    return error{errc::invalid_argument, "variant must be muon or normuon"};
+  if (!(m.normuon_beta2 >= 0 && m.normuon_beta2 < 1))
+    return error{errc::invalid_argument,
+                 "normuon_beta2 must be in [0, 1), got " + std::to_string(m.normuon_beta2)};
+  if (!(m.normuon_eps > 0) || !std::isfinite(m.normuon_eps))
+    return error{errc::invalid_argument, "normuon_eps must be finite and > 0"};
+  return {};
+}
+
 /// Why group `group`'s values cannot run, or no error.
 error check_group(int group, const group_hparams& v, const std::string& backend) {
   const std::string where = "hyperparameter group " + std::to_string(group) + ": ";
@@ -41,6 +53,8 @@ error check_group(int group, const group_hparams& v, const std::string& backend)
                + std::to_string(m.qk_clip_tau));
   if (static_cast<int>(m.adjust_lr) > static_cast<int>(adjust_lr_rule::rms))
     return bad("adjust_lr is not one of original, match_rms_adamw, spectral, rms");
+  if (auto err = check_normuon(m))
+    return bad(err.message());
   return {};
 }
 

@@ -10,6 +10,7 @@
 
 #include "checkpoint/shards.hpp"
 #include "engine/impl.hpp"
+#include "plan/ownership.hpp"
 
 namespace zmuon {
 
@@ -90,6 +91,48 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
       ++adam_index;
     }
     out.params.push_back(std::move(ps));
+  }
+
+  // NorMuon's row moments: per Muon parameter one per row of its matrix view, each NS block's
+  // from its owner rank where that is one of this process's (zeros for the others' blocks);
+  // read whole over the processes, summed, so that every process has every block's.
+  const std::vector<std::vector<int64_t>> row_offsets = row_moment_offsets(pl);
+  const bool rows_over_nodes = scope == state_scope::full && d.multi_node();
+  std::vector<double> all_rows;
+  for (size_t j = 0; j < pl.params.size(); ++j) {
+    const auto& p = pl.params[j];
+    if (!p.muon)
+      continue;
+    std::vector<float> v(static_cast<size_t>(p.rows), 0.0f);
+    bool any = false;
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      const muon_block& blk = p.blocks[b];
+      const int i = blk.owner - d.first_rank;
+      if (i < 0 || i >= d.local || row_offsets[j][b] < 0)
+        continue;
+      const auto& rows = snaps[i].row_moments;
+      if (row_offsets[j][b] + blk.rows > static_cast<int64_t>(rows.size()))
+        continue;
+      std::copy(rows.begin() + row_offsets[j][b], rows.begin() + row_offsets[j][b] + blk.rows,
+                v.begin() + blk.row0);
+      any = true;
+    }
+    if (rows_over_nodes)
+      all_rows.insert(all_rows.end(), v.begin(), v.end());
+    else if (any)
+      out.params[j].row_moments = std::move(v);
+  }
+  if (rows_over_nodes && !all_rows.empty()) {
+    auto summed = sum_over_nodes(all_rows);  // one owner per row: the sum is its value, exactly
+    if (!summed)
+      return summed.err();
+    size_t at = 0;
+    for (size_t j = 0; j < pl.params.size(); ++j)
+      if (pl.params[j].muon) {
+        auto& v = out.params[j].row_moments;
+        for (int64_t e = 0; e < pl.params[j].rows; ++e)
+          v.push_back(static_cast<float>((*summed)[at++]));
+      }
   }
 
   // 2. Each kind's full tensors (or this process's part), one kind at a time.
@@ -201,6 +244,18 @@ error engine::write_state(const optimizer_state& state) {
           break;
         }
     }
+    if (!own && !ps.row_moments.empty()) {
+      if (!p.muon || static_cast<int64_t>(ps.row_moments.size()) != p.rows)
+        own = {errc::shape_mismatch,
+               of(ps.name, "row_moments has ") + std::to_string(ps.row_moments.size())
+                   + " values, the parameter keeps " + std::to_string(p.muon ? p.rows : 0)
+                   + " (one per row of its Muon matrix view)"};
+      for (size_t e = 0; !own && e < ps.row_moments.size(); ++e)
+        if (!std::isfinite(ps.row_moments[e]) || ps.row_moments[e] < 0)
+          own = {errc::invalid_argument, of(ps.name, "row_moments") + " holds "
+                                             + std::to_string(ps.row_moments[e]) + " at element "
+                                             + std::to_string(e) + " (finite, >= 0 only)"};
+    }
     if (!own && !p.muon && ps.adam_step < 0)
       own = {errc::invalid_argument,
              of(ps.name, "AdamW step count ") + std::to_string(ps.adam_step) + " is negative"};
@@ -244,6 +299,7 @@ error engine::write_state(const optimizer_state& state) {
   for (size_t j = 0; j < pl.params.size(); ++j)
     if (!pl.params[j].muon)
       adam_param_steps.push_back(by_index[j]->adam_step);
+  const std::vector<std::vector<int64_t>> row_offsets = row_moment_offsets(pl);
   const std::string handing =
       "while handing the optimizer state of step " + std::to_string(state.step) + " to its ranks";
   for (int i = 0; i < d.local; ++i) {
@@ -255,6 +311,17 @@ error engine::write_state(const optimizer_state& state) {
     st->exp_avg_sq.assign(pl.adam_state_total, 0.0f);
     st->adam_steps = state.adam_steps;
     st->adam_param_steps = adam_param_steps;
+    // NorMuon's row moments: each NS block's rows to its owner (none given: zeros).
+    st->row_moments.assign(row_moment_total(pl, r), 0.0f);
+    for (size_t j = 0; j < pl.params.size(); ++j) {
+      const auto& rows = by_index[j]->row_moments;
+      for (size_t b = 0; !rows.empty() && b < pl.params[j].blocks.size(); ++b) {
+        const muon_block& blk = pl.params[j].blocks[b];
+        if (blk.owner == r)
+          std::copy(rows.begin() + blk.row0, rows.begin() + blk.row0 + blk.rows,
+                    st->row_moments.begin() + row_offsets[j][b]);
+      }
+    }
     for (size_t j = 0; j < pl.params.size(); ++j) {
       const auto& p = pl.params[j];
       const param_state& ps = *by_index[j];

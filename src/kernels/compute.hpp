@@ -75,6 +75,9 @@ struct adamw_args {
   float eps = 1e-10f;
   float weight_decay = 0.0f;
   int64_t step = 1;
+  /// Cautious weight decay (arXiv:2510.12402, as Dion's scalar_opts.adamw_update): p decays only
+  /// where p * m_hat / (sqrt(v_hat) + eps) >= 0, with m and v already updated by this step.
+  bool cautious = false;
 };
 
 /// A parameter's part of a call over several parameters (the store's calls, one per Muon chunk
@@ -194,6 +197,17 @@ public:
   /// Decoupled weight decay and the Muon update: p = p*(1 - lr*wd) - lr*scale*o.
   virtual void apply_update(float* p, const float* o, int64_t n, float lr, float scale,
                             float weight_decay) = 0;
+  /// apply_update() with cautious weight decay (arXiv:2510.12402; Dion's
+  /// muon_update_post_orthogonalize): p = p - lr*wd*p*[p*o >= 0] - lr*scale*o. `o` is the
+  /// orthogonalized (NorMuon: normalized) update; scale > 0 leaves its sign alone.
+  virtual void apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
+                                     float weight_decay) = 0;
+  /// NorMuon's row normalization (arXiv:2510.05491, Algorithm 1; Dion's normuon.py), in place on
+  /// `batch` row-major [rows, cols] blocks of x, with v their batch*rows row moments:
+  ///   v = beta2*v + (1-beta2)*mean_j(o_ij^2);  o_ij /= sqrt(v_i) + eps;
+  ///   then each block times ||o_before||_F / max(||o_after||_F, 1e-8) (Dion's rescale).
+  virtual void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
+                            float beta2, float eps) = 0;
   /// Bias-corrected AdamW with decoupled weight decay, on one shard.
   virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n,
                      const adamw_args& args) = 0;

@@ -243,6 +243,7 @@ struct muon_param_args {
   float lr = 0;
   float weight_decay = 0;
   bool touched = true;
+  bool cautious = false;  // cautious weight decay (apply_muon)
 };
 
 /// Momentum update of one chunk's local shards; the update source u goes to `out` (fp32 or
@@ -269,6 +270,24 @@ struct apply_muon {
   float_view update;
   std::vector<float> scales = {};
   std::vector<muon_param_args> params = {};
+  bool cautious = false;  // cautious weight decay (with params empty: every parameter's)
+};
+
+/// One parameter of normuon_step: every NS block of it the rank owns, and its NorMuon values.
+struct normuon_param_args {
+  int32_t param = 0;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+};
+
+/// NorMuon's row normalization of the NS blocks this rank owns in one chunk, `full` being
+/// its owner buffer after Newton-Schulz (fp32 or bf16 bits): updates their row moments. Sent
+/// only in a step that is applied.
+struct normuon_step {
+  uint64_t step = 0;
+  int32_t chunk = 0;
+  float_view full;
+  std::vector<normuon_param_args> params = {};
 };
 
 /// MuonClip: scale `n` elements of the parameter shard from `offset` by `factor`.
@@ -294,6 +313,7 @@ struct adamw_param_args {
   float eps = 1e-10f;
   float weight_decay = 0;
   bool touched = true;
+  bool cautious = false;  // cautious weight decay
 };
 
 /// AdamW on every non-Muon shard. `params`: empty (every parameter uses the message's values),
@@ -306,6 +326,7 @@ struct adamw_step {
   float eps = 1e-10f;
   float weight_decay = 0;
   std::vector<adamw_param_args> params = {};
+  bool cautious = false;  // cautious weight decay (with params empty: every parameter's)
 };
 
 /// End of an applied step: zero the gradients.
@@ -412,18 +433,22 @@ ZMUON_INSPECT(grad_scan, x.step, x.nonfinite, x.sum_squares)
 ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale, x.sum_squares)
 ZMUON_INSPECT(discard_grads, x.step)
 ZMUON_INSPECT(unscale_clip, x.step, x.factor)
-ZMUON_INSPECT(muon_param_args, x.beta, x.nesterov, x.lr, x.weight_decay, x.touched)
-ZMUON_INSPECT(adamw_param_args, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.touched)
+ZMUON_INSPECT(muon_param_args, x.beta, x.nesterov, x.lr, x.weight_decay, x.touched, x.cautious)
+ZMUON_INSPECT(adamw_param_args, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.touched,
+              x.cautious)
+ZMUON_INSPECT(normuon_param_args, x.param, x.beta2, x.eps)
+ZMUON_INSPECT(normuon_step, x.step, x.chunk, x.full, x.params)
 ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out, x.params)
-ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update, x.params)
-ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.params)
+ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update, x.params, x.cautious)
+ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.params,
+              x.cautious)
 ZMUON_INSPECT(finish_step, x.step)
 ZMUON_INSPECT(clip_range, x.offset, x.n, x.factor)
 ZMUON_INSPECT(qk_clip_scale, x.step, x.ranges)
 ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
 ZMUON_INSPECT(load_params, x.step)
 ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps,
-              x.adam_param_steps)
+              x.adam_param_steps, x.row_moments)
 ZMUON_INSPECT(load_state, x.step)
 ZMUON_INSPECT(loss_scale_snapshot, x.scale, x.iter, x.last_overflow_iter, x.hysteresis_left)
 ZMUON_INSPECT(restore_scaler, x.step, x.state)

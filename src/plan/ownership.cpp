@@ -50,4 +50,30 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
   return out;
 }
 
+std::vector<std::vector<int64_t>> row_moment_offsets(const plan& pl) {
+  std::vector<std::vector<int64_t>> out(pl.params.size());
+  std::vector<int64_t> next(static_cast<size_t>(std::max(pl.world, 1)), 0);
+  for (size_t i = 0; i < pl.params.size(); ++i) {
+    const auto& p = pl.params[i];
+    if (!p.muon)
+      continue;
+    for (const auto& b : p.blocks) {
+      const bool placed = b.owner >= 0 && b.owner < pl.world;
+      out[i].push_back(placed ? next[b.owner] : -1);
+      if (placed)
+        next[b.owner] += b.rows;
+    }
+  }
+  return out;
+}
+
+int64_t row_moment_total(const plan& pl, int rank) {
+  int64_t total = 0;
+  for (const auto& p : pl.params)
+    if (p.muon)
+      for (const auto& b : p.blocks)
+        total += b.owner == rank ? b.rows : 0;
+  return total;
+}
+
 }  // namespace zmuon

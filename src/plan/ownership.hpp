@@ -60,4 +60,13 @@ inline std::pair<int64_t, int64_t> shard_part(const param_layout& p, int q, int6
 
 std::vector<chunk_ownership> make_ownership(const plan& pl, int rank);
 
+/// NorMuon's row moments live with each NS block's owner (the rank that holds the whole block
+/// after the gather), one per row of the block, the owner's blocks in table and row order.
+/// Per parameter and block (param_layout::blocks): where the block's rows start in its owner's
+/// buffer (empty for AdamW parameters). A parameter's row-moment vector is its matrix view's
+/// rows (p.rows), block b's at [b.row0, b.row0 + b.rows).
+std::vector<std::vector<int64_t>> row_moment_offsets(const plan& pl);
+/// The row moments rank `rank` holds.
+int64_t row_moment_total(const plan& pl, int rank);
+
 }  // namespace zmuon

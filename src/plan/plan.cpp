@@ -53,26 +53,14 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
 // rank and, for equal cost, table and row order. Deterministic, so identical on every rank. The
 // blocks of one parameter (experts, split blocks) may go to different ranks.
 void assign_owners(plan& pl) {
-  std::vector<std::pair<int, int>> order;  // (parameter, block)
-  for (int i = 0; i < static_cast<int>(pl.params.size()); ++i)
-    for (int b = 0; pl.params[i].muon && b < static_cast<int>(pl.params[i].blocks.size()); ++b)
-      order.emplace_back(i, b);
-  auto cost = [&](const std::pair<int, int>& ib) {
-    auto& p = pl.params[ib.first];
-    auto& b = p.blocks[ib.second];
-    return static_cast<double>(b.heads) * ns_cost(b.rows / b.heads, p.cols);
-  };
-  std::stable_sort(order.begin(), order.end(),
-                   [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
-  pl.owner_cost.assign(pl.world, 0.0);
-  for (const auto& ib : order) {
-    auto least = std::min_element(pl.owner_cost.begin(), pl.owner_cost.end());
-    pl.params[ib.first].blocks[ib.second].owner = static_cast<int>(least - pl.owner_cost.begin());
-    *least += cost(ib);
-  }
-  for (auto& p : pl.params)
+  const std::vector<std::vector<int>> owners = owners_at_world(pl, pl.world, &pl.owner_cost);
+  for (size_t i = 0; i < pl.params.size(); ++i) {
+    auto& p = pl.params[i];
+    for (size_t b = 0; b < owners[i].size(); ++b)
+      p.blocks[b].owner = owners[i][b];
     if (p.muon)
       p.owner = p.blocks.front().owner;
+  }
 }
 
 bool is_expert_stack(const param_spec& p) {
@@ -177,6 +165,34 @@ error make_qk_pairs(const std::vector<param_spec>& table, plan& pl) {
 }
 
 }  // namespace
+
+std::vector<std::vector<int>> owners_at_world(const plan& pl, int world,
+                                              std::vector<double>* cost_of_rank) {
+  std::vector<std::pair<int, int>> order;  // (parameter, block)
+  for (int i = 0; i < static_cast<int>(pl.params.size()); ++i)
+    for (int b = 0; pl.params[i].muon && b < static_cast<int>(pl.params[i].blocks.size()); ++b)
+      order.emplace_back(i, b);
+  auto cost = [&](const std::pair<int, int>& ib) {
+    auto& p = pl.params[ib.first];
+    auto& b = p.blocks[ib.second];
+    return static_cast<double>(b.heads) * ns_cost(b.rows / b.heads, p.cols);
+  };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
+  std::vector<double> load(static_cast<size_t>(std::max(world, 1)), 0.0);
+  std::vector<std::vector<int>> owners(pl.params.size());
+  for (size_t i = 0; i < pl.params.size(); ++i)
+    if (pl.params[i].muon)
+      owners[i].assign(pl.params[i].blocks.size(), -1);
+  for (const auto& ib : order) {
+    auto least = std::min_element(load.begin(), load.end());
+    owners[ib.first][ib.second] = static_cast<int>(least - load.begin());
+    *least += cost(ib);
+  }
+  if (cost_of_rank)
+    *cost_of_rank = std::move(load);
+  return owners;
+}
 
 int plan::muon_count() const {
   return static_cast<int>(

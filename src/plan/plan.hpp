@@ -103,6 +103,13 @@ struct plan {
 /// NS cost of one [rows, cols] matrix: max(m,n) * min(m,n)^2.
 double ns_cost(int64_t rows, int64_t cols);
 
+/// The owner rank of each NS block of each Muon parameter of `pl`'s table at world size
+/// `world` (per parameter, per param_layout::blocks entry; empty for AdamW ones):
+/// longest-processing-time first, as the plan assigns them; each rank's NS cost to
+/// `cost_of_rank` when given. A checkpoint's reader finds the saving owners with it.
+std::vector<std::vector<int>> owners_at_world(const plan& pl, int world,
+                                              std::vector<double>* cost_of_rank = nullptr);
+
 /// Elements of every rank's shard of a parameter of `numel` elements whose dim 0 is `dim0`:
 /// ceil(numel / world) (flat), or ceil(dim0 / world) whole dim-0 slices (rows: FSDP2's Shard(0)).
 int64_t shard_length(int64_t numel, int64_t dim0, int world, shard_layout layout);

@@ -137,6 +137,11 @@ inline fields describe(const apply_muon& m) {
   f.phase = "apply";
   return f;
 }
+inline fields describe(const normuon_step& m) {
+  auto f = stepped("normuon_step", m.step, -1, m.chunk, floats(m.full.size));
+  f.phase = "normuon";
+  return f;
+}
 inline fields describe(const adamw_step& m) {
   auto f = stepped("adamw_step", m.step);
   f.phase = "adamw";

@@ -545,6 +545,35 @@ BOOST_AUTO_TEST_CASE(clean_step_world_two_rank_one) {
   check_world_two(*this, 1);
 }
 
+// NorMuon: normuon_step goes to the store after the gather's NS and before the scatter, only in
+// an applied step; cautious weight decay rides on apply_muon and adamw_step.
+BOOST_AUTO_TEST_CASE(normuon_step_follows_ns_only_in_applied_steps) {
+  start(kOneMatrix, 1, 1000, 0);
+  auto req = [this](uint64_t s) {
+    step_request r = request(s);
+    r.groups[0].muon.variant = muon_variant::normuon;
+    r.groups[0].muon.cautious_weight_decay = r.groups[0].adamw.cautious_weight_decay = true;
+    return r;
+  };
+  auto r = step(req(1));
+  const std::vector<std::string> expected = {"reducer: flush 1",      "scaler: check_overflow 1",
+                                             "store: unscale_clip 1", "store: muon_momentum 1/0",
+                                             "comm: gather 1/0",      "store: normuon_step 1/0",
+                                             "comm: scatter 1/0",     "store: apply_muon 1/0",
+                                             "store: adamw_step 1",   "store: finish_step 1"};
+  BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
+                                expected.end());
+  BOOST_CHECK(!value_of(r).skipped);
+  BOOST_CHECK(stored->applies.at(0).first.cautious);
+  BOOST_CHECK(stored->adamws.at(0).cautious);
+  trace->lines.clear();
+  checks->overflow = true;
+  auto skipped = step(req(2));
+  BOOST_CHECK(value_of(skipped).skipped);
+  for (const auto& line : trace->lines)
+    BOOST_CHECK_MESSAGE(line.find("normuon_step") == std::string::npos, line);
+}
+
 BOOST_AUTO_TEST_SUITE_END()
 
 }  // namespace zmuon::test

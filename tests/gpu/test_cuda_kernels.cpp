@@ -567,6 +567,96 @@ BOOST_AUTO_TEST_CASE(scale_and_scan_past_two_to_the_31_elements) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+// Cautious weight decay (arXiv:2510.12402) and NorMuon's row normalization (arXiv:2510.05491)
+// against the host backend: p and the update of mixed signs with a large decay, so that the mask
+// decides about half the elements. The normalization sums in double on both sides (a different
+// order): within 1e-5.
+BOOST_AUTO_TEST_SUITE(cautious_normuon)
+
+BOOST_AUTO_TEST_CASE(apply_update_cautious) {
+  for (const int64_t n : kSizes) {
+    mirrored p(random_vector(n));
+    mirrored o(random_vector(n));
+    env().host->apply_update_cautious(p.host.data(), o.host.data(), n, 0.02f, 1.7320508f, 2.0f);
+    env().gpu->apply_update_cautious(p.gpu.data(), o.gpu.data(), n, 0.02f, 1.7320508f, 2.0f);
+    check_elementwise("apply_update_cautious", n, p.error());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adamw_cautious) {
+  for (const int64_t n : kSizes) {
+    mirrored p(random_vector(n));
+    mirrored m(random_vector(n, 0.1f));
+    std::vector<float> v_values = random_vector(n, 0.01f);
+    for (float& v : v_values)
+      v = std::abs(v);
+    mirrored v(v_values);
+    adamw_args args;
+    args.lr = 3e-4f;
+    args.weight_decay = 2.0f;
+    args.cautious = true;
+    for (int64_t step = 1; step <= 3; ++step) {
+      args.step = step;
+      mirrored g(random_vector(n));
+      env().host->adamw(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n, args);
+      env().gpu->adamw(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
+    }
+    check_elementwise("adamw cautious p", n, p.error());
+    check_elementwise("adamw cautious m", n, m.error_at_scale(0.1));
+    check_elementwise("adamw cautious v", n, v.error());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(adamw_slices_cautious_equal_per_parameter_calls) {
+  const std::vector<int64_t> lengths{300, 1, 4099};
+  int64_t total = 0;
+  std::vector<param_slice> slices;
+  for (int64_t len : lengths) {
+    slices.push_back(param_slice{total, total, len, 1.0f});
+    total += len;
+  }
+  const auto p0 = random_vector(total), g0 = random_vector(total);
+  adamw_args args;
+  args.lr = 1e-2f;
+  args.weight_decay = 2.0f;
+  args.cautious = true;
+  compute_backend& gpu = *env().gpu;
+  device_buffer p_a = upload(gpu, p0), p_b = upload(gpu, p0), g = upload(gpu, g0);
+  device_buffer m_a = gpu.allocate(total), v_a = gpu.allocate(total);
+  device_buffer m_b = gpu.allocate(total), v_b = gpu.allocate(total);
+  gpu.adamw_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
+  for (const auto& s : slices)
+    gpu.adamw(p_b.data() + s.shard_offset, g.data() + s.shard_offset, m_b.data() + s.state_offset,
+              v_b.data() + s.state_offset, s.n, args);
+  const auto a = download(gpu, p_a.data(), total), b = download(gpu, p_b.data(), total);
+  BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(normuon_rows) {
+  struct shape {
+    int64_t batch, rows, cols;
+  };
+  for (const shape& c : {shape{3, 64, 200}, shape{2, 33, 65}, shape{1, 1, 5000}, shape{4, 300, 1}}) {
+    const int64_t n = c.batch * c.rows * c.cols;
+    mirrored x(random_vector(n));
+    std::vector<float> v_values = random_vector(c.batch * c.rows, 0.5f);
+    for (float& v : v_values)
+      v = std::abs(v);
+    mirrored v(v_values);
+    for (int step = 0; step < 2; ++step) {
+      env().host->normuon_rows(x.host.data(), v.host.data(), c.batch, c.rows, c.cols, 0.9f, 1e-8f);
+      env().gpu->normuon_rows(x.gpu.data(), v.gpu.data(), c.batch, c.rows, c.cols, 0.9f, 1e-8f);
+    }
+    const double ex = x.error(), ev = v.error();
+    BOOST_TEST_MESSAGE("normuon_rows " << c.batch << " x [" << c.rows << ", " << c.cols
+                                       << "]: x relative error " << ex << ", v " << ev);
+    BOOST_TEST(ex <= 1e-5);
+    BOOST_TEST(ev <= 1e-5);
+  }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
 }  // namespace zmuon
 
 /// Exits with 77 (ctest's SKIP_RETURN_CODE) when the CUDA backend cannot start here.

@@ -492,3 +492,35 @@ BOOST_AUTO_TEST_CASE(json_changes_name_each_differing_leaf) {
   BOOST_TEST(zmuon::json_changes(before, after) == want, boost::test_tools::per_element());
   BOOST_TEST(zmuon::json_changes(before, before).empty());
 }
+
+// Cautious weight decay is one switch for both groups (as weight_decay); NorMuon's keys reach
+// the Muon options; bad values name their key.
+BOOST_AUTO_TEST_CASE(cautious_weight_decay_and_normuon_keys) {
+  auto cfg = zmuon::parse_config(json::parse(R"({
+      "optimizer": {"type": "Muon", "params": {"weight_decay": 0.1, "cautious_weight_decay": true,
+                                               "variant": "NorMuon", "normuon_beta2": 0.9,
+                                               "normuon_eps": 1e-6}}})"));
+  BOOST_REQUIRE_MESSAGE(cfg, why(cfg));
+  BOOST_TEST(cfg->engine.muon.cautious_weight_decay);
+  BOOST_TEST(cfg->engine.adamw.cautious_weight_decay);
+  BOOST_TEST((cfg->engine.muon.variant == zmuon::muon_variant::normuon));
+  BOOST_TEST(cfg->engine.muon.normuon_beta2 == 0.9f);
+  BOOST_TEST(cfg->engine.muon.normuon_eps == 1e-6f);
+  auto plain = zmuon::parse_config(json::parse(R"({"optimizer": {"type": "Muon"}})"));
+  BOOST_REQUIRE_MESSAGE(plain, why(plain));
+  BOOST_TEST(!plain->engine.muon.cautious_weight_decay);
+  BOOST_TEST(!plain->engine.adamw.cautious_weight_decay);
+  BOOST_TEST((plain->engine.muon.variant == zmuon::muon_variant::muon));
+  for (auto [text, expected] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"optimizer": {"params": {"variant": "adam"}}})",
+            "optimizer.params.variant: expected one of \"muon\", \"normuon\""},
+           {R"({"optimizer": {"params": {"normuon_beta2": 1.0}}})",
+            "optimizer.params.normuon_beta2: expected a number in [0, 1)"},
+           {R"({"optimizer": {"params": {"normuon_eps": 0}}})", "optimizer.params.normuon_eps"},
+           {R"({"optimizer": {"params": {"cautious_weight_decay": 1}}})",
+            "optimizer.params.cautious_weight_decay"}}) {
+    auto bad = zmuon::parse_config(json::parse(text));
+    BOOST_REQUIRE(!bad);
+    BOOST_TEST(bad.err().message().find(expected) != std::string::npos, bad.err().message());
+  }
+}

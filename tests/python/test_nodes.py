@@ -264,10 +264,92 @@ class QkClipAcrossProcesses(unittest.TestCase):
         np.testing.assert_allclose(got[0]["k"][2:4], plain["k"][2:4] * np.sqrt(4 / 6), rtol=1e-6)
 
 
+# NorMuon across processes: an expert stack of 4 experts (NS blocks whose owners are spread over
+# both processes' ranks) and a matrix. state_dict's "variance_neuron" is whole on both processes
+# (each block's rows from its owner, wherever it runs), as with two ranks in one process, and
+# goes back in through load_state_dict and a checkpoint.
+NORMUON_SHAPES = {"moe.experts": (4, 6, 8), "layer.w": (12, 8)}
+NORMUON_CONFIG = {"optimizer": {"params": {"lr": 0.05, "variant": "normuon",
+                                           "normuon_beta2": 0.9}}}
+
+
+def normuon_initial():
+    rng = np.random.default_rng(13)
+    return {n: rng.standard_normal(s).astype(np.float32) * 0.3 for n, s in NORMUON_SHAPES.items()}
+
+
+def normuon_grads(rank, step):
+    rng = np.random.default_rng(700 + 10 * step + rank)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in NORMUON_SHAPES.items()}
+
+
+def normuon_worker(node_rank, master, out_path, checkpoint_dir):
+    params = normuon_initial()
+    opt = zmuon.Muon(params, NORMUON_CONFIG, nodes=2, node_rank=node_rank, master=master)
+    for step in (1, 2):
+        opt.accumulate(grads=normuon_grads(node_rank, step))
+        opt.step()
+    sd = opt.state_dict()
+    opt.save_checkpoint(checkpoint_dir)
+    opt.load_state_dict(sd)
+    back = opt.state_dict()
+    opt.load_checkpoint(checkpoint_dir)
+    loaded = opt.state_dict()
+    opt.close()
+    np.savez(out_path, **state_arrays(sd))
+    np.savez(out_path + ".back", **state_arrays(back))
+    np.savez(out_path + ".loaded", **state_arrays(loaded))
+
+
+class NorMuonAcrossProcesses(unittest.TestCase):
+    def test_row_moments_of_an_expert_stack_are_whole_on_every_process(self):
+        params = normuon_initial()
+        opt = zmuon.Muon(params, NORMUON_CONFIG, ranks=2)
+        for step in (1, 2):
+            for rank in (0, 1):
+                opt.accumulate(grads=normuon_grads(rank, step), rank=rank)
+            opt.step()
+        reference = state_arrays(opt.state_dict())
+        opt.close()
+        self.assertEqual(reference["state.0.variance_neuron"].shape, (4, 6, 1))
+        with tempfile.TemporaryDirectory() as tmp:
+            master = f"127.0.0.1:{free_port()}"
+            procs, outs = [], []
+            for node_rank in (0, 1):
+                out = os.path.join(tmp, f"normuon{node_rank}")
+                outs.append(out)
+                procs.append(subprocess.Popen(
+                    [sys.executable, __file__, "normuon_worker", str(node_rank), master, out,
+                     os.path.join(tmp, "ckpt")],
+                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            logs = [p.communicate(timeout=120)[0] for p in procs]
+            self.assertEqual([p.returncode for p in procs], [0, 0], "\n".join(logs))
+            got = [dict(np.load(o + ".npz")) for o in outs]
+            back = [dict(np.load(o + ".back.npz")) for o in outs]
+            loaded = [dict(np.load(o + ".loaded.npz")) for o in outs]
+        worst = 0.0
+        for key in ("state.0.variance_neuron", "state.1.variance_neuron"):
+            want = reference[key]
+            self.assertTrue((want > 0).all(), key)  # every expert's rows were written
+            for i in (0, 1):
+                self.assertEqual(got[i][key].shape, want.shape, key)
+                np.testing.assert_array_equal(got[i][key], got[0][key], err_msg=key)
+                np.testing.assert_array_equal(back[i][key], got[i][key], err_msg=key)
+                np.testing.assert_array_equal(loaded[i][key], got[i][key], err_msg=key)
+            diff = np.abs(got[0][key] - want).max() / np.abs(want).max()
+            self.assertLessEqual(diff, 1e-6, key)
+            worst = max(worst, diff)
+        print(f"NorMuon row moments of 2 processes vs 2 ranks in one: max relative difference "
+              f"{worst:g}; identical on both processes, after load_state_dict and a checkpoint",
+              file=sys.stderr)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6])
     elif len(sys.argv) > 1 and sys.argv[1] == "qk_worker":
         qk_worker(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    elif len(sys.argv) > 1 and sys.argv[1] == "normuon_worker":
+        normuon_worker(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
     else:
         unittest.main()

@@ -22,3 +22,12 @@ add_test(NAME python_test_pip_install
 # It reconfigures the build directory, so nothing else may configure or build there meanwhile.
 set_tests_properties(python_test_pip_install PROPERTIES TIMEOUT 600 LABELS "embed;torch"
   RUN_SERIAL TRUE)
+
+# cautious_weight_decay= and variant="normuon" against a float64 torch reference, and their state.
+zmuon_add_python_test(python_test_torch_cautious_normuon MODULE test_torch_cautious_normuon
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch)
+
+# variant="normuon" on expert stacks and split blocks against a float64 NorMuon per block, and
+# an expert stack's row moments through state_dict() at another rank count.
+zmuon_add_python_test(python_test_torch_normuon_blocks MODULE test_torch_normuon_blocks
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch)

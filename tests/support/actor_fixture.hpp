@@ -469,6 +469,11 @@ inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer
           return err;
         return ack{m.step};
       },
+      [log](normuon_step& m) -> caf::result<ack> {
+        if (auto err = log->record("normuon_step", m.step, m.chunk))
+          return err;
+        return ack{m.step};
+      },
   };
 }
 

@@ -574,4 +574,85 @@ BOOST_AUTO_TEST_CASE(bf16_conversion_matches_reference_rounding) {
   BOOST_TEST(wrong_wide == 0);
 }
 
+// Cautious weight decay (arXiv:2510.12402): elements where p and o disagree in sign keep their
+// value but for the update; the others decay as apply_update does. Exact cases by construction.
+BOOST_AUTO_TEST_CASE(apply_update_cautious_decays_where_signs_agree) {
+  auto be = test::host_backend();
+  const std::vector<float> p0{1.0f, -2.0f, 0.5f, -0.25f, 0.0f, 3.0f};
+  const std::vector<float> o{0.5f, 0.25f, -1.0f, -2.0f, 1.0f, 0.0f};
+  device_buffer p = be->allocate(6), ob = be->allocate(6);
+  be->copy_from_host(p.data(), p0.data(), 6);
+  be->copy_from_host(ob.data(), o.data(), 6);
+  const float lr = 0.5f, scale = 2.0f, wd = 0.5f;
+  be->apply_update_cautious(p.data(), ob.data(), 6, lr, scale, wd);
+  std::vector<float> got(6);
+  be->copy_to_host(got.data(), p.data(), 6);
+  for (size_t i = 0; i < 6; ++i) {
+    const double agree = static_cast<double>(p0[i]) * o[i] >= 0 ? 1.0 : 0.0;
+    const double want = p0[i] - lr * wd * p0[i] * agree - lr * scale * o[i];
+    BOOST_TEST(got[i] == static_cast<float>(want), "element " << i);
+  }
+}
+
+// NorMuon's row normalization (arXiv:2510.05491; Dion's Frobenius rescale) against a double
+// reference: 3 blocks, one row all zeros (its moment only decays), two calls (the EMA).
+BOOST_AUTO_TEST_CASE(normuon_rows_matches_a_double_reference) {
+  auto be = test::host_backend();
+  const int64_t batch = 3, rows = 5, cols = 7, n = batch * rows * cols;
+  std::mt19937 gen(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x0(n), v0(batch * rows);
+  for (auto& e : x0)
+    e = dist(gen);
+  for (int64_t j = 0; j < cols; ++j)
+    x0[(1 * rows + 2) * cols + j] = 0.0f;  // block 1, row 2
+  for (auto& e : v0)
+    e = std::abs(dist(gen));
+  const float beta2 = 0.9f, eps = 1e-8f;
+  std::vector<double> x(x0.begin(), x0.end()), v(v0.begin(), v0.end());
+  device_buffer xb = be->allocate(n), vb = be->allocate(batch * rows);
+  be->copy_from_host(xb.data(), x0.data(), n);
+  be->copy_from_host(vb.data(), v0.data(), batch * rows);
+  for (int call = 0; call < 2; ++call) {
+    be->normuon_rows(xb.data(), vb.data(), batch, rows, cols, beta2, eps);
+    for (int64_t b = 0; b < batch; ++b) {
+      double before = 0, after = 0;
+      for (int64_t i = 0; i < rows; ++i) {
+        double* r = &x[(b * rows + i) * cols];
+        double sq = 0;
+        for (int64_t j = 0; j < cols; ++j)
+          sq += r[j] * r[j];
+        before += sq;
+        double& vi = v[b * rows + i];
+        vi = beta2 * vi + (1 - beta2) * sq / cols;
+        for (int64_t j = 0; j < cols; ++j) {
+          r[j] /= std::sqrt(vi) + eps;
+          after += r[j] * r[j];
+        }
+      }
+      const double factor = std::sqrt(before) / std::max(std::sqrt(after), 1e-8);
+      for (int64_t k = 0; k < rows * cols; ++k)
+        x[b * rows * cols + k] *= factor;
+    }
+  }
+  std::vector<float> gx(n), gv(batch * rows);
+  be->copy_to_host(gx.data(), xb.data(), n);
+  be->copy_to_host(gv.data(), vb.data(), batch * rows);
+  double ex = 0, nx = 0, ev = 0, nv = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    ex += (gx[k] - x[k]) * (gx[k] - x[k]);
+    nx += x[k] * x[k];
+  }
+  for (int64_t k = 0; k < batch * rows; ++k) {
+    ev += (gv[k] - v[k]) * (gv[k] - v[k]);
+    nv += v[k] * v[k];
+  }
+  BOOST_TEST_MESSAGE("normuon_rows vs double: x " << std::sqrt(ex / nx) << ", v "
+                                                  << std::sqrt(ev / nv));
+  BOOST_TEST(std::sqrt(ex / nx) <= 1e-6);
+  BOOST_TEST(std::sqrt(ev / nv) <= 1e-6);
+  for (int64_t j = 0; j < cols; ++j)
+    BOOST_TEST(gx[(1 * rows + 2) * cols + j] == 0.0f);
+}
+
 }  // namespace zmuon

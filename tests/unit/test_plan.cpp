@@ -204,3 +204,42 @@ BOOST_AUTO_TEST_CASE(bad_blocks_and_qk_pairs_are_named) {
   BOOST_TEST(pl.qk_pairs[0].key == 0);
   BOOST_TEST(pl.qk_values == 4);
 }
+
+BOOST_AUTO_TEST_CASE(row_moments_lie_per_block_with_its_owner_and_saving_owners_are_recomputed) {
+  // An expert stack (4 blocks of 8 rows), a split matrix (blocks of 16, 8, 16 rows), a plain
+  // matrix and a bias, at world 3.
+  param_spec qkv{"qkv", {40, 24}};
+  qkv.split_sizes = {16, 8, 16};
+  auto pl = make({{"experts", {4, 8, 24}}, qkv, {"w", {24, 24}}, {"b", {24}}}, 3, 1 << 20);
+  const auto offsets = row_moment_offsets(pl);
+  BOOST_REQUIRE_EQUAL(offsets.size(), 4u);
+  BOOST_TEST(offsets[3].empty());  // AdamW
+  // Each rank's buffer: its blocks' rows back to back, in table and row order, nothing else.
+  for (int r = 0; r < 3; ++r) {
+    int64_t next = 0;
+    for (size_t j = 0; j < 3; ++j) {
+      const auto& p = pl.params[j];
+      BOOST_REQUIRE_EQUAL(offsets[j].size(), p.blocks.size());
+      for (size_t k = 0; k < p.blocks.size(); ++k)
+        if (p.blocks[k].owner == r) {
+          BOOST_TEST(offsets[j][k] == next);
+          next += p.blocks[k].rows;
+        }
+    }
+    BOOST_TEST(row_moment_total(pl, r) == next);
+  }
+  int64_t total = 0;
+  for (int r = 0; r < 3; ++r)
+    total += row_moment_total(pl, r);
+  BOOST_TEST(total == 32 + 40 + 24);  // one per row of every Muon matrix view
+  // owners_at_world at the plan's own world gives the plan's owners; at another world the
+  // owners that plan would have.
+  for (int world : {1, 2, 3, 5}) {
+    auto other = make({{"experts", {4, 8, 24}}, qkv, {"w", {24, 24}}, {"b", {24}}}, world, 1 << 20);
+    const auto owners = owners_at_world(pl, world);
+    for (size_t j = 0; j < 3; ++j)
+      for (size_t k = 0; k < pl.params[j].blocks.size(); ++k)
+        BOOST_TEST(owners[j][k] == other.params[j].blocks[k].owner);
+    BOOST_TEST(owners[3].empty());
+  }
+}

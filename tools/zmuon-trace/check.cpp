@@ -167,6 +167,21 @@ void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vecto
                        {&r}});
 }
 
+// NorMuon's row moments change only in normuon_step, which the coordinator sends after the
+// overflow vote of an applied step: none may reach a store in a skipped step.
+void normuon(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector<violation>& out) {
+  for (const auto& rt : ts.ranks)
+    for (const auto& r : rt.records)
+      if (r.ev == "recv" && r.type == "normuon_step" && skipped.count(r.step)
+          && checked(ts, r.step))
+        out.push_back({"normuon",
+                       rt.rank,
+                       r.step,
+                       "NorMuon row-moment write (normuon_step, chunk " + std::to_string(r.index)
+                           + ") on skipped step " + std::to_string(r.step),
+                       {&r}});
+}
+
 // The compute backend's own record of the calls that change the optimizer's state: none in a
 // skipped step, and none of a step before that rank's overflow report (a check below the
 // messages: it sees the work itself, on CUDA when the device ran it). Device times are mapped
@@ -174,7 +189,8 @@ void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vecto
 // slack.
 void compute_after_report(const trace_set& ts, const std::set<uint64_t>& skipped,
                           std::vector<violation>& out) {
-  static const std::set<std::string> updates{"momentum", "newton_schulz", "apply_update", "adamw"};
+  static const std::set<std::string> updates{"momentum", "newton_schulz", "apply_update", "adamw",
+                                             "normuon"};
   const int64_t slack_ns = 50'000;
   for (const auto& rt : ts.ranks) {
     std::map<uint64_t, const record*> report;  // this rank's, by step
@@ -297,6 +313,7 @@ std::vector<violation> check(const trace_set& ts) {
   ns_once(ts, all, skipped, out);
   after_report(ts, out);
   momentum(ts, skipped, out);
+  normuon(ts, skipped, out);
   compute_after_report(ts, skipped, out);
   qk_clip(ts, skipped, out);
   collectives(ts, out);

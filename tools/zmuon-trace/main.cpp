@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
   auto* chk = app.add_subcommand(
       "check",
       "check the protocol: NS once per matrix per applied step, nothing of Muon before "
-      "the overflow report, no momentum write or state-changing compute call on a "
+      "the overflow report, no momentum or NorMuon row-moment write or state-changing "
+      "compute call on a "
       "skipped step, the same collectives "
       "on every rank, every request answered");
   chk->add_option("DIR", dir, "trace directory")->required();

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/cuda/cautious_normuon.cuh"
 #include "kernels/cuda/check.hpp"
 #include "kernels/ns_variants.hpp"
 
@@ -331,7 +332,30 @@ void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
                          const adamw_args& args) {
   const launch_guard guard = activate({floats(p, n), floats(g, n), floats(m, n), floats(v, n)});
   const call_timer timer(*this, "adamw", ctx_.stream);
+  if (args.cautious)
+    return launch_adamw_cautious(guard, p, g, m, v, n, args);
   launch_adamw(guard, p, g, m, v, n, args);
+}
+
+void cuda_compute::apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
+                                         float weight_decay) {
+  const launch_guard guard = activate({floats(p, n), floats(o, n)});
+  const call_timer timer(*this, "apply_update", ctx_.stream);
+  launch_apply_update_cautious(guard, p, o, n, lr, scale, weight_decay);
+}
+
+void cuda_compute::normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
+                                float beta2, float eps) {
+  const int64_t rows_total = batch * rows;
+  if (rows_total <= 0 || cols <= 0)
+    return;
+  // Each row's sums of squares before and after, in double: 4 floats a row.
+  device_buffer scratch = allocate_for_overwrite(4 * rows_total);
+  const launch_guard guard = activate({floats(x, rows_total * cols), floats(v, rows_total),
+                                       floats(scratch.data(), 4 * rows_total)});
+  const call_timer timer(*this, "normuon", ctx_.stream);
+  launch_normuon_rows(guard, x, v, batch, rows, cols, beta2, eps,
+                      reinterpret_cast<double*>(scratch.data()));
 }
 
 // -- Newton-Schulz -------------------------------------------------------------------------------

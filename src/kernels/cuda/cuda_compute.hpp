@@ -70,6 +70,11 @@ public:
                     float weight_decay) override;
   void adamw(float* p, const float* g, float* m, float* v, int64_t n,
              const adamw_args& args) override;
+  // Cautious weight decay and NorMuon (cautious_normuon.cu).
+  void apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
+                             float weight_decay) override;
+  void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, float beta2,
+                    float eps) override;
 
   void to_bf16(uint16_t* dst, const float* src, int64_t n) override;
   void from_bf16(float* dst, const uint16_t* src, int64_t n) override;

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/cuda/cautious_normuon.cuh"
 #include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/elementwise.cuh"
 
@@ -72,6 +73,12 @@ void cuda_compute::adamw_slices(float* p, const float* g, float* m, float* v,
   const launch_guard guard = activate({spanned(p, shards, false), spanned(g, shards, false),
                                        spanned(m, state, false), spanned(v, state, false)});
   const call_timer timer(*this, "adamw", ctx_.stream);
+  if (args.cautious) {  // a launch a slice: cautious weight decay has no slice kernel
+    for (const param_slice& s : slices)
+      launch_adamw_cautious(guard, p + s.shard_offset, g + s.shard_offset, m + s.state_offset,
+                            v + s.state_offset, s.n, args);
+    return;
+  }
   launch_adamw_slices(guard, p, g, m, v, slices, args);
 }
 

@@ -216,7 +216,51 @@ void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n
     const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    const float dir = mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    if (args.cautious)  // decay only where p and the update direction agree (arXiv:2510.12402)
+      p[i] = p[i] - (p[i] * dir >= 0.0f ? args.lr * args.weight_decay * p[i] : 0.0f)
+             - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    else
+      p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+void host_compute::apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
+                                         float weight_decay) {
+  const scoped_call_timer timer(*this, "apply_update");
+  const float coeff = lr * weight_decay;
+  const float step = lr * scale;
+  for (int64_t i = 0; i < n; ++i)
+    p[i] = p[i] - (p[i] * o[i] >= 0.0f ? coeff * p[i] : 0.0f) - step * o[i];
+}
+
+void host_compute::normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
+                                float beta2, float eps) {
+  const scoped_call_timer timer(*this, "normuon");
+  for (int64_t b = 0; b < batch; ++b) {
+    float* block = x + b * rows * cols;
+    float* moments = v + b * rows;
+    double before = 0.0, after = 0.0;
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = block + i * cols;
+      double sum = 0.0;
+      for (int64_t j = 0; j < cols; ++j)
+        sum += static_cast<double>(row[j]) * row[j];
+      const float vi =
+          beta2 * moments[i] + (1.0f - beta2) * static_cast<float>(sum / static_cast<double>(cols));
+      moments[i] = vi;
+      const float inv = 1.0f / (std::sqrt(vi) + eps);
+      before += sum;
+      double row_after = 0.0;
+      for (int64_t j = 0; j < cols; ++j) {
+        row[j] *= inv;
+        row_after += static_cast<double>(row[j]) * row[j];
+      }
+      after += row_after;
+    }
+    const auto factor = static_cast<float>(std::sqrt(before) / std::max(std::sqrt(after), 1e-8));
+    for (int64_t k = 0; k < rows * cols; ++k)
+      block[k] *= factor;
   }
 }
 

@@ -38,6 +38,10 @@ public:
   void momentum(float* m, const float* g, float* u, int64_t n, float beta, bool nesterov) override;
   void apply_update(float* p, const float* o, int64_t n, float lr, float scale,
                     float weight_decay) override;
+  void apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
+                             float weight_decay) override;
+  void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, float beta2,
+                    float eps) override;
   void adamw(float* p, const float* g, float* m, float* v, int64_t n,
              const adamw_args& args) override;
 
