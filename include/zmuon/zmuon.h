@@ -187,8 +187,8 @@ ZMUON_API int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank,
 /* Writes local rank `rank`'s shard of the parameters named in `params` (buffers of the shard's
  * size) into their buffers: no collective. `cuda_stream` as
  * zmuon_engine_gather_params_on_stream's, or NULL: written during the call. */
-ZMUON_API int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank,
-                                        const zmuon_tensor* params, size_t n, void* cuda_stream);
+ZMUON_API int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params,
+                                        size_t n, void* cuda_stream);
 /* Sets local rank `rank`'s shard of the parameters named in `params` (host memory, each the
  * whole tensor or the rank's shard alone) between steps, with no collective: a process that
  * holds only its shards (FSDP2) registers without values and loads them here. */
@@ -346,9 +346,10 @@ ZMUON_API int zmuon_engine_write_state(zmuon_engine* eng, const zmuon_param_stat
                                        const zmuon_state_info* info);
 
 /* NorMuon's row second moments by Muon parameter: `rows` values, one per row of its matrix view
- * (an expert stack [E, r, c]: E * r; zeros before any NorMuon step). read_row_moments fills `values` (whole, read as
- * read_state(ZMUON_STATE_FULL) reads; in a multi-process job a collective); write_state_rows is
- * zmuon_engine_write_state with the row moments of the `n_rows` entries (the others zeros). */
+ * (an expert stack [E, r, c]: E * r; zeros before any NorMuon step). read_row_moments fills
+ * `values` (whole, read as read_state(ZMUON_STATE_FULL) reads; in a multi-process job a
+ * collective); write_state_rows is zmuon_engine_write_state with the row moments of the `n_rows`
+ * entries (the others zeros). */
 typedef struct zmuon_row_moments {
   const char* name;
   float* values;

@@ -21,8 +21,7 @@ using store_step_actor = caf::typed_actor<
     caf::replies_to<discard_grads>::with<ack>, caf::replies_to<unscale_clip>::with<ack>,
     caf::replies_to<muon_momentum>::with<ack>, caf::replies_to<apply_muon>::with<ack>,
     caf::replies_to<adamw_step>::with<ack>, caf::replies_to<finish_step>::with<ack>,
-    caf::replies_to<qk_clip_scale>::with<ack>,
-    caf::replies_to<normuon_step>::with<ack>>;
+    caf::replies_to<qk_clip_scale>::with<ack>, caf::replies_to<normuon_step>::with<ack>>;
 
 /// What the coordinator needs from the reducer.
 using reducer_flush_actor = caf::typed_actor<caf::replies_to<flush>::with<flush_done>>;

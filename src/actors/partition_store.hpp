@@ -56,8 +56,7 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<saved_state_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>,
     caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>,
-    caf::replies_to<qk_clip_scale>::with<ack>,
-    caf::replies_to<normuon_step>::with<ack>>;
+    caf::replies_to<qk_clip_scale>::with<ack>, caf::replies_to<normuon_step>::with<ack>>;
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
                                             int rank, std::shared_ptr<compute_backend> backend,

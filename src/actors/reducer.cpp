@@ -152,8 +152,8 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         // bucket is this rank's part alone).
         float* own = buf->in + (msg.reduced ? 0 : static_cast<int64_t>(st.rank) * b.shard_len);
         auto land = [=]() mutable {
-          accumulate acc{tag.step, tag.micro, tag.index, {own, b.shard_len, nullptr, buf},
-                         buf->on_host};
+          accumulate acc{
+              tag.step, tag.micro, tag.index, {own, b.shard_len, nullptr, buf}, buf->on_host};
           // The buffers live until the store has added them.
           trace::request(self, self->state.tr, self->state.store, acc)
               .then([=](ack&) mutable { bucket_done(self, *buf, answer, tag.step, {}); },
@@ -169,11 +169,10 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         // stopping after a timeout) frees no buffer that the comm or the store still uses.
         trace::request(self, st.tr, st.comm,
                        reduce_scatter_req{tag, buf->in, own, b.shard_len, buf})
-            .then(
-                [=](comm_done&) mutable { land(); },
-                [=](caf::error& err) mutable {
-                  bucket_done(self, *buf, answer, tag.step, std::move(err));
-                });
+            .then([=](comm_done&) mutable { land(); },
+                  [=](caf::error& err) mutable {
+                    bucket_done(self, *buf, answer, tag.step, std::move(err));
+                  });
         return answer;
       },
       [=](flush& msg) -> caf::result<flush_done> {

@@ -46,8 +46,8 @@ struct checkpoint_file {
 struct checkpoint_manifest {
   int world = 0;
   shard_layout layout = shard_layout::flat;  // how the files cut the parameters ("shard_layout")
-  uint64_t step = 0;       // steps done (skipped ones included)
-  int64_t adam_steps = 0;  // AdamW steps applied (Adam's bias correction)
+  uint64_t step = 0;                         // steps done (skipped ones included)
+  int64_t adam_steps = 0;                    // AdamW steps applied (Adam's bias correction)
   // Per AdamW parameter in table order, the steps that touched it; empty where every one is
   // adam_steps (the manifest then has no "adam_param_steps").
   std::vector<int64_t> adam_param_steps;

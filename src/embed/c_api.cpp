@@ -415,8 +415,8 @@ int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank, const zmuon_
   });
 }
 
-int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params,
-                              size_t n, void* cuda_stream) {
+int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params, size_t n,
+                              void* cuda_stream) {
   const char* fn = "zmuon_engine_shard_params";
   return guarded(fn, [&]() -> zmuon::error {
     if (!eng)

@@ -278,7 +278,8 @@ error engine::impl::start_locked() {
     if (auto err = adopt(opts, *joined))
       return err;
   }
-  auto made = make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon, opts.layout);
+  auto made =
+      make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon, opts.layout);
   if (!made)
     return made.err();
   for (const auto& f : faults.nonfinite)

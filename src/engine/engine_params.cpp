@@ -57,8 +57,8 @@ error engine::load_shard_params(int rank, const std::vector<tensor_view>& in) {
                                         + std::to_string(d.first_rank + d.local) + ")"};
   std::vector<const float*> source;
   std::vector<bool> on_device, whole;
-  if (auto err = index_views(pl, d.opts, in, "values of", "values for", source, on_device, rank,
-                             &whole))
+  if (auto err =
+          index_views(pl, d.opts, in, "values of", "values for", source, on_device, rank, &whole))
     return err;
   for (size_t i = 0; i < pl.params.size(); ++i)
     if (on_device[i])
@@ -101,11 +101,10 @@ error engine::gather_params_on(const std::vector<tensor_span>& out,
     return err;
   for (size_t i = 0; one_shard && i < pl.params.size(); ++i)
     if (target[i] && whole[i] && valid_len(pl.params[i], shard_of) != pl.params[i].numel)
-      return {errc::shape_mismatch, "shard_params(): the buffer for '" + pl.params[i].name
-                                        + "' has the whole tensor's size; it takes rank "
-                                        + std::to_string(shard_of) + "'s shard, "
-                                        + std::to_string(valid_len(pl.params[i], shard_of))
-                                        + " elements"};
+      return {errc::shape_mismatch,
+              "shard_params(): the buffer for '" + pl.params[i].name
+                  + "' has the whole tensor's size; it takes rank " + std::to_string(shard_of)
+                  + "'s shard, " + std::to_string(valid_len(pl.params[i], shard_of)) + " elements"};
   const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
   const bool any_on_host = std::find(on_device.begin(), on_device.end(), false) != on_device.end();
   const bool ordered = caller_stream && any_on_device;

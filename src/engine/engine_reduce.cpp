@@ -173,7 +173,8 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
           int64_t n = valid_len(p, q);
           if (n <= 0)
             continue;
-          const int64_t at = (q - first_q) * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
+          const int64_t at =
+              (q - first_q) * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
           const float* src = source[i] + (whole[i] ? q * p.shard_len : 0);
           if (pack_on_device && on_device[i])
             device_pieces.push_back(copy_piece{src, at, n});

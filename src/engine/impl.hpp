@@ -98,8 +98,8 @@ error index_views(const plan& pl, const engine_options& opts, const std::vector<
       return {errc::shape_mismatch,
               of + " '" + v.name + "' has " + std::to_string(v.size) + " elements, expected "
                   + std::to_string(pl.params[i].numel)
-                  + (shard_of >= 0 ? " (the whole tensor) or " + std::to_string(shard)
-                                         + " (rank " + std::to_string(shard_of) + "'s shard)"
+                  + (shard_of >= 0 ? " (the whole tensor) or " + std::to_string(shard) + " (rank "
+                                         + std::to_string(shard_of) + "'s shard)"
                                    : std::string())};
     if (whole)
       (*whole)[i] = v.size == pl.params[i].numel;

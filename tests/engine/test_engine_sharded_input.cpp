@@ -18,8 +18,10 @@ namespace {
 
 // Shapes whose dim 0 does not divide by 4 (the last ranks hold fewer rows, or none), a 3-row
 // bias (rank 3 holds none of it at world 4), a conv-like 4-D weight and an embedding.
-const std::vector<param_spec> kTable = {{"embed.weight", {10, 6}}, {"fc1.weight", {9, 6}},
-                                        {"fc1.bias", {3}},         {"fc2.weight", {6, 9}},
+const std::vector<param_spec> kTable = {{"embed.weight", {10, 6}},
+                                        {"fc1.weight", {9, 6}},
+                                        {"fc1.bias", {3}},
+                                        {"fc2.weight", {6, 9}},
                                         {"conv.weight", {5, 2, 2, 2}}};
 
 engine_options rows_options(int world) {
@@ -269,8 +271,8 @@ BOOST_AUTO_TEST_CASE(no_rank_holds_a_whole_matrix_it_does_not_own) {
       shards += 2 * c.shard_len * static_cast<int64_t>(sizeof(float));  // u and the update
     const int64_t transient = m->peak - kept[r];
     BOOST_TEST_MESSAGE("rank " << r << ": transient " << transient << " bytes; owned matrices "
-                               << owned << ", u and update shards " << shards
-                               << ", one matrix " << matrix);
+                               << owned << ", u and update shards " << shards << ", one matrix "
+                               << matrix);
     BOOST_TEST(owned == matrix);
     BOOST_TEST(transient >= owned);
     BOOST_TEST(transient <= owned + shards);

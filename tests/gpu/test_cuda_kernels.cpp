@@ -636,7 +636,8 @@ BOOST_AUTO_TEST_CASE(normuon_rows) {
   struct shape {
     int64_t batch, rows, cols;
   };
-  for (const shape& c : {shape{3, 64, 200}, shape{2, 33, 65}, shape{1, 1, 5000}, shape{4, 300, 1}}) {
+  for (const shape& c :
+       {shape{3, 64, 200}, shape{2, 33, 65}, shape{1, 1, 5000}, shape{4, 300, 1}}) {
     const int64_t n = c.batch * c.rows * c.cols;
     mirrored x(random_vector(n));
     std::vector<float> v_values = random_vector(c.batch * c.rows, 0.5f);
