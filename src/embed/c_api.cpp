@@ -132,6 +132,21 @@ int create(const char* fn, zmuon_engine** out,
   });
 }
 
+/// The engine's buffer calls: checks `eng` and the tensors (read-only views, View =
+/// tensor_view, or writable spans, tensor_span), then runs call(engine, views).
+template <class View, class Ptr, class Call>
+int with_views(const char* fn, zmuon_engine* eng, const zmuon_tensor* tensors, size_t n,
+               Call call) {
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng)
+      return null_arg(fn, "eng");
+    std::vector<View> views;
+    if (auto err = views_of<View, Ptr>(fn, tensors, n, views))
+      return err;
+    return call(*eng->eng, views);
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -322,28 +337,18 @@ namespace {
 
 int reduce_views(const char* fn, zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
                  size_t n, std::optional<void*> cuda_stream) {
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    std::vector<zmuon::tensor_view> views;
-    if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads, n, views))
-      return err;
-    return cuda_stream ? eng->eng->reduce(rank, views, *cuda_stream)
-                       : eng->eng->reduce(rank, views);
-  });
+  return with_views<zmuon::tensor_view, const float*>(
+      fn, eng, grads, n, [&](zmuon::engine& e, const std::vector<zmuon::tensor_view>& v) {
+        return cuda_stream ? e.reduce(rank, v, *cuda_stream) : e.reduce(rank, v);
+      });
 }
 
 int gather_spans(const char* fn, zmuon_engine* eng, const zmuon_tensor* params, size_t n,
                  std::optional<void*> cuda_stream) {
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    std::vector<zmuon::tensor_span> spans;
-    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
-      return err;
-    return cuda_stream ? eng->eng->gather_params(spans, *cuda_stream)
-                       : eng->eng->gather_params(spans);
-  });
+  return with_views<zmuon::tensor_span, float*>(
+      fn, eng, params, n, [&](zmuon::engine& e, const std::vector<zmuon::tensor_span>& v) {
+        return cuda_stream ? e.gather_params(v, *cuda_stream) : e.gather_params(v);
+      });
 }
 
 }  // namespace
@@ -403,43 +408,30 @@ int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
 
 int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
                                    size_t n, void* cuda_stream) {
-  const char* fn = "zmuon_engine_hand_over_reduced";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    std::vector<zmuon::tensor_view> views;
-    if (auto err = views_of<zmuon::tensor_view, const float*>(fn, grads, n, views))
-      return err;
-    return cuda_stream ? eng->eng->hand_over_reduced(rank, views, cuda_stream)
-                       : eng->eng->hand_over_reduced(rank, views);
-  });
+  return with_views<zmuon::tensor_view, const float*>(
+      "zmuon_engine_hand_over_reduced", eng, grads, n,
+      [&](zmuon::engine& e, const std::vector<zmuon::tensor_view>& v) {
+        return cuda_stream ? e.hand_over_reduced(rank, v, cuda_stream)
+                           : e.hand_over_reduced(rank, v);
+      });
 }
 
 int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params, size_t n,
                               void* cuda_stream) {
-  const char* fn = "zmuon_engine_shard_params";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    std::vector<zmuon::tensor_span> spans;
-    if (auto err = views_of<zmuon::tensor_span, float*>(fn, params, n, spans))
-      return err;
-    return cuda_stream ? eng->eng->shard_params(rank, spans, cuda_stream)
-                       : eng->eng->shard_params(rank, spans);
-  });
+  return with_views<zmuon::tensor_span, float*>(
+      "zmuon_engine_shard_params", eng, params, n,
+      [&](zmuon::engine& e, const std::vector<zmuon::tensor_span>& v) {
+        return cuda_stream ? e.shard_params(rank, v, cuda_stream) : e.shard_params(rank, v);
+      });
 }
 
 int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params,
                                    size_t n) {
-  const char* fn = "zmuon_engine_load_shard_params";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    std::vector<zmuon::tensor_view> views;
-    if (auto err = views_of<zmuon::tensor_view, const float*>(fn, params, n, views))
-      return err;
-    return eng->eng->load_shard_params(rank, views);
-  });
+  return with_views<zmuon::tensor_view, const float*>(
+      "zmuon_engine_load_shard_params", eng, params, n,
+      [&](zmuon::engine& e, const std::vector<zmuon::tensor_view>& v) {
+        return e.load_shard_params(rank, v);
+      });
 }
 
 int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n) {
