@@ -176,7 +176,7 @@ check() {
 
     echo "== zmuon from Python (libzmuon with the CUDA backend, PyTorch's tensors)"
     for script in tests/python/test_newton_schulz.py tests/python/gpu_newton_schulz_check.py \
-        tests/python/gpu_torch_parity.py; do
+        tests/python/gpu_torch_parity.py tests/python/gpu_rules_check.py; do
       ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
         python3 "$script" 2>&1 | tee -a "$out/python_newton_schulz.log" | tail -n 5
       rc=${PIPESTATUS[0]}
