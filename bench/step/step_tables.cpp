@@ -108,9 +108,9 @@ std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int
     if (!p.muon)
       continue;
     for (const auto& b : p.blocks) {  // each NS block's own owner (experts, split blocks)
-      auto [begin, end] = block_elements(p, b);
+      const auto block = block_elements(p, b);  // not a structured binding: the lambda reads it
       auto part = [&](int q) {
-        auto [first, last] = shard_part(p, q, begin, end);
+        auto [first, last] = shard_part(p, q, block.first, block.second);
         return last - first;
       };
       if (b.owner != rank) {
