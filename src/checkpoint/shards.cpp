@@ -27,10 +27,4 @@ void shard_to_full(const plan& pl, int rank, const rank_state& st, const state_k
   std::copy(shard, shard + (end - begin), full + begin);
 }
 
-void full_to_shard(const plan& pl, int rank, const float* full, const state_kind& k,
-                   const param_layout& p, rank_state& st) {
-  auto [begin, end] = rank_slice(p.numel, p.shard_len, rank);
-  std::copy(full + begin, full + end, (st.*k.buffer).data() + offset_in(k, p));
-}
-
 }  // namespace zmuon

@@ -37,8 +37,5 @@ int64_t offset_in(const state_kind& k, const param_layout& p);
 /// its state into `full`, the whole tensor (numel elements), at their place.
 void shard_to_full(const plan& pl, int rank, const rank_state& st, const state_kind& k,
                    const param_layout& p, float* full);
-/// The other way: rank `rank`'s elements of `full` into its state.
-void full_to_shard(const plan& pl, int rank, const float* full, const state_kind& k,
-                   const param_layout& p, rank_state& st);
 
 }  // namespace zmuon
