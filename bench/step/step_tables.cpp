@@ -107,7 +107,7 @@ std::map<std::string, int64_t> plan_bytes(const plan& pl, int rank, int gas, int
   for (const auto& p : pl.params) {
     if (!p.muon)
       continue;
-    for (const auto& b : p.blocks) {  // each NS block's own owner (experts, split blocks)
+    for (const auto& b : p.blocks) {            // each NS block's own owner (experts, split blocks)
       const auto block = block_elements(p, b);  // not a structured binding: the lambda reads it
       auto part = [&](int q) {
         auto [first, last] = shard_part(p, q, block.first, block.second);

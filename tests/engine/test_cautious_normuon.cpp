@@ -59,27 +59,6 @@ struct ref_optimizer {
     return p * update >= 0 ? p - lr * wd * p : p;
   }
 
-  // NorMuon's normalization of one [rows, cols] block (Algorithm 1 of arXiv:2510.05491 with
-  // Dion's Frobenius rescale): v = b2 v + (1-b2) mean_j o^2; o /= sqrt(v) + eps; o *= |o|/|o'|.
-  void normalize(double* o, double* v, int64_t rows, int64_t cols) const {
-    const double b2 = muon.normuon_beta2, eps = muon.normuon_eps;
-    double before = 0, after = 0;
-    for (int64_t i = 0; i < rows; ++i) {
-      double sq = 0;
-      for (int64_t j = 0; j < cols; ++j)
-        sq += o[i * cols + j] * o[i * cols + j];
-      before += sq;
-      v[i] = b2 * v[i] + (1 - b2) * sq / static_cast<double>(cols);
-      for (int64_t j = 0; j < cols; ++j) {
-        o[i * cols + j] /= std::sqrt(v[i]) + eps;
-        after += o[i * cols + j] * o[i * cols + j];
-      }
-    }
-    const double factor = std::sqrt(before) / std::max(std::sqrt(after), 1e-8);
-    for (int64_t k = 0; k < rows * cols; ++k)
-      o[k] *= factor;
-  }
-
   /// One step with the averaged gradient g (by name).
   void step(const std::map<std::string, std::vector<double>>& grads) {
     ++adam_steps;
@@ -98,7 +77,8 @@ struct ref_optimizer {
           std::vector<double> part(u.begin() + h * block, u.begin() + (h + 1) * block);
           auto ortho = ns_accuracy::ns5_reference(part, rows, r.cols);
           if (muon.variant == muon_variant::normuon)
-            normalize(ortho.data(), r.rows_v.data() + h * rows, rows, r.cols);
+            ns_accuracy::normuon_reference(ortho.data(), r.rows_v.data() + h * rows, rows, r.cols,
+                                           muon.normuon_beta2, muon.normuon_eps);
           std::copy(ortho.begin(), ortho.end(), o.begin() + h * block);
         }
         const double scale = std::sqrt(std::max(1.0, static_cast<double>(rows) / r.cols));

@@ -62,25 +62,6 @@ struct reference {
         m(p.size(), 0.0),
         v(p.size() / static_cast<size_t>(c), 0.0) {}
 
-  void normalize(double* o, double* rows_v, int64_t rows) const {
-    const double b2 = mo.normuon_beta2, eps = mo.normuon_eps;
-    double before = 0, after = 0;
-    for (int64_t i = 0; i < rows; ++i) {
-      double sq = 0;
-      for (int64_t j = 0; j < cols; ++j)
-        sq += o[i * cols + j] * o[i * cols + j];
-      before += sq;
-      rows_v[i] = b2 * rows_v[i] + (1 - b2) * sq / static_cast<double>(cols);
-      for (int64_t j = 0; j < cols; ++j) {
-        o[i * cols + j] /= std::sqrt(rows_v[i]) + eps;
-        after += o[i * cols + j] * o[i * cols + j];
-      }
-    }
-    const double factor = std::sqrt(before) / std::max(std::sqrt(after), 1e-8);
-    for (int64_t k = 0; k < rows * cols; ++k)
-      o[k] *= factor;
-  }
-
   void step(const std::vector<double>& g) {
     const double beta = mo.momentum, lr = mo.lr, wd = mo.weight_decay;
     std::vector<double> u(p.size()), update(p.size(), 0.0);
@@ -92,7 +73,8 @@ struct reference {
       std::vector<double> x(u.begin() + b.row0 * cols, u.begin() + (b.row0 + b.rows) * cols);
       auto o = ns_accuracy::ns5_reference(x, b.rows, cols);
       if (mo.variant == muon_variant::normuon)
-        normalize(o.data(), v.data() + b.row0, b.rows);
+        ns_accuracy::normuon_reference(o.data(), v.data() + b.row0, b.rows, cols, mo.normuon_beta2,
+                                       mo.normuon_eps);
       const double s = scale_of(mo.adjust_lr, static_cast<double>(b.rows), cols);
       for (size_t i = 0; i < o.size(); ++i)
         update[b.row0 * cols + i] = s * o[i];

@@ -291,4 +291,26 @@ inline std::vector<double> ns5_reference(const std::vector<double>& g, int64_t r
   return out;
 }
 
+/// NorMuon's normalization of one [rows, cols] matrix in double (Algorithm 1 of
+/// arXiv:2510.05491 with Dion's Frobenius rescale): per row v = b2 v + (1-b2) mean_j o^2 and
+/// o /= sqrt(v) + eps; then o *= |o| / |o'|. `o` and the row moments `v` change in place.
+inline void normuon_reference(double* o, double* v, int64_t rows, int64_t cols, double b2,
+                              double eps) {
+  double before = 0, after = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    double sq = 0;
+    for (int64_t j = 0; j < cols; ++j)
+      sq += o[i * cols + j] * o[i * cols + j];
+    before += sq;
+    v[i] = b2 * v[i] + (1 - b2) * sq / static_cast<double>(cols);
+    for (int64_t j = 0; j < cols; ++j) {
+      o[i * cols + j] /= std::sqrt(v[i]) + eps;
+      after += o[i * cols + j] * o[i * cols + j];
+    }
+  }
+  const double factor = std::sqrt(before) / std::max(std::sqrt(after), 1e-8);
+  for (int64_t k = 0; k < rows * cols; ++k)
+    o[k] *= factor;
+}
+
 }  // namespace zmuon::ns_accuracy
