@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# zmuon's optimizer step beside torch.optim.Muon + AdamW and Dion's Muon (bench/peers_step.py) on
+# the three models of the comparison: GPT-2-small untied, the same under FSDP2 world 1, and the
+# Llama-1B shape. Dion comes from a `fetch github:microsoft/dion` snapshot, copied into .carry/
+# (ignored by git) and carried to the GPU machine; it is never committed.
+#
+#   bench/dev/peers.sh dion [MIRROR]   # here: Dion's package into .carry/dion (MIRROR: the git
+#                                      # directory fetch returned)
+#   bench/dev/gpu-check.sh pack        # here: libzmuon with the CUDA backend, into .carry/gpu/
+#   bench/dev/peers.sh                 # there, with .carry carried: the table to $OUT/peers.md
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+
+if [[ ${1:-} == dion ]]; then
+  mirror="${2:-/work/.mirror/microsoft+dion/repo}"
+  rm -rf .carry/dion && mkdir -p .carry/dion
+  git --git-dir="$mirror" archive HEAD dion | tar -x -C .carry/dion
+  git --git-dir="$mirror" log -1 --format='%h %ci' >.carry/dion/REVISION
+  echo "Dion $(cat .carry/dion/REVISION) in .carry/dion/"
+  exit 0
+fi
+
+out="${OUT:-$root/out}"
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+work=/tmp/zmuon-peers
+rm -rf "$work" && mkdir -p "$work"
+tar -C "$work" -xzf .carry/gpu/gpu-check.tar.gz
+cuda_dirs=/usr/local/cuda/lib64
+for lib in libcublas.so.13 libnccl.so.2; do  # wherever that machine keeps them
+  found="$(find /usr /opt -name "$lib" -print -quit 2>/dev/null)"
+  [[ -n "$found" ]] && cuda_dirs+=":$(dirname "$found")"
+done
+export LD_LIBRARY_PATH="$work/lib:$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python"
+echo "Dion $(cat .carry/dion/REVISION 2>/dev/null)" | tee "$out/peers.md"
+status=0
+for args in "--model gpt2" "--model gpt2 --fsdp" "--model llama1b"; do
+  # shellcheck disable=SC2086
+  timeout "${PEERS_TIMEOUT:-200}" python3 bench/peers_step.py $args --dion .carry/dion \
+    --markdown "$out/peers.md" ${PEERS_ARGS:-} 2>&1 | grep -v -E 'Warning|warn\(|^\s*$'
+  [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1
+done
+cat "$out/peers.md"
+exit $status
