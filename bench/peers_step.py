@@ -9,7 +9,7 @@ the run (cudaMemGetInfo, so zmuon's own allocations count too) beside torch's al
     PYTHONPATH=python ZMUON_LIBRARY=<libzmuon.so with CUDA> \\
         python3 bench/peers_step.py --model gpt2 --dion <checkout of microsoft/dion>
     ... --model gpt2 --fsdp      # every model fully_shard-ed per block, a process group of one
-    ... --model llama1b          # d 2048, 16 layers, GQA 16/4, SwiGLU ff 8192, vocab 32000
+    ... --model llama1b          # d 2048, 16 layers, GQA 16/4, ff 8192, vocab 32000 (836M)
 
 Dion is never vendored: `fetch github:microsoft/dion` brings a snapshot, carried to the GPU
 machine beside the tree (bench/dev/peers.sh). Without --dion, its rows are left out.
@@ -34,6 +34,7 @@ MODELS = {  # vocab, d, layers, heads, kv heads, ff, seq, batch
     "llama1b": dict(vocab=32000, d=2048, layers=16, heads=16, kv_heads=4, ff=8192, seq=1024,
                     batch=4),
 }
+SWIGLU = {"gpt2": False, "llama1b": False}  # 836M for llama1b, the shape of the table
 HYPER = dict(lr=0.02, adam_lr=3e-3, momentum=0.95, weight_decay=0.01, betas=(0.9, 0.95))
 
 
@@ -89,7 +90,7 @@ def is_hidden_matrix(name, p):
 def make_model(spec, name, fsdp, device):
     torch.manual_seed(0)
     model = LM(spec["vocab"], spec["d"], spec["layers"], spec["heads"], spec["kv_heads"],
-               spec["ff"], swiglu=name == "llama1b").to(device)
+               spec["ff"], swiglu=SWIGLU[name]).to(device)
     if fsdp:
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:

@@ -38,7 +38,7 @@ echo "Dion $(cat .carry/dion/REVISION 2>/dev/null)" | tee "$out/peers.md"
 status=0
 for args in "--model gpt2" "--model gpt2 --fsdp" "--model llama1b"; do
   # shellcheck disable=SC2086
-  timeout "${PEERS_TIMEOUT:-200}" python3 bench/peers_step.py $args --dion .carry/dion \
+  timeout "${PEERS_TIMEOUT:-300}" python3 bench/peers_step.py $args --dion .carry/dion \
     --markdown "$out/peers.md" ${PEERS_ARGS:-} 2>&1 | grep -v -E 'Warning|warn\(|^\s*$'
   [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1
 done
