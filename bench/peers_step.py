@@ -34,20 +34,18 @@ MODELS = {  # vocab, d, layers, heads, kv heads, ff, seq, batch
     "llama1b": dict(vocab=32000, d=2048, layers=16, heads=16, kv_heads=4, ff=8192, seq=1024,
                     batch=4),
 }
-SWIGLU = {"gpt2": False, "llama1b": False}  # 836M for llama1b, the shape of the table
 HYPER = dict(lr=0.02, adam_lr=3e-3, momentum=0.95, weight_decay=0.01, betas=(0.9, 0.95))
 
 
 class Block(nn.Module):
-    def __init__(self, d, heads, kv_heads, ff, swiglu):
+    def __init__(self, d, heads, kv_heads, ff):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d // heads
         self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
         self.q = nn.Linear(d, d, bias=False)
         self.kv = nn.Linear(d, 2 * kv_heads * self.head_dim, bias=False)
         self.proj = nn.Linear(d, d, bias=False)
-        self.swiglu = swiglu
-        self.up = nn.Linear(d, (2 if swiglu else 1) * ff, bias=False)
+        self.up = nn.Linear(d, ff, bias=False)
         self.down = nn.Linear(ff, d, bias=False)
 
     def forward(self, x):
@@ -59,20 +57,14 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                            enable_gqa=self.kv_heads != self.heads)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        u = self.up(self.norm2(x))
-        if self.swiglu:
-            g, u = u.chunk(2, dim=-1)
-            u = F.silu(g) * u
-        else:
-            u = F.gelu(u)
-        return x + self.down(u)
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
 
 
 class LM(nn.Module):
-    def __init__(self, vocab, d, layers, heads, kv_heads, ff, swiglu):
+    def __init__(self, vocab, d, layers, heads, kv_heads, ff):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(Block(d, heads, kv_heads, ff, swiglu) for _ in range(layers))
+        self.blocks = nn.ModuleList(Block(d, heads, kv_heads, ff) for _ in range(layers))
         self.norm = nn.RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
 
@@ -90,7 +82,7 @@ def is_hidden_matrix(name, p):
 def make_model(spec, name, fsdp, device):
     torch.manual_seed(0)
     model = LM(spec["vocab"], spec["d"], spec["layers"], spec["heads"], spec["kv_heads"],
-               spec["ff"], swiglu=SWIGLU[name]).to(device)
+               spec["ff"]).to(device)
     if fsdp:
         from torch.distributed.fsdp import fully_shard
         for block in model.blocks:
