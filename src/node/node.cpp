@@ -269,8 +269,10 @@ expected<rendezvous_actor> node::impl::find_rendezvous() {
         std::max(left, std::chrono::milliseconds(1)), &nobody_listens);
     if (found)
       return *found;
-    if (!nobody_listens && found.err().code() != errc::timeout)  // a listener not of this job
-      return error{errc::comm_failure,
+    // A listener not of this job: this node's credentials do not fit (no node of the job was
+    // lost, so not comm_failure).
+    if (!nobody_listens && found.err().code() != errc::timeout)
+      return error{errc::invalid_argument,
                    "node " + std::to_string(opts.node_rank) + ": the handshake with " + where
                        + " failed (" + found.err().message() + ")"
                        + (use_tls() ? ": the node there is not of this job, or the nodes have "

@@ -74,20 +74,16 @@ private:
   sigset_t pipe_{}, saved_{};
 };
 
-// "ADDR:PORT" of the peer on `fd`, or "an unknown peer".
-std::string peer_of(int fd) {
-  sockaddr_storage addr{};
-  socklen_t len = sizeof addr;
-  if (fd < 0 || ::getpeername(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    return "an unknown peer";
+// "ADDR:PORT" of `addr`.
+std::string address_text(const sockaddr_storage& addr) {
   char host[INET6_ADDRSTRLEN] = "?";
   uint16_t port = 0;
   if (addr.ss_family == AF_INET) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+    auto* a = reinterpret_cast<const sockaddr_in*>(&addr);
     ::inet_ntop(AF_INET, &a->sin_addr, host, sizeof host);
     port = ntohs(a->sin_port);
   } else if (addr.ss_family == AF_INET6) {
-    auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+    auto* a = reinterpret_cast<const sockaddr_in6*>(&addr);
     ::inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof host);
     port = ntohs(a->sin6_port);
   }
@@ -352,14 +348,18 @@ private:
 
   void accept_some() {
     for (int round = 0; round < 64 && !stopping_; ++round) {
-      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      // The address from accept itself: a peer that has already hung up has none later.
+      sockaddr_storage from{};
+      socklen_t from_len = sizeof from;
+      const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len,
+                               SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EMFILE || errno == ENFILE) {
           // Out of descriptors: the spare one makes room to take the connection and close it.
           if (spare_ >= 0)
             ::close(spare_);
-          const int victim = ::accept(listen_fd_, nullptr, nullptr);
-          const std::string peer = peer_of(victim);
+          const int victim = ::accept(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len);
+          const std::string peer = victim >= 0 ? address_text(from) : "an unknown peer";
           if (victim >= 0)
             ::close(victim);
           spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
@@ -373,17 +373,50 @@ private:
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
       pending p{fd, new_ssl(ctx_.get(), fd, true), clock_type::now() + limits_.handshake_deadline,
-                peer_of(fd)};
+                address_text(from)};
       if (!p.ssl) {
         refuse(p.peer, "no TLS session");
         ::close(fd);
         continue;
       }
+      // A first step at once: a peer that already hung up takes no room, a node whose hello is
+      // there gets on.
+      if (!progress(p))
+        continue;
       if (static_cast<int>(pending_.size()) >= limits_.max_pending)
-        close_pending(0, std::to_string(limits_.max_pending)
-                             + " TLS handshakes at once: the oldest is dropped");
+        close_pending(victim(), std::to_string(limits_.max_pending)
+                                    + " TLS handshakes at once: the oldest idle one is dropped");
       pending_.push_back(std::move(p));
     }
+  }
+
+  static uint64_t bytes_read(const pending& p) {
+    return SSL_get_rbio(p.ssl.get()) != nullptr ? BIO_number_read(SSL_get_rbio(p.ssl.get())) : 0;
+  }
+
+  // The pending handshake to drop for a new one: the oldest that has sent nothing, else the
+  // oldest.
+  size_t victim() const {
+    for (size_t i = 0; i < pending_.size(); ++i)
+      if (bytes_read(pending_[i]) == 0)
+        return i;
+    return 0;
+  }
+
+  // A step of `p`'s handshake; false when it is over (handed to CAF, or refused and closed).
+  bool progress(pending& p) {
+    const int step = handshake_step(p.ssl.get(), p.events);
+    if (step == 0)
+      return true;
+    if (step == 1) {
+      hand_over(std::move(p));
+      return false;
+    }
+    // A connection closed before it sent a byte (a port probe, a TCP check) is counted, not
+    // logged line by line; the door's summary names its address.
+    refuse(p.peer, "TLS handshake failed: " + handshake_failure(p.ssl.get()), bytes_read(p) != 0);
+    ::close(p.fd);
+    return false;
   }
 
   void run() {
@@ -409,18 +442,8 @@ private:
       for (size_t i = pending_.size(); i-- > 0;) {
         if (fds[i + 2].revents == 0)
           continue;
-        auto& p = pending_[i];
-        const int step = handshake_step(p.ssl.get(), p.events);
-        if (step == 1) {
-          hand_over(std::move(p));
+        if (!progress(pending_[i]))
           pending_.erase(pending_.begin() + static_cast<std::ptrdiff_t>(i));
-        } else if (step < 0) {
-          // A connection closed before it sent a byte (a port probe, a TCP check) is counted,
-          // not logged line by line; the door's summary names its address.
-          const bool silent = SSL_get_rbio(p.ssl.get()) != nullptr
-                              && BIO_number_read(SSL_get_rbio(p.ssl.get())) == 0;
-          close_pending(i, "TLS handshake failed: " + handshake_failure(p.ssl.get()), !silent);
-        }
       }
       const auto now = clock_type::now();
       for (size_t i = pending_.size(); i-- > 0;)
