@@ -430,8 +430,8 @@ private:
         fds.push_back({p.fd, p.events, 0});
         next = std::min(next, p.deadline);
       }
-      const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
-          next - clock_type::now());
+      const auto wait =
+          std::chrono::duration_cast<std::chrono::milliseconds>(next - clock_type::now());
       const int ready =
           ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)) + 1);
       if (ready < 0 && errno != EINTR)
@@ -473,10 +473,8 @@ private:
       total += n;
     }
     std::sort(by_count.rbegin(), by_count.rend());
-    std::string line = "refused " + std::to_string(total) + " connection"
-                       + (total == 1 ? "" : "s") + " at port "
-                       + std::to_string(port_)
-                       + " from: ";
+    std::string line = "refused " + std::to_string(total) + " connection" + (total == 1 ? "" : "s")
+                       + " at port " + std::to_string(port_) + " from: ";
     for (size_t i = 0; i < by_count.size() && i < 8; ++i)
       line += (i ? ", " : "") + by_count[i].second + " (" + std::to_string(by_count[i].first) + ")";
     if (by_count.size() > 8)
@@ -511,7 +509,9 @@ private:
 class gate_doorman : public caf::io::doorman {
 public:
   gate_doorman(default_multiplexer& mpx, std::shared_ptr<gate> g)
-      : doorman(caf::io::network::accept_hdl_from_socket(g->fd())), mpx_(mpx), gate_(std::move(g)) {}
+      : doorman(caf::io::network::accept_hdl_from_socket(g->fd())),
+        mpx_(mpx),
+        gate_(std::move(g)) {}
 
   ~gate_doorman() override { gate_->stop(); }
 
@@ -562,8 +562,7 @@ expected<std::pair<int, ssl_ptr>> connect_tls(SSL_CTX* ctx, const std::string& h
                                               clock_type::time_point deadline) {
   auto left_ms = [&] {
     return static_cast<int>(std::max<int64_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now())
-            .count(),
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock_type::now()).count(),
         0));
   };
   addrinfo hints{};
@@ -586,9 +585,10 @@ expected<std::pair<int, ssl_ptr>> connect_tls(SSL_CTX* ctx, const std::string& h
       if (err == EINPROGRESS) {
         pollfd p{fd, POLLOUT, 0};
         socklen_t len = sizeof err;
-        err = ::poll(&p, 1, left_ms()) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0
-                  ? err
-                  : ETIMEDOUT;
+        err =
+            ::poll(&p, 1, left_ms()) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0
+                ? err
+                : ETIMEDOUT;
       }
     }
     if (err != 0) {
@@ -624,9 +624,9 @@ expected<std::pair<int, ssl_ptr>> connect_tls(SSL_CTX* ctx, const std::string& h
 
 class tls_middleman_impl : public caf::io::middleman_actor_impl {
 public:
-  tls_middleman_impl(caf::actor_config& cfg, caf::actor broker, ctx_ptr ctx,
-                     tls_gate_limits limits)
-      : caf::io::middleman_actor_impl(cfg, std::move(broker)), ctx_(std::move(ctx)),
+  tls_middleman_impl(caf::actor_config& cfg, caf::actor broker, ctx_ptr ctx, tls_gate_limits limits)
+      : caf::io::middleman_actor_impl(cfg, std::move(broker)),
+        ctx_(std::move(ctx)),
         limits_(limits) {}
 
   const char* name() const override { return "zmuon::tls_middleman"; }
@@ -646,8 +646,8 @@ protected:
                        + conn.err().message().substr(std::strlen("TLS handshake failed: ")) + ")");
       return make_caf_error(conn.err());
     }
-    return caf::io::scribe_ptr(caf::make_counted<tls_scribe>(mpx(), conn->first,
-                                                             std::move(conn->second)));
+    return caf::io::scribe_ptr(
+        caf::make_counted<tls_scribe>(mpx(), conn->first, std::move(conn->second)));
   }
 
   caf::expected<caf::io::doorman_ptr> open(uint16_t port, const char* addr, bool reuse) override {

@@ -42,9 +42,9 @@ expected<uint16_t> publish_actor(bool tls, const Handle& whom, uint16_t port,
 
 /// The actor published at host:port, within `timeout` (TCP connect, TLS handshake and CAF's
 /// handshake together), under TLS (the TLS middleman's) or plain TCP. Under plain TCP a connection
-/// still in its handshake at the deadline is shut down (CAF cannot cancel it). Errors: errc::timeout, or
-/// errc::comm_failure with what CAF said; `nobody_listens`, when given, tells a refused
-/// connection (worth another try) from a handshake that failed (a peer not of this job).
+/// still in its handshake at the deadline is shut down (CAF cannot cancel it). Errors:
+/// errc::timeout, or errc::comm_failure with what CAF said; `nobody_listens`, when given, tells a
+/// refused connection (worth another try) from a handshake that failed (a peer not of this job).
 expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys, bool tls,
                                               const std::string& host, uint16_t port,
                                               const std::set<std::string>& interface,
@@ -52,9 +52,9 @@ expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys, bool tls,
                                               bool* nobody_listens = nullptr);
 
 template <class Handle>
-expected<Handle> connect_actor(caf::actor_system& sys, bool tls,
-                               const std::string& host, uint16_t port,
-                               std::chrono::milliseconds timeout, bool* nobody_listens = nullptr) {
+expected<Handle> connect_actor(caf::actor_system& sys, bool tls, const std::string& host,
+                               uint16_t port, std::chrono::milliseconds timeout,
+                               bool* nobody_listens = nullptr) {
   auto found =
       connect_actor(sys, tls, host, port, sys.message_types(caf::detail::type_list<Handle>{}),
                     timeout, nobody_listens);

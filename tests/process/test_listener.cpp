@@ -182,9 +182,10 @@ BOOST_AUTO_TEST_CASE(out_of_descriptors_node0_refuses_connections_and_finishes) 
   BOOST_REQUIRE(n1.wait(60s));
   BOOST_TEST(exited_with(n0.status, 0), n0.output());
   BOOST_TEST(exited_with(n1.status(), 0), n1.output());
-  BOOST_TEST(std::regex_search(n0.output(),
-                               std::regex(R"(refused \d+ connections at port \d+ from: 127\.0\.0\.1)")),
-             n0.output());
+  BOOST_TEST(
+      std::regex_search(n0.output(),
+                        std::regex(R"(refused \d+ connections at port \d+ from: 127\.0\.0\.1)")),
+      n0.output());
   for (int fd : idle)
     ::close(fd);
 }
@@ -214,8 +215,10 @@ BOOST_AUTO_TEST_CASE(idle_strangers_do_not_outlive_the_join) {
   BOOST_REQUIRE(n1.wait(60s));
   BOOST_TEST(exited_with(n0.status, 0), n0.output());
   BOOST_TEST(exited_with(n1.status(), 0), n1.output());
-  BOOST_TEST(std::regex_search(n0.output(), std::regex(R"(refused \d+ connections at port \d+ from: 127\.0\.0\.2)")),
-             n0.output());
+  BOOST_TEST(
+      std::regex_search(n0.output(),
+                        std::regex(R"(refused \d+ connections at port \d+ from: 127\.0\.0\.2)")),
+      n0.output());
   const double attacked = median_step_ms(n0.output());
   for (int fd : idle)
     ::close(fd);
@@ -225,20 +228,24 @@ BOOST_AUTO_TEST_CASE(idle_strangers_do_not_outlive_the_join) {
                     "test_listener_node1.log");
   BOOST_REQUIRE(clean.wait(60s));
   BOOST_REQUIRE(c1.wait(60s));
-  BOOST_TEST_MESSAGE("median step, node 0, 30 steps: " << attacked << " ms after 1000 idle "
-                     "strangers during the join, " << median_step_ms(clean.output())
-                     << " ms in a clean run");
+  BOOST_TEST_MESSAGE("median step, node 0, 30 steps: " << attacked
+                                                       << " ms after 1000 idle "
+                                                          "strangers during the join, "
+                                                       << median_step_ms(clean.output())
+                                                       << " ms in a clean run");
 }
 
 // Connect-and-hang-ups from 127.0.0.2 at about 100 and 1,000 a second while node 1 joins: once
 // failed most such jobs ("node 0/1 was lost", both nodes blaming each other). Four trials at
-// each rate (the issue asked ten: CI's time); every job finishes, no node is named as lost, and
-// node 0's log names 127.0.0.2.
+// each rate in CI ($ZMUON_FLOOD_TRIALS sets another count); every job finishes, no node is named
+// as lost, and node 0's log names 127.0.0.2.
 BOOST_AUTO_TEST_CASE(hang_up_floods_during_the_join_never_fail_the_job) {
   const std::string secret = secret_file("test_listener_secret");
   const std::string job = kJob + " --steps 3 --secret-file " + secret;
   for (int rate : {100, 1000}) {
-    for (int trial = 0; trial < 4; ++trial) {
+    const char* env = std::getenv("ZMUON_FLOOD_TRIALS");  // 10 for the issue's count
+    const int trials = env != nullptr ? std::max(1, std::atoi(env)) : 4;
+    for (int trial = 0; trial < trials; ++trial) {
       BOOST_TEST_CONTEXT("rate " << rate << "/s, trial " << trial) {
         node0 n0(job);
         std::atomic<bool> stop{false};
