@@ -354,6 +354,13 @@ private:
       const int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len,
                                SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
+        if ((errno == EMFILE || errno == ENFILE) && !pending_.empty()) {
+          // Out of descriptors: a stalled handshake makes room, as when all slots are taken.
+          close_pending(victim(),
+                        "this process is out of file descriptors: the oldest idle "
+                        "handshake is dropped");
+          continue;
+        }
         if (errno == EMFILE || errno == ENFILE) {
           // Out of descriptors: the spare one makes room to take the connection and close it.
           if (spare_ >= 0)
@@ -363,9 +370,9 @@ private:
           if (victim >= 0)
             ::close(victim);
           spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-          refuse(peer, "this process is out of file descriptors");
           if (victim < 0)
             return;
+          refuse(peer, "this process is out of file descriptors");
           continue;
         }
         return;  // EAGAIN, or an error of that connection alone
@@ -616,8 +623,15 @@ expected<std::pair<int, ssl_ptr>> connect_tls(SSL_CTX* ctx, const std::string& h
       }
     }
   }
+  // Closed without a verdict (a listener out of room or descriptors): worth another try.
+  // A certificate refused, or an alert, is final.
+  const unsigned long last = ERR_peek_last_error();
+  const bool closed = ssl && SSL_get_verify_result(ssl.get()) == X509_V_OK
+                      && (last == 0 || ERR_GET_REASON(last) == SSL_R_UNEXPECTED_EOF_WHILE_READING);
   const std::string failure = ssl ? handshake_failure(ssl.get()) : "no TLS session";
   ::close(fd);
+  if (closed)
+    return error{errc::io_error, "the connection closed during the TLS handshake"};
   refused.fetch_add(1, std::memory_order_relaxed);
   return error{errc::comm_failure, "TLS handshake failed: " + failure};
 }

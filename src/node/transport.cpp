@@ -215,7 +215,8 @@ expected<caf::strong_actor_ptr> connect_actor(caf::actor_system& sys, bool tls,
           },
           [&](caf::error& err) {
             *nobody_listens = err == caf::sec::cannot_connect_to_node;
-            if (err == caf::sec::request_timeout) {
+            // The TLS middleman's own deadline may answer first, with a timeout of ours.
+            if (err == caf::sec::request_timeout || from_caf_error(err).code() == errc::timeout) {
               out = error{errc::timeout,
                           "no answer within " + std::to_string(timeout.count()) + " ms"};
               if (!tls)  // the TLS middleman's own deadline ends its connect

@@ -163,31 +163,39 @@ double median_step_ms(const std::string& out) {
 }  // namespace
 
 // Node 0 at 256 descriptors (hard limit) with 300 idle connections: it used to abort ("cannot
-// load certificate") when the TLS layer opened its files per connection. Now the connections
-// beyond its descriptors are refused, and node 1 still joins and the job finishes.
+// load certificate") when the TLS layer opened its files per connection. Now node 1 still joins
+// and the job finishes. At 24 descriptors (about 12 in use while node 0 waits) the gate runs out
+// of descriptors before it runs out of handshake slots: it drops stalled handshakes to take new
+// connections, says so, and the job finishes too.
 BOOST_AUTO_TEST_CASE(out_of_descriptors_node0_refuses_connections_and_finishes) {
   raise_own_file_limit();
   const std::string secret = secret_file("test_listener_secret");
   const std::string job = kJob + " --steps 4 --secret-file " + secret;
-  node0 n0(job, "ulimit -n 256 &&");
-  std::vector<int> idle;
-  for (int i = 0; i < 300; ++i)
-    if (int fd = connect_from("127.0.0.1", n0.port()); fd >= 0)
-      idle.push_back(fd);
-  BOOST_TEST(idle.size() == 300u);
-  std::this_thread::sleep_for(500ms);  // node 0 accepts what it can
-  launch_process n1("--nodes 2 --node-rank 1 --master " + n0.master + " " + job,
-                    "test_listener_node1.log");
-  BOOST_REQUIRE_MESSAGE(n0.wait(60s), n0.output());
-  BOOST_REQUIRE(n1.wait(60s));
-  BOOST_TEST(exited_with(n0.status, 0), n0.output());
-  BOOST_TEST(exited_with(n1.status(), 0), n1.output());
-  BOOST_TEST(
-      std::regex_search(n0.output(),
-                        std::regex(R"(refused \d+ connections at port \d+ from: 127\.0\.0\.1)")),
-      n0.output());
-  for (int fd : idle)
-    ::close(fd);
+  for (int limit : {256, 24}) {
+    BOOST_TEST_CONTEXT("ulimit -n " << limit) {
+      node0 n0(job, "ulimit -n " + std::to_string(limit) + " &&");
+      std::vector<int> idle;
+      for (int i = 0; i < 300; ++i)
+        if (int fd = connect_from("127.0.0.1", n0.port()); fd >= 0)
+          idle.push_back(fd);
+      BOOST_TEST(idle.size() == 300u);
+      std::this_thread::sleep_for(500ms);  // node 0 accepts what it can
+      launch_process n1("--nodes 2 --node-rank 1 --master " + n0.master + " " + job,
+                        "test_listener_node1.log");
+      BOOST_REQUIRE_MESSAGE(n0.wait(60s), n0.output());
+      BOOST_REQUIRE(n1.wait(60s));
+      BOOST_TEST(exited_with(n0.status, 0), n0.output());
+      BOOST_TEST(exited_with(n1.status(), 0), n1.output());
+      BOOST_TEST(
+          std::regex_search(
+              n0.output(), std::regex(R"(refused \d+ connections at port \d+ from: 127\.0\.0\.1)")),
+          n0.output());
+      if (limit == 24)
+        BOOST_TEST(n0.output().find("out of file descriptors") != std::string::npos, n0.output());
+      for (int fd : idle)
+        ::close(fd);
+    }
+  }
 }
 
 // A thousand idle connections (from 127.0.0.2) opened while node 0 waits for node 1: once the
