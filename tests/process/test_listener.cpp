@@ -295,6 +295,24 @@ BOOST_AUTO_TEST_CASE(hang_up_floods_during_the_join_never_fail_the_job) {
   }
 }
 
+// A node whose secret is not the job's is refused by node 0 and exits 2 (its credentials), not 3
+// (a lost node: no node of its job was lost); node 0 logs it and goes on waiting.
+BOOST_AUTO_TEST_CASE(a_refused_node_exits_for_its_credentials) {
+  const std::string secret = secret_file("test_listener_secret");
+  std::ofstream("test_listener_other") << "0b7e5f1c9a2d48e6b3f07c5d1e9a2b64\n";
+  ::chmod("test_listener_other", 0600);
+  node0 n0(kJob + " --steps 1 --secret-file " + secret);
+  int status = 0;
+  auto out = zmuon::test::run_launch("--nodes 2 --node-rank 1 --master " + n0.master + " " + kJob
+                                         + " --steps 1 --set zmuon.timeout_ms=5000 --secret-file "
+                                         + fs::absolute("test_listener_other").string() + " 2>&1",
+                                     &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("the handshake with " + n0.master + " failed") != std::string::npos, out);
+  BOOST_TEST(out.find("was lost") == std::string::npos, out);
+  BOOST_TEST(n0.wait(0ms) == false, "node 0 ended: " << n0.output());
+}
+
 // Plain TCP binds to loopback addresses only, by what the address resolves to (a name that
 // starts with "127." is no loopback address), and never runs with a secret given.
 BOOST_AUTO_TEST_CASE(plain_tcp_stays_on_loopback_and_takes_no_secret) {
