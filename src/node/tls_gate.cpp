@@ -391,8 +391,9 @@ private:
       if (!progress(p))
         continue;
       if (static_cast<int>(pending_.size()) >= limits_.max_pending)
-        close_pending(victim(), std::to_string(limits_.max_pending)
-                                    + " TLS handshakes at once: the oldest idle one is dropped");
+        close_pending(victim(),
+                      std::to_string(limits_.max_pending)
+                          + " TLS handshakes at once: one from the busiest address is dropped");
       pending_.push_back(std::move(p));
     }
   }
@@ -401,13 +402,26 @@ private:
     return SSL_get_rbio(p.ssl.get()) != nullptr ? BIO_number_read(SSL_get_rbio(p.ssl.get())) : 0;
   }
 
-  // The pending handshake to drop for a new one: the oldest that has sent nothing, else the
-  // oldest.
+  // The pending handshake to drop for a new one: of the address with the most in flight (a
+  // stranger's flood does not push out a node from elsewhere), the oldest that has sent nothing,
+  // else its oldest.
   size_t victim() const {
-    for (size_t i = 0; i < pending_.size(); ++i)
+    std::map<std::string, int> per_host;
+    std::string crowded;
+    for (const auto& p : pending_) {
+      const int n = ++per_host[host_part(p.peer)];
+      if (n > per_host[crowded] || crowded.empty())
+        crowded = host_part(p.peer);
+    }
+    size_t first = pending_.size();
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (host_part(pending_[i].peer) != crowded)
+        continue;
       if (bytes_read(pending_[i]) == 0)
         return i;
-    return 0;
+      first = std::min(first, i);
+    }
+    return first < pending_.size() ? first : 0;
   }
 
   // A step of `p`'s handshake; false when it is over (handed to CAF, or refused and closed).
