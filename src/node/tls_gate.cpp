@@ -282,15 +282,15 @@ public:
       : mpx_(mpx), listen_fd_(listen_fd), ctx_(std::move(ctx)), limits_(limits) {
     auto port = caf::io::network::local_port_of_fd(listen_fd);
     port_ = port ? *port : 0;
+    auto addr = caf::io::network::local_addr_of_fd(listen_fd);
+    addr_ = addr ? *addr : std::string();
   }
 
-  ~gate() {
-    stop();
-    if (listen_fd_ >= 0)
-      ::close(listen_fd_);
-  }
+  ~gate() { stop(); }
 
   int fd() const { return listen_fd_; }
+  uint16_t port() const { return port_; }
+  const std::string& addr() const { return addr_; }
 
   void start(gate_doorman* owner) {
     {
@@ -319,6 +319,9 @@ public:
       else
         thread_.join();
     }
+    // Closed now, not when the last reference goes: no connection waits in its backlog.
+    if (listen_fd_ >= 0 && !closed_.exchange(true))
+      ::close(listen_fd_);
   }
 
   void admit(int fd, ssl_ptr ssl);
@@ -512,7 +515,9 @@ private:
 
   default_multiplexer& mpx_;
   int listen_fd_;
+  std::atomic<bool> closed_{false};
   uint16_t port_ = 0;
+  std::string addr_;
   ctx_ptr ctx_;
   tls_gate_limits limits_;
   std::thread thread_;
@@ -542,14 +547,8 @@ public:
     gate_->stop();
     detach(&mpx_, false);
   }
-  std::string addr() const override {
-    auto x = caf::io::network::local_addr_of_fd(gate_->fd());
-    return x ? *x : std::string();
-  }
-  uint16_t port() const override {
-    auto x = caf::io::network::local_port_of_fd(gate_->fd());
-    return x ? *x : 0;
-  }
+  std::string addr() const override { return gate_->addr(); }
+  uint16_t port() const override { return gate_->port(); }
   void add_to_loop() override {}
   void remove_from_loop() override {}
 
