@@ -360,21 +360,21 @@ private:
         if ((errno == EMFILE || errno == ENFILE) && !pending_.empty()) {
           // Out of descriptors: a stalled handshake makes room, as when all slots are taken.
           close_pending(victim(),
-                        "this process is out of file descriptors: the oldest idle "
-                        "handshake is dropped");
+                        "this process is out of file descriptors: a stalled handshake is "
+                        "dropped");
           continue;
         }
         if (errno == EMFILE || errno == ENFILE) {
           // Out of descriptors: the spare one makes room to take the connection and close it.
           if (spare_ >= 0)
             ::close(spare_);
-          const int victim = ::accept(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len);
-          const std::string peer = victim >= 0 ? address_text(from) : "an unknown peer";
-          if (victim >= 0)
-            ::close(victim);
+          const int taken = ::accept(listen_fd_, reinterpret_cast<sockaddr*>(&from), &from_len);
+          if (taken >= 0)
+            ::close(taken);
           spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-          if (victim < 0)
+          if (taken < 0)
             return;
+          const std::string peer = address_text(from);
           refuse(peer, "this process is out of file descriptors");
           continue;
         }
@@ -458,8 +458,11 @@ private:
           std::chrono::duration_cast<std::chrono::milliseconds>(next - clock_type::now());
       const int ready =
           ::poll(fds.data(), fds.size(), static_cast<int>(std::max<int64_t>(wait.count(), 0)) + 1);
-      if (ready < 0 && errno != EINTR)
+      if (ready < 0 && errno != EINTR) {
+        ZMUON_LOG_WARN("the TLS gate at port " + std::to_string(port_)
+                       + " stops: " + std::strerror(errno));
         break;
+      }
       if (stopping_)
         break;
       // Handshakes first (their indices match fds[2..] until pending_ changes).
