@@ -48,7 +48,7 @@ std::string read_text(const std::string& path) {
 
 /// A secret file only its owner may read.
 std::string secret_file(const std::string& name) {
-  std::ofstream(name) << "f3a9c1d07b6e42a8915d2c4e8b0a7f63\n";
+  std::ofstream(name) << "f3a9c1d07b6e42a8915d2c4e8b0a7f635e1c9d2b7a04f86e3c15b9d0a2e7f418\n";
   ::chmod(name.c_str(), 0600);
   return fs::absolute(name).string();
 }
@@ -334,7 +334,8 @@ BOOST_AUTO_TEST_CASE(hang_up_floods_during_the_join_never_fail_the_job) {
 // (a lost node: no node of its job was lost); node 0 logs it and goes on waiting.
 BOOST_AUTO_TEST_CASE(a_refused_node_exits_for_its_credentials) {
   const std::string secret = secret_file("test_listener_secret");
-  std::ofstream("test_listener_other") << "0b7e5f1c9a2d48e6b3f07c5d1e9a2b64\n";
+  std::ofstream("test_listener_other")
+      << "0b7e5f1c9a2d48e6b3f07c5d1e9a2b64d81f3a6c0e5b927d4a1f8c3e60b2d957\n";
   ::chmod("test_listener_other", 0600);
   node0 n0(kJob + " --steps 1 --secret-file " + secret);
   int status = 0;
