@@ -379,8 +379,8 @@ BOOST_AUTO_TEST_CASE(plain_tcp_stays_on_loopback_and_takes_no_secret) {
   BOOST_TEST(exited_with(status, 0), out);
 }
 
-// No node key on disk, whatever ends the node: SIGTERM, SIGINT, SIGHUP and SIGKILL while it
-// waits in the join or trains, and SIGTERM to a --local-nodes launcher. $TMPDIR (where keys once
+// No node key on disk, whatever ends the node: SIGTERM, SIGINT, SIGHUP, SIGKILL and SIGABRT while
+// it waits in the join or trains, and SIGTERM to a --local-nodes launcher. $TMPDIR (where keys once
 // went) is a directory of the test's own, checked empty of any "zmuon-tls-" entry.
 BOOST_AUTO_TEST_CASE(no_node_key_outlives_its_node) {
   const std::string secret = secret_file("test_listener_secret");
@@ -399,7 +399,7 @@ BOOST_AUTO_TEST_CASE(no_node_key_outlives_its_node) {
         found.push_back(e.path().string());
     return found;
   };
-  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGKILL}) {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGKILL, SIGABRT}) {
     BOOST_TEST_CONTEXT("signal " << sig) {
       node0 n0(kJob + " --steps 1 --secret-file " + secret);  // waits in the join
       const auto left = key_files();
