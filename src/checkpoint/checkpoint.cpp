@@ -434,8 +434,9 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     while (!name.empty() && (name.back() == '\n' || name.back() == ' '))
       name.pop_back();
     if (!is_step_dir_name(name))
-      return bad(latest, "does not name a checkpoint (step_NNNNNNNN), it holds "
-                             + in_quotes(name.substr(0, 64)));
+      return bad(latest,
+                 "does not name a checkpoint (step_NNNNNNNN); what it holds is not "
+                 "repeated here (it may be a link to a file not meant to be shown)");
     out.path = (fs::path(dir) / name).string();
   }
   const std::string manifest_path = (fs::path(out.path) / manifest_name).string();

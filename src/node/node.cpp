@@ -27,6 +27,7 @@
 #include "messages/registry.hpp"
 #include "node/node_supervisor.hpp"
 #include "node/rendezvous.hpp"
+#include "node/tls_gate.hpp"
 #include "node/transport.hpp"
 #ifdef ZMUON_HAVE_NCCL
 #include "comm/nccl_comm.hpp"
@@ -90,18 +91,19 @@ size_t node_scheduler_threads(int ranks) {
 
 struct node::impl {
   node_options opts;
-  std::unique_ptr<tls_credentials> tls;  // outlives the actor system, which reads its files
+  std::unique_ptr<tls_credentials> tls;  // until the TLS context has read them
   node_config cfg;
   std::unique_ptr<caf::actor_system> sys;
   std::vector<caf_comm_actor> comms;
   rendezvous_actor rendezvous;  // node 0 only
   node_supervisor_actor supervisor;
   node_door_actor door;
+  caf::io::middleman_actor tls_middleman;  // TLS: zmuon's gate in front of CAF's broker
   join_reply reply;
   uint16_t rendezvous_port = 0;  // node 0: where the rendezvous listens until the job starts
   uint16_t door_port = 0;
 
-  bool use_tls() const { return tls != nullptr; }
+  bool use_tls() const { return tls_middleman != nullptr; }
   std::shared_ptr<job_end> end = std::make_shared<job_end>();
 
   std::chrono::milliseconds join_timeout() const {
@@ -200,7 +202,7 @@ error node::impl::connect_peers_directly(const rendezvous_actor& rdv) {
     for (int j = 1; j < lower; ++j)
       if (doors.ports[j] != 0)
         connects.emplace_back([&, j] {
-          found_doors[j] = connect_actor<node_door_actor>(*sys, tls.get(), doors.hosts[j],
+          found_doors[j] = connect_actor<node_door_actor>(*sys, use_tls(), doors.hosts[j],
                                                           doors.ports[j], kDoorProbe);
         });
     for (auto& t : connects)
@@ -263,12 +265,14 @@ expected<rendezvous_actor> node::impl::find_rendezvous() {
         deadline - std::chrono::steady_clock::now());
     bool nobody_listens = false;
     auto found = connect_actor<rendezvous_actor>(
-        *sys, tls.get(), opts.master_host, opts.master_port,
+        *sys, use_tls(), opts.master_host, opts.master_port,
         std::max(left, std::chrono::milliseconds(1)), &nobody_listens);
     if (found)
       return *found;
-    if (!nobody_listens && found.err().code() != errc::timeout)  // a listener not of this job
-      return error{errc::comm_failure,
+    // A listener not of this job: this node's credentials do not fit (no node of the job was
+    // lost, so not comm_failure).
+    if (!nobody_listens && found.err().code() != errc::timeout)
+      return error{errc::invalid_argument,
                    "node " + std::to_string(opts.node_rank) + ": the handshake with " + where
                        + " failed (" + found.err().message() + ")"
                        + (use_tls() ? ": the node there is not of this job, or the nodes have "
@@ -297,6 +301,8 @@ node::~node() {
     caf::anon_send_exit(d.rendezvous, caf::exit_reason::user_shutdown);
   for (auto& c : d.comms)
     caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
+  if (d.tls_middleman)
+    caf::anon_send_exit(d.tls_middleman, caf::exit_reason::kill);
 }
 
 expected<std::unique_ptr<node>> node::join(const node_options& opts,
@@ -324,14 +330,29 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
                     : resolve_transport(d.opts.transport, opts.secret, opts.master_host);
   if (!secret)
     return secret.err();
+  // Plain TCP on loopback: this node's own door (three nodes or more) too.
+  if (opts.nodes > 2 && opts.node_rank > 0 && d.opts.transport == node_transport::insecure_loopback)
+    if (const auto door_host = advertised_host(d.opts); !is_loopback_host(door_host))
+      return error{errc::invalid_argument,
+                   "plain TCP (--insecure) is for loopback addresses only, and this node's "
+                   "address '"
+                       + door_host
+                       + "' (--host or $ZMUON_NODE_HOST) does not resolve to loopback addresses "
+                         "only"};
   if (opts.nodes > 1 && d.opts.transport == node_transport::tls) {
     auto creds = tls_credentials::make(*secret, opts.certificate);
     if (!creds)
       return creds.err();
     d.tls = std::move(*creds);
   }
-  configure_transport(d.cfg, d.tls.get());
   d.sys = std::make_unique<caf::actor_system>(d.cfg);
+  if (d.tls) {
+    auto mm = start_tls_middleman(*d.sys, *d.tls);
+    if (!mm)
+      return mm.err();
+    d.tls_middleman = *mm;
+    d.tls.reset();  // the TLS context holds what it needs; the key's text is wiped now
+  }
   join_request req{opts.node_rank, opts.ranks, table, job, {}, {}, opts.gpus};
   for (int i = 0; i < opts.ranks; ++i) {
     d.comms.push_back(spawn_caf_comm(*d.sys, 0, 1));  // rank and world come with connect_peers

@@ -185,26 +185,19 @@ expected<std::unique_ptr<tls_credentials>> tls_credentials::make(const std::stri
   if (!cert)
     return tls_error("no node certificate");
 
-  auto dir = make_private_dir("zmuon-tls-");
-  if (!dir)
-    return dir.err();
+  // In memory only: no key file that a signal could leave behind (the TLS context reads these).
   std::unique_ptr<tls_credentials> out(new tls_credentials());
-  out->dir_ = *dir;
-  out->ca_file_ = *dir + "/ca.pem";
-  out->cert_file_ = *dir + "/node.pem";
-  out->key_file_ = *dir + "/node.key";
-  if (auto err = write_new_file(out->ca_file_, pem_of(ca.get())))
-    return err;
-  if (auto err = write_new_file(out->cert_file_, pem_of(cert.get())))
-    return err;
-  if (auto err = write_new_file(out->key_file_, pem_of(key.get())))
-    return err;
+  out->ca_pem_ = pem_of(ca.get());
+  out->cert_pem_ = pem_of(cert.get());
+  out->key_pem_ = pem_of(key.get());
+  if (out->ca_pem_.empty() || out->cert_pem_.empty() || out->key_pem_.empty())
+    return tls_error("cannot write PEM");
   return out;
 }
 
 tls_credentials::~tls_credentials() {
-  if (!dir_.empty())
-    remove_private_dir(dir_);
+  if (!key_pem_.empty())
+    OPENSSL_cleanse(&key_pem_[0], key_pem_.size());
 }
 
 std::string random_secret() {

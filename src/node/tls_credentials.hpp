@@ -1,9 +1,9 @@
 // The job's TLS credentials (docs/SECURITY.md): every node derives the job's CA key from the job's
 // secret (HKDF-SHA256 -> an Ed25519 key), makes a key of its own and a certificate for it signed
 // by that CA, and trusts only that CA. A peer without the secret cannot show such a certificate,
-// so its TLS handshake fails before CAF parses a byte from it. The secret never goes to disk:
-// CAF's openssl module reads the CA's certificate and this node's certificate and key from files
-// in a private directory, removed with this object.
+// so its TLS handshake fails before CAF parses a byte from it. Neither the secret nor the node's
+// key goes to disk: the credentials live in this object's memory (PEM), which the node's TLS
+// context reads once.
 #pragma once
 
 #include <memory>
@@ -32,13 +32,13 @@ public:
   tls_credentials(const tls_credentials&) = delete;
   tls_credentials& operator=(const tls_credentials&) = delete;
 
-  const std::string& ca_file() const { return ca_file_; }      // the job's CA (PEM)
-  const std::string& cert_file() const { return cert_file_; }  // this node's certificate (PEM)
-  const std::string& key_file() const { return key_file_; }    // this node's key (PEM, 0600)
+  const std::string& ca_pem() const { return ca_pem_; }      // the job's CA
+  const std::string& cert_pem() const { return cert_pem_; }  // this node's certificate
+  const std::string& key_pem() const { return key_pem_; }    // this node's key (wiped at the end)
 
 private:
   tls_credentials() = default;
-  std::string dir_, ca_file_, cert_file_, key_file_;
+  std::string ca_pem_, cert_pem_, key_pem_;
 };
 
 /// A new random secret: 32 bytes from the system's generator, as 64 hex digits.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Nodes on hosts of their own: each node of a job in its own network namespace, joined by veth
 # pairs (iproute2). A link with 20 ms latency and 1 % loss (tc netem) gives the bytes of a job
-# on loopback; a stranger in a third namespace cannot join, crash or stop it; a partition (link
-# down) mid-job ends it on every node, naming the lost node, within the heartbeat timeout.
+# on loopback; a stranger in a third namespace cannot join, crash or stop it, nor do its idle
+# connections and connect-and-hang-up floods during the join; a partition (link down) mid-job
+# ends it on every node, naming the lost node, within the heartbeat timeout.
 # Usage: netns_job.sh ZMUON_LAUNCH. Exit 77 (ctest: skipped) where namespaces cannot be made.
 set -u
 launch=$1
@@ -66,6 +67,57 @@ rc0=$?
 grep -q "refused a connection from 10.92.0.2" node0.log || fail "no refusal logged: $(cat node0.log)"
 cmp -s ref.safetensors ns.safetensors || fail "the weights differ from the loopback job's"
 echo "ok: bit-identical to loopback; the stranger was refused ($(grep -c 'refused a connection' node0.log) connections)"
+
+echo "== floods during the join: 300 idle connections and ~1,000 hang-ups a second from the stranger"
+if command -v python3 >/dev/null; then
+  ip netns exec "$a" env ZMUON_JOB_SECRET="$secret" timeout 120 "$launch" --nodes 2 --node-rank 0 \
+    --master 10.91.0.1:29653 $job > flood0.log 2>&1 &
+  f0=$!
+  sleep 1
+  ip netns exec "$c" timeout 60 python3 - 10.91.0.1 29653 > flood.log 2>&1 <<'PY' &
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+idle = []
+for _ in range(300):
+    try:
+        idle.append(socket.create_connection((host, port), timeout=2))
+    except OSError:
+        pass
+open("flood.ready", "w").close()
+sent, until = 0, time.time() + 8
+while time.time() < until:
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+        sent += 1
+    except OSError:
+        pass
+    time.sleep(0.001)
+still = 0
+for s in idle:
+    s.settimeout(0.5)
+    try:
+        still += s.recv(1) != b""
+    except socket.timeout:
+        still += 1
+    except OSError:
+        pass
+print("idle", len(idle), "still open", still, "hang-ups", sent)
+PY
+  fl=$!
+  for _ in $(seq 200); do [ -e flood.ready ] && break; sleep 0.1; done  # idle ones in, flood on
+  ip netns exec "$b" env ZMUON_JOB_SECRET="$secret" timeout 120 "$launch" --nodes 2 --node-rank 1 \
+    --master 10.91.0.1:29653 $job > flood1.log 2>&1
+  r1=$?
+  wait $f0; r0=$?
+  wait $fl
+  [ $r0 = 0 ] && [ $r1 = 0 ] || fail "the flooded job: node 0 $r0, node 1 $r1: $(tail -3 flood0.log flood1.log)"
+  grep -q "was lost" flood0.log flood1.log && fail "a node was called lost: $(grep 'was lost' flood0.log flood1.log)"
+  grep -q "from: 10.92.0.2" flood0.log || fail "node 0 does not name the stranger: $(tail -5 flood0.log)"
+  grep -q "still open 0 " flood.log || fail "stranger connections outlived the join: $(cat flood.log)"
+  echo "ok: the job finished under the floods ($(cat flood.log)); $(grep -o 'refused [0-9]* connections.*' flood0.log)"
+else
+  echo "NOTE: no python3: the floods did not run"
+fi
 
 echo "== a partition mid-job"
 long="--steps 100000 --ranks-per-node 1 --seed 5 --set zmuon.heartbeat_timeout_ms=2000"

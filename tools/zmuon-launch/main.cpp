@@ -98,8 +98,8 @@ const CLI::Validator whole_u64(
     },
     "UINT64");
 
-// Exit codes: 2 for bad input (flags, config, nodes that disagree), 3 when a node of the job was
-// lost, 1 for other failures.
+// Exit codes: 2 for bad input (flags, config, nodes that disagree, a listener that refuses this
+// node's credentials), 3 when a node of the job was lost, 1 for other failures.
 constexpr int exit_bad_input = 2;
 constexpr int exit_node_lost = 3;
 
