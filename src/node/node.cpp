@@ -321,11 +321,13 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   // A job of one node takes no connections: it needs no secret and opens no port.
   auto secret = opts.nodes == 1
                     ? expected<std::string>(std::string())
-                    : resolve_transport(d.opts.transport, opts.secret, opts.master_host);
+                    : resolve_transport(d.opts.transport, opts.secret, opts.secret_file,
+                                        opts.master_host, opts.weak_secret_ok);
   if (!secret)
     return secret.err();
   if (opts.nodes > 1 && d.opts.transport == node_transport::tls) {
-    auto creds = tls_credentials::make(*secret, opts.certificate);
+    auto creds = tls_credentials::make(*secret, job_salt(opts.nodes, opts.master_host),
+                                       opts.join_timeout_ms, opts.certificate);
     if (!creds)
       return creds.err();
     d.tls = std::move(*creds);
