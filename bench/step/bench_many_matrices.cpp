@@ -67,7 +67,8 @@ int main(int argc, char* argv[]) {
     g.assign(elements, 0.0f);
     for (size_t e = 0; e < elements; ++e)
       g[e] = static_cast<float>((static_cast<size_t>(i) + e * 7) % 13) / 13.0f - 0.5f;
-    views.push_back({"m" + std::to_string(i) + ".weight", g.data(), static_cast<int64_t>(elements)});
+    views.push_back(
+        {"m" + std::to_string(i) + ".weight", g.data(), static_cast<int64_t>(elements)});
   }
   std::vector<double> step_ms;
   for (int s = 0; s < steps; ++s) {

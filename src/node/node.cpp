@@ -319,10 +319,9 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   d.opts = opts;
   d.cfg.set("scheduler.max-threads", node_scheduler_threads(opts.ranks));
   // A job of one node takes no connections: it needs no secret and opens no port.
-  auto secret = opts.nodes == 1
-                    ? expected<std::string>(std::string())
-                    : resolve_transport(d.opts.transport, opts.secret, opts.secret_file,
-                                        opts.master_host, opts.weak_secret_ok);
+  auto secret = opts.nodes == 1 ? expected<std::string>(std::string())
+                                : resolve_transport(d.opts.transport, opts.secret, opts.secret_file,
+                                                    opts.master_host, opts.weak_secret_ok);
   if (!secret)
     return secret.err();
   if (opts.nodes > 1 && d.opts.transport == node_transport::tls) {

@@ -65,8 +65,8 @@ pkey_ptr ca_key_from(const std::string& secret, const std::string& salt, scrypt_
   // OpenSSL's own cap (1025 MiB by default) unless the caller sets one.
   uint64_t most = max_memory != 0 ? max_memory : std::max<uint64_t>(2 * cost.memory(), 1u << 30);
   OSSL_PARAM params[] = {
-      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_PASSWORD,
-                                        const_cast<char*>(secret.data()), secret.size()),
+      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_PASSWORD, const_cast<char*>(secret.data()),
+                                        secret.size()),
       OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, salted.data(), salted.size()),
       OSSL_PARAM_construct_uint64(OSSL_KDF_PARAM_SCRYPT_N, &cost.n),
       OSSL_PARAM_construct_uint32(OSSL_KDF_PARAM_SCRYPT_R, &cost.r),
@@ -210,9 +210,9 @@ double alphabet_bits(const std::string& secret) {
     hex &= std::isxdigit(c) != 0;
   }
   // Hex digits of one case are an alphabet of 16.
-  double classes = hex && !(lower && upper) ? 16.0
-                                            : 26.0 * lower + 26.0 * upper + 10.0 * digit
-                                                  + 33.0 * symbol + 128.0 * other;
+  double classes = hex && !(lower && upper)
+                       ? 16.0
+                       : 26.0 * lower + 26.0 * upper + 10.0 * digit + 33.0 * symbol + 128.0 * other;
   return std::log2(std::max(1.0, std::min(classes, 2.0 * static_cast<double>(distinct.size()))));
 }
 

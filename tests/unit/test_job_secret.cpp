@@ -117,7 +117,8 @@ BOOST_AUTO_TEST_CASE(generated_secrets_pass) {
 
 // The --new-secret contract: 64 hex digits and a line end, 0600, never over an existing file.
 BOOST_AUTO_TEST_CASE(a_new_secret_is_random_private_and_never_overwrites) {
-  const std::string path = (fs::temp_directory_path() / ("test_job_secret." + std::to_string(::getpid()))).string();
+  const std::string path =
+      (fs::temp_directory_path() / ("test_job_secret." + std::to_string(::getpid()))).string();
   std::remove(path.c_str());
   BOOST_REQUIRE(!zmuon::write_new_secret(path));
   const std::string text = read_text(path);
@@ -158,9 +159,8 @@ BOOST_AUTO_TEST_CASE(a_dictionary_secret_costs_a_full_derivation_per_guess) {
   const std::string right = zmuon::derive_ca_public_key(secret, salt);
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  BOOST_TEST_MESSAGE("one derivation (one guess): " << ms << " ms, "
-                                                    << zmuon::kScryptCost.memory() / (1 << 20)
-                                                    << " MiB");
+  BOOST_TEST_MESSAGE("one derivation (one guess): "
+                     << ms << " ms, " << zmuon::kScryptCost.memory() / (1 << 20) << " MiB");
   BOOST_REQUIRE(right.size() == 32u);
   BOOST_TEST(verifies_against(cert, right));
   // Deterministic: every node of the job derives this CA.
