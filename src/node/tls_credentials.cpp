@@ -62,8 +62,8 @@ pkey_ptr ca_key_from(const std::string& secret, const std::string& salt, scrypt_
     return nullptr;
   static const std::string label = "zmuon job CA ed25519 v2\n";
   std::string salted = label + salt;
-  // OpenSSL's own cap (1025 MiB by default) unless the caller sets one.
-  uint64_t most = max_memory != 0 ? max_memory : std::max<uint64_t>(2 * cost.memory(), 1u << 30);
+  // Room for the work factor (128 * r * N and a little) unless the caller sets a cap.
+  uint64_t most = max_memory != 0 ? max_memory : 2 * cost.memory();
   OSSL_PARAM params[] = {
       OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_PASSWORD, const_cast<char*>(secret.data()),
                                         secret.size()),

@@ -21,18 +21,19 @@ inline constexpr size_t kMinSecretBytes = 16;
 /// random bytes as 32 hex digits (128 bits) pass, with room for a chance run like "abcd".
 inline constexpr double kMinSecretBits = 120;
 
-/// The scrypt work factor of the CA key's derivation: N = 2^15, r = 8, p = 1, i.e. 32 MiB of
-/// memory and about 0.1 s of one core for every guess of an attacker's too (docs/SECURITY.md).
+/// The scrypt work factor of the CA key's derivation: N = 2^15, r = 8, p = 1, i.e. 32 MiB and
+/// about 0.1 s of a core. A node pays it once; an attacker with a certificate once per guess
+/// (docs/SECURITY.md).
 struct scrypt_cost {
   uint64_t n = uint64_t{1} << 15;
   uint32_t r = 8;
   uint32_t p = 1;
-  /// The memory one derivation needs (bytes): 128 * r * N.
+  /// The memory one derivation needs at least (bytes): 128 * r * N.
   uint64_t memory() const { return 128 * uint64_t{r} * n; }
 };
 inline constexpr scrypt_cost kScryptCost{};
 
-/// How the certificates outlive the join's deadline: clocks of the nodes up to this far apart.
+/// How long the certificates outlive the join's deadline: for clocks of the nodes this far apart.
 inline constexpr long kCertificateMarginSeconds = 600;
 
 /// How the nodes of a job reach each other. Plain TCP only where the user asks for it; by default
