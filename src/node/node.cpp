@@ -319,12 +319,19 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
   d.opts = opts;
   d.cfg.set("scheduler.max-threads", node_scheduler_threads(opts.ranks));
   // A job of one node takes no connections: it needs no secret and opens no port.
-  auto secret = opts.nodes == 1 ? expected<std::string>(std::string())
-                                : resolve_transport(d.opts.transport, opts.secret, opts.secret_file,
-                                                    opts.master_host, opts.weak_secret_ok);
+  auto secret = opts.nodes == 1
+                    ? expected<std::string>(std::string())
+                    : resolve_transport(d.opts.transport, opts.secret, opts.master_host);
   if (!secret)
     return secret.err();
   if (opts.nodes > 1 && d.opts.transport == node_transport::tls) {
+    // Every way to a node's secret passes here: the launcher's, the C ABI's and Python's.
+    const char* weak_env = std::getenv("ZMUON_WEAK_SECRET_OK");
+    const bool weak_ok =
+        opts.weak_secret_ok || (weak_env != nullptr && std::string(weak_env) == "1");
+    const std::string from = opts.secret.empty() ? job_secret_source() : opts.secret_from;
+    if (auto err = check_job_secret(*secret, from.empty() ? "the node's options" : from, weak_ok))
+      return err;
     auto creds = tls_credentials::make(*secret, job_salt(opts.nodes, opts.master_host),
                                        opts.join_timeout_ms, opts.certificate);
     if (!creds)

@@ -48,13 +48,13 @@ struct node_options {
   /// The GPUs this node's ranks would run on under nccl (join_request::gpus).
   std::vector<std::string> gpus;
   /// TLS with mutual authentication from `secret` (docs/SECURITY.md), or plain TCP where asked
-  /// for. An empty secret: the first line of `secret_file`, else $ZMUON_JOB_SECRET, else the file
-  /// $ZMUON_JOB_SECRET_FILE, else plain TCP if $ZMUON_INSECURE says so, else join refuses to
-  /// start. A secret too easy to guess is refused (check_job_secret).
+  /// for. An empty secret: $ZMUON_JOB_SECRET, else the file $ZMUON_JOB_SECRET_FILE, else plain
+  /// TCP if $ZMUON_INSECURE says so, else join refuses to start. A secret too easy to guess is
+  /// refused (check_job_secret) unless `weak_secret_ok` or $ZMUON_WEAK_SECRET_OK=1.
   node_transport transport = node_transport::tls;
   std::string secret;
-  std::string secret_file;
-  bool weak_secret_ok = false;  // --weak-secret-ok: a guessable secret is let through, warned of
+  std::string secret_from;      // where `secret` came from, for messages ("the file 'F'")
+  bool weak_secret_ok = false;  // --weak-secret-ok
   test_certificate certificate = test_certificate::valid;  // tests only: a bad certificate
 };
 

@@ -356,23 +356,42 @@ error write_new_secret(const std::string& path) {
   return err;
 }
 
-expected<job_secret> read_job_secret(const std::string& secret_file) {
-  job_secret out;
+std::string job_secret_source(const std::string& secret_file) {
+  if (!secret_file.empty())
+    return "the file '" + secret_file + "'";
+  if (const char* env = std::getenv("ZMUON_JOB_SECRET"); env != nullptr && *env != '\0')
+    return "$ZMUON_JOB_SECRET";
+  if (const char* file = std::getenv("ZMUON_JOB_SECRET_FILE"); file != nullptr && *file != '\0')
+    return "the file '" + std::string(file) + "' ($ZMUON_JOB_SECRET_FILE)";
+  return "the node's options";
+}
+
+expected<std::string> read_job_secret(const std::string& secret_file) {
+  std::string secret;
+  std::string from;
   if (!secret_file.empty()) {
     auto s = secret_from_file(secret_file);
     if (!s)
       return s.err();
-    out = {*s, "the file '" + secret_file + "'"};
+    secret = *s;
+    from = "the file '" + secret_file + "'";
   } else if (const char* env = std::getenv("ZMUON_JOB_SECRET"); env != nullptr && *env != '\0') {
-    out = {env, "$ZMUON_JOB_SECRET"};
+    secret = env;
+    from = "$ZMUON_JOB_SECRET";
   } else if (const char* file = std::getenv("ZMUON_JOB_SECRET_FILE");
              file != nullptr && *file != '\0') {
     auto s = secret_from_file(file);
     if (!s)
       return s.err();
-    out = {*s, "the file '" + std::string(file) + "' ($ZMUON_JOB_SECRET_FILE)"};
+    secret = *s;
+    from = "the file '" + std::string(file) + "' ($ZMUON_JOB_SECRET_FILE)";
+  } else {
+    return std::string();
   }
-  return out;
+  if (secret.size() < kMinSecretBytes)
+    return error{errc::invalid_argument, "the job's secret in " + from + " is shorter than "
+                                             + std::to_string(kMinSecretBytes) + " bytes"};
+  return secret;
 }
 
 }  // namespace zmuon

@@ -1,9 +1,9 @@
 // The job's TLS credentials (docs/SECURITY.md): every node derives the job's CA key from the job's
-// secret and salt (scrypt, memory-hard -> an Ed25519 key), makes a key of its own and a
-// certificate for it signed by that CA, valid for the join only, and trusts only that CA. A peer
-// without the secret cannot show such a certificate, so its TLS handshake fails before CAF parses a
-// byte from it. The secret never goes to disk: CAF's openssl module reads the CA's certificate and
-// this node's certificate and key from files in a private directory, removed with this object.
+// secret and salt (scrypt -> an Ed25519 key), makes a key of its own and a certificate for it
+// signed by that CA, and trusts only that CA. A peer without the secret cannot show such a
+// certificate, so its TLS handshake fails before CAF parses a byte from it. The secret never goes
+// to disk: CAF's openssl module reads the CA's certificate and this node's certificate and key from
+// files in a private directory, removed with this object.
 #pragma once
 
 #include <cstdint>
@@ -71,16 +71,15 @@ std::string random_secret();
 /// is left as it was and is an error.
 error write_new_secret(const std::string& path);
 
-/// The job's secret and where it came from ("$ZMUON_JOB_SECRET", "the file 'F'"), for messages.
-struct job_secret {
-  std::string value;
-  std::string from;
-};
-
 /// The job's secret: the first line of the file at `secret_file` when given, else
-/// $ZMUON_JOB_SECRET, else the first line of the file named by $ZMUON_JOB_SECRET_FILE; an empty
-/// value when none is set. A file that is not a regular file or that others may read is an error.
-expected<job_secret> read_job_secret(const std::string& secret_file = {});
+/// $ZMUON_JOB_SECRET, else the first line of the file named by $ZMUON_JOB_SECRET_FILE; "" when
+/// none is set. A secret shorter than kMinSecretBytes, or a file that is not a regular file or
+/// that others may read, is an error.
+expected<std::string> read_job_secret(const std::string& secret_file = {});
+
+/// Where read_job_secret(secret_file) takes the secret from, for messages: "the file 'F'",
+/// "$ZMUON_JOB_SECRET" or "the file 'F' ($ZMUON_JOB_SECRET_FILE)".
+std::string job_secret_source(const std::string& secret_file = {});
 
 /// An estimate of the bits an attacker must guess (an upper bound for a secret of words): its
 /// length, less the characters that continue a repeat or a run ("aaaa", "abcd", "abab"), times

@@ -158,16 +158,15 @@ bool is_loopback_host(const std::string& host) {
 }
 
 expected<std::string> resolve_transport(node_transport& mode, const std::string& secret,
-                                        const std::string& secret_file, const std::string& host,
-                                        bool weak_secret_ok) {
-  job_secret key{secret, "the node's options"};
-  if (mode == node_transport::tls && key.value.empty()) {
-    auto from_env = read_job_secret(secret_file);
+                                        const std::string& host) {
+  std::string key = secret;
+  if (mode == node_transport::tls && key.empty()) {
+    auto from_env = read_job_secret();
     if (!from_env)
       return from_env.err();
     key = *from_env;
   }
-  if (mode == node_transport::tls && key.value.empty()) {
+  if (mode == node_transport::tls && key.empty()) {
     if (const char* env = std::getenv("ZMUON_INSECURE"); env != nullptr) {
       const std::string v = env;
       if (v == "1")
@@ -177,17 +176,17 @@ expected<std::string> resolve_transport(node_transport& mode, const std::string&
     }
   }
   if (mode == node_transport::tls) {
-    if (key.value.empty())
+    if (key.empty())
       return error{errc::invalid_argument,
                    "the job has no secret: give every node the same one (--secret-file FILE, "
-                   "$ZMUON_JOB_SECRET or $ZMUON_JOB_SECRET_FILE; 'zmuon-launch --new-secret "
-                   "FILE' makes one), or ask for plain TCP on loopback with --insecure "
-                   "($ZMUON_INSECURE=1)"};
-    const char* weak_env = std::getenv("ZMUON_WEAK_SECRET_OK");
-    const bool weak_ok = weak_secret_ok || (weak_env != nullptr && std::string(weak_env) == "1");
-    if (auto err = check_job_secret(key.value, key.from, weak_ok))
-      return err;
-    return key.value;
+                   "$ZMUON_JOB_SECRET or $ZMUON_JOB_SECRET_FILE; at least "
+                   + std::to_string(kMinSecretBytes)
+                   + " bytes), or ask for plain TCP on loopback with --insecure "
+                     "($ZMUON_INSECURE=1)"};
+    if (key.size() < kMinSecretBytes)
+      return error{errc::invalid_argument, "the job's secret is shorter than "
+                                               + std::to_string(kMinSecretBytes) + " bytes"};
+    return key;
   }
   if (mode == node_transport::insecure_loopback && !is_loopback_host(host))
     return error{errc::invalid_argument,

@@ -20,14 +20,11 @@ namespace zmuon {
 /// Whether `host` names a loopback address ("localhost", 127.x.y.z, ::1).
 bool is_loopback_host(const std::string& host);
 
-/// What `mode` and `secret` (else the file `secret_file`, else read_job_secret's variables) come
-/// to, given the environment: the secret (empty under plain TCP),
+/// What `mode` and `secret` come to, given the environment: the secret (empty under plain TCP),
 /// or why the job cannot run: no secret and no plain-TCP opt-in ($ZMUON_INSECURE=1 or any-host),
-/// a secret check_job_secret refuses (`weak_secret_ok` or $ZMUON_WEAK_SECRET_OK=1 let a weak
-/// one through), or plain TCP on loopback only with `host` not a loopback address.
+/// or plain TCP on loopback only with `host` not a loopback address.
 expected<std::string> resolve_transport(node_transport& mode, const std::string& secret,
-                                        const std::string& secret_file, const std::string& host,
-                                        bool weak_secret_ok = false);
+                                        const std::string& host);
 
 /// Loads CAF's openssl module into `cfg` with `creds`' files (TLS), or nothing (plain TCP).
 void configure_transport(caf::actor_system_config& cfg, const tls_credentials* creds);

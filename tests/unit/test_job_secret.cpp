@@ -129,8 +129,8 @@ BOOST_AUTO_TEST_CASE(a_new_secret_is_random_private_and_never_overwrites) {
   BOOST_TEST((st.st_mode & 0777) == 0600u);
   auto read = zmuon::read_job_secret(path);
   BOOST_REQUIRE(read);
-  BOOST_TEST(read->value == text.substr(0, 64));
-  BOOST_TEST(!zmuon::check_job_secret(read->value, read->from, false));
+  BOOST_TEST(*read == text.substr(0, 64));
+  BOOST_TEST(!zmuon::check_job_secret(*read, zmuon::job_secret_source(path), false));
   auto again = zmuon::write_new_secret(path);
   BOOST_TEST(again.message().find("exists already") != std::string::npos, again.message());
   BOOST_TEST(read_text(path) == text);

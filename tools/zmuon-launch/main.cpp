@@ -218,13 +218,13 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   nopts.master_host = master->first;
   nopts.master_port = master->second;
   nopts.ranks = job.engine.world;
-  // A secret file that cannot be read is bad input; the node reads and checks it (every path
-  // to a node runs the same check).
-  if (auto readable = zmuon::read_job_secret(nf.secret_file); !readable) {
-    say(readable.err().message());
+  auto secret = zmuon::read_job_secret(nf.secret_file);
+  if (!secret) {
+    say(secret.err().message());
     return exit_bad_input;
   }
-  nopts.secret_file = nf.secret_file;
+  nopts.secret = *secret;
+  nopts.secret_from = zmuon::job_secret_source(nf.secret_file);
   nopts.weak_secret_ok = nf.weak_secret_ok;
   if (nf.insecure || nf.insecure_any_host)
     nopts.transport = nf.insecure_any_host ? zmuon::node_transport::insecure_any_host
