@@ -1,9 +1,9 @@
 // The job's TLS credentials (docs/SECURITY.md): every node derives the job's CA key from the job's
-// secret and salt (scrypt -> an Ed25519 key), makes a key of its own and a certificate for it
-// signed by that CA, and trusts only that CA. A peer without the secret cannot show such a
-// certificate, so its TLS handshake fails before CAF parses a byte from it. The secret never goes
-// to disk: CAF's openssl module reads the CA's certificate and this node's certificate and key from
-// files in a private directory, removed with this object.
+// secret and salt (scrypt -> Ed25519 key), makes a key of its own and a certificate for it signed
+// by that CA, and trusts only that CA. A peer without the secret cannot show such a certificate,
+// so its TLS handshake fails before CAF parses a byte from it. The secret never goes to disk:
+// CAF's openssl module reads the CA's certificate and this node's certificate and key from files
+// in a private directory, removed with this object.
 #pragma once
 
 #include <cstdint>
