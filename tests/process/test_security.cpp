@@ -4,7 +4,8 @@
 // their address while the job finishes with the same weights; the rendezvous port closes once the
 // job runs; the join has a deadline and names a node 0 lost meanwhile; a message claiming more
 // numbers than it carries is refused before anything is allocated; planted links, FIFOs and huge
-// files are refused; registration is linear.
+// files are refused; registration is linear; a secret easy to guess is refused, and
+// --new-secret makes one that is not.
 #define BOOST_TEST_MODULE security
 #include <boost/test/unit_test.hpp>
 
