@@ -471,14 +471,15 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     return error{errc::io_error,
                  "missing manifest " + in_quotes(manifest_path) + " (the save did not complete)"};
   // Refused by its size before it is read: no more than this table and the files there can
-  // take (a planted 200 MiB manifest once cost seconds and gigabytes to parse).
+  // take (parsed, JSON takes many times its size in memory).
   const uint64_t most = manifest_size_bound(target.params, files_in(out.path, uint64_t{1} << 20));
   if (fs::is_regular_file(manifest_path, ec) && fs::file_size(manifest_path, ec) > most && !ec)
     return bad(manifest_path, "manifest holds " + std::to_string(fs::file_size(manifest_path, ec))
                                   + " bytes, more than the " + std::to_string(most)
                                   + " a checkpoint of this table of "
                                   + std::to_string(target.params.size())
-                                  + " parameters can take: refused before it is read");
+                                  + " parameters can take (it is another table's, or no "
+                                    "checkpoint's): refused before it is read");
   auto text = read_file(manifest_path, most);
   if (!text)
     return text.err();

@@ -502,8 +502,9 @@ BOOST_AUTO_TEST_CASE(a_fault_naming_an_unknown_parameter_is_an_error) {
 }
 
 // A manifest larger than this table and the files there can take is refused by its size before
-// a byte of it is read: 200 MiB of valid JSON (the saved manifest with a huge config) once cost
-// seconds and gigabytes to parse. A save whose config would make such a manifest fails instead.
+// a byte of it is read: 200 MiB of valid JSON (the saved manifest with a huge config), which
+// would take seconds and gigabytes to parse. A save whose config would make such a manifest fails
+// instead.
 BOOST_AUTO_TEST_CASE(an_oversized_manifest_is_refused_before_it_is_read) {
   scratch_dir root;
   const std::string dir = root.file("ckpt");
