@@ -129,7 +129,8 @@ ZMUON_API int zmuon_engine_create_from_file(const char* path, const char* const*
  * gather_params() and the checkpoints are collectives every process calls in the same order.
  * Destroying the engine waits until every process is done (up to zmuon.timeout_ms).
  * The processes authenticate each other under TLS with the job's secret, read from
- * $ZMUON_JOB_SECRET or the file $ZMUON_JOB_SECRET_FILE (16+ bytes, the same in every process);
+ * $ZMUON_JOB_SECRET or the file $ZMUON_JOB_SECRET_FILE (the same in every process; one that
+ * is easy to guess is refused unless $ZMUON_WEAK_SECRET_OK=1: docs/SECURITY.md);
  * without one a job of two or more processes fails to start unless $ZMUON_INSECURE=1 (plain TCP
  * on loopback) or any-host (docs/SECURITY.md). */
 ZMUON_API int zmuon_engine_create_node(const char* config_json, const char* const* overrides,

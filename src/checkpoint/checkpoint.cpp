@@ -37,9 +37,31 @@ using detail::shape_text;
 
 const char* const manifest_name = "manifest.json";
 const char* const latest_name = "latest";
-/// What `latest` and a manifest may hold: a name, and a table of up to millions of parameters.
+/// What `latest` may hold: a name.
 constexpr uint64_t kMaxLatestBytes = 4096;
-constexpr uint64_t kMaxManifestBytes = uint64_t(256) << 20;
+/// The job's config a checkpoint keeps (the launcher's is a few KiB).
+constexpr uint64_t kMaxManifestConfigBytes = uint64_t(4) << 20;
+
+/// The most bytes manifest_text can write for the table `params` and `shard_files` ranks: a
+/// reader refuses a larger manifest before it reads a byte, and a save that would write one
+/// fails. Each term is a generous bound on what manifest_text writes per item: a parameter's
+/// entry (its name escaped, 6 bytes a character at most, and a line per dimension) and AdamW
+/// step count, a shard file's entry, and the fixed keys with the config.
+uint64_t manifest_size_bound(const std::vector<param_layout>& params, uint64_t shard_files) {
+  uint64_t bound = (uint64_t{64} << 10) + kMaxManifestConfigBytes + 256 * shard_files;
+  for (const auto& p : params)
+    bound += 256 + 6 * p.name.size() + 32 * p.shape.size();
+  return bound;
+}
+
+/// The files in the checkpoint directory `dir` (its shard files among them), at most `most`.
+uint64_t files_in(const std::string& dir, uint64_t most) {
+  std::error_code ec;
+  uint64_t n = 0;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && n < most; it.increment(ec))
+    ++n;
+  return n;
+}
 
 std::string step_dir_name(uint64_t step) {
   char buf[40];
@@ -376,8 +398,14 @@ error commit_checkpoint(const std::string& dir, const std::string& name, const p
   meta.params.clear();
   for (const auto& p : pl.params)
     meta.params.push_back({p.name, p.shape, p.muon});
-  if (auto err =
-          write_file_atomically((fs::path(out) / manifest_name).string(), manifest_text(meta)))
+  const std::string text = manifest_text(meta);
+  if (text.size() > manifest_size_bound(pl.params, static_cast<uint64_t>(pl.world)))
+    return {errc::invalid_argument,
+            "the checkpoint's manifest would hold " + std::to_string(text.size())
+                + " bytes, more than a load takes for this table: the config given to "
+                  "save_checkpoint is over "
+                + std::to_string(kMaxManifestConfigBytes >> 20) + " MiB"};
+  if (auto err = write_file_atomically((fs::path(out) / manifest_name).string(), text))
     return err;
   if (auto err = fsync_directory(dir))
     return err;
@@ -443,7 +471,17 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
   if (!fs::exists(manifest_path, ec))
     return error{errc::io_error,
                  "missing manifest " + in_quotes(manifest_path) + " (the save did not complete)"};
-  auto text = read_file(manifest_path, kMaxManifestBytes);
+  // Refused by its size before it is read: no more than this table and the files there can
+  // take (parsed, JSON takes many times its size in memory).
+  const uint64_t most = manifest_size_bound(target.params, files_in(out.path, uint64_t{1} << 20));
+  if (fs::is_regular_file(manifest_path, ec) && fs::file_size(manifest_path, ec) > most && !ec)
+    return bad(manifest_path, "manifest holds " + std::to_string(fs::file_size(manifest_path, ec))
+                                  + " bytes, more than the " + std::to_string(most)
+                                  + " a checkpoint of this table of "
+                                  + std::to_string(target.params.size())
+                                  + " parameters can take (it is another table's, or no "
+                                    "checkpoint's): refused before it is read");
+  auto text = read_file(manifest_path, most);
   if (!text)
     return text.err();
   auto parsed = parse_manifest(*text, manifest_path);

@@ -256,7 +256,7 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
   d.init.push_back(init);
   try {
     d.table.push_back(spec);
-    d.table_names.insert(spec.name);
+    d.table_names.emplace(spec.name, d.table.size() - 1);
   } catch (...) {
     if (d.table.size() > d.init.size() - 1)
       d.table.pop_back();

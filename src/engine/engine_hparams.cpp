@@ -69,11 +69,10 @@ error engine::set_hparam_group(const std::string& name, int group) {
     return {errc::invalid_argument, "hyperparameter group " + std::to_string(group)
                                         + " is outside [0, " + std::to_string(kMaxHparamGroups)
                                         + ")"};
-  for (auto& spec : d.table)
-    if (spec.name == name) {
-      spec.hparam_group = group;
-      return {};
-    }
+  if (auto it = d.table_names.find(name); it != d.table_names.end()) {
+    d.table[it->second].hparam_group = group;
+    return {};
+  }
   return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
 }
 

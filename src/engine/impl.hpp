@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -135,7 +136,9 @@ struct engine::impl {
   std::shared_ptr<const job_end> job;  // a node of a multi-process job: why the job ended, if so
   int32_t host_collectives = 0;        // parameters()/sum_over_nodes() issued since the last step
   std::vector<param_spec> table;
-  std::unordered_set<std::string> table_names;  // add_parameter's duplicate check, O(1) a call
+  /// Each name's index in `table`: add_parameter's duplicate check and set_hparam_group's
+  /// lookup, O(1) a call.
+  std::unordered_map<std::string, size_t> table_names;
   std::vector<std::vector<float>> init;
   std::shared_ptr<const plan> pl;
   std::vector<comm_actor> comms;       // of this process's ranks (host collectives use these too)

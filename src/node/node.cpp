@@ -340,7 +340,15 @@ expected<std::unique_ptr<node>> node::join(const node_options& opts,
                        + "' (--host or $ZMUON_NODE_HOST) does not resolve to loopback addresses "
                          "only"};
   if (opts.nodes > 1 && d.opts.transport == node_transport::tls) {
-    auto creds = tls_credentials::make(*secret, opts.certificate);
+    // Every way to a node's secret passes here: the launcher's, the C ABI's and Python's.
+    const char* weak_env = std::getenv("ZMUON_WEAK_SECRET_OK");
+    const bool weak_ok =
+        opts.weak_secret_ok || (weak_env != nullptr && std::string(weak_env) == "1");
+    const std::string from = opts.secret.empty() ? job_secret_source() : opts.secret_from;
+    if (auto err = check_job_secret(*secret, from.empty() ? "the node's options" : from, weak_ok))
+      return err;
+    auto creds = tls_credentials::make(*secret, job_salt(opts.nodes, opts.master_host),
+                                       opts.join_timeout_ms, opts.certificate);
     if (!creds)
       return creds.err();
     d.tls = std::move(*creds);

@@ -49,9 +49,12 @@ struct node_options {
   std::vector<std::string> gpus;
   /// TLS with mutual authentication from `secret` (docs/SECURITY.md), or plain TCP where asked
   /// for. An empty secret: $ZMUON_JOB_SECRET, else the file $ZMUON_JOB_SECRET_FILE, else plain
-  /// TCP if $ZMUON_INSECURE says so, else join refuses to start.
+  /// TCP if $ZMUON_INSECURE says so, else join refuses to start. A secret too easy to guess is
+  /// refused (check_job_secret) unless `weak_secret_ok` or $ZMUON_WEAK_SECRET_OK=1.
   node_transport transport = node_transport::tls;
   std::string secret;
+  std::string secret_from;      // where `secret` came from, for messages ("the file 'F'")
+  bool weak_secret_ok = false;  // --weak-secret-ok
   test_certificate certificate = test_certificate::valid;  // tests only: a bad certificate
 };
 

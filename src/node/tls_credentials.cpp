@@ -1,9 +1,14 @@
 #include "node/tls_credentials.hpp"
 
+#include <algorithm>
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <ctime>
+#include <set>
 
 #include <openssl/bn.h>
+#include <openssl/core_names.h>
 #include <openssl/evp.h>
 #include <openssl/kdf.h>
 #include <openssl/pem.h>
@@ -11,6 +16,7 @@
 #include <openssl/x509v3.h>
 #include <sys/stat.h>
 
+#include "base/log.hpp"
 #include "base/private_files.hpp"
 
 namespace zmuon {
@@ -39,26 +45,36 @@ error tls_error(const std::string& what) {
   return {errc::internal, "cannot make the job's TLS credentials: " + what};
 }
 
-// The CA's Ed25519 key, the same on every node: HKDF-SHA256 of the secret.
-pkey_ptr ca_key_from(const std::string& secret) {
-  static const char salt[] = "zmuon job CA";
-  static const char info[] = "ed25519 seed v1";
+struct kdf_free {
+  void operator()(EVP_KDF* p) const { EVP_KDF_free(p); }
+};
+struct kdf_ctx_free {
+  void operator()(EVP_KDF_CTX* p) const { EVP_KDF_CTX_free(p); }
+};
+
+// The CA's Ed25519 key, the same on every node of the job: scrypt of the secret and the job's
+// salt. Memory-hard, so that each guess of an attacker holding a certificate costs as much.
+pkey_ptr ca_key_from(const std::string& secret, const std::string& salt, scrypt_cost cost,
+                     uint64_t max_memory) {
+  std::unique_ptr<EVP_KDF, kdf_free> kdf(EVP_KDF_fetch(nullptr, "SCRYPT", nullptr));
+  std::unique_ptr<EVP_KDF_CTX, kdf_ctx_free> ctx(kdf ? EVP_KDF_CTX_new(kdf.get()) : nullptr);
+  if (!ctx)
+    return nullptr;
+  static const std::string label = "zmuon job CA ed25519 v2\n";
+  std::string salted = label + salt;
+  // Room for the work factor (128 * r * N and a little) unless the caller sets a cap.
+  uint64_t most = max_memory != 0 ? max_memory : 2 * cost.memory();
+  OSSL_PARAM params[] = {
+      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_PASSWORD, const_cast<char*>(secret.data()),
+                                        secret.size()),
+      OSSL_PARAM_construct_octet_string(OSSL_KDF_PARAM_SALT, salted.data(), salted.size()),
+      OSSL_PARAM_construct_uint64(OSSL_KDF_PARAM_SCRYPT_N, &cost.n),
+      OSSL_PARAM_construct_uint32(OSSL_KDF_PARAM_SCRYPT_R, &cost.r),
+      OSSL_PARAM_construct_uint32(OSSL_KDF_PARAM_SCRYPT_P, &cost.p),
+      OSSL_PARAM_construct_uint64(OSSL_KDF_PARAM_SCRYPT_MAXMEM, &most),
+      OSSL_PARAM_construct_end()};
   unsigned char seed[32];
-  size_t len = sizeof seed;
-  pctx_ptr ctx(EVP_PKEY_CTX_new_id(EVP_PKEY_HKDF, nullptr));
-  if (!ctx || EVP_PKEY_derive_init(ctx.get()) <= 0
-      || EVP_PKEY_CTX_set_hkdf_md(ctx.get(), EVP_sha256()) <= 0
-      || EVP_PKEY_CTX_set1_hkdf_salt(ctx.get(), reinterpret_cast<const unsigned char*>(salt),
-                                     sizeof salt - 1)
-             <= 0
-      || EVP_PKEY_CTX_set1_hkdf_key(ctx.get(),
-                                    reinterpret_cast<const unsigned char*>(secret.data()),
-                                    static_cast<int>(secret.size()))
-             <= 0
-      || EVP_PKEY_CTX_add1_hkdf_info(ctx.get(), reinterpret_cast<const unsigned char*>(info),
-                                     sizeof info - 1)
-             <= 0
-      || EVP_PKEY_derive(ctx.get(), seed, &len) <= 0)
+  if (EVP_KDF_derive(ctx.get(), seed, sizeof seed, params) <= 0)
     return nullptr;
   pkey_ptr key(EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, seed, sizeof seed));
   OPENSSL_cleanse(seed, sizeof seed);
@@ -160,28 +176,134 @@ expected<std::string> secret_from_file(const std::string& path) {
 
 constexpr long kDay = 24 * 3600;
 
+// The characters of `secret` that continue a repeat or a run: a fourth character with the same
+// step from the one before as the two steps before it ("aaaa", "abcd", "aceg"), or one that
+// repeats the character `period` back for the fourth time in a row ("abcabcabc").
+size_t predictable_characters(const std::string& secret) {
+  const auto at = [&](size_t i) { return static_cast<int>(static_cast<unsigned char>(secret[i])); };
+  size_t predictable = 0;
+  for (size_t i = 3; i < secret.size(); ++i) {
+    const int step = at(i) - at(i - 1);
+    bool run = step == at(i - 1) - at(i - 2) && step == at(i - 2) - at(i - 3);
+    for (size_t period = 2; !run && period <= 8 && i >= period + 3; ++period) {
+      run = true;
+      for (size_t k = 0; k < 4 && run; ++k)
+        run = secret[i - k] == secret[i - k - period];
+    }
+    predictable += run ? 1 : 0;
+  }
+  return predictable;
+}
+
+// log2 of the alphabet estimated_secret_bits assumes.
+double alphabet_bits(const std::string& secret) {
+  bool lower = false, upper = false, digit = false, symbol = false, other = false;
+  bool hex = !secret.empty();
+  std::set<unsigned char> distinct;
+  for (unsigned char c : secret) {
+    distinct.insert(c);
+    lower |= std::islower(c) != 0 && c < 128;
+    upper |= std::isupper(c) != 0 && c < 128;
+    digit |= std::isdigit(c) != 0;
+    symbol |= c < 128 && std::isalnum(c) == 0;
+    other |= c >= 128;
+    hex &= std::isxdigit(c) != 0;
+  }
+  // Hex digits of one case are an alphabet of 16.
+  double classes = hex && !(lower && upper)
+                       ? 16.0
+                       : 26.0 * lower + 26.0 * upper + 10.0 * digit + 33.0 * symbol + 128.0 * other;
+  return std::log2(std::max(1.0, std::min(classes, 2.0 * static_cast<double>(distinct.size()))));
+}
+
 }  // namespace
 
+double estimated_secret_bits(const std::string& secret) {
+  const double length = static_cast<double>(secret.size() - predictable_characters(secret));
+  return length * alphabet_bits(secret);
+}
+
+error check_job_secret(const std::string& secret, const std::string& from, bool weak_ok) {
+  if (secret.size() < kMinSecretBytes)
+    return error{errc::invalid_argument, "the job's secret in " + from + " is shorter than "
+                                             + std::to_string(kMinSecretBytes) + " bytes"};
+  const double bits = estimated_secret_bits(secret);
+  if (bits >= kMinSecretBits)
+    return {};
+  // The problems, named: repeats and runs, a short alphabet, a short secret.
+  std::string why;
+  const size_t predictable = predictable_characters(secret);
+  if (predictable > 0)
+    why += std::to_string(predictable) + " of its characters continue a repeat or a run; ";
+  const double alphabet = std::exp2(alphabet_bits(secret));
+  if (alphabet < 64)
+    why += "its alphabet is about " + std::to_string(static_cast<int>(std::lround(alphabet)))
+           + " characters; ";
+  why += "it is " + std::to_string(secret.size()) + " characters long";
+  const std::string estimate = "about " + std::to_string(static_cast<int>(bits)) + " bits, "
+                               + std::to_string(static_cast<int>(kMinSecretBits)) + " needed";
+  if (weak_ok) {
+    ZMUON_LOG_WARN("the job's secret in " + from + " is easy to guess (" + estimate
+                   + "), allowed by --weak-secret-ok");
+    return {};
+  }
+  return error{errc::invalid_argument,
+               "the job's secret in " + from + " is too easy to guess (" + estimate + ": " + why
+                   + "): make one with 'zmuon-launch --new-secret FILE' and give every node "
+                     "--secret-file FILE, or allow this one with --weak-secret-ok "
+                     "($ZMUON_WEAK_SECRET_OK=1)"};
+}
+
+std::string job_salt(int nodes, const std::string& rendezvous_host) {
+  std::string host = rendezvous_host;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  std::transform(host.begin(), host.end(), host.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0)
+    host = "loopback";
+  return "nodes " + std::to_string(nodes) + "\nrendezvous host " + host + "\n";
+}
+
+std::string derive_ca_public_key(const std::string& secret, const std::string& salt,
+                                 scrypt_cost cost, uint64_t max_memory) {
+  pkey_ptr key = ca_key_from(secret, salt, cost, max_memory);
+  unsigned char raw[32];
+  size_t len = sizeof raw;
+  if (!key || EVP_PKEY_get_raw_public_key(key.get(), raw, &len) != 1)
+    return {};
+  return std::string(reinterpret_cast<const char*>(raw), len);
+}
+
 expected<std::unique_ptr<tls_credentials>> tls_credentials::make(const std::string& secret,
+                                                                 const std::string& salt,
+                                                                 int64_t join_timeout_ms,
                                                                  test_certificate kind) {
   if (secret.size() < kMinSecretBytes)
     return error{errc::invalid_argument,
                  "the job's secret is shorter than " + std::to_string(kMinSecretBytes) + " bytes"};
-  pkey_ptr ca_key = ca_key_from(secret);
-  pkey_ptr signer = kind == test_certificate::foreign_ca ? ca_key_from(secret + " (another job)")
-                                                         : ca_key_from(secret);
+  pkey_ptr ca_key = ca_key_from(secret, salt, kScryptCost, 0);
+  // A foreign CA (tests): the same secret without the job's salt.
+  pkey_ptr foreign = kind == test_certificate::foreign_ca
+                         ? ca_key_from(secret, "another job", kScryptCost, 0)
+                         : nullptr;
+  EVP_PKEY* signer = foreign ? foreign.get() : ca_key.get();
   pkey_ptr key = fresh_key();
   if (!ca_key || !signer || !key)
-    return tls_error("no Ed25519 key");
-  // Every node makes the same CA (name and key); the validity spans any clock skew.
-  x509_ptr ca = make_cert(ca_key.get(), "zmuon job CA", nullptr, ca_key.get(), -kDay, 3650 * kDay);
-  x509_ptr signer_ca =
-      make_cert(signer.get(), "zmuon job CA", nullptr, signer.get(), -kDay, 3650 * kDay);
+    return tls_error("no Ed25519 key (scrypt or key generation failed)");
+  // Every connection of the job opens during the join: the certificates end with its deadline
+  // (and a margin for clocks apart), so that a node's key is worth nothing after it. They begin a
+  // day back, for clocks behind.
+  const long life = static_cast<long>(std::min<int64_t>(join_timeout_ms / 1000, 3650 * kDay))
+                    + kCertificateMarginSeconds;
+  // Every node makes the same CA (name and key).
+  x509_ptr ca = make_cert(ca_key.get(), "zmuon job CA", nullptr, ca_key.get(), -kDay, life);
+  x509_ptr signer_ca = make_cert(signer, "zmuon job CA", nullptr, signer, -kDay, life);
   if (!ca || !signer_ca)
     return tls_error("no CA certificate");
   const long from = kind == test_certificate::expired ? -2 * kDay : -kDay;
-  const long to = kind == test_certificate::expired ? -kDay : 30 * kDay;
-  x509_ptr cert = make_cert(key.get(), "zmuon node", signer_ca.get(), signer.get(), from, to);
+  const long to = kind == test_certificate::expired ? -kDay : life;
+  x509_ptr cert = make_cert(key.get(), "zmuon node", signer_ca.get(), signer, from, to);
   if (!cert)
     return tls_error("no node certificate");
 
@@ -212,6 +334,29 @@ std::string random_secret() {
   }
   OPENSSL_cleanse(bytes, sizeof bytes);
   return out;
+}
+
+error write_new_secret(const std::string& path) {
+  std::string secret = random_secret();
+  if (secret.empty())
+    return error{errc::internal, "no randomness for a new secret"};
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0)
+    return error{errc::invalid_argument,
+                 "'" + path + "' exists already: a secret file is never overwritten"};
+  auto err = write_new_file(path, secret + "\n", 0600);
+  OPENSSL_cleanse(secret.data(), secret.size());
+  return err;
+}
+
+std::string job_secret_source(const std::string& secret_file) {
+  if (!secret_file.empty())
+    return "the file '" + secret_file + "'";
+  if (const char* env = std::getenv("ZMUON_JOB_SECRET"); env != nullptr && *env != '\0')
+    return "$ZMUON_JOB_SECRET";
+  if (const char* file = std::getenv("ZMUON_JOB_SECRET_FILE"); file != nullptr && *file != '\0')
+    return "the file '" + std::string(file) + "' ($ZMUON_JOB_SECRET_FILE)";
+  return "the node's options";
 }
 
 expected<std::string> read_job_secret(const std::string& secret_file) {

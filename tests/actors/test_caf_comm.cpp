@@ -4,6 +4,7 @@
 #define BOOST_TEST_MODULE caf_comm
 #include "support/actor_fixture.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -179,6 +180,49 @@ BOOST_AUTO_TEST_CASE(all_to_all_to_itself_in_place_reads_before_it_writes) {
     const std::vector<float> want = {10.0f * r + 2, 10.0f * r + 3, 10.0f * r + 4, 10.0f * r,
                                      10.0f * r + 1};
     BOOST_CHECK_MESSAGE(buf[r] == want, "rank " << r << ": a receive overwrote an unread send");
+  }
+}
+
+// The same with many one-element segments in shuffled order, of which one receive (listed first)
+// lands on a send read last: the overlap check (sorted, one sweep) must still find that pair.
+BOOST_AUTO_TEST_CASE(all_to_all_to_itself_finds_one_overlap_among_many_segments) {
+  constexpr int n = 500;
+  std::vector<std::vector<float>> buf(kWorld), want(kWorld);
+  std::vector<all_to_all_req> reqs(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    buf[r].resize(2 * n);
+    for (int i = 0; i < 2 * n; ++i)
+      buf[r][i] = static_cast<float>(1000 * r + i);
+    float* b = buf[r].data();
+    // Sends: elements 0..n-1 in a fixed shuffle, element 250 last. Receives: n..2n-1 shuffled,
+    // but the first receive is element 250.
+    std::vector<int> from(n), to(n);
+    for (int i = 0; i < n; ++i) {
+      from[i] = (i * 7919 + 13) % n;
+      to[i] = n + (i * 104729 + 5) % n;
+    }
+    std::swap(from[std::find(from.begin(), from.end(), 250) - from.begin()], from[n - 1]);
+    to[0] = 250;
+    auto& req = reqs[r];
+    req.tag = tag_of(collective_kind::scatter, 11);
+    req.sends.resize(kWorld);
+    req.recvs.resize(kWorld);
+    for (int i = 0; i < n; ++i) {
+      req.sends[r].push_back({b + from[i], 1});
+      req.recvs[r].push_back({b + to[i], 1});
+    }
+    // Every send read before any receive is written.
+    want[r] = buf[r];
+    for (int i = 0; i < n; ++i)
+      want[r][to[i]] = buf[r][from[i]];
+  }
+  std::vector<std::shared_ptr<reply_slot<comm_done>>> replies;
+  for (int r = 0; r < kWorld; ++r)
+    replies.push_back(ask<comm_done>(ranks[r], reqs[r]));
+  run();
+  for (int r = 0; r < kWorld; ++r) {
+    BOOST_CHECK(value_of(replies[r]).tag == reqs[r].tag);
+    BOOST_CHECK_MESSAGE(buf[r] == want[r], "rank " << r << ": a receive overwrote an unread send");
   }
 }
 

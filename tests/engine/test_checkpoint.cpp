@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE checkpoint
 #include "support/engine_fixture.hpp"
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -498,4 +499,53 @@ BOOST_AUTO_TEST_CASE(a_fault_naming_an_unknown_parameter_is_an_error) {
   auto err = eng->reduce(0, random_grads(table, 1, 1, 0, 0));
   BOOST_TEST((err.code() == errc::invalid_argument), err.to_string());
   BOOST_TEST(err.message().find("no.such.weight") != std::string::npos, err.message());
+}
+
+// A manifest larger than this table and the files there can take is refused by its size before
+// a byte of it is read: 200 MiB of valid JSON (the saved manifest with a huge config), which
+// would take seconds and gigabytes to parse. A save whose config would make such a manifest fails
+// instead.
+BOOST_AUTO_TEST_CASE(an_oversized_manifest_is_refused_before_it_is_read) {
+  scratch_dir root;
+  const std::string dir = root.file("ckpt");
+  auto a = fresh_engine(2);
+  train_steps(*a, 1, 1);
+  BOOST_REQUIRE(!a->save_checkpoint(dir));
+  const std::string manifest = dir + "/step_00000001/manifest.json";
+  // The saved manifest with its config (null) replaced by a string of 200 MiB, written in pieces.
+  const std::string text = read_all(manifest);
+  const size_t at = text.find("\"config\": null");
+  BOOST_REQUIRE(at != std::string::npos);
+  {
+    std::ofstream out(manifest, std::ios::binary | std::ios::trunc);
+    out << text.substr(0, at) << "\"config\": \"";
+    const std::string piece(1 << 20, 'x');
+    for (int i = 0; i < 200; ++i)
+      out << piece;
+    out << "\"" << text.substr(at + std::string("\"config\": null").size());
+  }
+  const auto huge = fs::file_size(manifest);
+  BOOST_REQUIRE(huge > (uint64_t(200) << 20));
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string said = load_error(*a, dir);
+  BOOST_TEST_MESSAGE(
+      "a " << huge << "-byte manifest refused in "
+           << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s");
+  BOOST_TEST(said.find("manifest holds " + std::to_string(huge) + " bytes, more than the")
+                 != std::string::npos,
+             said);
+  BOOST_TEST(said.find("refused before it is read") != std::string::npos, said);
+  // Nothing changed: the engine steps on.
+  train_steps(*a, 2, 2);
+
+  // The save side: a config of 5 MiB is refused, one of 1 MiB saves and loads.
+  const std::string big_config = nlohmann::json{{"note", std::string(5 << 20, 'y')}}.dump();
+  auto err = a->save_checkpoint(root.file("big"), big_config);
+  BOOST_TEST((err.code() == errc::invalid_argument), err.to_string());
+  BOOST_TEST(err.message().find("over 4 MiB") != std::string::npos, err.to_string());
+  const std::string fine_config = nlohmann::json{{"note", std::string(1 << 20, 'z')}}.dump();
+  BOOST_REQUIRE(!a->save_checkpoint(root.file("fine"), fine_config));
+  auto info = a->load_checkpoint(root.file("fine"));
+  BOOST_REQUIRE(info);
+  BOOST_TEST(info->config == fine_config);
 }

@@ -53,7 +53,7 @@ ip netns exec "$a" env ZMUON_JOB_SECRET="$secret" timeout 120 "$launch" --nodes 
 n0=$!
 sleep 1
 # The stranger: another secret, then junk and a 4 GiB header before any handshake.
-ip netns exec "$c" env ZMUON_JOB_SECRET="not-the-job-secret-0123456789" timeout 60 "$launch" \
+ip netns exec "$c" env ZMUON_JOB_SECRET="$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" timeout 60 "$launch" \
   --nodes 2 --node-rank 1 --master 10.91.0.1:29651 $job --set zmuon.timeout_ms=3000 \
   > stranger.log 2>&1 && fail "the stranger joined: $(cat stranger.log)"
 ip netns exec "$c" bash -c 'exec 3<>/dev/tcp/10.91.0.1/29651; printf "\0\0\0\0\377\377\377\377%024d" 0 >&3; exec 3>&-' 2>/dev/null

@@ -4,7 +4,8 @@
 // their address while the job finishes with the same weights; the rendezvous port closes once the
 // job runs; the join has a deadline and names a node 0 lost meanwhile; a message claiming more
 // numbers than it carries is refused before anything is allocated; planted links, FIFOs and huge
-// files are refused; registration is linear.
+// files are refused; registration is linear; a secret easy to guess is refused, and
+// --new-secret makes one that is not.
 #define BOOST_TEST_MODULE security
 #include <boost/test/unit_test.hpp>
 
@@ -36,6 +37,7 @@
 #include "checkpoint/safetensors.hpp"
 #include "messages/messages.hpp"
 #include "messages/registry.hpp"
+#include "node/tls_credentials.hpp"
 #include "zmuon/engine.hpp"
 
 namespace fs = std::filesystem;
@@ -114,8 +116,8 @@ const std::string kJob = "--steps 4 --ranks-per-node 1 --seed 3 --set zmuon.time
 // header and a hello-then-hang-up before any handshake. Each is refused and logged with its
 // address; the job then finishes with the weights of a job nobody attacked.
 BOOST_AUTO_TEST_CASE(strangers_are_refused_and_the_job_is_unharmed) {
-  const std::string secret = secret_file("test_sec_secret", "the-job-secret-0123456789");
-  const std::string other = secret_file("test_sec_other", "another-secret-0123456789");
+  const std::string secret = secret_file("test_sec_secret", zmuon::random_secret());
+  const std::string other = secret_file("test_sec_other", zmuon::random_secret());
   int status = 0;
   auto reference = zmuon::test::run_launch(
       "--local-nodes 2 " + kJob + " --save-params test_sec_reference.safetensors", &status);
@@ -185,7 +187,7 @@ BOOST_AUTO_TEST_CASE(no_secret_no_job_unless_plain_tcp_is_asked_for) {
 // stranger has nowhere to go); a node 0 that accepts and never answers costs node 1 its
 // zmuon.timeout_ms, not forever; a node 0 lost during the join is named at once.
 BOOST_AUTO_TEST_CASE(the_join_has_a_deadline_and_the_port_closes_when_the_job_runs) {
-  const std::string secret = secret_file("test_sec_secret", "the-job-secret-0123456789");
+  const std::string secret = secret_file("test_sec_secret", zmuon::random_secret());
   {
     std::string master;
     auto node0 = start_node0("--secret-file " + secret + " --steps 400", master);
@@ -371,4 +373,45 @@ BOOST_AUTO_TEST_CASE(registration_is_linear_in_the_parameters) {
   twice.name = "p17";
   twice.shape = {4};
   BOOST_TEST((eng->add_parameter(twice, {}).code() == zmuon::errc::duplicate_parameter));
+}
+
+// A secret too easy to guess is refused before the node listens, naming the problem, wherever it
+// comes from (a file, $ZMUON_JOB_SECRET); --weak-secret-ok lets it through; --new-secret makes a
+// good one, private, and never overwrites a file.
+BOOST_AUTO_TEST_CASE(guessable_secrets_are_refused_and_new_secret_makes_one) {
+  int status = 0;
+  const std::string weak = secret_file("test_sec_weak", "llama-70b-run-07");
+  const std::string join = "--nodes 2 --node-rank 0 --master 127.0.0.1:0 --steps 1 ";
+  auto out = zmuon::test::run_launch(join + "--secret-file " + weak + " 2>&1", &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("the job's secret in the file '" + weak + "' is too easy to guess")
+                 != std::string::npos,
+             out);
+  BOOST_TEST(out.find("rendezvous listening") == std::string::npos, out);
+  out = zmuon::test::run_command(
+      "ZMUON_JOB_SECRET='                    ' " + std::string(ZMUON_LAUNCH) + " " + join, &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("$ZMUON_JOB_SECRET is too easy to guess") != std::string::npos, out);
+  BOOST_TEST(out.find("its alphabet is about 2 characters") != std::string::npos, out);
+  // Allowed: the job runs (two local nodes with this secret), with a warning.
+  out = zmuon::test::run_launch("--local-nodes 2 --steps 1 --weak-secret-ok --secret-file " + weak,
+                                &status);
+  BOOST_TEST(exited_with(status, 0), out);
+  BOOST_TEST(out.find("easy to guess") != std::string::npos, out);
+
+  const std::string made = fs::absolute("test_sec_new_secret").string();
+  std::remove(made.c_str());
+  out = zmuon::test::run_launch("--new-secret " + made, &status);
+  BOOST_TEST(exited_with(status, 0), out);
+  const std::string secret = read_bytes(made);
+  BOOST_TEST(secret.size() == 65u);
+  BOOST_TEST(((fs::status(made).permissions() & fs::perms::all)
+              == (fs::perms::owner_read | fs::perms::owner_write)));
+  out = zmuon::test::run_launch("--new-secret " + made, &status);
+  BOOST_TEST(exited_with(status, 2), out);
+  BOOST_TEST(out.find("exists already") != std::string::npos, out);
+  BOOST_TEST(read_bytes(made) == secret);
+  out = zmuon::test::run_launch("--local-nodes 2 --steps 1 --secret-file " + made, &status);
+  BOOST_TEST(exited_with(status, 0), out);
+  BOOST_TEST(out.find("easy to guess") == std::string::npos, out);
 }

@@ -187,6 +187,23 @@ class NodesTest(unittest.TestCase):
             zmuon.Muon(initial_params(), overrides=quick, nodes=2, node_rank=1,
                        master="127.0.0.1:1")
 
+    def test_a_guessable_secret_is_refused_unless_allowed(self):
+        # The same check as zmuon-launch's, on the secret from the environment.
+        saved = os.environ["ZMUON_JOB_SECRET"]
+        try:
+            os.environ["ZMUON_JOB_SECRET"] = "llama-70b-run-07"
+            with self.assertRaisesRegex(zmuon.InvalidArgument, r"the job's secret in "
+                                        r"\$ZMUON_JOB_SECRET is too easy to guess"):
+                zmuon.Muon(initial_params(), nodes=2, node_rank=0, master="127.0.0.1:0")
+            # Allowed, the process gets as far as waiting for its peer.
+            os.environ["ZMUON_WEAK_SECRET_OK"] = "1"
+            with self.assertRaisesRegex(zmuon.Timeout, "not every node joined"):
+                zmuon.Muon(initial_params(), overrides=["zmuon.timeout_ms=500"], nodes=2,
+                           node_rank=0, master="127.0.0.1:0")
+        finally:
+            os.environ["ZMUON_JOB_SECRET"] = saved
+            os.environ.pop("ZMUON_WEAK_SECRET_OK", None)
+
     def test_incomplete_node_arguments_are_refused(self):
         with self.assertRaisesRegex(zmuon.InvalidArgument, "needs nodes, node_rank and master"):
             zmuon.Muon(initial_params(), nodes=2, node_rank=0)

@@ -112,6 +112,7 @@ struct node_flags {
   std::string rendezvous_file;
   std::string host;  // node_options::host
   std::string secret_file;
+  bool weak_secret_ok = false;  // node_options::weak_secret_ok
   bool insecure = false;
   bool insecure_any_host = false;
   std::string test_certificate;  // tests: "expired" or "foreign" (node_options::certificate)
@@ -223,6 +224,8 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
     return exit_bad_input;
   }
   nopts.secret = *secret;
+  nopts.secret_from = zmuon::job_secret_source(nf.secret_file);
+  nopts.weak_secret_ok = nf.weak_secret_ok;
   if (nf.insecure || nf.insecure_any_host)
     nopts.transport = nf.insecure_any_host ? zmuon::node_transport::insecure_any_host
                                            : zmuon::node_transport::insecure_loopback;
@@ -479,6 +482,14 @@ int run(int argc, char** argv) {
                  "nodes authenticate each other with it under TLS (default: $ZMUON_JOB_SECRET, "
                  "else the file $ZMUON_JOB_SECRET_FILE; --local-nodes makes one of its own)")
       ->type_name("FILE");
+  std::string new_secret;
+  app.add_option("--new-secret", new_secret,
+                 "write a new secret (32 random bytes as 64 hex digits, mode 0600) to FILE, "
+                 "which must not exist, and exit")
+      ->type_name("FILE");
+  app.add_flag("--weak-secret-ok", nf.weak_secret_ok,
+               "accept a secret that is too easy to guess (short, repeating, a small alphabet) "
+               "with a warning ($ZMUON_WEAK_SECRET_OK=1)");
   app.add_flag("--insecure", nf.insecure,
                "no secret, no TLS: plain TCP, on loopback addresses only ($ZMUON_INSECURE=1)");
   app.add_flag("--insecure-any-host", nf.insecure_any_host,
@@ -519,6 +530,15 @@ int run(int argc, char** argv) {
   }
   if (!log_level.empty())
     zmuon::set_log_level(*zmuon::parse_log_level(log_level));
+  if (!new_secret.empty()) {
+    if (auto err = zmuon::write_new_secret(new_secret)) {
+      say(err.message());
+      return exit_bad_input;
+    }
+    std::printf("wrote a new secret to %s (mode 0600): give every node --secret-file %s\n",
+                new_secret.c_str(), new_secret.c_str());
+    return 0;
+  }
 
   // The flags given become the last overrides, so the config's checks apply to them too.
   for (const auto& [option, key] : flag_keys)
