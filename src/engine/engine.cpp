@@ -233,39 +233,6 @@ error engine::start() {
   return impl_->start();
 }
 
-error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
-  auto& d = *impl_;
-  if (d.pl)
-    return {errc::bad_state,
-            "parameter '" + spec.name + "' registered after the first reduce() or step()"};
-  // The new parameter alone is checked (its name against a set): registration stays linear in
-  // the number of parameters; start() plans the whole table once.
-  if (d.table_names.count(spec.name) > 0)
-    return {errc::duplicate_parameter, "parameter '" + spec.name + "' is registered twice"};
-  auto checked = make_plan({spec}, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon,
-                           d.opts.layout);
-  if (!checked)
-    return checked.err();
-  const auto& p = checked->params.back();
-  if (!init.empty() && static_cast<int64_t>(init.size()) != p.numel)
-    return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
-                                      + std::to_string(init.size()) + " elements, shape needs "
-                                      + std::to_string(p.numel)};
-  // The values first: a failed allocation (bad_alloc) leaves the table as it was. None given:
-  // zeros, kept as an empty vector (the shards start zeroed).
-  d.init.push_back(init);
-  try {
-    d.table.push_back(spec);
-    d.table_names.insert(spec.name);
-  } catch (...) {
-    if (d.table.size() > d.init.size() - 1)
-      d.table.pop_back();
-    d.init.pop_back();
-    throw;
-  }
-  return {};
-}
-
 error engine::impl::start_locked() {
   if (pl)
     return {};

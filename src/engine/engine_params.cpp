@@ -1,7 +1,7 @@
 // engine::parameters / gather_params: the full parameters out of the ranks' shards, into a
 // tensor_map or the caller's buffers (host, or device buffers on the cuda backend; in one process
 // straight from the stores' buffers, in a multi-process job over the ranks' NCCL comms into
-// device buffers or else over the caf comms: engine_nodes.cpp).
+// device buffers or else over the caf comms: engine_collectives.cpp).
 #include <algorithm>
 #include <cstring>
 #include <optional>

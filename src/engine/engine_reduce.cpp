@@ -1,12 +1,16 @@
 // engine::reduce: the hand-over of one micro-batch's gradients, packed into reduce buckets
 // (rank-major, for the reduce-scatter) and sent to the rank's reducer, within the bound on
 // buckets in flight; device gradients read before reduce() returns, or ordered on the caller's
-// stream. engine::reduce_all: every local rank's at once, a thread each.
+// stream. engine::reduce_all: every local rank's at once, a thread each. report_qk_logits:
+// MuonClip's logits per micro-batch, kept per local rank until the step carries them to the
+// rank's coordinator.
 #include "zmuon/engine.hpp"
 
 #include "engine/impl.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "actors/staging.hpp"
@@ -205,6 +209,35 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   });
   // Some buckets of this micro-batch may be with the reducer, others not: the step is broken.
   return d.stop(device ? device : failed, impl::in_step(step));
+}
+
+error engine::report_qk_logits(int rank, const std::string& query,
+                               const std::vector<float>& max_logits) {
+  auto& d = *impl_;
+  if (auto err = d.start_for(rank))
+    return err;
+  const int i = d.pl->find(query);
+  const int pair = i < 0 ? -1 : d.pl->find_qk_pair(i);
+  if (pair < 0)
+    return {i < 0 ? errc::unknown_parameter : errc::invalid_argument,
+            "report_qk_logits: '" + query + "' is not the query of a MuonClip pair (add_qk_clip)"};
+  const auto& p = d.pl->qk_pairs[pair];
+  if (static_cast<int64_t>(max_logits.size()) != p.query_heads)
+    return {errc::shape_mismatch, "report_qk_logits: '" + query + "' has "
+                                      + std::to_string(p.query_heads) + " heads, got "
+                                      + std::to_string(max_logits.size()) + " values"};
+  for (size_t h = 0; h < max_logits.size(); ++h)
+    if (!std::isfinite(max_logits[h]))
+      return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
+                                          + " has a non-finite logit"};
+  auto& mine = d.qk_logits[rank - d.first_rank];
+  if (mine.empty())
+    mine.assign(static_cast<size_t>(d.pl->qk_values), -std::numeric_limits<float>::max());
+  for (int64_t h = 0; h < p.query_heads; ++h) {
+    float& at = mine[static_cast<size_t>(p.value_offset + h)];
+    at = std::max(at, max_logits[static_cast<size_t>(h)]);
+  }
+  return {};
 }
 
 }  // namespace zmuon

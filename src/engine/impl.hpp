@@ -1,5 +1,5 @@
 // engine::impl: the engine's state, shared by engine.cpp (create, reduce, step, parameters),
-// engine_nodes.cpp (the host's collectives between processes) and engine_checkpoint.cpp.
+// engine_collectives.cpp (the host's collectives between processes) and engine_checkpoint.cpp.
 // Internal: not installed.
 #pragma once
 
@@ -155,7 +155,7 @@ struct engine::impl {
   // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
   std::vector<std::vector<uint8_t>> touched;
   // MuonClip: per local rank, the largest logit per query head reported in the open step
-  // (plan::qk_values entries once one is reported; report_qk_logits, engine_blocks.cpp).
+  // (plan::qk_values entries once one is reported; report_qk_logits, engine_registry.cpp).
   std::vector<std::vector<float>> qk_logits;
 
   // reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with

@@ -1,12 +1,44 @@
-// Registration of Muon's blocks (split_sizes, expert stacks) and MuonClip's host side: the
-// query/key pairs and the logits the host reports per micro-batch, kept per local rank until the
-// step carries them to the rank's coordinator.
+// What the host registers before the engine starts: the parameters, Muon's blocks (split_sizes,
+// expert stacks) and MuonClip's query/key pairs. Each call checks its own part alone; start()
+// plans the whole table once.
 #include <algorithm>
-#include <cmath>
 
 #include "engine/impl.hpp"
 
 namespace zmuon {
+
+error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
+  auto& d = *impl_;
+  if (d.pl)
+    return {errc::bad_state,
+            "parameter '" + spec.name + "' registered after the first reduce() or step()"};
+  // The new parameter alone is checked (its name against a set): registration stays linear in
+  // the number of parameters; start() plans the whole table once.
+  if (d.table_names.count(spec.name) > 0)
+    return {errc::duplicate_parameter, "parameter '" + spec.name + "' is registered twice"};
+  auto checked = make_plan({spec}, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon,
+                           d.opts.layout);
+  if (!checked)
+    return checked.err();
+  const auto& p = checked->params.back();
+  if (!init.empty() && static_cast<int64_t>(init.size()) != p.numel)
+    return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
+                                      + std::to_string(init.size()) + " elements, shape needs "
+                                      + std::to_string(p.numel)};
+  // The values first: a failed allocation (bad_alloc) leaves the table as it was. None given:
+  // zeros, kept as an empty vector (the shards start zeroed).
+  d.init.push_back(init);
+  try {
+    d.table.push_back(spec);
+    d.table_names.insert(spec.name);
+  } catch (...) {
+    if (d.table.size() > d.init.size() - 1)
+      d.table.pop_back();
+    d.init.pop_back();
+    throw;
+  }
+  return {};
+}
 
 error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t>& split_sizes,
                               const std::vector<int64_t>& split_heads, matrix_view view) {
@@ -73,35 +105,6 @@ error engine::add_qk_clip(const std::string& query, const std::string& key, int6
   q->qk_clip_key = key;
   q->qk_clip_heads = query_heads;
   q->qk_clip_key_heads = key_heads;
-  return {};
-}
-
-error engine::report_qk_logits(int rank, const std::string& query,
-                               const std::vector<float>& max_logits) {
-  auto& d = *impl_;
-  if (auto err = d.start_for(rank))
-    return err;
-  const int i = d.pl->find(query);
-  const int pair = i < 0 ? -1 : d.pl->find_qk_pair(i);
-  if (pair < 0)
-    return {i < 0 ? errc::unknown_parameter : errc::invalid_argument,
-            "report_qk_logits: '" + query + "' is not the query of a MuonClip pair (add_qk_clip)"};
-  const auto& p = d.pl->qk_pairs[pair];
-  if (static_cast<int64_t>(max_logits.size()) != p.query_heads)
-    return {errc::shape_mismatch, "report_qk_logits: '" + query + "' has "
-                                      + std::to_string(p.query_heads) + " heads, got "
-                                      + std::to_string(max_logits.size()) + " values"};
-  for (size_t h = 0; h < max_logits.size(); ++h)
-    if (!std::isfinite(max_logits[h]))
-      return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
-                                          + " has a non-finite logit"};
-  auto& mine = d.qk_logits[rank - d.first_rank];
-  if (mine.empty())
-    mine.assign(static_cast<size_t>(d.pl->qk_values), -std::numeric_limits<float>::max());
-  for (int64_t h = 0; h < p.query_heads; ++h) {
-    float& at = mine[static_cast<size_t>(p.value_offset + h)];
-    at = std::max(at, max_logits[static_cast<size_t>(h)]);
-  }
   return {};
 }
 
