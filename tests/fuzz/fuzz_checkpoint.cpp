@@ -1,5 +1,5 @@
 // libFuzzer target: the checkpoint reader's parsers, on arbitrary bytes: the safetensors shard
-// parser (launch/safetensors.cpp) and the manifest parser (checkpoint/checkpoint.cpp). Both must
+// parser (checkpoint/safetensors.cpp) and the manifest parser (checkpoint/checkpoint.cpp). Both must
 // return a value or an error naming what is wrong; never crash, hang or throw.
 #include <cstddef>
 #include <cstdint>

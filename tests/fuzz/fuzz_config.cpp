@@ -1,4 +1,4 @@
-// libFuzzer target: the job config parser (launch/config.cpp). The input is JSON text, or, after
+// libFuzzer target: the job config parser (config/config.cpp). The input is JSON text, or, after
 // a first line starting with "--set ", one override applied to it. Whatever the bytes, parsing
 // returns a job_config or an error; it never crashes, hangs or throws.
 #include <cstddef>
