@@ -11,7 +11,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/checkpoint.hpp"
+#include "engine/hand_over.hpp"
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/registry.hpp"
 
 namespace zmuon {
 
@@ -30,29 +33,32 @@ int first_failed(const std::vector<double>& slots, size_t first, int width, int 
 
 error engine::save_checkpoint(const std::string& dir, const std::string& config_json) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
+  auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
-  const int world = d.opts.world;
-  const bool lead = d.first_rank == 0;  // names the directory and commits
+  const int world = job.opts.world;
+  const bool lead = job.first_rank == 0;  // names the directory and commits
 
   // 1. This process's ranks' loss scalers (their shards come one rank at a time in 3, so that
   //    at most one rank's state is copied at once). A failure here still joins the agreements
   //    below.
   error own;
   checkpoint_manifest meta;
-  meta.step = d.step;
+  meta.step = job.step;
   meta.config = nlohmann::json::parse(config_json, nullptr, false);
   std::vector<loss_scale_snapshot> scalers;
   if (meta.config.is_discarded())
     own = {errc::invalid_argument, "save_checkpoint: the config is not valid JSON"};
-  for (int i = 0; !own && i < d.local; ++i) {
-    if (d.micros[i] != 0) {
+  for (int i = 0; !own && i < job.local; ++i) {
+    if (hand.micros[i] != 0) {
       own = {errc::bad_state, "save_checkpoint with micro-batches of step "
-                                  + std::to_string(d.step + 1)
+                                  + std::to_string(job.step + 1)
                                   + " handed over (save between steps)"};
       break;
     }
-    auto sc = d.ask<loss_scale_snapshot>(d.ranks[i].scaler, scaler_state_atom::value);
+    auto sc = job.ask<loss_scale_snapshot>(job.ranks[i].scaler, scaler_state_atom::value);
     if (!sc) {
       own = sc.err();
       break;
@@ -64,14 +70,14 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   //    Slot 0: the directory's suffix + 1 (0: none made); then one per rank.
   std::vector<double> ready(world + 1, 0.0);
   if (lead && !own) {
-    auto suffix = create_checkpoint_dir(dir, d.step);
+    auto suffix = create_checkpoint_dir(dir, job.step);
     if (suffix)
       ready[0] = *suffix + 1;
     else
       own = suffix.err();
   }
-  for (int i = 0; i < d.local; ++i)
-    ready[1 + d.first_rank + i] = own ? 0.0 : 1.0;
+  for (int i = 0; i < job.local; ++i)
+    ready[1 + job.first_rank + i] = own ? 0.0 : 1.0;
   auto agreed = sum_over_nodes(ready);
   if (!agreed)
     return agreed.err();
@@ -79,19 +85,19 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
     return own;
   if (int r = first_failed(*agreed, 1, 1, world); r >= 0 || (*agreed)[0] < 1)
     return {errc::comm_failure,
-            "save_checkpoint: " + d.process_of(r >= 0 ? r : 0)
+            "save_checkpoint: " + job.process_of(r >= 0 ? r : 0)
                 + " could not prepare its part of the checkpoint (its own error names why)"};
-  const std::string name = checkpoint_dir_name(d.step, static_cast<int>((*agreed)[0]) - 1);
+  const std::string name = checkpoint_dir_name(job.step, static_cast<int>((*agreed)[0]) - 1);
   const std::string out = dir + "/" + name;
 
   // 3. Each process writes its ranks' shard files, one rank's state at a time (a copy from its
   //    store, written straight to the file and dropped); their entries and counters go round.
   constexpr int width = 6;  // written, bytes, CRC-32, AdamW steps, loss scale, scaler iteration
   std::vector<double> files(static_cast<size_t>(world) * width, 0.0);
-  const auto& f = d.faults;
-  for (int i = 0; i < d.local; ++i) {
-    const int r = d.first_rank + i;
-    auto state = d.ask<rank_state>(d.ranks[i].store, saved_state_atom::value);
+  const auto& f = reg.faults;
+  for (int i = 0; i < job.local; ++i) {
+    const int r = job.first_rank + i;
+    auto state = job.ask<rank_state>(job.ranks[i].store, saved_state_atom::value);
     if (!state) {
       own = state.err();
       break;
@@ -102,7 +108,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
           meta.adam_param_steps = state->adam_param_steps;
           break;
         }
-    auto file = write_shard_file(out, *d.pl, r, *state, d.step);
+    auto file = write_shard_file(out, *reg.pl, r, *state, job.step);
     if (!file) {
       own = file.err();
       break;
@@ -114,7 +120,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
     slot[3] = static_cast<double>(state->adam_steps);
     slot[4] = scalers[i].scale;
     slot[5] = static_cast<double>(scalers[i].iter);
-    if (f.kill_in_save_at_step != 0 && f.kill_in_save_at_step == d.step
+    if (f.kill_in_save_at_step != 0 && f.kill_in_save_at_step == job.step
         && i + 1 >= f.kill_in_save_after_files)
       std::raise(SIGKILL);  // fault injection: the process dies in the middle of the save
   }
@@ -126,7 +132,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   const std::vector<double>& w = *written;
   if (int r = first_failed(w, 0, width, world); r >= 0)
     return {errc::comm_failure, "save_checkpoint: rank " + std::to_string(r)
-                                    + "'s shard file was not written (" + d.process_of(r)
+                                    + "'s shard file was not written (" + job.process_of(r)
                                     + " failed: its own error names why)"};
   for (int r = 1; r < world; ++r)
     if (w[r * width + 3] != w[3] || w[r * width + 4] != w[4] || w[r * width + 5] != w[5])
@@ -143,7 +149,7 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
       meta.files.push_back(
           {shard_file_name(r), r, static_cast<uint64_t>(slot[1]), static_cast<uint32_t>(slot[2])});
     }
-    own = commit_checkpoint(dir, name, *d.pl, std::move(meta));
+    own = commit_checkpoint(dir, name, *reg.pl, std::move(meta));
     committed[0] = own ? 0.0 : 1.0;
   }
   auto done = sum_over_nodes(committed);
@@ -152,30 +158,33 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   if (own)
     return own;
   if ((*done)[0] != 1.0)
-    return {errc::comm_failure, "save_checkpoint: " + d.process_of(0)
+    return {errc::comm_failure, "save_checkpoint: " + job.process_of(0)
                                     + " could not commit the checkpoint (its own error names why)"};
   return {};
 }
 
 expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
+  auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
-  const int world = d.opts.world;
+  const int world = job.opts.world;
   error own;
-  for (int i = 0; !own && i < d.local; ++i)
-    if (d.micros[i] != 0)
+  for (int i = 0; !own && i < job.local; ++i)
+    if (hand.micros[i] != 0)
       own = {errc::bad_state, "load_checkpoint with micro-batches of step "
-                                  + std::to_string(d.step + 1) + " handed over"};
-  auto loaded =
-      own ? expected<loaded_checkpoint>(own) : read_checkpoint(dir, *d.pl, d.first_rank, d.local);
+                                  + std::to_string(job.step + 1) + " handed over"};
+  auto loaded = own ? expected<loaded_checkpoint>(own)
+                    : read_checkpoint(dir, *reg.pl, job.first_rank, job.local);
   if (!loaded)
     own = loaded.err();
   // Every process must have read the same checkpoint: slot per rank {read, step}.
   std::vector<double> read(static_cast<size_t>(world) * 2, 0.0);
-  for (int i = 0; i < d.local && !own; ++i) {
-    read[2 * (d.first_rank + i)] = 1;
-    read[2 * (d.first_rank + i) + 1] = static_cast<double>(loaded->manifest.step);
+  for (int i = 0; i < job.local && !own; ++i) {
+    read[2 * (job.first_rank + i)] = 1;
+    read[2 * (job.first_rank + i) + 1] = static_cast<double>(loaded->manifest.step);
   }
   auto agreed = sum_over_nodes(read);
   if (!agreed)
@@ -183,13 +192,13 @@ expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
   if (own)
     return own;
   if (int r = first_failed(*agreed, 0, 2, world); r >= 0)
-    return error{errc::comm_failure, "load_checkpoint: " + d.process_of(r)
+    return error{errc::comm_failure, "load_checkpoint: " + job.process_of(r)
                                          + " could not read the checkpoint (its own error names "
                                            "why)"};
   for (int r = 0; r < world; ++r)
     if ((*agreed)[2 * r + 1] != (*agreed)[1])
       return error{errc::comm_failure,
-                   "load_checkpoint: " + d.process_of(r) + " read the checkpoint of step "
+                   "load_checkpoint: " + job.process_of(r) + " read the checkpoint of step "
                        + std::to_string(static_cast<uint64_t>((*agreed)[2 * r + 1]))
                        + ", rank 0 that of step "
                        + std::to_string(static_cast<uint64_t>((*agreed)[1]))
@@ -200,19 +209,19 @@ expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
   // failure here stops the engine.
   const std::string handing =
       "while handing the checkpoint of step " + std::to_string(m.step) + " to its ranks";
-  for (int i = 0; i < d.local; ++i) {
-    auto state = std::make_shared<const rank_state>(std::move(loaded->states[d.first_rank + i]));
-    if (auto done = d.ask<ack>(d.ranks[i].store, load_state{m.step, state}); !done)
+  for (int i = 0; i < job.local; ++i) {
+    auto state = std::make_shared<const rank_state>(std::move(loaded->states[job.first_rank + i]));
+    if (auto done = job.ask<ack>(job.ranks[i].store, load_state{m.step, state}); !done)
       return d.stop(done.err(), handing);
-    if (auto done = d.ask<ack>(d.ranks[i].scaler, restore_scaler{m.step, m.scaler}); !done)
+    if (auto done = job.ask<ack>(job.ranks[i].scaler, restore_scaler{m.step, m.scaler}); !done)
       return d.stop(done.err(), handing);
   }
-  d.step = m.step;
+  job.step = m.step;
   return checkpoint_info{loaded->path, m.step, m.world, m.config.dump()};
 }
 
 uint64_t engine::last_step() const {
-  return impl_->step;
+  return impl_->job->step;
 }
 
 }  // namespace zmuon

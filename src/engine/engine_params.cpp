@@ -7,19 +7,24 @@
 #include <optional>
 
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/registry.hpp"
+#include "engine/views.hpp"
 #include "plan/ownership.hpp"
 
 namespace zmuon {
 
 expected<tensor_map> engine::parameters() {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  if (d.multi_node())
-    return d.gather_between_nodes();
+  if (job.multi_node())
+    return job.gather_between_nodes(*reg.pl);
   tensor_map out;
   std::vector<tensor_span> spans;
-  for (const auto& p : d.pl->params) {
+  for (const auto& p : reg.pl->params) {
     auto& v = out[p.name];
     v.resize(p.numel);
     spans.push_back({p.name, v.data(), p.numel});
@@ -47,25 +52,27 @@ error engine::shard_params(int rank, const std::vector<tensor_span>& out, void* 
 
 error engine::load_shard_params(int rank, const std::vector<tensor_view>& in) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  const auto& pl = *d.pl;
-  if (rank < d.first_rank || rank >= d.first_rank + d.local)
+  const auto& pl = *reg.pl;
+  if (rank < job.first_rank || rank >= job.first_rank + job.local)
     return {errc::invalid_argument, "load_shard_params(): rank " + std::to_string(rank)
                                         + " is not one of this process's ranks ["
-                                        + std::to_string(d.first_rank) + ", "
-                                        + std::to_string(d.first_rank + d.local) + ")"};
+                                        + std::to_string(job.first_rank) + ", "
+                                        + std::to_string(job.first_rank + job.local) + ")"};
   std::vector<const float*> source;
   std::vector<bool> on_device, whole;
   if (auto err =
-          index_views(pl, d.opts, in, "values of", "values for", source, on_device, rank, &whole))
+          index_views(pl, job.opts, in, "values of", "values for", source, on_device, rank, &whole))
     return err;
   for (size_t i = 0; i < pl.params.size(); ++i)
     if (on_device[i])
       return {errc::unsupported, "load_shard_params(): the values of '" + pl.params[i].name
                                      + "' are in device memory: give host memory"};
-  const auto& store = d.ranks[rank - d.first_rank].store;
-  auto shard = d.ask<std::vector<float>>(store, params_atom::value);
+  const auto& store = job.ranks[rank - job.first_rank].store;
+  auto shard = job.ask<std::vector<float>>(store, params_atom::value);
   if (!shard)
     return shard.err();
   for (size_t i = 0; i < pl.params.size(); ++i) {
@@ -76,27 +83,29 @@ error engine::load_shard_params(int rank, const std::vector<tensor_view>& in) {
                   n * sizeof(float));
   }
   auto values = std::make_shared<std::vector<float>>(std::move(*shard));
-  auto done = d.ask<ack>(store, load_params{d.step, std::move(values)});
+  auto done = job.ask<ack>(store, load_params{job.step, std::move(values)});
   return done ? error{} : done.err();
 }
 
 error engine::gather_params_on(const std::vector<tensor_span>& out,
                                std::optional<void*> caller_stream, int shard_of) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  const auto& pl = *d.pl;
+  const auto& pl = *reg.pl;
   const bool one_shard = shard_of >= 0;
-  if (one_shard && (shard_of < d.first_rank || shard_of >= d.first_rank + d.local))
+  if (one_shard && (shard_of < job.first_rank || shard_of >= job.first_rank + job.local))
     return {errc::invalid_argument, "shard_params(): rank " + std::to_string(shard_of)
                                         + " is not one of this process's ranks ["
-                                        + std::to_string(d.first_rank) + ", "
-                                        + std::to_string(d.first_rank + d.local) + ")"};
+                                        + std::to_string(job.first_rank) + ", "
+                                        + std::to_string(job.first_rank + job.local) + ")"};
   std::vector<float*> target;
   std::vector<bool> on_device;
   std::vector<bool> whole;
   // Everything is checked before anything is written.
-  if (auto err = index_views(pl, d.opts, out, "buffer for", "buffer for", target, on_device,
+  if (auto err = index_views(pl, job.opts, out, "buffer for", "buffer for", target, on_device,
                              shard_of, &whole))
     return err;
   for (size_t i = 0; one_shard && i < pl.params.size(); ++i)
@@ -108,26 +117,26 @@ error engine::gather_params_on(const std::vector<tensor_span>& out,
   const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
   const bool any_on_host = std::find(on_device.begin(), on_device.end(), false) != on_device.end();
   const bool ordered = caller_stream && any_on_device;
-  for (int i = 0; ordered && i < d.local; ++i)  // before anything is read or written
-    if (auto err = d.ranks[i].backend->check_caller_stream(*caller_stream))
+  for (int i = 0; ordered && i < job.local; ++i)  // before anything is read or written
+    if (auto err = job.ranks[i].backend->check_caller_stream(*caller_stream))
       return {err.code(),
-              "gather_params(): rank " + std::to_string(d.first_rank + i) + ": " + err.message()};
-  if (d.multi_node() && !one_shard) {
+              "gather_params(): rank " + std::to_string(job.first_rank + i) + ": " + err.message()};
+  if (job.multi_node() && !one_shard) {
     // A collective: every process calls it. Where every process asks for every parameter into
     // device buffers and the ranks run nccl, the shards go there over NCCL; otherwise over the
     // caf comms, through host memory.
     const bool every_on_device =
         std::find(target.begin(), target.end(), nullptr) == target.end() && !any_on_host;
-    auto votes = sum_over_nodes({every_on_device && !d.rank_comms.empty() ? 1.0 : 0.0});
+    auto votes = sum_over_nodes({every_on_device && !job.rank_comms.empty() ? 1.0 : 0.0});
     if (!votes)
       return votes.err();
-    if ((*votes)[0] == static_cast<double>(d.node_first_ranks.size()))
-      return d.gather_over_nccl(target, caller_stream);
-    auto full = d.gather_between_nodes();
+    if ((*votes)[0] == static_cast<double>(job.node_first_ranks.size()))
+      return job.gather_over_nccl(pl, target, caller_stream);
+    auto full = job.gather_between_nodes(pl);
     if (!full)
       return full.err();
-    return on_backend("gather_params", d.first_rank, [&] {
-      compute_backend& be = *d.ranks[0].backend;
+    return on_backend("gather_params", job.first_rank, [&] {
+      compute_backend& be = *job.ranks[0].backend;
       if (ordered)  // the caller's queued work reads the old values first
         be.wait_for_stream(*caller_stream);
       for (size_t i = 0; i < pl.params.size(); ++i) {
@@ -143,22 +152,22 @@ error engine::gather_params_on(const std::vector<tensor_span>& out,
     });
   }
   for (int r = one_shard ? shard_of : 0; r < (one_shard ? shard_of + 1 : pl.world); ++r) {
-    const int local = r - d.first_rank;
+    const int local = r - job.first_rank;
     std::vector<float> shard;
     float_view device_shard;  // the store's own buffer, when a device buffer is asked for
     if (any_on_device) {
-      auto view = d.ask<float_view>(d.ranks[local].store, params_view_atom::value);
+      auto view = job.ask<float_view>(job.ranks[local].store, params_view_atom::value);
       if (!view)
         return view.err();
       device_shard = *view;
     }
     if (any_on_host) {
-      auto host = d.ask<std::vector<float>>(d.ranks[local].store, params_atom::value);
+      auto host = job.ask<std::vector<float>>(job.ranks[local].store, params_atom::value);
       if (!host)
         return host.err();
       shard = std::move(*host);
     }
-    compute_backend& be = *d.ranks[local].backend;
+    compute_backend& be = *job.ranks[local].backend;
     const error device = on_backend("gather_params", r, [&] {
       std::vector<copy_span> spans;  // to device buffers: one copy_spans call
       for (size_t i = 0; i < pl.params.size(); ++i) {

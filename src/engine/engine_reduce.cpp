@@ -6,7 +6,12 @@
 // rank's coordinator.
 #include "zmuon/engine.hpp"
 
+#include "engine/hand_over.hpp"
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/lifecycle.hpp"
+#include "engine/registry.hpp"
+#include "engine/views.hpp"
 
 #include <cmath>
 #include <cstring>
@@ -33,6 +38,13 @@ void inject_nonfinite(const fault_options& faults, const plan& pl, const bucket_
   }
 }
 
+/// reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
+/// several, the host hands over rank after rank and a bucket lands only once all did
+/// (reduce_all hands over on a thread per rank and keeps the bound).
+size_t buckets_in_flight(const engine_job& job) {
+  return job.local == 1 ? static_cast<size_t>(job.opts.max_buckets_in_flight) : 0;
+}
+
 /// Views of host tensors by name, for the buffer-based calls.
 std::vector<tensor_view> host_views(const tensor_map& grads) {
   std::vector<tensor_view> views;
@@ -49,20 +61,20 @@ error engine::reduce(int rank, const tensor_map& grads) {
 }
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
-  return reduce_views(rank, grads, std::nullopt, impl_->buckets_in_flight());
+  return reduce_views(rank, grads, std::nullopt, buckets_in_flight(*impl_->job));
 }
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream) {
-  return reduce_views(rank, grads, cuda_stream, impl_->buckets_in_flight());
+  return reduce_views(rank, grads, cuda_stream, buckets_in_flight(*impl_->job));
 }
 
 error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads) {
-  return reduce_views(rank, grads, std::nullopt, impl_->buckets_in_flight(), true);
+  return reduce_views(rank, grads, std::nullopt, buckets_in_flight(*impl_->job), true);
 }
 
 error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads,
                                 void* cuda_stream) {
-  return reduce_views(rank, grads, cuda_stream, impl_->buckets_in_flight(), true);
+  return reduce_views(rank, grads, cuda_stream, buckets_in_flight(*impl_->job), true);
 }
 
 error engine::reduce_all(const std::vector<tensor_map>& grads) {
@@ -75,28 +87,30 @@ error engine::reduce_all(const std::vector<tensor_map>& grads) {
 
 error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  if (static_cast<int>(grads.size()) != d.local)
+  if (static_cast<int>(grads.size()) != job.local)
     return {errc::invalid_argument, "reduce_all(): " + std::to_string(grads.size())
-                                        + " gradient sets for " + std::to_string(d.local)
+                                        + " gradient sets for " + std::to_string(job.local)
                                         + " local rank(s)"};
-  for (int i = 0; i < d.local; ++i) {  // all checked before any rank hands over
+  for (int i = 0; i < job.local; ++i) {  // all checked before any rank hands over
     std::vector<const float*> source;
     std::vector<bool> on_device;
-    if (auto err =
-            index_views(*d.pl, d.opts, grads[i], "gradient of", "gradient for", source, on_device))
+    if (auto err = index_views(*reg.pl, job.opts, grads[i], "gradient of", "gradient for", source,
+                               on_device))
       return {err.code(),
-              "reduce_all(): rank " + std::to_string(d.first_rank + i) + ": " + err.message()};
+              "reduce_all(): rank " + std::to_string(job.first_rank + i) + ": " + err.message()};
   }
-  if (d.local == 1)
-    return reduce_views(d.first_rank, grads[0], std::nullopt, d.buckets_in_flight());
-  const auto window = static_cast<size_t>(d.opts.max_buckets_in_flight);
-  std::vector<error> failed(static_cast<size_t>(d.local));
+  if (job.local == 1)
+    return reduce_views(job.first_rank, grads[0], std::nullopt, buckets_in_flight(job));
+  const auto window = static_cast<size_t>(job.opts.max_buckets_in_flight);
+  std::vector<error> failed(static_cast<size_t>(job.local));
   std::vector<std::thread> hand_over;
-  for (int i = 0; i < d.local; ++i)
+  for (int i = 0; i < job.local; ++i)
     hand_over.emplace_back(
-        [&, i] { failed[i] = reduce_views(d.first_rank + i, grads[i], std::nullopt, window); });
+        [&, i] { failed[i] = reduce_views(job.first_rank + i, grads[i], std::nullopt, window); });
   for (auto& t : hand_over)
     t.join();
   for (auto& err : failed)
@@ -108,35 +122,38 @@ error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
 error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
                            std::optional<void*> caller_stream, size_t window, bool reduced) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
+  auto& hand = *d.hand_over;
   if (auto err = d.start_for(rank))
     return err;
-  const auto& pl = *d.pl;
+  const auto& pl = *reg.pl;
   std::vector<const float*> source;
   std::vector<bool> on_device;
   std::vector<bool> whole;  // reduced: the whole averaged tensor, else the rank's shard alone
   // Everything is checked before anything is sent.
-  if (auto err = index_views(pl, d.opts, grads, "gradient of", "gradient for", source, on_device,
+  if (auto err = index_views(pl, job.opts, grads, "gradient of", "gradient for", source, on_device,
                              reduced ? rank : -1, &whole))
     return err;
   // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
   // copies before the reduce-scatter); everything else is packed in host memory.
   const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
-  const bool pack_on_device = !comm_on_host(d.opts.comm) && any_on_device;
-  const int local = rank - d.first_rank;
-  compute_backend& be = *d.ranks[local].backend;
+  const bool pack_on_device = !comm_on_host(job.opts.comm) && any_on_device;
+  const int local = rank - job.first_rank;
+  compute_backend& be = *job.ranks[local].backend;
   if (caller_stream && any_on_device) {  // every read below comes after the caller's writes
     if (auto err = be.check_caller_stream(*caller_stream))
       return {err.code(), "reduce(): rank " + std::to_string(rank) + ": " + err.message()};
     if (auto err = on_backend("reduce", rank, [&] { be.wait_for_stream(*caller_stream); }))
       return err;
   }
-  int micro = d.micros[local]++;
-  auto& marks = d.touched[local];  // this rank's thread alone writes them
+  int micro = hand.micros[local]++;
+  auto& marks = hand.touched[local];  // this rank's thread alone writes them
   marks.resize(pl.params.size(), 0);
   for (size_t i = 0; i < source.size(); ++i)
     marks[i] |= source[i] != nullptr ? 1 : 0;
-  uint64_t step = d.step + 1;
-  auto& in_flight = d.windows[local];
+  uint64_t step = job.step + 1;
+  auto& in_flight = hand.windows[local];
   error failed;
   bool read_on_device = false;  // by copies queued on the rank's stream
   // A backend failure here (a CUDA error) is returned like any other, the buckets handed over so
@@ -166,7 +183,7 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
             covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
         msg.device_size = size;
       } else {
-        host = d.packed[local].take(b, static_cast<size_t>(size), covered != size);
+        host = hand.packed[local].take(b, static_cast<size_t>(size), covered != size);
       }
       std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
       for (int i = bucket.first_param; i < bucket.end_param; ++i) {
@@ -195,9 +212,9 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
         read_on_device = true;
       }
       if (host)  // fault injection (tests) acts on host-packed gradients
-        inject_nonfinite(d.faults, pl, bucket, step, rank, micro, *host);
+        inject_nonfinite(reg.faults, pl, bucket, step, rank, micro, *host);
       msg.data = std::move(host);
-      in_flight.hand_over(d.ranks[local].reducer, std::move(msg));
+      in_flight.hand_over(job.ranks[local].reducer, std::move(msg));
     }
     // Those copies read the caller's buffers after they are queued, and the caller may write or
     // free them once reduce() returns (the next backward pass accumulates into them): they have
@@ -208,20 +225,23 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       be.synchronize();
   });
   // Some buckets of this micro-batch may be with the reducer, others not: the step is broken.
-  return d.stop(device ? device : failed, impl::in_step(step));
+  return d.stop(device ? device : failed, engine_lifecycle::in_step(step));
 }
 
 error engine::report_qk_logits(int rank, const std::string& query,
                                const std::vector<float>& max_logits) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
+  auto& hand = *d.hand_over;
   if (auto err = d.start_for(rank))
     return err;
-  const int i = d.pl->find(query);
-  const int pair = i < 0 ? -1 : d.pl->find_qk_pair(i);
+  const int i = reg.pl->find(query);
+  const int pair = i < 0 ? -1 : reg.pl->find_qk_pair(i);
   if (pair < 0)
     return {i < 0 ? errc::unknown_parameter : errc::invalid_argument,
             "report_qk_logits: '" + query + "' is not the query of a MuonClip pair (add_qk_clip)"};
-  const auto& p = d.pl->qk_pairs[pair];
+  const auto& p = reg.pl->qk_pairs[pair];
   if (static_cast<int64_t>(max_logits.size()) != p.query_heads)
     return {errc::shape_mismatch, "report_qk_logits: '" + query + "' has "
                                       + std::to_string(p.query_heads) + " heads, got "
@@ -230,9 +250,9 @@ error engine::report_qk_logits(int rank, const std::string& query,
     if (!std::isfinite(max_logits[h]))
       return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
                                           + " has a non-finite logit"};
-  auto& mine = d.qk_logits[rank - d.first_rank];
+  auto& mine = hand.qk_logits[rank - job.first_rank];
   if (mine.empty())
-    mine.assign(static_cast<size_t>(d.pl->qk_values), -std::numeric_limits<float>::max());
+    mine.assign(static_cast<size_t>(reg.pl->qk_values), -std::numeric_limits<float>::max());
   for (int64_t h = 0; h < p.query_heads; ++h) {
     float& at = mine[static_cast<size_t>(p.value_offset + h)];
     at = std::max(at, max_logits[static_cast<size_t>(h)]);

@@ -4,20 +4,23 @@
 #include <algorithm>
 
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/registry.hpp"
 
 namespace zmuon {
 
 error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
-  auto& d = *impl_;
-  if (d.pl)
+  auto& job = *impl_->job;
+  auto& reg = *impl_->registry;
+  if (reg.pl)
     return {errc::bad_state,
             "parameter '" + spec.name + "' registered after the first reduce() or step()"};
   // The new parameter alone is checked (its name against a set): registration stays linear in
   // the number of parameters; start() plans the whole table once.
-  if (d.table_names.count(spec.name) > 0)
+  if (reg.table_names.count(spec.name) > 0)
     return {errc::duplicate_parameter, "parameter '" + spec.name + "' is registered twice"};
-  auto checked = make_plan({spec}, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon,
-                           d.opts.layout);
+  auto checked = make_plan({spec}, job.opts.world, job.opts.reduce_bucket_size,
+                           job.opts.per_head_muon, job.opts.layout);
   if (!checked)
     return checked.err();
   const auto& p = checked->params.back();
@@ -27,14 +30,14 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
                                       + std::to_string(p.numel)};
   // The values first: a failed allocation (bad_alloc) leaves the table as it was. None given:
   // zeros, kept as an empty vector (the shards start zeroed).
-  d.init.push_back(init);
+  reg.init.push_back(init);
   try {
-    d.table.push_back(spec);
-    d.table_names.insert(spec.name);
+    reg.table.push_back(spec);
+    reg.table_names.insert(spec.name);
   } catch (...) {
-    if (d.table.size() > d.init.size() - 1)
-      d.table.pop_back();
-    d.init.pop_back();
+    if (reg.table.size() > reg.init.size() - 1)
+      reg.table.pop_back();
+    reg.init.pop_back();
     throw;
   }
   return {};
@@ -42,16 +45,16 @@ error engine::add_parameter(const param_spec& spec, const std::vector<float>& in
 
 error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t>& split_sizes,
                               const std::vector<int64_t>& split_heads, matrix_view view) {
-  auto& d = *impl_;
-  if (d.pl)
+  auto& reg = *impl_->registry;
+  if (reg.pl)
     return {errc::bad_state,
             "Muon blocks of '" + name + "' set after the first reduce() or step()"};
   if (static_cast<int>(view) > static_cast<int>(matrix_view::flatten))
     return {errc::invalid_argument, "Muon blocks of '" + name + "': view must be automatic, "
                                                                "expert_stack or flatten"};
-  auto it = std::find_if(d.table.begin(), d.table.end(),
+  auto it = std::find_if(reg.table.begin(), reg.table.end(),
                          [&](const param_spec& s) { return s.name == name; });
-  if (it == d.table.end())
+  if (it == reg.table.end())
     return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
   param_spec changed = *it;
   changed.split_sizes = split_sizes;
@@ -74,8 +77,8 @@ error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t
 
 error engine::add_qk_clip(const std::string& query, const std::string& key, int64_t query_heads,
                           int64_t key_heads) {
-  auto& d = *impl_;
-  if (d.pl)
+  auto& reg = *impl_->registry;
+  if (reg.pl)
     return {errc::bad_state,
             "MuonClip pair of '" + query + "' added after the first reduce() or step()"};
   if (query_heads < 1 || key_heads < 1 || query_heads % key_heads != 0)
@@ -84,13 +87,13 @@ error engine::add_qk_clip(const std::string& query, const std::string& key, int6
                                         + std::to_string(key_heads)
                                         + " must be >= 1, the key's dividing the query's"};
   auto find = [&](const std::string& name) {
-    return std::find_if(d.table.begin(), d.table.end(),
+    return std::find_if(reg.table.begin(), reg.table.end(),
                         [&](const param_spec& s) { return s.name == name; });
   };
   auto q = find(query);
   auto k = find(key);
-  if (q == d.table.end() || k == d.table.end())
-    return {errc::unknown_parameter, "MuonClip pair: '" + (q == d.table.end() ? query : key)
+  if (q == reg.table.end() || k == reg.table.end())
+    return {errc::unknown_parameter, "MuonClip pair: '" + (q == reg.table.end() ? query : key)
                                          + "' is not a registered parameter"};
   if (q == k)
     return {errc::invalid_argument, "MuonClip pair: '" + query + "' is its own key"};

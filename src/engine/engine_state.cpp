@@ -9,7 +9,10 @@
 #include <map>
 
 #include "checkpoint/shards.hpp"
+#include "engine/hand_over.hpp"
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/registry.hpp"
 #include "plan/ownership.hpp"
 
 namespace zmuon {
@@ -50,35 +53,39 @@ std::string of(const std::string& name, const char* what) {
 
 expected<std::pair<int64_t, int64_t>> engine::local_range(const std::string& name) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  const int k = d.pl->find(name);
+  const int k = reg.pl->find(name);
   if (k < 0)
     return error{errc::unknown_parameter, "local_range: no parameter '" + name + "'"};
-  const auto& p = d.pl->params[k];
+  const auto& p = reg.pl->params[k];
   return std::pair<int64_t, int64_t>{
-      rank_slice(p.numel, p.shard_len, d.first_rank).first,
-      rank_slice(p.numel, p.shard_len, d.first_rank + d.local - 1).second};
+      rank_slice(p.numel, p.shard_len, job.first_rank).first,
+      rank_slice(p.numel, p.shard_len, job.first_rank + job.local - 1).second};
 }
 
 expected<optimizer_state> engine::read_state(state_scope scope) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  const plan& pl = *d.pl;
+  const plan& pl = *reg.pl;
   // 1. This process's ranks' snapshots (what a checkpoint saves) and the loss scaler's state.
   std::vector<rank_state> snaps;
-  for (int i = 0; i < d.local; ++i) {
-    auto st = d.ask<rank_state>(d.ranks[i].store, saved_state_atom::value);
+  for (int i = 0; i < job.local; ++i) {
+    auto st = job.ask<rank_state>(job.ranks[i].store, saved_state_atom::value);
     if (!st)
       return st.err();
     snaps.push_back(std::move(*st));
   }
-  auto scaler = d.ask<loss_scale_snapshot>(d.ranks[0].scaler, scaler_state_atom::value);
+  auto scaler = job.ask<loss_scale_snapshot>(job.ranks[0].scaler, scaler_state_atom::value);
   if (!scaler)
     return scaler.err();
   optimizer_state out;
-  out.step = d.step;
+  out.step = job.step;
   out.adam_steps = snaps[0].adam_steps;
   out.scaler = *scaler;
   size_t adam_index = 0;
@@ -97,7 +104,7 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
   // from its owner rank where that is one of this process's (zeros for the others' blocks);
   // read whole over the processes, summed, so that every process has every block's.
   const std::vector<std::vector<int64_t>> row_offsets = row_moment_offsets(pl);
-  const bool rows_over_nodes = scope == state_scope::full && d.multi_node();
+  const bool rows_over_nodes = scope == state_scope::full && job.multi_node();
   std::vector<double> all_rows;
   for (size_t j = 0; j < pl.params.size(); ++j) {
     const auto& p = pl.params[j];
@@ -107,8 +114,8 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
     bool any = false;
     for (size_t b = 0; b < p.blocks.size(); ++b) {
       const muon_block& blk = p.blocks[b];
-      const int i = blk.owner - d.first_rank;
-      if (i < 0 || i >= d.local || row_offsets[j][b] < 0)
+      const int i = blk.owner - job.first_rank;
+      if (i < 0 || i >= job.local || row_offsets[j][b] < 0)
         continue;
       const auto& rows = snaps[i].row_moments;
       if (row_offsets[j][b] + blk.rows > static_cast<int64_t>(rows.size()))
@@ -136,7 +143,7 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
   }
 
   // 2. Each kind's full tensors (or this process's part), one kind at a time.
-  const bool gather = scope == state_scope::full && d.multi_node();
+  const bool gather = scope == state_scope::full && job.multi_node();
   for (const state_kind& k : state_kinds) {
     // Over the processes: every rank's shards to this process's first rank, in buffers held
     // until every comm has answered (a late piece after a timeout lands in them, not in `out`).
@@ -146,7 +153,7 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
     auto bufs = std::make_shared<buffers>();
     std::vector<float*> shards, target(pl.params.size(), nullptr);
     if (gather) {
-      bufs->shards = in_shard_layout(pl, snaps, k, d.first_rank);
+      bufs->shards = in_shard_layout(pl, snaps, k, job.first_rank);
       for (auto& b : bufs->shards)
         shards.push_back(b.data());
     }
@@ -159,15 +166,15 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
         target[j] = bufs->full.emplace_back(p.numel, 0.0f).data();
       } else if (scope == state_scope::full) {
         v.assign(p.numel, 0.0f);
-        for (int i = 0; i < d.local; ++i)
-          shard_to_full(pl, d.first_rank + i, snaps[i], k, p, v.data());
+        for (int i = 0; i < job.local; ++i)
+          shard_to_full(pl, job.first_rank + i, snaps[i], k, p, v.data());
       } else {
-        const int64_t begin = rank_slice(p.numel, p.shard_len, d.first_rank).first;
-        const int64_t end = rank_slice(p.numel, p.shard_len, d.first_rank + d.local - 1).second;
+        const int64_t begin = rank_slice(p.numel, p.shard_len, job.first_rank).first;
+        const int64_t end = rank_slice(p.numel, p.shard_len, job.first_rank + job.local - 1).second;
         out.params[j].offset = begin;
         v.assign(end - begin, 0.0f);
-        for (int i = 0; i < d.local; ++i) {
-          auto [b, e] = rank_slice(p.numel, p.shard_len, d.first_rank + i);
+        for (int i = 0; i < job.local; ++i) {
+          auto [b, e] = rank_slice(p.numel, p.shard_len, job.first_rank + i);
           const float* from = (snaps[i].*k.buffer).data() + offset_in(k, p);
           std::copy(from, from + (e - b), v.data() + (b - begin));
         }
@@ -175,7 +182,7 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
     }
     if (!gather)
       continue;
-    if (auto err = d.shards_to_node_leaders(d.comms, shards, target, bufs))
+    if (auto err = job.shards_to_node_leaders(pl, job.comms, shards, target, bufs))
       return d.stop(err, "while gathering the optimizer state");
     size_t n = 0;
     for (size_t j = 0; j < pl.params.size(); ++j)
@@ -187,18 +194,21 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
 
 error engine::write_state(const optimizer_state& state) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
+  auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
-  const plan& pl = *d.pl;
-  const int world = d.opts.world;
+  const plan& pl = *reg.pl;
+  const int world = job.opts.world;
 
   // 1. Everything checked before anything changes: each parameter once, whole tensors of the
   //    kinds its algorithm keeps, finite values, counters in range.
   error own;
-  for (int i = 0; !own && i < d.local; ++i)
-    if (d.micros[i] != 0)
+  for (int i = 0; !own && i < job.local; ++i)
+    if (hand.micros[i] != 0)
       own = {errc::bad_state, "write_state with micro-batches of step "
-                                  + std::to_string(d.step + 1) + " handed over (load between "
+                                  + std::to_string(job.step + 1) + " handed over (load between "
                                                                  "steps)"};
   std::vector<const param_state*> by_index(pl.params.size(), nullptr);
   for (const auto& ps : state.params) {
@@ -216,8 +226,9 @@ error engine::write_state(const optimizer_state& state) {
     by_index[j] = &ps;
     const auto& p = pl.params[j];
     // The whole tensor, or exactly this process's elements of it (read_state(local)'s).
-    const int64_t local_begin = rank_slice(p.numel, p.shard_len, d.first_rank).first;
-    const int64_t local_end = rank_slice(p.numel, p.shard_len, d.first_rank + d.local - 1).second;
+    const int64_t local_begin = rank_slice(p.numel, p.shard_len, job.first_rank).first;
+    const int64_t local_end =
+        rank_slice(p.numel, p.shard_len, job.first_rank + job.local - 1).second;
     const bool whole = ps.offset == 0 && ps.param.size() == static_cast<size_t>(p.numel);
     if (!whole && ps.offset != local_begin)
       own = {errc::invalid_argument,
@@ -275,9 +286,9 @@ error engine::write_state(const optimizer_state& state) {
 
   // 2. Every process says whether its ranks took it, with the step, so that all load or none.
   std::vector<double> ready(static_cast<size_t>(world) * 2, 0.0);
-  for (int i = 0; i < d.local && !own; ++i) {
-    ready[2 * (d.first_rank + i)] = 1;
-    ready[2 * (d.first_rank + i) + 1] = static_cast<double>(state.step);
+  for (int i = 0; i < job.local && !own; ++i) {
+    ready[2 * (job.first_rank + i)] = 1;
+    ready[2 * (job.first_rank + i) + 1] = static_cast<double>(state.step);
   }
   auto agreed = sum_over_nodes(ready);
   if (!agreed)
@@ -287,9 +298,9 @@ error engine::write_state(const optimizer_state& state) {
   for (int r = 0; r < world; ++r) {
     if ((*agreed)[2 * r] != 1.0)
       return {errc::comm_failure,
-              "write_state: " + d.process_of(r) + " refused the state (its own error names why)"};
+              "write_state: " + job.process_of(r) + " refused the state (its own error names why)"};
     if ((*agreed)[2 * r + 1] != (*agreed)[1])
-      return {errc::comm_failure, "write_state: " + d.process_of(r)
+      return {errc::comm_failure, "write_state: " + job.process_of(r)
                                       + " was given the state of another step than rank 0"};
   }
 
@@ -302,8 +313,8 @@ error engine::write_state(const optimizer_state& state) {
   const std::vector<std::vector<int64_t>> row_offsets = row_moment_offsets(pl);
   const std::string handing =
       "while handing the optimizer state of step " + std::to_string(state.step) + " to its ranks";
-  for (int i = 0; i < d.local; ++i) {
-    const int r = d.first_rank + i;
+  for (int i = 0; i < job.local; ++i) {
+    const int r = job.first_rank + i;
     auto st = std::make_shared<rank_state>();
     st->params.assign(pl.shard_total, 0.0f);
     st->momentum.assign(pl.muon_state_total, 0.0f);
@@ -333,12 +344,13 @@ error engine::write_state(const optimizer_state& state) {
         }
     }
     std::shared_ptr<const rank_state> shared = std::move(st);
-    if (auto done = d.ask<ack>(d.ranks[i].store, load_state{state.step, shared}); !done)
+    if (auto done = job.ask<ack>(job.ranks[i].store, load_state{state.step, shared}); !done)
       return d.stop(done.err(), handing);
-    if (auto done = d.ask<ack>(d.ranks[i].scaler, restore_scaler{state.step, state.scaler}); !done)
+    if (auto done = job.ask<ack>(job.ranks[i].scaler, restore_scaler{state.step, state.scaler});
+        !done)
       return d.stop(done.err(), handing);
   }
-  d.step = state.step;
+  job.step = state.step;
   return {};
 }
 
