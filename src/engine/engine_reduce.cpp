@@ -54,6 +54,82 @@ std::vector<tensor_view> host_views(const tensor_map& grads) {
   return views;
 }
 
+/// One rank's micro-batch of gradients packed bucket by bucket. Rank-major: rank q's part holds
+/// shard q of every parameter of the bucket, for q in [first_q, end_q) (an already averaged
+/// gradient: this rank's part alone).
+struct packer {
+  packer(const plan& plan, compute_backend& backend, host_buckets& buffers, int first, int end)
+      : pl(plan), be(backend), host_buffers(buffers), first_q(first), end_q(end) {}
+
+  const plan& pl;
+  compute_backend& be;
+  host_buckets& host_buffers;
+  std::vector<const float*> source;  // by parameter: the gradient, or null
+  std::vector<bool> on_device;
+  std::vector<bool> whole;  // the whole tensor, else the rank's shard alone
+  int first_q;
+  int end_q;
+  bool on_device_packing = false;  // into a device buffer, else a host buffer
+  bool read_on_device = false;     // by copies queued on the rank's stream
+
+  /// The elements of bucket `bucket` the gradients cover (the rest is shard padding or
+  /// parameters without a gradient).
+  int64_t covered(const bucket_layout& bucket) const {
+    int64_t n = 0;
+    for (int i = bucket.first_param; i < bucket.end_param; ++i)
+      for (int q = first_q; source[i] && q < end_q; ++q)
+        n += valid_len(pl.params[i], q);
+    return n;
+  }
+
+  /// Bucket `b` into `msg`: a device buffer or a host one, zero-filled only where the copies
+  /// leave gaps (most buckets are covered whole and skip the fill's pass over the memory).
+  void bucket(size_t b, micro_grads& msg) {
+    const auto& bk = pl.buckets[b];
+    const int64_t size = bk.shard_len * (end_q - first_q);
+    const bool gaps = covered(bk) != size;
+    std::shared_ptr<std::vector<float>> host;
+    if (on_device_packing) {
+      msg.device_data = std::make_shared<device_buffer>(gaps ? be.allocate(size)
+                                                             : be.allocate_for_overwrite(size));
+      msg.device_size = size;
+    } else {
+      host = host_buffers.take(b, static_cast<size_t>(size), gaps);
+    }
+    std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
+    for (int i = bk.first_param; i < bk.end_param; ++i) {
+      const auto& p = pl.params[i];
+      for (int q = first_q; source[i] && q < end_q; ++q) {
+        const int64_t n = valid_len(p, q);
+        if (n <= 0)
+          continue;
+        const int64_t at = (q - first_q) * bk.shard_len + (p.shard_offset - bk.shard_offset);
+        const float* src = source[i] + (whole[i] ? q * p.shard_len : 0);
+        if (on_device_packing && on_device[i])
+          device_pieces.push_back(copy_piece{src, at, n});
+        else if (on_device_packing)
+          be.copy_from_host_async(msg.device_data->data() + at, src, n);
+        else if (on_device[i])
+          be.copy_to_host(host->data() + at, src, n);
+        else
+          std::memcpy(host->data() + at, src, n * sizeof(float));
+      }
+    }
+    if (!device_pieces.empty()) {
+      be.copy_pieces(msg.device_data->data(), device_pieces);
+      read_on_device = true;
+    }
+    msg.data = std::move(host);
+  }
+};
+
+/// 1 in `marks` (by parameter) where `source` has a gradient.
+void mark_touched(std::vector<uint8_t>& marks, const std::vector<const float*>& source) {
+  marks.resize(source.size(), 0);
+  for (size_t i = 0; i < source.size(); ++i)
+    marks[i] |= source[i] != nullptr ? 1 : 0;
+}
+
 }  // namespace
 
 error engine::reduce(int rank, const tensor_map& grads) {
@@ -128,100 +204,51 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   if (auto err = d.start_for(rank))
     return err;
   const auto& pl = *reg.pl;
-  std::vector<const float*> source;
-  std::vector<bool> on_device;
-  std::vector<bool> whole;  // reduced: the whole averaged tensor, else the rank's shard alone
-  // Everything is checked before anything is sent.
-  if (auto err = index_views(pl, job.opts, grads, "gradient of", "gradient for", source, on_device,
-                             reduced ? rank : -1, &whole))
+  const int local = rank - job.first_rank;
+  compute_backend& be = *job.ranks[local].backend;
+  // 1. Everything is checked before anything is sent.
+  packer pack(pl, be, hand.packed[local], reduced ? rank : 0, reduced ? rank + 1 : pl.world);
+  if (auto err = index_views(pl, job.opts, grads, "gradient of", "gradient for", pack.source,
+                             pack.on_device, reduced ? rank : -1, &pack.whole))
     return err;
   // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
   // copies before the reduce-scatter); everything else is packed in host memory.
-  const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
-  const bool pack_on_device = !comm_on_host(job.opts.comm) && any_on_device;
-  const int local = rank - job.first_rank;
-  compute_backend& be = *job.ranks[local].backend;
+  const bool any_on_device =
+      std::find(pack.on_device.begin(), pack.on_device.end(), true) != pack.on_device.end();
+  pack.on_device_packing = !comm_on_host(job.opts.comm) && any_on_device;
   if (caller_stream && any_on_device) {  // every read below comes after the caller's writes
     if (auto err = be.check_caller_stream(*caller_stream))
       return {err.code(), "reduce(): rank " + std::to_string(rank) + ": " + err.message()};
     if (auto err = on_backend("reduce", rank, [&] { be.wait_for_stream(*caller_stream); }))
       return err;
   }
-  int micro = hand.micros[local]++;
-  auto& marks = hand.touched[local];  // this rank's thread alone writes them
-  marks.resize(pl.params.size(), 0);
-  for (size_t i = 0; i < source.size(); ++i)
-    marks[i] |= source[i] != nullptr ? 1 : 0;
-  uint64_t step = job.step + 1;
+  // 2. The micro-batch counted, its parameters marked touched.
+  const int micro = hand.micros[local]++;
+  mark_touched(hand.touched[local], pack.source);  // this rank's thread alone writes them
+  const uint64_t step = job.step + 1;
+  // 3. Bucket after bucket packed and handed to the reducer, within the window. A backend
+  //    failure here (a CUDA error) is returned like any other, the buckets handed over so far
+  //    stay with their reducer.
   auto& in_flight = hand.windows[local];
   error failed;
-  bool read_on_device = false;  // by copies queued on the rank's stream
-  // A backend failure here (a CUDA error) is returned like any other, the buckets handed over so
-  // far stay with their reducer.
   const error device = on_backend("reduce", rank, [&] {
     for (size_t b = 0; b < pl.buckets.size(); ++b) {
-      const auto& bucket = pl.buckets[b];
       // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
       if (window > 0)
         if ((failed = in_flight.wait_until(window - 1)))
           break;
-      // Rank-major packing: rank q's part holds shard q of every parameter of the bucket. An
-      // already averaged gradient: this rank's part alone.
-      const int first_q = reduced ? rank : 0;
-      const int end_q = reduced ? rank + 1 : pl.world;
-      const int64_t size = bucket.shard_len * (end_q - first_q);
       micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0, reduced};
-      std::shared_ptr<std::vector<float>> host;
-      // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
-      // gradient): most buckets are covered whole and skip the fill's pass over the memory.
-      int64_t covered = 0;
-      for (int i = bucket.first_param; i < bucket.end_param; ++i)
-        for (int q = first_q; source[i] && q < end_q; ++q)
-          covered += valid_len(pl.params[i], q);
-      if (pack_on_device) {
-        msg.device_data = std::make_shared<device_buffer>(
-            covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
-        msg.device_size = size;
-      } else {
-        host = hand.packed[local].take(b, static_cast<size_t>(size), covered != size);
-      }
-      std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
-      for (int i = bucket.first_param; i < bucket.end_param; ++i) {
-        const auto& p = pl.params[i];
-        if (!source[i])
-          continue;
-        for (int q = first_q; q < end_q; ++q) {
-          int64_t n = valid_len(p, q);
-          if (n <= 0)
-            continue;
-          const int64_t at =
-              (q - first_q) * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
-          const float* src = source[i] + (whole[i] ? q * p.shard_len : 0);
-          if (pack_on_device && on_device[i])
-            device_pieces.push_back(copy_piece{src, at, n});
-          else if (pack_on_device)
-            be.copy_from_host_async(msg.device_data->data() + at, src, n);
-          else if (on_device[i])
-            be.copy_to_host(host->data() + at, src, n);
-          else
-            std::memcpy(host->data() + at, src, n * sizeof(float));
-        }
-      }
-      if (!device_pieces.empty()) {
-        be.copy_pieces(msg.device_data->data(), device_pieces);
-        read_on_device = true;
-      }
-      if (host)  // fault injection (tests) acts on host-packed gradients
-        inject_nonfinite(reg.faults, pl, bucket, step, rank, micro, *host);
-      msg.data = std::move(host);
+      pack.bucket(b, msg);
+      if (msg.data)  // fault injection (tests) acts on host-packed gradients
+        inject_nonfinite(reg.faults, pl, pl.buckets[b], step, rank, micro, *msg.data);
       in_flight.hand_over(job.ranks[local].reducer, std::move(msg));
     }
-    // Those copies read the caller's buffers after they are queued, and the caller may write or
-    // free them once reduce() returns (the next backward pass accumulates into them): they have
-    // run by then, on every way out, or the caller's stream waits for them.
-    if (read_on_device && caller_stream)
+    // 4. Device copies read the caller's buffers after they are queued, and the caller may write
+    //    or free them once reduce() returns (the next backward pass accumulates into them): they
+    //    have run by then, on every way out, or the caller's stream waits for them.
+    if (pack.read_on_device && caller_stream)
       be.make_stream_wait(*caller_stream);
-    else if (read_on_device)
+    else if (pack.read_on_device)
       be.synchronize();
   });
   // Some buckets of this micro-batch may be with the reducer, others not: the step is broken.
