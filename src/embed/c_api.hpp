@@ -60,6 +60,12 @@ inline zmuon::error null_arg(const char* fn, const char* what) {
   return {errc::invalid_argument, std::string(fn) + ": " + what + " is NULL"};
 }
 
+/// guarded() for a call on `eng`: a NULL `eng` is an error naming `fn`.
+template <class Body>
+int on_engine(const char* fn, const zmuon_engine* eng, Body&& body) {
+  return guarded(fn, [&]() -> zmuon::error { return eng ? body() : null_arg(fn, "eng"); });
+}
+
 /// A create call's `overrides` that are NULL (the array, or one of its `n` entries), named.
 inline zmuon::error null_override(const char* fn, const char* const* overrides, size_t n) {
   if (n > 0 && !overrides)

@@ -60,11 +60,7 @@ int zmuon_engine_create_node(const char* config_json, const char* const* overrid
 
 int zmuon_engine_start(zmuon_engine* eng) {
   const char* fn = "zmuon_engine_start";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
-    return eng->eng->start();
-  });
+  return on_engine(fn, eng, [&]() -> zmuon::error { return eng->eng->start(); });
 }
 
 int zmuon_engine_first_rank(const zmuon_engine* eng, int32_t* out) {
@@ -105,9 +101,7 @@ int zmuon_engine_add_parameter(zmuon_engine* eng, const char* name, const int64_
                                int32_t ndim, int32_t group, int64_t heads, const float* init,
                                int64_t numel) {
   const char* fn = "zmuon_engine_add_parameter";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (!name)
       return null_arg(fn, "name");
     if (ndim < 1 || !shape)

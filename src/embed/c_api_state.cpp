@@ -15,9 +15,7 @@ extern "C" {
 
 int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir) {
   const char* fn = "zmuon_engine_save_checkpoint";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (!dir)
       return null_arg(fn, "dir");
     return eng->eng->save_checkpoint(dir);
@@ -26,9 +24,7 @@ int zmuon_engine_save_checkpoint(zmuon_engine* eng, const char* dir) {
 
 int zmuon_engine_load_checkpoint(zmuon_engine* eng, const char* dir, uint64_t* step_out) {
   const char* fn = "zmuon_engine_load_checkpoint";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (!dir)
       return null_arg(fn, "dir");
     auto info = eng->eng->load_checkpoint(dir);
@@ -97,9 +93,7 @@ int zmuon_engine_state_range(zmuon_engine* eng, const char* name, int32_t scope,
 int zmuon_engine_read_state(zmuon_engine* eng, int32_t scope, zmuon_param_state* params, size_t n,
                             zmuon_state_info* info) {
   const char* fn = "zmuon_engine_read_state";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (n > 0 && !params)
       return null_arg(fn, "params");
     if (auto err = bad_scope(fn, scope))
@@ -223,9 +217,7 @@ int zmuon_engine_write_state_rows(zmuon_engine* eng, const zmuon_param_state* pa
 
 int zmuon_engine_read_row_moments(zmuon_engine* eng, zmuon_row_moments* entries, size_t n) {
   const char* fn = "zmuon_engine_read_row_moments";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (n > 0 && !entries)
       return null_arg(fn, "entries");
     auto state = eng->eng->read_state(zmuon::state_scope::full);  // a collective: first

@@ -42,9 +42,7 @@ int zmuon_engine_reduce_on_stream(zmuon_engine* eng, int32_t rank, const zmuon_t
 int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* const* grads,
                             const size_t* counts, int32_t ranks) {
   const char* fn = "zmuon_engine_reduce_all";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (ranks > 0 && (!grads || !counts))
       return null_arg(fn, !grads ? "grads" : "counts");
     std::vector<std::vector<zmuon::tensor_view>> views(static_cast<size_t>(std::max(ranks, 0)));
@@ -57,9 +55,7 @@ int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* const* grads,
 
 int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
   const char* fn = "zmuon_engine_step";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (eng->job)
       eng->job->before_step();
     auto info = eng->eng->step();
@@ -135,9 +131,7 @@ int zmuon_engine_loss_scale(zmuon_engine* eng, float* out) {
 
 int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
   const char* fn = "zmuon_engine_set_lr";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (!std::isfinite(muon_lr) || !std::isfinite(adam_lr))
       return {errc::invalid_argument,
               "learning rates must be finite (a negative one keeps the current rate)"};
@@ -153,9 +147,7 @@ int zmuon_engine_set_lr(zmuon_engine* eng, float muon_lr, float adam_lr) {
 
 int zmuon_engine_time_calls(zmuon_engine* eng, int32_t on) {
   const char* fn = "zmuon_engine_time_calls";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     eng->eng->time_backend_calls(on != 0);
     return {};
   });
@@ -163,9 +155,7 @@ int zmuon_engine_time_calls(zmuon_engine* eng, int32_t on) {
 
 int zmuon_engine_write_call_timeline(zmuon_engine* eng, const char* path) {
   const char* fn = "zmuon_engine_write_call_timeline";
-  return guarded(fn, [&]() -> zmuon::error {
-    if (!eng)
-      return null_arg(fn, "eng");
+  return on_engine(fn, eng, [&]() -> zmuon::error {
     if (!path)
       return null_arg(fn, "path");
     return eng->eng->write_call_timeline(path);
