@@ -1,4 +1,4 @@
-// The public config entry points (zmuon/config.hpp) over the strict schema of config.cpp: a
+// The public config entry points (zmuon/config.hpp) over the strict schema (schema.hpp): a
 // config from text or a file, the Newton-Schulz options alone.
 #include <algorithm>
 #include <string>
