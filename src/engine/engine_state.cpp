@@ -49,6 +49,127 @@ std::string of(const std::string& name, const char* what) {
   return "parameter '" + name + "': " + what;
 }
 
+/// The state's counters (step, AdamW steps, loss scaler) and its parameters by name, their
+/// tensors still empty; the AdamW step counts are rank 0's (`first`: its snapshot).
+optimizer_state counters_of(const plan& pl, const rank_state& first,
+                            const loss_scale_snapshot& scaler, uint64_t step) {
+  optimizer_state out;
+  out.step = step;
+  out.adam_steps = first.adam_steps;
+  out.scaler = scaler;
+  size_t adam_index = 0;
+  for (const auto& p : pl.params) {
+    param_state ps;
+    ps.name = p.name;
+    if (!p.muon) {
+      const auto& counts = first.adam_param_steps;
+      ps.adam_step = adam_index < counts.size() ? counts[adam_index] : first.adam_steps;
+      ++adam_index;
+    }
+    out.params.push_back(std::move(ps));
+  }
+  return out;
+}
+
+/// NorMuon's row moments into `out`: per Muon parameter one per row of its matrix view, each NS
+/// block's from its owner rank where that is one of this process's (zeros for the others'
+/// blocks); `over_nodes`: read whole over the processes, summed, so that every process has
+/// every block's.
+error read_row_moments(engine& eng, const engine_job& job, const plan& pl,
+                       const std::vector<rank_state>& snaps, bool over_nodes,
+                       optimizer_state& out) {
+  const std::vector<std::vector<int64_t>> row_offsets = row_moment_offsets(pl);
+  std::vector<double> all_rows;
+  for (size_t j = 0; j < pl.params.size(); ++j) {
+    const auto& p = pl.params[j];
+    if (!p.muon)
+      continue;
+    std::vector<float> v(static_cast<size_t>(p.rows), 0.0f);
+    bool any = false;
+    for (size_t b = 0; b < p.blocks.size(); ++b) {
+      const muon_block& blk = p.blocks[b];
+      const int i = blk.owner - job.first_rank;
+      if (i < 0 || i >= job.local || row_offsets[j][b] < 0)
+        continue;
+      const auto& rows = snaps[i].row_moments;
+      if (row_offsets[j][b] + blk.rows > static_cast<int64_t>(rows.size()))
+        continue;
+      std::copy(rows.begin() + row_offsets[j][b], rows.begin() + row_offsets[j][b] + blk.rows,
+                v.begin() + blk.row0);
+      any = true;
+    }
+    if (over_nodes)
+      all_rows.insert(all_rows.end(), v.begin(), v.end());
+    else if (any)
+      out.params[j].row_moments = std::move(v);
+  }
+  if (!over_nodes || all_rows.empty())
+    return {};
+  auto summed = eng.sum_over_nodes(all_rows);  // one owner per row: the sum is its value, exactly
+  if (!summed)
+    return summed.err();
+  size_t at = 0;
+  for (size_t j = 0; j < pl.params.size(); ++j)
+    if (pl.params[j].muon) {
+      auto& v = out.params[j].row_moments;
+      for (int64_t e = 0; e < pl.params[j].rows; ++e)
+        v.push_back(static_cast<float>((*summed)[at++]));
+    }
+  return {};
+}
+
+/// Kind `k` of every parameter that keeps it into `out`, from this process's snapshots alone:
+/// the full tensors (one process: it has every rank) or this process's elements.
+void copy_kind(const plan& pl, const engine_job& job, const std::vector<rank_state>& snaps,
+               const state_kind& k, state_scope scope, optimizer_state& out) {
+  for (size_t j = 0; j < pl.params.size(); ++j) {
+    const auto& p = pl.params[j];
+    if (!has_kind(k, p.muon))
+      continue;
+    auto& v = out.params[j].*member_of(k);
+    if (scope == state_scope::full) {
+      v.assign(p.numel, 0.0f);
+      for (int i = 0; i < job.local; ++i)
+        shard_to_full(pl, job.first_rank + i, snaps[i], k, p, v.data());
+      continue;
+    }
+    const int64_t begin = rank_slice(p.numel, p.shard_len, job.first_rank).first;
+    const int64_t end = rank_slice(p.numel, p.shard_len, job.first_rank + job.local - 1).second;
+    out.params[j].offset = begin;
+    v.assign(end - begin, 0.0f);
+    for (int i = 0; i < job.local; ++i) {
+      auto [b, e] = rank_slice(p.numel, p.shard_len, job.first_rank + i);
+      const float* from = (snaps[i].*k.buffer).data() + offset_in(k, p);
+      std::copy(from, from + (e - b), v.data() + (b - begin));
+    }
+  }
+}
+
+/// Kind `k`'s full tensors into `out` over the processes: every rank's shards to this process's
+/// first rank, in buffers held until every comm has answered (a late piece after a timeout
+/// lands in them, not in `out`).
+error gather_kind(engine_job& job, const plan& pl, const std::vector<rank_state>& snaps,
+                  const state_kind& k, optimizer_state& out) {
+  struct buffers {
+    std::vector<std::vector<float>> shards, full;
+  };
+  auto bufs = std::make_shared<buffers>();
+  std::vector<float*> shards, target(pl.params.size(), nullptr);
+  bufs->shards = in_shard_layout(pl, snaps, k, job.first_rank);
+  for (auto& b : bufs->shards)
+    shards.push_back(b.data());
+  for (size_t j = 0; j < pl.params.size(); ++j)
+    if (has_kind(k, pl.params[j].muon))
+      target[j] = bufs->full.emplace_back(pl.params[j].numel, 0.0f).data();
+  if (auto err = job.shards_to_node_leaders(pl, job.comms, shards, target, bufs))
+    return err;
+  size_t n = 0;
+  for (size_t j = 0; j < pl.params.size(); ++j)
+    if (target[j])
+      out.params[j].*member_of(k) = std::move(bufs->full[n++]);
+  return {};
+}
+
 /// Why `v`, parameter `name`'s `kind`, cannot be loaded: a value that is not finite.
 error check_finite(const std::string& name, const char* kind, const std::vector<float>& v) {
   for (size_t e = 0; e < v.size(); ++e)
@@ -220,10 +341,9 @@ expected<std::pair<int64_t, int64_t>> engine::local_range(const std::string& nam
 expected<optimizer_state> engine::read_state(state_scope scope) {
   auto& d = *impl_;
   auto& job = *d.job;
-  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  const plan& pl = *reg.pl;
+  const plan& pl = *d.registry->pl;
   // 1. This process's ranks' snapshots (what a checkpoint saves) and the loss scaler's state.
   std::vector<rank_state> snaps;
   for (int i = 0; i < job.local; ++i) {
@@ -235,110 +355,17 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
   auto scaler = job.ask<loss_scale_snapshot>(job.ranks[0].scaler, scaler_state_atom::value);
   if (!scaler)
     return scaler.err();
-  optimizer_state out;
-  out.step = job.step;
-  out.adam_steps = snaps[0].adam_steps;
-  out.scaler = *scaler;
-  size_t adam_index = 0;
-  for (const auto& p : pl.params) {
-    param_state ps;
-    ps.name = p.name;
-    if (!p.muon) {
-      const auto& counts = snaps[0].adam_param_steps;
-      ps.adam_step = adam_index < counts.size() ? counts[adam_index] : snaps[0].adam_steps;
-      ++adam_index;
-    }
-    out.params.push_back(std::move(ps));
-  }
-
-  // NorMuon's row moments: per Muon parameter one per row of its matrix view, each NS block's
-  // from its owner rank where that is one of this process's (zeros for the others' blocks);
-  // read whole over the processes, summed, so that every process has every block's.
-  const std::vector<std::vector<int64_t>> row_offsets = row_moment_offsets(pl);
-  const bool rows_over_nodes = scope == state_scope::full && job.multi_node();
-  std::vector<double> all_rows;
-  for (size_t j = 0; j < pl.params.size(); ++j) {
-    const auto& p = pl.params[j];
-    if (!p.muon)
-      continue;
-    std::vector<float> v(static_cast<size_t>(p.rows), 0.0f);
-    bool any = false;
-    for (size_t b = 0; b < p.blocks.size(); ++b) {
-      const muon_block& blk = p.blocks[b];
-      const int i = blk.owner - job.first_rank;
-      if (i < 0 || i >= job.local || row_offsets[j][b] < 0)
-        continue;
-      const auto& rows = snaps[i].row_moments;
-      if (row_offsets[j][b] + blk.rows > static_cast<int64_t>(rows.size()))
-        continue;
-      std::copy(rows.begin() + row_offsets[j][b], rows.begin() + row_offsets[j][b] + blk.rows,
-                v.begin() + blk.row0);
-      any = true;
-    }
-    if (rows_over_nodes)
-      all_rows.insert(all_rows.end(), v.begin(), v.end());
-    else if (any)
-      out.params[j].row_moments = std::move(v);
-  }
-  if (rows_over_nodes && !all_rows.empty()) {
-    auto summed = sum_over_nodes(all_rows);  // one owner per row: the sum is its value, exactly
-    if (!summed)
-      return summed.err();
-    size_t at = 0;
-    for (size_t j = 0; j < pl.params.size(); ++j)
-      if (pl.params[j].muon) {
-        auto& v = out.params[j].row_moments;
-        for (int64_t e = 0; e < pl.params[j].rows; ++e)
-          v.push_back(static_cast<float>((*summed)[at++]));
-      }
-  }
-
-  // 2. Each kind's full tensors (or this process's part), one kind at a time.
-  const bool gather = scope == state_scope::full && job.multi_node();
+  optimizer_state out = counters_of(pl, snaps[0], *scaler, job.step);
+  const bool over_nodes = scope == state_scope::full && job.multi_node();
+  // 2. NorMuon's row moments.
+  if (auto err = read_row_moments(*this, job, pl, snaps, over_nodes, out))
+    return err;
+  // 3. Each kind's full tensors (or this process's part), one kind at a time.
   for (const state_kind& k : state_kinds) {
-    // Over the processes: every rank's shards to this process's first rank, in buffers held
-    // until every comm has answered (a late piece after a timeout lands in them, not in `out`).
-    struct buffers {
-      std::vector<std::vector<float>> shards, full;
-    };
-    auto bufs = std::make_shared<buffers>();
-    std::vector<float*> shards, target(pl.params.size(), nullptr);
-    if (gather) {
-      bufs->shards = in_shard_layout(pl, snaps, k, job.first_rank);
-      for (auto& b : bufs->shards)
-        shards.push_back(b.data());
-    }
-    for (size_t j = 0; j < pl.params.size(); ++j) {
-      const auto& p = pl.params[j];
-      if (!has_kind(k, p.muon))
-        continue;
-      auto& v = out.params[j].*member_of(k);
-      if (gather) {
-        target[j] = bufs->full.emplace_back(p.numel, 0.0f).data();
-      } else if (scope == state_scope::full) {
-        v.assign(p.numel, 0.0f);
-        for (int i = 0; i < job.local; ++i)
-          shard_to_full(pl, job.first_rank + i, snaps[i], k, p, v.data());
-      } else {
-        const int64_t begin = rank_slice(p.numel, p.shard_len, job.first_rank).first;
-        const int64_t end = rank_slice(p.numel, p.shard_len, job.first_rank + job.local - 1).second;
-        out.params[j].offset = begin;
-        v.assign(end - begin, 0.0f);
-        for (int i = 0; i < job.local; ++i) {
-          auto [b, e] = rank_slice(p.numel, p.shard_len, job.first_rank + i);
-          const float* from = (snaps[i].*k.buffer).data() + offset_in(k, p);
-          std::copy(from, from + (e - b), v.data() + (b - begin));
-        }
-      }
-    }
-    if (!gather)
-      continue;
-    if (auto err = job.shards_to_node_leaders(pl, job.comms, shards, target, bufs))
+    if (!over_nodes)
+      copy_kind(pl, job, snaps, k, scope, out);
+    else if (auto err = gather_kind(job, pl, snaps, k, out))
       return d.stop(err, "while gathering the optimizer state");
-    size_t n = 0;
-    for (size_t j = 0; j < pl.params.size(); ++j)
-      if (target[j])
-        out.params[j].*member_of(k) = std::move(bufs->full[n++]);
   }
   return out;
 }
