@@ -340,7 +340,6 @@ error engine::impl::start_locked() {
 expected<step_info> engine::step() {
   auto& d = *impl_;
   auto& job = *d.job;
-  auto& reg = *d.registry;
   auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
@@ -369,7 +368,7 @@ expected<step_info> engine::step() {
   job.host_collectives = 0;
   if (job.step_started)
     job.step_started(step);
-  if (reg.faults.kill_at_step == step)
+  if (d.registry->faults.kill_at_step == step)
     std::raise(SIGKILL);  // fault injection: the process dies as this step begins
   auto touched = d.step_touched();
   if (!touched)

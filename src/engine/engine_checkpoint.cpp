@@ -198,7 +198,6 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
 expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
   auto& d = *impl_;
   auto& job = *d.job;
-  auto& reg = *d.registry;
   auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
@@ -209,7 +208,7 @@ expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
       own = {errc::bad_state, "load_checkpoint with micro-batches of step "
                                   + std::to_string(job.step + 1) + " handed over"};
   auto loaded = own ? expected<loaded_checkpoint>(own)
-                    : read_checkpoint(dir, *reg.pl, job.first_rank, job.local);
+                    : read_checkpoint(dir, *d.registry->pl, job.first_rank, job.local);
   if (!loaded)
     own = loaded.err();
   // Every process must have read the same checkpoint: slot per rank {read, step}.

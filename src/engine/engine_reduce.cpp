@@ -199,11 +199,10 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
                            std::optional<void*> caller_stream, size_t window, bool reduced) {
   auto& d = *impl_;
   auto& job = *d.job;
-  auto& reg = *d.registry;
   auto& hand = *d.hand_over;
   if (auto err = d.start_for(rank))
     return err;
-  const auto& pl = *reg.pl;
+  const auto& pl = *d.registry->pl;
   const int local = rank - job.first_rank;
   compute_backend& be = *job.ranks[local].backend;
   // 1. Everything is checked before anything is sent.
@@ -240,7 +239,7 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0, reduced};
       pack.bucket(b, msg);
       if (msg.data)  // fault injection (tests) acts on host-packed gradients
-        inject_nonfinite(reg.faults, pl, pl.buckets[b], step, rank, micro, *msg.data);
+        inject_nonfinite(d.registry->faults, pl, pl.buckets[b], step, rank, micro, *msg.data);
       in_flight.hand_over(job.ranks[local].reducer, std::move(msg));
     }
     // 4. Device copies read the caller's buffers after they are queued, and the caller may write
@@ -258,17 +257,15 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
 error engine::report_qk_logits(int rank, const std::string& query,
                                const std::vector<float>& max_logits) {
   auto& d = *impl_;
-  auto& job = *d.job;
-  auto& reg = *d.registry;
-  auto& hand = *d.hand_over;
   if (auto err = d.start_for(rank))
     return err;
-  const int i = reg.pl->find(query);
-  const int pair = i < 0 ? -1 : reg.pl->find_qk_pair(i);
+  const plan& pl = *d.registry->pl;
+  const int i = pl.find(query);
+  const int pair = i < 0 ? -1 : pl.find_qk_pair(i);
   if (pair < 0)
     return {i < 0 ? errc::unknown_parameter : errc::invalid_argument,
             "report_qk_logits: '" + query + "' is not the query of a MuonClip pair (add_qk_clip)"};
-  const auto& p = reg.pl->qk_pairs[pair];
+  const auto& p = pl.qk_pairs[pair];
   if (static_cast<int64_t>(max_logits.size()) != p.query_heads)
     return {errc::shape_mismatch, "report_qk_logits: '" + query + "' has "
                                       + std::to_string(p.query_heads) + " heads, got "
@@ -277,9 +274,9 @@ error engine::report_qk_logits(int rank, const std::string& query,
     if (!std::isfinite(max_logits[h]))
       return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
                                           + " has a non-finite logit"};
-  auto& mine = hand.qk_logits[rank - job.first_rank];
+  auto& mine = d.hand_over->qk_logits[rank - d.job->first_rank];
   if (mine.empty())
-    mine.assign(static_cast<size_t>(reg.pl->qk_values), -std::numeric_limits<float>::max());
+    mine.assign(static_cast<size_t>(pl.qk_values), -std::numeric_limits<float>::max());
   for (int64_t h = 0; h < p.query_heads; ++h) {
     float& at = mine[static_cast<size_t>(p.value_offset + h)];
     at = std::max(at, max_logits[static_cast<size_t>(h)]);

@@ -373,11 +373,10 @@ expected<optimizer_state> engine::read_state(state_scope scope) {
 error engine::write_state(const optimizer_state& state) {
   auto& d = *impl_;
   auto& job = *d.job;
-  auto& reg = *d.registry;
   auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
-  const plan& pl = *reg.pl;
+  const plan& pl = *d.registry->pl;
 
   // 1. Everything checked before anything changes.
   error own;
