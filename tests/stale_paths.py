@@ -74,7 +74,8 @@ def stale(root):
         for no, text in comments(path):
             for m in WORD.finditer(text):
                 word, ext = m.group(1), m.group(2)
-                if ext not in NAMED or word in EXTERNAL or "://" in text[max(0, m.start() - 8):m.start() + 3]:
+                url = "://" in text[max(0, m.start() - 8):m.start() + 3]
+                if ext not in NAMED or word in EXTERNAL or url:
                     continue
                 if "/" not in word:
                     if word not in names:
