@@ -1,7 +1,7 @@
 // bench_caf_comm: bytes/s of the caf comm backend's collectives between two processes on this
 // machine (CAF's network layer over loopback), as the engine issues them: a reduce-scatter (mean)
 // and an all-to-all, one rank per process. The parent is node 0 and starts node 1 as a child
-// process; both join through the rendezvous (launch/node.hpp), as zmuon-launch --nodes does.
+// process; both join through the rendezvous (node/node.hpp), as zmuon-launch --nodes does.
 // nccl-tests' conventions: size = bytes of each rank's input; algbw = size / time;
 // busbw = algbw * (n-1)/n (reduce-scatter), which is also what each rank sends per second.
 //

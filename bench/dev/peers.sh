@@ -7,7 +7,7 @@
 #   bench/dev/peers.sh dion [MIRROR]   # here: Dion's package into .carry/dion (MIRROR: the git
 #                                      # directory fetch returned)
 #   bench/dev/gpu-check.sh pack        # here: libzmuon with the CUDA backend, into .carry/gpu/
-#   bench/dev/peers.sh                 # there, with .carry carried: the table to $OUT/peers.md
+#   bench/dev/peers.sh                 # there, with .carry carried: prints the table and leaves it under $OUT
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"

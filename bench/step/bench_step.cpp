@@ -13,7 +13,7 @@
 // hand-over; the reduce-scatters run behind it) and step() (waits for the reduce-scatters, then
 // the vote with the norm, the Muon pipeline and AdamW; answered when the GPU work has finished).
 // Medians over the steps after the first (warm-up). The trace (into --trace DIR, else a temporary
-// directory that is removed) adds, per step (trace/tool/step_stats.hpp has the exact
+// directory that is removed) adds, per step (tools/zmuon-trace/step_stats.hpp has the exact
 // definitions; medians over the same steps):
 //
 // - time per phase of the step protocol on the rank whose coordinator took longest, in the step

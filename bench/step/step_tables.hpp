@@ -1,5 +1,5 @@
 // zmuon-bench-step's parameter tables and the bytes the plan says each rank sends per step
-// (shared with tests/test_bench_step.cpp).
+// (shared with tests/engine/test_bench_step.cpp).
 #pragma once
 
 #include <cstdint>

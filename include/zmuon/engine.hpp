@@ -58,7 +58,7 @@ struct step_info {
 using lr_schedule = std::function<float(uint64_t step)>;
 
 struct plan;        // plan/plan.hpp (internal): where every parameter's shards live
-struct node_setup;  // zmuon/node_setup.hpp
+struct node_setup;  // node/node_setup.hpp
 
 /// How a process joins a multi-process job as one of its nodes (engine::create_node): the
 /// launcher's --nodes, --node-rank and --master for an embedder started by torchrun or the like.

@@ -1,6 +1,6 @@
 // DeepSpeed's documented config keys that zmuon does not map onto its own options: tuning keys
 // accepted with no effect, meanings zmuon does not provide (refused, with the reason), and
-// feature sections taken whole. The mapped keys are config.cpp's schema.
+// feature sections taken whole. The mapped keys are schema.cpp's table.
 #pragma once
 
 #include <string>

@@ -2,6 +2,11 @@
 
 #include "engine/impl.hpp"
 
+#include "engine/hand_over.hpp"
+#include "engine/job.hpp"
+#include "engine/lifecycle.hpp"
+#include "engine/registry.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -91,7 +96,7 @@ engine_options with_comm_decided(engine_options o, bool own_gpus) {
 
 // One compute backend per rank. On CUDA, rank r uses GPU r modulo the visible GPUs (caf comm:
 // several ranks may share one GPU; nccl: one GPU per rank).
-expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backends() const {
+expected<std::vector<std::shared_ptr<compute_backend>>> engine_job::make_backends() const {
   const int devices = compute_device_count(opts.compute);
   if (opts.comm == "nccl" && devices < local)
     return error{errc::invalid_argument,
@@ -110,7 +115,7 @@ expected<std::vector<std::shared_ptr<compute_backend>>> engine::impl::make_backe
   return out;
 }
 
-error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends) {
+error engine_job::spawn_comms(const std::vector<std::shared_ptr<compute_backend>>& backends) {
   if (!comms.empty()) {  // a node of a multi-process job: the launcher connected its caf comms
     if (opts.comm != "nccl")
       return {};
@@ -141,19 +146,38 @@ error engine::impl::spawn_comms(const std::vector<std::shared_ptr<compute_backen
   return {};
 }
 
+engine::impl::impl()
+    : job(std::make_unique<engine_job>()),
+      registry(std::make_unique<engine_registry>()),
+      hand_over(std::make_unique<engine_hand_over>()),
+      lifecycle(std::make_unique<engine_lifecycle>()) {}
+
+engine::impl::~impl() = default;
+
+error engine::impl::configure(const engine_options& o, caf::actor_system* system, int first,
+                              int local_ranks, int node) {
+  hand_over->open(local_ranks);
+  registry->constant_rates(o);
+  return job->configure(o, system, first, local_ranks, node);
+}
+
+error engine::impl::stop(error err, const std::string& when) {
+  return lifecycle->stop(std::move(err), when, job->end.get());
+}
+
 engine::engine() : impl_(std::make_unique<impl>()) {}
 
 engine::~engine() {
-  if (impl_->leave_job)
-    impl_->leave_job();
-  for (auto& r : impl_->ranks) {
+  if (impl_->job->leave_job)
+    impl_->job->leave_job();
+  for (auto& r : impl_->job->ranks) {
     if (r.backend)  // a computation still running (after a timeout) ends early: nobody reads it
       r.backend->cancel();
     stop_rank(r);
   }
-  for (auto& c : impl_->rank_comms)
+  for (auto& c : impl_->job->rank_comms)
     caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
-  for (auto& c : impl_->comms)
+  for (auto& c : impl_->job->comms)
     caf::anon_send_exit(c, caf::exit_reason::user_shutdown);
 }
 
@@ -170,9 +194,10 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& options) 
     return be.err();
   std::unique_ptr<engine> eng(new engine());
   auto& d = *eng->impl_;
-  d.cfg.set("scheduler.max-threads", scheduler_threads(opts.world));
-  d.own_sys = std::make_unique<caf::actor_system>(d.cfg);
-  if (auto err = d.configure(opts, d.own_sys.get(), 0, opts.world))
+  auto& job = *d.job;
+  job.cfg.set("scheduler.max-threads", scheduler_threads(opts.world));
+  job.own_sys = std::make_unique<caf::actor_system>(job.cfg);
+  if (auto err = d.configure(opts, job.own_sys.get(), 0, opts.world))
     return err;
   return eng;
 }
@@ -205,23 +230,23 @@ error engine::impl::adopt(const engine_options& options, const node_setup& node)
       - node.node_first_ranks.begin());
   if (auto err = configure(o, node.system, node.first_rank, local_ranks, node_index))
     return err;
-  comms = node.comms;
-  nccl_id = node.nccl_unique_id;
-  node_first_ranks = node.node_first_ranks;
-  job = node.end;
+  job->comms = node.comms;
+  job->nccl_id = node.nccl_unique_id;
+  job->node_first_ranks = node.node_first_ranks;
+  job->end = node.end;
   return {};
 }
 
 error engine::impl::start_for(int rank) {
-  if (join_job)  // a process of a multi-process job knows its ranks once it has joined
+  if (job->join_job)  // a process of a multi-process job knows its ranks once it has joined
     if (auto err = start())
       return err;
-  if (auto err = check_local(rank))
+  if (auto err = job->check_local(rank))
     return err;
   return start();
 }
 
-error engine::impl::check_local(int rank) const {
+error engine_job::check_local(int rank) const {
   if (rank >= first_rank && rank < first_rank + local)
     return {};
   return {errc::invalid_argument, "rank " + std::to_string(rank) + " is outside ["
@@ -233,173 +258,153 @@ error engine::start() {
   return impl_->start();
 }
 
-error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
-  auto& d = *impl_;
-  if (d.pl)
-    return {errc::bad_state,
-            "parameter '" + spec.name + "' registered after the first reduce() or step()"};
-  // The new parameter alone is checked (its name against a set): registration stays linear in
-  // the number of parameters; start() plans the whole table once.
-  if (d.table_names.count(spec.name) > 0)
-    return {errc::duplicate_parameter, "parameter '" + spec.name + "' is registered twice"};
-  auto checked = make_plan({spec}, d.opts.world, d.opts.reduce_bucket_size, d.opts.per_head_muon,
-                           d.opts.layout);
-  if (!checked)
-    return checked.err();
-  const auto& p = checked->params.back();
-  if (!init.empty() && static_cast<int64_t>(init.size()) != p.numel)
-    return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
-                                      + std::to_string(init.size()) + " elements, shape needs "
-                                      + std::to_string(p.numel)};
-  // The values first: a failed allocation (bad_alloc) leaves the table as it was. None given:
-  // zeros, kept as an empty vector (the shards start zeroed).
-  d.init.push_back(init);
-  try {
-    d.table.push_back(spec);
-    d.table_names.emplace(spec.name, d.table.size() - 1);
-  } catch (...) {
-    if (d.table.size() > d.init.size() - 1)
-      d.table.pop_back();
-    d.init.pop_back();
-    throw;
-  }
-  return {};
+error engine::impl::start() {
+  if (auto err = lifecycle->refusal(job->end.get()))
+    return err;
+  std::lock_guard<std::mutex> lock(lifecycle->start_mutex);
+  return start_locked();
 }
 
 error engine::impl::start_locked() {
-  if (pl)
+  auto& job = *this->job;
+  auto& reg = *registry;
+  auto& hand = *hand_over;
+  if (reg.pl)
     return {};
-  if (table.empty())
+  if (reg.table.empty())
     return {errc::bad_state, "no parameter is registered"};
-  if (join_job && !sys) {  // create_node(): join the job now that the table is known
-    auto joined = join_job(table);
+  if (job.join_job && !job.sys) {  // create_node(): join the job now that the table is known
+    auto joined = job.join_job(reg.table);
     if (!joined)
       return joined.err();
-    if (auto err = adopt(opts, *joined))
+    if (auto err = adopt(job.opts, *joined))
       return err;
   }
-  auto made =
-      make_plan(table, opts.world, opts.reduce_bucket_size, opts.per_head_muon, opts.layout);
+  auto made = make_plan(reg.table, job.opts.world, job.opts.reduce_bucket_size,
+                        job.opts.per_head_muon, job.opts.layout);
   if (!made)
     return made.err();
-  for (const auto& f : faults.nonfinite)
-    if (made->find(f.param) < 0 || f.rank < 0 || f.rank >= opts.world)
+  for (const auto& f : reg.faults.nonfinite)
+    if (made->find(f.param) < 0 || f.rank < 0 || f.rank >= job.opts.world)
       return {errc::invalid_argument, "fault injection names parameter '" + f.param + "' on rank "
                                           + std::to_string(f.rank)
                                           + ", which is not a registered parameter or rank"};
-  pl = std::make_shared<const plan>(std::move(*made));
+  reg.pl = std::make_shared<const plan>(std::move(*made));
   std::vector<std::pair<int, std::string>> muon_params;
-  for (size_t i = 0; i < pl->params.size(); ++i)
-    if (pl->params[i].muon)
-      muon_params.emplace_back(static_cast<int>(i), pl->params[i].name);
-  for (auto& rec : traces)
-    rec->plan(muon_params, static_cast<int>(pl->chunks.size()));
+  for (size_t i = 0; i < reg.pl->params.size(); ++i)
+    if (reg.pl->params[i].muon)
+      muon_params.emplace_back(static_cast<int>(i), reg.pl->params[i].name);
+  for (auto& rec : job.traces)
+    rec->plan(muon_params, static_cast<int>(reg.pl->chunks.size()));
   // From here on a failure leaves a part-started engine: it stops.
   const std::string starting = "while starting";
-  auto backends = make_backends();
+  auto backends = job.make_backends();
   if (!backends)
     return stop(backends.err(), starting);
   for (auto& be : *backends)
-    be->time_calls(time_calls);
-  for (size_t i = 0; opts.trace_compute_calls && i < traces.size(); ++i)  // calls as spans
-    (*backends)[i]->trace_calls([rec = traces[i]](const compute_backend::traced_call& c) {
+    be->time_calls(job.time_calls);
+  for (size_t i = 0; job.opts.trace_compute_calls && i < job.traces.size(); ++i)  // calls as spans
+    (*backends)[i]->trace_calls([rec = job.traces[i]](const compute_backend::traced_call& c) {
       rec->compute(c.name, c.track, c.start_ns, c.end_ns - c.start_ns);
     });
-  if (auto err = spawn_comms(*backends))
+  if (auto err = job.spawn_comms(*backends))
     return stop(err, starting);
-  for (int i = 0; i < local; ++i) {
-    windows.emplace_back(*sys, first_rank + i, opts.timeout_ms,
-                         traces.empty() ? nullptr : traces[i]);
-    packed.emplace_back(pl->buckets.size());
+  for (int i = 0; i < job.local; ++i) {
+    hand.windows.emplace_back(*job.sys, job.first_rank + i, job.opts.timeout_ms,
+                              job.traces.empty() ? nullptr : job.traces[i]);
+    hand.packed.emplace_back(reg.pl->buckets.size());
   }
-  for (int i = 0; i < local; ++i)
-    ranks.push_back(spawn_rank(*sys, pl, first_rank + i, opts,
-                               rank_comms.empty() ? comms[i] : rank_comms[i], (*backends)[i],
-                               traces.empty() ? nullptr : traces[i]));
+  for (int i = 0; i < job.local; ++i)
+    job.ranks.push_back(spawn_rank(*job.sys, reg.pl, job.first_rank + i, job.opts,
+                                   job.rank_comms.empty() ? job.comms[i] : job.rank_comms[i],
+                                   (*backends)[i], job.traces.empty() ? nullptr : job.traces[i]));
   // Each rank's initial shard of every parameter.
-  for (int k = 0; k < local; ++k) {
-    int r = first_rank + k;
-    auto shard = std::make_shared<std::vector<float>>(pl->shard_total, 0.0f);
-    for (size_t i = 0; i < pl->params.size(); ++i) {
-      const auto& p = pl->params[i];
+  for (int k = 0; k < job.local; ++k) {
+    int r = job.first_rank + k;
+    auto shard = std::make_shared<std::vector<float>>(reg.pl->shard_total, 0.0f);
+    for (size_t i = 0; i < reg.pl->params.size(); ++i) {
+      const auto& p = reg.pl->params[i];
       int64_t n = valid_len(p, r);
-      if (n > 0 && !init[i].empty())
-        std::memcpy(shard->data() + p.shard_offset, init[i].data() + r * p.shard_len,
+      if (n > 0 && !reg.init[i].empty())
+        std::memcpy(shard->data() + p.shard_offset, reg.init[i].data() + r * p.shard_len,
                     n * sizeof(float));
     }
-    auto done = ask<ack>(ranks[k].store, load_params{0, shard});
+    auto done = job.ask<ack>(job.ranks[k].store, load_params{0, shard});
     if (!done)
       return stop(done.err(), starting);
   }
-  init.clear();
+  reg.init.clear();
   return {};
 }
 
 expected<step_info> engine::step() {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
-  for (int i = 0; i < d.local; ++i)
-    if (d.micros[i] != d.micros[0])
-      return error{errc::bad_state, "rank " + std::to_string(d.first_rank + i) + " handed over "
-                                        + std::to_string(d.micros[i]) + " micro-batches but rank "
-                                        + std::to_string(d.first_rank) + " handed over "
-                                        + std::to_string(d.micros[0])};
-  if (d.micros[0] == 0)
+  for (int i = 0; i < job.local; ++i)
+    if (hand.micros[i] != hand.micros[0])
+      return error{errc::bad_state, "rank " + std::to_string(job.first_rank + i) + " handed over "
+                                        + std::to_string(hand.micros[i])
+                                        + " micro-batches but rank "
+                                        + std::to_string(job.first_rank) + " handed over "
+                                        + std::to_string(hand.micros[0])};
+  if (hand.micros[0] == 0)
     return error{errc::bad_state,
                  "step() before any gradient was handed over (call reduce() "
                  "for every rank first)"};
   // The groups' values are checked before the step begins: a schedule's bad rate leaves
   // everything as it was, the gradients included, for a step() with a good one.
-  auto groups = d.step_groups(d.step + 1);
+  auto groups = d.step_groups(job.step + 1);
   if (!groups)
     return groups.err();
   // The buckets still in flight land first (the flush would wait for them anyway), so that
   // their buffers are gone before the step's own.
-  for (auto& w : d.windows)
+  for (auto& w : hand.windows)
     if (auto err = w.drain())
-      return d.stop(err, impl::in_step(d.step + 1));
-  uint64_t step = ++d.step;
-  d.host_collectives = 0;
-  if (d.step_started)
-    d.step_started(step);
-  if (d.faults.kill_at_step == step)
+      return d.stop(err, engine_lifecycle::in_step(job.step + 1));
+  uint64_t step = ++job.step;
+  job.host_collectives = 0;
+  if (job.step_started)
+    job.step_started(step);
+  if (d.registry->faults.kill_at_step == step)
     std::raise(SIGKILL);  // fault injection: the process dies as this step begins
   auto touched = d.step_touched();
   if (!touched)
-    return d.stop(touched.err(), impl::in_step(step));
+    return d.stop(touched.err(), engine_lifecycle::in_step(step));
   step_request req{step, std::move(*groups), std::move(*touched)};
   // Every coordinator gets its request before any reply is awaited: the step's collectives
   // need all ranks.
-  caf::scoped_actor self{*d.sys};
-  using handle = decltype(self->request(d.ranks[0].coordinator, d.timeout(), req));
+  caf::scoped_actor self{*job.sys};
+  using handle = decltype(self->request(job.ranks[0].coordinator, job.timeout(), req));
   std::vector<handle> pending;
   std::vector<int64_t> sent_at;  // traced: when each rank's request went out
-  for (size_t i = 0; i < d.ranks.size(); ++i) {
+  for (size_t i = 0; i < job.ranks.size(); ++i) {
     auto rank_req = req;  // MuonClip: each rank's own logits; the ranks' max is a collective
-    rank_req.qk_logits = std::move(d.qk_logits[i]);
-    d.qk_logits[i].clear();
+    rank_req.qk_logits = std::move(hand.qk_logits[i]);
+    hand.qk_logits[i].clear();
     sent_at.push_back(trace::now_ns());
-    pending.push_back(self->request(d.ranks[i].coordinator, d.timeout(), std::move(rank_req)));
+    pending.push_back(self->request(job.ranks[i].coordinator, job.timeout(), std::move(rank_req)));
   }
   std::vector<expected<step_result>> results;
   for (size_t r = 0; r < pending.size(); ++r) {
     auto& h = pending[r];
     expected<step_result> out = error{errc::internal, "no reply"};
     h.receive([&](step_result& res) { out = std::move(res); },
-              [&](caf::error& err) { out = d.reply_error(err, "step " + std::to_string(step)); });
-    if (!d.traces.empty())
-      d.trace_step(static_cast<int>(r), req, trace::request_id(self->id(), h.id()), sent_at[r],
-                   out);
+              [&](caf::error& err) { out = job.reply_error(err, "step " + std::to_string(step)); });
+    if (!job.traces.empty())
+      job.trace_step(static_cast<int>(r), req, trace::request_id(self->id(), h.id()), sent_at[r],
+                     out);
     results.push_back(std::move(out));
   }
-  std::fill(d.micros.begin(), d.micros.end(), 0);
+  std::fill(hand.micros.begin(), hand.micros.end(), 0);
   step_info info;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])
-      return d.stop(error{results[r].err().code(), "rank " + std::to_string(d.first_rank + r) + ": "
-                                                       + results[r].err().message()},
-                    impl::in_step(step));
+      return d.stop(error{results[r].err().code(), "rank " + std::to_string(job.first_rank + r)
+                                                       + ": " + results[r].err().message()},
+                    engine_lifecycle::in_step(step));
     const auto& res = *results[r];
     if (r == 0) {
       info.step = res.step;
@@ -411,69 +416,73 @@ expected<step_info> engine::step() {
       info.micro_batches = res.micros;
     } else if (res.skipped != info.skipped || res.next_loss_scale != info.next_loss_scale) {
       return d.stop(error{errc::internal, "ranks disagree on step " + std::to_string(step)},
-                    impl::in_step(step));
+                    engine_lifecycle::in_step(step));
     }
     info.ns_params += res.ns_params;
     info.ns_matrices += res.ns_matrices;
   }
-  d.skipped_steps += info.skipped ? 1 : 0;
+  job.skipped_steps += info.skipped ? 1 : 0;
   return info;
 }
 
 expected<rank_state> engine::snapshot(int rank) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& hand = *d.hand_over;
   if (auto err = d.start_for(rank))
     return err;
   // The copy holds every bucket handed over so far: the rank's unlanded ones land first.
-  if (auto err = d.windows[rank - d.first_rank].wait_until(0))
+  if (auto err = hand.windows[rank - job.first_rank].wait_until(0))
     return err;
-  return d.ask<rank_state>(d.ranks[rank - d.first_rank].store, snapshot_atom::value);
+  return job.ask<rank_state>(job.ranks[rank - job.first_rank].store, snapshot_atom::value);
 }
 
 expected<float> engine::loss_scale() {
   auto& d = *impl_;
+  auto& job = *d.job;
   if (auto err = d.start())
     return err;
-  return d.ask<float>(d.ranks[0].scaler, scale_atom::value);
+  return job.ask<float>(job.ranks[0].scaler, scale_atom::value);
 }
 
 std::array<float, 2> engine::next_lrs() const {
-  const auto& d = *impl_;
-  const uint64_t next = d.step + 1;
+  const auto& job = *impl_->job;
+  const auto& reg = *impl_->registry;
+  const uint64_t next = job.step + 1;
   // A node's engine sets its schedules when it joins the job: until then, the options' rates.
-  return {d.muon_lr ? d.muon_lr(next) : d.opts.muon.lr,
-          d.adam_lr ? d.adam_lr(next) : d.opts.adamw.lr};
+  return {reg.muon_lr ? reg.muon_lr(next) : job.opts.muon.lr,
+          reg.adam_lr ? reg.adam_lr(next) : job.opts.adamw.lr};
 }
 
 uint64_t engine::skipped_steps() const {
-  return impl_->skipped_steps;
+  return impl_->job->skipped_steps;
 }
 
 void engine::set_lr_schedules(lr_schedule muon_lr, lr_schedule adam_lr) {
   if (muon_lr)
-    impl_->muon_lr = std::move(muon_lr);
+    impl_->registry->muon_lr = std::move(muon_lr);
   if (adam_lr)
-    impl_->adam_lr = std::move(adam_lr);
+    impl_->registry->adam_lr = std::move(adam_lr);
 }
 
 int engine::world() const {
-  return impl_->opts.world;
+  return impl_->job->opts.world;
 }
 
 int engine::first_rank() const {
-  return impl_->first_rank;
+  return impl_->job->first_rank;
 }
 
 int engine::local_ranks() const {
-  return impl_->local;
+  return impl_->job->local;
 }
 
 const plan* engine::layout() const {
-  return impl_->pl.get();
+  return impl_->registry->pl.get();
 }
 
 const engine_options& engine::options() const {
-  return impl_->opts;
+  return impl_->job->opts;
 }
 
 }  // namespace zmuon

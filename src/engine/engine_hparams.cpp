@@ -1,7 +1,10 @@
 // What every rank's step request carries besides the step, the same on all of them: each
 // hyperparameter group's values, and which parameters some rank handed a gradient (torch leaves
 // a parameter without one as it is).
+#include "engine/hand_over.hpp"
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/registry.hpp"
 
 #include <cmath>
 
@@ -61,60 +64,64 @@ error check_group(int group, const group_hparams& v, const std::string& backend)
 }  // namespace
 
 error engine::set_hparam_group(const std::string& name, int group) {
-  auto& d = *impl_;
-  if (d.pl)
+  auto& reg = *impl_->registry;
+  if (reg.pl)
     return {errc::bad_state,
             "hyperparameter group of '" + name + "' set after the first reduce() or step()"};
   if (group < 0 || group >= kMaxHparamGroups)
     return {errc::invalid_argument, "hyperparameter group " + std::to_string(group)
                                         + " is outside [0, " + std::to_string(kMaxHparamGroups)
                                         + ")"};
-  if (auto it = d.table_names.find(name); it != d.table_names.end()) {
-    d.table[it->second].hparam_group = group;
+  if (auto it = reg.table_names.find(name); it != reg.table_names.end()) {
+    reg.table[it->second].hparam_group = group;
     return {};
   }
   return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
 }
 
 error engine::set_group_hparams(int group, const group_hparams& values) {
-  auto& d = *impl_;
+  auto& job = *impl_->job;
+  auto& reg = *impl_->registry;
   if (group < 0 || group >= kMaxHparamGroups)
     return {errc::invalid_argument, "hyperparameter group " + std::to_string(group)
                                         + " is outside [0, " + std::to_string(kMaxHparamGroups)
                                         + ")"};
-  if (auto err = check_group(group, values, d.opts.compute))
+  if (auto err = check_group(group, values, job.opts.compute))
     return err;
   group_hparams v = values;
-  v.muon.transport = d.opts.muon.transport;
-  d.group_set[group] = std::move(v);
+  v.muon.transport = job.opts.muon.transport;
+  reg.group_set[group] = std::move(v);
   return {};
 }
 
 group_hparams engine::group_values(int group, uint64_t step) const {
-  const auto& d = *impl_;
-  if (auto it = d.group_set.find(group); it != d.group_set.end())
+  const auto& job = *impl_->job;
+  const auto& reg = *impl_->registry;
+  if (auto it = reg.group_set.find(group); it != reg.group_set.end())
     return it->second;
-  group_hparams v{d.opts.muon, d.opts.adamw};
-  v.muon.lr = d.muon_lr(step);
-  v.adamw.lr = d.adam_lr(step);
+  group_hparams v{job.opts.muon, job.opts.adamw};
+  v.muon.lr = reg.muon_lr(step);
+  v.adamw.lr = reg.adam_lr(step);
   return v;
 }
 
 expected<std::vector<group_hparams>> engine::impl::step_groups(uint64_t step) const {
+  const auto& job = *this->job;
+  const auto& reg = *registry;
   int groups = 1;
-  for (const auto& p : pl->params)
+  for (const auto& p : reg.pl->params)
     groups = std::max(groups, p.hparam_group + 1);
   std::vector<group_hparams> out;
   out.reserve(groups);
   bool checked_schedules = false;
   for (int g = 0; g < groups; ++g) {
-    if (auto it = group_set.find(g); it != group_set.end()) {
+    if (auto it = reg.group_set.find(g); it != reg.group_set.end()) {
       out.push_back(it->second);
       continue;
     }
-    group_hparams v{opts.muon, opts.adamw};
-    v.muon.lr = muon_lr(step);
-    v.adamw.lr = adam_lr(step);
+    group_hparams v{job.opts.muon, job.opts.adamw};
+    v.muon.lr = reg.muon_lr(step);
+    v.adamw.lr = reg.adam_lr(step);
     if (!checked_schedules)  // the schedules' rates, checked once
       for (const auto& [name, lr] : {std::pair{"Muon", v.muon.lr}, std::pair{"AdamW", v.adamw.lr}})
         if (!std::isfinite(lr) || lr < 0)
@@ -129,21 +136,24 @@ expected<std::vector<group_hparams>> engine::impl::step_groups(uint64_t step) co
 }
 
 expected<std::vector<uint8_t>> engine::impl::step_touched() {
-  const size_t n = pl->params.size();
+  auto& job = *this->job;
+  const auto& reg = *registry;
+  auto& hand = *hand_over;
+  const size_t n = reg.pl->params.size();
   std::vector<double> any(n, 0.0);
-  for (auto& marks : touched) {
+  for (auto& marks : hand.touched) {
     for (size_t i = 0; i < marks.size() && i < n; ++i)
       any[i] += marks[i];
     marks.assign(n, 0);
   }
-  if (multi_node()) {  // every process learns what the others' ranks touched
-    collective_tag tag{collective_kind::host, step, 0, host_collectives++};
-    caf::scoped_actor self{*sys};
-    using handle = decltype(self->request(comms[0], timeout(), all_reduce_req{}));
+  if (job.multi_node()) {  // every process learns what the others' ranks touched
+    collective_tag tag{collective_kind::host, job.step, 0, job.host_collectives++};
+    caf::scoped_actor self{*job.sys};
+    using handle = decltype(self->request(job.comms[0], job.timeout(), all_reduce_req{}));
     std::vector<handle> pending;
-    for (int i = 0; i < local; ++i)
+    for (int i = 0; i < job.local; ++i)
       pending.push_back(self->request(
-          comms[i], timeout(),
+          job.comms[i], job.timeout(),
           all_reduce_req{tag, reduce_op::sum, i == 0 ? any : std::vector<double>(n, 0.0)}));
     error failed;
     for (size_t i = 0; i < pending.size(); ++i)
@@ -154,7 +164,7 @@ expected<std::vector<uint8_t>> engine::impl::step_touched() {
           },
           [&](caf::error& err) {
             if (!failed)
-              failed = reply_error(err, "the step's touched mask");
+              failed = job.reply_error(err, "the step's touched mask");
           });
     if (failed)
       return failed;

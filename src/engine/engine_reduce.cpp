@@ -1,12 +1,21 @@
 // engine::reduce: the hand-over of one micro-batch's gradients, packed into reduce buckets
 // (rank-major, for the reduce-scatter) and sent to the rank's reducer, within the bound on
 // buckets in flight; device gradients read before reduce() returns, or ordered on the caller's
-// stream. engine::reduce_all: every local rank's at once, a thread each.
+// stream. engine::reduce_all: every local rank's at once, a thread each. report_qk_logits:
+// MuonClip's logits per micro-batch, kept per local rank until the step carries them to the
+// rank's coordinator.
 #include "zmuon/engine.hpp"
 
+#include "engine/hand_over.hpp"
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/lifecycle.hpp"
+#include "engine/registry.hpp"
+#include "engine/views.hpp"
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "actors/staging.hpp"
@@ -29,6 +38,13 @@ void inject_nonfinite(const fault_options& faults, const plan& pl, const bucket_
   }
 }
 
+/// reduce()'s bound on a rank's unanswered buckets (0: none). One local rank only: with
+/// several, the host hands over rank after rank and a bucket lands only once all did
+/// (reduce_all hands over on a thread per rank and keeps the bound).
+size_t buckets_in_flight(const engine_job& job) {
+  return job.local == 1 ? static_cast<size_t>(job.opts.max_buckets_in_flight) : 0;
+}
+
 /// Views of host tensors by name, for the buffer-based calls.
 std::vector<tensor_view> host_views(const tensor_map& grads) {
   std::vector<tensor_view> views;
@@ -38,6 +54,82 @@ std::vector<tensor_view> host_views(const tensor_map& grads) {
   return views;
 }
 
+/// One rank's micro-batch of gradients packed bucket by bucket. Rank-major: rank q's part holds
+/// shard q of every parameter of the bucket, for q in [first_q, end_q) (an already averaged
+/// gradient: this rank's part alone).
+struct packer {
+  packer(const plan& plan, compute_backend& backend, host_buckets& buffers, int first, int end)
+      : pl(plan), be(backend), host_buffers(buffers), first_q(first), end_q(end) {}
+
+  const plan& pl;
+  compute_backend& be;
+  host_buckets& host_buffers;
+  std::vector<const float*> source;  // by parameter: the gradient, or null
+  std::vector<bool> on_device;
+  std::vector<bool> whole;  // the whole tensor, else the rank's shard alone
+  int first_q;
+  int end_q;
+  bool on_device_packing = false;  // into a device buffer, else a host buffer
+  bool read_on_device = false;     // by copies queued on the rank's stream
+
+  /// The elements of bucket `bucket` the gradients cover (the rest is shard padding or
+  /// parameters without a gradient).
+  int64_t covered(const bucket_layout& bucket) const {
+    int64_t n = 0;
+    for (int i = bucket.first_param; i < bucket.end_param; ++i)
+      for (int q = first_q; source[i] && q < end_q; ++q)
+        n += valid_len(pl.params[i], q);
+    return n;
+  }
+
+  /// Bucket `b` into `msg`: a device buffer or a host one, zero-filled only where the copies
+  /// leave gaps (most buckets are covered whole and skip the fill's pass over the memory).
+  void bucket(size_t b, micro_grads& msg) {
+    const auto& bk = pl.buckets[b];
+    const int64_t size = bk.shard_len * (end_q - first_q);
+    const bool gaps = covered(bk) != size;
+    std::shared_ptr<std::vector<float>> host;
+    if (on_device_packing) {
+      msg.device_data = std::make_shared<device_buffer>(gaps ? be.allocate(size)
+                                                             : be.allocate_for_overwrite(size));
+      msg.device_size = size;
+    } else {
+      host = host_buffers.take(b, static_cast<size_t>(size), gaps);
+    }
+    std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
+    for (int i = bk.first_param; i < bk.end_param; ++i) {
+      const auto& p = pl.params[i];
+      for (int q = first_q; source[i] && q < end_q; ++q) {
+        const int64_t n = valid_len(p, q);
+        if (n <= 0)
+          continue;
+        const int64_t at = (q - first_q) * bk.shard_len + (p.shard_offset - bk.shard_offset);
+        const float* src = source[i] + (whole[i] ? q * p.shard_len : 0);
+        if (on_device_packing && on_device[i])
+          device_pieces.push_back(copy_piece{src, at, n});
+        else if (on_device_packing)
+          be.copy_from_host_async(msg.device_data->data() + at, src, n);
+        else if (on_device[i])
+          be.copy_to_host(host->data() + at, src, n);
+        else
+          std::memcpy(host->data() + at, src, n * sizeof(float));
+      }
+    }
+    if (!device_pieces.empty()) {
+      be.copy_pieces(msg.device_data->data(), device_pieces);
+      read_on_device = true;
+    }
+    msg.data = std::move(host);
+  }
+};
+
+/// 1 in `marks` (by parameter) where `source` has a gradient.
+void mark_touched(std::vector<uint8_t>& marks, const std::vector<const float*>& source) {
+  marks.resize(source.size(), 0);
+  for (size_t i = 0; i < source.size(); ++i)
+    marks[i] |= source[i] != nullptr ? 1 : 0;
+}
+
 }  // namespace
 
 error engine::reduce(int rank, const tensor_map& grads) {
@@ -45,20 +137,20 @@ error engine::reduce(int rank, const tensor_map& grads) {
 }
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads) {
-  return reduce_views(rank, grads, std::nullopt, impl_->buckets_in_flight());
+  return reduce_views(rank, grads, std::nullopt, buckets_in_flight(*impl_->job));
 }
 
 error engine::reduce(int rank, const std::vector<tensor_view>& grads, void* cuda_stream) {
-  return reduce_views(rank, grads, cuda_stream, impl_->buckets_in_flight());
+  return reduce_views(rank, grads, cuda_stream, buckets_in_flight(*impl_->job));
 }
 
 error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads) {
-  return reduce_views(rank, grads, std::nullopt, impl_->buckets_in_flight(), true);
+  return reduce_views(rank, grads, std::nullopt, buckets_in_flight(*impl_->job), true);
 }
 
 error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads,
                                 void* cuda_stream) {
-  return reduce_views(rank, grads, cuda_stream, impl_->buckets_in_flight(), true);
+  return reduce_views(rank, grads, cuda_stream, buckets_in_flight(*impl_->job), true);
 }
 
 error engine::reduce_all(const std::vector<tensor_map>& grads) {
@@ -71,28 +163,30 @@ error engine::reduce_all(const std::vector<tensor_map>& grads) {
 
 error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& reg = *d.registry;
   if (auto err = d.start())
     return err;
-  if (static_cast<int>(grads.size()) != d.local)
+  if (static_cast<int>(grads.size()) != job.local)
     return {errc::invalid_argument, "reduce_all(): " + std::to_string(grads.size())
-                                        + " gradient sets for " + std::to_string(d.local)
+                                        + " gradient sets for " + std::to_string(job.local)
                                         + " local rank(s)"};
-  for (int i = 0; i < d.local; ++i) {  // all checked before any rank hands over
+  for (int i = 0; i < job.local; ++i) {  // all checked before any rank hands over
     std::vector<const float*> source;
     std::vector<bool> on_device;
-    if (auto err =
-            index_views(*d.pl, d.opts, grads[i], "gradient of", "gradient for", source, on_device))
+    if (auto err = index_views(*reg.pl, job.opts, grads[i], "gradient of", "gradient for", source,
+                               on_device))
       return {err.code(),
-              "reduce_all(): rank " + std::to_string(d.first_rank + i) + ": " + err.message()};
+              "reduce_all(): rank " + std::to_string(job.first_rank + i) + ": " + err.message()};
   }
-  if (d.local == 1)
-    return reduce_views(d.first_rank, grads[0], std::nullopt, d.buckets_in_flight());
-  const auto window = static_cast<size_t>(d.opts.max_buckets_in_flight);
-  std::vector<error> failed(static_cast<size_t>(d.local));
+  if (job.local == 1)
+    return reduce_views(job.first_rank, grads[0], std::nullopt, buckets_in_flight(job));
+  const auto window = static_cast<size_t>(job.opts.max_buckets_in_flight);
+  std::vector<error> failed(static_cast<size_t>(job.local));
   std::vector<std::thread> hand_over;
-  for (int i = 0; i < d.local; ++i)
+  for (int i = 0; i < job.local; ++i)
     hand_over.emplace_back(
-        [&, i] { failed[i] = reduce_views(d.first_rank + i, grads[i], std::nullopt, window); });
+        [&, i] { failed[i] = reduce_views(job.first_rank + i, grads[i], std::nullopt, window); });
   for (auto& t : hand_over)
     t.join();
   for (auto& err : failed)
@@ -104,107 +198,90 @@ error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
 error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
                            std::optional<void*> caller_stream, size_t window, bool reduced) {
   auto& d = *impl_;
+  auto& job = *d.job;
+  auto& hand = *d.hand_over;
   if (auto err = d.start_for(rank))
     return err;
-  const auto& pl = *d.pl;
-  std::vector<const float*> source;
-  std::vector<bool> on_device;
-  std::vector<bool> whole;  // reduced: the whole averaged tensor, else the rank's shard alone
-  // Everything is checked before anything is sent.
-  if (auto err = index_views(pl, d.opts, grads, "gradient of", "gradient for", source, on_device,
-                             reduced ? rank : -1, &whole))
+  const auto& pl = *d.registry->pl;
+  const int local = rank - job.first_rank;
+  compute_backend& be = *job.ranks[local].backend;
+  // 1. Everything is checked before anything is sent.
+  packer pack(pl, be, hand.packed[local], reduced ? rank : 0, reduced ? rank + 1 : pl.world);
+  if (auto err = index_views(pl, job.opts, grads, "gradient of", "gradient for", pack.source,
+                             pack.on_device, reduced ? rank : -1, &pack.whole))
     return err;
   // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
   // copies before the reduce-scatter); everything else is packed in host memory.
-  const bool any_on_device = std::find(on_device.begin(), on_device.end(), true) != on_device.end();
-  const bool pack_on_device = !comm_on_host(d.opts.comm) && any_on_device;
-  const int local = rank - d.first_rank;
-  compute_backend& be = *d.ranks[local].backend;
+  const bool any_on_device =
+      std::find(pack.on_device.begin(), pack.on_device.end(), true) != pack.on_device.end();
+  pack.on_device_packing = !comm_on_host(job.opts.comm) && any_on_device;
   if (caller_stream && any_on_device) {  // every read below comes after the caller's writes
     if (auto err = be.check_caller_stream(*caller_stream))
       return {err.code(), "reduce(): rank " + std::to_string(rank) + ": " + err.message()};
     if (auto err = on_backend("reduce", rank, [&] { be.wait_for_stream(*caller_stream); }))
       return err;
   }
-  int micro = d.micros[local]++;
-  auto& marks = d.touched[local];  // this rank's thread alone writes them
-  marks.resize(pl.params.size(), 0);
-  for (size_t i = 0; i < source.size(); ++i)
-    marks[i] |= source[i] != nullptr ? 1 : 0;
-  uint64_t step = d.step + 1;
-  auto& in_flight = d.windows[local];
+  // 2. The micro-batch counted, its parameters marked touched.
+  const int micro = hand.micros[local]++;
+  mark_touched(hand.touched[local], pack.source);  // this rank's thread alone writes them
+  const uint64_t step = job.step + 1;
+  // 3. Bucket after bucket packed and handed to the reducer, within the window. A backend
+  //    failure here (a CUDA error) is returned like any other, the buckets handed over so far
+  //    stay with their reducer.
+  auto& in_flight = hand.windows[local];
   error failed;
-  bool read_on_device = false;  // by copies queued on the rank's stream
-  // A backend failure here (a CUDA error) is returned like any other, the buckets handed over so
-  // far stay with their reducer.
   const error device = on_backend("reduce", rank, [&] {
     for (size_t b = 0; b < pl.buckets.size(); ++b) {
-      const auto& bucket = pl.buckets[b];
       // Back-pressure: the oldest buckets land (and free their buffers) before this one is packed.
       if (window > 0)
         if ((failed = in_flight.wait_until(window - 1)))
           break;
-      // Rank-major packing: rank q's part holds shard q of every parameter of the bucket. An
-      // already averaged gradient: this rank's part alone.
-      const int first_q = reduced ? rank : 0;
-      const int end_q = reduced ? rank + 1 : pl.world;
-      const int64_t size = bucket.shard_len * (end_q - first_q);
       micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0, reduced};
-      std::shared_ptr<std::vector<float>> host;
-      // Zero-filled only where the copies below leave gaps (shard padding, parameters without a
-      // gradient): most buckets are covered whole and skip the fill's pass over the memory.
-      int64_t covered = 0;
-      for (int i = bucket.first_param; i < bucket.end_param; ++i)
-        for (int q = first_q; source[i] && q < end_q; ++q)
-          covered += valid_len(pl.params[i], q);
-      if (pack_on_device) {
-        msg.device_data = std::make_shared<device_buffer>(
-            covered == size ? be.allocate_for_overwrite(size) : be.allocate(size));
-        msg.device_size = size;
-      } else {
-        host = d.packed[local].take(b, static_cast<size_t>(size), covered != size);
-      }
-      std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
-      for (int i = bucket.first_param; i < bucket.end_param; ++i) {
-        const auto& p = pl.params[i];
-        if (!source[i])
-          continue;
-        for (int q = first_q; q < end_q; ++q) {
-          int64_t n = valid_len(p, q);
-          if (n <= 0)
-            continue;
-          const int64_t at =
-              (q - first_q) * bucket.shard_len + (p.shard_offset - bucket.shard_offset);
-          const float* src = source[i] + (whole[i] ? q * p.shard_len : 0);
-          if (pack_on_device && on_device[i])
-            device_pieces.push_back(copy_piece{src, at, n});
-          else if (pack_on_device)
-            be.copy_from_host_async(msg.device_data->data() + at, src, n);
-          else if (on_device[i])
-            be.copy_to_host(host->data() + at, src, n);
-          else
-            std::memcpy(host->data() + at, src, n * sizeof(float));
-        }
-      }
-      if (!device_pieces.empty()) {
-        be.copy_pieces(msg.device_data->data(), device_pieces);
-        read_on_device = true;
-      }
-      if (host)  // fault injection (tests) acts on host-packed gradients
-        inject_nonfinite(d.faults, pl, bucket, step, rank, micro, *host);
-      msg.data = std::move(host);
-      in_flight.hand_over(d.ranks[local].reducer, std::move(msg));
+      pack.bucket(b, msg);
+      if (msg.data)  // fault injection (tests) acts on host-packed gradients
+        inject_nonfinite(d.registry->faults, pl, pl.buckets[b], step, rank, micro, *msg.data);
+      in_flight.hand_over(job.ranks[local].reducer, std::move(msg));
     }
-    // Those copies read the caller's buffers after they are queued, and the caller may write or
-    // free them once reduce() returns (the next backward pass accumulates into them): they have
-    // run by then, on every way out, or the caller's stream waits for them.
-    if (read_on_device && caller_stream)
+    // 4. Device copies read the caller's buffers after they are queued, and the caller may write
+    //    or free them once reduce() returns (the next backward pass accumulates into them): they
+    //    have run by then, on every way out, or the caller's stream waits for them.
+    if (pack.read_on_device && caller_stream)
       be.make_stream_wait(*caller_stream);
-    else if (read_on_device)
+    else if (pack.read_on_device)
       be.synchronize();
   });
   // Some buckets of this micro-batch may be with the reducer, others not: the step is broken.
-  return d.stop(device ? device : failed, impl::in_step(step));
+  return d.stop(device ? device : failed, engine_lifecycle::in_step(step));
+}
+
+error engine::report_qk_logits(int rank, const std::string& query,
+                               const std::vector<float>& max_logits) {
+  auto& d = *impl_;
+  if (auto err = d.start_for(rank))
+    return err;
+  const plan& pl = *d.registry->pl;
+  const int i = pl.find(query);
+  const int pair = i < 0 ? -1 : pl.find_qk_pair(i);
+  if (pair < 0)
+    return {i < 0 ? errc::unknown_parameter : errc::invalid_argument,
+            "report_qk_logits: '" + query + "' is not the query of a MuonClip pair (add_qk_clip)"};
+  const auto& p = pl.qk_pairs[pair];
+  if (static_cast<int64_t>(max_logits.size()) != p.query_heads)
+    return {errc::shape_mismatch, "report_qk_logits: '" + query + "' has "
+                                      + std::to_string(p.query_heads) + " heads, got "
+                                      + std::to_string(max_logits.size()) + " values"};
+  for (size_t h = 0; h < max_logits.size(); ++h)
+    if (!std::isfinite(max_logits[h]))
+      return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
+                                          + " has a non-finite logit"};
+  auto& mine = d.hand_over->qk_logits[rank - d.job->first_rank];
+  if (mine.empty())
+    mine.assign(static_cast<size_t>(pl.qk_values), -std::numeric_limits<float>::max());
+  for (int64_t h = 0; h < p.query_heads; ++h) {
+    float& at = mine[static_cast<size_t>(p.value_offset + h)];
+    at = std::max(at, max_logits[static_cast<size_t>(h)]);
+  }
+  return {};
 }
 
 }  // namespace zmuon

@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/views.hpp"
 
 namespace zmuon {
 
-expected<compute_backend*> engine::impl::backend_of(int rank, const char* call) const {
+expected<compute_backend*> engine_job::backend_of(int rank, const char* call) const {
   if (auto err = check_local(rank))
     return err;
   const auto local = static_cast<size_t>(rank - first_rank);
@@ -24,7 +26,7 @@ expected<compute_backend*> engine::impl::backend_of(int rank, const char* call) 
 }
 
 expected<memory_stats> engine::memory(int rank) const {
-  auto be = impl_->backend_of(rank, "memory");
+  auto be = impl_->job->backend_of(rank, "memory");
   if (!be)
     return be.err();
   memory_stats stats;
@@ -34,18 +36,18 @@ expected<memory_stats> engine::memory(int rank) const {
 }
 
 void engine::reset_peak_memory() {
-  for (auto& r : impl_->ranks)
+  for (auto& r : impl_->job->ranks)
     r.backend->reset_peak_memory();
 }
 
 void engine::time_backend_calls(bool on) {
-  impl_->time_calls = on;
-  for (auto& r : impl_->ranks)
+  impl_->job->time_calls = on;
+  for (auto& r : impl_->job->ranks)
     r.backend->time_calls(on);
 }
 
 expected<call_times> engine::take_backend_call_times(int rank) {
-  auto be = impl_->backend_of(rank, "take_backend_call_times");
+  auto be = impl_->job->backend_of(rank, "take_backend_call_times");
   if (!be)
     return be.err();
   call_times times;
@@ -56,20 +58,20 @@ expected<call_times> engine::take_backend_call_times(int rank) {
 }
 
 expected<std::vector<call_span>> engine::backend_call_spans(int rank) const {
-  auto be = impl_->backend_of(rank, "backend_call_spans");
+  auto be = impl_->job->backend_of(rank, "backend_call_spans");
   if (!be)
     return be.err();
   return (*be)->last_call_spans();
 }
 
 error engine::write_call_timeline(const std::string& path) {
-  auto& d = *impl_;
-  if (!d.time_calls)
+  auto& job = *impl_->job;
+  if (!job.time_calls)
     return {errc::bad_state,
             "write_call_timeline(): call timing is off (time_backend_calls(true) "
             "first, then run the steps to see)"};
   std::map<int, std::vector<call_span>> by_rank;
-  for (int r = d.first_rank; r < d.first_rank + d.local; ++r) {
+  for (int r = job.first_rank; r < job.first_rank + job.local; ++r) {
     if (auto taken = take_backend_call_times(r); !taken)
       return taken.err();
     auto spans = backend_call_spans(r);
@@ -78,7 +80,7 @@ error engine::write_call_timeline(const std::string& path) {
     by_rank[r] = std::move(*spans);
   }
   std::ofstream f(path);
-  f << call_timeline_json(by_rank, d.opts.compute == "cuda") << "\n";
+  f << call_timeline_json(by_rank, job.opts.compute == "cuda") << "\n";
   if (!f.flush())
     return {errc::io_error, "write_call_timeline(): cannot write '" + path + "'"};
   return {};

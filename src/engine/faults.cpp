@@ -3,6 +3,7 @@
 #include "engine/faults.hpp"
 
 #include "engine/impl.hpp"
+#include "engine/registry.hpp"
 
 namespace zmuon {
 
@@ -12,15 +13,15 @@ struct engine_access {
 };
 
 error arm_faults(engine& eng, const fault_options& faults) {
-  auto& d = engine_access::of(eng);
-  if (d.pl != nullptr)
+  auto& reg = *engine_access::of(eng).registry;
+  if (reg.pl != nullptr)
     return {errc::bad_state, "faults are armed before the engine starts"};
-  d.faults = faults;
+  reg.faults = faults;
   return {};
 }
 
 const fault_options& armed_faults(const engine& eng) {
-  return engine_access::of(eng).faults;
+  return engine_access::of(eng).registry->faults;
 }
 
 }  // namespace zmuon

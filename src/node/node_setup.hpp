@@ -1,4 +1,4 @@
-// One node of a multi-process job (zmuon-launch --nodes, launch/node.hpp): the engine runs on the
+// One node of a multi-process job (zmuon-launch --nodes, node/node.hpp): the engine runs on the
 // node's actor system and drives only this node's ranks, whose comm actors the node has already
 // connected to the other nodes' through CAF's network layer.
 #pragma once

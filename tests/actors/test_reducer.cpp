@@ -1,4 +1,4 @@
-// The reducer alone: its store and comm replaced by recording doubles (tests/actor_fixture.hpp),
+// The reducer alone: its store and comm replaced by recording doubles (support/actor_fixture.hpp),
 // stepped one message at a time under CAF's testing scheduler.
 #define BOOST_TEST_MODULE reducer
 #include "support/actor_fixture.hpp"

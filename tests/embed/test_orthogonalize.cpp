@@ -1,6 +1,6 @@
 // Newton-Schulz on its own (zmuon/orthogonalize.hpp) through the C ABI (zmuon_orthogonalize) and
 // the C++ API, on the host backend: results against an independent double-precision NS5
-// (tests/ns_accuracy.hpp) for square, wide, tall and batched matrices in fp32 and bf16, the
+// (support/ns_accuracy.hpp) for square, wide, tall and batched matrices in fp32 and bf16, the
 // options JSON against the same options set in C++, a NaN confined to its matrix, and wrong
 // calls answered with a status and a message naming what is wrong. Links only libzmuon.
 #define BOOST_TEST_MODULE orthogonalize

@@ -1,7 +1,7 @@
-// zmuon-bench-step's trace figures (trace/tool/step_stats.hpp): on a real traced engine run (host
-// backend, caf comm, the tiny table) the bytes each rank sent by collective kind equal the plan's
-// count (fp32) at world 2 and 4, and the phases are non-negative, sum to the coordinator's step
-// and fit inside the step's wall time; on a synthetic trace with hand-computed answers the
+// zmuon-bench-step's trace figures (tools/zmuon-trace/step_stats.hpp): on a real traced engine run
+// (host backend, caf comm, the tiny table) the bytes each rank sent by collective kind equal the
+// plan's count (fp32) at world 2 and 4, and the phases are non-negative, sum to the coordinator's
+// step and fit inside the step's wall time; on a synthetic trace with hand-computed answers the
 // plumbing time, its record count, the phase cut, the window, the wall time and the bytes are
 // exact, the compute backend's calls left out of it; the bytes report flags a trace that
 // disagrees with the plan, --ns-owners times each rank's own matrices, and the call-time report

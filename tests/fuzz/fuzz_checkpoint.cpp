@@ -1,6 +1,6 @@
 // libFuzzer target: the checkpoint reader's parsers, on arbitrary bytes: the safetensors shard
-// parser (launch/safetensors.cpp) and the manifest parser (checkpoint/checkpoint.cpp). Both must
-// return a value or an error naming what is wrong; never crash, hang or throw.
+// parser (checkpoint/safetensors.cpp) and the manifest parser (checkpoint/checkpoint.cpp). Both
+// must return a value or an error naming what is wrong; never crash, hang or throw.
 #include <cstddef>
 #include <cstdint>
 #include <string>

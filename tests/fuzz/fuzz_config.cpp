@@ -1,6 +1,6 @@
-// libFuzzer target: the job config parser (launch/config.cpp). The input is JSON text, or, after
-// a first line starting with "--set ", one override applied to it. Whatever the bytes, parsing
-// returns a job_config or an error; it never crashes, hangs or throws.
+// libFuzzer target: the job config parser (config/config.cpp and its parts). The input is JSON
+// text, or, after a first line starting with "--set ", one override applied to it. Whatever the
+// bytes, parsing returns a job_config or an error; it never crashes, hangs or throws.
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -6,7 +6,7 @@
 // variant within 5e-2 of the standard path and of fp32 Gram, Polar Express beating NS5's
 // orthogonality error (bounds where they are checked). Without a
 // usable GPU the executable exits with 77 before Boost.Test starts, which ctest reports as
-// "Skipped" (tests/cuda.cmake). The Newton-Schulz suite is in test_cuda_newton_schulz.cpp (the
+// "Skipped" (cmake/cuda.cmake). The Newton-Schulz suite is in test_cuda_newton_schulz.cpp (the
 // same executable); the helpers both use are in cuda_test_env.hpp.
 
 #define BOOST_TEST_MODULE test_cuda_kernels
@@ -249,13 +249,13 @@ int64_t bf16_mismatches(compute_backend& gpu, device_buffer& a, device_buffer& b
 // them: momentum (u and m), the Muon update, and Newton-Schulz in both variants, wide, tall and
 // square, batched.
 // The CUDA backend's slice kernels (one launch per 64 parameters) give the bits of its
-// per-parameter kernels at each slice's offsets (tests/slice_calls.hpp).
+// per-parameter kernels at each slice's offsets (support/slice_calls.hpp).
 BOOST_AUTO_TEST_CASE(slice_calls_equal_per_parameter_calls) {
   test::check_slice_calls(*env().gpu);
 }
 
 // The accumulate kernel's scan in the same pass, and the parts summed on the device
-// (tests/part_scans.hpp).
+// (support/part_scans.hpp).
 BOOST_AUTO_TEST_CASE(part_scans_follow_each_accumulate) {
   test::check_part_scans(*env().gpu);
 }

@@ -67,7 +67,7 @@ ns_errors run_newton_schulz(const ns_case& c, const ns_options& ns, bool with_bf
   return e;
 }
 
-// One iteration (three bf16 GEMMs) against the fp32 host: inside METHOD.md's bf16 band, which
+// One iteration (three bf16 GEMMs) against the fp32 host: inside the bf16 band (kBf16Band), which
 // also shows the GEMMs really ran in bf16.
 BOOST_AUTO_TEST_CASE(one_iteration_in_bf16_band) {
   ns_options ns;
@@ -553,7 +553,7 @@ BOOST_AUTO_TEST_CASE(own_gemm_gram) {
 
 // Orthogonality error ||O O^T - I||_F / sqrt(m) and distance to the exact polar factor on the
 // GPU (bf16), as the host's ns_variants_accuracy (test_kernels.cpp) in fp32. Emulated in bf16
-// (bench/ns_variants_bf16.py, 256x1024): PE / NS5 = 0.61 (Gaussian), 0.70 (sv 1e-3), 0.92
+// (bench/dev/ns_variants_bf16.py, 256x1024): PE / NS5 = 0.61 (Gaussian), 0.70 (sv 1e-3), 0.92
 // (sv 1e-6); bounds 0.75, 0.85, 1.0. Gram (restart 3) within 2e-2 absolute of standard.
 BOOST_AUTO_TEST_CASE(ns_variants_accuracy_on_gpu) {
   struct input {

@@ -39,7 +39,7 @@ constexpr double kGasBound = 5e-3;     // the seed PR's criterion
 // output unscaled, so its rounding is exact); the gather rounds u before NS rounds u/||u|| again,
 // on another grid, so NS's input moves by up to 2^-8 relative and NS5 amplifies that in the
 // gradient's null space as on the host: the host's bound for bf16 vs fp32 transport (1.9e-3
-// measured, bound 5e-3, tests/test_muon_transport.cpp) applies.
+// measured, bound 5e-3, engine/test_muon_transport.cpp) applies.
 constexpr double kTransportBound = 5e-3;
 
 struct run_result {

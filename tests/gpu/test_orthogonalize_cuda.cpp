@@ -24,7 +24,7 @@
 
 namespace {
 
-constexpr double kNs5ToHost = 3e-2;  // as tests/cuda_test_env.hpp
+constexpr double kNs5ToHost = 3e-2;  // as support/cuda_test_env.hpp
 
 struct shape {
   int64_t batch, rows, cols;

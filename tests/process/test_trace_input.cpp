@@ -274,7 +274,7 @@ BOOST_AUTO_TEST_CASE(bad_fields_are_named_and_meta_numbers_checked) {
   expect(dir, trace_file(dir, 1) + ": world 4, but " + trace_file(dir, 0) + " says world 3");
 }
 
-// Bad arguments exit 2 (as the header of trace/tool/main.cpp says), not CLI11's own codes,
+// Bad arguments exit 2 (as the header of tools/zmuon-trace/main.cpp says), not CLI11's own codes,
 // and a misspelled subcommand or flag is followed by the nearest one.
 BOOST_AUTO_TEST_CASE(bad_arguments_exit_2_and_name_the_nearest_subcommand) {
   int status = 0;

@@ -19,7 +19,7 @@
 namespace zmuon::cuda_test {
 
 constexpr double kElementwiseTolerance = 1e-6;
-/// bf16 GEMM operands against fp32 (METHOD.md): relative error between these two.
+/// bf16 GEMM operands against fp32: relative error between these two.
 constexpr double kBf16Band[2] = {1e-3, 1e-2};
 /// NS5 on the GPU against the host's arithmetic with bf16 storage (bf16_reference).
 /// Measured on the H200 (bench/dev/gpu-check.sh): 4.4e-3..7.1e-3 for single matrices, worst

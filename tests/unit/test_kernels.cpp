@@ -333,12 +333,12 @@ BOOST_AUTO_TEST_CASE(apply_update_matches_reference) {
 }
 
 // The calls over several parameters (the store's, one per Muon chunk or for all AdamW
-// parameters) equal the per-parameter calls at each slice's offsets (tests/slice_calls.hpp).
+// parameters) equal the per-parameter calls at each slice's offsets (support/slice_calls.hpp).
 BOOST_AUTO_TEST_CASE(slice_calls_equal_per_parameter_calls) {
   check_slice_calls(*host_backend());
 }
 
-// The store's accumulate with each bucket's scan in the same pass (tests/part_scans.hpp).
+// The store's accumulate with each bucket's scan in the same pass (support/part_scans.hpp).
 BOOST_AUTO_TEST_CASE(part_scans_follow_each_accumulate) {
   check_part_scans(*host_backend());
 }
@@ -529,7 +529,7 @@ BOOST_AUTO_TEST_CASE(ns_matrix_count_counts_matrices) {
   BOOST_TEST(be->ns_matrix_count() == 4);
 }
 
-// fp32 -> bf16 against the arithmetic reference (tests/bf16_reference.hpp), exactly: every
+// fp32 -> bf16 against the arithmetic reference (support/bf16_reference.hpp), exactly: every
 // tie and its neighbours at every exponent (subnormals included), overflow to inf, inf, NaNs
 // (whose payload sits only in the low bits too: they must stay NaN, not become inf), 10^6
 // random bit patterns; bf16 -> fp32 for all 65536 bit patterns.

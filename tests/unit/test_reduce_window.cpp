@@ -15,7 +15,7 @@
 #include <thread>
 
 #include "comm/caf_comm.hpp"
-#include "engine/impl.hpp"
+#include "engine/job.hpp"
 #include "node/node_setup.hpp"
 #include "plan/plan.hpp"
 #include "support/engine_fixture.hpp"

@@ -1,7 +1,7 @@
 // zmuon-launch: the main job. Trains the example model on synthetic data on the CPU backend,
 // with N in-process ranks, or as one node of a multi-process job (--nodes, --node-rank, --master;
 // --local-nodes K runs K nodes on 127.0.0.1), and shows each step. Options: defaults < --config
-// FILE < --set key.path=value < flags (launch/config.hpp).
+// FILE < --set key.path=value < flags (config/config.hpp).
 #include <algorithm>
 #include <atomic>
 #include <cerrno>

@@ -13,7 +13,7 @@
 //                  each rank that differs from the majority (ties: the lowest rank)
 //   answered       every request answered
 // A step is skipped when an overflow report of that step says overflow on any rank.
-// In a run cut short (trace_set::cut, trace/tool/reader.hpp) the step some rank's file ends in
+// In a run cut short (trace_set::cut, reader.hpp) the step some rank's file ends in
 // and later ones are left out: their records may be incomplete, and checking them would report
 // what the truncation did (a never-answered request, an NS that never ran, a shorter sequence of
 // collectives), not the protocol. `answered` leaves out the step before as well: the reply that

@@ -9,7 +9,7 @@
 //          stream (CUDA's main stream, each Newton-Schulz lane; the host's calls on one)
 //   reply  "i" instant "reply <type>"
 //   flows  "s" at each send, "f" (binding to the enclosing slice) at its receive, one id each
-// Times are microseconds from the earliest record, on the aligned clock (trace/tool/reader.hpp).
+// Times are microseconds from the earliest record, on the aligned clock (reader.hpp).
 #pragma once
 
 #include <nlohmann/json.hpp>

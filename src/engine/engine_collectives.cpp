@@ -1,18 +1,19 @@
-// The host's collectives between the processes of a multi-process job (engine::impl's
+// The host's collectives between the processes of a multi-process job (engine_job's
 // gather_between_nodes behind parameters(), and sum_over_nodes), over the ranks' caf comms; and
 // gather_params' all-to-all into device buffers over the ranks' NCCL comms.
 #include <cstring>
 
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/views.hpp"
 #include "plan/ownership.hpp"
 
 namespace zmuon {
 
-error engine::impl::shards_to_node_leaders(const std::vector<comm_actor>& via,
-                                           const std::vector<float*>& shards,
-                                           const std::vector<float*>& target,
-                                           const keep_alive& owner) {
-  const auto& p = *pl;
+error engine_job::shards_to_node_leaders(const plan& p, const std::vector<comm_actor>& via,
+                                         const std::vector<float*>& shards,
+                                         const std::vector<float*>& target,
+                                         const keep_alive& owner) {
   auto is_leader = [&](int rank) {
     return std::find(node_first_ranks.begin(), node_first_ranks.end(), rank)
            != node_first_ranks.end();
@@ -46,7 +47,7 @@ error engine::impl::shards_to_node_leaders(const std::vector<comm_actor>& via,
   return failed;
 }
 
-expected<tensor_map> engine::impl::gather_between_nodes() {
+expected<tensor_map> engine_job::gather_between_nodes(const plan& pl) {
   // The stores' shards and the full parameters, in host memory shared with the requests: after a
   // timeout the comms may still hold them (and write what arrives late).
   struct buffers {
@@ -62,20 +63,20 @@ expected<tensor_map> engine::impl::gather_between_nodes() {
     shards.push_back(bufs->shards.back().data());
   }
   std::vector<float*> target;
-  for (const auto& q : pl->params) {
+  for (const auto& q : pl.params) {
     bufs->full.emplace_back(q.numel);
     target.push_back(bufs->full.back().data());
   }
-  if (auto err = shards_to_node_leaders(comms, shards, target, bufs))
+  if (auto err = shards_to_node_leaders(pl, comms, shards, target, bufs))
     return err;
   tensor_map out;  // every comm has answered: nothing writes the buffers any more
-  for (size_t k = 0; k < pl->params.size(); ++k)
-    out[pl->params[k].name] = std::move(bufs->full[k]);
+  for (size_t k = 0; k < pl.params.size(); ++k)
+    out[pl.params[k].name] = std::move(bufs->full[k]);
   return out;
 }
 
-error engine::impl::gather_over_nccl(const std::vector<float*>& target,
-                                     std::optional<void*> caller_stream) {
+error engine_job::gather_over_nccl(const plan& pl, const std::vector<float*>& target,
+                                   std::optional<void*> caller_stream) {
   std::vector<float*> shards;  // the stores' own device buffers
   for (auto& r : ranks) {
     auto view = ask<float_view>(r.store, params_view_atom::value);
@@ -88,7 +89,7 @@ error engine::impl::gather_over_nccl(const std::vector<float*>& target,
     if (auto err = on_backend("gather_params", first_rank + i,
                               [&] { ranks[i].backend->wait_for_stream(*caller_stream); }))
       return err;
-  if (auto err = shards_to_node_leaders(rank_comms, shards, target, nullptr))
+  if (auto err = shards_to_node_leaders(pl, rank_comms, shards, target, nullptr))
     return err;
   // Enqueued on the ranks' streams: the caller's buffers are written once they have run.
   for (int i = 0; i < local; ++i)
@@ -104,18 +105,19 @@ error engine::impl::gather_over_nccl(const std::vector<float*>& target,
 
 expected<std::vector<double>> engine::sum_over_nodes(const std::vector<double>& values) {
   auto& d = *impl_;
-  if (!d.multi_node())
+  auto& job = *d.job;
+  if (!job.multi_node())
     return values;
   if (auto err = d.start())
     return err;
   // The first local rank contributes the values, the others zeros.
-  collective_tag tag{collective_kind::host, d.step, 0, d.host_collectives++};
-  caf::scoped_actor self{*d.sys};
-  using handle = decltype(self->request(d.comms[0], d.timeout(), all_reduce_req{}));
+  collective_tag tag{collective_kind::host, job.step, 0, job.host_collectives++};
+  caf::scoped_actor self{*job.sys};
+  using handle = decltype(self->request(job.comms[0], job.timeout(), all_reduce_req{}));
   std::vector<handle> pending;
-  for (int i = 0; i < d.local; ++i)
+  for (int i = 0; i < job.local; ++i)
     pending.push_back(
-        self->request(d.comms[i], d.timeout(),
+        self->request(job.comms[i], job.timeout(),
                       all_reduce_req{tag, reduce_op::sum,
                                      i == 0 ? values : std::vector<double>(values.size(), 0.0)}));
   std::vector<double> sum;

@@ -1,25 +1,60 @@
-// Registration of Muon's blocks (split_sizes, expert stacks) and MuonClip's host side: the
-// query/key pairs and the logits the host reports per micro-batch, kept per local rank until the
-// step carries them to the rank's coordinator.
+// What the host registers before the engine starts: the parameters, Muon's blocks (split_sizes,
+// expert stacks) and MuonClip's query/key pairs. Each call checks its own part alone; start()
+// plans the whole table once.
 #include <algorithm>
-#include <cmath>
 
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
+#include "engine/registry.hpp"
 
 namespace zmuon {
 
+error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
+  auto& job = *impl_->job;
+  auto& reg = *impl_->registry;
+  if (reg.pl)
+    return {errc::bad_state,
+            "parameter '" + spec.name + "' registered after the first reduce() or step()"};
+  // The new parameter alone is checked (its name against a set): registration stays linear in
+  // the number of parameters; start() plans the whole table once.
+  if (reg.table_names.count(spec.name) > 0)
+    return {errc::duplicate_parameter, "parameter '" + spec.name + "' is registered twice"};
+  auto checked = make_plan({spec}, job.opts.world, job.opts.reduce_bucket_size,
+                           job.opts.per_head_muon, job.opts.layout);
+  if (!checked)
+    return checked.err();
+  const auto& p = checked->params.back();
+  if (!init.empty() && static_cast<int64_t>(init.size()) != p.numel)
+    return {errc::shape_mismatch, "initial values of '" + spec.name + "' have "
+                                      + std::to_string(init.size()) + " elements, shape needs "
+                                      + std::to_string(p.numel)};
+  // The values first: a failed allocation (bad_alloc) leaves the table as it was. None given:
+  // zeros, kept as an empty vector (the shards start zeroed).
+  reg.init.push_back(init);
+  try {
+    reg.table.push_back(spec);
+    reg.table_names.emplace(spec.name, reg.table.size() - 1);
+  } catch (...) {
+    if (reg.table.size() > reg.init.size() - 1)
+      reg.table.pop_back();
+    reg.init.pop_back();
+    throw;
+  }
+  return {};
+}
+
 error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t>& split_sizes,
                               const std::vector<int64_t>& split_heads, matrix_view view) {
-  auto& d = *impl_;
-  if (d.pl)
+  auto& reg = *impl_->registry;
+  if (reg.pl)
     return {errc::bad_state,
             "Muon blocks of '" + name + "' set after the first reduce() or step()"};
   if (static_cast<int>(view) > static_cast<int>(matrix_view::flatten))
     return {errc::invalid_argument, "Muon blocks of '" + name + "': view must be automatic, "
                                                                "expert_stack or flatten"};
-  auto it = std::find_if(d.table.begin(), d.table.end(),
+  auto it = std::find_if(reg.table.begin(), reg.table.end(),
                          [&](const param_spec& s) { return s.name == name; });
-  if (it == d.table.end())
+  if (it == reg.table.end())
     return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
   param_spec changed = *it;
   changed.split_sizes = split_sizes;
@@ -42,8 +77,8 @@ error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t
 
 error engine::add_qk_clip(const std::string& query, const std::string& key, int64_t query_heads,
                           int64_t key_heads) {
-  auto& d = *impl_;
-  if (d.pl)
+  auto& reg = *impl_->registry;
+  if (reg.pl)
     return {errc::bad_state,
             "MuonClip pair of '" + query + "' added after the first reduce() or step()"};
   if (query_heads < 1 || key_heads < 1 || query_heads % key_heads != 0)
@@ -52,13 +87,13 @@ error engine::add_qk_clip(const std::string& query, const std::string& key, int6
                                         + std::to_string(key_heads)
                                         + " must be >= 1, the key's dividing the query's"};
   auto find = [&](const std::string& name) {
-    return std::find_if(d.table.begin(), d.table.end(),
+    return std::find_if(reg.table.begin(), reg.table.end(),
                         [&](const param_spec& s) { return s.name == name; });
   };
   auto q = find(query);
   auto k = find(key);
-  if (q == d.table.end() || k == d.table.end())
-    return {errc::unknown_parameter, "MuonClip pair: '" + (q == d.table.end() ? query : key)
+  if (q == reg.table.end() || k == reg.table.end())
+    return {errc::unknown_parameter, "MuonClip pair: '" + (q == reg.table.end() ? query : key)
                                          + "' is not a registered parameter"};
   if (q == k)
     return {errc::invalid_argument, "MuonClip pair: '" + query + "' is its own key"};
@@ -73,35 +108,6 @@ error engine::add_qk_clip(const std::string& query, const std::string& key, int6
   q->qk_clip_key = key;
   q->qk_clip_heads = query_heads;
   q->qk_clip_key_heads = key_heads;
-  return {};
-}
-
-error engine::report_qk_logits(int rank, const std::string& query,
-                               const std::vector<float>& max_logits) {
-  auto& d = *impl_;
-  if (auto err = d.start_for(rank))
-    return err;
-  const int i = d.pl->find(query);
-  const int pair = i < 0 ? -1 : d.pl->find_qk_pair(i);
-  if (pair < 0)
-    return {i < 0 ? errc::unknown_parameter : errc::invalid_argument,
-            "report_qk_logits: '" + query + "' is not the query of a MuonClip pair (add_qk_clip)"};
-  const auto& p = d.pl->qk_pairs[pair];
-  if (static_cast<int64_t>(max_logits.size()) != p.query_heads)
-    return {errc::shape_mismatch, "report_qk_logits: '" + query + "' has "
-                                      + std::to_string(p.query_heads) + " heads, got "
-                                      + std::to_string(max_logits.size()) + " values"};
-  for (size_t h = 0; h < max_logits.size(); ++h)
-    if (!std::isfinite(max_logits[h]))
-      return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
-                                          + " has a non-finite logit"};
-  auto& mine = d.qk_logits[rank - d.first_rank];
-  if (mine.empty())
-    mine.assign(static_cast<size_t>(d.pl->qk_values), -std::numeric_limits<float>::max());
-  for (int64_t h = 0; h < p.query_heads; ++h) {
-    float& at = mine[static_cast<size_t>(p.value_offset + h)];
-    at = std::max(at, max_logits[static_cast<size_t>(h)]);
-  }
   return {};
 }
 

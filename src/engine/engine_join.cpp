@@ -3,6 +3,7 @@
 // the job when it starts, with the parameter table registered by then, through the same node
 // (rendezvous, supervisor, connected caf comms) that zmuon-launch uses.
 #include "engine/impl.hpp"
+#include "engine/job.hpp"
 #include "node/node.hpp"
 
 namespace zmuon {
@@ -25,9 +26,10 @@ expected<std::unique_ptr<engine>> engine::create_node(const engine_options& opts
     return master.err();
   std::unique_ptr<engine> eng(new engine());
   auto& d = *eng->impl_;
-  d.opts = opts;
-  d.opts.world = join.ranks;  // the job's world once joined
-  d.local = join.ranks;
+  auto& job = *d.job;
+  job.opts = opts;
+  job.opts.world = join.ranks;  // the job's world once joined
+  job.local = join.ranks;
   node_options nopts;
   nopts.nodes = join.nodes;
   nopts.node_rank = join.node_rank;
@@ -40,14 +42,14 @@ expected<std::unique_ptr<engine>> engine::create_node(const engine_options& opts
   nopts.heartbeat_timeout_ms = join.heartbeat_timeout_ms;
   nopts.quiet = true;
   choose_comm(nopts, opts.compute, opts.comm);
-  auto job = join.job;
-  d.join_job = [&d, nopts, job](const std::vector<param_spec>& table) -> expected<node_setup> {
-    auto joined = node::join(nopts, table_lines(table), job);
+  job.join_job = [&job, nopts,
+                  secret = join.job](const std::vector<param_spec>& table) -> expected<node_setup> {
+    auto joined = node::join(nopts, table_lines(table), secret);
     if (!joined)
       return joined.err();
     std::shared_ptr<node> nd(std::move(*joined));
-    d.step_started = [nd](uint64_t step) { nd->step_started(step); };
-    d.leave_job = [nd] { (void)nd->finish(); };
+    job.step_started = [nd](uint64_t step) { nd->step_started(step); };
+    job.leave_job = [nd] { (void)nd->finish(); };
     return nd->setup();
   };
   return eng;

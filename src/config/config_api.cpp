@@ -1,12 +1,10 @@
-// The public config entry points (zmuon/config.hpp) and engine creation from a config, over the
-// strict schema of launch/config.cpp.
+// The public config entry points (zmuon/config.hpp) over the strict schema (schema.hpp): a
+// config from text or a file, the Newton-Schulz options alone.
 #include <algorithm>
 #include <string>
 
 #include "config/config.hpp"
 #include "zmuon/config.hpp"
-#include "zmuon/engine.hpp"
-#include "zmuon/lr_schedule.hpp"
 
 namespace zmuon {
 namespace {
@@ -47,22 +45,6 @@ expected<job_config> load_config_file(const std::string& path,
   return load_config(path, overrides, nlohmann::json::object(), context);
 }
 
-void install_lr_schedule(engine& eng, const job_config& cfg) {
-  if (cfg.scheduler.type == lr_schedule_type::none)
-    return;
-  // DeepSpeed's scheduler steps after each applied step: the step about to run follows
-  // step - 1 - skipped applied ones. The engine owns these callbacks, so `eng` outlives them.
-  auto schedule = [&eng, s = cfg.scheduler](int group, float group_lr) {
-    return [&eng, s, group, group_lr](uint64_t step) {
-      const uint64_t done = step - 1;
-      const uint64_t applied = done - std::min(done, eng.skipped_steps());
-      return static_cast<float>(scheduled_lr(s, group, group_lr, applied));
-    };
-  };
-  eng.set_lr_schedules(schedule(kMuonGroup, cfg.engine.muon.lr),
-                       schedule(kAdamwGroup, cfg.engine.adamw.lr));
-}
-
 expected<ns_options> parse_ns_options(const std::string& json_text) {
   static const std::vector<std::string> keys = {"ns_steps", "ns_coefficients", "ns_schedule",
                                                 "ns_variant", "ns_gram_restart"};
@@ -100,30 +82,6 @@ expected<ns_options> parse_ns_options(const std::string& json_text) {
     return error{cfg.err().code(), message};
   }
   return cfg->engine.muon.ns;
-}
-
-namespace {
-
-/// An engine with a parsed config's options and its LR schedule.
-expected<std::unique_ptr<engine>> engine_of(const expected<job_config>& cfg) {
-  if (!cfg)
-    return cfg.err();
-  auto made = engine::create(cfg->engine);
-  if (made)
-    install_lr_schedule(**made, *cfg);
-  return made;
-}
-
-}  // namespace
-
-expected<std::unique_ptr<engine>> engine::create_from_json(
-    const std::string& json_text, const std::vector<std::string>& overrides) {
-  return engine_of(parse_config_text(json_text, overrides));
-}
-
-expected<std::unique_ptr<engine>> engine::create_from_file(
-    const std::string& path, const std::vector<std::string>& overrides) {
-  return engine_of(load_config_file(path, overrides));
 }
 
 }  // namespace zmuon
