@@ -5,6 +5,7 @@
 #define BOOST_TEST_MODULE job_secret
 #include <boost/test/unit_test.hpp>
 
+#include <openssl/bio.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -29,13 +30,19 @@ std::string read_text(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// The node certificate at `path` verifies against the Ed25519 public key `raw` (32 bytes).
-bool verifies_against(const std::string& path, const std::string& raw) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  BOOST_REQUIRE(f != nullptr);
-  X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
-  std::fclose(f);
+// The certificate in PEM text (credentials live in memory only).
+X509* read_certificate(const std::string& pem) {
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  BOOST_REQUIRE(bio != nullptr);
+  X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
   BOOST_REQUIRE(cert != nullptr);
+  return cert;
+}
+
+// The node certificate `pem` verifies against the Ed25519 public key `raw` (32 bytes).
+bool verifies_against(const std::string& pem, const std::string& raw) {
+  X509* cert = read_certificate(pem);
   EVP_PKEY* key = EVP_PKEY_new_raw_public_key(
       EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw.data()), raw.size());
   BOOST_REQUIRE(key != nullptr);
@@ -46,12 +53,8 @@ bool verifies_against(const std::string& path, const std::string& raw) {
 }
 
 // Seconds from now to the certificate's notAfter.
-long seconds_left(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  BOOST_REQUIRE(f != nullptr);
-  X509* cert = PEM_read_X509(f, nullptr, nullptr, nullptr);
-  std::fclose(f);
-  BOOST_REQUIRE(cert != nullptr);
+long seconds_left(const std::string& pem) {
+  X509* cert = read_certificate(pem);
   int days = 0, secs = 0;
   BOOST_REQUIRE(ASN1_TIME_diff(&days, &secs, nullptr, X509_get0_notAfter(cert)) == 1);
   X509_free(cert);
@@ -153,7 +156,7 @@ BOOST_AUTO_TEST_CASE(a_dictionary_secret_costs_a_full_derivation_per_guess) {
   const std::string salt = zmuon::job_salt(2, "node0.example");
   auto creds = zmuon::tls_credentials::make(secret, salt, 60'000);
   BOOST_REQUIRE(creds);
-  const std::string cert = (*creds)->cert_file();
+  const std::string cert = (*creds)->cert_pem();
 
   const auto t0 = std::chrono::steady_clock::now();
   const std::string right = zmuon::derive_ca_public_key(secret, salt);
@@ -187,7 +190,7 @@ BOOST_AUTO_TEST_CASE(the_certificate_lives_for_the_join) {
   for (int64_t timeout_ms : {int64_t{1'500}, int64_t{60'000}, int64_t{3'600'000}}) {
     auto creds = zmuon::tls_credentials::make(zmuon::random_secret(), salt, timeout_ms);
     BOOST_REQUIRE(creds);
-    const long left = seconds_left((*creds)->cert_file());
+    const long left = seconds_left((*creds)->cert_pem());
     const long expected = timeout_ms / 1000 + zmuon::kCertificateMarginSeconds;
     BOOST_TEST_CONTEXT("timeout " << timeout_ms << " ms, " << left << " s left") {
       BOOST_TEST(left <= expected);
