@@ -157,14 +157,15 @@ BOOST_AUTO_TEST_CASE(adamw) {
     for (float& v : v_values)
       v = std::abs(v);  // a second moment is never negative
     mirrored v(v_values);
-    adamw_args args;
+    scalar_args args;
     args.lr = 3e-4f;
     args.weight_decay = 0.1f;
     for (int64_t step = 1; step <= 3; ++step) {
       args.step = step;
       mirrored g(random_vector(n));
-      env().host->adamw(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n, args);
-      env().gpu->adamw(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
+      env().host->scalar_update(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n,
+                                args);
+      env().gpu->scalar_update(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
     }
     check_elementwise("adamw p", n, p.error());
     // m = 0.9 m + 0.1 g may cancel to far below its terms (σ 0.1): one rounding of the terms
@@ -591,15 +592,16 @@ BOOST_AUTO_TEST_CASE(adamw_cautious) {
     for (float& v : v_values)
       v = std::abs(v);
     mirrored v(v_values);
-    adamw_args args;
+    scalar_args args;
     args.lr = 3e-4f;
     args.weight_decay = 2.0f;
     args.cautious = true;
     for (int64_t step = 1; step <= 3; ++step) {
       args.step = step;
       mirrored g(random_vector(n));
-      env().host->adamw(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n, args);
-      env().gpu->adamw(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
+      env().host->scalar_update(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n,
+                                args);
+      env().gpu->scalar_update(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
     }
     check_elementwise("adamw cautious p", n, p.error());
     check_elementwise("adamw cautious m", n, m.error_at_scale(0.1));
@@ -616,7 +618,7 @@ BOOST_AUTO_TEST_CASE(adamw_slices_cautious_equal_per_parameter_calls) {
     total += len;
   }
   const auto p0 = random_vector(total), g0 = random_vector(total);
-  adamw_args args;
+  scalar_args args;
   args.lr = 1e-2f;
   args.weight_decay = 2.0f;
   args.cautious = true;
@@ -624,10 +626,10 @@ BOOST_AUTO_TEST_CASE(adamw_slices_cautious_equal_per_parameter_calls) {
   device_buffer p_a = upload(gpu, p0), p_b = upload(gpu, p0), g = upload(gpu, g0);
   device_buffer m_a = gpu.allocate(total), v_a = gpu.allocate(total);
   device_buffer m_b = gpu.allocate(total), v_b = gpu.allocate(total);
-  gpu.adamw_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
+  gpu.scalar_update_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
   for (const auto& s : slices)
-    gpu.adamw(p_b.data() + s.shard_offset, g.data() + s.shard_offset, m_b.data() + s.state_offset,
-              v_b.data() + s.state_offset, s.n, args);
+    gpu.scalar_update(p_b.data() + s.shard_offset, g.data() + s.shard_offset,
+                      m_b.data() + s.state_offset, v_b.data() + s.state_offset, s.n, args);
   const auto a = download(gpu, p_a.data(), total), b = download(gpu, p_b.data(), total);
   BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
