@@ -97,8 +97,9 @@ struct muon_options {
 /// the C ABI passes the enum value.
 enum class scalar_algorithm : uint8_t {
   adamw,  // bias-corrected AdamW, decoupled weight decay
+  lion,   // Lion (arXiv:2302.06675): the sign of an interpolated momentum; lr, betas, decay
 };
-inline constexpr const char* scalar_algorithm_names[] = {"adamw"};
+inline constexpr const char* scalar_algorithm_names[] = {"adamw", "lion"};
 inline constexpr int kScalarAlgorithms =
     static_cast<int>(sizeof(scalar_algorithm_names) / sizeof(scalar_algorithm_names[0]));
 

@@ -278,7 +278,8 @@ typedef enum zmuon_muon_variant {
 } zmuon_muon_variant;
 /* The rule of the group's non-Muon parameters (zmuon::scalar_algorithm, in its order). */
 typedef enum zmuon_scalar_algorithm {
-  ZMUON_ALGORITHM_ADAMW = 0 /* bias-corrected AdamW: lr, beta1, beta2, eps, weight_decay */
+  ZMUON_ALGORITHM_ADAMW = 0, /* bias-corrected AdamW: lr, beta1, beta2, eps, weight_decay */
+  ZMUON_ALGORITHM_LION = 1   /* Lion (arXiv:2302.06675): lr, beta1, beta2, weight_decay */
 } zmuon_scalar_algorithm;
 typedef struct zmuon_update_rule {
   int32_t cautious_weight_decay; /* 1: cautious (Muon and AdamW), 0: plain decoupled decay */

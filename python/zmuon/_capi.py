@@ -120,7 +120,7 @@ class GroupHparams(ctypes.Structure):
 
 
 MUON_VARIANTS = {"muon": 0, "normuon": 1}  # zmuon_muon_variant
-SCALAR_ALGORITHMS = {"adamw": 0}  # zmuon_scalar_algorithm: the non-Muon parameters' rule
+SCALAR_ALGORITHMS = {"adamw": 0, "lion": 1}  # zmuon_scalar_algorithm: the non-Muon parameters' rule
 # The update-rule keys of a group's values (zmuon_update_rule), beside GroupHparams' fields.
 RULE_FIELDS = ("cautious_weight_decay", "variant", "normuon_beta2", "normuon_eps", "algorithm")
 

@@ -78,12 +78,26 @@ struct adamw_rule {
   }
 };
 
+/// Lion (arXiv:2302.06675; Dion's scalar_opts.lion_update): the update is the sign of m and g
+/// interpolated with beta1 (0 at 0, as torch.sign); m then follows g with beta2; v unused.
+struct lion_rule {
+  ZMUON_HOST_DEVICE static void apply(const scalar_factors& f, float& p, float g, float& m,
+                                      float& /*v*/) {
+    const float c = f.beta1 * m + (1.0f - f.beta1) * g;
+    const float u = static_cast<float>((c > 0.0f) - (c < 0.0f));
+    m = f.beta2 * m + (1.0f - f.beta2) * g;
+    p = decayed(f, p, u, f.lr * u);
+  }
+};
+
 /// Calls visit(rule) with the rule struct of `algorithm`.
 template <class Visit>
 void visit_scalar_rule(scalar_algorithm algorithm, Visit&& visit) {
   switch (algorithm) {  // -Wswitch names a rule without its case
     case scalar_algorithm::adamw:
       return visit(adamw_rule{});
+    case scalar_algorithm::lion:
+      return visit(lion_rule{});
   }
   visit(adamw_rule{});  // not a value of the enum: AdamW
 }
