@@ -92,6 +92,18 @@ struct muon_options {
   float normuon_eps = 1e-8f;    // NorMuon's o / (sqrt(v) + eps)
 };
 
+/// The update rule of the parameters that do not take Muon (docs/DESIGN.md §2). Its arithmetic
+/// is in src/kernels/scalar_rules.hpp. Groups name it by `scalar_algorithm_names` (enum order);
+/// the C ABI passes the enum value.
+enum class scalar_algorithm : uint8_t {
+  adamw,  // bias-corrected AdamW, decoupled weight decay
+  lion,   // Lion (arXiv:2302.06675): the sign of an interpolated momentum; lr, betas, decay
+};
+inline constexpr const char* scalar_algorithm_names[] = {"adamw", "lion"};
+inline constexpr int kScalarAlgorithms =
+    static_cast<int>(sizeof(scalar_algorithm_names) / sizeof(scalar_algorithm_names[0]));
+
+/// The non-Muon group's values; `algorithm` reads lr, betas, weight_decay (and AdamW eps).
 struct adamw_options {
   float lr = 3e-4f;
   float beta1 = 0.9f;
@@ -100,6 +112,7 @@ struct adamw_options {
   float weight_decay = 0.0f;
   /// Cautious weight decay (arXiv:2510.12402): decay only where p * update >= 0.
   bool cautious_weight_decay = false;
+  scalar_algorithm algorithm = scalar_algorithm::adamw;
 };
 
 /// Dynamic fp16 loss scaling, DeepSpeed's defaults. `loss_scale > 0` means a static scale.

@@ -277,11 +277,17 @@ typedef enum zmuon_muon_variant {
   ZMUON_VARIANT_MUON = 0,
   ZMUON_VARIANT_NORMUON = 1
 } zmuon_muon_variant;
+/* The rule of the group's non-Muon parameters (zmuon::scalar_algorithm, in its order). */
+typedef enum zmuon_scalar_algorithm {
+  ZMUON_ALGORITHM_ADAMW = 0, /* bias-corrected AdamW: lr, beta1, beta2, eps, weight_decay */
+  ZMUON_ALGORITHM_LION = 1   /* Lion (arXiv:2302.06675): lr, beta1, beta2, weight_decay */
+} zmuon_scalar_algorithm;
 typedef struct zmuon_update_rule {
   int32_t cautious_weight_decay; /* 1: cautious (Muon and AdamW), 0: plain decoupled decay */
   int32_t variant;               /* zmuon_muon_variant */
   float normuon_beta2;           /* NorMuon's row second-moment EMA, in [0, 1) */
   float normuon_eps;             /* NorMuon's o / (sqrt(v) + eps), > 0 */
+  int32_t algorithm;             /* zmuon_scalar_algorithm of the non-Muon parameters */
 } zmuon_update_rule;
 /* zmuon_engine_set_group_hparams with the group's update rule (`rule` NULL: the config's). */
 ZMUON_API int zmuon_engine_set_group_rule(zmuon_engine* eng, int32_t group,

@@ -120,14 +120,16 @@ class GroupHparams(ctypes.Structure):
 
 
 MUON_VARIANTS = {"muon": 0, "normuon": 1}  # zmuon_muon_variant
+SCALAR_ALGORITHMS = {"adamw": 0, "lion": 1}  # zmuon_scalar_algorithm: the non-Muon parameters' rule
 # The update-rule keys of a group's values (zmuon_update_rule), beside GroupHparams' fields.
-RULE_FIELDS = ("cautious_weight_decay", "variant", "normuon_beta2", "normuon_eps")
+RULE_FIELDS = ("cautious_weight_decay", "variant", "normuon_beta2", "normuon_eps", "algorithm")
 
 
 class UpdateRule(ctypes.Structure):
     """zmuon_update_rule: cautious weight decay and the Muon variant (NorMuon) of a group."""
     _fields_ = [("cautious_weight_decay", ctypes.c_int32), ("variant", ctypes.c_int32),
-                ("normuon_beta2", ctypes.c_float), ("normuon_eps", ctypes.c_float)]
+                ("normuon_beta2", ctypes.c_float), ("normuon_eps", ctypes.c_float),
+                ("algorithm", ctypes.c_int32)]
 
 
 class RowMoments(ctypes.Structure):
@@ -512,10 +514,11 @@ class Engine:
         v["nesterov"] = 1 if v["nesterov"] else 0
         if rule:
             full = {"cautious_weight_decay": False, "variant": "muon", "normuon_beta2": 0.95,
-                    "normuon_eps": 1e-8}
+                    "normuon_eps": 1e-8, "algorithm": "adamw"}
             full.update(rule)
             full["cautious_weight_decay"] = 1 if full["cautious_weight_decay"] else 0
             full["variant"] = MUON_VARIANTS[full["variant"]]
+            full["algorithm"] = SCALAR_ALGORITHMS[full["algorithm"]]
             _check(_lib.zmuon_engine_set_group_rule(self._h(), group,
                                                     ctypes.byref(GroupHparams(**v)),
                                                     ctypes.byref(UpdateRule(**full))))

@@ -34,9 +34,12 @@ ENGINE_DEFAULTS = {"lr": 0.02, "adam_lr": 3e-4, "weight_decay": 0.0, "momentum":
 RULE_KEYS = _capi.RULE_FIELDS
 MUON_VARIANTS = tuple(_capi.MUON_VARIANTS)
 ENGINE_DEFAULTS.update({"cautious_weight_decay": False, "variant": "muon", "normuon_beta2": 0.95,
-                        "normuon_eps": 1e-8})
+                        "normuon_eps": 1e-8, "algorithm": "adamw"})
+# A group's `algorithm` (Dion's key): "muon", or the rule of its non-Muon parameters.
+SCALAR_ALGORITHMS = tuple(_capi.SCALAR_ALGORITHMS)
+ALGORITHMS = ("muon",) + SCALAR_ALGORITHMS
 MUON_KEYS = MUON_KEYS + RULE_KEYS
-ADAMW_KEYS = ADAMW_KEYS + ("cautious_weight_decay",)
+ADAMW_KEYS = ADAMW_KEYS + ("cautious_weight_decay", "algorithm")
 GROUP_KEYS = GROUP_KEYS + RULE_KEYS
 
 
@@ -187,7 +190,13 @@ def checked_rule(group, where):
     if variant not in MUON_VARIANTS:
         raise InvalidArgument(f"{where}['variant'] must be one of {', '.join(MUON_VARIANTS)}; "
                               f"got {variant!r}{suggestion(variant, MUON_VARIANTS)}")
-    return {"cautious_weight_decay": cautious, "variant": variant,
+    algorithm = group.get("algorithm", d["algorithm"])
+    if algorithm not in ALGORITHMS:
+        raise InvalidArgument(f"{where}['algorithm'] must be one of {', '.join(ALGORITHMS)}; "
+                              f"got {algorithm!r}{suggestion(algorithm, ALGORITHMS)}")
+    if algorithm == "muon":  # a Muon group's non-Muon parameters (if any) take AdamW
+        algorithm = "adamw"
+    return {"cautious_weight_decay": cautious, "variant": variant, "algorithm": algorithm,
             "normuon_beta2": number(group.get("normuon_beta2", d["normuon_beta2"]),
                                     f"{where}['normuon_beta2']", high=1.0),
             "normuon_eps": number(group.get("normuon_eps", d["normuon_eps"]),

@@ -14,20 +14,6 @@
 
 namespace zmuon {
 
-float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols) {
-  auto r = static_cast<double>(rows);
-  auto c = static_cast<double>(cols);
-  if (rule == adjust_lr_rule::match_rms_adamw || rule == adjust_lr_rule::rms)
-    // Moonlight (arXiv:2502.16982, eq. 4); Dion's adjust_lr_rms_norm is the same formula.
-    return static_cast<float>(0.2 * std::sqrt(std::max(r, c)));
-  if (rule == adjust_lr_rule::spectral)
-    // Dion's adjust_lr_spectral_norm (microsoft/dion, after arXiv:2310.17813): spectral norm 1
-    // to RMS operator norm 1, sqrt(fan_out / fan_in), below 1 for wide matrices.
-    return static_cast<float>(std::sqrt(r / c));
-  // Keller Jordan's Muon: sqrt(max(1, rows / cols)).
-  return static_cast<float>(std::sqrt(std::max(1.0, r / c)));
-}
-
 wire_type muon_wire_type(const engine_options& opts) {
   switch (opts.muon.transport) {
     case muon_transport::bf16:
@@ -67,6 +53,9 @@ struct slot {
 
 struct step_work {
   step_request req;
+  // The step's values, resolved once (unscale_clip carries them to the store).
+  std::shared_ptr<const std::vector<group_hparams>> groups;
+  std::vector<uint8_t> touched;  // per parameter; empty: every parameter touched
   caf::typed_response_promise<step_result> promise;
   step_result result;
   std::vector<chunk_work> chunks;
@@ -85,6 +74,7 @@ struct coordinator_state {
   bool comm_on_host = true;          // the comm backend moves host memory (staged_buffer)
   wire_type wire = wire_type::fp32;  // what the gather and the scatter carry
   group_hparams defaults;  // the options' values, for a group the step request does not list
+  int group_count = 1;     // the plan's hyperparameter groups
   std::vector<chunk_ownership> own;
   std::vector<bool> padded;  // per chunk: this rank's shards have padding (the scatter skips it)
   std::optional<step_work> work;  // the step in progress
@@ -134,65 +124,7 @@ void add_segment(std::vector<segment>& list, wire_buffer& buf, int64_t offset, i
     list.push_back(buf.at(offset, size));
 }
 
-void finish(coord_pointer self);
 void advance(coord_pointer self);
-void ns_finished(coord_pointer self, int c);
-
-// -- the step's values per parameter -------------------------------------------------------------
-
-/// Hyperparameter group g's values in the step in progress: the request's, else the options'.
-const group_hparams& hparams(const coordinator_state& st, int g) {
-  const auto& groups = st.work->req.groups;
-  if (g >= 0 && g < static_cast<int>(groups.size()))
-    return groups[g];
-  return st.defaults;
-}
-
-const group_hparams& hparams_of_param(const coordinator_state& st, int param) {
-  return hparams(st, st.pl->params[param].hparam_group);
-}
-
-bool touched(const coordinator_state& st, int param) {
-  const auto& mask = st.work->req.touched;
-  return mask.empty() || (param < static_cast<int>(mask.size()) && mask[param] != 0);
-}
-
-bool same(const muon_param_args& a, const muon_param_args& b) {
-  return a.beta == b.beta && a.nesterov == b.nesterov && a.lr == b.lr
-         && a.weight_decay == b.weight_decay && a.touched == b.touched && a.cautious == b.cautious;
-}
-
-/// Chunk c's parameters' values: empty when they all share the first one's and all are touched
-/// (the message's own values then say it, and the store makes one backend call).
-std::vector<muon_param_args> muon_args(const coordinator_state& st, int c, muon_param_args& first) {
-  std::vector<muon_param_args> out;
-  for (int i : st.pl->chunks[c].params) {
-    const auto& m = hparams_of_param(st, i).muon;
-    out.push_back(muon_param_args{m.momentum, m.nesterov, m.lr, m.weight_decay, touched(st, i)});
-    out.back().cautious = m.cautious_weight_decay;
-  }
-  first = out.front();
-  bool uniform = first.touched;
-  for (const auto& a : out)
-    uniform = uniform && same(a, first);
-  if (uniform)
-    out.clear();
-  return out;
-}
-
-/// NorMuon's parameters of chunk c with a block this rank owns that the step touches, with
-/// their values, each once in table order (the store normalizes every block of it it owns).
-std::vector<normuon_param_args> normuon_args(const coordinator_state& st, int c) {
-  std::vector<normuon_param_args> out;
-  for (const auto& o : st.own[c].owned) {  // table order, a parameter's blocks together
-    if (!out.empty() && out.back().param == o.param)
-      continue;
-    const auto& m = hparams_of_param(st, o.param).muon;
-    if (m.variant == muon_variant::normuon && touched(st, o.param))
-      out.push_back(normuon_param_args{o.param, m.normuon_beta2, m.normuon_eps});
-  }
-  return out;
-}
 
 // Buffer work of chunk c (allocation, staging copies, release): backend calls, recorded as a
 // `buffers` span so that bench/step does not count them as actor plumbing.
@@ -225,7 +157,52 @@ void after_gpu(coord_pointer self, gpu_event what, int chunk, bool wait) {
   self->state.be->when_done([handle, msg] { caf::anon_send(handle, msg); });
 }
 
-// -- 5. the gather-NS-scatter pipeline ----------------------------------------------------------
+// -- the step's values ---------------------------------------------------------------------------
+
+/// The step's group table: the request's values, the options' for a group it does not list.
+std::shared_ptr<const std::vector<group_hparams>> resolve_groups(const coordinator_state& st,
+                                                                 const step_request& req) {
+  auto out = std::make_shared<std::vector<group_hparams>>(st.group_count, st.defaults);
+  for (size_t g = 0; g < req.groups.size() && g < out->size(); ++g)
+    (*out)[g] = req.groups[g];
+  return out;
+}
+
+/// The request's touched mask, one flag per parameter (a parameter beyond it untouched).
+std::vector<uint8_t> resolve_touched(const coordinator_state& st, const step_request& req) {
+  if (req.touched.empty())
+    return {};
+  std::vector<uint8_t> out(st.pl->params.size(), 0);
+  std::copy_n(req.touched.begin(), std::min(req.touched.size(), out.size()), out.begin());
+  return out;
+}
+
+const group_hparams& hparams(const coordinator_state& st, int g) {
+  return (*st.work->groups)[g];
+}
+
+const group_hparams& hparams_of_param(const coordinator_state& st, int param) {
+  return hparams(st, st.pl->params[param].hparam_group);
+}
+
+bool touched(const coordinator_state& st, int param) {
+  const auto& mask = st.work->touched;
+  return mask.empty() || mask[param] != 0;
+}
+
+/// Whether chunk c has a NorMuon parameter the step touches with a block this rank owns (the
+/// store then normalizes its rows).
+bool normuon_due(const coordinator_state& st, int c) {
+  for (const auto& o : st.own[c].owned) {
+    const auto& m = hparams(st, st.pl->params[o.param].hparam_group).muon;
+    if (m.variant == muon_variant::normuon && touched(st, o.param))
+      return true;
+  }
+  return false;
+}
+
+// -- what the plan says of chunk c on this rank
+// ----------------------------------------------------
 
 // Calls f(owner, offset in the chunk's shard buffer, n) for this rank's shard of every NS block
 // of chunk c, in table and row order: what the gather sends and the scatter receives.
@@ -284,206 +261,7 @@ void rescale_bf16_blocks(coordinator_state& st, int c, uint16_t* full) {
   }
 }
 
-void gather(coord_pointer self, int c) {
-  auto& st = self->state;
-  auto& w = *st.work;
-  const auto& pl = *st.pl;
-  auto& cw = w.chunks[c];
-  buffers(self, c, [&] {  // the gather writes every element: each rank's valid part
-    cw.full = wire_buffer(*st.be, st.own[c].full_size, st.wire, st.comm_on_host,
-                          buffer_init::overwritten);
-  });
-  all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
-                     per_rank(pl.world), st.wire};
-  for_shard_parts(st, c, [&](int owner, int64_t at, int64_t n) {  // my shard of every block
-    add_segment(req.sends[owner], cw.u, at, n);                   // goes to its owner
-  });
-  for_owned_parts(st, c, [&](int q, int64_t at, int64_t n) {  // every rank's part of my blocks
-    add_segment(req.recvs[q], cw.full, at, n);
-  });
-  cw.at = chunk_work::gather_issued;
-  ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
-    auto& st = self->state;
-    auto& cw = st.work->chunks[c];
-    buffers(self, c, [&] {
-      cw.u = wire_buffer{};
-      cw.full.to_compute(*st.be);
-    });
-    const float_view full = cw.full.compute();
-    trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
-                   trace::span::per_param);
-    for (const auto& g : st.own[c].groups) {  // Newton-Schulz, batched by shape (fp32: scaled)
-      const auto& muon = hparams(st, g.hparam_group).muon;
-      ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
-      if (full.bf16 != nullptr) {  // the receivers scale (apply_muon's scales)
-        st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, muon.ns);
-      } else {
-        float* x = full.data + g.offset;
-        st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
-        if (muon.variant != muon_variant::normuon)  // NorMuon: scaled after its normalization
-          st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
-      }
-    }
-    // Each parameter is named once, by the owner of its first block (an expert stack's or a
-    // split matrix's blocks may run on several ranks).
-    ns.add_params(st.own[c].ns_params);
-    st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
-    ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
-    auto rows = normuon_args(st, c);
-    if (rows.empty()) {
-      if (full.bf16 != nullptr)
-        rescale_bf16_blocks(st, c, full.bf16);
-      ns_finished(self, c);
-      return;
-    }
-    // NorMuon: the store normalizes the rows (its row moments change only here, in a step
-    // that is applied), then the fp32 update is scaled as Muon's.
-    normuon_step msg{st.work->req.step, c, full, std::move(rows)};
-    ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
-      auto& st = self->state;
-      const float_view full = st.work->chunks[c].full.compute();
-      if (full.data != nullptr)
-        for (const auto& g : st.own[c].groups) {
-          const auto& muon = hparams(st, g.hparam_group).muon;
-          if (muon.variant == muon_variant::normuon)
-            st.be->scale(full.data + g.offset, g.batch * g.rows * g.cols,
-                         update_scale(muon.adjust_lr, g.rows, g.cols));
-        }
-      else  // bf16: the blocks' scale ratios after the normalization, whose moments are unscaled
-        rescale_bf16_blocks(st, c, full.bf16);
-      ns_finished(self, c);
-    });
-  });
-}
-
-// Chunk c's owner buffer holds its final update: off to the comm.
-void ns_finished(coord_pointer self, int c) {
-  auto& st = self->state;
-  auto& cw = st.work->chunks[c];
-  buffers(self, c, [&] { cw.full.to_comm(*st.be); });
-  after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
-}
-
-void scatter(coord_pointer self, int c) {
-  auto& st = self->state;
-  auto& w = *st.work;
-  const auto& pl = *st.pl;
-  const auto& chunk = pl.chunks[c];
-  auto& cw = w.chunks[c];
-  buffers(self, c, [&] {  // the scatter leaves the shards' padding unwritten: zero if any
-    cw.result = wire_buffer(*st.be, chunk.shard_len, st.wire, st.comm_on_host,
-                            st.padded[c] ? buffer_init::zeros : buffer_init::overwritten);
-  });
-  all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
-                     per_rank(pl.world), st.wire};
-  for_owned_parts(st, c, [&](int q, int64_t at, int64_t n) {  // each rank gets its part of
-    add_segment(req.sends[q], cw.full, at, n);                // the blocks I own
-  });
-  for_shard_parts(st, c, [&](int owner, int64_t at, int64_t n) {  // my shard of every block
-    add_segment(req.recvs[owner], cw.result, at, n);              // comes from its owner
-  });
-  cw.at = chunk_work::scatter_issued;
-  ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) {
-    auto& st = self->state;
-    auto& cw = st.work->chunks[c];
-    buffers(self, c, [&] {
-      cw.full = wire_buffer{};
-      cw.result.to_compute(*st.be);
-    });
-    muon_param_args first;
-    auto args = muon_args(st, c, first);
-    std::vector<float> scales;
-    // Under bf16 the owner sends NS's output unscaled (on CUDA, its exact bf16 bits) and this
-    // rank's store scales each parameter, under its group's rule; fp32 arrives scaled.
-    if (st.wire == wire_type::bf16)
-      for (int i : st.pl->chunks[c].params) {
-        const auto& p = st.pl->params[i];
-        scales.push_back(update_scale(hparams_of_param(st, i).muon.adjust_lr,
-                                      p.blocks.front().rows / p.blocks.front().heads, p.cols));
-      }
-    apply_muon msg{
-        st.work->req.step, c, first.lr, first.weight_decay, cw.result.compute(), std::move(scales),
-        std::move(args)};
-    msg.cautious = first.cautious;
-    ask<ack>(self, st.peers.store, msg, [=](ack&) {
-      auto& w = *self->state.work;
-      buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
-      w.chunks[c].at = chunk_work::applied;
-      if (++w.applied == w.chunks.size())
-        finish(self);
-      else
-        advance(self);  // the next scatter, now queued behind this update
-    });
-  });
-}
-
-// Issues the collectives of the fixed order as far as their inputs are ready.
-void advance(coord_pointer self) {
-  auto& st = self->state;
-  auto& w = *st.work;
-  while (w.next_slot < w.order.size()) {
-    auto s = w.order[w.next_slot];
-    auto& cw = w.chunks[s.chunk];
-    if (s.gather) {
-      // On a comm that enqueues on the device's stream (nccl) the next chunk's momentum goes
-      // out once this chunk's gather is enqueued (answered), so that the gather, and the NS
-      // after it, do not queue behind that momentum. A host comm answers when the data has
-      // moved: there the momentum overlaps the gather.
-      if (cw.at == chunk_work::idle && !st.comm_on_host && s.chunk > 0
-          && w.chunks[s.chunk - 1].at < chunk_work::ns_done)
-        return;
-      if (cw.at == chunk_work::idle) {
-        buffers(self, s.chunk, [&] {
-          cw.u = wire_buffer(*st.be, st.pl->chunks[s.chunk].shard_len, st.wire, st.comm_on_host,
-                             buffer_init::overwritten);  // momentum writes all of it
-        });
-        cw.at = chunk_work::momentum_requested;
-        muon_param_args first;
-        auto args = muon_args(st, s.chunk, first);
-        muon_momentum msg{w.req.step,     s.chunk,        first.beta,
-                          first.nesterov, cw.u.compute(), std::move(args)};
-        ask<ack>(self, st.peers.store, msg, [=](ack&) {
-          auto& st = self->state;
-          auto& u = st.work->chunks[s.chunk].u;
-          buffers(self, s.chunk, [&] { u.to_comm(*st.be); });
-          after_gpu(self, gpu_event::u_on_host, s.chunk, u.staged());
-        });
-        return;
-      }
-      if (cw.at != chunk_work::momentum_done)
-        return;
-      gather(self, s.chunk);
-    } else {
-      // A scatter goes out once the chunk before it is applied (its update enqueued): on a
-      // device that update then runs beside this chunk's NS instead of after this scatter,
-      // which waits for the NS.
-      if (cw.at != chunk_work::ns_done
-          || (s.chunk > 0 && w.chunks[s.chunk - 1].at != chunk_work::applied))
-        return;
-      scatter(self, s.chunk);
-    }
-    ++w.next_slot;
-  }
-}
-
-void run_muon(coord_pointer self) {
-  auto& w = *self->state.work;
-  auto n = static_cast<int>(self->state.pl->chunks.size());
-  if (n == 0) {
-    finish(self);
-    return;
-  }
-  w.chunks.resize(n);
-  for (int c = 0; c < n; ++c) {
-    w.order.push_back(slot{true, c});
-    if (c > 0)
-      w.order.push_back(slot{false, c - 1});
-  }
-  w.order.push_back(slot{false, n - 1});
-  advance(self);
-}
-
-// -- 6. AdamW, MuonClip, zero the gradient, answer ----------------------------------------------
+// -- MuonClip: the heads to clip ----------------------------------------------------------------
 
 // Factor of one head under MuonClip (Kimi K2, arXiv:2507.20534, Algorithm 1): when the head's
 // largest logit S exceeds tau, its query and its key are each scaled by sqrt(tau / S), so that
@@ -542,6 +320,305 @@ bool qk_clip_on(const coordinator_state& st) {
   return false;
 }
 
+// -- the step, top-down -----------------------------------------------------------------------
+// Each function is one sub-step of docs/DESIGN.md §1 and hands over to the next.
+
+void begin_step(coord_pointer self);                   // 1. flush
+void vote(coord_pointer self);                         // 2. the vote
+void unscale(coord_pointer self, double sum_squares);  // 3. unscale_clip
+void run_muon(coord_pointer self);                     // 4
+void advance(coord_pointer self);                      //   the fixed collective order
+void request_momentum(coord_pointer self, int c);      //   momentum (store)
+void gather(coord_pointer self, int c);                //   gather u to the owners
+void orthogonalize(coord_pointer self, int c);         //   Newton-Schulz on the owner
+void normalize(coord_pointer self, int c);             //   NorMuon (store)
+void ns_finished(coord_pointer self, int c);           //   the update off to the comm
+void scatter(coord_pointer self, int c);               //   scatter the update
+void apply(coord_pointer self, int c);                 //   apply (store)
+void finish(coord_pointer self);                       // 5-6
+void answer(coord_pointer self);                       // 7
+template <class Then>
+void clip_qk(coord_pointer self, Then then);
+
+// -- 1-3. flush, the vote, unscale_clip -----------------------------------------------------------
+
+// 1. flush: every bucket of the step in the store.
+void begin_step(coord_pointer self) {
+  auto step = self->state.work->req.step;
+  ask<flush_done>(self, self->state.peers.reducer, flush{step}, [=](flush_done& fd) {
+    if (fd.micros == 0) {
+      fail_step(self, make_caf_error(errc::bad_state,
+                                     "step " + std::to_string(step)
+                                         + ": no gradient was handed over since the last step"));
+      return;
+    }
+    self->state.work->result.micros = fd.micros;
+    vote(self);
+  });
+}
+
+// 2. The vote: overflow and the gradient's sum of squares from one all-reduce. Overflow ends
+// the step: the gradient discarded, the answer `skipped`.
+void vote(coord_pointer self) {
+  auto step = self->state.work->req.step;
+  ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step},
+                       [=](overflow_report& rep) {
+                         auto& r = self->state.work->result;
+                         r.loss_scale = rep.scale;
+                         r.next_loss_scale = rep.next_scale;
+                         if (!rep.overflow) {
+                           unscale(self, rep.sum_squares);
+                           return;
+                         }
+                         ask<ack>(self, self->state.peers.store, discard_grads{step}, [=](ack&) {
+                           auto& st = self->state;
+                           st.work->result.skipped = true;
+                           st.work->promise.deliver(st.work->result);
+                           st.work.reset();
+                         });
+                       });
+}
+
+// 3. The raw norm and the clip factor; unscale_clip carries the factor and the step's values
+// to the store, once.
+void unscale(coord_pointer self, double sum_squares) {
+  auto& st = self->state;
+  auto& r = st.work->result;
+  double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
+  r.grad_norm = std::sqrt(sum_squares) * unscale;
+  float max_norm = st.opts.gradient_clipping;
+  double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
+  r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
+  auto factor = static_cast<float>(unscale * r.clip_coef);
+  // Not waited for: the store takes this rank's requests in the order sent, so the momentum
+  // after it reads the unscaled gradient (one host round trip less before the first NS); a
+  // failure still ends the step.
+  unscale_clip msg{st.work->req.step, factor, st.work->groups, st.work->touched};
+  ask<ack>(self, st.peers.store, std::move(msg), [](ack&) {});
+  run_muon(self);
+}
+
+// -- 4. the Muon chunks: momentum, gather, NS, scatter, apply -------------------------------------
+
+void run_muon(coord_pointer self) {
+  auto& w = *self->state.work;
+  auto n = static_cast<int>(self->state.pl->chunks.size());
+  if (n == 0) {
+    finish(self);
+    return;
+  }
+  w.chunks.resize(n);
+  for (int c = 0; c < n; ++c) {
+    w.order.push_back(slot{true, c});
+    if (c > 0)
+      w.order.push_back(slot{false, c - 1});
+  }
+  w.order.push_back(slot{false, n - 1});
+  advance(self);
+}
+
+// Issues the collectives of the fixed order as far as their inputs are ready.
+void advance(coord_pointer self) {
+  auto& st = self->state;
+  auto& w = *st.work;
+  while (w.next_slot < w.order.size()) {
+    auto s = w.order[w.next_slot];
+    auto& cw = w.chunks[s.chunk];
+    if (s.gather) {
+      // On a comm that enqueues on the device's stream (nccl) the next chunk's momentum goes
+      // out once this chunk's gather is enqueued (answered), so that the gather, and the NS
+      // after it, do not queue behind that momentum. A host comm answers when the data has
+      // moved: there the momentum overlaps the gather.
+      if (cw.at == chunk_work::idle && !st.comm_on_host && s.chunk > 0
+          && w.chunks[s.chunk - 1].at < chunk_work::ns_done)
+        return;
+      if (cw.at == chunk_work::idle) {
+        request_momentum(self, s.chunk);
+        return;
+      }
+      if (cw.at != chunk_work::momentum_done)
+        return;
+      gather(self, s.chunk);
+    } else {
+      // A scatter goes out once the chunk before it is applied (its update enqueued): on a
+      // device that update then runs beside this chunk's NS instead of after this scatter,
+      // which waits for the NS.
+      if (cw.at != chunk_work::ns_done
+          || (s.chunk > 0 && w.chunks[s.chunk - 1].at != chunk_work::applied))
+        return;
+      scatter(self, s.chunk);
+    }
+    ++w.next_slot;
+  }
+}
+
+// The store updates the chunk's momentum and writes u; then u goes to the comm.
+void request_momentum(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& cw = st.work->chunks[c];
+  buffers(self, c, [&] {
+    cw.u = wire_buffer(*st.be, st.pl->chunks[c].shard_len, st.wire, st.comm_on_host,
+                       buffer_init::overwritten);  // momentum writes all of it
+  });
+  cw.at = chunk_work::momentum_requested;
+  ask<ack>(self, st.peers.store, muon_momentum{st.work->req.step, c, cw.u.compute()}, [=](ack&) {
+    auto& st = self->state;
+    auto& u = st.work->chunks[c].u;
+    buffers(self, c, [&] { u.to_comm(*st.be); });
+    after_gpu(self, gpu_event::u_on_host, c, u.staged());
+  });
+}
+
+void gather(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& w = *st.work;
+  const auto& pl = *st.pl;
+  auto& cw = w.chunks[c];
+  buffers(self, c, [&] {  // the gather writes every element: each rank's valid part
+    cw.full = wire_buffer(*st.be, st.own[c].full_size, st.wire, st.comm_on_host,
+                          buffer_init::overwritten);
+  });
+  all_to_all_req req{collective_tag{collective_kind::gather, w.req.step, 0, c}, per_rank(pl.world),
+                     per_rank(pl.world), st.wire};
+  for_shard_parts(st, c, [&](int owner, int64_t at, int64_t n) {  // my shard of every block
+    add_segment(req.sends[owner], cw.u, at, n);                   // goes to its owner
+  });
+  for_owned_parts(st, c, [&](int q, int64_t at, int64_t n) {  // every rank's part of my blocks
+    add_segment(req.recvs[q], cw.full, at, n);
+  });
+  cw.at = chunk_work::gather_issued;
+  ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) { orthogonalize(self, c); });
+}
+
+// Newton-Schulz on the blocks this rank owns, batched by shape; fp32 leaves it scaled (NorMuon:
+// after its normalization), bf16 leaves the scale to the receiving stores.
+void orthogonalize(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& cw = st.work->chunks[c];
+  buffers(self, c, [&] {
+    cw.u = wire_buffer{};
+    cw.full.to_compute(*st.be);
+  });
+  const float_view full = cw.full.compute();
+  trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
+                 trace::span::per_param);
+  for (const auto& g : st.own[c].groups) {
+    const auto& muon = hparams(st, g.hparam_group).muon;
+    ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
+    if (full.bf16 != nullptr) {
+      st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, muon.ns);
+    } else {
+      float* x = full.data + g.offset;
+      st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
+      if (muon.variant != muon_variant::normuon)
+        st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
+    }
+  }
+  // Each parameter is named once, by the owner of its first block (an expert stack's or a
+  // split matrix's blocks may run on several ranks).
+  ns.add_params(st.own[c].ns_params);
+  st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
+  ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
+  if (normuon_due(st, c)) {
+    normalize(self, c);
+    return;
+  }
+  if (full.bf16 != nullptr)
+    rescale_bf16_blocks(st, c, full.bf16);
+  ns_finished(self, c);
+}
+
+// NorMuon: the store normalizes the rows (its row moments change only here, in a step that is
+// applied), then the fp32 update is scaled as Muon's.
+void normalize(coord_pointer self, int c) {
+  auto& st = self->state;
+  normuon_step msg{st.work->req.step, c, st.work->chunks[c].full.compute()};
+  ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
+    auto& st = self->state;
+    const float_view full = st.work->chunks[c].full.compute();
+    if (full.data != nullptr)
+      for (const auto& g : st.own[c].groups) {
+        const auto& muon = hparams(st, g.hparam_group).muon;
+        if (muon.variant == muon_variant::normuon)
+          st.be->scale(full.data + g.offset, g.batch * g.rows * g.cols,
+                       update_scale(muon.adjust_lr, g.rows, g.cols));
+      }
+    else  // bf16: the blocks' scale ratios after the normalization, whose moments are unscaled
+      rescale_bf16_blocks(st, c, full.bf16);
+    ns_finished(self, c);
+  });
+}
+
+// Chunk c's owner buffer holds its final update: off to the comm.
+void ns_finished(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& cw = st.work->chunks[c];
+  buffers(self, c, [&] { cw.full.to_comm(*st.be); });
+  after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
+}
+
+void scatter(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& w = *st.work;
+  const auto& pl = *st.pl;
+  const auto& chunk = pl.chunks[c];
+  auto& cw = w.chunks[c];
+  buffers(self, c, [&] {  // the scatter leaves the shards' padding unwritten: zero if any
+    cw.result = wire_buffer(*st.be, chunk.shard_len, st.wire, st.comm_on_host,
+                            st.padded[c] ? buffer_init::zeros : buffer_init::overwritten);
+  });
+  all_to_all_req req{collective_tag{collective_kind::scatter, w.req.step, 0, c}, per_rank(pl.world),
+                     per_rank(pl.world), st.wire};
+  for_owned_parts(st, c, [&](int q, int64_t at, int64_t n) {  // each rank gets its part of
+    add_segment(req.sends[q], cw.full, at, n);                // the blocks I own
+  });
+  for_shard_parts(st, c, [&](int owner, int64_t at, int64_t n) {  // my shard of every block
+    add_segment(req.recvs[owner], cw.result, at, n);              // comes from its owner
+  });
+  cw.at = chunk_work::scatter_issued;
+  ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) { apply(self, c); });
+}
+
+// The store applies this rank's shards of the update; the chunk is done.
+void apply(coord_pointer self, int c) {
+  auto& st = self->state;
+  auto& cw = st.work->chunks[c];
+  buffers(self, c, [&] {
+    cw.full = wire_buffer{};
+    cw.result.to_compute(*st.be);
+  });
+  ask<ack>(self, st.peers.store, apply_muon{st.work->req.step, c, cw.result.compute()}, [=](ack&) {
+    auto& w = *self->state.work;
+    buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
+    w.chunks[c].at = chunk_work::applied;
+    if (++w.applied == w.chunks.size())
+      finish(self);
+    else
+      advance(self);  // the next scatter, now queued behind this update
+  });
+}
+
+// -- 5-7. the non-Muon rule, MuonClip, answer -----------------------------------------------------
+
+// 5. The non-Muon rule on every non-Muon shard, with the values unscale_clip carried.
+void finish(coord_pointer self) {
+  auto& st = self->state;
+  ask<ack>(self, st.peers.store, adamw_step{st.work->req.step}, [=](ack&) {
+    clip_qk(self, [=] { answer(self); });  // 6. MuonClip
+  });
+}
+
+// 7. The gradient marked zero once the step's kernels have finished; the step answered.
+void answer(coord_pointer self) {
+  ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
+    auto& st = self->state;
+    auto& w = *st.work;
+    w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
+    w.promise.deliver(w.result);
+    st.work.reset();
+  });
+}
+
 // MuonClip after the update of an applied step: one max all-reduce of the ranks' per-head
 // logits (right after the vote decided the step applies, so every rank issues it), then each
 // rank scales its own shard's part of the clipped heads: no gather.
@@ -580,85 +657,6 @@ void clip_qk(coord_pointer self, Then then) {
   });
 }
 
-void finish(coord_pointer self) {
-  auto& st = self->state;
-  adamw_step msg{st.work->req.step};
-  bool uniform = true;
-  for (size_t i = 0; i < st.pl->params.size(); ++i) {
-    if (st.pl->params[i].muon)
-      continue;
-    const auto& a = hparams_of_param(st, static_cast<int>(i)).adamw;
-    msg.params.push_back(adamw_param_args{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay,
-                                          touched(st, static_cast<int>(i))});
-    msg.params.back().cautious = a.cautious_weight_decay;
-    const auto& x = msg.params.back();
-    const auto& f = msg.params.front();
-    uniform = uniform && x.touched && x.lr == f.lr && x.beta1 == f.beta1 && x.beta2 == f.beta2
-              && x.eps == f.eps && x.weight_decay == f.weight_decay && x.cautious == f.cautious;
-  }
-  if (!msg.params.empty()) {  // the message's own values: the first parameter's
-    const auto& f = msg.params.front();
-    msg.lr = f.lr, msg.beta1 = f.beta1, msg.beta2 = f.beta2, msg.eps = f.eps;
-    msg.weight_decay = f.weight_decay;
-    msg.cautious = f.cautious;
-  }
-  if (uniform)
-    msg.params.clear();
-  ask<ack>(self, st.peers.store, msg, [=](ack&) {
-    clip_qk(self, [=] {
-      ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
-        auto& st = self->state;
-        auto& w = *st.work;
-        w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;
-        w.promise.deliver(w.result);
-        st.work.reset();
-      });
-    });
-  });
-}
-
-// -- 1-4. flush, the vote (overflow and norm), unscale and clip -----------------------------------
-
-void begin_step(coord_pointer self) {
-  auto step = self->state.work->req.step;
-  ask<flush_done>(self, self->state.peers.reducer, flush{step}, [=](flush_done& fd) {
-    if (fd.micros == 0) {
-      fail_step(self, make_caf_error(errc::bad_state,
-                                     "step " + std::to_string(step)
-                                         + ": no gradient was handed over since the last step"));
-      return;
-    }
-    self->state.work->result.micros = fd.micros;
-    ask<overflow_report>(
-        self, self->state.peers.scaler, check_overflow{step}, [=](overflow_report& rep) {
-          auto& r = self->state.work->result;
-          r.loss_scale = rep.scale;
-          r.next_loss_scale = rep.next_scale;
-          if (rep.overflow) {
-            ask<ack>(self, self->state.peers.store, discard_grads{step}, [=](ack&) {
-              auto& st = self->state;
-              st.work->result.skipped = true;
-              st.work->promise.deliver(st.work->result);
-              st.work.reset();
-            });
-            return;
-          }
-          auto& st = self->state;
-          double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
-          r.grad_norm = std::sqrt(rep.sum_squares) * unscale;
-          float max_norm = st.opts.gradient_clipping;
-          double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
-          r.clip_coef = clip < 1.0 ? static_cast<float>(clip) : 1.0f;
-          auto factor = static_cast<float>(unscale * r.clip_coef);
-          // Not waited for: the store takes this rank's requests in the order sent, so the
-          // momentum after it reads the unscaled gradient (one host round trip less before the
-          // first NS); a failure still ends the step.
-          ask<ack>(self, st.peers.store, unscale_clip{step, factor}, [](ack&) {});
-          run_muon(self);
-        });
-  });
-}
-
 muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
                                                        std::shared_ptr<const plan> pl, int rank,
                                                        engine_options opts, coordinator_peers peers,
@@ -675,6 +673,8 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.comm_on_host = comm_on_host(st.opts.comm);
   st.wire = muon_wire_type(st.opts);
   st.defaults = group_hparams{st.opts.muon, st.opts.adamw};
+  for (const auto& p : st.pl->params)
+    st.group_count = std::max(st.group_count, p.hparam_group + 1);
   for (const auto& chunk : st.pl->chunks) {
     int64_t valid = 0;
     for (int i : chunk.params)
@@ -706,6 +706,8 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
                                     + std::to_string(st.work->req.step) + " is running");
         st.work.emplace();
         st.work->req = req;
+        st.work->groups = resolve_groups(st, req);
+        st.work->touched = resolve_touched(st, req);
         st.work->result.step = req.step;
         st.work->ns_before = st.be->ns_matrix_count();
         st.work->promise = self->make_response_promise<step_result>();

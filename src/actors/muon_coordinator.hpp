@@ -3,26 +3,25 @@
 // and Newton-Schulz runs exactly once per Muon matrix per applied step, whatever gas is.
 //
 // Interface:
-//   step_request -> step_result  (host) run optimizer step `step`:
+//   step_request -> step_result  (host) run optimizer step `step` (docs/DESIGN.md §1 numbers
+//     the same sub-steps; the .cpp's sections follow them):
 //     1. flush           reducer: every bucket of the step has landed in the store
-//     2. check_overflow  loss scaler: one all-reduce over ranks of the non-finite flags and
-//                        the sums of squares: the vote and the raw gradient norm together
-//        overflow -> discard_grads, answer skipped
-//     3. the clip coefficient from that norm
-//     4. unscale_clip    store: gradient *= clip / (loss scale * micro-batches)
-//     5. per Muon chunk, in the fixed order G0 G1 S0 G2 S1 ... : muon_momentum (store),
-//        gather u shards to owners, Newton-Schulz on the owner, scatter result shards,
-//        apply_muon (store); gather and scatter carry fp32 or bf16 (muon_wire_type): with
+//     2. the vote        loss scaler: one all-reduce over ranks of the non-finite flags and
+//                        the sums of squares; overflow -> discard_grads, answer skipped.
+//                        Otherwise the raw gradient norm and the clip coefficient from it
+//     3. unscale_clip    store: gradient *= clip / (loss scale * micro-batches); carries the
+//                        step's group table and touched mask, once, for what follows
+//     4. per Muon chunk, in the fixed order G0 G1 S0 G2 S1 ... : muon_momentum (store),
+//        gather u shards to owners, Newton-Schulz on the owner (NorMuon: normuon_step, the
+//        owner's store normalizes the rows of the blocks it owns), scatter result shards,
+//        apply_muon (store). Gather and scatter carry fp32 or bf16 (muon_wire_type): with
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
 //        moves from the owner to the receiving store so that NS's output travels unscaled.
 //        Each Muon parameter is a list of NS blocks (plan.hpp, muon_block), each with its owner
-//        NorMuon (muon_variant::normuon): after NS, normuon_step asks this rank's store to
-//        normalize the rows of the NS blocks it owns (their row moments live there), then
-//        the update is scaled (bf16: the blocks' scale ratios); only here, so a skipped step
-//        never writes them
-//     6. adamw_step (store); MuonClip pairs: a max all-reduce of the query heads' logits, then
-//        qk_clip_scale (store) on this rank's shard of the clipped heads; finish_step (store),
-//        answer the result
+//     5. adamw_step      store: each group's non-Muon rule on every non-Muon shard
+//     6. MuonClip        pairs: a max all-reduce of the query heads' logits, then
+//                        qk_clip_scale (store) on this rank's shard of the clipped heads
+//     7. finish_step     store: the gradient marked zero; answer the result
 //   gpu_done  (the rank's compute backend, from its completion callback) a chunk's GPU work has
 //             finished: with the caf comm on a GPU, u and the NS result are copied to host
 //             mirrors first, and the chunk moves on only when this arrives; no thread waits.
@@ -33,6 +32,7 @@
 #include "caf/actor_system.hpp"
 
 #include "actors/interfaces.hpp"
+#include "actors/update_rule.hpp"
 #include "comm/comm.hpp"
 #include "kernels/compute.hpp"
 #include "plan/plan.hpp"
@@ -61,8 +61,5 @@ muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
 /// What the gather and the scatter carry under `opts` (muon.transport; "auto" is NS's own
 /// precision: bf16 on the cuda backend, fp32 on host).
 wire_type muon_wire_type(const engine_options& opts);
-
-/// Scale of the orthogonalized update of one [rows, cols] block (docs/DESIGN.md §2).
-float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols);
 
 }  // namespace zmuon

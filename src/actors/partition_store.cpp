@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
-#include <optional>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "caf/all.hpp"
 
+#include "actors/update_rule.hpp"
 #include "messages/errors.hpp"
 #include "plan/ownership.hpp"
 #include "trace/trace.hpp"
@@ -16,6 +16,14 @@
 namespace zmuon {
 
 namespace {
+
+/// Parameters of one hyperparameter group inside a Muon chunk or among the AdamW parameters,
+/// with their slices: what one backend call of the step takes.
+struct group_slices {
+  int group = 0;
+  std::vector<int> params;  // table order
+  std::vector<param_slice> slices;
+};
 
 struct store_state {
   std::shared_ptr<const plan> pl;
@@ -37,9 +45,17 @@ struct store_state {
   device_buffer momentum;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
-  // The backend's calls over several parameters: each Muon chunk's, and every AdamW parameter's.
-  std::vector<std::vector<param_slice>> chunk_slices;
-  std::vector<param_slice> adam_slices;
+  // The backend's calls over several parameters, per group: each Muon chunk's, and the AdamW
+  // parameters'. Built once from the plan.
+  std::vector<std::vector<group_slices>> chunk_groups;
+  std::vector<group_slices> adam_groups;
+  std::vector<int> adam_index;                 // per parameter: its AdamW ordinal, or -1
+  std::vector<std::vector<int>> owned_params;  // per chunk: those with a block this rank owns
+  // The step's values (unscale_clip): per group, and per parameter whether it is touched.
+  uint64_t values_step = 0;
+  std::shared_ptr<const std::vector<group_hparams>> groups;
+  std::vector<uint8_t> touched;
+  int group_count = 1;
   // NorMuon's row moments of the NS blocks this rank owns (plan/ownership.hpp), and per
   // parameter and block where its rows start there and where the whole block sits in its
   // chunk's owner buffer (-1: another rank's block).
@@ -66,39 +82,6 @@ using store_pointer = partition_store_actor::stateful_pointer<store_state>;
 /// Every bucket changed outside accumulate_scanned: their kept scans are stale.
 void gradient_rewritten(store_pointer self) {
   self->state.scanned.assign(self->state.scanned.size(), false);
-}
-
-/// The parameters' slices, in the order given, for the backend's calls over several parameters.
-std::vector<param_slice> slices_of(const plan& pl, const std::vector<int>& params) {
-  std::vector<param_slice> slices;
-  slices.reserve(params.size());
-  for (int i : params) {
-    const auto& p = pl.params[i];
-    slices.push_back(param_slice{p.shard_offset, p.state_offset, p.shard_len, 1.0f});
-  }
-  return slices;
-}
-
-/// Runs `call(subset, key)` once per distinct key over the slices, in first-seen order: one
-/// backend call per set of parameters that share their values. `key(k)` is slice k's values, or
-/// nullopt to leave it out.
-template <class Key, class KeyOf, class Call>
-void by_key(const std::vector<param_slice>& slices, KeyOf key_of, Call call) {
-  std::vector<std::pair<Key, std::vector<param_slice>>> sets;
-  for (size_t k = 0; k < slices.size(); ++k) {
-    std::optional<Key> key = key_of(k);
-    if (!key)
-      continue;
-    auto it =
-        std::find_if(sets.begin(), sets.end(), [&](const auto& s) { return s.first == *key; });
-    if (it == sets.end()) {
-      sets.emplace_back(*key, std::vector<param_slice>{});
-      it = sets.end() - 1;
-    }
-    it->second.push_back(slices[k]);
-  }
-  for (const auto& [key, subset] : sets)
-    call(subset, key);
 }
 
 // MuonClip after the step's update: each range lies in this rank's parameter shard.
@@ -194,88 +177,6 @@ store_snapshot saved_state(store_pointer self) {
   return snap;
 }
 
-/// apply_update_slices(), or with cautious weight decay a call per slice (a bf16 update widened
-/// first).
-void apply_slices(compute_backend& be, float* p, fp32_or_bf16 o, int64_t origin,
-                  const std::vector<param_slice>& slices, float lr, float weight_decay,
-                  bool cautious) {
-  if (!cautious)
-    return be.apply_update_slices(p, o, origin, slices, lr, weight_decay);
-  for (const param_slice& s : slices) {
-    const int64_t at = s.state_offset - origin;
-    if (o.f32 != nullptr) {
-      be.apply_update_cautious(p + s.shard_offset, o.f32 + at, s.n, lr, s.scale, weight_decay);
-      continue;
-    }
-    device_buffer wide = be.allocate_for_overwrite(s.n);
-    be.from_bf16(wide.data(), o.bf16 + at, s.n);
-    be.apply_update_cautious(p + s.shard_offset, wide.data(), s.n, lr, s.scale, weight_decay);
-  }
-}
-
-/// normuon_step: each NS block of the listed parameters that this rank owns normalized in place
-/// in the owner buffer (a bf16 one through an fp32 copy) with its own row moments, its heads as
-/// separate matrices whose rows are the block's rows (NorMuon per matrix, arXiv:2510.05491).
-caf::error normalize_rows(store_state& st, const normuon_step& msg) {
-  const auto& pl = *st.pl;
-  const std::string what = "normuon_step: chunk " + std::to_string(msg.chunk);
-  if (msg.chunk < 0 || msg.chunk >= static_cast<int32_t>(pl.chunks.size()))
-    return make_caf_error(errc::invalid_argument,
-                          "normuon_step: no Muon chunk " + std::to_string(msg.chunk));
-  if (msg.full.data == nullptr && msg.full.bf16 == nullptr)
-    return make_caf_error(errc::invalid_argument, what + ": no owner buffer");
-  auto owned = [&](int32_t param, size_t b) { return st.full_offset[param][b] >= 0; };
-  for (const auto& a : msg.params) {
-    bool any = false;
-    if (a.param >= 0 && a.param < static_cast<int32_t>(pl.params.size())
-        && pl.params[a.param].chunk == msg.chunk)
-      for (size_t b = 0; b < st.full_offset[a.param].size(); ++b)
-        any = any || owned(a.param, b);
-    if (!any)
-      return make_caf_error(errc::invalid_argument, what + ": parameter " + std::to_string(a.param)
-                                                        + " has no block this rank owns there");
-    const auto& p = pl.params[a.param];
-    for (size_t b = 0; b < p.blocks.size(); ++b)
-      if (owned(a.param, b)
-          && st.full_offset[a.param][b] + p.blocks[b].rows * p.cols > msg.full.size)
-        return make_caf_error(
-            errc::shape_mismatch,
-            what + ": the owner buffer holds " + std::to_string(msg.full.size) + " floats");
-  }
-  for (const auto& a : msg.params) {
-    const auto& p = pl.params[a.param];
-    for (size_t k = 0; k < p.blocks.size(); ++k) {
-      if (!owned(a.param, k))
-        continue;
-      const muon_block& b = p.blocks[k];
-      float* v = st.row_moments.data() + st.row_offset[a.param][k];
-      const int64_t at = st.full_offset[a.param][k];
-      const int64_t n = b.rows * p.cols;
-      if (msg.full.data != nullptr) {
-        st.be->normuon_rows(msg.full.data + at, v, b.heads, b.rows / b.heads, p.cols, a.beta2,
-                            a.eps);
-        continue;
-      }
-      device_buffer wide = st.be->allocate_for_overwrite(n);
-      st.be->from_bf16(wide.data(), msg.full.bf16 + at, n);
-      st.be->normuon_rows(wide.data(), v, b.heads, b.rows / b.heads, p.cols, a.beta2, a.eps);
-      st.be->to_bf16(msg.full.bf16 + at, wide.data(), n);
-    }
-  }
-  return {};
-}
-
-/// A message's per-parameter entries: none, or one per parameter of the chunk.
-template <class Args>
-caf::error check_args(const std::vector<Args>& args, size_t params, const char* what, int chunk) {
-  if (args.empty() || args.size() == params)
-    return {};
-  return make_caf_error(errc::shape_mismatch, std::string(what) + ": chunk " + std::to_string(chunk)
-                                                  + " has " + std::to_string(params)
-                                                  + " parameters, got "
-                                                  + std::to_string(args.size()) + " entries");
-}
-
 caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, const char* what) {
   if (chunk < 0 || chunk >= static_cast<int32_t>(pl.chunks.size()))
     return make_caf_error(errc::invalid_argument,
@@ -327,38 +228,346 @@ caf::error check_state(const store_state& st, const rank_state* in) {
   return {};
 }
 
-partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_ptr<const plan> pl,
-                                                int rank, std::shared_ptr<compute_backend> backend,
-                                                std::shared_ptr<trace::recorder> tracer) {
-  auto& st = self->state;
-  st.tr = trace::track(std::move(tracer), "partition_store");
+// -- setup: the plan's calls, built once ----------------------------------------------------------
+
+/// The parameters' slices by hyperparameter group, groups in first-seen order.
+std::vector<group_slices> by_group(const plan& pl, const std::vector<int>& params) {
+  std::vector<group_slices> out;
+  for (int i : params) {
+    const auto& p = pl.params[i];
+    auto it = std::find_if(out.begin(), out.end(),
+                           [&](const group_slices& g) { return g.group == p.hparam_group; });
+    if (it == out.end())
+      it = out.insert(out.end(), group_slices{p.hparam_group, {}, {}});
+    it->params.push_back(i);
+    it->slices.push_back(param_slice{p.shard_offset, p.state_offset, p.shard_len, 1.0f});
+  }
+  return out;
+}
+
+void init_state(store_state& st, std::shared_ptr<const plan> pl, int rank,
+                std::shared_ptr<compute_backend> backend) {
   st.pl = std::move(pl);
   st.rank = rank;
   st.be = std::move(backend);
-  st.params = st.be->allocate(st.pl->shard_total);
-  st.grads = st.be->allocate(st.pl->shard_total);
-  st.written.assign(st.pl->buckets.size(), true);  // allocated zero
-  st.bucket_scans = st.be->make_part_scans(static_cast<int>(st.pl->buckets.size()));
-  st.scanned.assign(st.pl->buckets.size(), true);  // zero parts
-  st.momentum = st.be->allocate(st.pl->muon_state_total);
-  st.exp_avg = st.be->allocate(st.pl->adam_state_total);
-  st.exp_avg_sq = st.be->allocate(st.pl->adam_state_total);
+  const plan& p = *st.pl;
+  st.params = st.be->allocate(p.shard_total);
+  st.grads = st.be->allocate(p.shard_total);
+  st.written.assign(p.buckets.size(), true);  // allocated zero
+  st.bucket_scans = st.be->make_part_scans(static_cast<int>(p.buckets.size()));
+  st.scanned.assign(p.buckets.size(), true);  // zero parts
+  st.momentum = st.be->allocate(p.muon_state_total);
+  st.exp_avg = st.be->allocate(p.adam_state_total);
+  st.exp_avg_sq = st.be->allocate(p.adam_state_total);
   std::vector<int> adam_params;
-  for (size_t i = 0; i < st.pl->params.size(); ++i)
-    if (!st.pl->params[i].muon)
+  st.adam_index.assign(p.params.size(), -1);
+  for (size_t i = 0; i < p.params.size(); ++i) {
+    st.group_count = std::max(st.group_count, p.params[i].hparam_group + 1);
+    if (!p.params[i].muon) {
+      st.adam_index[i] = static_cast<int>(adam_params.size());
       adam_params.push_back(static_cast<int>(i));
-  st.adam_slices = slices_of(*st.pl, adam_params);
+    }
+  }
+  st.adam_groups = by_group(p, adam_params);
   st.adam_param_steps.assign(adam_params.size(), 0);
-  for (const auto& c : st.pl->chunks)
-    st.chunk_slices.push_back(slices_of(*st.pl, c.params));
-  st.row_moments = st.be->allocate(row_moment_total(*st.pl, rank));
-  st.row_offset = row_moment_offsets(*st.pl);
-  st.full_offset.resize(st.pl->params.size());
-  for (size_t i = 0; i < st.pl->params.size(); ++i)
-    st.full_offset[i].assign(st.pl->params[i].blocks.size(), -1);
-  for (const auto& own : make_ownership(*st.pl, rank))
-    for (const auto& m : own.owned)
+  for (const auto& c : p.chunks)
+    st.chunk_groups.push_back(by_group(p, c.params));
+  st.row_moments = st.be->allocate(row_moment_total(p, rank));
+  st.row_offset = row_moment_offsets(p);
+  st.full_offset.resize(p.params.size());
+  for (size_t i = 0; i < p.params.size(); ++i)
+    st.full_offset[i].assign(p.params[i].blocks.size(), -1);
+  st.owned_params.resize(p.chunks.size());
+  for (const auto& own : make_ownership(p, rank))
+    for (const auto& m : own.owned) {
       st.full_offset[m.param][m.block] = m.full_offset;
+      auto& list = st.owned_params[p.params[m.param].chunk];
+      if (list.empty() || list.back() != m.param)  // table order, a parameter's blocks together
+        list.push_back(m.param);
+    }
+}
+
+// -- the step's values
+// ------------------------------------------------------------------------------
+
+/// unscale_clip: the step applies; its values serve the step's later messages.
+caf::error take_step_values(store_state& st, unscale_clip& msg) {
+  const std::string what = "unscale_clip: step " + std::to_string(msg.step);
+  if (!msg.groups || static_cast<int>(msg.groups->size()) < st.group_count)
+    return make_caf_error(errc::invalid_argument,
+                          what + ": needs the values of " + std::to_string(st.group_count)
+                              + " hyperparameter groups, got "
+                              + std::to_string(msg.groups ? msg.groups->size() : 0));
+  if (!msg.touched.empty() && msg.touched.size() != st.pl->params.size())
+    return make_caf_error(errc::shape_mismatch,
+                          what + ": " + std::to_string(msg.touched.size()) + " touched flags for "
+                              + std::to_string(st.pl->params.size()) + " parameters");
+  st.values_step = msg.step;
+  st.groups = std::move(msg.groups);
+  st.touched = std::move(msg.touched);
+  return {};
+}
+
+/// An update message of `step` needs that step's values.
+caf::error check_values(const store_state& st, uint64_t step, const char* what) {
+  if (st.groups && st.values_step == step)
+    return {};
+  return make_caf_error(errc::bad_state, std::string(what) + ": step " + std::to_string(step)
+                                             + " has no values (unscale_clip comes first)");
+}
+
+const group_hparams& values_of(const store_state& st, int group) {
+  return (*st.groups)[group];
+}
+
+bool is_touched(const store_state& st, int param) {
+  return st.touched.empty() || st.touched[param] != 0;
+}
+
+/// Calls call(slices, touched) for the group's touched slices, then its untouched ones (each
+/// set only when not empty).
+template <class Call>
+void by_touch(const store_state& st, const group_slices& gs, Call call) {
+  std::vector<param_slice> on, off;
+  for (size_t k = 0; k < gs.params.size(); ++k)
+    (is_touched(st, gs.params[k]) ? on : off).push_back(gs.slices[k]);
+  if (!on.empty())
+    call(on, true);
+  if (!off.empty())
+    call(off, false);
+}
+
+// -- the update ---------------------------------------------------------------------------------
+
+/// muon_momentum: per group, m and u of its touched parameters; an untouched one takes beta 1
+/// (its gradient is zero: m stays exactly) and u = m.
+caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
+  auto& st = self->state;
+  if (auto err = check_chunk(*st.pl, msg.chunk, msg.out, "muon_momentum"))
+    return err;
+  if (auto err = check_values(st, msg.step, "muon_momentum"))
+    return err;
+  materialize(self);
+  const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
+  const int64_t origin = st.pl->chunks[msg.chunk].state_offset;
+  for (const auto& gs : st.chunk_groups[msg.chunk]) {
+    const auto& m = values_of(st, gs.group).muon;
+    by_touch(st, gs, [&](const std::vector<param_slice>& slices, bool touched) {
+      st.be->momentum_slices(st.momentum.data(), st.grads.data(), out, origin, slices,
+                             touched ? m.momentum : 1.0f, touched && m.nesterov);
+    });
+  }
+  return {};
+}
+
+/// apply_muon: per group, its touched parameters' update. An fp32 update arrives scaled; a bf16
+/// one unscaled, and each parameter takes its first block's scale here.
+caf::error apply_update(store_pointer self, const apply_muon& msg) {
+  auto& st = self->state;
+  const auto& pl = *st.pl;
+  if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
+    return err;
+  if (auto err = check_values(st, msg.step, "apply_muon"))
+    return err;
+  const fp32_or_bf16 update{msg.update.data, msg.update.bf16};
+  const bool scale_here = msg.update.bf16 != nullptr;
+  for (const auto& gs : st.chunk_groups[msg.chunk]) {
+    const auto& m = values_of(st, gs.group).muon;
+    std::vector<param_slice> slices;
+    for (size_t k = 0; k < gs.params.size(); ++k) {
+      if (!is_touched(st, gs.params[k]))
+        continue;
+      const auto& p = pl.params[gs.params[k]];
+      const auto& b0 = p.blocks.front();
+      slices.push_back(gs.slices[k]);
+      slices.back().scale = scale_here ? update_scale(m.adjust_lr, b0.rows / b0.heads, p.cols) : 1;
+    }
+    if (!slices.empty())
+      st.be->apply_update_slices(st.params.data(), update, pl.chunks[msg.chunk].state_offset,
+                                 slices, m.lr, m.weight_decay, decay_of(m.cautious_weight_decay));
+  }
+  return {};
+}
+
+/// adamw_step: per group, the non-Muon rule on its touched parameters, a call per step count
+/// (a parameter some steps left untouched counts fewer).
+caf::error run_scalar_rule(store_pointer self, const adamw_step& msg) {
+  auto& st = self->state;
+  if (auto err = check_values(st, msg.step, "adamw_step"))
+    return err;
+  ++st.adam_steps;
+  materialize(self);
+  for (const auto& gs : st.adam_groups) {
+    std::vector<std::pair<int64_t, std::vector<param_slice>>> by_count;
+    for (size_t k = 0; k < gs.params.size(); ++k) {
+      if (!is_touched(st, gs.params[k]))
+        continue;
+      const int64_t n = ++st.adam_param_steps[st.adam_index[gs.params[k]]];
+      auto it = std::find_if(by_count.begin(), by_count.end(),
+                             [&](const auto& c) { return c.first == n; });
+      if (it == by_count.end())
+        it = by_count.insert(by_count.end(), {n, {}});
+      it->second.push_back(gs.slices[k]);
+    }
+    for (const auto& [n, slices] : by_count)
+      st.be->scalar_update_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
+                                  st.exp_avg_sq.data(), slices,
+                                  scalar_args_of(values_of(st, gs.group).adamw, n));
+  }
+  return {};
+}
+
+/// normuon_step: each NS block this rank owns of the chunk's touched NorMuon parameters,
+/// normalized in place in the owner buffer (a bf16 one through an fp32 copy) with its own row
+/// moments, its heads as separate matrices whose rows are the block's rows (NorMuon per
+/// matrix, arXiv:2510.05491).
+caf::error normalize_rows(store_state& st, const normuon_step& msg) {
+  const auto& pl = *st.pl;
+  const std::string what = "normuon_step: chunk " + std::to_string(msg.chunk);
+  if (msg.chunk < 0 || msg.chunk >= static_cast<int32_t>(pl.chunks.size()))
+    return make_caf_error(errc::invalid_argument,
+                          "normuon_step: no Muon chunk " + std::to_string(msg.chunk));
+  if (msg.full.data == nullptr && msg.full.bf16 == nullptr)
+    return make_caf_error(errc::invalid_argument, what + ": no owner buffer");
+  if (auto err = check_values(st, msg.step, "normuon_step"))
+    return err;
+  std::vector<int> params;
+  for (int i : st.owned_params[msg.chunk]) {
+    const auto& m = values_of(st, pl.params[i].hparam_group).muon;
+    if (m.variant == muon_variant::normuon && is_touched(st, i))
+      params.push_back(i);
+  }
+  for (int i : params) {
+    const auto& p = pl.params[i];
+    for (size_t b = 0; b < p.blocks.size(); ++b)
+      if (st.full_offset[i][b] >= 0
+          && st.full_offset[i][b] + p.blocks[b].rows * p.cols > msg.full.size)
+        return make_caf_error(
+            errc::shape_mismatch,
+            what + ": the owner buffer holds " + std::to_string(msg.full.size) + " floats");
+  }
+  for (int i : params) {
+    const auto& p = pl.params[i];
+    const auto& m = values_of(st, p.hparam_group).muon;
+    for (size_t k = 0; k < p.blocks.size(); ++k) {
+      const int64_t at = st.full_offset[i][k];
+      if (at < 0)
+        continue;
+      const muon_block& b = p.blocks[k];
+      float* v = st.row_moments.data() + st.row_offset[i][k];
+      const int64_t n = b.rows * p.cols;
+      if (msg.full.data != nullptr) {
+        st.be->normuon_rows(msg.full.data + at, v, b.heads, b.rows / b.heads, p.cols,
+                            m.normuon_beta2, m.normuon_eps);
+        continue;
+      }
+      device_buffer wide = st.be->allocate_for_overwrite(n);
+      st.be->from_bf16(wide.data(), msg.full.bf16 + at, n);
+      st.be->normuon_rows(wide.data(), v, b.heads, b.rows / b.heads, p.cols, m.normuon_beta2,
+                          m.normuon_eps);
+      st.be->to_bf16(msg.full.bf16 + at, wide.data(), n);
+    }
+  }
+  return {};
+}
+
+/// The answer to a request of `step`: its error, or ack.
+caf::result<ack> answered(uint64_t step, caf::error err) {
+  if (err)
+    return err;
+  return ack{step};
+}
+
+/// unscale_clip: the step's values kept; the gradient times the factor.
+caf::error unscale(store_pointer self, unscale_clip& msg) {
+  auto& st = self->state;
+  if (auto err = take_step_values(st, msg))
+    return err;
+  if (msg.factor == 1.0f)  // x * 1 is x: no pass over every gradient (gas 1, no scale, clip)
+    return {};
+  materialize(self);
+  st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
+  gradient_rewritten(self);
+  return {};
+}
+
+/// accumulate: the slice added to (a bucket's first of the step: copied into) its bucket.
+caf::error add_slice(store_pointer self, const accumulate& msg) {
+  auto& st = self->state;
+  const auto& pl = *st.pl;
+  if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
+      || msg.slice.data == nullptr || msg.slice.size != pl.buckets[msg.bucket].shard_len)
+    return make_caf_error(errc::shape_mismatch, "accumulate: bucket " + std::to_string(msg.bucket)
+                                                    + " slice has the wrong size");
+  auto& b = pl.buckets[msg.bucket];
+  float* dst = st.grads.data() + b.shard_offset;
+  const bool first = !st.written[msg.bucket];
+  // The scan in the same pass where the slice is in the backend's own memory.
+  const bool own_memory = !msg.from_host || !st.be->device_memory();
+  if (own_memory)
+    st.be->accumulate_scanned(dst, msg.slice.data, b.shard_len,
+                              first ? accumulate_mode::copy : accumulate_mode::add,
+                              *st.bucket_scans, msg.bucket);
+  else if (first)  // pageable: copied out before it returns
+    st.be->copy_from_host_async(dst, msg.slice.data, b.shard_len);
+  else
+    st.be->add_from_host(dst, msg.slice.data, b.shard_len);
+  st.written[msg.bucket] = true;
+  st.scanned[msg.bucket] = own_memory;
+  return {};
+}
+
+/// load_params: the parameter shard set.
+caf::error set_params(store_state& st, const load_params& msg) {
+  if (!msg.shard || static_cast<int64_t>(msg.shard->size()) != st.params.size())
+    return make_caf_error(errc::shape_mismatch, "load_params: rank " + std::to_string(st.rank)
+                                                    + " needs " + std::to_string(st.params.size())
+                                                    + " floats");
+  st.be->copy_from_host(st.params.data(), msg.shard->data(), st.params.size());
+  return {};
+}
+
+/// finish_step: the gradient marked zero; answered once the step's kernels have finished (so
+/// that the host's step time is the GPU's), through gpu_done.
+caf::result<ack> finish(store_pointer self, uint64_t step) {
+  forget_gradient(self);
+  auto& finishing = self->state.finishing;
+  finishing.push_back(self->make_response_promise<ack>());
+  auto promise = finishing.back();
+  notify_when_done(self, step, gpu_event::step_done);
+  return promise;
+}
+
+/// load_state: params, momentum, Adam moments, step counts and row moments replaced; the
+/// gradient zero.
+caf::error load_state_into(store_pointer self, const rank_state* in) {
+  auto& st = self->state;
+  if (auto err = check_state(st, in))
+    return err;
+  auto& be = *st.be;
+  be.copy_from_host(st.params.data(), in->params.data(), in->params.size());
+  be.copy_from_host(st.momentum.data(), in->momentum.data(), in->momentum.size());
+  be.copy_from_host(st.exp_avg.data(), in->exp_avg.data(), in->exp_avg.size());
+  be.copy_from_host(st.exp_avg_sq.data(), in->exp_avg_sq.data(), in->exp_avg_sq.size());
+  if (in->row_moments.empty())
+    be.fill_zero(st.row_moments.data(), st.row_moments.size());
+  else
+    be.copy_from_host(st.row_moments.data(), in->row_moments.data(), in->row_moments.size());
+  be.synchronize();
+  st.adam_steps = in->adam_steps;
+  if (in->adam_param_steps.empty())
+    st.adam_param_steps.assign(st.adam_param_steps.size(), in->adam_steps);
+  else
+    st.adam_param_steps = in->adam_param_steps;
+  forget_gradient(self);
+  return {};
+}
+
+partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_ptr<const plan> pl,
+                                                int rank, std::shared_ptr<compute_backend> backend,
+                                                std::shared_ptr<trace::recorder> tracer) {
+  self->state.tr = trace::track(std::move(tracer), "partition_store");
+  init_state(self->state, std::move(pl), rank, std::move(backend));
   // A CUDA failure inside a handler ends the store with a device_failure naming the call; the
   // coordinator monitors the store and fails the step with it.
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
@@ -369,29 +578,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         // message itself lives until the store takes its next one): a requester that hears the
         // answer finds it released.
         const keep_alive held = std::move(msg.slice.owner);
-        auto& st = self->state;
-        const auto& pl = *st.pl;
-        if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
-            || msg.slice.data == nullptr || msg.slice.size != pl.buckets[msg.bucket].shard_len)
-          return make_caf_error(
-              errc::shape_mismatch,
-              "accumulate: bucket " + std::to_string(msg.bucket) + " slice has the wrong size");
-        auto& b = pl.buckets[msg.bucket];
-        float* dst = st.grads.data() + b.shard_offset;
-        const bool first = !st.written[msg.bucket];
-        // The scan in the same pass where the slice is in the backend's own memory.
-        const bool own_memory = !msg.from_host || !st.be->device_memory();
-        if (own_memory)
-          st.be->accumulate_scanned(dst, msg.slice.data, b.shard_len,
-                                    first ? accumulate_mode::copy : accumulate_mode::add,
-                                    *st.bucket_scans, msg.bucket);
-        else if (first)  // pageable: copied out before it returns
-          st.be->copy_from_host_async(dst, msg.slice.data, b.shard_len);
-        else
-          st.be->add_from_host(dst, msg.slice.data, b.shard_len);
-        st.written[msg.bucket] = true;
-        st.scanned[msg.bucket] = own_memory;
-        return ack{msg.step};
+        return answered(msg.step, add_slice(self, msg));
       },
       [=](scan_grads& msg) {
         ZMUON_TRACE_RECV(self, msg);
@@ -402,170 +589,41 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         forget_gradient(self);
         return ack{msg.step};
       },
-      [=](unscale_clip& msg) -> ack {
+      [=](unscale_clip& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
-        auto& st = self->state;
-        if (msg.factor == 1.0f)  // x * 1 is x: no pass over every gradient (gas 1, no scale, clip)
-          return ack{msg.step};
-        materialize(self);
-        st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
-        gradient_rewritten(self);
-        return ack{msg.step};
+        return answered(msg.step, unscale(self, msg));
       },
       [=](muon_momentum& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         const keep_alive held = std::move(msg.out.owner);  // as in accumulate
-        auto& st = self->state;
-        const auto& pl = *st.pl;
-        if (auto err = check_chunk(pl, msg.chunk, msg.out, "muon_momentum"))
-          return err;
-        const auto& c = pl.chunks[msg.chunk];
-        if (auto err = check_args(msg.params, c.params.size(), "muon_momentum", msg.chunk))
-          return err;
-        materialize(self);
-        const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
-        const auto& slices = st.chunk_slices[msg.chunk];
-        if (msg.params.empty()) {
-          st.be->momentum_slices(st.momentum.data(), st.grads.data(), out, c.state_offset, slices,
-                                 msg.beta, msg.nesterov);
-          return ack{msg.step};
-        }
-        // An untouched parameter: beta 1 keeps m exactly (its gradient is zero), u = m.
-        using key = std::pair<float, bool>;
-        by_key<key>(
-            slices,
-            [&](size_t k) -> std::optional<key> {
-              const auto& a = msg.params[k];
-              return a.touched ? key{a.beta, a.nesterov} : key{1.0f, false};
-            },
-            [&](const std::vector<param_slice>& subset, const key& k) {
-              st.be->momentum_slices(st.momentum.data(), st.grads.data(), out, c.state_offset,
-                                     subset, k.first, k.second);
-            });
-        return ack{msg.step};
+        return answered(msg.step, update_momentum(self, msg));
       },
       [=](apply_muon& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         const keep_alive held = std::move(msg.update.owner);  // as in accumulate
-        auto& st = self->state;
-        const auto& pl = *st.pl;
-        if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
-          return err;
-        const auto& c = pl.chunks[msg.chunk];
-        if (!msg.scales.empty() && msg.scales.size() != c.params.size())
-          return make_caf_error(errc::shape_mismatch,
-                                "apply_muon: chunk " + std::to_string(msg.chunk) + " has "
-                                    + std::to_string(c.params.size()) + " parameters, got "
-                                    + std::to_string(msg.scales.size()) + " scales");
-        if (auto err = check_args(msg.params, c.params.size(), "apply_muon", msg.chunk))
-          return err;
-        std::vector<param_slice>& slices = st.chunk_slices[msg.chunk];
-        for (size_t k = 0; k < slices.size(); ++k)
-          slices[k].scale = msg.scales.empty() ? 1.0f : msg.scales[k];
-        const fp32_or_bf16 update{msg.update.data, msg.update.bf16};
-        if (msg.params.empty()) {
-          apply_slices(*st.be, st.params.data(), update, c.state_offset, slices, msg.lr,
-                       msg.weight_decay, msg.cautious);
-          return ack{msg.step};
-        }
-        using key = std::tuple<float, float, bool>;  // lr, weight decay, cautious; untouched: out
-        by_key<key>(
-            slices,
-            [&](size_t k) -> std::optional<key> {
-              const auto& a = msg.params[k];
-              return a.touched ? std::optional<key>(key{a.lr, a.weight_decay, a.cautious})
-                               : std::nullopt;
-            },
-            [&](const std::vector<param_slice>& subset, const key& k) {
-              apply_slices(*st.be, st.params.data(), update, c.state_offset, subset, std::get<0>(k),
-                           std::get<1>(k), std::get<2>(k));
-            });
-        return ack{msg.step};
+        return answered(msg.step, apply_update(self, msg));
       },
       [=](adamw_step& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
-        auto& st = self->state;
-        if (!msg.params.empty() && msg.params.size() != st.adam_slices.size())
-          return make_caf_error(errc::shape_mismatch,
-                                "adamw_step: " + std::to_string(msg.params.size()) + " entries for "
-                                    + std::to_string(st.adam_slices.size()) + " AdamW parameters");
-        ++st.adam_steps;
-        materialize(self);
-        // One call per set of parameters that share their values and step count.
-        using key = std::tuple<float, float, float, float, float, int64_t, bool>;
-        by_key<key>(
-            st.adam_slices,
-            [&](size_t k) -> std::optional<key> {
-              adamw_param_args a{msg.lr, msg.beta1, msg.beta2, msg.eps, msg.weight_decay, true};
-              a.cautious = msg.cautious;
-              if (!msg.params.empty())
-                a = msg.params[k];
-              if (!a.touched)
-                return std::nullopt;
-              int64_t n = ++st.adam_param_steps[k];
-              return key{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, n, a.cautious};
-            },
-            [&](const std::vector<param_slice>& subset, const key& k) {
-              auto [lr, beta1, beta2, eps, wd, n, cautious] = k;
-              adamw_args args{lr, beta1, beta2, eps, wd, n};
-              args.cautious = cautious;
-              st.be->adamw_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
-                                  st.exp_avg_sq.data(), subset, args);
-            });
-        return ack{msg.step};
+        return answered(msg.step, run_scalar_rule(self, msg));
       },
       [=](normuon_step& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         const keep_alive held = std::move(msg.full.owner);  // as in accumulate
-        if (auto err = normalize_rows(self->state, msg))
-          return err;
-        return ack{msg.step};
+        return answered(msg.step, normalize_rows(self->state, msg));
       },
       [=](finish_step& msg) -> caf::result<ack> {
-        // Answered once the step's kernels have finished (so that the host's step time is the
-        // GPU's), through gpu_done.
         ZMUON_TRACE_RECV(self, msg);
-        auto& st = self->state;
-        forget_gradient(self);
-        st.finishing.push_back(self->make_response_promise<ack>());
-        auto promise = st.finishing.back();
-        notify_when_done(self, msg.step, gpu_event::step_done);
-        return promise;
+        return finish(self, msg.step);
       },
       [=](gpu_done& msg) { on_gpu_done(self, msg); },
       [=](qk_clip_scale& msg) -> caf::result<ack> { return scale_clipped_heads(self, msg); },
       [=](load_params& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
-        auto& st = self->state;
-        if (!msg.shard || static_cast<int64_t>(msg.shard->size()) != st.params.size())
-          return make_caf_error(errc::shape_mismatch,
-                                "load_params: rank " + std::to_string(st.rank) + " needs "
-                                    + std::to_string(st.params.size()) + " floats");
-        st.be->copy_from_host(st.params.data(), msg.shard->data(), st.params.size());
-        return ack{msg.step};
+        return answered(msg.step, set_params(self->state, msg));
       },
       [=](load_state& msg) -> caf::result<ack> {
-        auto& st = self->state;
-        if (auto err = check_state(st, msg.state.get()))
-          return err;
-        const rank_state& in = *msg.state;
-        auto& be = *st.be;
-        be.copy_from_host(st.params.data(), in.params.data(), in.params.size());
-        be.copy_from_host(st.momentum.data(), in.momentum.data(), in.momentum.size());
-        be.copy_from_host(st.exp_avg.data(), in.exp_avg.data(), in.exp_avg.size());
-        be.copy_from_host(st.exp_avg_sq.data(), in.exp_avg_sq.data(), in.exp_avg_sq.size());
-        if (in.row_moments.empty())
-          be.fill_zero(st.row_moments.data(), st.row_moments.size());
-        else
-          be.copy_from_host(st.row_moments.data(), in.row_moments.data(), in.row_moments.size());
-        be.synchronize();
-        st.adam_steps = in.adam_steps;
-        if (in.adam_param_steps.empty())
-          st.adam_param_steps.assign(st.adam_param_steps.size(), in.adam_steps);
-        else
-          st.adam_param_steps = in.adam_param_steps;
-        forget_gradient(self);
-        return ack{msg.step};
+        return answered(msg.step, load_state_into(self, msg.state.get()));
       },
       [=](snapshot_atom) -> store_snapshot {
         materialize(self);  // the gradient too: written first where it is only marked zero

@@ -8,13 +8,15 @@
 //                            only marked unwritten, never filled, until something reads it)
 //   scan_grads -> grad_scan  (loss scaler) non-finite flag and sum of squares of the gradient
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
-//   unscale_clip -> ack      (coordinator) gradient *= clip / (scale * micro-batches)
+//   unscale_clip -> ack      (coordinator) the step applies: gradient *= clip / (scale *
+//                            micro-batches); keeps the step's group table and touched mask,
+//                            from which the step's messages below take every value
 //   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`
-//   apply_muon -> ack        (coordinator) p = p*(1 - lr*wd) - lr*scale*o for one chunk (each
-//                            parameter's scale from the message; 1 when it carries none)
-//   apply_muon carries `cautious`: the decay only where p * o >= 0 (arXiv:2510.12402)
-//   adamw_step -> ack        (coordinator) AdamW on all non-Muon shards (cautious: likewise,
-//                            with the direction m_hat / (sqrt(v_hat) + eps))
+//   apply_muon -> ack        (coordinator) p = p*(1 - lr*wd) - lr*scale*o for one chunk, per
+//                            group (cautious: the decay only where p * o >= 0,
+//                            arXiv:2510.12402); bf16 o arrives unscaled and is scaled here
+//   adamw_step -> ack        (coordinator) the non-Muon rule (kernels/scalar_rules.hpp) on all
+//                            non-Muon shards, per group
 //   normuon_step -> ack      (coordinator, owner, applied steps only) NorMuon's row
 //                            normalization of the NS blocks this rank owns in a chunk,
 //                            after NS: updates their row moments, which this store keeps

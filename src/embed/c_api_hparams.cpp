@@ -143,8 +143,13 @@ int zmuon_engine_set_group_rule(zmuon_engine* eng, int32_t group, const zmuon_gr
       if (rule->variant != ZMUON_VARIANT_MUON && rule->variant != ZMUON_VARIANT_NORMUON)
         return bad({errc::invalid_argument, "variant must be 0 (muon) or 1 (normuon), got "
                                                 + std::to_string(rule->variant)});
+      if (rule->algorithm < 0 || rule->algorithm >= zmuon::kScalarAlgorithms)
+        return bad({errc::invalid_argument,
+                    "algorithm must be in [0, " + std::to_string(zmuon::kScalarAlgorithms)
+                        + ") (zmuon_scalar_algorithm), got " + std::to_string(rule->algorithm)});
       v.muon.cautious_weight_decay = v.adamw.cautious_weight_decay =
           rule->cautious_weight_decay != 0;
+      v.adamw.algorithm = static_cast<zmuon::scalar_algorithm>(rule->algorithm);
       v.muon.variant = static_cast<zmuon::muon_variant>(rule->variant);
       v.muon.normuon_beta2 = rule->normuon_beta2;
       v.muon.normuon_eps = rule->normuon_eps;

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/scalar_rules.hpp"
 #include "zmuon/call_times.hpp"
 #include "zmuon/memory.hpp"
 #include "zmuon/options.hpp"
@@ -67,17 +68,10 @@ struct scan_result {
   double sum_squares = 0.0;
 };
 
-/// One AdamW update's hyper-parameters; `step` is the 1-based count of applied steps.
-struct adamw_args {
-  float lr = 0.0f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-10f;
-  float weight_decay = 0.0f;
-  int64_t step = 1;
-  /// Cautious weight decay (arXiv:2510.12402, as Dion's scalar_opts.adamw_update): p decays only
-  /// where p * m_hat / (sqrt(v_hat) + eps) >= 0, with m and v already updated by this step.
-  bool cautious = false;
+/// Where decoupled weight decay applies.
+enum class decay_mask : uint8_t {
+  all,       // every element: p*(1 - lr*wd)
+  cautious,  // only where p and the update agree in sign (arXiv:2510.12402)
 };
 
 /// A parameter's part of a call over several parameters (the store's calls, one per Muon chunk
@@ -208,9 +202,10 @@ public:
   ///   then each block times ||o_before||_F / max(||o_after||_F, 1e-8) (Dion's rescale).
   virtual void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
                             float beta2, float eps) = 0;
-  /// Bias-corrected AdamW with decoupled weight decay, on one shard.
-  virtual void adamw(float* p, const float* g, float* m, float* v, int64_t n,
-                     const adamw_args& args) = 0;
+  /// The non-Muon rule `args.algorithm` (kernels/scalar_rules.hpp) on one shard: p, its
+  /// gradient g, its first and second moments m and v (a rule may leave v alone).
+  virtual void scalar_update(float* p, const float* g, float* m, float* v, int64_t n,
+                             const scalar_args& args) = 0;
 
   // -- bf16 transport (the Muon phase's gather and scatter, kernels/bf16.hpp) -------------------
   /// dst[i] = bf16 bits of src[i], rounded to nearest even (NaN stays NaN, no flush to zero).
@@ -262,25 +257,34 @@ public:
     }
   }
   /// apply_update() / apply_update_bf16() per slice with its scale: p at shard_offset, o at
-  /// state_offset - origin.
+  /// state_offset - origin; `mask` cautious: apply_update_cautious() (o widened from bf16).
   virtual void apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
                                    const std::vector<param_slice>& slices, float lr,
-                                   float weight_decay) {
+                                   float weight_decay, decay_mask mask) {
     for (const param_slice& s : slices) {
-      if (o.f32 != nullptr)
-        apply_update(p + s.shard_offset, o.f32 + (s.state_offset - origin), s.n, lr, s.scale,
-                     weight_decay);
-      else
-        apply_update_bf16(p + s.shard_offset, o.bf16 + (s.state_offset - origin), s.n, lr, s.scale,
-                          weight_decay);
+      const int64_t at = s.state_offset - origin;
+      if (mask == decay_mask::cautious) {
+        if (o.f32 != nullptr) {
+          apply_update_cautious(p + s.shard_offset, o.f32 + at, s.n, lr, s.scale, weight_decay);
+          continue;
+        }
+        device_buffer wide = allocate_for_overwrite(s.n);
+        from_bf16(wide.data(), o.bf16 + at, s.n);
+        apply_update_cautious(p + s.shard_offset, wide.data(), s.n, lr, s.scale, weight_decay);
+      } else if (o.f32 != nullptr) {
+        apply_update(p + s.shard_offset, o.f32 + at, s.n, lr, s.scale, weight_decay);
+      } else {
+        apply_update_bf16(p + s.shard_offset, o.bf16 + at, s.n, lr, s.scale, weight_decay);
+      }
     }
   }
-  /// adamw() per slice: p and g at shard_offset, m and v at state_offset.
-  virtual void adamw_slices(float* p, const float* g, float* m, float* v,
-                            const std::vector<param_slice>& slices, const adamw_args& args) {
+  /// scalar_update() per slice: p and g at shard_offset, m and v at state_offset.
+  virtual void scalar_update_slices(float* p, const float* g, float* m, float* v,
+                                    const std::vector<param_slice>& slices,
+                                    const scalar_args& args) {
     for (const param_slice& s : slices)
-      adamw(p + s.shard_offset, g + s.shard_offset, m + s.state_offset, v + s.state_offset, s.n,
-            args);
+      scalar_update(p + s.shard_offset, g + s.shard_offset, m + s.state_offset, v + s.state_offset,
+                    s.n, args);
   }
 
   /// newton_schulz() on bf16 bits, in place.

@@ -228,66 +228,42 @@ struct discard_grads {
   uint64_t step = 0;
 };
 
-/// Multiply the accumulated gradient by `factor` = clip / (loss scale * micro-batches).
+/// The step applies: multiply the accumulated gradient by `factor` = clip / (loss scale *
+/// micro-batches), and keep the step's values for the messages after it. `groups[g]`:
+/// hyperparameter group g's values (param_layout::hparam_group), one per group of the plan.
+/// `touched[i]`: 0 where no rank handed parameter i a gradient in this step; such a parameter keeps
+/// its value, its momentum, its moments and its step count. Sent once per applied step, before any
+/// other of the step's messages below.
 struct unscale_clip {
   uint64_t step = 0;
   float factor = 1;
-};
-
-/// One Muon parameter's values in a step, where the parameters of a chunk differ (param groups,
-/// parameters no rank handed a gradient): they replace the message's own. An untouched
-/// parameter keeps its momentum and its value; its u is its momentum (NS runs on it, unused).
-struct muon_param_args {
-  float beta = 0.95f;
-  bool nesterov = true;
-  float lr = 0;
-  float weight_decay = 0;
-  bool touched = true;
-  bool cautious = false;  // cautious weight decay (apply_muon)
+  std::shared_ptr<const std::vector<group_hparams>> groups = nullptr;
+  std::vector<uint8_t> touched = {};
 };
 
 /// Momentum update of one chunk's local shards; the update source u goes to `out` (fp32 or
-/// rounded to bf16 bits). `params`: empty (every parameter uses beta and nesterov), or one entry
-/// per parameter of the chunk in chunk order (its beta, nesterov, touched).
+/// rounded to bf16 bits). An untouched parameter keeps its momentum; its u is its momentum.
 struct muon_momentum {
   uint64_t step = 0;
   int32_t chunk = 0;
-  float beta = 0.95f;
-  bool nesterov = true;
   float_view out;
-  std::vector<muon_param_args> params = {};
 };
 
-/// Apply one chunk's orthogonalized update: p = p*(1 - lr*wd) - lr*scale*o, where `scales`
-/// holds each parameter's update scale in chunk order, or is empty when o is already scaled;
-/// o is `update`, fp32 or bf16 bits. `params`: empty (every parameter uses lr and weight_decay),
-/// or one entry per parameter of the chunk in chunk order (its lr, weight_decay, touched).
+/// Apply one chunk's orthogonalized update `update` (p = p*(1 - lr*wd) - lr*scale*o). fp32
+/// arrives scaled; bf16 bits arrive unscaled, and the store scales each parameter.
 struct apply_muon {
   uint64_t step = 0;
   int32_t chunk = 0;
-  float lr = 0;
-  float weight_decay = 0;
   float_view update;
-  std::vector<float> scales = {};
-  std::vector<muon_param_args> params = {};
-  bool cautious = false;  // cautious weight decay (with params empty: every parameter's)
-};
-
-/// One parameter of normuon_step: every NS block of it the rank owns, and its NorMuon values.
-struct normuon_param_args {
-  int32_t param = 0;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
 };
 
 /// NorMuon's row normalization of the NS blocks this rank owns in one chunk, `full` being
 /// its owner buffer after Newton-Schulz (fp32 or bf16 bits): updates their row moments. Sent
-/// only in a step that is applied.
+/// only in a step that is applied, where some such block is NorMuon's and touched.
 struct normuon_step {
   uint64_t step = 0;
   int32_t chunk = 0;
   float_view full;
-  std::vector<normuon_param_args> params = {};
 };
 
 /// MuonClip: scale `n` elements of the parameter shard from `offset` by `factor`.
@@ -304,29 +280,9 @@ struct qk_clip_scale {
   std::vector<clip_range> ranges = {};
 };
 
-/// One AdamW parameter's values in a step (see muon_param_args). An untouched parameter keeps
-/// its value, its moments and its step count.
-struct adamw_param_args {
-  float lr = 0;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-10f;
-  float weight_decay = 0;
-  bool touched = true;
-  bool cautious = false;  // cautious weight decay
-};
-
-/// AdamW on every non-Muon shard. `params`: empty (every parameter uses the message's values),
-/// or one entry per AdamW parameter in table order.
+/// The non-Muon rule (AdamW) on every non-Muon shard, with the step's values.
 struct adamw_step {
   uint64_t step = 0;
-  float lr = 0;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-10f;
-  float weight_decay = 0;
-  std::vector<adamw_param_args> params = {};
-  bool cautious = false;  // cautious weight decay (with params empty: every parameter's)
 };
 
 /// End of an applied step: zero the gradients.
@@ -432,16 +388,10 @@ ZMUON_INSPECT(scan_grads, x.step)
 ZMUON_INSPECT(grad_scan, x.step, x.nonfinite, x.sum_squares)
 ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale, x.sum_squares)
 ZMUON_INSPECT(discard_grads, x.step)
-ZMUON_INSPECT(unscale_clip, x.step, x.factor)
-ZMUON_INSPECT(muon_param_args, x.beta, x.nesterov, x.lr, x.weight_decay, x.touched, x.cautious)
-ZMUON_INSPECT(adamw_param_args, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.touched,
-              x.cautious)
-ZMUON_INSPECT(normuon_param_args, x.param, x.beta2, x.eps)
-ZMUON_INSPECT(normuon_step, x.step, x.chunk, x.full, x.params)
-ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.beta, x.nesterov, x.out, x.params)
-ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.lr, x.weight_decay, x.update, x.params, x.cautious)
-ZMUON_INSPECT(adamw_step, x.step, x.lr, x.beta1, x.beta2, x.eps, x.weight_decay, x.params,
-              x.cautious)
+ZMUON_INSPECT(normuon_step, x.step, x.chunk, x.full)
+ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.out)
+ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.update)
+ZMUON_INSPECT(adamw_step, x.step)
 ZMUON_INSPECT(finish_step, x.step)
 ZMUON_INSPECT(clip_range, x.offset, x.n, x.factor)
 ZMUON_INSPECT(qk_clip_scale, x.step, x.ranges)
@@ -456,6 +406,12 @@ ZMUON_INSPECT(restore_scaler, x.step, x.state)
 ZMUON_INSPECT(group_hparams, x.muon.lr, x.muon.momentum, x.muon.nesterov, x.muon.weight_decay,
               x.adamw.lr, x.adamw.beta1, x.adamw.beta2, x.adamw.eps, x.adamw.weight_decay)
 ZMUON_INSPECT(step_request, x.step, x.groups, x.touched, x.qk_logits)
+// The table is shared within the process: shown by its size.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, unscale_clip& x) {
+  auto groups = static_cast<uint64_t>(x.groups ? x.groups->size() : 0);
+  return f(caf::meta::type_name("unscale_clip"), x.step, x.factor, groups, x.touched);
+}
 ZMUON_INSPECT(step_result, x.step, x.skipped, x.grad_norm, x.clip_coef, x.loss_scale,
               x.next_loss_scale, x.micros, x.ns_params, x.ns_matrices)
 

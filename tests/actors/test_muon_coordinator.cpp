@@ -242,17 +242,18 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   BOOST_CHECK_EQUAL(res.micros, 4);
   BOOST_CHECK_EQUAL(res.ns_params, 1);
   BOOST_CHECK_EQUAL(res.ns_matrices, 1);
-  const auto& m = stored->momentums.at(0);
-  BOOST_CHECK_EQUAL(m.beta, 0.9f);
-  BOOST_CHECK(!m.nesterov);
-  // One group, every parameter touched: the messages' own values, no per-parameter entries.
-  BOOST_CHECK(m.params.empty() && stored->applies.at(0).first.params.empty()
-              && stored->adamws.at(0).params.empty());
-  BOOST_CHECK_EQUAL(m.out.size, pl->chunks[0].shard_len);
-  BOOST_CHECK_EQUAL(stored->applies.at(0).first.lr, 0.02f);
-  BOOST_CHECK_EQUAL(stored->applies.at(0).first.weight_decay, 0.1f);
+  // The step's values cross once, with unscale_clip: one group, every parameter touched.
+  const auto& sent = stored->unscales.at(0);
+  BOOST_REQUIRE(sent.groups && sent.groups->size() == 1u);
+  BOOST_CHECK(sent.touched.empty());
+  const auto& g0 = sent.groups->at(0);
+  BOOST_CHECK_EQUAL(g0.muon.momentum, 0.9f);
+  BOOST_CHECK(!g0.muon.nesterov);
+  BOOST_CHECK_EQUAL(g0.muon.lr, 0.02f);
+  BOOST_CHECK_EQUAL(g0.muon.weight_decay, 0.1f);
+  BOOST_CHECK_EQUAL(stored->momentums.at(0).out.size, pl->chunks[0].shard_len);
   check_updates();
-  const auto& a = stored->adamws.at(0);
+  const auto& a = g0.adamw;
   BOOST_CHECK(a.lr == 0.001f && a.beta1 == 0.8f && a.beta2 == 0.99f && a.eps == 1e-8f
               && a.weight_decay == 0.05f);
   // The next step runs the same way: the coordinator is idle again.
@@ -437,32 +438,30 @@ BOOST_AUTO_TEST_CASE(each_parameter_steps_with_its_hyperparameter_groups_values)
   groups = req.groups;
   auto r = step(req);
   BOOST_REQUIRE(!value_of(r).skipped);
-  const auto& m = stored->momentums.at(0);
-  BOOST_REQUIRE_EQUAL(m.params.size(), 2u);  // chunk order: a, b
-  BOOST_CHECK(m.params[0].beta == 0.9f && !m.params[0].nesterov && m.params[0].touched);
-  BOOST_CHECK(m.params[1].beta == 0.7f && m.params[1].nesterov && m.params[1].touched);
-  const auto& a = stored->applies.at(0).first;
-  BOOST_REQUIRE_EQUAL(a.params.size(), 2u);
-  BOOST_CHECK(a.params[0].lr == 0.02f && a.params[0].weight_decay == 0.1f);
-  BOOST_CHECK(a.params[1].lr == 0.5f && a.params[1].weight_decay == 0.3f);
+  // One table for the step, with unscale_clip; the chunk's messages carry none.
+  const auto& sent = *stored->unscales.at(0).groups;
+  BOOST_REQUIRE_EQUAL(sent.size(), 2u);
+  BOOST_CHECK(sent[0].muon.momentum == 0.9f && !sent[0].muon.nesterov && sent[0].muon.lr == 0.02f
+              && sent[0].muon.weight_decay == 0.1f);
+  BOOST_CHECK(sent[1].muon.momentum == 0.7f && sent[1].muon.nesterov && sent[1].muon.lr == 0.5f
+              && sent[1].muon.weight_decay == 0.3f);
   check_updates();  // "b" orthogonalized with its group's 3 steps, coefficients and scale
-  const auto& w = stored->adamws.at(0);
-  BOOST_REQUIRE_EQUAL(w.params.size(), 2u);  // table order: bias, gain
-  BOOST_CHECK(w.params[0].lr == 0.004f && w.params[0].beta1 == 0.5f && w.params[0].beta2 == 0.6f
-              && w.params[0].eps == 1e-6f && w.params[0].weight_decay == 0.2f);
-  BOOST_CHECK(w.params[1].lr == 0.001f && w.params[1].beta1 == 0.8f && w.params[1].beta2 == 0.99f
-              && w.params[1].eps == 1e-8f && w.params[1].weight_decay == 0.05f);
+  BOOST_CHECK(sent[1].adamw.lr == 0.004f && sent[1].adamw.beta1 == 0.5f
+              && sent[1].adamw.beta2 == 0.6f && sent[1].adamw.eps == 1e-6f
+              && sent[1].adamw.weight_decay == 0.2f);
+  BOOST_CHECK(sent[0].adamw.lr == 0.001f && sent[0].adamw.beta1 == 0.8f
+              && sent[0].adamw.beta2 == 0.99f && sent[0].adamw.eps == 1e-8f
+              && sent[0].adamw.weight_decay == 0.05f);
   // The next request's values apply to the next step.
   req.step = 2;
   req.groups[0].muon.momentum = 0.5f;
   req.groups[1].muon.ns.steps = 4;
   groups = req.groups;
-  stored->momentums.clear();
+  stored->unscales.clear();
   stored->applies.clear();
   BOOST_REQUIRE(!value_of(step(req)).skipped);
-  BOOST_REQUIRE_EQUAL(stored->momentums.at(0).params.size(), 2u);
-  BOOST_CHECK(stored->momentums.at(0).params[0].beta == 0.5f
-              && stored->momentums.at(0).params[1].beta == 0.7f);
+  const auto& next = *stored->unscales.at(0).groups;
+  BOOST_CHECK(next.at(0).muon.momentum == 0.5f && next.at(1).muon.momentum == 0.7f);
   check_updates();
 }
 
@@ -476,15 +475,7 @@ BOOST_AUTO_TEST_CASE(a_parameter_no_rank_touched_is_marked_and_the_collectives_s
   auto r = step(req);
   BOOST_REQUIRE(!value_of(r).skipped);
   BOOST_CHECK_EQUAL(value_of(r).ns_params, 3);  // NS still runs on all: the same collectives
-  const auto& m = stored->momentums.at(0);
-  BOOST_REQUIRE_EQUAL(m.params.size(), 3u);
-  BOOST_CHECK(m.params[0].touched && !m.params[1].touched && m.params[2].touched);
-  const auto& a = stored->applies.at(0).first;
-  BOOST_REQUIRE_EQUAL(a.params.size(), 3u);
-  BOOST_CHECK(a.params[0].touched && !a.params[1].touched && a.params[2].touched);
-  const auto& w = stored->adamws.at(0);
-  BOOST_REQUIRE_EQUAL(w.params.size(), 2u);
-  BOOST_CHECK(!w.params[0].touched && w.params[1].touched);
+  BOOST_CHECK(stored->unscales.at(0).touched == (std::vector<uint8_t>{1, 0, 1, 0, 1}));
   BOOST_CHECK(lines_of("comm")
               == (std::vector<std::string>{"comm: gather 1/0", "comm: scatter 1/0"}));
 }
@@ -546,7 +537,7 @@ BOOST_AUTO_TEST_CASE(clean_step_world_two_rank_one) {
 }
 
 // NorMuon: normuon_step goes to the store after the gather's NS and before the scatter, only in
-// an applied step; cautious weight decay rides on apply_muon and adamw_step.
+// an applied step; cautious weight decay rides on the step's table (unscale_clip).
 BOOST_AUTO_TEST_CASE(normuon_step_follows_ns_only_in_applied_steps) {
   start(kOneMatrix, 1, 1000, 0);
   auto req = [this](uint64_t s) {
@@ -564,8 +555,8 @@ BOOST_AUTO_TEST_CASE(normuon_step_follows_ns_only_in_applied_steps) {
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   BOOST_CHECK(!value_of(r).skipped);
-  BOOST_CHECK(stored->applies.at(0).first.cautious);
-  BOOST_CHECK(stored->adamws.at(0).cautious);
+  const auto& rule = stored->unscales.at(0).groups->at(0);
+  BOOST_CHECK(rule.muon.cautious_weight_decay && rule.adamw.cautious_weight_decay);
   trace->lines.clear();
   checks->overflow = true;
   auto skipped = step(req(2));

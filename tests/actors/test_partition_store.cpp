@@ -46,6 +46,21 @@ void check_close(const std::vector<float>& got, const std::vector<double>& ref, 
                         what << "[" << i << "] = " << got[i] << ", expected " << ref[i]);
 }
 
+/// A group's values: Muon's momentum, Nesterov, lr and weight decay; AdamW's `adamw`.
+group_hparams muon_values(float beta, bool nesterov, float lr, float wd, adamw_options adamw = {}) {
+  group_hparams g;
+  g.muon.momentum = beta;
+  g.muon.nesterov = nesterov;
+  g.muon.lr = lr;
+  g.muon.weight_decay = wd;
+  g.adamw = adamw;
+  return g;
+}
+
+group_hparams adamw_values(float lr, float beta1, float beta2, float eps, float wd) {
+  return muon_values(0.95f, true, 0.0f, 0.0f, adamw_options{lr, beta1, beta2, eps, wd});
+}
+
 struct store_fixture : actor_fixture {
   std::shared_ptr<const plan> pl = make_test_plan();
   std::shared_ptr<compute_backend> be = [] {
@@ -80,13 +95,21 @@ struct store_fixture : actor_fixture {
     }
   }
 
-  /// Runs muon_momentum on every chunk; returns u in the store's Muon-state layout.
+  /// The step's values (unscale_clip with factor 1): one table of groups, the touched mask.
+  void begin(uint64_t step, std::vector<group_hparams> groups, std::vector<uint8_t> touched = {}) {
+    auto table = std::make_shared<const std::vector<group_hparams>>(std::move(groups));
+    value_of(call(unscale_clip{step, 1.0f, table, std::move(touched)}));
+  }
+
+  /// Runs muon_momentum on every chunk, after the step's values (one group with `beta` and
+  /// `nesterov`); returns u in the store's Muon-state layout.
   std::vector<float> momentum_all(uint64_t step, float beta, bool nesterov) {
+    begin(step, {muon_values(beta, nesterov, 0.0f, 0.0f)});
     std::vector<float> u(pl->muon_state_total, -99.0f);
     for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
       const auto& ch = pl->chunks[c];
       float_view out{u.data() + ch.state_offset, ch.shard_len};
-      value_of(call(muon_momentum{step, c, beta, nesterov, out}));
+      value_of(call(muon_momentum{step, c, out}));
     }
     return u;
   }
@@ -145,7 +168,8 @@ BOOST_AUTO_TEST_CASE(discard_zeroes_grads_and_leaves_the_rest_bit_identical) {
   load(eighths(pl->shard_total, 7));
   accumulate_all(1, eighths(pl->shard_total, 8));
   momentum_all(1, 0.95f, true);
-  value_of(call(adamw_step{1, 0.01f, 0.9f, 0.95f, 1e-10f, 0.1f}));
+  begin(1, {adamw_values(0.01f, 0.9f, 0.95f, 1e-10f, 0.1f)});
+  value_of(call(adamw_step{1}));
   value_of(call(finish_step{1}));
   auto g = eighths(pl->shard_total, 9);
   g[3] = std::nanf("");  // an overflowed step: the gradient holds a NaN
@@ -196,7 +220,8 @@ BOOST_AUTO_TEST_CASE(unscale_clip_multiplies_the_gradient) {
   auto g = eighths(pl->shard_total, 4);
   accumulate_all(1, g);
   const float factor = 0.3f / (1024.0f * 3.0f);
-  BOOST_CHECK_EQUAL(value_of(call(unscale_clip{1, factor})).step, 1u);
+  auto table = std::make_shared<const std::vector<group_hparams>>(1);
+  BOOST_CHECK_EQUAL(value_of(call(unscale_clip{1, factor, table})).step, 1u);
   std::vector<double> ref(g.size());
   double ss = 0;
   for (size_t i = 0; i < g.size(); ++i) {
@@ -245,7 +270,8 @@ BOOST_AUTO_TEST_CASE(apply_muon_decays_and_subtracts_the_update) {
   const int c = 1;  // only c.weight
   const auto& ch = pl->chunks[c];
   auto o = eighths(ch.shard_len, 11);
-  BOOST_CHECK_EQUAL(value_of(call(apply_muon{3, c, lr, wd, {o.data(), ch.shard_len}})).step, 3u);
+  begin(3, {muon_values(0.95f, true, lr, wd)});
+  BOOST_CHECK_EQUAL(value_of(call(apply_muon{3, c, {o.data(), ch.shard_len}})).step, 3u);
   std::vector<double> ref(p0.begin(), p0.end());
   for (int i : ch.params) {
     const auto& p = pl->params[i];
@@ -264,10 +290,11 @@ BOOST_AUTO_TEST_CASE(bf16_views_round_u_and_widen_the_update) {
   auto g = eighths(pl->shard_total, 30);
   accumulate_all(1, g);
   std::vector<uint16_t> bits(static_cast<size_t>(pl->muon_state_total), 0xFFFF);
+  begin(1, {muon_values(beta, true, 0.0f, 0.0f)});
   for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
     const auto& ch = pl->chunks[c];
     float_view out{nullptr, ch.shard_len, bits.data() + ch.state_offset};
-    value_of(call(muon_momentum{1, c, beta, true, out}));
+    value_of(call(muon_momentum{1, c, out}));
   }
   std::vector<double> m_ref(pl->muon_state_total, 0.0);
   for (const auto& p : pl->params) {
@@ -293,13 +320,17 @@ BOOST_AUTO_TEST_CASE(bf16_views_round_u_and_widen_the_update) {
   const auto values = eighths(ch.shard_len, 32);
   for (size_t k = 0; k < o.size(); ++k)
     o[k] = to_bf16(values[k]);
-  value_of(call(apply_muon{4, c, lr, wd, float_view{nullptr, ch.shard_len, o.data()}}));
+  begin(4, {muon_values(beta, true, lr, wd)});
+  value_of(call(apply_muon{4, c, float_view{nullptr, ch.shard_len, o.data()}}));
+  // bf16 arrives unscaled: the store scales c.weight [4, 2] by sqrt(max(1, 4/2)) ("original").
+  const double scale = std::sqrt(2.0);
   std::vector<double> ref(p0.begin(), p0.end());
   for (int i : ch.params) {
     const auto& p = pl->params[i];
     for (int64_t k = 0; k < p.shard_len; ++k)
-      ref[p.shard_offset + k] = p0[p.shard_offset + k] * (1.0 - double(lr) * wd)
-                                - double(lr) * from_bf16(o[p.state_offset - ch.state_offset + k]);
+      ref[p.shard_offset + k] =
+          p0[p.shard_offset + k] * (1.0 - double(lr) * wd)
+          - double(lr) * scale * from_bf16(o[p.state_offset - ch.state_offset + k]);
   }
   check_close(snapshot().params, ref, 1e-6, 1e-7, "params");
 }
@@ -312,7 +343,8 @@ BOOST_AUTO_TEST_CASE(adamw_step_matches_a_reference_on_non_muon_shards_only) {
   for (int t = 1; t <= 2; ++t) {
     auto g = eighths(pl->shard_total, 20 + t);
     accumulate_all(t, g);
-    value_of(call(adamw_step{uint64_t(t), float(lr), float(b1), float(b2), float(eps), float(wd)}));
+    begin(t, {adamw_values(float(lr), float(b1), float(b2), float(eps), float(wd))});
+    value_of(call(adamw_step{uint64_t(t)}));
     value_of(call(finish_step{uint64_t(t)}));
     for (const auto& prm : pl->params) {  // torch.optim.AdamW, in double
       if (prm.muon)
@@ -338,13 +370,14 @@ BOOST_AUTO_TEST_CASE(adamw_step_matches_a_reference_on_non_muon_shards_only) {
   BOOST_CHECK(snap.momentum == std::vector<float>(pl->muon_state_total, 0.0f));
 }
 
-// Per-parameter entries (param groups, the touched mask): each parameter steps with its own
-// values; an untouched one keeps its value, momentum, moments and AdamW step count bit for bit.
-BOOST_AUTO_TEST_CASE(per_parameter_values_apply_and_untouched_parameters_stay_as_they_are) {
+// The touched mask: each touched parameter steps with its group's values; an untouched one keeps
+// its value, momentum, moments and AdamW step count bit for bit.
+BOOST_AUTO_TEST_CASE(untouched_parameters_stay_as_they_are) {
   load(eighths(pl->shard_total, 40));
   accumulate_all(1, eighths(pl->shard_total, 41));
   momentum_all(1, 0.9f, true);
-  value_of(call(adamw_step{1, 0.01f, 0.9f, 0.95f, 1e-8f, 0.1f}));
+  begin(1, {adamw_values(0.01f, 0.9f, 0.95f, 1e-8f, 0.1f)});
+  value_of(call(adamw_step{1}));
   value_of(call(finish_step{1}));
   const auto before = snapshot();
   // Step 2: "c.weight" (chunk 1) and "b.bias" (AdamW 0) untouched; a gradient for the rest.
@@ -352,23 +385,16 @@ BOOST_AUTO_TEST_CASE(per_parameter_values_apply_and_untouched_parameters_stay_as
   for (int i : {1, 2})
     std::fill_n(g.begin() + pl->params[i].shard_offset, pl->params[i].shard_len, 0.0f);
   accumulate_all(2, g);
+  begin(2, {muon_values(0.8f, false, 0.1f, 0.5f, adamw_options{0.02f, 0.8f, 0.9f, 1e-6f, 0.0f})},
+        {1, 0, 0, 1});
   std::vector<float> u(pl->muon_state_total, -99.0f);
-  for (int c = 0; c < 2; ++c) {
-    const auto& ch = pl->chunks[c];
-    muon_param_args args{0.8f, false, 0.0f, 0.0f, c == 0};
-    value_of(
-        call(muon_momentum{2, c, 0.5f, true, {u.data() + ch.state_offset, ch.shard_len}, {args}}));
-  }
   std::vector<float> o(pl->muon_state_total, 0.25f);
   for (int c = 0; c < 2; ++c) {
     const auto& ch = pl->chunks[c];
-    muon_param_args args{0.0f, false, 0.1f, 0.5f, c == 0};
-    value_of(
-        call(apply_muon{2, c, 9.0f, 9.0f, {o.data() + ch.state_offset, ch.shard_len}, {}, {args}}));
+    value_of(call(muon_momentum{2, c, {u.data() + ch.state_offset, ch.shard_len}}));
+    value_of(call(apply_muon{2, c, {o.data() + ch.state_offset, ch.shard_len}}));
   }
-  adamw_param_args untouched{0.5f, 0.5f, 0.5f, 1e-3f, 0.5f, false};
-  adamw_param_args embed{0.02f, 0.8f, 0.9f, 1e-6f, 0.0f, true};
-  value_of(call(adamw_step{2, 9.0f, 0.9f, 0.95f, 1e-8f, 9.0f, {untouched, embed}}));
+  value_of(call(adamw_step{2}));
   value_of(call(finish_step{2}));
   const auto after = snapshot();
   auto same = [&](const std::vector<float>& x, const std::vector<float>& y, int64_t off,
@@ -384,7 +410,7 @@ BOOST_AUTO_TEST_CASE(per_parameter_values_apply_and_untouched_parameters_stay_as
   BOOST_CHECK(same(after.exp_avg_sq, before.exp_avg_sq, b.state_offset, b.shard_len));
   BOOST_CHECK(after.adam_param_steps == (std::vector<int64_t>{1, 2}));
   BOOST_CHECK_EQUAL(after.adam_steps, 2);
-  for (int64_t k = 0; k < valid_len(a, kRank); ++k) {  // the entry's beta, not the message's
+  for (int64_t k = 0; k < valid_len(a, kRank); ++k) {  // the step's values
     double m = 0.8 * before.momentum[a.state_offset + k] + 0.2 * g[a.shard_offset + k];
     BOOST_CHECK_CLOSE(after.momentum[a.state_offset + k], m, 1e-4);
     double p = before.params[a.shard_offset + k] * (1 - 0.1 * 0.5) - 0.1 * 0.25;
@@ -400,13 +426,70 @@ BOOST_AUTO_TEST_CASE(per_parameter_values_apply_and_untouched_parameters_stay_as
   }
 }
 
+// Each parameter takes its own group's values: the store cuts each chunk's slices (and the AdamW
+// parameters') by group once, from the plan, and the table says each group's values.
+BOOST_AUTO_TEST_CASE(each_parameter_takes_its_groups_values) {
+  std::vector<param_spec> specs = {
+      {"a.weight", {3, 5}}, {"b.bias", {5}}, {"c.weight", {4, 2}}, {"embed", {6, 2}}};
+  specs[0].hparam_group = specs[3].hparam_group = 1;
+  auto made = make_plan(specs, kWorld, 100);
+  BOOST_REQUIRE(made);
+  auto p2 = std::make_shared<const plan>(std::move(*made));
+  BOOST_REQUIRE_EQUAL(p2->chunks.size(), 1u);  // a and c in one chunk, of two groups
+  auto st2 = keep(spawn_partition_store(sys, p2, kRank, be));
+  auto ask2 = [&](auto msg) {
+    auto r = ask<ack>(st2, std::move(msg));
+    run();
+    return value_of(r).step;
+  };
+  const auto p0 = eighths(p2->shard_total, 50);
+  ask2(load_params{0, std::make_shared<const std::vector<float>>(p0)});
+  const auto g = eighths(p2->shard_total, 51);
+  for (int b = 0; b < static_cast<int>(p2->buckets.size()); ++b) {
+    const auto& bk = p2->buckets[b];
+    ask2(accumulate{1, 0, b, {const_cast<float*>(g.data()) + bk.shard_offset, bk.shard_len}});
+  }
+  const std::vector<group_hparams> groups = {
+      muon_values(0.9f, false, 0.1f, 0.5f, adamw_options{0.01f, 0.9f, 0.95f, 1e-8f, 0.1f}),
+      muon_values(0.5f, false, 0.3f, 0.0f, adamw_options{0.05f, 0.9f, 0.95f, 1e-8f, 0.0f})};
+  ask2(unscale_clip{1, 1.0f, std::make_shared<const std::vector<group_hparams>>(groups)});
+  const auto& ch = p2->chunks[0];
+  std::vector<float> u(ch.shard_len, -99.0f), o(ch.shard_len, 0.25f);
+  ask2(muon_momentum{1, 0, {u.data(), ch.shard_len}});
+  ask2(apply_muon{1, 0, {o.data(), ch.shard_len}});
+  ask2(adamw_step{1});
+  auto snap = value_of([&] {
+    auto r = ask<store_snapshot>(st2, snapshot_atom::value);
+    run();
+    return r;
+  }());
+  std::vector<double> p(p0.begin(), p0.end()), m(p2->muon_state_total, 0.0);
+  for (const auto& prm : p2->params) {
+    const auto& gv = groups[prm.hparam_group];
+    for (int64_t k = 0; k < prm.shard_len; ++k) {  // padding too: it holds a gradient here
+      const double gi = g[prm.shard_offset + k];
+      double& pi = p[prm.shard_offset + k];
+      if (prm.muon) {  // m = (1 - beta) g (no Nesterov: u = m); p decays, minus lr * 0.25
+        m[prm.state_offset + k] = (1.0 - gv.muon.momentum) * gi;
+        pi = pi * (1.0 - double(gv.muon.lr) * gv.muon.weight_decay) - double(gv.muon.lr) * 0.25;
+      } else {  // AdamW's first step: m_hat = g, v_hat = g^2
+        pi = pi * (1.0 - double(gv.adamw.lr) * gv.adamw.weight_decay)
+             - double(gv.adamw.lr) * gi / (std::abs(gi) + 1e-8);
+      }
+    }
+  }
+  check_close(snap.momentum, m, 1e-6, 1e-8, "momentum");
+  check_close(snap.params, p, 1e-5, 1e-6, "params");
+}
+
 // What a checkpoint save asks for: every state but the gradient, equal bit for bit to the full
 // snapshot's, after a step that left momentum and Adam moments non-zero.
 BOOST_AUTO_TEST_CASE(saved_state_is_the_snapshot_without_the_gradient) {
   load(eighths(pl->shard_total, 30));
   accumulate_all(1, eighths(pl->shard_total, 31));
   momentum_all(1, 0.9f, true);
-  value_of(call(adamw_step{1, 0.01f, 0.9f, 0.95f, 1e-8f, 0.0f}));
+  begin(1, {adamw_values(0.01f, 0.9f, 0.95f, 1e-8f, 0.0f)});
+  value_of(call(adamw_step{1}));
   value_of(call(finish_step{1}));
   const store_snapshot saved = value_of(call<store_snapshot>(saved_state_atom::value));
   const store_snapshot full = snapshot();
@@ -430,18 +513,17 @@ BOOST_AUTO_TEST_CASE(wrong_size_views_are_errors_that_change_nothing) {
   const auto& ch = pl->chunks[0];
   std::vector<float> buf(ch.shard_len + 1, 7.0f);
   auto untouched = buf;
-  check_error(call(muon_momentum{1, 0, 0.9f, true, {buf.data(), ch.shard_len - 1}}),
-              errc::shape_mismatch, "chunk 0");
-  check_error(call(muon_momentum{1, 0, 0.9f, true, {buf.data(), ch.shard_len + 1}}),
-              errc::shape_mismatch, "chunk 0");
-  check_error(call(muon_momentum{1, 0, 0.9f, true, {nullptr, ch.shard_len}}), errc::shape_mismatch,
+  check_error(call(muon_momentum{1, 0, {buf.data(), ch.shard_len - 1}}), errc::shape_mismatch,
               "chunk 0");
-  check_error(call(muon_momentum{1, 2, 0.9f, true, {buf.data(), ch.shard_len}}),
-              errc::invalid_argument, "chunk 2");
-  check_error(call(apply_muon{1, 0, 0.1f, 0.0f, {buf.data(), ch.shard_len - 1}}),
-              errc::shape_mismatch, "chunk 0");
-  check_error(call(apply_muon{1, -1, 0.1f, 0.0f, {buf.data(), ch.shard_len}}),
-              errc::invalid_argument, "chunk -1");
+  check_error(call(muon_momentum{1, 0, {buf.data(), ch.shard_len + 1}}), errc::shape_mismatch,
+              "chunk 0");
+  check_error(call(muon_momentum{1, 0, {nullptr, ch.shard_len}}), errc::shape_mismatch, "chunk 0");
+  check_error(call(muon_momentum{1, 2, {buf.data(), ch.shard_len}}), errc::invalid_argument,
+              "chunk 2");
+  check_error(call(apply_muon{1, 0, {buf.data(), ch.shard_len - 1}}), errc::shape_mismatch,
+              "chunk 0");
+  check_error(call(apply_muon{1, -1, {buf.data(), ch.shard_len}}), errc::invalid_argument,
+              "chunk -1");
   const auto& b0 = pl->buckets[0];
   check_error(call(accumulate{1, 0, 0, {buf.data(), b0.shard_len - 1}}), errc::shape_mismatch,
               "bucket 0");
@@ -450,6 +532,14 @@ BOOST_AUTO_TEST_CASE(wrong_size_views_are_errors_that_change_nothing) {
   check_error(call(load_params{1, std::make_shared<const std::vector<float>>(3, 1.0f)}),
               errc::shape_mismatch, "load_params");
   check_error(call(load_params{1, nullptr}), errc::shape_mismatch, "load_params");
+  // The step's values come first, whole: a table for every group, a flag for every parameter.
+  check_error(call(muon_momentum{1, 0, {buf.data(), ch.shard_len}}), errc::bad_state,
+              "unscale_clip comes first");
+  check_error(call(adamw_step{1}), errc::bad_state, "adamw_step: step 1 has no values");
+  check_error(call(unscale_clip{1, 1.0f, nullptr}), errc::invalid_argument, "1 hyperparameter");
+  check_error(
+      call(unscale_clip{1, 1.0f, std::make_shared<const std::vector<group_hparams>>(1), {1, 0}}),
+      errc::shape_mismatch, "2 touched flags for 4 parameters");
   BOOST_CHECK(buf == untouched);  // nothing was written into the caller's view
   auto after = snapshot();
   BOOST_CHECK(bit_identical(after.params, before.params));

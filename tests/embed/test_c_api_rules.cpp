@@ -68,7 +68,7 @@ zmuon_group_hparams group_values() {
 }
 
 zmuon_update_rule both_rules() {
-  return zmuon_update_rule{1, ZMUON_VARIANT_NORMUON, 0.9f, 1e-8f};
+  return zmuon_update_rule{1, ZMUON_VARIANT_NORMUON, 0.9f, 1e-8f, ZMUON_ALGORITHM_ADAMW};
 }
 
 /// Two steps through the C ABI with the group rule set; the weights, in table order.
@@ -188,6 +188,11 @@ BOOST_AUTO_TEST_CASE(row_moments_read_out_and_written_back) {
   bad_rule.normuon_beta2 = 1.0f;
   BOOST_TEST(zmuon_engine_set_group_rule(a, 0, &g, &bad_rule) == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::string(zmuon_last_error()).find("normuon_beta2") != std::string::npos);
+  bad_rule = both_rules();
+  bad_rule.algorithm = 9;
+  BOOST_TEST(zmuon_engine_set_group_rule(a, 0, &g, &bad_rule) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(zmuon_last_error()).find("algorithm must be in [0, 2)")
+             != std::string::npos);
 
   // The whole state into a fresh engine with the row moments, then read back.
   std::vector<std::vector<float>> buf(kTable.size() * 4);

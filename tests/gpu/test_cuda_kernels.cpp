@@ -157,14 +157,15 @@ BOOST_AUTO_TEST_CASE(adamw) {
     for (float& v : v_values)
       v = std::abs(v);  // a second moment is never negative
     mirrored v(v_values);
-    adamw_args args;
+    scalar_args args;
     args.lr = 3e-4f;
     args.weight_decay = 0.1f;
     for (int64_t step = 1; step <= 3; ++step) {
       args.step = step;
       mirrored g(random_vector(n));
-      env().host->adamw(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n, args);
-      env().gpu->adamw(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
+      env().host->scalar_update(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n,
+                                args);
+      env().gpu->scalar_update(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
     }
     check_elementwise("adamw p", n, p.error());
     // m = 0.9 m + 0.1 g may cancel to far below its terms (σ 0.1): one rounding of the terms
@@ -591,15 +592,16 @@ BOOST_AUTO_TEST_CASE(adamw_cautious) {
     for (float& v : v_values)
       v = std::abs(v);
     mirrored v(v_values);
-    adamw_args args;
+    scalar_args args;
     args.lr = 3e-4f;
     args.weight_decay = 2.0f;
     args.cautious = true;
     for (int64_t step = 1; step <= 3; ++step) {
       args.step = step;
       mirrored g(random_vector(n));
-      env().host->adamw(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n, args);
-      env().gpu->adamw(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
+      env().host->scalar_update(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n,
+                                args);
+      env().gpu->scalar_update(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
     }
     check_elementwise("adamw cautious p", n, p.error());
     check_elementwise("adamw cautious m", n, m.error_at_scale(0.1));
@@ -616,7 +618,7 @@ BOOST_AUTO_TEST_CASE(adamw_slices_cautious_equal_per_parameter_calls) {
     total += len;
   }
   const auto p0 = random_vector(total), g0 = random_vector(total);
-  adamw_args args;
+  scalar_args args;
   args.lr = 1e-2f;
   args.weight_decay = 2.0f;
   args.cautious = true;
@@ -624,10 +626,10 @@ BOOST_AUTO_TEST_CASE(adamw_slices_cautious_equal_per_parameter_calls) {
   device_buffer p_a = upload(gpu, p0), p_b = upload(gpu, p0), g = upload(gpu, g0);
   device_buffer m_a = gpu.allocate(total), v_a = gpu.allocate(total);
   device_buffer m_b = gpu.allocate(total), v_b = gpu.allocate(total);
-  gpu.adamw_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
+  gpu.scalar_update_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
   for (const auto& s : slices)
-    gpu.adamw(p_b.data() + s.shard_offset, g.data() + s.shard_offset, m_b.data() + s.state_offset,
-              v_b.data() + s.state_offset, s.n, args);
+    gpu.scalar_update(p_b.data() + s.shard_offset, g.data() + s.shard_offset,
+                      m_b.data() + s.state_offset, v_b.data() + s.state_offset, s.n, args);
   const auto a = download(gpu, p_a.data(), total), b = download(gpu, p_b.data(), total);
   BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
@@ -654,6 +656,68 @@ BOOST_AUTO_TEST_CASE(normuon_rows) {
     BOOST_TEST(ex <= 1e-5);
     BOOST_TEST(ev <= 1e-5);
   }
+}
+
+BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE(scalar_rules)
+
+// Lion (kernels/scalar_rules.hpp: one definition, run by the host loop and the CUDA generic
+// kernel) against the host over 3 steps, with and without cautious decay. The update is +-lr: a
+// sign that came out differently (c within an fma's rounding of 0, about 1e-8 of the time)
+// would move one element by 2*lr = 2e-4, at most 2e-7 of these vectors' norms; m as AdamW's.
+BOOST_AUTO_TEST_CASE(lion_equals_host) {
+  for (const int64_t n : kSizes) {
+    for (const bool cautious : {false, true}) {
+      mirrored p(random_vector(n));
+      mirrored m(random_vector(n, 0.1f));
+      mirrored v(random_vector(n, 0.01f));  // Lion leaves v alone
+      scalar_args args;
+      args.algorithm = scalar_algorithm::lion;
+      args.lr = 1e-4f;
+      args.beta1 = 0.9f;
+      args.beta2 = 0.99f;
+      args.weight_decay = 0.5f;
+      args.cautious = cautious;
+      for (int64_t step = 1; step <= 3; ++step) {
+        args.step = step;
+        mirrored g(random_vector(n));
+        env().host->scalar_update(p.host.data(), g.host.data(), m.host.data(), v.host.data(), n,
+                                  args);
+        env().gpu->scalar_update(p.gpu.data(), g.gpu.data(), m.gpu.data(), v.gpu.data(), n, args);
+      }
+      const std::string what = cautious ? "lion cautious" : "lion";
+      check_elementwise(what + " p", n, p.error());
+      check_elementwise(what + " m", n, m.error_at_scale(0.1));
+      BOOST_TEST(v.gpu_values() == v.host_values(), what << " v n=" << n);
+    }
+  }
+}
+
+// The slice call runs each slice as the per-parameter call, bit for bit.
+BOOST_AUTO_TEST_CASE(lion_slices_equal_per_parameter_calls) {
+  const std::vector<int64_t> lengths{300, 1, 4099};
+  int64_t total = 0;
+  std::vector<param_slice> slices;
+  for (int64_t len : lengths) {
+    slices.push_back(param_slice{total, total, len, 1.0f});
+    total += len;
+  }
+  const auto p0 = random_vector(total), g0 = random_vector(total);
+  scalar_args args;
+  args.algorithm = scalar_algorithm::lion;
+  args.lr = 1e-3f;
+  args.weight_decay = 0.5f;
+  compute_backend& gpu = *env().gpu;
+  device_buffer p_a = upload(gpu, p0), p_b = upload(gpu, p0), g = upload(gpu, g0);
+  device_buffer m_a = gpu.allocate(total), v_a = gpu.allocate(total);
+  device_buffer m_b = gpu.allocate(total), v_b = gpu.allocate(total);
+  gpu.scalar_update_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
+  for (const auto& s : slices)
+    gpu.scalar_update(p_b.data() + s.shard_offset, g.data() + s.shard_offset,
+                      m_b.data() + s.state_offset, v_b.data() + s.state_offset, s.n, args);
+  const auto a = download(gpu, p_a.data(), total), b = download(gpu, p_b.data(), total);
+  BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -31,3 +31,7 @@ zmuon_add_python_test(python_test_torch_cautious_normuon MODULE test_torch_cauti
 # an expert stack's row moments through state_dict() at another rank count.
 zmuon_add_python_test(python_test_torch_normuon_blocks MODULE test_torch_normuon_blocks
   PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch)
+
+# algorithm="lion" for a param group against a float64 Lion.
+zmuon_add_python_test(python_test_torch_lion MODULE test_torch_lion
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch)

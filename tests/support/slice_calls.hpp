@@ -1,7 +1,7 @@
 // A backend's calls over several parameters (momentum_slices, apply_update_slices,
-// adamw_slices, copy_pieces) against its per-parameter calls, bit for bit, on a layout like the
-// store's (test_kernels on the host backend, test_cuda_kernels on the CUDA one, whose slice kernels
-// are its own).
+// scalar_update_slices, copy_pieces) against its per-parameter calls, bit for bit, on a layout like
+// the store's (test_kernels on the host backend, test_cuda_kernels on the CUDA one, whose slice
+// kernels are its own).
 #pragma once
 
 #include <boost/test/unit_test.hpp>
@@ -108,7 +108,7 @@ inline void check_slice_calls(compute_backend& be) {
       update.bf16 = o_bits;
     else
       update.f32 = const_cast<float*>(o.data());
-    be.apply_update_slices(p_all.data(), update, kOrigin, slices, 0.02f, 0.1f);
+    be.apply_update_slices(p_all.data(), update, kOrigin, slices, 0.02f, 0.1f, decay_mask::all);
     BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0,
                "apply_update_slices, " << (bf16 ? "bf16" : "fp32"));
   }
@@ -134,15 +134,15 @@ inline void check_slice_calls(compute_backend& be) {
   device_buffer m_each = upload(be, m0), m_all = upload(be, m0);
   device_buffer v_each = upload(be, v_pos), v_all = upload(be, v_pos);
   for (int64_t step = 1; step <= 2; ++step) {
-    const adamw_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
+    const scalar_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step};
     for (const param_slice& s : slices)
-      be.adamw(p_each.data() + s.shard_offset, g.data() + s.shard_offset,
-               m_each.data() + s.state_offset, v_each.data() + s.state_offset, s.n, args);
-    be.adamw_slices(p_all.data(), g.data(), m_all.data(), v_all.data(), slices, args);
+      be.scalar_update(p_each.data() + s.shard_offset, g.data() + s.shard_offset,
+                       m_each.data() + s.state_offset, v_each.data() + s.state_offset, s.n, args);
+    be.scalar_update_slices(p_all.data(), g.data(), m_all.data(), v_all.data(), slices, args);
   }
-  BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0, "adamw_slices: p");
-  BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "adamw_slices: m");
-  BOOST_TEST(differing(download(be, v_all), download(be, v_each)) == 0, "adamw_slices: v");
+  BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0, "scalar_update_slices: p");
+  BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "scalar_update_slices: m");
+  BOOST_TEST(differing(download(be, v_all), download(be, v_each)) == 0, "scalar_update_slices: v");
 }
 
 }  // namespace zmuon::test

@@ -120,7 +120,7 @@ void launch_apply_update_cautious(const launch_context& ctx, float* p, const flo
 }
 
 void launch_adamw_cautious(const launch_context& ctx, float* p, const float* g, float* m, float* v,
-                           int64_t n, const adamw_args& args) {
+                           int64_t n, const scalar_args& args) {
   if (n <= 0)
     return;
   // The bias corrections in double on the host, as the host backend forms them.

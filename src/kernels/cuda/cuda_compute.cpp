@@ -328,10 +328,12 @@ void cuda_compute::apply_update_bf16(float* p, const uint16_t* o, int64_t n, flo
   launch_apply_update(guard, p, o, n, lr, scale, weight_decay);
 }
 
-void cuda_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
-                         const adamw_args& args) {
+void cuda_compute::scalar_update(float* p, const float* g, float* m, float* v, int64_t n,
+                                 const scalar_args& args) {
   const launch_guard guard = activate({floats(p, n), floats(g, n), floats(m, n), floats(v, n)});
-  const call_timer timer(*this, "adamw", ctx_.stream);
+  const call_timer timer(*this, "adamw", ctx_.stream);  // the non-Muon group's call, any rule
+  if (args.algorithm != scalar_algorithm::adamw)
+    return launch_scalar_rule(guard, p, g, m, v, n, args);
   if (args.cautious)
     return launch_adamw_cautious(guard, p, g, m, v, n, args);
   launch_adamw(guard, p, g, m, v, n, args);

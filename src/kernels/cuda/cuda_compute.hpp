@@ -68,8 +68,8 @@ public:
   void momentum(float* m, const float* g, float* u, int64_t n, float beta, bool nesterov) override;
   void apply_update(float* p, const float* o, int64_t n, float lr, float scale,
                     float weight_decay) override;
-  void adamw(float* p, const float* g, float* m, float* v, int64_t n,
-             const adamw_args& args) override;
+  void scalar_update(float* p, const float* g, float* m, float* v, int64_t n,
+                     const scalar_args& args) override;
   // Cautious weight decay and NorMuon (cautious_normuon.cu).
   void apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
                              float weight_decay) override;
@@ -94,10 +94,11 @@ public:
   void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
                        const std::vector<param_slice>& slices, float beta, bool nesterov) override;
   void apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
-                           const std::vector<param_slice>& slices, float lr,
-                           float weight_decay) override;
-  void adamw_slices(float* p, const float* g, float* m, float* v,
-                    const std::vector<param_slice>& slices, const adamw_args& args) override;
+                           const std::vector<param_slice>& slices, float lr, float weight_decay,
+                           decay_mask mask) override;
+  void scalar_update_slices(float* p, const float* g, float* m, float* v,
+                            const std::vector<param_slice>& slices,
+                            const scalar_args& args) override;
 
   void synchronize() override;
   void wait_for_stream(void* stream) override;

@@ -59,20 +59,29 @@ void cuda_compute::momentum_slices(float* m, const float* g, fp32_or_bf16 u, int
 
 void cuda_compute::apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
                                        const std::vector<param_slice>& slices, float lr,
-                                       float weight_decay) {
+                                       float weight_decay, decay_mask mask) {
+  if (mask == decay_mask::cautious)  // a launch a slice: cautious decay has no slice kernel
+    return compute_backend::apply_update_slices(p, o, origin, slices, lr, weight_decay, mask);
   const launch_guard guard = activate(
       {spanned(p, span_of(slices, false), false), spanned(o, span_of(slices, true, origin))});
   const call_timer timer(*this, "apply_update", ctx_.stream);
   launch_apply_update_slices(guard, p, o, origin, slices, lr, weight_decay);
 }
 
-void cuda_compute::adamw_slices(float* p, const float* g, float* m, float* v,
-                                const std::vector<param_slice>& slices, const adamw_args& args) {
+void cuda_compute::scalar_update_slices(float* p, const float* g, float* m, float* v,
+                                        const std::vector<param_slice>& slices,
+                                        const scalar_args& args) {
   const auto shards = span_of(slices, false);
   const auto state = span_of(slices, true);
   const launch_guard guard = activate({spanned(p, shards, false), spanned(g, shards, false),
                                        spanned(m, state, false), spanned(v, state, false)});
   const call_timer timer(*this, "adamw", ctx_.stream);
+  if (args.algorithm != scalar_algorithm::adamw) {  // a launch a slice: scalar_rules.hpp's rule
+    for (const param_slice& s : slices)
+      launch_scalar_rule(guard, p + s.shard_offset, g + s.shard_offset, m + s.state_offset,
+                         v + s.state_offset, s.n, args);
+    return;
+  }
   if (args.cautious) {  // a launch a slice: cautious weight decay has no slice kernel
     for (const param_slice& s : slices)
       launch_adamw_cautious(guard, p + s.shard_offset, g + s.shard_offset, m + s.state_offset,

@@ -108,6 +108,22 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
   }
 }
 
+/// kernels/scalar_rules.hpp's rule, one element per thread.
+template <class Rule>
+__global__ void scalar_rule_kernel(float* __restrict__ p, const float* __restrict__ g,
+                                   float* __restrict__ m, float* __restrict__ v, int64_t n,
+                                   scalar_factors f) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    float pi = p[i];
+    float mi = m[i];
+    float vi = v[i];
+    Rule::apply(f, pi, g[i], mi, vi);
+    p[i] = pi;
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
 // -- over several parameters: the slices of one call in a kernel parameter ---------------------
 
 /// Slices per launch: the table travels as the kernel's parameter (well inside its 4 KB).
@@ -510,7 +526,7 @@ namespace {
 
 /// torch.optim.AdamW's arrangement, with the bias corrections formed in double on the host
 /// exactly as the host backend forms them.
-adamw_factors factors_of(const adamw_args& args) {
+adamw_factors factors_of(const scalar_args& args) {
   const double t = static_cast<double>(args.step < 1 ? 1 : args.step);
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(args.beta1), t);
   const double bias_correction2 = 1.0 - std::pow(static_cast<double>(args.beta2), t);
@@ -527,10 +543,21 @@ adamw_factors factors_of(const adamw_args& args) {
 }  // namespace
 
 void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
-                  int64_t n, const adamw_args& args) {
+                  int64_t n, const scalar_args& args) {
   if (n <= 0)
     return;
   adamw_kernel<<<grid_for(n), kThreads, 0, ctx.stream>>>(p, g, m, v, n, factors_of(args));
+  ZMUON_LAUNCH_CHECK();
+}
+
+void launch_scalar_rule(const launch_context& ctx, float* p, const float* g, float* m, float* v,
+                        int64_t n, const scalar_args& args) {
+  if (n <= 0)
+    return;
+  const scalar_factors f = scalar_factors_of(args);
+  visit_scalar_rule(args.algorithm, [&](auto rule) {
+    scalar_rule_kernel<decltype(rule)><<<grid_for(n), kThreads, 0, ctx.stream>>>(p, g, m, v, n, f);
+  });
   ZMUON_LAUNCH_CHECK();
 }
 
@@ -589,7 +616,7 @@ void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf1
 }
 
 void launch_adamw_slices(const launch_context& ctx, float* p, const float* g, float* m, float* v,
-                         const std::vector<param_slice>& slices, const adamw_args& args) {
+                         const std::vector<param_slice>& slices, const scalar_args& args) {
   const adamw_factors f = factors_of(args);
   for_each_table(slices, 0.0f, [&](const slice_table& t, int blocks) {
     adamw_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(p, g, m, v, t, f);

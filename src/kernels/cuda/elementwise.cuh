@@ -54,7 +54,12 @@ void launch_apply_update(const launch_context& ctx, float* p, const uint16_t* o,
 void launch_to_bf16(const launch_context& ctx, uint16_t* dst, const float* src, int64_t n);
 void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src, int64_t n);
 void launch_adamw(const launch_context& ctx, float* p, const float* g, float* m, float* v,
-                  int64_t n, const adamw_args& args);
+                  int64_t n, const scalar_args& args);
+
+/// The non-Muon rule args.algorithm on one shard, element by element with
+/// kernels/scalar_rules.hpp's definition (AdamW has its own kernels above).
+void launch_scalar_rule(const launch_context& ctx, float* p, const float* g, float* m, float* v,
+                        int64_t n, const scalar_args& args);
 
 /// `n` 2-byte units (the bits of fp32 or bf16 elements) to copy from src to dst.
 struct unit_piece {
@@ -80,6 +85,6 @@ void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf1
                                 const std::vector<param_slice>& slices, float lr,
                                 float weight_decay);
 void launch_adamw_slices(const launch_context& ctx, float* p, const float* g, float* m, float* v,
-                         const std::vector<param_slice>& slices, const adamw_args& args);
+                         const std::vector<param_slice>& slices, const scalar_args& args);
 
 }  // namespace zmuon::gpu

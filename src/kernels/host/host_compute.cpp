@@ -197,32 +197,14 @@ void host_compute::from_bf16(float* dst, const uint16_t* src, int64_t n) {
     dst[i] = zmuon::from_bf16(src[i]);
 }
 
-void host_compute::adamw(float* p, const float* g, float* m, float* v, int64_t n,
-                         const adamw_args& args) {
-  const scoped_call_timer timer(*this, "adamw");
-  // torch.optim.AdamW's arrangement: p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps).
-  const double t = static_cast<double>(std::max<int64_t>(args.step, 1));
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(args.beta1), t);
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(args.beta2), t);
-  const float step_size = static_cast<float>(args.lr / bias_correction1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-  const float decay = 1.0f - args.lr * args.weight_decay;
-  const float beta1 = args.beta1;
-  const float beta2 = args.beta2;
-  const float eps = args.eps;
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float dir = mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-    if (args.cautious)  // decay only where p and the update direction agree (arXiv:2510.12402)
-      p[i] = p[i] - (p[i] * dir >= 0.0f ? args.lr * args.weight_decay * p[i] : 0.0f)
-             - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-    else
-      p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-  }
+void host_compute::scalar_update(float* p, const float* g, float* m, float* v, int64_t n,
+                                 const scalar_args& args) {
+  const scoped_call_timer timer(*this, "adamw");  // the non-Muon group's call, whatever its rule
+  const scalar_factors f = scalar_factors_of(args);
+  visit_scalar_rule(args.algorithm, [&](auto rule) {
+    for (int64_t i = 0; i < n; ++i)
+      decltype(rule)::apply(f, p[i], g[i], m[i], v[i]);
+  });
 }
 
 void host_compute::apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,

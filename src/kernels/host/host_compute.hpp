@@ -42,8 +42,8 @@ public:
                              float weight_decay) override;
   void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, float beta2,
                     float eps) override;
-  void adamw(float* p, const float* g, float* m, float* v, int64_t n,
-             const adamw_args& args) override;
+  void scalar_update(float* p, const float* g, float* m, float* v, int64_t n,
+                     const scalar_args& args) override;
 
   void to_bf16(uint16_t* dst, const float* src, int64_t n) override;
   void from_bf16(float* dst, const uint16_t* src, int64_t n) override;
