@@ -4,7 +4,7 @@ device), and the parameters registered with it (with their Muon blocks and MuonC
 import json
 import os
 
-from . import _capi, _distributed, _groups, _host
+from . import _capi, _distributed, _groups, _host, _state
 from ._buffers import buffer_of, is_torch
 from ._capi import HOST, InvalidArgument, UnknownParameter
 from ._groups import hyperparameter_override
@@ -188,6 +188,44 @@ class Construction:
         self._engine.load_shard_params(self._first_rank, entries)
 
     def _restart_engine(self, new):
-        raise _capi.BadState(f"add_param_group: '{new[0][0]}' is new, and the engine's "
-                             "parameter table is fixed once it runs (after the first "
-                             "accumulate or step); add every group before")
+        """add_param_group once the engine runs: a new engine with the old parameters and
+        `new`, carrying the masters, moments, step counts and loss scaler over (the new ones
+        start from their values with zero state). One process only, between steps."""
+        if self._node is not None or self._mode != _distributed.PLAIN:
+            raise _capi.BadState(f"add_param_group: '{new[0][0]}' is new, and a multi-process "
+                                 "job's parameter table is fixed once it runs; add every group "
+                                 "before the first step")
+        if any(self._micro):
+            raise _capi.BadState("add_param_group with new parameters between accumulate() and "
+                                 "step(): add them after step()")
+        snapshot = _state.snapshot(self)
+        old = [(n, p) for n, p, _ in self._params] + list(self._params_outside.items())
+        group_index = {n: i for i, g in enumerate(self.param_groups) for n in g["param_names"]}
+        config_dict, config_file, overrides, hyperparameters, ranks, on_metrics = self._setup
+        engine = self._create_engine(config_dict, config_file, list(overrides), hyperparameters,
+                                     ranks, None, None, None, on_metrics)
+        retired, self._engine = self._engine, engine
+        self._params, self._bindings, self._params_outside = [], {}, {}
+        self._shapes, self._name_of = {}, {}
+        self._heads = dict(self._int_heads)
+        try:
+            for name, p in old + list(new):
+                self._register(name, p)
+            self._register_blocks(*self._blocks)
+            self._register_qk_clip(*self._qk_clip)
+            for name, _ in old + list(new):
+                if name not in self._params_outside:
+                    self._engine.set_hparam_group(name, group_index.get(name,
+                                                                        len(self.param_groups)))
+            if self._host_engine:
+                _host.forward_metrics(engine, _host.metrics_sinks(config_dict, on_metrics))
+                if self._schedule is not None:
+                    self._schedule = _host.ScheduleView(engine)
+            _state.restore(self, snapshot)
+        except Exception:
+            engine.close()
+            raise
+        retired.close()
+        self._applied = []
+        self.state.invalidate()
+        self._write_back()

@@ -196,8 +196,8 @@ class ParamGroups:
                                   "parameters registered with the other algorithm")
         muon = bool(group["use_muon"])
         index = len(self.param_groups)  # the engine's hyperparameter group
-        for name, _ in pairs:
-            if name not in self._params_outside:
+        for name, _ in pairs:  # a restart placed them already
+            if name not in self._params_outside and not self._started:
                 self._engine.set_hparam_group(name, index)
         d = self.defaults
         group.setdefault("lr", d["lr"] if muon else d["adam_lr"])

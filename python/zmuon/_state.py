@@ -432,3 +432,43 @@ def _current(opt, name):
     """Parameter `name`'s current values: FSDP2's DTensor, else fp32 on the host."""
     b = opt._bindings[name]
     return b.param.detach() if opt._mode == "fsdp" else b.host_values()
+
+
+def snapshot(opt):
+    """Everything the engine holds, by parameter name, for a restart with more parameters."""
+    return _read(opt, _capi.STATE_FULL, with_master=True)
+
+
+def _zeros(numel):
+    buf = _empty(numel)
+    buf[:] = 0
+    return buf
+
+
+def restore(opt, snap):
+    """Loads `snap` into a restarted engine: a parameter it lacks starts from its values with
+    zero moments and no AdamW steps."""
+    state, masters, info = snap
+    entries, keep, row_entries = [], [], []
+    for name, _, shape in opt._params:
+        saved, numel = state.get(name), math.prod(shape)
+        muon = opt._engine.uses_muon(name)
+        pointers = {}
+        for engine_name, torch_name in (MUON_NAMES if muon else ADAMW_NAMES).items():
+            buf = _host_float32(saved[torch_name], shape, torch_name).reshape(-1) \
+                if saved else _zeros(numel)
+            keep.append(buf)
+            pointers[engine_name] = _pointer(buf)
+        master = masters[name] if name in masters else _current(opt, name)
+        buf = _host_float32(master, shape, "master").reshape(-1)
+        keep.append(buf)
+        pointers["param"] = _pointer(buf)
+        adam_step = _count(saved["step"], "step") if saved and not muon else 0
+        if saved and ROW_MOMENTS in saved:
+            rows = saved[ROW_MOMENTS]
+            buf = _host_float32(rows, tuple(rows.shape), ROW_MOMENTS).reshape(-1)
+            keep.append(buf)
+            row_entries.append((name, math.prod(tuple(rows.shape)), _pointer(buf)))
+        entries.append((name, numel, pointers, adam_step))
+    _capi.write_state_rows(opt._engine, entries, info, row_entries)
+    del keep

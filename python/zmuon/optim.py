@@ -145,6 +145,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
                        if isinstance(h, (list, tuple))}
         for n in block_heads:
             del self._heads[n]
+        self._int_heads = dict(self._heads)  # a restart registers them again
         self._params = []       # (name, tensor or array, shape), in registration order
         self._bindings = {}     # name -> _param_sync.Binding: what the engine reads and writes
         self._params_outside = {}  # name -> zero-size parameter: nothing to step
