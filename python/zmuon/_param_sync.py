@@ -114,6 +114,22 @@ class Binding:
             self.local.data.copy_(self.staging)
 
 
+def _bit_sum(t):
+    """The wrapping sum of a tensor's bits as 64-bit words (a 0-d tensor on its device): a
+    contiguous one read as int64 (the tail bytes added apart); a strided one by element."""
+    if t.is_contiguous():
+        raw = t.reshape(-1).view(torch.uint8)
+        whole = raw.numel() // 8 * 8
+        try:
+            total = raw[:whole].view(torch.int64).sum()
+        except RuntimeError:  # a storage offset not 8-byte aligned
+            return t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64)
+        if whole < raw.numel():
+            total = total + raw[whole:].sum(dtype=torch.int64)
+        return total
+    return t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64)
+
+
 def fingerprints(tensors):
     """A sum of each tensor's bit patterns, as one value per tensor: on the tensors' own
     devices for torch (no wait for the GPU), crc32 for numpy arrays, None for other buffers."""
@@ -121,10 +137,7 @@ def fingerprints(tensors):
     for t in tensors:
         if _is_tensor(t):
             t = t.detach()
-            if t.numel() == 0:
-                out.append(0)
-            else:
-                out.append(t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64))
+            out.append(0 if t.numel() == 0 else _bit_sum(t))
         elif hasattr(t, "__array_interface__"):
             out.append(zlib.crc32(memoryview(t).cast("B")))
         else:

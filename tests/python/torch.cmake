@@ -5,7 +5,7 @@
 # root, .ci/requirements.txt); without it they fail, they never skip.
 set(ZMUON_TORCH_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
 foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_deepspeed
-    test_torch_muon_blocks test_torch_parameters)
+    test_torch_muon_blocks)
   zmuon_add_python_test(python_${test} MODULE ${test} PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300
     LABELS embed torch ENV "HF_HUB_OFFLINE=1")
 endforeach()
@@ -31,3 +31,8 @@ zmuon_add_python_test(python_test_torch_cautious_normuon MODULE test_torch_cauti
 # an expert stack's row moments through state_dict() at another rank count.
 zmuon_add_python_test(python_test_torch_normuon_blocks MODULE test_torch_normuon_blocks
   PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch)
+
+# Parameters as torch.optim takes them: writes outside zmuon, unnamed, 0-d, strided, bf16 (200
+# steps, five runs), add_param_group mid-run, cycled momentum, hooks.
+zmuon_add_python_test(python_test_torch_parameters MODULE test_torch_parameters
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 600 LABELS embed torch)
