@@ -5,7 +5,7 @@ import json
 import os
 
 from . import _capi, _distributed, _groups, _host, _state
-from ._buffers import buffer_of, is_torch
+from ._buffers import buffer_of
 from ._capi import HOST, InvalidArgument, UnknownParameter
 from ._groups import hyperparameter_override
 from ._param_sync import Binding, _is_tensor, local_of
@@ -71,6 +71,69 @@ def backend_override(named, config_dict, overrides, host_staging):
 
 class Construction:
     """zmuon.Muon's half that makes the engine and registers the parameters."""
+
+    def _engine_overrides(self, overrides, hyperparameters, named, config_dict, host_staging):
+        """The overrides the engine is made with: the caller's, FSDP2's layout, the keyword
+        hyperparameters and the backend of the tensors' device."""
+        out = list(overrides)
+        if self._mode == _distributed.FSDP:  # the plan cuts the parameters as FSDP2 does
+            out.append("zmuon.shard_layout=rows")
+        out += [hyperparameter_override(k, v) for k, v in hyperparameters.items()]
+        return out + backend_override(named, config_dict, out, host_staging)
+
+    def _register_all(self, named, heads, split_sizes, views, qk_clip):
+        """Every parameter with its heads, then the Muon blocks and the MuonClip pairs."""
+        self._heads = dict(heads or {})
+        all_heads = dict(self._heads)
+        # Per-block heads (a list) go with split_sizes, not to add_parameter.
+        block_heads = {n: list(h) for n, h in self._heads.items()
+                       if isinstance(h, (list, tuple))}
+        for n in block_heads:
+            del self._heads[n]
+        self._int_heads = dict(self._heads)  # a restart registers them again
+        self._params = []       # (name, tensor or array, shape), in registration order
+        self._bindings = {}     # name -> _param_sync.Binding: what the engine reads and writes
+        self._params_outside = {}  # name -> zero-size parameter: nothing to step
+        self._shapes = {}       # name -> shape
+        self._name_of = {}      # id(tensor) -> name
+        self._started = False   # the engine's table is fixed once it runs
+        for name, p in named:
+            self._register(name, p)
+        if self._heads:
+            raise InvalidArgument(f"heads given for {sorted(self._heads)}, which are not "
+                                  "parameters")
+        self._blocks = (split_sizes, block_heads, views)
+        self._register_blocks(split_sizes, block_heads, views)
+        self._qk_clip = (qk_clip, all_heads)
+        self._qk_heads = self._register_qk_clip(qk_clip, all_heads)
+
+    def _defaults(self, config_dict, overrides, ns_eps):
+        """opt.defaults: the config's and the keywords' values, with the rates the engine
+        resolved (DeepSpeed's lr rule, "auto", the scheduler's first rate)."""
+        defaults = _groups.defaults_of(config_dict, overrides)
+        defaults["ns_eps"] = ns_eps
+        for key, lr in zip(("lr", "adam_lr"), _capi.engine_next_lrs(self._engine)):
+            if abs(lr - defaults[key]) > 1e-6 * abs(defaults[key]):
+                defaults[key] = lr
+        return defaults
+
+    def _start(self, config_dict, on_metrics):
+        """The metrics and the config's schedule; a node joins its job; FSDP2's shards go in;
+        the parameters' marks are taken."""
+        self._schedule = None  # the config's scheduler, shown in param_groups
+        if self._host_engine:
+            _host.forward_metrics(self._engine, _host.metrics_sinks(config_dict, on_metrics))
+            if "scheduler" in config_dict:
+                self._schedule = _host.ScheduleView(self._engine)
+                self._schedule.show(self.param_groups)
+        if self._node is not None:  # the hyperparameter groups are part of the table
+            self._engine.start()  # joins the job: blocks until every process is in
+            self._started = True
+        self._first_rank = self._engine.first_rank
+        if self._mode == _distributed.FSDP:  # each process's local tensors: no whole parameter
+            self._load_local_shards()
+            self._started = True
+        self._mark_in_step()
 
     def _create_engine(self, config_dict, config_file, overrides, hyperparameters, ranks,
                        nodes, node_rank, master, on_metrics):

@@ -89,6 +89,20 @@ def named_groups(params):
     return [{"params": pairs(items, None, "params")}], made_up
 
 
+def placement(named, user_groups, made_up, groups):
+    """{name: GROUP_*} before the engine starts: zmuon.Muon's groups= and the tensors' own
+    use_muon, then each group's use_muon, then the dimension rule for unnamed tensors."""
+    for name, _ in named:
+        _capi._text(name, "parameter name")  # a NUL would cut the name short in C
+    group_of = _groups.resolve_groups(named, groups)
+    for g in user_groups:
+        if g.get("use_muon") is not None:
+            for name, _ in g["params"]:
+                group_of[name] = _capi.GROUP_MUON if g["use_muon"] else _capi.GROUP_ADAMW
+    rule_by_dimension(named, made_up, group_of)
+    return group_of
+
+
 def rule_by_dimension(named, made_up, group_of):
     """Unnamed parameters that nothing else placed: ndim >= 2 Muon, the rest AdamW (the name
     rule cannot tell embeddings apart without names); one info line with the counts."""

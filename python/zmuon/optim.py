@@ -34,12 +34,11 @@ otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-ove
 
 import math
 
-from . import _capi, _construction, _distributed, _groups, _host, _param_groups, _state
+from . import _capi, _construction, _distributed, _groups, _param_groups, _state
 from ._buffers import buffer_of, is_torch
 from ._capi import BadState, InvalidArgument
 from ._construction import Construction
 from ._gradients import Gradients
-from ._groups import hyperparameter_override
 from ._param_groups import ParamGroups
 from ._param_sync import ParamSync
 from ._torch_integration import TorchIntegration
@@ -115,65 +114,27 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         user_groups, made_up = _param_groups.named_groups(params)
         named = [item for g in user_groups for item in g["params"]]
         self._mode = _distributed.mode_of(named, ddp_module, averaged_grads)
-        overrides = list(overrides)
         nodes, node_rank, master = _distributed.job_of(self._mode, nodes, node_rank, master,
                                                        ranks, distributed)
-        if self._mode == _distributed.FSDP:  # the plan cuts the parameters as FSDP2 does
-            overrides.append("zmuon.shard_layout=rows")
-        for name, _ in named:
-            _capi._text(name, "parameter name")  # a NUL would cut the name short in C
-        group_of = _groups.resolve_groups(named, groups)  # checked before the engine starts
-        for g in user_groups:
-            if "use_muon" in g and g["use_muon"] is not None:
-                for name, _ in g["params"]:
-                    group_of[name] = _capi.GROUP_MUON if g["use_muon"] else _capi.GROUP_ADAMW
-        _param_groups.rule_by_dimension(named, made_up, group_of)
+        group_of = _param_groups.placement(named, user_groups, made_up, groups)
         ns_eps = hyperparameters.pop("ns_eps", _groups.ENGINE_DEFAULTS["ns_eps"])
-        overrides = overrides + [hyperparameter_override(k, v) for k, v in hyperparameters.items()]
         config_dict, config_file = _construction.read_config(config)
-        overrides += _construction.backend_override(named, config_dict, overrides, host_staging)
+        overrides = self._engine_overrides(overrides, hyperparameters, named, config_dict,
+                                           host_staging)
         self._setup = (config_dict, config_file, list(overrides), dict(hyperparameters), ranks,
                        on_metrics)  # what a restart of the engine needs
         self._engine = self._create_engine(config_dict, config_file, overrides, hyperparameters,
                                            ranks, nodes, node_rank, master, on_metrics)
         self._gas = _construction.explicit_gas(config_dict, overrides)
         self._host_staging = host_staging
-        self._heads = dict(heads or {})
-        all_heads = dict(self._heads)
-        # Per-block heads (a list) go with split_sizes, not to add_parameter.
-        block_heads = {n: list(h) for n, h in self._heads.items()
-                       if isinstance(h, (list, tuple))}
-        for n in block_heads:
-            del self._heads[n]
-        self._int_heads = dict(self._heads)  # a restart registers them again
-        self._params = []       # (name, tensor or array, shape), in registration order
-        self._bindings = {}     # name -> _param_sync.Binding: what the engine reads and writes
-        self._params_outside = {}  # name -> zero-size parameter: nothing to step
-        self._shapes = {}       # name -> shape
-        self._name_of = {}      # id(tensor) -> name
         self._group_of = group_of
-        self._started = False   # the engine's table is fixed once it runs
-        for name, p in named:
-            self._register(name, p)
-        if self._heads:
-            raise InvalidArgument(f"heads given for {sorted(self._heads)}, which are not "
-                                  "parameters")
-        self._blocks = (split_sizes, block_heads, views)
-        self._register_blocks(split_sizes, block_heads, views)
-        self._qk_clip = (qk_clip, all_heads)
-        self._qk_heads = self._register_qk_clip(qk_clip, all_heads)
+        self._register_all(named, heads, split_sizes, views, qk_clip)
         self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
         self._backward_hooks, self._pending = [], {}  # hand_over_in_backward
         self._applied = []  # per group, the hyperparameters the engine runs with
         self._momentum_seen = []  # per Muon group, betas[0] as the last step saw it
         self.last_step = None
-        defaults = _groups.defaults_of(config_dict, overrides)
-        defaults["ns_eps"] = ns_eps
-        # The engine resolved the config's lr rule (DeepSpeed's: "lr" for both algorithms unless
-        # muon_lr / adam_lr), "auto" and the scheduler's first rate: param_groups show those.
-        for key, lr in zip(("lr", "adam_lr"), _capi.engine_next_lrs(self._engine)):
-            if abs(lr - defaults[key]) > 1e-6 * abs(defaults[key]):
-                defaults[key] = lr
+        defaults = self._defaults(config_dict, overrides, ns_eps)
         groups_in = self._split_default_groups(user_groups)
         if _Optimizer is object:
             self.defaults = defaults
@@ -184,20 +145,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         else:
             super().__init__(groups_in, defaults)
         self.state = _state.ShardState(self)
-        self._schedule = None  # the config's scheduler, shown in param_groups
-        if self._host_engine:
-            _host.forward_metrics(self._engine, _host.metrics_sinks(config_dict, on_metrics))
-            if "scheduler" in config_dict:
-                self._schedule = _host.ScheduleView(self._engine)
-                self._schedule.show(self.param_groups)
-        if self._node is not None:  # the hyperparameter groups are part of the table
-            self._engine.start()  # joins the job: blocks until every process is in
-            self._started = True
-        self._first_rank = self._engine.first_rank
-        if self._mode == _distributed.FSDP:  # each process's local tensors: no whole parameter
-            self._load_local_shards()
-            self._started = True
-        self._mark_in_step()
+        self._start(config_dict, on_metrics)
 
     def step(self, closure=None):
         """One optimizer step on everything handed over since the last one (if nothing was,
