@@ -38,6 +38,7 @@ class TorchIntegration:
         it)."""
         for hook in _hooks(self, "_optimizer_state_dict_pre_hooks"):
             hook(self)
+        self._reload_written()  # the masters of parameters written since the last step
         sd = _state.state_dict(self)
         for hook in _hooks(self, "_optimizer_state_dict_post_hooks"):
             result = hook(self, sd)

@@ -246,6 +246,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
     def save_checkpoint(self, directory):
         """Saves the optimizer state (parameters, momentum, Adam moments, step, loss scale) as a
         zmuon checkpoint under `directory` (between steps); a collective in a multi-process job."""
+        self._reload_written()
         self._engine.save_checkpoint(directory)
 
     def load_checkpoint(self, directory):
