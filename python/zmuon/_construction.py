@@ -202,6 +202,7 @@ class Construction:
         self._bindings[name] = binding
         self._shapes[name] = shape
         self._name_of[id(p)] = name
+        self._mark_in_step([binding])  # the engine holds its values now
 
     def _register_blocks(self, split_sizes, block_heads, views):
         """Muon's blocks: split_sizes with per-block heads, and matrix views."""

@@ -55,17 +55,29 @@ class Binding:
     engine reads and writes (the local tensor itself or its staging copy), and the marks of
     the last values the two agreed on."""
 
-    __slots__ = ("name", "param", "shape", "staging", "marks", "fingerprint")
+    __slots__ = ("name", "param", "shape", "host_staging", "staging", "marks", "fingerprint")
 
     def __init__(self, name, param, host_staging):
         self.name, self.param = name, param
         self.shape = tuple(param.shape)
-        local = local_of(param)
+        self.host_staging = host_staging
         self.staging = None
-        if needs_staging(local, host_staging):
-            self.staging = _staged_copy(local, host_staging)
+        self.restage()
         self.marks = None
         self.fingerprint = None
+
+    def restage(self):
+        """A staging buffer where the tensor needs one now (model.to(torch.bfloat16) after
+        the optimizer was made swaps each parameter's storage), none where it does not.
+        Returns whether the buffer changed (then its values are the tensor's)."""
+        local = local_of(self.param)
+        if not needs_staging(local, self.host_staging):
+            changed, self.staging = self.staging is not None, None
+            return changed
+        if self.staging is None or tuple(self.staging.shape) != tuple(local.shape):
+            self.staging = _staged_copy(local, self.host_staging)
+            return True
+        return False
 
     @property
     def local(self):
@@ -184,7 +196,11 @@ class ParamSync:
         same = same_fingerprints([b.fingerprint for b in bindings], prints)
         written = [b for b, s in zip(bindings, same)
                    if not s or b.current_marks() != b.marks]
-        reload = [b for b in written if not b.unchanged_after_rounding()]
+        restaged = {b.name for b in written  # new storage: maybe a new dtype
+                    if (b.marks is None or b.current_marks()[-1:] != b.marks[-1:])
+                    and b.restage()}
+        reload = [b for b in written
+                  if b.name in restaged or not b.unchanged_after_rounding()]
         if reload:
             values = [(b, b.host_values()) for b in reload]
             entries = [(b.name, *buffer_of(v, f"parameter '{b.name}'")[:3]) for b, v in values]

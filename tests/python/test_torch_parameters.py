@@ -387,6 +387,27 @@ class LowPrecisionParameters(unittest.TestCase):
         self.assertLessEqual(ours, self.TRACK_TOL)
         self.assertGreater(theirs, 3 * ours)
 
+    def test_a_model_cast_to_bf16_after_the_optimizer_was_made(self):
+        # model.to(torch.bfloat16) swaps each parameter's storage: the next step starts from
+        # the bf16 values, as an optimizer made on the bf16 model would.
+        runs = []
+        for cast_first in (True, False):
+            torch.manual_seed(0)
+            model = TinyTransformer()
+            if cast_first:
+                model = model.to(torch.bfloat16)
+            opt = zmuon.Muon(model.named_parameters(), **HYPER)
+            model.to(torch.bfloat16)
+            for tokens in batches(3, seed=13):
+                opt.zero_grad()
+                lm_loss(model, tokens).backward()
+                opt.step()
+            runs.append(model)
+        self.assertEqual({p.dtype for p in runs[1].parameters()}, {torch.bfloat16})
+        differ = [n for (n, a), (_, b) in zip(runs[0].named_parameters(),
+                                              runs[1].named_parameters()) if not torch.equal(a, b)]
+        self.assertEqual(differ, [])
+
     def test_the_state_dict_carries_the_masters_and_a_resume_is_exact(self):
         def make():
             torch.manual_seed(0)
