@@ -3,8 +3,11 @@
 the model of examples/torch_train.py (by default GPT-2-sized: 12 layers of 768), the same
 batches, medians over the steps after a warm-up. zmuon.Muon's step is timed in its parts:
 accumulate() (the gradients' hand-over), the engine's step(), and the write-back of the new
-parameters (_write_back: the synchronize and gather_params); each part between
+parameters (_write_back: the synchronize and gather_params), and the check for writes made to
+the parameters outside zmuon (_reload_written before the step, the marks taken after the
+write-back: version counters and a content sum per parameter); each part between
 torch.cuda.synchronize() calls, so the parts add up to more than the step alone.
+`--write-check off` runs without that check, for the step time before and after it.
 
     PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so python3 bench/torch_optim_step.py
 
@@ -38,6 +41,8 @@ def main():
     tt.add_model_args(ap, d_model=768, heads=12, layers=12, seq=128, batch=8)  # GPT-2-sized
     ap.add_argument("--zmuon-comm", default=None, help="caf | nccl (default: the engine's)")
     ap.add_argument("--zmuon-backend", default=None, help="host | cuda (default: the device's)")
+    ap.add_argument("--write-check", choices=("on", "off"), default="on",
+                    help="off: zmuon.Muon without the check for writes outside it")
     args = ap.parse_args()
     # What examples/torch_train.py's optimizers read from its arguments.
     args.muon_lr, args.adam_lr, args.momentum, args.weight_decay = 0.02, 3e-3, 0.95, 0.01
@@ -58,7 +63,8 @@ def main():
     opt = z.opt
 
     # zmuon.Muon.step() in its parts: the engine's step and the write-back, each timed.
-    parts = {"accumulate": [], "engine step": [], "write-back": []}
+    parts = {"accumulate": [], "engine step": [], "write-back": [], "write check": [],
+             "marks": []}
 
     def timed(name, fn):
         def run(*a, **k):
@@ -72,6 +78,12 @@ def main():
 
     opt._engine.step = timed("engine step", opt._engine.step)
     opt._write_back = timed("write-back", opt._write_back)
+    if args.write_check == "off":
+        opt._reload_written = lambda: []
+        opt._mark_in_step = lambda bindings=None: None
+    else:
+        opt._reload_written = timed("write check", opt._reload_written)
+        opt._mark_in_step = timed("marks", opt._mark_in_step)
 
     def train(model, step_fn):
         fwd_bwd, optim = [], []
@@ -98,11 +110,13 @@ def main():
     ms = lambda xs: 1e3 * median(xs[w:])  # noqa: E731
     print(f"# torch {torch.__version__}, zmuon {tt.zmuon.version()}, device {device}, "
           f"{n_params} parameters ({len(z.muon_names)} Muon matrices), comm "
-          f"{args.zmuon_comm or 'default'}; medians of steps {w + 1}..{args.steps}, ms")
+          f"{args.zmuon_comm or 'default'}, write check {args.write_check}; medians of steps "
+          f"{w + 1}..{args.steps}, ms")
     print(f"forward + backward: zmuon run {ms(fb_z):.2f}, torch run {ms(fb_t):.2f}")
     print(f"optimizer step: zmuon.Muon {ms(opt_z):.2f} (accumulate {ms(parts['accumulate']):.2f}, "
-          f"engine step {ms(parts['engine step']):.2f}, write-back {ms(parts['write-back']):.2f}); "
-          f"torch.optim.Muon + AdamW {ms(opt_t):.2f}")
+          f"engine step {ms(parts['engine step']):.2f}, write-back {ms(parts['write-back']):.2f}"
+          + (f", write check {ms(parts['write check']):.2f}, marks {ms(parts['marks']):.2f}"
+             if args.write_check == "on" else "") + f"); torch.optim.Muon + AdamW {ms(opt_t):.2f}")
     opt.close()
 
 

@@ -176,7 +176,8 @@ check() {
 
     echo "== zmuon from Python (libzmuon with the CUDA backend, PyTorch's tensors)"
     for script in tests/python/test_newton_schulz.py tests/python/gpu_newton_schulz_check.py \
-        tests/python/gpu_torch_parity.py tests/python/gpu_rules_check.py; do
+        tests/python/gpu_torch_parity.py tests/python/gpu_rules_check.py \
+        tests/python/gpu_torch_device.py; do
       ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
         python3 "$script" 2>&1 | tee -a "$out/python_newton_schulz.log" | tail -n 5
       rc=${PIPESTATUS[0]}
@@ -190,6 +191,11 @@ check() {
       python3 bench/torch_optim_step.py --device cuda --steps 25 2>&1 |
       tee "$out/torch_optim_step.log" | tail -n 12
     [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "torch_optim_step.py: exit non-zero"
+    # The step time without the check for writes outside zmuon (the figure before it).
+    ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
+      python3 bench/torch_optim_step.py --device cuda --steps 25 --write-check off 2>&1 |
+      tee "$out/torch_optim_step_no_write_check.log" | tail -n 3
+    [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "torch_optim_step.py --write-check off: exit non-zero"
     ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
       torchrun --nproc-per-node 1 bench/torch_fsdp2_step.py --device cuda --steps 20 2>&1 |
       grep -v '^W1' | tee "$out/torch_fsdp2_step.log" | tail -n 6

@@ -7,12 +7,10 @@ import math
 import numbers
 import sys
 
-import numpy as np
-
 from . import _capi
 from ._buffers import is_torch
 from ._capi import InvalidArgument, ShapeMismatch
-from ._groups import GROUP_KEYS, learning_rate
+from ._groups import learning_rate
 
 # The engine's tensors under torch's names (torch.optim.Muon's and AdamW's state keys).
 MUON_NAMES = {"momentum": "momentum_buffer"}
@@ -21,17 +19,25 @@ SCALER_KEYS = ("scale", "iter", "last_overflow_iter", "hysteresis_left")
 # NorMuon's row second moments of a Muon parameter, under Dion's name and shape (rows, 1), or
 # (E, r, 1) for an expert stack; in the state only while some group runs NorMuon.
 ROW_MOMENTS = "variance_neuron"
+# The fp32 master of a bf16 / fp16 parameter, in its state entry (where DCP keeps it).
+MASTER = "master"
 
 
 def _torch():
     return sys.modules.get("torch")
 
 
+def _numpy():
+    """numpy, imported only where the parameters are numpy arrays (zmuon imports without it)."""
+    import numpy  # pylint: disable=import-outside-toplevel
+    return numpy
+
+
 def _empty(numel):
     torch = _torch()
     if torch is not None:
         return torch.empty(numel, dtype=torch.float32)
-    return np.empty(numel, np.float32)
+    return _numpy().empty(numel, _numpy().float32)
 
 
 def _pointer(buf):
@@ -43,7 +49,7 @@ def _step_scalar(n):
     torch = _torch()
     if torch is not None:
         return torch.tensor(float(n), dtype=torch.float32)
-    return np.array(float(n), np.float32)
+    return _numpy().array(float(n), _numpy().float32)
 
 
 def _read(opt, scope, with_master):
@@ -239,10 +245,13 @@ def state_dict(opt):
     groups = _group_entries(opt)
     for g in groups:
         g["zmuon"] = dict(counters, loss_scaler=dict(counters["loss_scaler"]))
+    for name, b in opt._bindings.items():  # DCP keeps "state": the masters ride there
+        if b.low_precision:
+            state[name][MASTER] = masters[name]
     return {
-        "state": {i: state[n] for i, n in enumerate(names)},
+        "state": {i: state[n] for i, n in enumerate(names) if n in state},
         "param_groups": groups,
-        "zmuon": {"masters": {i: masters[n] for i, n in enumerate(names)}},
+        "zmuon": {"masters": {i: masters[n] for i, n in enumerate(names) if n in masters}},
     }
 
 
@@ -259,6 +268,7 @@ def _host_float32(value, shape, what):
     if not hasattr(value, "__array_interface__"):
         raise InvalidArgument(f"load_state_dict: {what} is a {type(value).__name__}, not a "
                               "tensor")
+    np = _numpy()
     arr = np.ascontiguousarray(value, dtype=np.float32)
     if tuple(arr.shape) != tuple(shape):
         raise ShapeMismatch(f"load_state_dict: {what} has shape {tuple(arr.shape)}, the "
@@ -283,7 +293,7 @@ def _local_float32(value, p, shape, lo, hi, what):
         return rows.contiguous()
     whole = _host_float32(value, shape, what)
     return whole.reshape(-1)[lo:hi].contiguous() if is_torch(whole) \
-        else np.ascontiguousarray(whole.reshape(-1)[lo:hi])
+        else _numpy().ascontiguousarray(whole.reshape(-1)[lo:hi])
 
 
 def _count(value, what, low=0):
@@ -357,6 +367,8 @@ def load_state_dict(opt, sd):
     saved_index = [i for g in groups for i in g["params"]]
     entries, keep, row_entries = [], [], []
     for name, index in zip(names, saved_index):
+        if name in opt._params_outside:  # zero-size: no state to load
+            continue
         where = f"state[{index!r}] (parameter '{name}')"
         entry = saved_state.get(index)
         if entry is None:
@@ -375,7 +387,9 @@ def load_state_dict(opt, sd):
             buf = _host_float32(entry[ROW_MOMENTS], rows_shape, f"{where}[{ROW_MOMENTS!r}]")
             keep.append(buf)
             row_entries.append((name, rows, _pointer(buf)))
-        if masters is not None:
+        if MASTER in entry:
+            buf = load(entry[MASTER], name, f"{where}[{MASTER!r}]")
+        elif masters is not None:
             buf = load(_need(masters, index, "zmuon['masters']"), name,
                        f"zmuon['masters'][{index!r}]")
         else:
@@ -404,15 +418,57 @@ def load_state_dict(opt, sd):
     del keep
     opt.state.invalidate()
     opt._write_back()
-    for g, saved in zip(opt.param_groups, groups):
-        for key in GROUP_KEYS:
-            if key in saved:
-                g[key] = saved[key]
+    for i, (g, saved) in enumerate(zip(opt.param_groups, groups)):
+        # Every saved key, as torch keeps them (a scheduler's own too); the algorithm stays.
+        for key, value in saved.items():
+            if key not in ("params", "param_names", "zmuon", "use_muon", "algorithm"):
+                g[key] = value
+        if g.get("use_muon") and "momentum" in g and "betas" in g:
+            g["betas"] = (g["momentum"],) + tuple(g["betas"])[1:]
+            opt._momentum_seen[i] = g["momentum"]
 
 
 def _current(opt, name):
-    """Parameter `name`'s current values, on the host."""
-    for n, p, _ in opt._params:
-        if n == name:
-            return opt._staged.get(name, p) if not is_torch(p) else p.detach()
-    raise KeyError(name)
+    """Parameter `name`'s current values: FSDP2's DTensor, else fp32 on the host."""
+    b = opt._bindings[name]
+    return b.param.detach() if opt._mode == "fsdp" else b.host_values()
+
+
+def snapshot(opt):
+    """Everything the engine holds, by parameter name, for a restart with more parameters."""
+    return _read(opt, _capi.STATE_FULL, with_master=True)
+
+
+def _zeros(numel):
+    buf = _empty(numel)
+    buf[:] = 0
+    return buf
+
+
+def restore(opt, snap):
+    """Loads `snap` into a restarted engine: a parameter it lacks starts from its values with
+    zero moments and no AdamW steps."""
+    state, masters, info = snap
+    entries, keep, row_entries = [], [], []
+    for name, _, shape in opt._params:
+        saved, numel = state.get(name), math.prod(shape)
+        muon = opt._engine.uses_muon(name)
+        pointers = {}
+        for engine_name, torch_name in (MUON_NAMES if muon else ADAMW_NAMES).items():
+            buf = _host_float32(saved[torch_name], shape, torch_name).reshape(-1) \
+                if saved else _zeros(numel)
+            keep.append(buf)
+            pointers[engine_name] = _pointer(buf)
+        master = masters[name] if name in masters else _current(opt, name)
+        buf = _host_float32(master, shape, "master").reshape(-1)
+        keep.append(buf)
+        pointers["param"] = _pointer(buf)
+        adam_step = _count(saved["step"], "step") if saved and not muon else 0
+        if saved and ROW_MOMENTS in saved:
+            rows = saved[ROW_MOMENTS]
+            buf = _host_float32(rows, tuple(rows.shape), ROW_MOMENTS).reshape(-1)
+            keep.append(buf)
+            row_entries.append((name, math.prod(tuple(rows.shape)), _pointer(buf)))
+        entries.append((name, numel, pointers, adam_step))
+    _capi.write_state_rows(opt._engine, entries, info, row_entries)
+    del keep

@@ -175,7 +175,9 @@ class BadArguments(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.opt.accumulate({"blocks.0.mlp.fc": np.zeros((8, 16), np.float32).T})
         with self.assertRaises(TypeError):
-            zmuon.Muon([self.params["norm.weight"]])  # no names
+            zmuon.Muon([np.zeros(8)])  # float64, no fp32 masters for numpy arrays
+        with self.assertRaises(TypeError):
+            zmuon.Muon([1.5])  # not a tensor
 
     def test_cuda_buffers_get_the_engines_unsupported_error(self):
         w = FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32))

@@ -9,6 +9,9 @@ computed here:
 - gradient accumulation (4 micro-batches) against one micro-batch (<= 1e-6);
 - gradient clipping on the norm over every process (<= 1e-6 against one process);
 - FSDP2 with bf16 mixed precision against torch.optim.Muon + AdamW on the same sharded model;
+- FSDP2 with bf16 parameters (fp32 masters in zmuon) at 2 processes against 1;
+- writes made to the parameters outside the optimizer (torch_writes.SCRIPT) under FSDP2, against
+  torch.optim.Muon + AdamW making the same writes in one process;
 - a NaN in one process's gradient: the step is skipped on every process, every state bit-equal;
 - one process killed before the step: the others fail naming it, within the heartbeat timeout;
 - torch.distributed.checkpoint (get_state_dict / set_state_dict) saved at 2 processes, loaded
@@ -44,6 +47,11 @@ BATCH = 8          # the job's batch a step: 8 sequences, split over the process
 PARITY_ZMUON = 1e-6
 PARITY_TORCH = 1e-5
 HEARTBEAT_MS = 3000
+# The writes of torch_writes.SCRIPT that FSDP2 lets a user make (p.data = ... would take the
+# parameter out of FSDP2's storage).
+FSDP_WRITES = ("p.data.copy_()", "a layer re-initialised", "EMA swapped in and back",
+               "opt.load_state_dict, then model.load_state_dict",
+               "DCP set_state_dict with copied dicts")
 
 
 # -- the worker: one process of the job -----------------------------------------------------------
@@ -53,13 +61,15 @@ def build(kind):
     2 x world/2 mesh, replicated over its first dimension)."""
     torch.manual_seed(0)
     model = TinyTransformer()
+    if kind == "fsdp_bf16":  # bf16 parameters: zmuon keeps their fp32 masters
+        model = model.to(torch.bfloat16)
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
-    if kind in ("fsdp", "hsdp", "fsdp_mp"):
+    if kind in ("fsdp", "hsdp", "fsdp_mp", "fsdp_bf16"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         mesh = None
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
-            if kind == "fsdp_mp" else MixedPrecisionPolicy()
+            if kind == "fsdp_mp" else MixedPrecisionPolicy(reduce_dtype=torch.float32)
         if kind == "hsdp":
             from torch.distributed.device_mesh import init_device_mesh
             world = torch.distributed.get_world_size()
@@ -150,7 +160,16 @@ def worker(args):
         set_model_state_dict(model, state["model"])
     opt = zmuon.Muon(model if args.kind == "ddp" else model.named_parameters(), config,
                      **HYPER)
-    if args.case == "train":
+    if args.case == "writes":  # every write of torch_writes.SCRIPT but the pointer swap
+        import torch_writes
+        from torch.distributed.tensor import distribute_tensor
+
+        def put(p, v, how):
+            how(p, distribute_tensor(v, p.device_mesh, p.placements))
+        torch_writes.run(model, [opt], FSDP_WRITES, rank, world, put=put)
+    elif args.case == "same_batch":  # every process the whole batch: the same gradients
+        train_steps(model, opt, args.steps, 0, 1, args.gas)
+    elif args.case == "train":
         reports = train_steps(model, opt, args.steps, rank, world, args.gas)
         out["clip_coefs"] = [r["clip_coef"] for r in reports]
         held = sum(opt.local_range(n)[1] for n, _, _ in opt._params)
@@ -372,6 +391,36 @@ class Distributed(unittest.TestCase):
         self.assertLessEqual(e, 1e-4)
         self.assertGreater(moved, 10 * e)  # bf16 compute moved the run, zmuon followed torch
 
+    def test_fsdp2_bf16_parameters_at_two_processes_match_one(self):
+        # bf16 parameters, fp32 masters sharded in zmuon. Each process computes the whole batch,
+        # so the gradients are the same bits at 1 and 2 processes (the mean of two equal bf16
+        # values in fp32 is exact): what remains is zmuon's sharding of the masters, which must
+        # give the same weights bit for bit. (With the batch split, the bf16 backward rounds
+        # each half differently: torch.optim's own runs then differ by up to 0.35 relative on
+        # a bias near zero after one step.)
+        two, _ = self.job(2, "fsdp_bf16", "same_batch")
+        one, _ = self.job(1, "fsdp_bf16", "same_batch")
+        e, moved = worst(two, one), worst(one, self.reference)
+        equal = sum(torch.equal(two[n], one[n]) for n in one)
+        print(f"FSDP2 bf16 parameters, {STEPS} steps: 2 processes vs 1 {e:.2e} ({equal} of "
+              f"{len(one)} parameters bit-equal); vs the fp32 run {moved:.2e}")
+        self.assertEqual({t.dtype for t in two.values()}, {torch.bfloat16})
+        self.assertEqual(equal, len(one))
+
+    def test_fsdp2_writes_outside_the_optimizer(self):
+        import torch_writes
+        from test_torch_optim import fp32_ns
+        params, _ = self.job(2, "fsdp", "writes")
+        torch.manual_seed(0)
+        ref = TinyTransformer()
+        with fp32_ns():
+            torch_writes.run(ref, torch_optimizers(ref), FSDP_WRITES)
+        ref = {n: p.detach() for n, p in ref.named_parameters()}
+        e = worst(params, ref)
+        print(f"FSDP2 world 2, writes outside the optimizer ({len(FSDP_WRITES)} kinds): vs "
+              f"torch's optimizers making them in one process {e:.2e}")
+        self.assertLessEqual(e, PARITY_TORCH)
+
     def test_clipping_uses_the_norm_over_every_process(self):
         clip = 0.3  # below the gradient's norm at every step: each step is clipped
         reference = single_process(clip=clip)
@@ -439,7 +488,7 @@ if __name__ == "__main__":
     if "--worker" in sys.argv:
         ap = argparse.ArgumentParser()
         ap.add_argument("--worker", action="store_true")
-        ap.add_argument("--kind", choices=("ddp", "fsdp", "hsdp", "fsdp_mp"))
+        ap.add_argument("--kind", choices=("ddp", "fsdp", "hsdp", "fsdp_mp", "fsdp_bf16"))
         ap.add_argument("--case")
         ap.add_argument("--out")
         ap.add_argument("--gas", type=int, default=1)

@@ -1,8 +1,8 @@
 # The torch tests: zmuon.Muon as a torch.optim.Optimizer (test_torch_optim), its state in torch's
-# shape (test_torch_state), under Lightning and HF Trainer (test_torch_frameworks), and under
-# DDP and FSDP2 (test_torch_distributed). They run
-# with the venv that .ci/deps makes (.venv at the repository root, .ci/requirements.txt); without
-# it they fail, they never skip.
+# shape (test_torch_state), parameters as torch.optim takes them (test_torch_parameters), under
+# Lightning and HF Trainer (test_torch_frameworks), and under DDP and FSDP2
+# (test_torch_distributed). They run with the venv that .ci/deps makes (.venv at the repository
+# root, .ci/requirements.txt); without it they fail, they never skip.
 set(ZMUON_TORCH_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
 foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_deepspeed
     test_torch_muon_blocks)
@@ -35,3 +35,7 @@ zmuon_add_python_test(python_test_torch_normuon_blocks MODULE test_torch_normuon
 # algorithm="lion" for a param group against a float64 Lion.
 zmuon_add_python_test(python_test_torch_lion MODULE test_torch_lion
   PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch)
+# Parameters as torch.optim takes them: writes outside zmuon, unnamed, 0-d, strided, bf16 (200
+# steps, five runs), add_param_group mid-run, cycled momentum, hooks.
+zmuon_add_python_test(python_test_torch_parameters MODULE test_torch_parameters
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 600 LABELS embed torch)

@@ -1,0 +1,105 @@
+"""zmuon.Muon's gradient hand-over: each micro-batch's gradients into the engine, as fp32
+contiguous buffers by data pointer (a bf16, fp16 or strided gradient is copied first)."""
+
+from . import _capi, _distributed
+from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
+from ._capi import HOST, InvalidArgument, ShapeMismatch
+
+
+def _engine_readable(g, host_staging):
+    """`g` as the engine reads it: fp32, contiguous, and on the host with host_staging."""
+    if not is_torch(g):
+        return g
+    if str(g.dtype) != "torch.float32":
+        g = g.detach().float()
+    if g.is_cuda and host_staging:
+        return g.detach().to("cpu").contiguous()
+    return g if g.is_contiguous() else g.contiguous()
+
+
+class Gradients:
+    """zmuon.Muon's half that hands gradients to the engine."""
+
+    def accumulate(self, grads=None, rank=None):
+        """Hands over one micro-batch's gradients of rank `rank` (default: this process's first
+        rank): by default each torch parameter's .grad (None: no gradient in this micro-batch);
+        else `grads`, a dict name -> array/tensor or a list in the order of the parameters. A
+        parameter left out here counts as zero in this micro-batch; one left out of every
+        micro-batch on every rank of a step is left as it is, as torch leaves a parameter whose
+        .grad is None (no momentum decay, no weight decay, no AdamW step count). Each gradient
+        has its parameter's shape (else zmuon.ShapeMismatch, and nothing of the call is handed
+        over)."""
+        if rank is None:
+            rank = self._first_rank
+        entries, keep = self._entries(grads)
+        stream = torch_stream(keep)
+        if stream is None and any(device != HOST for _, _, _, device in entries):
+            synchronize_torch(keep)  # the gradients must be written before the engine reads them
+        if self._mode == _distributed.PLAIN:
+            self._engine.reduce(rank, entries, stream=stream)
+        else:  # averaged over the processes already (DDP, FSDP2): no second reduce
+            if stream == 0 and any(device != HOST for _, _, _, device in entries):
+                synchronize_torch(keep)  # the C call takes no stream as "read now"
+            self._engine.hand_over_reduced(rank, entries, stream=stream)
+        self._started = True
+        if 0 <= rank - self._first_rank < len(self._micro):
+            self._micro[rank - self._first_rank] += 1
+
+    def accumulate_all(self, grads_by_rank):
+        """One micro-batch of every rank of this process at once: grads_by_rank[i] is local
+        rank i's (as accumulate's `grads`). The ranks hand over on a thread each inside the
+        engine, within the bound on reduce buckets in flight (zmuon.max_buckets_in_flight);
+        every rank's gradients are checked before any is handed over."""
+        grads_by_rank = list(grads_by_rank)
+        entries, keep = [], []
+        for i, grads in enumerate(grads_by_rank):
+            try:
+                e, k = self._entries(grads)
+            except _capi.ZmuonError as err:
+                raise type(err)(f"accumulate_all(): rank {self._first_rank + i}: {err}") from None
+            entries.append(e)
+            keep.extend(k)
+        if any(device != HOST for e in entries for _, _, _, device in e):
+            synchronize_torch(keep)  # read during the call, after the work that wrote them
+        self._engine.reduce_all(entries)
+        self._started = True
+        for i in range(min(len(grads_by_rank), len(self._micro))):
+            self._micro[i] += 1
+
+    def _entries(self, grads):
+        """accumulate's `grads` as the engine's (name, pointer, numel, device) entries, and the
+        objects that must live until the engine has read them."""
+        if grads is None:
+            missing = [n for n, p, _ in self._params if not is_torch(p)]
+            if missing:
+                raise TypeError(f"'{missing[0]}' has no .grad (not a torch tensor): pass "
+                                "accumulate(grads={name: array, ...})")
+            items = [(n, p.grad) for n, p, _ in self._params]
+        elif isinstance(grads, dict):
+            items = list(grads.items())
+        else:
+            grads = list(grads)
+            if len(grads) != len(self._params):
+                raise InvalidArgument(f"{len(grads)} gradients for {len(self._params)} "
+                                      "parameters")
+            items = [(n, g) for (n, _, _), g in zip(self._params, grads)]
+        entries, keep = [], []
+        for name, g in items:
+            if g is None or name in self._params_outside:  # zero-size: nothing to step
+                continue
+            _capi._text(name, "gradient name")  # a NUL would cut the name short in C
+            if _distributed.is_dtensor(g):  # FSDP2: this process's shard, reduce-scattered
+                g = _engine_readable(g.to_local(), self._host_staging)
+                keep.append(g)
+                ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
+                entries.append((name, ptr, numel, device))
+                continue
+            g = _engine_readable(g, self._host_staging)
+            keep.append(g)
+            ptr, numel, device, shape = buffer_of(g, f"gradient of '{name}'")
+            expected = self._shapes.get(name)  # an unknown name: the engine's error names it
+            if expected is not None and tuple(shape) != expected:
+                raise ShapeMismatch(f"gradient of '{name}' has shape {tuple(shape)}, the "
+                                    f"parameter's is {expected}")
+            entries.append((name, ptr, numel, device))
+        return entries, keep

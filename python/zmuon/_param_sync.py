@@ -1,0 +1,239 @@
+"""The parameters and the engine's fp32 masters, kept in step: the new values into the
+parameters after each step, and any write made to a parameter elsewhere (a model load, an EMA
+swap, p.data.copy_()) back into the engine before the next.
+
+A parameter the engine cannot read in place (bf16 or fp16, not contiguous, or a CUDA tensor with
+host_staging) gets an fp32 staging buffer: the engine reads and writes that, and the new values
+are rounded to nearest into the parameter. A write elsewhere shows as a new version counter, a
+new data pointer or a new content fingerprint (p.data.copy_() leaves torch's version counter as
+it was, so the content is summed too)."""
+
+import zlib
+
+from . import _distributed
+from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
+from ._capi import HOST
+
+try:
+    import torch
+except ImportError:  # the numpy path: arrays are read in place, never staged
+    torch = None
+
+_INT_OF_SIZE = {}  # element size -> the integer dtype a fingerprint views it as
+if torch is not None:
+    _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _is_tensor(t):
+    """A real torch tensor (not merely one with data_ptr, as test doubles are)."""
+    return torch is not None and isinstance(t, torch.Tensor)
+
+
+def local_of(p):
+    """The tensor this process holds of parameter `p`: FSDP2's local shard, else `p`."""
+    return p.to_local() if _distributed.is_dtensor(p) else p
+
+
+def needs_staging(local, host_staging):
+    """Whether the engine cannot read and write `local` in place."""
+    if not is_torch(local):
+        return False
+    if _is_tensor(local) and (local.dtype != torch.float32 or not local.is_contiguous()):
+        return True
+    return local.is_cuda and host_staging
+
+
+def _staged_copy(local, host_staging):
+    if not _is_tensor(local):  # a torch-like CUDA buffer with host_staging
+        return local.detach().to("cpu").contiguous()
+    device = "cpu" if host_staging else local.device
+    return local.detach().to(device, torch.float32, copy=True).contiguous()
+
+
+class Binding:
+    """One parameter as the engine sees it: the user's tensor, the fp32 contiguous buffer the
+    engine reads and writes (the local tensor itself or its staging copy), and the marks of
+    the last values the two agreed on."""
+
+    __slots__ = ("name", "param", "shape", "host_staging", "staging", "marks", "fingerprint")
+
+    def __init__(self, name, param, host_staging):
+        self.name, self.param = name, param
+        self.shape = tuple(param.shape)
+        self.host_staging = host_staging
+        self.staging = None
+        self.restage()
+        self.marks = None
+        self.fingerprint = None
+
+    def restage(self):
+        """A staging buffer where the tensor needs one now (model.to(torch.bfloat16) after
+        the optimizer was made swaps each parameter's storage), none where it does not.
+        Returns whether the buffer changed (then its values are the tensor's)."""
+        local = local_of(self.param)
+        if not needs_staging(local, self.host_staging):
+            changed, self.staging = self.staging is not None, None
+            return changed
+        if self.staging is None or tuple(self.staging.shape) != tuple(local.shape):
+            self.staging = _staged_copy(local, self.host_staging)
+            return True
+        return False
+
+    @property
+    def local(self):
+        return local_of(self.param)
+
+    @property
+    def buffer(self):
+        """What the engine reads and writes: fp32, contiguous."""
+        return self.staging if self.staging is not None else self.local
+
+    @property
+    def low_precision(self):
+        return self.staging is not None and _is_tensor(self.local) \
+            and self.local.dtype != torch.float32
+
+    def current_marks(self):
+        """Version counters and data pointer: free to read, moved by most writes."""
+        local = self.local
+        if not _is_tensor(local):
+            return (buffer_of(local, f"parameter '{self.name}'")[0],)
+        return (local._version, self.param._version, local.data_ptr())
+
+    def host_values(self):
+        """The parameter's values as fp32 on the host, refreshing the staging copy."""
+        local = self.local
+        if self.staging is not None and _is_tensor(local):
+            with torch.no_grad():
+                self.staging.copy_(local)
+            values = self.staging
+        elif self.staging is not None:
+            values = self.staging = _staged_copy(local, True)
+        else:
+            values = local
+        if _is_tensor(values):
+            return values.detach().to("cpu").contiguous()
+        return values
+
+    def unchanged_after_rounding(self):
+        """A bf16 / fp16 parameter that holds its master rounded, as written last (a model load
+        of the same weights): the master stays."""
+        local = self.local
+        return self.low_precision and torch.equal(local, self.staging.to(local.dtype))
+
+    def copy_into_param(self):
+        if self.staging is not None:  # rounded to nearest where the dtype is narrower
+            self.local.data.copy_(self.staging)
+
+
+def _bit_sum(t):
+    """The wrapping sum of a tensor's bits as 64-bit words (a 0-d tensor on its device): a
+    contiguous one read as int64 (the tail bytes added apart); a strided one by element."""
+    if t.is_contiguous():
+        raw = t.reshape(-1).view(torch.uint8)
+        whole = raw.numel() // 8 * 8
+        try:
+            total = raw[:whole].view(torch.int64).sum()
+        except RuntimeError:  # a storage offset not 8-byte aligned
+            return t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64)
+        if whole < raw.numel():
+            total = total + raw[whole:].sum(dtype=torch.int64)
+        return total
+    return t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64)
+
+
+def fingerprints(tensors):
+    """A sum of each tensor's bit patterns, as one value per tensor: on the tensors' own
+    devices for torch (no wait for the GPU), crc32 for numpy arrays, None for other buffers."""
+    out = []
+    for t in tensors:
+        if _is_tensor(t):
+            t = t.detach()
+            out.append(0 if t.numel() == 0 else _bit_sum(t))
+        elif hasattr(t, "__array_interface__"):
+            out.append(zlib.crc32(memoryview(t).cast("B")))
+        else:
+            out.append(None)
+    return out
+
+
+def same_fingerprints(old, new):
+    """Which pairs agree; one read-back per CUDA device."""
+    out = [None] * len(old)
+    by_device = {}
+    for i, (a, b) in enumerate(zip(old, new)):
+        if _is_tensor(a) and _is_tensor(b) and a.device == b.device:
+            by_device.setdefault(a.device, []).append(i)
+        else:
+            out[i] = (a.item() if _is_tensor(a) else a) == (b.item() if _is_tensor(b) else b)
+    for indices in by_device.values():
+        equal = (torch.stack([old[i] for i in indices]) == torch.stack([new[i] for i in indices]))
+        for i, e in zip(indices, equal.tolist()):
+            out[i] = e
+    return out
+
+
+class ParamSync:
+    """zmuon.Muon's half that keeps the parameters and the engine in step."""
+
+    def _local_ranks(self):
+        return range(self._first_rank, self._first_rank + len(self._micro))
+
+    def _mark_in_step(self, bindings=None):
+        """The parameters agree with the engine now: their marks are the reference."""
+        bindings = list(self._bindings.values()) if bindings is None else bindings
+        prints = fingerprints([b.local for b in bindings])
+        for b, f in zip(bindings, prints):
+            b.marks, b.fingerprint = b.current_marks(), f
+
+    def _reload_written(self):
+        """Loads every parameter written outside zmuon since the engine last agreed with it,
+        per shard into this process's ranks (no collective). Returns their names."""
+        bindings = list(self._bindings.values())
+        if not bindings:
+            return []
+        prints = fingerprints([b.local for b in bindings])
+        same = same_fingerprints([b.fingerprint for b in bindings], prints)
+        written = [b for b, s in zip(bindings, same)
+                   if not s or b.current_marks() != b.marks]
+        restaged = {b.name for b in written  # new storage: maybe a new dtype
+                    if (b.marks is None or b.current_marks()[-1:] != b.marks[-1:])
+                    and b.restage()}
+        reload = [b for b in written
+                  if b.name in restaged or not b.unchanged_after_rounding()]
+        if reload:
+            values = [(b, b.host_values()) for b in reload]
+            entries = [(b.name, *buffer_of(v, f"parameter '{b.name}'")[:3]) for b, v in values]
+            for rank in self._local_ranks():
+                self._engine.load_shard_params(rank, entries)
+            self.state.invalidate()
+        if written:
+            self._mark_in_step(written)
+        return [b.name for b in reload]
+
+    def _write_back(self):
+        """The engine's new values into the parameters (whole, or FSDP2's local shards)."""
+        bindings = list(self._bindings.values())
+        entries, targets = [], []
+        for b in bindings:
+            targets.append(b.buffer)
+            ptr, numel, device, _ = buffer_of(b.buffer, f"parameter '{b.name}'", writable=True)
+            entries.append((b.name, ptr, numel, device))
+        if self._mode == _distributed.FSDP:
+            # The local shards, in place: no collective (FSDP2 all-gathers at the next forward).
+            stream = torch_stream(targets)
+            if not stream and any(device != HOST for _, _, _, device in entries):
+                synchronize_torch(targets)  # the C call takes no stream as "write now"
+            self._engine.shard_params(self._first_rank, entries, stream=stream)
+        else:
+            # The engine writes device parameters on its own stream, after PyTorch's queued work
+            # that may still read them and before PyTorch's next (stream-ordered: no waiting),
+            # where this process runs one rank and the parameters share one device; otherwise
+            # that work ends first.
+            stream = torch_stream(targets) if len(self._micro) == 1 else None
+            if stream is None and any(device != HOST for _, _, _, device in entries):
+                synchronize_torch(targets)
+            self._engine.gather_params(entries, stream=stream)
+        for b in bindings:
+            b.copy_into_param()
+        self._mark_in_step(bindings)

@@ -1,0 +1,443 @@
+"""zmuon.Muon takes parameters as torch.optim optimizers take them, each case against
+torch.optim.Muon + AdamW doing the same (NS in fp32, zmuon's contract; PARITY_TOL relative per
+parameter):
+
+- the parameters are the truth: every write made outside the optimizer (torch_writes.SCRIPT)
+  is where the next step starts; without the reload the same run is far off (the control);
+- model.parameters(), unnamed groups with use_muon or algorithm, and the info line;
+- 0-d, zero-size and non-contiguous parameters; other group keys kept;
+- add_param_group at step 5 (progressive unfreezing);
+- OneCycleLR's cycle_momentum read back from Muon's momentum buffer;
+- the four state-dict hooks called as torch.optim.AdamW calls them;
+- bf16 parameters with fp32 masters: 200 steps against the fp32 run, and against
+  torch.optim.AdamW on the bf16 parameters.
+
+Run by ctest with the venv's python (.venv); without PyTorch it fails.
+"""
+
+import unittest
+
+import torch
+import torch.nn as nn
+
+import torch_writes
+from test_torch_optim import (HYPER, PARITY_TOL, TinyTransformer, batches, fp32_ns, lm_loss,
+                              rel, uses_muon)
+
+import zmuon
+
+torch.set_num_threads(2)
+
+
+def torch_pair(model, rule=uses_muon, **overrides):
+    """torch.optim.Muon + AdamW with HYPER over `model` (or (name, tensor) pairs), split by
+    `rule(name, p)`."""
+    h = dict(HYPER, **overrides)
+    named = list(model.named_parameters() if isinstance(model, nn.Module) else model)
+    muon = [p for n, p in named if rule(n, p)]
+    adam = [p for n, p in named if not rule(n, p)]
+    return [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
+                             momentum=h["momentum"], nesterov=h["nesterov"],
+                             ns_steps=h["ns_steps"], eps=1e-7),
+            torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
+                              weight_decay=h["weight_decay"])]
+
+
+def by_dimension(_name, p):
+    return p.ndim >= 2
+
+
+def worst(a, b):
+    """The largest relative difference over the parameters of two models."""
+    named = dict(b.named_parameters())
+    return max(rel(p.detach().float(), named[n].detach().float())
+               for n, p in a.named_parameters())
+
+
+def fresh(seed=0):
+    torch.manual_seed(seed)
+    return TinyTransformer()
+
+
+# Writes that leave the engine's masters right (the weights come back, or the optimizer's
+# state_dict brings the same masters as the model's): no control.
+SAME_WEIGHTS = ("EMA swapped in and back", "opt.load_state_dict, then model.load_state_dict")
+
+
+class ParametersAreTheTruth(unittest.TestCase):
+    """Each write of torch_writes.SCRIPT alone, then all of them: zmuon against torch's
+    optimizers making the same writes; the control (zmuon without the reload) must be far off,
+    so the comparison can fail."""
+
+    def runs(self, writes, untouched):
+        """zmuon's distance to the reference, the control's, and the writes' effect."""
+        ref = fresh()
+        with fp32_ns():
+            torch_writes.run(ref, torch_pair(ref), writes)
+        ours = fresh()
+        torch_writes.run(ours, [zmuon.Muon(ours.named_parameters(), **HYPER)], writes)
+        if set(writes) <= set(SAME_WEIGHTS):
+            return worst(ours, ref), float("nan"), worst(untouched, ref)
+        stale = fresh()
+        opt = zmuon.Muon(stale.named_parameters(), **HYPER)
+        opt._reload_written = lambda: []  # the control: the masters as the engine left them
+        torch_writes.run(stale, [opt], writes)
+        return worst(ours, ref), worst(stale, ref), worst(untouched, ref)
+
+    def test_every_write_path(self):
+        untouched = fresh()
+        with fp32_ns():
+            torch_writes.run(untouched, torch_pair(untouched), [])
+        print(f"\n{'write':48s} {'zmuon':>9s} {'control':>9s} {'effect':>9s}")
+        for label in torch_writes.ALL + ["all of them"]:
+            writes = torch_writes.ALL if label == "all of them" else [label]
+            with self.subTest(write=label):
+                ours, stale, effect = self.runs(writes, untouched)
+                print(f"{label:48s} {ours:9.2e} {stale:9.2e} {effect:9.2e}")
+                self.assertLessEqual(ours, PARITY_TOL)
+                if label in SAME_WEIGHTS:
+                    continue
+                self.assertGreater(effect, 100 * PARITY_TOL, "the write changes too little")
+                self.assertGreater(stale, 100 * PARITY_TOL, "the control matches")
+
+    def test_nothing_written_reloads_nothing(self):
+        model = fresh()
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        loads, load = [], opt._engine.load_shard_params
+        opt._engine.load_shard_params = lambda rank, entries: loads.append(entries)
+        for tokens in batches(3):
+            opt.zero_grad()
+            lm_loss(model, tokens).backward()
+            opt.step()
+        self.assertEqual(loads, [])
+        with torch.no_grad():
+            model.fc.weight.mul_(0.5)
+        lm_loss(model, batches(1)[0]).backward()
+        opt.step()
+        self.assertEqual([[e[0] for e in entries] for entries in loads], [["fc.weight"]])
+        opt._engine.load_shard_params = load
+
+
+class AnyWayOfPassingParameters(unittest.TestCase):
+
+    def train(self, model, opts, steps=5):
+        with fp32_ns():
+            for tokens in batches(steps, seed=2):
+                for o in opts:
+                    o.zero_grad()
+                lm_loss(model, tokens).backward()
+                for o in opts:
+                    o.step()
+
+    def test_model_parameters_by_dimension_with_one_info_line(self):
+        ref, ours = fresh(), fresh()
+        with self.assertLogs("zmuon", "INFO") as logs:
+            opt = zmuon.Muon(ours.parameters(), **HYPER)
+        muon = sum(p.ndim >= 2 for p in ours.parameters())
+        adamw = sum(p.ndim < 2 for p in ours.parameters())
+        self.assertEqual([len(g["params"]) for g in opt.param_groups], [muon, adamw])
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn(f"{muon + adamw} parameters without names, by dimension: {muon} Muon "
+                      f"(ndim >= 2), {adamw} AdamW", logs.output[0])
+        self.train(ref, torch_pair(ref, by_dimension))
+        self.train(ours, [opt])
+        print(f"\nmodel.parameters() after 5 steps: {worst(ours, ref):.2e}")
+        self.assertLessEqual(worst(ours, ref), PARITY_TOL)
+
+    def test_unnamed_groups_with_use_muon_or_algorithm(self):
+        for key, muon, adamw in (("use_muon", True, False), ("algorithm", "muon", "AdamW")):
+            with self.subTest(key=key):
+                ref, ours = fresh(), fresh()
+                named = list(ours.named_parameters())
+                groups = [{"params": [p for n, p in named if uses_muon(n, p)], key: muon},
+                          {"params": [p for n, p in named if not uses_muon(n, p)], key: adamw,
+                           "lr": HYPER["adam_lr"], "my_key": "kept"}]
+                opt = zmuon.Muon(groups, **HYPER)
+                self.assertEqual([g["use_muon"] for g in opt.param_groups], [True, False])
+                self.assertEqual(opt.param_groups[1]["my_key"], "kept")
+                self.train(ref, torch_pair(ref))
+                self.train(ours, [opt])
+                self.assertLessEqual(worst(ours, ref), PARITY_TOL)
+                self.assertEqual(opt.state_dict()["param_groups"][1]["my_key"], "kept")
+
+    def test_an_algorithm_zmuon_lacks_is_named(self):
+        model = fresh()
+        with self.assertRaisesRegex(zmuon.InvalidArgument,
+                                    r"param group 0\['algorithm'\] must be one of muon, adamw; "
+                                    r"got 'adamww' \(did you mean 'adamw'\?\)"):
+            zmuon.Muon([{"params": list(model.parameters()), "algorithm": "adamww"}])
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "algorithm='adamw' and "
+                                    "use_muon=True disagree"):
+            zmuon.Muon([{"params": list(model.parameters()), "algorithm": "adamw",
+                         "use_muon": True}])
+
+
+class OddParameters(nn.Module):
+    """CLIP's 0-d logit_scale, a zero-size tensor, a non-contiguous matrix."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(6)
+        self.logit_scale = nn.Parameter(torch.tensor(2.5))
+        self.empty = nn.Parameter(torch.zeros(0, 8))
+        self.wt = nn.Parameter(torch.randn(16, 8, generator=g).t())  # [8, 16], strided
+        self.bias = nn.Parameter(torch.randn(16, generator=g))
+
+    def loss(self, x):
+        y = (x @ self.wt + self.bias) * self.logit_scale.exp() + self.empty.sum()
+        return (y.tanh() ** 2).mean()
+
+
+class ScalarsZeroSizeStrided(unittest.TestCase):
+
+    def test_they_train_as_torch_trains_them(self):
+        ref, ours = OddParameters(), OddParameters()
+        self.assertFalse(ours.wt.is_contiguous())
+        opt = zmuon.Muon(ours.named_parameters(), **HYPER)
+        ref_opts = torch_pair(ref, by_dimension)
+        xs = torch.randn(6, 4, 8, generator=torch.Generator().manual_seed(7))
+        with fp32_ns():
+            for x in xs:
+                for m, opts in ((ref, ref_opts), (ours, [opt])):
+                    for o in opts:
+                        o.zero_grad()
+                    m.loss(x).backward()
+                    for o in opts:
+                        o.step()
+        for n in ("logit_scale", "wt", "bias"):
+            e = rel(getattr(ours, n).detach(), getattr(ref, n).detach())
+            print(f"{n:12s} {tuple(getattr(ours, n).shape)!s:8s} rel {e:.2e}")
+            self.assertLessEqual(e, PARITY_TOL, n)
+        self.assertEqual(ours.logit_scale.shape, ())
+        self.assertFalse(ours.wt.is_contiguous())  # written in place, strides kept
+        self.assertGreater(abs(ours.logit_scale.item() - 2.5), 1e-3)
+        sd = opt.state_dict()
+        self.assertEqual(opt.state[ours.logit_scale]["exp_avg"].shape, ())  # AdamW
+        twin = OddParameters()
+        opt2 = zmuon.Muon(twin.named_parameters(), **HYPER)
+        opt2.load_state_dict(sd)
+        self.assertTrue(torch.equal(twin.wt.detach(), ours.wt.detach()))
+
+
+class ProgressiveUnfreezing(unittest.TestCase):
+
+    def test_add_param_group_at_step_five_matches_torch(self):
+        ref, ours = fresh(), fresh()
+        late = ("fc.weight", "out.weight", "ln2.weight", "out.bias", "fc.bias", "ln2.bias")
+
+        def split(model):
+            named = dict(model.named_parameters())
+            first = {n: p for n, p in named.items() if n not in late}
+            return first, [named[n] for n in late]
+
+        first, rest = split(ref)
+        opts = torch_pair(first.items())
+        first_z, rest_z = split(ours)
+        opt = zmuon.Muon(list(first_z.items()), **HYPER)
+        for step, tokens in enumerate(batches(9, seed=3)):
+            if step == 5:
+                opts[0].add_param_group({"params": rest[:2]})
+                opts[1].add_param_group({"params": rest[2:]})
+                opt.add_param_group({"params": rest_z[:2], "use_muon": True})
+                opt.add_param_group({"params": rest_z[2:], "algorithm": "adamw",
+                                     "lr": HYPER["adam_lr"]})
+            with fp32_ns():
+                for m, os_ in ((ref, opts), (ours, [opt])):
+                    for o in os_:
+                        o.zero_grad()
+                    lm_loss(m, tokens).backward()
+                    for o in os_:
+                        o.step()
+        print(f"\nadd_param_group at step 5, 9 steps: {worst(ours, ref):.2e}")
+        self.assertLessEqual(worst(ours, ref), PARITY_TOL)
+        self.assertEqual(len(opt.param_groups), 4)
+
+
+class CycledMomentum(unittest.TestCase):
+    """OneCycleLR with cycle_momentum moves AdamW's beta1 and Muon's momentum (torch.optim.Muon
+    keeps it as "momentum", zmuon's Muon group as betas[0] too); the momentum buffer read back
+    from zmuon's state matches torch's."""
+
+    def run_both(self, cycle):
+        ref, ours = fresh(), fresh()
+        opts = torch_pair(ref)
+        opt = zmuon.Muon(ours.named_parameters(), **HYPER)
+        S = torch.optim.lr_scheduler
+        kw = dict(total_steps=8, cycle_momentum=cycle, base_momentum=0.6, max_momentum=0.95)
+        scheds = [S.OneCycleLR(o, max_lr=lr, **kw)
+                  for o, lr in ((opts[0], 0.02), (opts[1], 3e-3))]
+        sched = S.OneCycleLR(opt, max_lr=[0.02, 3e-3], **kw)
+        momenta = []
+        with fp32_ns():
+            for tokens in batches(6, seed=5):
+                momenta.append(opt.param_groups[0]["betas"][0])
+                for m, os_, ss in ((ref, opts, scheds), (ours, [opt], [sched])):
+                    for o in os_:
+                        o.zero_grad()
+                    lm_loss(m, tokens).backward()
+                    for o in os_:
+                        o.step()
+                    for s in ss:
+                        s.step()
+        buf = max(rel(opt.state[p]["momentum_buffer"], opts[0].state[q]["momentum_buffer"])
+                  for (n, p), q in zip([(n, p) for n, p in ours.named_parameters()
+                                        if uses_muon(n, p)], opts[0].param_groups[0]["params"]))
+        return worst(ours, ref), buf, momenta, ref
+
+    def test_one_cycle_momentum_reaches_muon(self):
+        params, buf, momenta, ref = self.run_both(True)
+        _, _, _, flat = self.run_both(False)
+        effect = max(rel(p.detach(), q.detach())
+                     for p, q in zip(ref.parameters(), flat.parameters()))
+        print(f"\nOneCycleLR cycle_momentum: params {params:.2e}, momentum buffer {buf:.2e}, "
+              f"momenta {[round(m, 3) for m in momenta]}, effect {effect:.2e}")
+        self.assertGreater(len(set(momenta)), 3)
+        self.assertLessEqual(params, PARITY_TOL)
+        self.assertLessEqual(buf, PARITY_TOL)
+        self.assertGreater(effect, 100 * PARITY_TOL)
+
+
+class StateDictHooks(unittest.TestCase):
+    """The four hooks, called with what torch.optim.AdamW calls them with."""
+
+    def calls(self, opt):
+        seen = []
+        opt.register_state_dict_pre_hook(lambda o: seen.append(("sd pre", o is opt)))
+
+        def post(o, sd):
+            seen.append(("sd post", o is opt, sorted(sd)))
+            return dict(sd, extra=1)
+        opt.register_state_dict_post_hook(post)
+
+        def load_pre(o, sd):
+            seen.append(("load pre", o is opt, "extra" in sd))
+            sd = dict(sd)
+            sd.pop("extra")
+            sd["param_groups"] = [dict(g, lr=0.125) for g in sd["param_groups"]]
+            return sd
+        opt.register_load_state_dict_pre_hook(load_pre)
+        opt.register_load_state_dict_post_hook(lambda o: seen.append(("load post", o is opt)))
+        sd = opt.state_dict()
+        self.assertEqual(sd["extra"], 1)
+        opt.load_state_dict(sd)
+        self.assertEqual({g["lr"] for g in opt.param_groups}, {0.125})
+        return seen
+
+    def test_as_torch_calls_them(self):
+        model = fresh()
+        ours = self.calls(zmuon.Muon(model.named_parameters(), **HYPER))
+        theirs = self.calls(torch.optim.AdamW(fresh().parameters()))
+        strip = [c if c[0] != "sd post" else c[:2] for c in ours]
+        self.assertEqual(strip, [c if c[0] != "sd post" else c[:2] for c in theirs])
+        self.assertEqual([c[0] for c in ours], ["sd pre", "sd post", "load pre", "load post"])
+
+
+class LowPrecisionParameters(unittest.TestCase):
+    """A bf16 model trains with fp32 masters in zmuon: it tracks the fp32 model, where
+    torch.optim.AdamW on the bf16 parameters (no masters) loses the small updates."""
+
+    STEPS = 200
+    # Relative distance to the fp32 run after 200 steps. The runs differ only where bf16
+    # rounds the forward and backward (8 bits of mantissa: 2**-9 = 2e-3 relative per value),
+    # and Adam's normalised update carries that noise into every step: 5 % bounds it with room,
+    # while losing the updates (no masters) lands far outside.
+    TRACK_TOL = 0.05
+
+    def run_model(self, dtype, make_opts):
+        torch.manual_seed(0)
+        model = TinyTransformer()
+        with torch.no_grad():  # the same start: fp32 holds bf16's values exactly
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+        model = model.to(dtype)
+        opts = make_opts(model)
+        for tokens in batches(self.STEPS, seed=11):
+            for o in opts:
+                o.zero_grad()
+            lm_loss(model, tokens).backward()
+            for o in opts:
+                o.step()
+        return model
+
+    def test_bf16_tracks_fp32_and_beats_adamw_without_masters(self):
+        kw = dict(HYPER, adam_lr=3e-4)
+
+        def zmuon_opt(m):
+            return [zmuon.Muon(m.named_parameters(), **kw)]
+
+        def zmuon_adamw(m):
+            return [zmuon.Muon([{"params": list(m.parameters()), "algorithm": "adamw"}],
+                               **dict(kw, lr=kw["adam_lr"]))]
+
+        def torch_adamw(m):
+            return [torch.optim.AdamW(m.parameters(), lr=kw["adam_lr"], betas=kw["betas"],
+                                      eps=kw["eps"], weight_decay=kw["weight_decay"])]
+
+        fp32 = self.run_model(torch.float32, zmuon_opt)
+        bf16 = self.run_model(torch.bfloat16, zmuon_opt)
+        self.assertEqual({p.dtype for p in bf16.parameters()}, {torch.bfloat16})
+        muon_track = worst(bf16, fp32)
+        fp32_adamw = self.run_model(torch.float32, zmuon_adamw)
+        ours = worst(self.run_model(torch.bfloat16, zmuon_adamw), fp32_adamw)
+        theirs = worst(self.run_model(torch.bfloat16, torch_adamw), fp32_adamw)
+        print(f"\nbf16 vs fp32 after {self.STEPS} steps (worst param rel): zmuon Muon + AdamW "
+              f"{muon_track:.2e}; AdamW alone: zmuon {ours:.2e}, torch.optim.AdamW without "
+              f"masters {theirs:.2e} (tolerance {self.TRACK_TOL})")
+        self.assertLessEqual(muon_track, self.TRACK_TOL)
+        self.assertLessEqual(ours, self.TRACK_TOL)
+        self.assertGreater(theirs, 3 * ours)
+
+    def test_a_model_cast_to_bf16_after_the_optimizer_was_made(self):
+        # model.to(torch.bfloat16) swaps each parameter's storage: the next step starts from
+        # the bf16 values, as an optimizer made on the bf16 model would.
+        runs = []
+        for cast_first in (True, False):
+            torch.manual_seed(0)
+            model = TinyTransformer()
+            if cast_first:
+                model = model.to(torch.bfloat16)
+            opt = zmuon.Muon(model.named_parameters(), **HYPER)
+            model.to(torch.bfloat16)
+            for tokens in batches(3, seed=13):
+                opt.zero_grad()
+                lm_loss(model, tokens).backward()
+                opt.step()
+            runs.append(model)
+        self.assertEqual({p.dtype for p in runs[1].parameters()}, {torch.bfloat16})
+        differ = [n for (n, a), (_, b) in zip(runs[0].named_parameters(),
+                                              runs[1].named_parameters()) if not torch.equal(a, b)]
+        self.assertEqual(differ, [])
+
+    def test_the_state_dict_carries_the_masters_and_a_resume_is_exact(self):
+        def make():
+            torch.manual_seed(0)
+            return TinyTransformer().to(torch.bfloat16)
+
+        def train(model, opt, data):
+            for tokens in data:
+                opt.zero_grad()
+                lm_loss(model, tokens).backward()
+                opt.step()
+
+        data = batches(6, seed=12)
+        straight = make()
+        opt = zmuon.Muon(straight.named_parameters(), **HYPER)
+        train(straight, opt, data[:3])
+        saved = torch_writes.copied(
+            __import__("torch.distributed.checkpoint.state_dict", fromlist=["x"])
+            .get_state_dict(straight, opt))
+        masters = [v["master"] for v in saved[1]["state"].values()]
+        self.assertTrue(all(m.dtype == torch.float32 for m in masters))
+        train(straight, opt, data[3:])
+        resumed = make()
+        opt2 = zmuon.Muon(resumed.named_parameters(), **HYPER)
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        set_state_dict(resumed, opt2, model_state_dict=saved[0], optim_state_dict=saved[1])
+        train(resumed, opt2, data[3:])
+        differ = [n for (n, a), (_, b) in zip(straight.named_parameters(),
+                                              resumed.named_parameters()) if not torch.equal(a, b)]
+        self.assertEqual(differ, [])
+
+
+if __name__ == "__main__":
+    unittest.main()
