@@ -240,7 +240,7 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
   }
 }
 
-// NS's update X' = B'X with B' read in the other operand layout (set_ns_update_flipped, for
+// NS's update X' = B'X with B' read in the other operand layout (ns_tuning::set_update_flipped, for
 // bench_ns --update-flipped; B' is stored whole and symmetric): the same NS5, direct and from a
 // graph, within the bf16 reference's bound for a wide, a tall and a square input.
 BOOST_AUTO_TEST_CASE(update_layouts_agree) {
