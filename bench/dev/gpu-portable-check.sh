@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU half of the portability checks (the CPU half is ctest's packaging_wheel):
 #   1. the cuBLAS-only path (what every non-Hopper device runs) forced on a Hopper GPU, against
-#      the sm_90a path: Newton-Schulz's results (test_cuda_kernels' own_gemm_* cases: own GEMM
-#      against the same call on cuBLAS only, within bf16 noise), then the step time of both
+#      the sm_90a path: Newton-Schulz's results (test_cuda_kernels' newton_schulz/own_gemm_*
+#      and own_gemm: the own GEMM against the same call on cuBLAS only, within bf16 noise),
+#      then the step time of both
 #      (zmuon-bench-step with and without --cublas-only: GPT-2 124M and Llama 1B tables), and
 #      bench_ns --tables (its cuBLAS-only column);
 #   2. the release wheel installed into this machine's Python (a venv over its site-packages,
@@ -32,7 +33,8 @@ if [[ $parts == *" cublas "* ]]; then
     bash bench/dev/gpu-check.sh exec "$@" 2>&1 | tee "$out/portable_$name.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   }
-  run own_vs_cublas test_cuda_kernels --run_test='own_gemm_*' --log_level=message
+  run own_vs_cublas test_cuda_kernels --run_test='newton_schulz/own_gemm_*:own_gemm' \
+    --log_level=message
   for table in gpt2-124m llama-1b; do
     run "step_${table}_sm90a" zmuon-bench-step --table "$table" --steps 10
     run "step_${table}_cublas" zmuon-bench-step --table "$table" --steps 10 --cublas-only
