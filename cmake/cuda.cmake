@@ -34,11 +34,18 @@ if(NOT CMAKE_CUDA_COMPILER)
   return()
 endif()
 
-# Hopper only (the H200), one real architecture: no PTX for other targets, which keeps the
-# compile on CI's two cores short. The runtime is the shared libcudart, like cuBLAS and NCCL.
-if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-  set(CMAKE_CUDA_ARCHITECTURES 90)
-endif()
+# A fat binary: SASS for the common architectures and PTX for the newest, so that every device
+# nvcc 13.0 knows (compute_75 to compute_121) runs it. SASS runs on later minor revisions of its
+# major one (sm_80 on 8.7, sm_86 on 8.8, sm_100 on 10.3, sm_120 on 12.1), PTX is compiled by the
+# driver for any later device. tests/packaging/cuda_archs_check.py checks the binary against
+# `nvcc --list-gpu-arch`. The own Hopper GEMM is built for sm_90a on its own whatever this says
+# (src/kernels/cuda/CMakeLists.txt). Developers on one GPU may build for it alone, e.g.
+# -DZMUON_CUDA_ARCHS=90-real (CMake's CUDA_ARCHITECTURES syntax: NN-real SASS, NN-virtual PTX,
+# NN both). The runtime is the shared libcudart, like cuBLAS and NCCL.
+set(ZMUON_CUDA_ARCHS_DEFAULT "75-real;80-real;86-real;89-real;90-real;100-real;110-real;120")
+set(ZMUON_CUDA_ARCHS "${ZMUON_CUDA_ARCHS_DEFAULT}" CACHE STRING
+    "CUDA architectures of the CUDA backend (CMake CUDA_ARCHITECTURES syntax)")
+set(CMAKE_CUDA_ARCHITECTURES "${ZMUON_CUDA_ARCHS}")
 set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
 set(CMAKE_CUDA_STANDARD 17)
 set(CMAKE_CUDA_STANDARD_REQUIRED ON)
@@ -70,5 +77,5 @@ endif()
 
 set(ZMUON_HAVE_CUDA_BUILD ON)
 message(STATUS "zmuon: CUDA backend on (nvcc ${CMAKE_CUDA_COMPILER_VERSION}, "
-               "sm_${CMAKE_CUDA_ARCHITECTURES}, NCCL ${ZMUON_NCCL_LIBRARY})")
+               "archs ${CMAKE_CUDA_ARCHITECTURES} and sm_90a, NCCL ${ZMUON_NCCL_LIBRARY})")
 # src/kernels/CMakeLists.txt adds src/kernels/cuda when ZMUON_HAVE_CUDA_BUILD is ON.

@@ -15,6 +15,7 @@
 #include "kernels/bf16.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/ns_tuning.hpp"
 #include "kernels/cuda/owners.hpp"
 #include "zmuon/options.hpp"
 

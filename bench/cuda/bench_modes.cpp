@@ -74,7 +74,7 @@ int run_variants(zmuon::gpu::cuda_compute& backend, int reps, const zmuon::ns_op
       ns.variant = v;
       const auto run = [&] { backend.newton_schulz(x, s.batch, s.rows, s.cols, ns); };
       const auto timed = [&](bool own_gemm) {  // three untimed calls, then the median
-        backend.set_ns_own_gemm(own_gemm);
+        zmuon::gpu::ns_tuning(backend).set_own_gemm(own_gemm);
         for (int i = 0; i < 3; ++i) {
           restore();
           run();
@@ -141,9 +141,9 @@ int run_tables(zmuon::gpu::cuda_compute& backend, int reps, double gemm_tflops) 
           return median_ms(stream, reps, restore, run);
         };
         // The default (the own Hopper GEMM where it applies), then cuBLAS for every GEMM.
-        backend.set_ns_own_gemm(false);
+        zmuon::gpu::ns_tuning(backend).set_own_gemm(false);
         const double cublas_ms = timed(ns, false);
-        backend.set_ns_own_gemm(true);
+        zmuon::gpu::ns_tuning(backend).set_own_gemm(true);
         const double ms = timed(ns, false);
         const double bf16_ms = timed(ns, true);
         const double passes_ms = timed(passes, false);

@@ -46,6 +46,7 @@
 #include "bench/cuda/bench_common.hpp"
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/ns_tuning.hpp"
 #include "kernels/cuda/owners.hpp"
 #include "kernels/ns_variants.hpp"
 
@@ -253,7 +254,10 @@ int main(int argc, char* argv[]) {
   }
   try {
     auto& backend = dynamic_cast<zmuon::gpu::cuda_compute&>(**made);
-    backend.set_ns_update_flipped(update_flipped);
+    // cuBLASLt algorithms timed per shape: the engine's 8 unless the environment says (1..64).
+    zmuon::gpu::ns_tuning::set_gemm_candidates(
+        static_cast<int>(zmuon::gpu::env_number("ZMUON_GEMM_CANDIDATES", 1, 64, 8)));
+    zmuon::gpu::ns_tuning(backend).set_update_flipped(update_flipped);
     if (update_flipped)
       std::printf("NS update: B' in the other operand layout (--update-flipped)\n");
     if (variants_mode)
@@ -314,17 +318,17 @@ int main(int argc, char* argv[]) {
         return median_ms(stream, reps, again, body);
       };
       result r{s, 0, 0, 0, 0, 0, 0};
-      backend.set_ns_gemm_path(zmuon::gpu::gemm_path::copy_then_gemm);
+      zmuon::gpu::ns_tuning(backend).set_gemm_path(zmuon::gpu::gemm_path::copy_then_gemm);
       r.copy_ms = measure(run);
-      backend.set_ns_gemm_path(zmuon::gpu::gemm_path::lt);
+      zmuon::gpu::ns_tuning(backend).set_gemm_path(zmuon::gpu::gemm_path::lt);
       r.ms = measure(run);
       r.bf16_ms =
           measure([&] { buffers.run(backend, ns, true); }, [&] { buffers.restore(stream, true); });
       r.tflops = flops(r.ms);
       r.enqueue_ms = median_enqueue_ms(stream, reps, run);
-      backend.set_ns_graphs(zmuon::gpu::graph_mode::on);
+      zmuon::gpu::ns_tuning(backend).set_graphs(zmuon::gpu::graph_mode::on);
       r.graph_ms = measure(run);
-      backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
+      zmuon::gpu::ns_tuning(backend).set_graphs(zmuon::gpu::graph_mode::automatic);
       if (zmuon::ns_uses_gram(ns, s.rows, s.cols,
                               zmuon::gpu_automatic_variant(s.batch, s.rows, s.cols))) {
         r.variant = "gram";
@@ -343,9 +347,9 @@ int main(int argc, char* argv[]) {
         l.ms = measure(loop);
         l.tflops = flops(l.ms);
         l.enqueue_ms = median_enqueue_ms(stream, reps, loop);
-        backend.set_ns_graphs(zmuon::gpu::graph_mode::on);
+        zmuon::gpu::ns_tuning(backend).set_graphs(zmuon::gpu::graph_mode::on);
         l.graph_ms = measure(loop);
-        backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
+        zmuon::gpu::ns_tuning(backend).set_graphs(zmuon::gpu::graph_mode::automatic);
         results.push_back(l);
       }
     }
@@ -386,33 +390,36 @@ int main(int argc, char* argv[]) {
       const auto run = [&] { buffers.run(backend, standard); };
       std::printf("SYM %-12s", t.label.c_str());
       for (const int64_t side : sym_sides) {
-        backend.set_ns_symmetric_block(side);
+        zmuon::gpu::ns_tuning(backend).set_symmetric_block(side);
         int64_t blocks = 1;
         for (const shape& g : t.groups)
-          blocks = std::max(blocks, backend.ns_symmetric_blocks(std::min(g.rows, g.cols), g.batch));
+          blocks = std::max(blocks, zmuon::gpu::ns_tuning(backend).symmetric_blocks(
+                                        std::min(g.rows, g.cols), g.batch));
         double ms[2];
         for (int graphs = 0; graphs < 2; ++graphs) {
-          backend.set_ns_graphs(graphs == 1 ? zmuon::gpu::graph_mode::on
-                                            : zmuon::gpu::graph_mode::off);
+          zmuon::gpu::ns_tuning(backend).set_graphs(graphs == 1 ? zmuon::gpu::graph_mode::on
+                                                                : zmuon::gpu::graph_mode::off);
           warm_up(restore, run);
           ms[graphs] = median_ms(stream, std::max(3, reps / 2), restore, run);
         }
-        backend.set_ns_graphs(zmuon::gpu::graph_mode::automatic);
+        zmuon::gpu::ns_tuning(backend).set_graphs(zmuon::gpu::graph_mode::automatic);
         std::printf("  %5lld[%2lld] %8.3f / %8.3f", static_cast<long long>(side),
                     static_cast<long long>(blocks), ms[0], ms[1]);
       }
       // The engine's defaults, with cuBLASLt's first algorithm instead of the timed choice.
-      backend.set_ns_symmetric_block(zmuon::gpu::ns_workspace::kDefaultSymmetricBlock);
-      backend.set_ns_autotune(false);
+      zmuon::gpu::ns_tuning(backend).set_symmetric_block(
+          zmuon::gpu::ns_workspace::kDefaultSymmetricBlock);
+      zmuon::gpu::ns_tuning(backend).set_autotune(false);
       warm_up(restore, run);
       const double heuristic_ms = median_ms(stream, std::max(3, reps / 2), restore, run);
-      backend.set_ns_autotune(true);
+      zmuon::gpu::ns_tuning(backend).set_autotune(true);
       warm_up(restore, run);
       const double tuned_ms = median_ms(stream, std::max(3, reps / 2), restore, run);
       std::printf("  default: heuristic %8.3f tuned %8.3f\n", heuristic_ms, tuned_ms);
       std::fflush(stdout);
     }
-    backend.set_ns_symmetric_block(zmuon::gpu::ns_workspace::kDefaultSymmetricBlock);
+    zmuon::gpu::ns_tuning(backend).set_symmetric_block(
+        zmuon::gpu::ns_workspace::kDefaultSymmetricBlock);
 
     std::printf("\nzmuon NS5 (cuda backend, bf16 GEMMs, fp32 in/out), median of %d\n", reps);
     std::printf(

@@ -58,7 +58,9 @@ pack() {
   set -e
   local jobs="${JOBS:-2}" build=build-cuda binaries=("${kernel_binaries[@]}") path
   [[ -z "${QUICK:-}" ]] && binaries+=("${engine_binaries[@]}")
-  cmake -S . -B "$build" -G Ninja -DZMUON_CUDA=ON >/dev/null
+  # The GPU machine is Hopper: its SASS alone (and sm_90a) unless ZMUON_CUDA_ARCHS says more.
+  cmake -S . -B "$build" -G Ninja -DZMUON_CUDA=ON -DZMUON_CUDA_ARCHS="${ZMUON_CUDA_ARCHS:-90-real}" \
+    >/dev/null
   local targets=()
   for path in "${binaries[@]}"; do targets+=("$(basename "$path")"); done
   [[ -z "${QUICK:-}" ]] && targets+=(zmuon)

@@ -5,7 +5,7 @@
 //                    [--compute host|cuda]
 //                    [--comm caf|nccl] [--steps N] [--gas N] [--bucket-size N]
 //                    [--buckets-in-flight N] [--trace DIR] [--json FILE] [--call-times]
-//                    [--timeline FILE]
+//                    [--timeline FILE] [--cublas-only]
 //
 // Defaults: cuda compute with the nccl comm; --compute host alone takes the caf comm.
 //
@@ -91,6 +91,9 @@
 #include "bench/step/ns_owners.hpp"
 #include "bench/step/report.hpp"
 #include "bench/step/step_tables.hpp"
+#ifdef ZMUON_HAVE_CUDA
+#include "kernels/cuda/ns_tuning.hpp"  // --cublas-only
+#endif
 #include "plan/plan.hpp"
 #include "trace/recorder.hpp"
 #include "zmuon-trace/reader.hpp"
@@ -196,7 +199,19 @@ int main(int argc, char* argv[]) {
                "only time each rank's Newton-Schulz as the plan's owner of its matrices, one rank "
                "at a time on this process's backend (--steps repetitions each), and the load "
                "balance across ranks (bench/step/ns_owners.hpp)");
+  bool cublas_only = false;
+  app.add_flag("--cublas-only", cublas_only,
+               "every Newton-Schulz GEMM on cuBLAS, as on a device without sm_90a (cuda compute; "
+               "the own Hopper GEMM off)");
   CLI11_PARSE(app, argc, argv);
+  if (cublas_only) {
+#ifdef ZMUON_HAVE_CUDA
+    zmuon::gpu::ns_tuning::set_own_gemm_for_new_backends(false);
+#else
+    std::fprintf(stderr, "zmuon-bench-step: --cublas-only needs the CUDA backend\n");
+    return 2;
+#endif
+  }
   if (ns_owners) {
     auto report = zmuon::bench::time_ns_owners(zmuon::bench::make_table(table_name), opts, steps);
     if (!report) {

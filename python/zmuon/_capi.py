@@ -1,8 +1,15 @@
 """ctypes binding of zmuon's C ABI (include/zmuon/zmuon.h) and the Python exceptions.
 
-The shared library is looked up, in order: $ZMUON_LIBRARY; libzmuon.so next to this package as
-installed by `cmake --install` (<prefix>/lib/zmuon/python/zmuon -> <prefix>/lib); the loader's
-search path (ctypes.util.find_library).
+The shared library is looked up, in order: $ZMUON_LIBRARY; libzmuon.so inside this package (a
+wheel or `pip install .`); libzmuon.so next to this package as installed by `cmake --install`
+(<prefix>/lib/zmuon/python/zmuon -> <prefix>/lib); the loader's search path
+(ctypes.util.find_library).
+
+A release wheel (tools/wheel/build-wheel.sh) carries two libraries: libzmuon.so with the CUDA
+backend, which needs CUDA's libraries, and libzmuon_cpu.so without it. CUDA's libraries are those
+of the nvidia-* wheels torch installs (nvidia/cu13/lib, nvidia/nccl/lib on sys.path), loaded
+first, else the system's. Where neither is found, libzmuon_cpu.so is loaded:
+`library_path` says which one is in use, `cuda_missing` why the CUDA one was not.
 """
 
 import ctypes
@@ -154,8 +161,54 @@ def _find_library():
                       "after cmake --install)")
 
 
+# The CUDA libraries libzmuon.so links, as the nvidia-* wheels for CUDA 13 lay them out under
+# site-packages/nvidia/, in load order (cuBLAS needs cuBLASLt).
+_NVIDIA_LIBRARIES = ("cu13/lib/libcudart.so.13", "cu13/lib/libcublasLt.so.13",
+                     "cu13/lib/libcublas.so.13", "nccl/lib/libnccl.so.2")
+
+library_path = None  # the library loaded
+cuda_missing = None  # why a wheel's CUDA library did not load (None: it did, or no wheel)
+
+
+def _preload_nvidia_wheels():
+    """dlopens the nvidia-* wheels' CUDA libraries found on sys.path (none imported), so that
+    libzmuon.so's dependencies resolve to them by name."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        return
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for relative in _NVIDIA_LIBRARIES:
+            path = os.path.join(base, relative)
+            if os.path.exists(path):
+                try:
+                    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                except OSError:
+                    pass  # libzmuon.so's own load then names what is missing
+
+
+def _open(path):
+    """The library at `path`; inside a wheel, libzmuon_cpu.so where libzmuon.so cannot load."""
+    global library_path, cuda_missing
+    cpu = os.path.join(os.path.dirname(path), "libzmuon_cpu.so")
+    wheel = os.path.basename(path) == "libzmuon.so" and os.path.exists(cpu)
+    if wheel:
+        _preload_nvidia_wheels()
+    try:
+        lib = ctypes.CDLL(path)
+    except OSError as e:
+        if not wheel:
+            raise
+        cuda_missing = str(e)
+        path = cpu
+        lib = ctypes.CDLL(path)
+    library_path = path
+    return lib
+
+
 def _load():
-    lib = ctypes.CDLL(_find_library())
+    lib = _open(_find_library())
     c_int, c_i32, c_i64, c_f, c_size = (ctypes.c_int, ctypes.c_int32, ctypes.c_int64,
                                         ctypes.c_float, ctypes.c_size_t)
     eng_p = ctypes.c_void_p

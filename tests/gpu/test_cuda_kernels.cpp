@@ -29,6 +29,7 @@
 #include "kernels/cuda/cuda_compute.hpp"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gemm.hpp"
+#include "kernels/cuda/ns_tuning.hpp"
 #include "kernels/cuda/sm90/sm90_gemm.hpp"
 #include "kernels/ns_variants.hpp"
 #include "support/bf16_reference.hpp"
@@ -358,7 +359,7 @@ BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
   auto* cuda = dynamic_cast<gpu::cuda_compute*>(&gpu);
   BOOST_TEST_REQUIRE(cuda != nullptr);
   for (const gpu::graph_mode graphs : {gpu::graph_mode::automatic, gpu::graph_mode::off}) {
-    cuda->set_ns_graphs(graphs);
+    gpu::ns_tuning(*cuda).set_graphs(graphs);
     for (const ns_options& ns : {ns_options{}, four_steps, gram, gram_one_block})
       for (const auto& c : {ns_case{3, 64, 200}, {2, 300, 100}, {4, 96, 96}, {2, 33, 65}})
         for (const int64_t shift : {0, 8}) {
@@ -380,7 +381,7 @@ BOOST_AUTO_TEST_CASE(bf16_calls_equal_the_fp32_calls_with_conversions) {
                          << ", shift " << shift);
         }
   }
-  cuda->set_ns_graphs(gpu::graph_mode::automatic);
+  gpu::ns_tuning(*cuda).set_graphs(gpu::graph_mode::automatic);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -16,6 +16,7 @@
 
 #include "kernels/compute.hpp"
 #include "kernels/cuda/cuda_compute.hpp"
+#include "kernels/cuda/ns_tuning.hpp"
 #include "kernels/cuda/sm90/sm90_gemm.hpp"
 #include "kernels/ns_variants.hpp"
 #include "support/bf16_reference.hpp"
@@ -120,17 +121,17 @@ BOOST_AUTO_TEST_CASE(schedule_and_zero_steps) {
 std::vector<float> direct_and_graphed(gpu::cuda_compute& cuda, const std::vector<float>& input,
                                       const ns_case& c, const ns_options& ns) {
   const auto numel = static_cast<int64_t>(input.size());
-  cuda.set_ns_graphs(gpu::graph_mode::off);
+  gpu::ns_tuning(cuda).set_graphs(gpu::graph_mode::off);
   device_buffer direct = upload(cuda, input);
   cuda.newton_schulz(direct.data(), c.batch, c.rows, c.cols, ns);
   const std::vector<float> want = download(cuda, direct.data(), numel);
-  cuda.set_ns_graphs(gpu::graph_mode::on);
+  gpu::ns_tuning(cuda).set_graphs(gpu::graph_mode::on);
   for (int call = 0; call < 3; ++call) {
     device_buffer graphed = upload(cuda, input);
     cuda.newton_schulz(graphed.data(), c.batch, c.rows, c.cols, ns);
     BOOST_TEST(mismatches(download(cuda, graphed.data(), numel), want) == 0);
   }
-  cuda.set_ns_graphs(gpu::graph_mode::automatic);
+  gpu::ns_tuning(cuda).set_graphs(gpu::graph_mode::automatic);
   return want;
 }
 
@@ -144,10 +145,10 @@ BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
     const std::vector<float> input = random_vector(numel);
     const std::vector<float> want = direct_and_graphed(cuda, input, c, ns);
 
-    cuda.set_ns_gemm_path(gpu::gemm_path::copy_then_gemm);
+    gpu::ns_tuning(cuda).set_gemm_path(gpu::gemm_path::copy_then_gemm);
     device_buffer fallback = upload(cuda, input);
     cuda.newton_schulz(fallback.data(), c.batch, c.rows, c.cols, ns);
-    cuda.set_ns_gemm_path(gpu::gemm_path::lt);
+    gpu::ns_tuning(cuda).set_gemm_path(gpu::gemm_path::lt);
     const double error =
         worst_matrix_error(download(cuda, fallback.data(), numel), bf16_reference(input, c, ns), c);
     BOOST_TEST_MESSAGE("newton_schulz fallback path " << c.batch << " x [" << c.rows << ", "
@@ -164,12 +165,12 @@ BOOST_AUTO_TEST_CASE(graph_replay_and_fallback_path) {
 BOOST_AUTO_TEST_CASE(symmetric_products) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   const ns_options ns;
-  cuda.set_ns_symmetric_block(32);
+  gpu::ns_tuning(cuda).set_symmetric_block(32);
   const ns_case cases[] = {{1, 128, 128}, {2, 192, 200},  {3, 200, 192}, {2, 128, 300},
                            {8, 256, 256}, {1, 512, 1024}, {9, 480, 160}};
   for (const ns_case& c : cases) {
     const int64_t m = std::min(c.rows, c.cols);
-    const int64_t blocks = cuda.ns_symmetric_blocks(m, c.batch);
+    const int64_t blocks = gpu::ns_tuning(cuda).symmetric_blocks(m, c.batch);
     BOOST_TEST_MESSAGE("symmetric products: " << blocks << " blocks per side");
     BOOST_TEST(blocks > 1);  // the path really runs
     const ns_errors e = run_newton_schulz(c, ns, true);
@@ -180,16 +181,16 @@ BOOST_AUTO_TEST_CASE(symmetric_products) {
     const std::vector<float> input = random_vector(numel);
     const std::vector<float> want = direct_and_graphed(cuda, input, c, ns);
 
-    cuda.set_ns_symmetric_block(0);
-    BOOST_TEST(cuda.ns_symmetric_blocks(m, c.batch) == 1);
+    gpu::ns_tuning(cuda).set_symmetric_block(0);
+    BOOST_TEST(gpu::ns_tuning(cuda).symmetric_blocks(m, c.batch) == 1);
     device_buffer full = upload(cuda, input);
     cuda.newton_schulz(full.data(), c.batch, c.rows, c.cols, ns);
     const double to_full = worst_matrix_error(want, download(cuda, full.data(), numel), c);
     BOOST_TEST_MESSAGE("  vs full products: " << to_full);
     BOOST_TEST(to_full <= kNs5ToBf16Reference);
-    cuda.set_ns_symmetric_block(32);
+    gpu::ns_tuning(cuda).set_symmetric_block(32);
   }
-  cuda.set_ns_symmetric_block(gpu::ns_workspace::kDefaultSymmetricBlock);
+  gpu::ns_tuning(cuda).set_symmetric_block(gpu::ns_workspace::kDefaultSymmetricBlock);
 }
 
 // The own Hopper GEMM's symmetric products in the standard iteration (A = X X^T of a wide X,
@@ -207,8 +208,8 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
     bool gram_product;    // A = X X^T on the own GEMM
     bool square_product;  // A*A on it
   };
-  BOOST_TEST(!cuda.ns_own_products(48, 768, 768, true));
-  BOOST_TEST(cuda.ns_own_products(12, 768, 768, true));
+  BOOST_TEST(!gpu::ns_tuning(cuda).own_products(48, 768, 768, true));
+  BOOST_TEST(gpu::ns_tuning(cuda).own_products(12, 768, 768, true));
   // Upper tiles over k >= 2048: 252 and 272 fill 1.5 waves of 132 multiprocessors, 42 and 136
   // do not (cuBLAS splits k); tall inputs' X X^T is not symmetric-tiled; sides below 768 neither.
   const own_case cases[] = {{{12, 768, 2048}, true, true},  {{2, 768, 2048}, false, false},
@@ -217,8 +218,9 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
                             {{3, 256, 4096}, false, false}};
   for (const own_case& o : cases) {
     const ns_case& c = o.c;
-    BOOST_TEST(cuda.ns_own_products(c.batch, c.rows, c.cols, false) == o.gram_product);
-    BOOST_TEST(cuda.ns_own_products(c.batch, c.rows, c.cols, true) == o.square_product);
+    BOOST_TEST(gpu::ns_tuning(cuda).own_products(c.batch, c.rows, c.cols, false) == o.gram_product);
+    BOOST_TEST(gpu::ns_tuning(cuda).own_products(c.batch, c.rows, c.cols, true)
+               == o.square_product);
     const ns_errors e = run_newton_schulz(c, ns, false);
     BOOST_TEST(e.to_host <= kNs5ToHost);
 
@@ -226,19 +228,19 @@ BOOST_AUTO_TEST_CASE(own_gemm_iteration) {
     const std::vector<float> input = random_vector(numel);
     const std::vector<float> want = direct_and_graphed(cuda, input, c, ns);
 
-    cuda.set_ns_own_gemm(false);
-    BOOST_TEST(!cuda.ns_own_products(c.batch, c.rows, c.cols, false));
-    BOOST_TEST(!cuda.ns_own_products(c.batch, c.rows, c.cols, true));
+    gpu::ns_tuning(cuda).set_own_gemm(false);
+    BOOST_TEST(!gpu::ns_tuning(cuda).own_products(c.batch, c.rows, c.cols, false));
+    BOOST_TEST(!gpu::ns_tuning(cuda).own_products(c.batch, c.rows, c.cols, true));
     device_buffer cublas = upload(cuda, input);
     cuda.newton_schulz(cublas.data(), c.batch, c.rows, c.cols, ns);
-    cuda.set_ns_own_gemm(true);
+    gpu::ns_tuning(cuda).set_own_gemm(true);
     const double to_cublas = worst_matrix_error(want, download(cuda, cublas.data(), numel), c);
     BOOST_TEST_MESSAGE("  own GEMM vs cuBLAS: " << to_cublas);
     BOOST_TEST(to_cublas <= kNs5ToBf16Reference);
   }
 }
 
-// NS's update X' = B'X with B' read in the other operand layout (set_ns_update_flipped, for
+// NS's update X' = B'X with B' read in the other operand layout (ns_tuning::set_update_flipped, for
 // bench_ns --update-flipped; B' is stored whole and symmetric): the same NS5, direct and from a
 // graph, within the bf16 reference's bound for a wide, a tall and a square input.
 BOOST_AUTO_TEST_CASE(update_layouts_agree) {
@@ -246,9 +248,9 @@ BOOST_AUTO_TEST_CASE(update_layouts_agree) {
   for (const ns_case& c : {ns_case{2, 256, 1024}, ns_case{2, 1024, 256}, ns_case{1, 2048, 2048}}) {
     const std::vector<float> input = random_vector(c.batch * c.rows * c.cols);
     const std::vector<float> want = direct_and_graphed(cuda, input, c, ns_options{});
-    cuda.set_ns_update_flipped(true);
+    gpu::ns_tuning(cuda).set_update_flipped(true);
     const std::vector<float> got = direct_and_graphed(cuda, input, c, ns_options{});
-    cuda.set_ns_update_flipped(false);
+    gpu::ns_tuning(cuda).set_update_flipped(false);
     const double diff = worst_matrix_error(want, got, c);
     BOOST_TEST_MESSAGE("update layouts, " << c.rows << "x" << c.cols << ": " << diff);
     BOOST_TEST(diff <= kNs5ToBf16Reference);
@@ -495,9 +497,9 @@ BOOST_AUTO_TEST_CASE(gram_against_standard_and_host) {
   const ns_case c{2, 100, 300};
   const std::vector<float> x = random_vector(c.batch * c.rows * c.cols);
   const auto lt = gpu_newton_schulz(x, c, gram_ns(ns_options{}));
-  cuda.set_ns_gemm_path(gpu::gemm_path::copy_then_gemm);
+  gpu::ns_tuning(cuda).set_gemm_path(gpu::gemm_path::copy_then_gemm);
   const auto fallback = gpu_newton_schulz(x, c, gram_ns(ns_options{}));
-  cuda.set_ns_gemm_path(gpu::gemm_path::lt);
+  gpu::ns_tuning(cuda).set_gemm_path(gpu::gemm_path::lt);
   BOOST_TEST(worst_matrix_error(fallback, lt, c) <= kNs5ToBf16Reference);
 }
 
@@ -533,12 +535,12 @@ BOOST_AUTO_TEST_CASE(own_gemm_gram) {
   for (const ns_case& c : cases) {
     BOOST_REQUIRE(
         ns_uses_gram(gram, c.rows, c.cols, gpu_automatic_variant(c.batch, c.rows, c.cols)));
-    BOOST_REQUIRE(cuda.ns_own_products(c.batch, c.rows, c.cols, c.rows > c.cols));
+    BOOST_REQUIRE(gpu::ns_tuning(cuda).own_products(c.batch, c.rows, c.cols, c.rows > c.cols));
     const std::vector<float> input = random_vector(c.batch * c.rows * c.cols);
     const std::vector<float> own = gpu_newton_schulz(input, c, gram);
-    cuda.set_ns_own_gemm(false);
+    gpu::ns_tuning(cuda).set_own_gemm(false);
     const std::vector<float> cublas = gpu_newton_schulz(input, c, gram);
-    cuda.set_ns_own_gemm(true);
+    gpu::ns_tuning(cuda).set_own_gemm(true);
     std::vector<float> host = input;
     env().host->newton_schulz(host.data(), c.batch, c.rows, c.cols, gram);
     const double to_cublas = worst_matrix_error(own, cublas, c);

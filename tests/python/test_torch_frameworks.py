@@ -2,7 +2,7 @@
 its closure) and HF transformers' Trainer(optimizers=(opt, sched)) on a tiny randomly initialized
 GPT-2: a few steps each, the loss finite and falling.
 
-Run by ctest with the venv's python (.venv, made by .ci/deps); nothing is downloaded.
+Run by ctest with the venv's python (.venv, made by .ci/deps --tests); nothing is downloaded.
 """
 
 import logging

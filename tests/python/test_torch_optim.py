@@ -3,7 +3,7 @@ torch.optim.AdamW on a small transformer, every lr_scheduler driving both groups
 the updates), the Optimizer protocol (closure, zero_grad, hooks, add_param_group, errors),
 GradScaler and torch.compile.
 
-Run by ctest with the venv's python (.venv, made by .ci/deps); without PyTorch it fails.
+Run by ctest with the venv's python (.venv, made by .ci/deps --tests); without PyTorch it fails.
 """
 
 import math

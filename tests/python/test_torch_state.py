@@ -3,7 +3,7 @@ A resume through the dict is bit-identical on the same rank count and within 1e-
 counts; the dict survives torch.save / torch.load and has torch.optim.Muon's and AdamW's keys,
 shapes and values; a bad dict raises naming what is wrong and changes nothing.
 
-Run by ctest with the venv's python (.venv, made by .ci/deps); without PyTorch it fails.
+Run by ctest with the venv's python (.venv, made by .ci/deps --tests); without PyTorch it fails.
 """
 
 import copy

@@ -1,7 +1,7 @@
 # The torch tests: zmuon.Muon as a torch.optim.Optimizer (test_torch_optim), its state in torch's
 # shape (test_torch_state), parameters as torch.optim takes them (test_torch_parameters), under
 # Lightning and HF Trainer (test_torch_frameworks), and under DDP and FSDP2
-# (test_torch_distributed). They run with the venv that .ci/deps makes (.venv at the repository
+# (test_torch_distributed). They run with the venv that `.ci/deps --tests` makes (.venv at the repository
 # root, .ci/requirements.txt); without it they fail, they never skip.
 set(ZMUON_TORCH_PYTHON ${PROJECT_SOURCE_DIR}/.venv/bin/python)
 foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_deepspeed

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernels/compute.hpp"
+#include "kernels/cuda/gemm_choice.hpp"      // plain C++: the GEMM engine per capability
 #include "kernels/cuda/sm90/sm90_tiles.hpp"  // plain C++: which tiles each block computes
 #ifdef ZMUON_HAVE_CUDA
 #include "kernels/cuda/check.hpp"
@@ -200,6 +201,34 @@ BOOST_AUTO_TEST_CASE(sm90_blocks_cover_each_tile_once) {
   // waves of the H200's 132 multiprocessors; 8192^2 in 1040.
   BOOST_TEST(gpu::sm90::blocks_per_matrix(2, true, 32, 32) == 264);
   BOOST_TEST(gpu::sm90::blocks_per_matrix(2, true, 64, 64) == 1040);
+}
+
+// The GEMM engine each device gets: the own sm_90a kernel on compute capability 9.0 only (H100,
+// H200, GH200), cuBLAS on every other device the fat binary covers (cmake/cuda.cmake), including
+// the later Blackwell parts that sm_90a code does not run on.
+BOOST_AUTO_TEST_CASE(symmetric_gemm_engine_per_capability) {
+  using gpu::symmetric_gemm;
+  struct device {
+    int major, minor;
+    symmetric_gemm want;
+  };
+  const device devices[] = {
+      {7, 5, symmetric_gemm::cublas},     // T4, RTX 20
+      {8, 0, symmetric_gemm::cublas},     // A100
+      {8, 6, symmetric_gemm::cublas},     // A10, RTX 30
+      {8, 7, symmetric_gemm::cublas},     // Jetson Orin
+      {8, 9, symmetric_gemm::cublas},     // L4, L40S, RTX 40
+      {9, 0, symmetric_gemm::own_sm90a},  // H100, H200, GH200
+      {10, 0, symmetric_gemm::cublas},    // B200, GB200
+      {10, 3, symmetric_gemm::cublas},    // B300
+      {11, 0, symmetric_gemm::cublas},    // Thor
+      {12, 0, symmetric_gemm::cublas},    // RTX 50, RTX PRO 6000
+      {12, 1, symmetric_gemm::cublas},    // GB10
+      {9, 1, symmetric_gemm::cublas},     // no such device: sm_90a code would not run there
+  };
+  for (const device& d : devices)
+    BOOST_TEST((gpu::symmetric_gemm_for({d.major, d.minor}) == d.want),
+               "capability " << d.major << "." << d.minor);
 }
 
 // The host backend's BLAS threads share the cores among the ranks that run NS at once.

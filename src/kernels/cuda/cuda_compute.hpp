@@ -158,48 +158,6 @@ public:
     cuda_compute& be_;
     std::unique_ptr<call_timer> timer_;
   };
-  /// For benchmarks: how Newton-Schulz runs its GEMMs (gemm.hpp).
-  void set_ns_gemm_path(gemm_path path) {
-    for_each_lane([&](ns_lane& lane) {
-      lane.ns.set_gemm_path(path);
-      lane.gram_ns.set_gemm_path(path);
-    });
-  }
-  void set_ns_autotune(bool on) {
-    for_each_lane([&](ns_lane& lane) { lane.ns.set_autotune(on); });
-  }
-  /// For benchmarks: replay Newton-Schulz's GEMMs from CUDA graphs always or never (the
-  /// default: for launch-bound calls only; newton_schulz.hpp).
-  void set_ns_graphs(graph_mode mode) {
-    for_each_lane([&](ns_lane& lane) { lane.ns.set_graph_mode(mode); });
-  }
-  /// For tests and benchmarks: the smallest block side of the symmetric products (0: off), and
-  /// the blocks per side they use for an m×m Gram matrix (newton_schulz.hpp).
-  void set_ns_symmetric_block(int64_t min_side) {
-    for_each_lane([&](ns_lane& lane) { lane.ns.set_symmetric_block(min_side); });
-  }
-  int64_t ns_symmetric_blocks(int64_t m, int64_t batch) const {
-    return lanes_[0]->ns.symmetric_blocks(m, batch);
-  }
-  /// For tests and benchmarks: Newton-Schulz's symmetric products on zmuon's own Hopper GEMM
-  /// where it measured faster (the default), or every GEMM on cuBLAS (sm90_gemm.hpp).
-  void set_ns_own_gemm(bool on) {
-    for_each_lane([&](ns_lane& lane) {
-      lane.ns.set_own_gemm(on);
-      lane.gram_ns.set_own_gemm(on);
-    });
-  }
-  /// Whether the standard iteration on `batch` [rows, cols] matrices runs A = X X^T, and A*A,
-  /// on the own GEMM.
-  bool ns_own_products(int64_t batch, int64_t rows, int64_t cols, bool square) const {
-    const int64_t m = std::min(rows, cols);
-    return square ? lanes_[0]->ns.own_square_product(batch, m)
-                  : lanes_[0]->ns.own_gram_product(batch, m, std::max(rows, cols), rows > cols);
-  }
-  /// For benchmarks: NS's update reads B' in the other operand layout (newton_schulz.hpp).
-  void set_ns_update_flipped(bool on) {
-    for_each_lane([&](ns_lane& lane) { lane.ns.set_update_flipped(on); });
-  }
 
 private:
   /// The launch context, usable while the guard lives: holds the backend's lock (the actors of
@@ -303,6 +261,7 @@ private:
   std::shared_ptr<const clock_anchor> anchor_;
   std::optional<cuda_stream> clock_stream_;  // the anchors' stream: nothing else runs on it
 
+  friend class ns_tuning;  // tests' and benchmarks' knobs (ns_tuning.hpp)
   template <class F>
   void for_each_lane(F f) {
     const std::lock_guard<std::mutex> lock(mutex_);

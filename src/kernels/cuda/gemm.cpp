@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -132,10 +134,16 @@ const gemm_runner::plan* gemm_runner::find_plan(const gemm_shape& g, const opera
   return plans_.emplace(k, std::move(p)).first->second.get();
 }
 
+namespace {
+std::atomic<int> candidate_count{8};
+}  // namespace
+
 int gemm_runner::candidates() {
-  static const int count =
-      static_cast<int>(env_number("ZMUON_GEMM_CANDIDATES", 1, kMaxCandidates, 8));
-  return count;
+  return candidate_count.load(std::memory_order_relaxed);
+}
+
+void gemm_runner::set_candidates(int count) {
+  candidate_count.store(std::clamp(count, 1, kMaxCandidates), std::memory_order_relaxed);
 }
 
 bool gemm_runner::can_repeat(const operands& x) const {

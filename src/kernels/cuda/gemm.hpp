@@ -2,7 +2,7 @@
 // C and D may be different buffers. cuBLASLt does that in one call (its epilogue reads C and
 // writes D), which lets Newton-Schulz fold b*A and a*X into the GEMMs without copying A or X
 // first. Plans (descriptors and an algorithm) are cached per shape: the first call of a shape
-// times the heuristic's first candidates() algorithms on its own operands and keeps the fastest
+// times the heuristic's first candidates() algorithms (8) on its own operands and keeps the fastest
 // (cuBLASLt's first choice is often not, for the odd sizes NS runs). When cuBLASLt
 // offers no algorithm, or the copy path is asked for, D = C is copied and
 // cublasGemmStridedBatchedEx runs with beta on D.
@@ -45,9 +45,10 @@ public:
   gemm_runner(const gemm_runner&) = delete;
   gemm_runner& operator=(const gemm_runner&) = delete;
 
-  /// How many of the heuristic's algorithms are timed per shape: 8, or the environment's
-  /// ZMUON_GEMM_CANDIDATES (1..64), read once per process.
+  /// How many of the heuristic's algorithms are timed per new shape, for the whole process: 8
+  /// unless a benchmark sets another count (1..64, clamped; ns_tuning.hpp).
   static int candidates();
+  static void set_candidates(int count);
 
   void set_path(gemm_path path) { path_ = path; }
   /// Device memory held: the cuBLASLt workspace.

@@ -9,7 +9,7 @@
 // On Hopper, the products of sides >= 768 over k >= 2048 run on zmuon's own GEMM, upper tiles
 // only (sm90_gemm.hpp): R = X X^T of wide inputs, and all [m, m] products when m >= 2048.
 //
-// Not replayed from CUDA graphs (cuda_compute::set_ns_graphs applies to the standard path only).
+// Not replayed from CUDA graphs (ns_tuning::set_graphs applies to the standard path only).
 //
 // Layout as in newton_schulz.hpp: a row-major tall [rows, cols] matrix is the column-major wide
 // X; a row-major wide one is X^T column-major; only the GEMMs' transpose flags differ.

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/gemm_choice.hpp"
 #include "kernels/cuda/sm90/sm90_epilogue.cuh"
 #include "kernels/cuda/sm90/sm90_ptx.cuh"
 #include "kernels/cuda/sm90/sm90_tiles.hpp"
@@ -343,13 +344,23 @@ bool sm90_gemm_suits_symmetric(int64_t batch, int64_t m, int64_t k) {
   return 2 * blocks >= sms && blocks <= 2 * sms;
 }
 
+namespace {
+std::atomic<bool> own_gemm_allowed{true};
+}  // namespace
+
+void sm90_gemm_allow(bool on) {
+  own_gemm_allowed.store(on, std::memory_order_relaxed);
+}
+
 bool sm90_gemm_available() {
+  if (!own_gemm_allowed.load(std::memory_order_relaxed))
+    return false;
   int device = 0;
   cudaDeviceProp prop{};
   if (cudaGetDevice(&device) != cudaSuccess
       || cudaGetDeviceProperties(&prop, device) != cudaSuccess)
     return false;
-  return prop.major == 9 && prop.minor == 0;
+  return symmetric_gemm_for({prop.major, prop.minor}) == symmetric_gemm::own_sm90a;
 }
 
 void sm90_gemm(cudaStream_t stream, const sm90_gemm_args& a) {

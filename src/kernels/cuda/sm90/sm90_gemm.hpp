@@ -66,8 +66,11 @@ inline constexpr int64_t kSm90Slice = 64;
 /// aligned rows and matrices, a symmetric product square). Says nothing about the device.
 bool sm90_gemm_fits(const sm90_gemm_args& args);
 
-/// Whether the current device runs the kernel (compute capability 9.0 exactly: sm_90a code).
+/// Whether the current device runs the kernel (symmetric_gemm_for its capability, gemm_choice.hpp).
 bool sm90_gemm_available();
+/// For benchmarks (ns_tuning::set_own_gemm_for_new_backends): whether sm90_gemm_available() may
+/// say yes at all, for the whole process (default true). Workspaces ask when they are made.
+void sm90_gemm_allow(bool on);
 
 /// Whether a symmetric product of `batch` [m, m] results over k should run here rather than
 /// on cuBLAS (on the current device; whether it runs the kernel aside): sides in whole tiles,
