@@ -104,7 +104,8 @@ void tear(const std::string& path, size_t n) {
 
 // The 0-based index of the first line of `path` whose record is of `step`, plus `plus`.
 // Moves the `reply` record that ends `step` in `path` (the coordinator's, to finish_step) to
-// line `to` (0-based, after the move), as when the host's next step wrote `to` lines first.
+// line `to` (0-based, after the move), as when the host's next step wrote `to` lines first;
+// where the run already wrote it there or later, the file stays as it is.
 void move_step_end(const std::string& path, uint64_t step, size_t to) {
   auto recs = read_jsonl(path);
   std::string id;
@@ -116,7 +117,9 @@ void move_step_end(const std::string& path, uint64_t step, size_t to) {
   size_t from = 0;
   while (from < recs.size() && !(is(recs[from], "reply") && recs[from]["id"] == id))
     ++from;
-  BOOST_REQUIRE(from < to && to < lines.size());
+  BOOST_REQUIRE(from < lines.size() && to < lines.size());
+  if (from >= to)  // the reply already comes at or after line `to`: nothing to move
+    return;
   auto reply = lines[from];
   lines.erase(lines.begin() + static_cast<std::ptrdiff_t>(from));
   lines.insert(lines.begin() + static_cast<std::ptrdiff_t>(to), reply);
