@@ -191,6 +191,8 @@ def checked_rule(group, where):
         raise InvalidArgument(f"{where}['variant'] must be one of {', '.join(MUON_VARIANTS)}; "
                               f"got {variant!r}{suggestion(variant, MUON_VARIANTS)}")
     algorithm = group.get("algorithm", d["algorithm"])
+    if isinstance(algorithm, str):  # Dion's spelling ("AdamW") as torch's group key
+        algorithm = algorithm.lower()
     if algorithm not in ALGORITHMS:
         raise InvalidArgument(f"{where}['algorithm'] must be one of {', '.join(ALGORITHMS)}; "
                               f"got {algorithm!r}{suggestion(algorithm, ALGORITHMS)}")

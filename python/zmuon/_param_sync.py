@@ -6,7 +6,9 @@ A parameter the engine cannot read in place (bf16 or fp16, not contiguous, or a 
 host_staging) gets an fp32 staging buffer: the engine reads and writes that, and the new values
 are rounded to nearest into the parameter. A write elsewhere shows as a new version counter, a
 new data pointer or a new content fingerprint (p.data.copy_() leaves torch's version counter as
-it was, so the content is summed too)."""
+it was, so the content is fingerprinted too). The fingerprint of a floating-point tensor is its
+L2 norm in fp32, all parameters in a few multi-tensor kernels (torch._foreach_norm) and one
+read-back a step: a write that keeps every norm (a permutation, a sign flip) goes unnoticed."""
 
 import zlib
 
@@ -143,31 +145,43 @@ def _bit_sum(t):
 
 
 def fingerprints(tensors):
-    """A sum of each tensor's bit patterns, as one value per tensor: on the tensors' own
-    devices for torch (no wait for the GPU), crc32 for numpy arrays, None for other buffers."""
-    out = []
-    for t in tensors:
+    """One value per tensor that a write elsewhere changes: for floating-point torch tensors the
+    fp32 L2 norm, all of them in a few multi-tensor launches on their own devices (no wait for
+    the GPU); the wrapping sum of the bits for other torch tensors, crc32 for numpy arrays, None
+    for other buffers."""
+    out = [None] * len(tensors)
+    floats = []  # (index, tensor)
+    for i, t in enumerate(tensors):
         if _is_tensor(t):
             t = t.detach()
-            out.append(0 if t.numel() == 0 else _bit_sum(t))
+            if t.numel() == 0:
+                out[i] = 0
+            elif t.is_floating_point():
+                floats.append((i, t))
+            else:
+                out[i] = _bit_sum(t)
         elif hasattr(t, "__array_interface__"):
-            out.append(zlib.crc32(memoryview(t).cast("B")))
-        else:
-            out.append(None)
+            out[i] = zlib.crc32(memoryview(t).cast("B"))
+    if floats:
+        norms = torch._foreach_norm([t for _, t in floats], 2, dtype=torch.float32)
+        for (i, _), n in zip(floats, norms):
+            out[i] = n
     return out
 
 
 def same_fingerprints(old, new):
-    """Which pairs agree; one read-back per CUDA device."""
+    """Which pairs agree (a NaN agrees with a NaN); one read-back per device."""
     out = [None] * len(old)
     by_device = {}
     for i, (a, b) in enumerate(zip(old, new)):
-        if _is_tensor(a) and _is_tensor(b) and a.device == b.device:
+        if _is_tensor(a) and _is_tensor(b) and a.device == b.device and a.dtype == b.dtype:
             by_device.setdefault(a.device, []).append(i)
         else:
             out[i] = (a.item() if _is_tensor(a) else a) == (b.item() if _is_tensor(b) else b)
     for indices in by_device.values():
-        equal = (torch.stack([old[i] for i in indices]) == torch.stack([new[i] for i in indices]))
+        a = torch.stack([old[i] for i in indices])
+        b = torch.stack([new[i] for i in indices])
+        equal = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
         for i, e in zip(indices, equal.tolist()):
             out[i] = e
     return out

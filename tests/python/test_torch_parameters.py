@@ -163,7 +163,8 @@ class AnyWayOfPassingParameters(unittest.TestCase):
     def test_an_algorithm_zmuon_lacks_is_named(self):
         model = fresh()
         with self.assertRaisesRegex(zmuon.InvalidArgument,
-                                    r"param group 0\['algorithm'\] must be one of muon, adamw; "
+                                    r"param group 0\['algorithm'\] must be one of muon, adamw, "
+                                    r"lion; "
                                     r"got 'adamww' \(did you mean 'adamw'\?\)"):
             zmuon.Muon([{"params": list(model.parameters()), "algorithm": "adamww"}])
         with self.assertRaisesRegex(zmuon.InvalidArgument, "algorithm='adamw' and "
