@@ -524,20 +524,11 @@ void launch_from_bf16(const launch_context& ctx, float* dst, const uint16_t* src
 
 namespace {
 
-/// torch.optim.AdamW's arrangement, with the bias corrections formed in double on the host
-/// exactly as the host backend forms them.
+/// torch.optim.AdamW's arrangement: the factors kernels/scalar_rules.hpp forms on the host for
+/// every backend (bias corrections in double).
 adamw_factors factors_of(const scalar_args& args) {
-  const double t = static_cast<double>(args.step < 1 ? 1 : args.step);
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(args.beta1), t);
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(args.beta2), t);
-  adamw_factors f{};
-  f.beta1 = args.beta1;
-  f.beta2 = args.beta2;
-  f.eps = args.eps;
-  f.decay = 1.0f - args.lr * args.weight_decay;
-  f.step_size = static_cast<float>(args.lr / bias_correction1);
-  f.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bias_correction2));
-  return f;
+  const scalar_factors f = scalar_factors_of(args);
+  return {f.beta1, f.beta2, f.eps, f.decay, f.step_size, f.inv_sqrt_bc2};
 }
 
 }  // namespace
