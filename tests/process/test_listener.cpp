@@ -167,7 +167,28 @@ double median_step_ms(const std::string& out) {
 // and the job finishes. At 24 descriptors (about 12 in use while node 0 waits) the gate runs out
 // of descriptors before it runs out of handshake slots: it drops stalled handshakes to take new
 // connections, says so, and the job finishes too.
-BOOST_AUTO_TEST_CASE(out_of_descriptors_node0_refuses_connections_and_finishes) {
+//
+// Not under the sanitizers: their runtimes need descriptors of their own (UBSan tests whether a
+// vptr is readable through a pipe, and reports a false "invalid vptr" when no pipe can be made),
+// so there this case would test them. The normal suite runs it.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+
+boost::test_tools::assertion_result not_sanitized(boost::unit_test::test_unit_id) {
+  return !kSanitized;
+}
+
+BOOST_AUTO_TEST_CASE(out_of_descriptors_node0_refuses_connections_and_finishes,
+                     *boost::unit_test::precondition(not_sanitized)) {
   raise_own_file_limit();
   const std::string secret = secret_file("test_listener_secret");
   const std::string job = kJob + " --steps 4 --secret-file " + secret;
@@ -354,14 +375,14 @@ BOOST_AUTO_TEST_CASE(a_refused_node_exits_for_its_credentials) {
 BOOST_AUTO_TEST_CASE(plain_tcp_stays_on_loopback_and_takes_no_secret) {
   const std::string secret = secret_file("test_listener_secret");
   int status = 0;
-  for (const std::string& master : {"10.0.0.1:1", "127.example.net:1", "0.0.0.0:1"}) {
+  for (const std::string master : {"10.0.0.1:1", "127.example.net:1", "0.0.0.0:1"}) {
     auto out = zmuon::test::run_launch(
         "--nodes 2 --node-rank 0 --master " + master + " --insecure --steps 1 2>&1", &status);
     BOOST_TEST(exited_with(status, 2), master << ": " << out);
     BOOST_TEST(out.find("for loopback addresses only") != std::string::npos, out);
   }
   // Node 2 of three would listen at its own address.
-  for (const std::string& host : {"--host 10.0.0.1", "--host 127.example.net"}) {
+  for (const std::string host : {"--host 10.0.0.1", "--host 127.example.net"}) {
     auto out = zmuon::test::run_launch(
         "--nodes 3 --node-rank 2 --master 127.0.0.1:1 --insecure " + host + " --steps 1 2>&1",
         &status);
