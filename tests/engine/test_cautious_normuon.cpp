@@ -146,17 +146,7 @@ std::pair<tensor_map, tensor_map> engine_and_reference(const engine_options& o, 
   for (const auto& s : kTable)
     ref.add(s, init.at(s.name));
   for (int s = 1; s <= steps; ++s) {
-    std::map<std::string, std::vector<double>> mean;
-    for (int r = 0; r < o.world; ++r) {
-      auto g = random_grads(kTable, 5, s, r, 0);
-      reduce_ok(*eng, r, g);
-      for (const auto& [name, v] : g) {
-        auto& m = mean[name];
-        m.resize(v.size(), 0.0);
-        for (size_t i = 0; i < v.size(); ++i)
-          m[i] += static_cast<double>(v[i]) / o.world;
-      }
-    }
+    const auto mean = reduce_random_mean(*eng, kTable, 5, s, o.world);
     BOOST_REQUIRE(!step_ok(*eng).skipped);
     ref.step(mean);
   }

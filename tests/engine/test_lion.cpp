@@ -26,6 +26,12 @@ const std::vector<std::string> kScalars{"bias", "gain", "embed"};
 /// (1-beta2)*g, p = p*(1 - lr*wd) - lr*u (torch's sign: 0 at 0); cautious: the decay only
 /// where p * u >= 0.
 struct lion_reference {
+  explicit lion_reference(const adamw_options& a)
+      : lr(a.lr),
+        beta1(a.beta1),
+        beta2(a.beta2),
+        wd(a.weight_decay),
+        cautious(a.cautious_weight_decay) {}
   double lr, beta1, beta2, wd;
   bool cautious = false;
   std::map<std::string, std::vector<double>> p, m;
@@ -69,22 +75,11 @@ run_result run(const engine_options& o, int steps) {
   auto eng = make_engine(o);
   register_table(*eng, kTable, 7);
   const tensor_map init = params_of(*eng);
-  lion_reference ref{o.adamw.lr, o.adamw.beta1, o.adamw.beta2, o.adamw.weight_decay,
-                     o.adamw.cautious_weight_decay};
+  lion_reference ref(o.adamw);
   for (const auto& name : kScalars)
     ref.p[name].assign(init.at(name).begin(), init.at(name).end());
   for (int s = 1; s <= steps; ++s) {
-    std::map<std::string, std::vector<double>> mean;
-    for (int r = 0; r < o.world; ++r) {
-      auto g = random_grads(kTable, 7, s, r, 0);
-      reduce_ok(*eng, r, g);
-      for (const auto& [name, v] : g) {
-        auto& m = mean[name];
-        m.resize(v.size(), 0.0);
-        for (size_t i = 0; i < v.size(); ++i)
-          m[i] += static_cast<double>(v[i]) / o.world;
-      }
-    }
+    const auto mean = reduce_random_mean(*eng, kTable, 7, s, o.world);
     BOOST_REQUIRE(!step_ok(*eng).skipped);
     ref.step(mean);
   }

@@ -8,25 +8,13 @@ Run by ctest with the venv's python (.venv); without PyTorch it fails.
 import unittest
 
 import torch
-import torch.nn as nn
 
 import zmuon
+from test_torch_cautious_normuon import data, model  # the same small net and batches
 
 torch.set_num_threads(2)
 
 TOL = 1e-6  # relative Frobenius error per parameter; a flipped sign would cost 2*lr, ~1e-2
-
-
-def model(seed=0):
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(12, 20), nn.Tanh(), nn.Linear(20, 9), nn.Tanh(),
-                         nn.Linear(9, 4))
-
-
-def data(steps, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(16, 12, generator=g), torch.randn(16, 4, generator=g))
-            for _ in range(steps)]
 
 
 def groups(net, algorithm, lr=0.003, betas=(0.9, 0.99), weight_decay=0.5):

@@ -5,8 +5,10 @@
 #include <boost/test/unit_test.hpp>
 
 #include <cmath>
+#include <map>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "zmuon/engine.hpp"
 
@@ -101,6 +103,24 @@ inline step_info step_ok(engine& eng) {
 inline void reduce_ok(engine& eng, int rank, const tensor_map& g) {
   auto err = eng.reduce(rank, g);
   BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+}
+
+/// Hands every rank of a `world`-rank engine its random_grads(table, seed, step, rank, 0) and
+/// returns their mean in double: the gradient a reference optimizer steps with.
+inline std::map<std::string, std::vector<double>> reduce_random_mean(
+    engine& eng, const std::vector<param_spec>& table, uint64_t seed, int step, int world) {
+  std::map<std::string, std::vector<double>> mean;
+  for (int r = 0; r < world; ++r) {
+    auto g = random_grads(table, seed, step, r, 0);
+    reduce_ok(eng, r, g);
+    for (const auto& [name, v] : g) {
+      auto& m = mean[name];
+      m.resize(v.size(), 0.0);
+      for (size_t i = 0; i < v.size(); ++i)
+        m[i] += static_cast<double>(v[i]) / world;
+    }
+  }
+  return mean;
 }
 
 inline rank_state snapshot_of(engine& eng, int rank) {
