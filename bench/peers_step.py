@@ -10,6 +10,7 @@ the run (cudaMemGetInfo, so zmuon's own allocations count too) beside torch's al
         python3 bench/peers_step.py --model gpt2 --dion <checkout of microsoft/dion>
     ... --model gpt2 --fsdp      # every model fully_shard-ed per block, a process group of one
     ... --model llama1b          # d 2048, 16 layers, GQA 16/4, ff 8192, vocab 32000 (836M)
+    ... --profile DIR            # also where each optimizer's step goes (see profile_steps)
 
 Dion is never vendored: `fetch github:microsoft/dion` brings a snapshot, carried to the GPU
 machine beside the tree (bench/dev/peers.sh). Without --dion, its rows are left out.
@@ -148,6 +149,41 @@ def median(xs):
     return xs[len(xs) // 2]
 
 
+def profile_steps(key, opts, args, dir_):
+    """Where the step goes: 3 more optimizer steps under torch.profiler (host ops and every CUDA
+    kernel of the process, zmuon's own included) and under cProfile (the Python functions),
+    written to DIR/<key>.{kernels,host,python}.txt and DIR/<key>.trace.json (ui.perfetto.dev).
+    The gradients of the last backward are stepped again: the time is what counts here."""
+    import cProfile
+    import io
+    import pstats
+    from torch.profiler import ProfilerActivity, profile
+    os.makedirs(dir_, exist_ok=True)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            for o in opts:
+                o.step()
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(os.path.join(dir_, f"{key}.trace.json"))
+    table = prof.key_averages()
+    with open(os.path.join(dir_, f"{key}.kernels.txt"), "w") as f:
+        f.write(table.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=90))
+    with open(os.path.join(dir_, f"{key}.host.txt"), "w") as f:
+        f.write(table.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=90))
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(3):
+        for o in opts:
+            o.step()
+        torch.cuda.synchronize()
+    pr.disable()
+    text = io.StringIO()
+    pstats.Stats(pr, stream=text).sort_stats("cumulative").print_stats(45)
+    with open(os.path.join(dir_, f"{key}.python.txt"), "w") as f:
+        f.write(text.getvalue())
+
+
 def run(key, args, spec, batch):
     label, make = OPTIMIZERS[key]
     torch.cuda.empty_cache()
@@ -178,6 +214,9 @@ def run(key, args, spec, batch):
             opt_only.append(t2 - t1)
     torch.cuda.synchronize()
     free1, _ = torch.cuda.mem_get_info()
+    if args.profile:
+        profile_steps(key + ("-fsdp" if args.fsdp else "") + "-" + args.model, opts, args,
+                      args.profile)
     row = dict(label=label, opt_ms=1e3 * median(opt_only), step_ms=1e3 * median(whole),
                loss=loss.item(), used_gib=(free0 - free1) / 2**30,
                torch_peak_gib=torch.cuda.max_memory_allocated() / 2**30)
@@ -199,6 +238,7 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--markdown", help="append the table to this file")
+    ap.add_argument("--profile", metavar="DIR", help="also profile each optimizer's step into DIR")
     args = ap.parse_args()
     keys = args.only.split(",") if args.only else list(OPTIMIZERS)
     if args.dion:

@@ -8,6 +8,8 @@
 #                                      # directory fetch returned)
 #   bench/dev/gpu-check.sh pack        # here: libzmuon with the CUDA backend, into .carry/gpu/
 #   bench/dev/peers.sh                 # there, with .carry carried: prints the table and leaves it under $OUT
+#   PEERS_RUNS: which of the three runs ("gpt2 gpt2-fsdp llama1b", the default); PEERS_ARGS: more
+#   peers_step.py arguments (e.g. "--only zmuon-auto,dion-graph --profile $OUT/profile")
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
@@ -36,7 +38,9 @@ export LD_LIBRARY_PATH="$work/lib:$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 export ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python"
 echo "Dion $(cat .carry/dion/REVISION 2>/dev/null)" | tee "$out/peers.md"
 status=0
-for args in "--model gpt2" "--model gpt2 --fsdp" "--model llama1b"; do
+for run in ${PEERS_RUNS:-gpt2 gpt2-fsdp llama1b}; do
+  args="--model ${run%-fsdp}"
+  [[ $run == *-fsdp ]] && args+=" --fsdp"
   # shellcheck disable=SC2086
   timeout "${PEERS_TIMEOUT:-300}" python3 bench/peers_step.py $args --dion .carry/dion \
     --markdown "$out/peers.md" ${PEERS_ARGS:-} 2>&1 | grep -v -E 'Warning|warn\(|^\s*$'

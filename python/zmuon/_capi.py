@@ -244,6 +244,7 @@ def _load():
                                               ctypes.c_void_p]),
         "zmuon_engine_load_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor),
                                                    c_size]),
+        "zmuon_engine_master": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(Tensor)]),
         "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_gather_params_on_stream": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size,
@@ -362,11 +363,19 @@ def _path(value, what):
     return encoded
 
 
+_NAMES = {}  # name -> its checked C string: the same names come every step
+
+
 def _tensor_array(entries, what="gradient name"):
     """entries: (name, data pointer, numel, device) tuples -> a ctypes array (names kept alive)."""
     arr = (Tensor * max(len(entries), 1))()
     for i, (name, ptr, numel, device) in enumerate(entries):
-        arr[i] = Tensor(_text(name, what), ptr, numel, device)
+        text = _NAMES.get(name) if type(name) is str else None
+        if text is None:
+            text = _text(name, what)
+            if len(_NAMES) < 1 << 20:
+                _NAMES[name] = text
+        arr[i] = Tensor(text, ptr, numel, device)
     return arr
 
 
@@ -406,7 +415,14 @@ class Engine:
             with cv:
                 self._closing = True
                 cv.wait_for(lambda: self._calls == 0)
+        if getattr(self, "_handle", None):
+            for release in getattr(self, "_before_close", ()):
+                release()  # views of the engine's memory get their own storage first
         _close_handle(self, _destroy)
+
+    def before_close(self, release):
+        """Calls `release()` before the engine's memory goes (close, garbage collection)."""
+        self._before_close = getattr(self, "_before_close", []) + [release]
 
     def __del__(self):
         self.close()
@@ -495,6 +511,15 @@ class Engine:
         _check(_lib.zmuon_engine_load_shard_params(self._h(), rank,
                                                    _tensor_array(entries, "parameter name"),
                                                    len(entries)))
+
+    @_tracked
+    def master(self, name):
+        """(data pointer, numel, device) of parameter `name`'s fp32 master in the engine's own
+        memory, where this process holds it whole (a job of one rank); valid until close()."""
+        out = Tensor()
+        _check(_lib.zmuon_engine_master(self._h(), _text(name, "parameter name"),
+                                        ctypes.byref(out)))
+        return out.data, out.numel, out.device
 
     @_tracked
     def step(self):

@@ -1,9 +1,25 @@
 """zmuon.Muon's gradient hand-over: each micro-batch's gradients into the engine, as fp32
 contiguous buffers by data pointer (a bf16, fp16 or strided gradient is copied first)."""
 
+import sys
+
 from . import _capi, _distributed
 from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import HOST, InvalidArgument, ShapeMismatch
+
+
+def _as_is(name, g, shape, host_staging):
+    """The entry of a gradient the engine reads as it is (a plain fp32 contiguous tensor of the
+    parameter's shape, where it lies), without the general path's checks; else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(g) is not torch.Tensor or g.dtype != torch.float32 \
+            or not g.is_contiguous() or g.shape != shape:
+        return None
+    if not g.is_cuda:
+        return (name, g.data_ptr(), g.numel(), HOST) if g.device.type == "cpu" else None
+    if host_staging:
+        return None
+    return (name, g.data_ptr(), g.numel(), g.device.index or 0)
 
 
 def _engine_readable(g, host_staging):
@@ -84,12 +100,18 @@ class Gradients:
                                       "parameters")
             items = [(n, g) for (n, _, _), g in zip(self._params, grads)]
         entries, keep = [], []
+        shapes, staging = self._shapes, self._host_staging
         for name, g in items:
             if g is None or name in self._params_outside:  # zero-size: nothing to step
                 continue
+            entry = _as_is(name, g, shapes.get(name), staging) if type(name) is str else None
+            if entry is not None:  # the common case, checked in a few attribute reads
+                entries.append(entry)
+                keep.append(g)
+                continue
             _capi._text(name, "gradient name")  # a NUL would cut the name short in C
             if _distributed.is_dtensor(g):  # FSDP2: this process's shard, reduce-scattered
-                g = _engine_readable(g.to_local(), self._host_staging)
+                g = _engine_readable(_distributed.local_tensor(g), self._host_staging)
                 keep.append(g)
                 ptr, numel, device, _ = buffer_of(g, f"gradient of '{name}'")
                 entries.append((name, ptr, numel, device))

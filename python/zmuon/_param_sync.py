@@ -2,6 +2,14 @@
 parameters after each step, and any write made to a parameter elsewhere (a model load, an EMA
 swap, p.data.copy_()) back into the engine before the next.
 
+In a job of one rank, an fp32 contiguous parameter on the engine's device becomes a view of its
+master at the end of the first step (`p.data` is the engine's own memory from then on, one
+storage change): the step writes it in place, a write elsewhere is a write into the master, and
+neither a write-back nor a check is needed. Only a new storage (`p.data = ...`,
+`load_state_dict(assign=True)`, `model.to(...)`) is looked for, by data pointer. Before the
+engine's memory goes (close(), garbage collection, add_param_group's new engine) each such
+parameter gets a storage of its own again, with its values.
+
 A parameter the engine cannot read in place (bf16 or fp16, not contiguous, or a CUDA tensor with
 host_staging) gets an fp32 staging buffer: the engine reads and writes that, and the new values
 are rounded to nearest into the parameter. A write elsewhere shows as a new version counter, a
@@ -10,6 +18,7 @@ it was, so the content is fingerprinted too). The fingerprint of a floating-poin
 L2 norm in fp32, all parameters in a few multi-tensor kernels (torch._foreach_norm) and one
 read-back a step: a write that keeps every norm (a permutation, a sign flip) goes unnoticed."""
 
+import ctypes
 import zlib
 
 from . import _distributed
@@ -33,7 +42,26 @@ def _is_tensor(t):
 
 def local_of(p):
     """The tensor this process holds of parameter `p`: FSDP2's local shard, else `p`."""
-    return p.to_local() if _distributed.is_dtensor(p) else p
+    return _distributed.local_tensor(p)
+
+
+class _CudaMemory:
+    """Device memory of the engine's as __cuda_array_interface__ describes it to torch (which
+    keeps this object, and never frees the memory)."""
+
+    def __init__(self, ptr, numel):
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<f4",
+                                         "data": (ptr, False), "version": 3, "strides": None}
+
+
+def master_view(ptr, numel, device, shape):
+    """A torch tensor of `shape` over the engine's master at `ptr` (its memory stays the
+    engine's)."""
+    if device == HOST:
+        flat = torch.frombuffer((ctypes.c_float * numel).from_address(ptr), dtype=torch.float32)
+    else:
+        flat = torch.as_tensor(_CudaMemory(ptr, numel), device=f"cuda:{device}")
+    return flat.view(shape)
 
 
 def needs_staging(local, host_staging):
@@ -57,7 +85,8 @@ class Binding:
     engine reads and writes (the local tensor itself or its staging copy), and the marks of
     the last values the two agreed on."""
 
-    __slots__ = ("name", "param", "shape", "host_staging", "staging", "marks", "fingerprint")
+    __slots__ = ("name", "param", "shape", "host_staging", "staging", "marks", "fingerprint",
+                 "master")
 
     def __init__(self, name, param, host_staging):
         self.name, self.param = name, param
@@ -67,6 +96,7 @@ class Binding:
         self.restage()
         self.marks = None
         self.fingerprint = None
+        self.master = None  # the view of the engine's master that is the parameter's storage
 
     def restage(self):
         """A staging buffer where the tensor needs one now (model.to(torch.bfloat16) after
@@ -126,6 +156,35 @@ class Binding:
     def copy_into_param(self):
         if self.staging is not None:  # rounded to nearest where the dtype is narrower
             self.local.data.copy_(self.staging)
+
+    def can_share_master(self, device):
+        """Whether the parameter's storage can be the engine's master on `device` (HOST or
+        a CUDA ordinal): a plain fp32 contiguous torch tensor there, read in place."""
+        p = self.param
+        if self.staging is not None or not _is_tensor(p) or self.local is not p \
+                or type(p) not in (torch.Tensor, torch.nn.Parameter):
+            return False
+        if device == HOST:
+            return p.device.type == "cpu"
+        return p.is_cuda and (p.device.index or 0) == device
+
+    def share_master(self, view):
+        """The parameter's storage becomes `view`, the engine's master, which holds its values."""
+        self.param.data = view
+        self.master = view
+        self.marks = self.fingerprint = None
+
+    def in_master(self):
+        """Whether the parameter's storage is still the engine's master."""
+        p = self.param
+        return self.master is not None and p.data_ptr() == self.master.data_ptr() \
+            and p.dtype == self.master.dtype and p.shape == self.master.shape
+
+    def own_storage(self):
+        """A storage of its own again, with the master's values (before the master goes)."""
+        if self.in_master():
+            self.param.data = self.master.detach().clone()
+        self.master = None
 
 
 def _bit_sum(t):
@@ -194,8 +253,10 @@ class ParamSync:
         return range(self._first_rank, self._first_rank + len(self._micro))
 
     def _mark_in_step(self, bindings=None):
-        """The parameters agree with the engine now: their marks are the reference."""
+        """The parameters agree with the engine now: their marks are the reference (none for
+        a parameter that is its master)."""
         bindings = list(self._bindings.values()) if bindings is None else bindings
+        bindings = [b for b in bindings if b.master is None]
         prints = fingerprints([b.local for b in bindings])
         for b, f in zip(bindings, prints):
             b.marks, b.fingerprint = b.current_marks(), f
@@ -206,10 +267,14 @@ class ParamSync:
         bindings = list(self._bindings.values())
         if not bindings:
             return []
-        prints = fingerprints([b.local for b in bindings])
-        same = same_fingerprints([b.fingerprint for b in bindings], prints)
-        written = [b for b, s in zip(bindings, same)
-                   if not s or b.current_marks() != b.marks]
+        moved = [b for b in bindings if b.master is not None and not b.in_master()]
+        watched = [b for b in bindings if b.master is None]
+        for b in moved:  # a new storage: its values are loaded, it is shared again after the step
+            b.master = None
+        prints = fingerprints([b.local for b in watched])
+        same = same_fingerprints([b.fingerprint for b in watched], prints)
+        written = moved + [b for b, s in zip(watched, same)
+                           if not s or b.current_marks() != b.marks]
         restaged = {b.name for b in written  # new storage: maybe a new dtype
                     if (b.marks is None or b.current_marks()[-1:] != b.marks[-1:])
                     and b.restage()}
@@ -225,9 +290,29 @@ class ParamSync:
             self._mark_in_step(written)
         return [b.name for b in reload]
 
+    def _share_masters(self, bindings):
+        """In a job of one rank, each parameter that can be becomes a view of its master."""
+        candidates = [b for b in bindings if b.master is None]
+        if not candidates or self._mode != _distributed.PLAIN or self._node is not None \
+                or torch is None or self._engine.world != 1:
+            return
+        engine = self._engine
+        if not hasattr(engine, "_master_device"):  # every master lives in the one rank's memory
+            engine._master_device = engine.master(candidates[0].name)[2]
+            engine.before_close(lambda bs=self._bindings: [b.own_storage() for b in bs.values()])
+        for b in candidates:
+            if b.can_share_master(engine._master_device):
+                ptr, numel, device = engine.master(b.name)
+                b.share_master(master_view(ptr, numel, device, b.shape))
+
     def _write_back(self):
-        """The engine's new values into the parameters (whole, or FSDP2's local shards)."""
+        """The engine's new values into the parameters (whole, or FSDP2's local shards); a
+        parameter that is its master has them already."""
         bindings = list(self._bindings.values())
+        self._share_masters(bindings)
+        bindings = [b for b in bindings if not b.in_master()]
+        if not bindings:
+            return
         entries, targets = [], []
         for b in bindings:
             targets.append(b.buffer)

@@ -107,6 +107,20 @@ int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_
       });
 }
 
+int zmuon_engine_master(zmuon_engine* eng, const char* name, zmuon_tensor* out) {
+  const char* fn = "zmuon_engine_master";
+  return on_engine(fn, eng, [&]() -> zmuon::error {
+    if (!name || !out)
+      return null_arg(fn, !name ? "name" : "out");
+    auto master = eng->eng->master_of(name);
+    if (!master)
+      return master.err();
+    *out = zmuon_tensor{name, master->data, master->size,
+                        master->space == zmuon::memory_space::host ? ZMUON_HOST : master->device};
+    return {};
+  });
+}
+
 int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n) {
   return gather_spans("zmuon_engine_gather_params", eng, params, n, std::nullopt);
 }

@@ -142,6 +142,31 @@ error engine::shard_params(int rank, const std::vector<tensor_span>& out, void* 
   return gather_params_on(out, cuda_stream, rank);
 }
 
+expected<tensor_span> engine::master_of(const std::string& name) {
+  auto& d = *impl_;
+  auto& job = *d.job;
+  if (auto err = d.start())
+    return err;
+  const auto& pl = *d.registry->pl;
+  const int i = pl.find(name);
+  if (i < 0)
+    return error{errc::unknown_parameter, "master_of(): no parameter '" + name + "'"};
+  if (pl.world != 1)
+    return error{errc::unsupported, "master_of(): '" + name + "' is sharded over "
+                                        + std::to_string(pl.world)
+                                        + " ranks: no rank holds it whole"};
+  auto view = job.ask<float_view>(job.ranks[0].store, params_view_atom::value);
+  if (!view)
+    return view.err();
+  const compute_backend& be = *job.ranks[0].backend;
+  tensor_span out{name, view->data + pl.params[i].shard_offset, pl.params[i].numel};
+  if (be.device_memory()) {
+    out.space = memory_space::cuda;
+    out.device = be.device();
+  }
+  return out;
+}
+
 error engine::load_shard_params(int rank, const std::vector<tensor_view>& in) {
   auto& d = *impl_;
   auto& job = *d.job;

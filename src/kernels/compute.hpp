@@ -141,6 +141,8 @@ public:
   virtual std::string name() const = 0;
   /// True when this backend's buffers live in device memory (the host cannot dereference them).
   virtual bool device_memory() const { return false; }
+  /// The CUDA device ordinal of that memory; -1 for host memory.
+  virtual int device() const { return -1; }
 
   // -- memory ----------------------------------------------------------------------------------
   /// A zero-filled buffer of n floats.

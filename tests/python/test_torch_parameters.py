@@ -3,7 +3,11 @@ torch.optim.Muon + AdamW doing the same (NS in fp32, zmuon's contract; PARITY_TO
 parameter):
 
 - the parameters are the truth: every write made outside the optimizer (torch_writes.SCRIPT)
-  is where the next step starts; without the reload the same run is far off (the control);
+  is where the next step starts, with the parameters as views of the engine's masters (a job
+  of one rank) and without (the check for writes); without either, the same run is far off
+  (the control);
+- a parameter that is its master: its storage is the engine's after the first step, its own
+  again with the same values after close() or garbage collection;
 - model.parameters(), unnamed groups with use_muon or algorithm, and the info line;
 - 0-d, zero-size and non-contiguous parameters; other group keys kept;
 - add_param_group at step 5 (progressive unfreezing);
@@ -15,6 +19,7 @@ parameter):
 Run by ctest with the venv's python (.venv); without PyTorch it fails.
 """
 
+import gc
 import unittest
 
 import torch
@@ -64,45 +69,57 @@ def fresh(seed=0):
 SAME_WEIGHTS = ("EMA swapped in and back", "opt.load_state_dict, then model.load_state_dict")
 
 
+def unshared(opt):
+    """`opt` with its parameters kept apart from the engine's masters (as under FSDP2, DDP or
+    with bf16 parameters): written back after each step, watched for writes."""
+    opt._share_masters = lambda bindings: None
+    return opt
+
+
 class ParametersAreTheTruth(unittest.TestCase):
     """Each write of torch_writes.SCRIPT alone, then all of them: zmuon against torch's
-    optimizers making the same writes; the control (zmuon without the reload) must be far off,
-    so the comparison can fail."""
+    optimizers making the same writes, its parameters views of the masters and not; the control
+    (parameters apart from the masters and no check for writes) must be far off, so the
+    comparison can fail."""
 
     def runs(self, writes, untouched):
-        """zmuon's distance to the reference, the control's, and the writes' effect."""
+        """zmuon's distances to the reference (masters shared, then not), the control's, and
+        the writes' effect."""
         ref = fresh()
         with fp32_ns():
             torch_writes.run(ref, torch_pair(ref), writes)
-        ours = fresh()
+        ours, apart = fresh(), fresh()
         torch_writes.run(ours, [zmuon.Muon(ours.named_parameters(), **HYPER)], writes)
+        torch_writes.run(apart, [unshared(zmuon.Muon(apart.named_parameters(), **HYPER))],
+                         writes)
         if set(writes) <= set(SAME_WEIGHTS):
-            return worst(ours, ref), float("nan"), worst(untouched, ref)
+            return worst(ours, ref), worst(apart, ref), float("nan"), worst(untouched, ref)
         stale = fresh()
-        opt = zmuon.Muon(stale.named_parameters(), **HYPER)
+        opt = unshared(zmuon.Muon(stale.named_parameters(), **HYPER))
         opt._reload_written = lambda: []  # the control: the masters as the engine left them
         torch_writes.run(stale, [opt], writes)
-        return worst(ours, ref), worst(stale, ref), worst(untouched, ref)
+        return worst(ours, ref), worst(apart, ref), worst(stale, ref), worst(untouched, ref)
 
     def test_every_write_path(self):
         untouched = fresh()
         with fp32_ns():
             torch_writes.run(untouched, torch_pair(untouched), [])
-        print(f"\n{'write':48s} {'zmuon':>9s} {'control':>9s} {'effect':>9s}")
+        print(f"\n{'write':48s} {'shared':>9s} {'apart':>9s} {'control':>9s} {'effect':>9s}")
         for label in torch_writes.ALL + ["all of them"]:
             writes = torch_writes.ALL if label == "all of them" else [label]
             with self.subTest(write=label):
-                ours, stale, effect = self.runs(writes, untouched)
-                print(f"{label:48s} {ours:9.2e} {stale:9.2e} {effect:9.2e}")
+                ours, apart, stale, effect = self.runs(writes, untouched)
+                print(f"{label:48s} {ours:9.2e} {apart:9.2e} {stale:9.2e} {effect:9.2e}")
                 self.assertLessEqual(ours, PARITY_TOL)
+                self.assertLessEqual(apart, PARITY_TOL)
                 if label in SAME_WEIGHTS:
                     continue
                 self.assertGreater(effect, 100 * PARITY_TOL, "the write changes too little")
                 self.assertGreater(stale, 100 * PARITY_TOL, "the control matches")
 
-    def test_nothing_written_reloads_nothing(self):
-        model = fresh()
-        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+    def loads_after_writes(self, opt, model, write):
+        """The parameters the engine loaded values for at the step after `write`, and at the
+        three steps before it (none)."""
         loads, load = [], opt._engine.load_shard_params
         opt._engine.load_shard_params = lambda rank, entries: loads.append(entries)
         for tokens in batches(3):
@@ -110,12 +127,67 @@ class ParametersAreTheTruth(unittest.TestCase):
             lm_loss(model, tokens).backward()
             opt.step()
         self.assertEqual(loads, [])
-        with torch.no_grad():
-            model.fc.weight.mul_(0.5)
+        write()
         lm_loss(model, batches(1)[0]).backward()
         opt.step()
-        self.assertEqual([[e[0] for e in entries] for entries in loads], [["fc.weight"]])
         opt._engine.load_shard_params = load
+        return [[e[0] for e in entries] for entries in loads]
+
+    def test_only_what_was_written_is_reloaded(self):
+        def halve():
+            with torch.no_grad():
+                model.fc.weight.mul_(0.5)
+
+        def new_storage():
+            model.fc.weight.data = model.fc.weight.detach() * 0.5
+
+        model = fresh()
+        opt = unshared(zmuon.Muon(model.named_parameters(), **HYPER))
+        self.assertEqual(self.loads_after_writes(opt, model, halve), [["fc.weight"]])
+        model = fresh()  # the masters shared: an in-place write is a write into the master
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        self.assertEqual(self.loads_after_writes(opt, model, halve), [])
+        model = fresh()  # ... and a new storage is loaded, then shared
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        self.assertEqual(self.loads_after_writes(opt, model, new_storage), [["fc.weight"]])
+        self.assertTrue(opt._bindings["fc.weight"].in_master())
+
+
+class SharedMasters(unittest.TestCase):
+    """In a job of one rank, an fp32 parameter becomes a view of the engine's master after the
+    first step; it gets a storage of its own again, with its values, before the engine goes."""
+
+    def trained(self):
+        model = fresh()
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        for tokens in batches(2):
+            opt.zero_grad()
+            lm_loss(model, tokens).backward()
+            opt.step()
+        return model, opt
+
+    def test_the_storage_is_the_master(self):
+        model, opt = self.trained()
+        for name, p in model.named_parameters():
+            ptr, numel, _ = opt._engine.master(name)
+            self.assertEqual((p.data_ptr(), p.numel()), (ptr, numel), name)
+
+    def test_close_and_collection_give_the_storage_back(self):
+        for end in ("close", "collect"):
+            with self.subTest(end=end):
+                model, opt = self.trained()
+                values = {n: p.detach().clone() for n, p in model.named_parameters()}
+                masters = {n: opt._engine.master(n)[0] for n, _ in model.named_parameters()}
+                if end == "close":
+                    opt.close()
+                else:
+                    del opt
+                    gc.collect()
+                for n, p in model.named_parameters():
+                    self.assertNotEqual(p.data_ptr(), masters[n], n)
+                    self.assertTrue(torch.equal(p.detach(), values[n]), n)
+                lm_loss(model, batches(1)[0]).backward()  # the model still trains
+                torch.optim.SGD(model.parameters(), lr=0.1).step()
 
 
 class AnyWayOfPassingParameters(unittest.TestCase):

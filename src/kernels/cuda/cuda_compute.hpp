@@ -127,7 +127,7 @@ public:
   void read_traced_calls() override;
 
   /// For the NCCL communication backend and for benchmarks: where this backend's work runs.
-  int device() const { return device_; }
+  int device() const override { return device_; }
   /// (Newton-Schulz calls still running on their lanes are joined first: see stream_set.hpp.)
   cudaStream_t stream() const { return streams_->joined(); }
   /// The stream, ordered after the NS work on `memory` only (the nccl comm: its buffers).
