@@ -149,22 +149,22 @@ def median(xs):
     return xs[len(xs) // 2]
 
 
-def profile_steps(key, opts, args, dir_):
-    """Where the step goes: 3 more optimizer steps under torch.profiler (host ops and every CUDA
-    kernel of the process, zmuon's own included) and under cProfile (the Python functions),
-    written to DIR/<key>.{kernels,host,python}.txt and DIR/<key>.trace.json (ui.perfetto.dev).
-    The gradients of the last backward are stepped again: the time is what counts here."""
+def profile_steps(key, opts, backward, dir_):
+    """Where the step goes: one more optimizer step under torch.profiler (host ops and every
+    CUDA kernel of the process, zmuon's own included), three under cProfile (the Python
+    functions), each after its own backward(), written to DIR/<key>.{kernels,host,python}.txt
+    and DIR/<key>.trace.json (ui.perfetto.dev)."""
     import cProfile
     import io
     import pstats
     from torch.profiler import ProfilerActivity, profile
     os.makedirs(dir_, exist_ok=True)
+    backward()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(3):
-            for o in opts:
-                o.step()
-            torch.cuda.synchronize()
+        for o in opts:
+            o.step()
+        torch.cuda.synchronize()
     prof.export_chrome_trace(os.path.join(dir_, f"{key}.trace.json"))
     table = prof.key_averages()
     with open(os.path.join(dir_, f"{key}.kernels.txt"), "w") as f:
@@ -172,12 +172,14 @@ def profile_steps(key, opts, args, dir_):
     with open(os.path.join(dir_, f"{key}.host.txt"), "w") as f:
         f.write(table.table(sort_by="self_cpu_time_total", row_limit=40, max_name_column_width=90))
     pr = cProfile.Profile()
-    pr.enable()
     for _ in range(3):
+        backward()
+        torch.cuda.synchronize()
+        pr.enable()
         for o in opts:
             o.step()
         torch.cuda.synchronize()
-    pr.disable()
+        pr.disable()
     text = io.StringIO()
     pstats.Stats(pr, stream=text).sort_stats("cumulative").print_stats(45)
     with open(os.path.join(dir_, f"{key}.python.txt"), "w") as f:
@@ -194,28 +196,33 @@ def run(key, args, spec, batch):
     opts, zero_kwargs = make(model, args.fsdp)
     x, y = batch
     whole, opt_only, loss = [], [], None
-    for step in range(args.warmup + args.steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def backward():
+        for o in opts:
+            o.zero_grad(**zero_kwargs)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
         loss.backward()
+        return loss
+
+    for step in range(args.warmup + args.steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        loss = backward()
         torch.cuda.synchronize()
         t1 = time.perf_counter()
         for o in opts:
             o.step()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
-        for o in opts:
-            o.zero_grad(**zero_kwargs)
         if step >= args.warmup:
             whole.append(t2 - t0)
             opt_only.append(t2 - t1)
     torch.cuda.synchronize()
     free1, _ = torch.cuda.mem_get_info()
     if args.profile:
-        profile_steps(key + ("-fsdp" if args.fsdp else "") + "-" + args.model, opts, args,
+        profile_steps(key + ("-fsdp" if args.fsdp else "") + "-" + args.model, opts, backward,
                       args.profile)
     row = dict(label=label, opt_ms=1e3 * median(opt_only), step_ms=1e3 * median(whole),
                loss=loss.item(), used_gib=(free0 - free1) / 2**30,

@@ -6,8 +6,8 @@
 #      then the step time of both
 #      (zmuon-bench-step with and without --cublas-only: GPT-2 124M and Llama 1B tables), and
 #      bench_ns --tables (its cuBLAS-only column);
-#   2. the release wheel installed into this machine's Python (a venv over its site-packages,
-#      so its torch and that torch's nvidia-* wheels), training GPT-2 small on CUDA with
+#   2. the release wheel installed for this machine's Python (pip --target, so its own torch and
+#      that torch's nvidia-* wheels), training GPT-2 small on CUDA with
 #      zmuon.Muon and no backend setting, from outside the checkout (wheel_gpt2_cuda.py).
 #
 # Here (no GPU needed):
@@ -49,13 +49,14 @@ if [[ $parts == *" wheel "* ]]; then
     echo "gpu-portable-check: no .carry/wheel/zmuon-*.whl: build it here (see the header)" >&2
     status=1
   else
-    venv=/tmp/zmuon-wheel-venv
-    rm -rf "$venv" /tmp/zmuon-wheel-outside && mkdir -p /tmp/zmuon-wheel-outside
-    python3 -m venv --system-site-packages "$venv" &&
-      "$venv/bin/pip" install -q --no-deps --no-index "$wheel" &&
+    # Installed into a directory of its own on this machine's Python (whose torch may live in
+    # its user site, which a venv would not see), run from outside the checkout.
+    site=/tmp/zmuon-wheel-site
+    rm -rf "$site" /tmp/zmuon-wheel-outside && mkdir -p /tmp/zmuon-wheel-outside
+    python3 -m pip install -q --no-deps --no-index --target "$site" "$wheel" &&
       cp bench/dev/wheel_gpt2_cuda.py /tmp/zmuon-wheel-outside/ &&
-      (cd /tmp/zmuon-wheel-outside && unset PYTHONPATH ZMUON_LIBRARY &&
-        "$venv/bin/python" wheel_gpt2_cuda.py ${WHEEL_ARGS:-}) 2>&1 | tee "$out/portable_wheel.log"
+      (cd /tmp/zmuon-wheel-outside && unset ZMUON_LIBRARY && export PYTHONPATH="$site" ZMUON_WHEEL_SITE="$site" &&
+        python3 wheel_gpt2_cuda.py ${WHEEL_ARGS:-}) 2>&1 | tee "$out/portable_wheel.log"
     [[ ${PIPESTATUS[0]} -eq 0 ]] || status=1
   fi
 fi
