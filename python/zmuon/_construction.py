@@ -264,7 +264,8 @@ class Construction:
                                  "step(): add them after step()")
         snapshot = _state.snapshot(self)
         old = [(n, p) for n, p, _ in self._params] + list(self._params_outside.items())
-        group_index = {n: i for i, g in enumerate(self.param_groups) for n in g["param_names"]}
+        group_index = {self._name_of[id(p)]: i for i, g in enumerate(self.param_groups)
+                       for p in g["params"]}
         config_dict, config_file, overrides, hyperparameters, ranks, on_metrics = self._setup
         engine = self._create_engine(config_dict, config_file, list(overrides), hyperparameters,
                                      ranks, None, None, None, on_metrics)

@@ -440,5 +440,69 @@ class LowPrecisionParameters(unittest.TestCase):
         self.assertEqual(differ, [])
 
 
+class StochasticRounding(unittest.TestCase):
+    """rounding="stochastic": a master between two bf16 neighbours goes into the bf16 parameter
+    as either of them, up with the probability of its distance from the lower one, so the mean of
+    many roundings is the master; round-to-nearest (the default) gives the nearer one every time,
+    a bias of FRACTION ulp. The tolerance is SIGMAS standard errors of the mean of N * STEPS
+    Bernoulli(FRACTION) draws (ULP * sqrt(FRACTION * (1 - FRACTION) / (N * STEPS)) = 2.5e-3
+    ulp): SR passes it but for a 1 in 1.7 million chance, the nearest rounding's bias is 24 times
+    it."""
+    N, STEPS, SIGMAS = 4096, 8, 5
+    ULP = 2.0 ** -7  # bf16's spacing in [1, 2)
+    FRACTION = 0.3
+
+    def roundings(self, **kw):
+        """The bf16 values of the parameter over STEPS steps that leave its master at 1 +
+        FRACTION ulp (zero gradients, no decay), and that master after them."""
+        p = nn.Parameter(torch.ones(self.N, dtype=torch.bfloat16))
+        opt = zmuon.Muon([p], weight_decay=0.0, **kw)  # 1-D: AdamW, whose zero update is 0
+        sd = opt.state_dict()
+        sd["state"][0]["master"] = torch.full((self.N,), 1.0 + self.FRACTION * self.ULP)
+        opt.load_state_dict(sd)  # the master goes into the parameter
+        seen = [p.detach().float().clone()]
+        for step in range(self.STEPS - 1):
+            if step == 3:  # a model load of its own weights: the master stays
+                p.data.copy_(p.detach().clone())
+            p.grad = torch.zeros_like(p)
+            opt.step()
+            seen.append(p.detach().float().clone())
+        return torch.stack(seen), opt.state_dict()["state"][0]["master"]
+
+    def test_stochastic_is_unbiased_and_nearest_is_not(self):
+        master = 1.0 + self.FRACTION * self.ULP
+        tol = self.SIGMAS * self.ULP * (self.FRACTION * (1 - self.FRACTION)
+                                         / (self.N * self.STEPS)) ** 0.5
+        values, kept = self.roundings(rounding="stochastic", rounding_seed=7)
+        up = values == 1.0 + self.ULP
+        self.assertTrue(bool((up | (values == 1.0)).all()))  # only the two neighbours
+        sr_bias = values.double().mean().item() - master
+        nearest, kept_nearest = self.roundings()
+        rn_bias = nearest.double().mean().item() - master
+        print(f"\nbf16 rounding of 1 + {self.FRACTION} ulp, {self.N * self.STEPS} values: mean "
+              f"off by {sr_bias / self.ULP:+.2e} ulp stochastic, {rn_bias / self.ULP:+.2e} ulp "
+              f"nearest (tolerance {tol / self.ULP:.1e} ulp)")
+        self.assertLessEqual(abs(sr_bias), tol)
+        self.assertTrue(torch.equal(nearest, torch.ones_like(nearest)))  # the default: nearest
+        self.assertGreater(abs(rn_bias), tol)
+        for m in (kept, kept_nearest):  # no step moved the masters, the model load neither
+            self.assertTrue(torch.equal(m, torch.full_like(m, master)))
+
+    def test_a_seed_repeats_its_bits(self):
+        a, _ = self.roundings(rounding="stochastic", rounding_seed=1)
+        b, _ = self.roundings(rounding="stochastic", rounding_seed=1)
+        c, _ = self.roundings(rounding="stochastic", rounding_seed=2)
+        self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.equal(a, c))
+
+    def test_bad_options_are_named(self):
+        p = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "rounding must be one of nearest, "
+                                    "stochastic, got 'up'"):
+            zmuon.Muon([p], rounding="up")
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "rounding_seed"):
+            zmuon.Muon([p], rounding="stochastic", rounding_seed=-1)
+
+
 if __name__ == "__main__":
     unittest.main()
