@@ -199,7 +199,8 @@ class ParamGroups:
         or by dimension for unnamed tensors; one algorithm for the whole group),
         hyperparameters (missing ones from `defaults`: lr from "lr" for Muon, "adam_lr" for
         AdamW; eps from "ns_eps" for Muon, "eps" for AdamW)}. At any step: once the engine
-        runs, a new parameter restarts it with every state kept (one process only)."""
+        runs, a new parameter restarts it with every state kept (in a torch.distributed job a
+        collective: every process adds the same group)."""
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise InvalidArgument("add_param_group: expected a dict with 'params'")
         group = with_algorithm(dict(param_group), "add_param_group")

@@ -45,6 +45,15 @@ class Rounding:
         self.seed = seed
         self._generators = {}  # device -> torch.Generator
 
+    def __deepcopy__(self, memo):
+        """The same mode and seed, each generator at its position (a deep-copied optimizer
+        draws the bits the original would)."""
+        twin = Rounding("stochastic" if self.stochastic else "nearest", self.seed)
+        for device, gen in self._generators.items():
+            twin._generators[device] = torch.Generator(device)
+            twin._generators[device].set_state(gen.get_state())
+        return twin
+
     def applies_to(self, local):
         return self.stochastic and torch is not None and local.dtype == torch.bfloat16
 

@@ -488,8 +488,10 @@ def _current(opt, name):
 
 
 def snapshot(opt):
-    """Everything the engine holds, by parameter name, for a restart with more parameters."""
-    return _read(opt, _capi.STATE_FULL, with_master=True)
+    """Everything the engine holds, by parameter name, for a restart with more parameters:
+    whole tensors (in a multi-process job a collective), under FSDP2 this process's rows."""
+    return _read(opt, _capi.STATE_LOCAL if opt._mode == "fsdp" else _capi.STATE_FULL,
+                 with_master=True)
 
 
 def _zeros(numel):
@@ -500,20 +502,30 @@ def _zeros(numel):
 
 def restore(opt, snap):
     """Loads `snap` into a restarted engine: a parameter it lacks starts from its values with
-    zero moments and no AdamW steps."""
+    zero moments and no AdamW steps. Under FSDP2 each process loads its own rows (a shard's
+    range does not depend on the other parameters)."""
     state, masters, info = snap
+    fsdp = opt._mode == "fsdp"
     entries, keep, row_entries = [], [], []
-    for name, _, shape in opt._params:
-        saved, numel = state.get(name), math.prod(shape)
+    for name, p, shape in opt._params:
+        lo, hi = 0, math.prod(shape)
+        if fsdp:
+            offset, numel = _capi.state_range(opt._engine, name, _capi.STATE_LOCAL)
+            lo, hi = offset, offset + numel
+
+        def flat(value, what):
+            if fsdp:
+                return _local_float32(value, p, shape, lo, hi, what)
+            return _host_float32(value, shape, what).reshape(-1)
+
+        saved = state.get(name)
         muon = opt._engine.uses_muon(name)
         pointers = {}
         for engine_name, torch_name in (MUON_NAMES if muon else ADAMW_NAMES).items():
-            buf = _host_float32(saved[torch_name], shape, torch_name).reshape(-1) \
-                if saved else _zeros(numel)
+            buf = flat(saved[torch_name], torch_name) if saved else _zeros(hi - lo)
             keep.append(buf)
             pointers[engine_name] = _pointer(buf)
-        master = masters[name] if name in masters else _current(opt, name)
-        buf = _host_float32(master, shape, "master").reshape(-1)
+        buf = flat(masters[name] if name in masters else _current(opt, name), "master")
         keep.append(buf)
         pointers["param"] = _pointer(buf)
         adam_step = _count(saved["step"], "step") if saved and not muon else 0
@@ -522,6 +534,7 @@ def restore(opt, snap):
             buf = _host_float32(rows, tuple(rows.shape), ROW_MOMENTS).reshape(-1)
             keep.append(buf)
             row_entries.append((name, math.prod(tuple(rows.shape)), _pointer(buf)))
-        entries.append((name, numel, pointers, adam_step))
+        entries.append((name, hi - lo, pointers, adam_step, lo) if fsdp
+                       else (name, hi - lo, pointers, adam_step))
     _capi.write_state_rows(opt._engine, entries, info, row_entries)
     del keep

@@ -124,6 +124,7 @@ class TorchIntegration:
             if hasattr(self, attribute):
                 setattr(twin, attribute, copy.deepcopy(getattr(self, attribute), memo))
         twin.last_step = copy.deepcopy(self.last_step, memo)
+        twin._rounding = copy.deepcopy(self._rounding, memo)
         if self._backward_hooks:
             twin.hand_over_in_backward()
         return twin

@@ -26,7 +26,8 @@ the GPU; the caf comm copies them to host memory, which waits for that work). Th
 written back the same way: after PyTorch's queued work, before its next (one rank in the
 process; otherwise after torch.cuda.synchronize()). A backend without device buffers (host)
 raises zmuon.Unsupported, unless `host_staging=True` copies them through host memory. CUDA
-parameters choose the cuda backend unless the config names one. With the cuda backend and a GPU
+parameters choose the cuda backend unless the config names one, and the GPU they are on
+(zmuon.device) unless the config names one. With the cuda backend and a GPU
 for each rank the comm is nccl unless the config says
 otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-over is refused
 (zmuon.InvalidArgument).

@@ -1,4 +1,4 @@
-"""zmuon.Muon through the generic checks of PyTorch's own optimizer suite: test/test_optim.py's
+"""zmuon.Muon through the generic checks of PyTorch's own optimizer suite: its
 TestOptimRenewed, built on torch.testing._internal.common_optimizers (OptimizerInfo, @optims,
 instantiate_device_type_tests). The test file is not in the torch wheel, so each check is written
 here after the torch test it follows (named in its docstring). Each runs for zmuon.Muon (ZMUON,
@@ -23,9 +23,9 @@ Not run here, and why:
   zmuon's step needs no closure.
 - test_forloop_goes_right_direction_multigpu: parameters on two GPUs are refused by name
   (tests/python/gpu_torch_device.py checks it on the GPU machine).
-- test_state_dict_with_cuda_params (CUDA only): here a state_dict saved in float64 loads as torch
-  casts it (test_state_dict_loads_cast_to_the_parameters); on a GPU machine the CUDA variant of
-  this module runs it.
+- test_state_dict_with_cuda_params (CUDA only) is written here but runs only where torch sees a
+  GPU and expecttest is installed (not yet on the GPU machine); on the CPU a state_dict saved in
+  float64 loads as torch casts it (test_state_dict_loads_cast_to_the_parameters).
 
 Run by ctest with the venv's python (.venv, with expecttest for torch.testing._internal).
 """

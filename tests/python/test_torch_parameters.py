@@ -15,6 +15,7 @@ parameter):
 Run by ctest with the venv's python (.venv); without PyTorch it fails.
 """
 
+import copy
 import unittest
 
 import torch
@@ -452,14 +453,19 @@ class StochasticRounding(unittest.TestCase):
     ULP = 2.0 ** -7  # bf16's spacing in [1, 2)
     FRACTION = 0.3
 
-    def roundings(self, **kw):
-        """The bf16 values of the parameter over STEPS steps that leave its master at 1 +
-        FRACTION ulp (zero gradients, no decay), and that master after them."""
+    def between_neighbours(self, **kw):
+        """A bf16 parameter and its optimizer, the master loaded at 1 + FRACTION ulp."""
         p = nn.Parameter(torch.ones(self.N, dtype=torch.bfloat16))
         opt = zmuon.Muon([p], weight_decay=0.0, **kw)  # 1-D: AdamW, whose zero update is 0
         sd = opt.state_dict()
         sd["state"][0]["master"] = torch.full((self.N,), 1.0 + self.FRACTION * self.ULP)
         opt.load_state_dict(sd)  # the master goes into the parameter
+        return p, opt
+
+    def roundings(self, **kw):
+        """The bf16 values of the parameter over STEPS steps that leave its master at 1 +
+        FRACTION ulp (zero gradients, no decay), and that master after them."""
+        p, opt = self.between_neighbours(**kw)
         seen = [p.detach().float().clone()]
         for step in range(self.STEPS - 1):
             if step == 3:  # a model load of its own weights: the master stays
@@ -495,6 +501,22 @@ class StochasticRounding(unittest.TestCase):
         self.assertTrue(torch.equal(a, b))
         self.assertFalse(torch.equal(a, c))
 
+    def test_a_deep_copy_draws_the_bits_the_original_would(self):
+        p, opt = self.between_neighbours(rounding="stochastic")
+        for _ in range(2):  # the generator moves on
+            p.grad = torch.zeros_like(p)
+            opt.step()
+        twin = copy.deepcopy(opt)
+        q = next(t for g in twin.param_groups for t in g["params"])
+        for o, t in ((opt, p), (twin, q)):
+            t.grad = torch.zeros_like(t)
+            o.step()
+        self.assertTrue(torch.equal(p, q))
+        fresh, fresh_opt = self.between_neighbours(rounding="stochastic")
+        fresh.grad = torch.zeros_like(fresh)
+        fresh_opt.step()
+        self.assertFalse(torch.equal(p, fresh))  # a generator from the seed draws other bits
+
     def test_bad_options_are_named(self):
         p = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
         with self.assertRaisesRegex(zmuon.InvalidArgument, "rounding must be one of nearest, "
@@ -502,6 +524,47 @@ class StochasticRounding(unittest.TestCase):
             zmuon.Muon([p], rounding="up")
         with self.assertRaisesRegex(zmuon.InvalidArgument, "rounding_seed"):
             zmuon.Muon([p], rounding="stochastic", rounding_seed=-1)
+
+
+class DeviceFromTheTensors(unittest.TestCase):
+    """The engine's backend and GPU from the tensors' device (device_overrides, given the
+    devices as tensor_devices finds them), each case against the overrides it must give; the
+    GPU runs are tests/python/gpu_torch_device.py's."""
+
+    def overrides(self, devices, config=None, given=(), host_staging=False):
+        from zmuon._construction import device_overrides
+        return device_overrides(devices, config or {}, list(given), host_staging)
+
+    def test_each_device_and_config(self):
+        cases = [
+            (({"cpu": "w"},), []),
+            (({"cuda:0": "w"},), ["zmuon.backend=cuda"]),
+            (({"cuda:3": "w"},), ["zmuon.backend=cuda", "zmuon.device=3"]),
+            (({"cuda:2": "w"}, {"zmuon": {"backend": "cuda"}}), ["zmuon.device=2"]),
+            (({"cuda:2": "w"}, None, ["zmuon.backend=cuda"]), ["zmuon.device=2"]),
+            (({"cuda:2": "w"}, {"zmuon": {"device": 1}}), ["zmuon.backend=cuda"]),
+            (({"cuda:2": "w"}, {"zmuon": {"backend": "host"}}), []),
+            (({"cuda:2": "w"}, None, (), True), []),  # host_staging: the host backend
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                self.assertEqual(self.overrides(*args), want)
+
+    def test_two_devices_are_refused_by_name(self):
+        for devices in ({"cuda:0": "a", "cuda:1": "b"}, {"cpu": "a", "cuda:1": "b"}):
+            (d1, n1), (d2, n2) = devices.items()
+            with self.assertRaisesRegex(zmuon.InvalidArgument, f"'{n1}' on {d1}, '{n2}' on "
+                                        f"{d2}"):
+                self.overrides(devices)
+
+    def test_the_engine_takes_the_device_key(self):
+        p = nn.Parameter(torch.randn(4, 3))
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "zmuon.device"):
+            zmuon.Muon([p], {"zmuon": {"device": -1}})
+        opt = zmuon.Muon([p], {"zmuon": {"device": 1}})  # the host backend has no GPU to pick
+        p.grad = torch.ones_like(p)
+        opt.step()
+        self.assertEqual(opt.last_step["step"], 1)
 
 
 if __name__ == "__main__":
