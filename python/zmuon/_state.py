@@ -477,8 +477,8 @@ def _adopt_names(group, saved):
     param_names); the engine keeps its own."""
     if saved is None:
         return
-    group["param_names"] = [b if is_made_up(a) else a
-                            for a, b in zip(group["param_names"], list(saved))]
+    group["param_names"] = [theirs if is_made_up(mine) else mine
+                            for mine, theirs in zip(group["param_names"], list(saved))]
 
 
 def _current(opt, name):

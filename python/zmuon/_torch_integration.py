@@ -117,7 +117,7 @@ class TorchIntegration:
             rule = {"use_muon": True} if g["use_muon"] else \
                 {"use_muon": False, "algorithm": g["algorithm"]}
             groups.append(dict(rule, params=pairs))
-        twin = type(self)(groups, **self._made_with)
+        twin = type(self)(groups, distributed=False, **self._made_with)
         memo[id(self)] = twin
         twin.load_state_dict(self.state_dict())
         for attribute in HOOK_DICTS:

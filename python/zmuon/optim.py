@@ -165,9 +165,10 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         the parameters' current .grad), then the new values into the parameters. Returns the
         closure's loss (None without a closure). Where no torch parameter has a .grad and
         nothing was handed over, it changes nothing, as torch.optim's step (one process; a
-        multi-process job, or numpy parameters, raise zmuon.BadState instead). The param groups' hyperparameters are read and
-        checked first (zmuon.InvalidArgument naming a bad one, before anything runs); a
-        parameter written outside zmuon since the last step is loaded into the engine first.
+        multi-process job, or numpy parameters, raise zmuon.BadState instead). The param
+        groups' hyperparameters are read and checked first (zmuon.InvalidArgument naming a bad
+        one, before anything runs); a parameter written outside zmuon since the last step is
+        loaded into the engine first.
         The step's report is then in `last_step` (docs/PYTORCH.md)."""
         self._follow_cycled_momentum()
         values = _groups.engine_values(self.param_groups)
