@@ -144,6 +144,9 @@ struct engine_options {
   muon_options muon;
   adamw_options adamw;
   std::string compute = "host";  // compute backend: host | cuda
+  // On cuda, the GPU of local rank 0 (zmuon.device): local rank i runs on GPU first_device + i,
+  // modulo the visible GPUs (a process of a job with every GPU visible names its own).
+  int first_device = 0;
   // Communication backend: caf | nccl | auto. auto is nccl where every rank has a GPU of its
   // own on the cuda backend (nccl built in), and caf otherwise: in one process, a GPU for each
   // rank; in a multi-process job, the rendezvous decides for all nodes from the GPUs each brings

@@ -22,8 +22,10 @@ def synchronize_torch(tensors):
     """Waits for PyTorch's queued CUDA work when any of `tensors` is a torch CUDA tensor (then
     torch is imported), so that the engine reads finished gradients."""
     torch = sys.modules.get("torch")
-    if torch is not None and any(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors):
-        torch.cuda.synchronize()
+    if torch is None:
+        return
+    for device in {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}:
+        torch.cuda.synchronize(device)  # their GPU's, not the current one's
 
 
 def torch_stream(tensors):

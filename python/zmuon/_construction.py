@@ -43,30 +43,42 @@ def explicit_gas(config_dict, overrides):
         return None
 
 
-def backend_override(named, config_dict, overrides, host_staging):
-    """"zmuon.backend=cuda" where the parameters are CUDA tensors and nothing names a backend;
-    parameters on more than one device are refused, naming two of them."""
+def tensor_devices(named):
+    """{device: the first parameter's name on it} of the parameters' local torch tensors."""
     first = {}
     for name, p in named:
         local = local_of(p)
         if _is_tensor(local):
             first.setdefault(str(local.device), name)
+    return first
+
+
+def device_overrides(first, config_dict, overrides, host_staging):
+    """The engine's backend and GPU from the tensors' device (`first`: tensor_devices' dict):
+    "zmuon.backend=cuda" where they are CUDA tensors and nothing names a backend, and
+    "zmuon.device=N" for cuda:N unless the config names a device. Parameters on more than one
+    device are refused, naming two of them."""
     if len(first) > 1:
         (d1, n1), (d2, n2) = list(first.items())[:2]
         raise InvalidArgument(f"parameters on more than one device: '{n1}' on {d1}, '{n2}' on "
                               f"{d2}: zmuon steps the parameters of one device per process")
     device = next(iter(first), "cpu")
-    if not device.startswith("cuda") or host_staging:
+    if not device.startswith("cuda"):
         return []
     section = config_dict.get("zmuon") if isinstance(config_dict.get("zmuon"), dict) else {}
-    if "backend" in section or any(o.startswith("zmuon.backend=") for o in overrides):
-        return []
+
+    def named(key):
+        return key in section or any(o.startswith(f"zmuon.{key}=") for o in overrides)
+
+    out = []
+    if not named("backend") and not host_staging:
+        out.append("zmuon.backend=cuda")
+    given = [o.partition("=")[2] for o in overrides if o.startswith("zmuon.backend=")]
+    on_cuda = out or (given[-1] if given else section.get("backend")) == "cuda"
     index = int(device.partition(":")[2] or 0)
-    if index != 0:
-        raise InvalidArgument(f"the parameters are on {device}: zmuon's rank runs on the first "
-                              "visible GPU; start the process with CUDA_VISIBLE_DEVICES naming "
-                              "that GPU alone (then it is cuda:0)")
-    return ["zmuon.backend=cuda"]
+    if on_cuda and index and not named("device"):
+        out.append(f"zmuon.device={index}")
+    return out
 
 
 class Construction:
@@ -79,7 +91,7 @@ class Construction:
         if self._mode == _distributed.FSDP:  # the plan cuts the parameters as FSDP2 does
             out.append("zmuon.shard_layout=rows")
         out += [hyperparameter_override(k, v) for k, v in hyperparameters.items()]
-        return out + backend_override(named, config_dict, out, host_staging)
+        return out + device_overrides(tensor_devices(named), config_dict, out, host_staging)
 
     def _register_all(self, named, heads, split_sizes, views, qk_clip):
         """Every parameter with its heads, then the Muon blocks and the MuonClip pairs."""
@@ -254,20 +266,29 @@ class Construction:
     def _restart_engine(self, new):
         """add_param_group once the engine runs: a new engine with the old parameters and
         `new`, carrying the masters, moments, step counts and loss scaler over (the new ones
-        start from their values with zero state). One process only, between steps."""
-        if self._node is not None or self._mode != _distributed.PLAIN:
-            raise _capi.BadState(f"add_param_group: '{new[0][0]}' is new, and a multi-process "
-                                 "job's parameter table is fixed once it runs; add every group "
+        start from their values with zero state). Between steps. In a job of torch.distributed
+        processes every process adds the same group (a collective): the job ends, and meets
+        again at a new rendezvous."""
+        multi = self._node is not None
+        if multi and not _distributed.joined_process_group():
+            raise _capi.BadState(f"add_param_group: '{new[0][0]}' is new, and a job started with "
+                                 "nodes= has no process group to meet again in: add every group "
                                  "before the first step")
         if any(self._micro):
             raise _capi.BadState("add_param_group with new parameters between accumulate() and "
                                  "step(): add them after step()")
         snapshot = _state.snapshot(self)
         old = [(n, p) for n, p, _ in self._params] + list(self._params_outside.items())
-        group_index = {n: i for i, g in enumerate(self.param_groups) for n in g["param_names"]}
+        group_index = {self._name_of[id(p)]: i for i, g in enumerate(self.param_groups)
+                       for p in g["params"]}
+        job = (None, None, None)
+        if multi:
+            self._engine.sum_over_nodes([0.0])  # every process holds its snapshot
+            self._engine.close()  # the old job ends in every process before the new one meets
+            job = _distributed.node_from_process_group()
         config_dict, config_file, overrides, hyperparameters, ranks, on_metrics = self._setup
         engine = self._create_engine(config_dict, config_file, list(overrides), hyperparameters,
-                                     ranks, None, None, None, on_metrics)
+                                     ranks, *job, on_metrics)
         retired, self._engine = self._engine, engine
         self._params, self._bindings, self._params_outside = [], {}, {}
         self._shapes, self._name_of = {}, {}
@@ -285,6 +306,11 @@ class Construction:
                 _host.forward_metrics(engine, _host.metrics_sinks(config_dict, on_metrics))
                 if self._schedule is not None:
                     self._schedule = _host.ScheduleView(engine)
+            if multi:
+                engine.start()  # joins the new job
+                self._first_rank = engine.first_rank
+            if self._mode == _distributed.FSDP:
+                self._load_local_shards()
             _state.restore(self, snapshot)
         except Exception:
             engine.close()

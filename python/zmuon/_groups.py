@@ -43,6 +43,15 @@ ADAMW_KEYS = ADAMW_KEYS + ("cautious_weight_decay", "algorithm")
 GROUP_KEYS = GROUP_KEYS + RULE_KEYS
 
 
+UNNAMED = "param.{}"  # the name of an unnamed parameter: its index as torch numbers them
+
+
+def is_made_up(name):
+    """Whether `name` is one zmuon gave an unnamed tensor (UNNAMED, primed where taken)."""
+    head, _, index = str(name).rstrip("'").partition(".")
+    return head == "param" and index.isdigit()
+
+
 def suggestion(name, names):
     """' (did you mean 'x'?)' for the nearest of `names`, or ''."""
     close = difflib.get_close_matches(str(name), [str(n) for n in names], n=1)
@@ -53,6 +62,10 @@ def hyperparameter_override(key, value):
     """The override a keyword hyperparameter becomes: optimizer.params.KEY=<value as JSON>."""
     def plain(v):  # numpy and torch scalars
         if hasattr(v, "item"):
+            count = v.numel() if callable(getattr(v, "numel", None)) else getattr(v, "size", 1)
+            if count != 1:
+                raise InvalidArgument(f"zmuon.Muon({key}=...): a tensor or array must hold one "
+                                      f"element, got shape {tuple(v.shape)}")
             return v.item()
         raise TypeError(f"zmuon.Muon({key}=...): {type(v).__name__} is not a number, bool, "
                         "string or list of those")

@@ -2,6 +2,7 @@
 or `algorithm` (Dion's key), add_param_group, and the keys a scheduler cycles."""
 
 import logging
+import warnings
 
 from . import _capi, _groups
 from ._buffers import is_torch
@@ -18,7 +19,7 @@ ALGORITHMS = {
     "lion": {"use_muon": False},
 }
 
-UNNAMED = "param.{}"  # the name of an unnamed parameter: its index as torch numbers them
+UNNAMED = _groups.UNNAMED
 
 
 def _is_tensor(obj):
@@ -42,9 +43,23 @@ def with_algorithm(group, where):
     return dict(group, **means)
 
 
+def _check_collection(params):
+    """torch.optim's rules for the collection itself: a bare tensor or None is refused
+    (TypeError), a set warned about (FutureWarning: its order changes between runs)."""
+    if params is None or _is_tensor(params):
+        raise TypeError("params: expected an iterable of tensors, (name, tensor) pairs or param "
+                        f"groups, or a dict name -> tensor; got {type(params).__name__}"
+                        + (" (pass [tensor])" if params is not None else ""))
+    if isinstance(params, (set, frozenset)):
+        warnings.warn("zmuon.Muon: params is a set, whose order changes between runs; pass a "
+                      "list (optimizer parameters need to be organized in ordered collections)",
+                      FutureWarning, stacklevel=3)
+
+
 def named_groups(params):
     """`params` as torch-style groups [{"params": [(name, tensor), ...], other keys}], and the
     names made up for unnamed tensors (UNNAMED with torch's index)."""
+    _check_collection(params)
     made_up = []
     index = [0]  # torch's index of the next parameter, over all groups
 
@@ -184,7 +199,8 @@ class ParamGroups:
         or by dimension for unnamed tensors; one algorithm for the whole group),
         hyperparameters (missing ones from `defaults`: lr from "lr" for Muon, "adam_lr" for
         AdamW; eps from "ns_eps" for Muon, "eps" for AdamW)}. At any step: once the engine
-        runs, a new parameter restarts it with every state kept (one process only)."""
+        runs, a new parameter restarts it with every state kept (in a torch.distributed job a
+        collective: every process adds the same group)."""
         if not isinstance(param_group, dict) or "params" not in param_group:
             raise InvalidArgument("add_param_group: expected a dict with 'params'")
         group = with_algorithm(dict(param_group), "add_param_group")

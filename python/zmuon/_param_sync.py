@@ -24,6 +24,7 @@ import zlib
 from . import _distributed
 from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import HOST
+from ._rounding import is_a_rounding
 
 try:
     import torch
@@ -147,14 +148,22 @@ class Binding:
             return values.detach().to("cpu").contiguous()
         return values
 
-    def unchanged_after_rounding(self):
+    def unchanged_after_rounding(self, rounding=None):
         """A bf16 / fp16 parameter that holds its master rounded, as written last (a model load
         of the same weights): the master stays."""
         local = self.local
-        return self.low_precision and torch.equal(local, self.staging.to(local.dtype))
+        if not self.low_precision:
+            return False
+        if rounding is not None and rounding.applies_to(local):
+            return is_a_rounding(local, self.staging)
+        return torch.equal(local, self.staging.to(local.dtype))
 
-    def copy_into_param(self):
-        if self.staging is not None:  # rounded to nearest where the dtype is narrower
+    def copy_into_param(self, rounding=None):
+        if self.staging is None:
+            return
+        if rounding is not None and rounding.applies_to(self.local):
+            rounding.into(self.local, self.staging)
+        else:  # rounded to nearest where the dtype is narrower
             self.local.data.copy_(self.staging)
 
     def can_share_master(self, device):
@@ -279,7 +288,7 @@ class ParamSync:
                     if (b.marks is None or b.current_marks()[-1:] != b.marks[-1:])
                     and b.restage()}
         reload = [b for b in written
-                  if b.name in restaged or not b.unchanged_after_rounding()]
+                  if b.name in restaged or not b.unchanged_after_rounding(self._rounding)]
         if reload:
             values = [(b, b.host_values()) for b in reload]
             entries = [(b.name, *buffer_of(v, f"parameter '{b.name}'")[:3]) for b, v in values]
@@ -334,5 +343,5 @@ class ParamSync:
                 synchronize_torch(targets)
             self._engine.gather_params(entries, stream=stream)
         for b in bindings:
-            b.copy_into_param()
+            b.copy_into_param(self._rounding)
         self._mark_in_step(bindings)

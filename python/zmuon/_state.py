@@ -10,7 +10,7 @@ import sys
 from . import _capi
 from ._buffers import is_torch
 from ._capi import InvalidArgument, ShapeMismatch
-from ._groups import learning_rate
+from ._groups import is_made_up, learning_rate
 
 # The engine's tensors under torch's names (torch.optim.Muon's and AdamW's state keys).
 MUON_NAMES = {"momentum": "momentum_buffer"}
@@ -139,7 +139,8 @@ class ShardState(dict):
     the parameter; in a multi-process job they are this process's elements of the flattened
     tensor (opt.local_range(name) says which), so that reading them is no collective; under
     FSDP2 they are DTensors placed as their parameters. Each read
-    gives new host tensors: changing them changes nothing in the engine."""
+    gives new host tensors: changing them changes nothing in the engine. Any other key (a
+    hook's own, as torch.optim keeps it) stays as set, and state_dict() carries it."""
 
     def __init__(self, opt):
         super().__init__()
@@ -154,18 +155,33 @@ class ShardState(dict):
             return
         opt = self._opt
         state, _, _ = _read(opt, _capi.STATE_LOCAL, with_master=False)
+        extra = self.extra()
         super().clear()
+        super().update(extra)
         for name, p, _ in opt._params:
             key = p if getattr(p, "__hash__", None) is not None else name
             super().__setitem__(key, state[name])
         self._stale = False
+
+    def extra(self):
+        """The entries that are no parameter's (without reading the engine)."""
+        own = {id(p) if getattr(p, "__hash__", None) is not None else name
+               for name, p, _ in self._opt._params}
+        return {k: v for k, v in super().items()
+                if (id(k) if not isinstance(k, str) else k) not in own}
+
+    def replace_extra(self, entries):
+        """The other keys become `entries` (load_state_dict's, as torch loads them)."""
+        for key in self.extra():
+            super().__delitem__(key)
+        super().update(entries)
 
     def _key(self, key):
         if isinstance(key, str):
             for name, p, _ in self._opt._params:
                 if name == key:
                     return p if getattr(p, "__hash__", None) is not None else name
-            raise KeyError(key)
+            return key
         name = self._opt._name_of.get(id(key))
         if name is not None and getattr(key, "__hash__", None) is None:
             return name
@@ -210,17 +226,27 @@ class ShardState(dict):
         return super().__repr__()
 
 
+def _indices(opt):
+    """id(tensor) -> its index as torch numbers them: by first appearance in param_groups (a
+    group listed twice is packed as the first)."""
+    out = {}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            out.setdefault(id(p), len(out))
+    return out
+
+
 def _indexed_names(opt):
-    """The parameter names in torch's index order (param_groups, then params in each)."""
-    return [opt._name_of[id(p)] for g in opt.param_groups for p in g["params"]]
+    """The parameter names in torch's index order."""
+    named = {id(p): opt._name_of[id(p)] for g in opt.param_groups for p in g["params"]}
+    return [named[i] for i in _indices(opt)]
 
 
 def _group_entries(opt):
-    out, index = [], 0
+    index, out = _indices(opt), []
     for g in opt.param_groups:
         entry = {k: v for k, v in g.items() if k != "params"}
-        entry["params"] = list(range(index, index + len(g["params"])))
-        index += len(g["params"])
+        entry["params"] = [index[id(p)] for p in g["params"]]
         out.append(entry)
     return out
 
@@ -248,8 +274,10 @@ def state_dict(opt):
     for name, b in opt._bindings.items():  # DCP keeps "state": the masters ride there
         if b.low_precision:
             state[name][MASTER] = masters[name]
+    packed = {i: state[n] for i, n in enumerate(names) if n in state}
+    packed.update(opt.state.extra())  # other keys as they are, as torch packs them
     return {
-        "state": {i: state[n] for i, n in enumerate(names) if n in state},
+        "state": packed,
         "param_groups": groups,
         "zmuon": {"masters": {i: masters[n] for i, n in enumerate(names) if n in masters}},
     }
@@ -342,7 +370,7 @@ def load_state_dict(opt, sd):
         if not isinstance(indices, list) or len(indices) != len(mine["params"]):
             raise InvalidArgument(f"load_state_dict: {where} has {len(indices) if isinstance(indices, list) else indices!r} "
                                   f"params, this optimizer's {len(mine['params'])}")
-        if "param_names" in g and list(g["param_names"]) != list(mine["param_names"]):
+        if not _names_agree(g.get("param_names"), _engine_names(opt, mine)):
             raise InvalidArgument(f"load_state_dict: {where}['param_names'] is "
                                   f"{list(g['param_names'])}, this optimizer's "
                                   f"{list(mine['param_names'])}")
@@ -417,8 +445,10 @@ def load_state_dict(opt, sd):
     _capi.write_state_rows(opt._engine, entries, info, row_entries)
     del keep
     opt.state.invalidate()
+    opt.state.replace_extra({k: v for k, v in saved_state.items() if k not in saved_index})
     opt._write_back()
     for i, (g, saved) in enumerate(zip(opt.param_groups, groups)):
+        _adopt_names(g, saved.get("param_names"))
         # Every saved key, as torch keeps them (a scheduler's own too); the algorithm stays.
         for key, value in saved.items():
             if key not in ("params", "param_names", "zmuon", "use_muon", "algorithm"):
@@ -428,6 +458,29 @@ def load_state_dict(opt, sd):
             opt._momentum_seen[i] = g["momentum"]
 
 
+def _engine_names(opt, group):
+    return [opt._name_of[id(p)] for p in group["params"]]
+
+
+def _names_agree(saved, mine):
+    """Whether saved param_names fit this group's: each pair equal, or one of them made up for
+    an unnamed tensor (torch loads by position; zmuon checks the names it was given)."""
+    if saved is None:
+        return True
+    saved = list(saved)
+    return len(saved) == len(mine) and all(
+        a == b or is_made_up(a) or is_made_up(b) for a, b in zip(saved, mine))
+
+
+def _adopt_names(group, saved):
+    """A saved name is shown where this optimizer had made one up (torch.optim keeps the loaded
+    param_names); the engine keeps its own."""
+    if saved is None:
+        return
+    group["param_names"] = [theirs if is_made_up(mine) else mine
+                            for mine, theirs in zip(group["param_names"], list(saved))]
+
+
 def _current(opt, name):
     """Parameter `name`'s current values: FSDP2's DTensor, else fp32 on the host."""
     b = opt._bindings[name]
@@ -435,8 +488,10 @@ def _current(opt, name):
 
 
 def snapshot(opt):
-    """Everything the engine holds, by parameter name, for a restart with more parameters."""
-    return _read(opt, _capi.STATE_FULL, with_master=True)
+    """Everything the engine holds, by parameter name, for a restart with more parameters:
+    whole tensors (in a multi-process job a collective), under FSDP2 this process's rows."""
+    return _read(opt, _capi.STATE_LOCAL if opt._mode == "fsdp" else _capi.STATE_FULL,
+                 with_master=True)
 
 
 def _zeros(numel):
@@ -447,20 +502,30 @@ def _zeros(numel):
 
 def restore(opt, snap):
     """Loads `snap` into a restarted engine: a parameter it lacks starts from its values with
-    zero moments and no AdamW steps."""
+    zero moments and no AdamW steps. Under FSDP2 each process loads its own rows (a shard's
+    range does not depend on the other parameters)."""
     state, masters, info = snap
+    fsdp = opt._mode == "fsdp"
     entries, keep, row_entries = [], [], []
-    for name, _, shape in opt._params:
-        saved, numel = state.get(name), math.prod(shape)
+    for name, p, shape in opt._params:
+        lo, hi = 0, math.prod(shape)
+        if fsdp:
+            offset, numel = _capi.state_range(opt._engine, name, _capi.STATE_LOCAL)
+            lo, hi = offset, offset + numel
+
+        def flat(value, what):
+            if fsdp:
+                return _local_float32(value, p, shape, lo, hi, what)
+            return _host_float32(value, shape, what).reshape(-1)
+
+        saved = state.get(name)
         muon = opt._engine.uses_muon(name)
         pointers = {}
         for engine_name, torch_name in (MUON_NAMES if muon else ADAMW_NAMES).items():
-            buf = _host_float32(saved[torch_name], shape, torch_name).reshape(-1) \
-                if saved else _zeros(numel)
+            buf = flat(saved[torch_name], torch_name) if saved else _zeros(hi - lo)
             keep.append(buf)
             pointers[engine_name] = _pointer(buf)
-        master = masters[name] if name in masters else _current(opt, name)
-        buf = _host_float32(master, shape, "master").reshape(-1)
+        buf = flat(masters[name] if name in masters else _current(opt, name), "master")
         keep.append(buf)
         pointers["param"] = _pointer(buf)
         adam_step = _count(saved["step"], "step") if saved and not muon else 0
@@ -469,6 +534,7 @@ def restore(opt, snap):
             buf = _host_float32(rows, tuple(rows.shape), ROW_MOMENTS).reshape(-1)
             keep.append(buf)
             row_entries.append((name, math.prod(tuple(rows.shape)), _pointer(buf)))
-        entries.append((name, numel, pointers, adam_step))
+        entries.append((name, hi - lo, pointers, adam_step, lo) if fsdp
+                       else (name, hi - lo, pointers, adam_step))
     _capi.write_state_rows(opt._engine, entries, info, row_entries)
     del keep

@@ -1,14 +1,22 @@
 """zmuon.Muon where torch.optim.Optimizer's protocol reaches past step(): zero_grad, the
 state-dict hooks called as torch calls them, and the hand-over of gradients during backward."""
 
+import copy
+
 from . import _distributed, _state
 from ._buffers import is_torch
-from ._capi import Unsupported
+from ._capi import BadState, Unsupported
 
 try:
     import torch
 except ImportError:  # the numpy path: no hooks, no autograd
     torch = None
+
+
+# torch.optim.Optimizer's hooks of one optimizer, which a deep copy carries.
+HOOK_DICTS = ("_optimizer_step_pre_hooks", "_optimizer_step_post_hooks",
+              "_optimizer_state_dict_pre_hooks", "_optimizer_state_dict_post_hooks",
+              "_optimizer_load_state_dict_pre_hooks", "_optimizer_load_state_dict_post_hooks")
 
 
 def _hooks(opt, attribute):
@@ -93,6 +101,33 @@ class TorchIntegration:
         self.accumulate(grads={name: p.grad for name, p in pending.items()})
         for p in pending.values():
             p.grad = None
+
+    def __deepcopy__(self, memo):
+        """A new zmuon.Muon (its own engine) over deep copies of the parameters (the memo's
+        where the model is copied with it), loaded with this one's state_dict and hooks: it steps
+        as this one would. One process, between steps."""
+        if self._node is not None or self._mode != _distributed.PLAIN:
+            raise TypeError("copy.deepcopy(zmuon.Muon) in a multi-process job: make a new "
+                            "optimizer on every process and load_state_dict() into it")
+        if any(self._micro):
+            raise BadState("copy.deepcopy(zmuon.Muon) between accumulate() and step()")
+        groups = []
+        for g in self.param_groups:
+            pairs = [(self._name_of[id(p)], copy.deepcopy(p, memo)) for p in g["params"]]
+            rule = {"use_muon": True} if g["use_muon"] else \
+                {"use_muon": False, "algorithm": g["algorithm"]}
+            groups.append(dict(rule, params=pairs))
+        twin = type(self)(groups, distributed=False, **self._made_with)
+        memo[id(self)] = twin
+        twin.load_state_dict(self.state_dict())
+        for attribute in HOOK_DICTS:
+            if hasattr(self, attribute):
+                setattr(twin, attribute, copy.deepcopy(getattr(self, attribute), memo))
+        twin.last_step = copy.deepcopy(self.last_step, memo)
+        twin._rounding = copy.deepcopy(self._rounding, memo)
+        if self._backward_hooks:
+            twin.hand_over_in_backward()
+        return twin
 
     def __getstate__(self):
         raise TypeError("zmuon.Muon cannot be pickled: it runs an engine; pickle "

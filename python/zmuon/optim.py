@@ -26,7 +26,8 @@ the GPU; the caf comm copies them to host memory, which waits for that work). Th
 written back the same way: after PyTorch's queued work, before its next (one rank in the
 process; otherwise after torch.cuda.synchronize()). A backend without device buffers (host)
 raises zmuon.Unsupported, unless `host_staging=True` copies them through host memory. CUDA
-parameters choose the cuda backend unless the config names one. With the cuda backend and a GPU
+parameters choose the cuda backend unless the config names one, and the GPU they are on
+(zmuon.device) unless the config names one. With the cuda backend and a GPU
 for each rank the comm is nccl unless the config says
 otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-over is refused
 (zmuon.InvalidArgument).
@@ -41,6 +42,7 @@ from ._construction import Construction
 from ._gradients import Gradients
 from ._param_groups import ParamGroups
 from ._param_sync import ParamSync
+from ._rounding import Rounding
 from ._torch_integration import TorchIntegration
 
 try:
@@ -88,6 +90,10 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
     ranks:    in-process ranks (default 1, or the config's zmuon.ranks); with more than one,
               hand over every rank's gradients with accumulate(rank=r).
     host_staging: copy CUDA tensors through host memory instead of handing over device pointers.
+    rounding: how the fp32 masters go into bfloat16 parameters after each step: "nearest"
+              (default) or "stochastic" (unbiased: rounds up with the probability of the
+              distance from the lower neighbour; float16 parameters stay round-to-nearest).
+    rounding_seed: the seed of stochastic rounding's random bits (one generator per device).
     nodes, node_rank, master: this process is node `node_rank` of a job of `nodes` processes
               (one per GPU, as torchrun starts them), running `ranks` ranks (default 1); node 0
               publishes the rendezvous at `master` ("HOST:PORT", a port torch.distributed does
@@ -109,7 +115,14 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
     def __init__(self, params, config=None, *, groups=None, heads=None, overrides=(),
                  ranks=None, host_staging=False, nodes=None, node_rank=None, master=None,
                  on_metrics=None, split_sizes=None, views=None, qk_clip=None,
-                 distributed=None, averaged_grads=None, **hyperparameters):
+                 distributed=None, averaged_grads=None, rounding="nearest", rounding_seed=0,
+                 **hyperparameters):
+        self._made_with = dict(config=config, groups=groups, heads=heads, overrides=overrides,
+                               ranks=ranks, host_staging=host_staging, on_metrics=on_metrics,
+                               split_sizes=split_sizes, views=views, qk_clip=qk_clip,
+                               rounding=rounding, rounding_seed=rounding_seed,
+                               **hyperparameters)  # what copy.deepcopy makes a twin with
+        self._rounding = Rounding(rounding, rounding_seed)
         params, ddp_module = _distributed.module_params(params)
         user_groups, made_up = _param_groups.named_groups(params)
         named = [item for g in user_groups for item in g["params"]]
@@ -150,9 +163,12 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
     def step(self, closure=None):
         """One optimizer step on everything handed over since the last one (if nothing was,
         the parameters' current .grad), then the new values into the parameters. Returns the
-        closure's loss (None without a closure). The param groups' hyperparameters are read and
-        checked first (zmuon.InvalidArgument naming a bad one, before anything runs); a
-        parameter written outside zmuon since the last step is loaded into the engine first.
+        closure's loss (None without a closure). Where no torch parameter has a .grad and
+        nothing was handed over, it changes nothing, as torch.optim's step (one process; a
+        multi-process job, or numpy parameters, raise zmuon.BadState instead). The param
+        groups' hyperparameters are read and checked first (zmuon.InvalidArgument naming a bad
+        one, before anything runs); a parameter written outside zmuon since the last step is
+        loaded into the engine first.
         The step's report is then in `last_step` (docs/PYTORCH.md)."""
         self._follow_cycled_momentum()
         values = _groups.engine_values(self.param_groups)
@@ -164,9 +180,12 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
             else:
                 loss = closure()
         if not any(self._micro):
-            if all(is_torch(p) for _, p, _ in self._params) \
-                    and any(p.grad is not None for _, p, _ in self._params):
+            torch_params = all(is_torch(p) for _, p, _ in self._params)
+            if torch_params and any(p.grad is not None for _, p, _ in self._params):
                 self.accumulate()
+            elif torch_params and self._node is None and self._mode == _distributed.PLAIN:
+                self.last_step = None  # no gradient at all: nothing changes, as in torch.optim
+                return loss
             else:
                 raise BadState("step() before any gradient: call loss.backward() (or "
                                "accumulate()) first")

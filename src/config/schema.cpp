@@ -230,6 +230,7 @@ const std::vector<field>& schema() {
                              {"auto", "bf16", "fp32"}),
         make<shard_layout>("zmuon.shard_layout", ZMUON_SLOT(engine.layout), {}, {"flat", "rows"}),
         make<int>("zmuon.ranks", ZMUON_SLOT(engine.world), r::closed(1, kMaxRanksPerProcess)),
+        make<int>("zmuon.device", ZMUON_SLOT(engine.first_device), r::at_least(0)),
         make<std::string>("zmuon.trace", ZMUON_SLOT(trace)),
         make<int64_t>("zmuon.timeout_ms", ZMUON_SLOT(engine.timeout_ms),
                       r::closed(1, kMaxTimeoutMs)),

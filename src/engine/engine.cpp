@@ -35,6 +35,8 @@ error check_options(const engine_options& o) {
   auto bad = [](const std::string& what) { return error{errc::invalid_argument, what}; };
   if (o.world < 1)
     return bad("world must be >= 1, got " + std::to_string(o.world));
+  if (o.first_device < 0)
+    return bad("zmuon.device must be >= 0, got " + std::to_string(o.first_device));
   if (o.reduce_bucket_size < 1)
     return bad("reduce_bucket_size must be >= 1");
   if (o.gradient_clipping < 0)
@@ -94,20 +96,27 @@ engine_options with_comm_decided(engine_options o, bool own_gpus) {
 
 }  // namespace
 
-// One compute backend per rank. On CUDA, rank r uses GPU r modulo the visible GPUs (caf comm:
-// several ranks may share one GPU; nccl: one GPU per rank).
+// One compute backend per rank. On CUDA, local rank i uses GPU first_device + i modulo the
+// visible GPUs (caf comm: several ranks may share one GPU; nccl: one GPU per rank).
 expected<std::vector<std::shared_ptr<compute_backend>>> engine_job::make_backends() const {
   const int devices = compute_device_count(opts.compute);
-  if (opts.comm == "nccl" && devices < local)
+  if (opts.compute == "cuda" && devices > 0 && opts.first_device >= devices)
+    return error{errc::invalid_argument,
+                 "zmuon.device is " + std::to_string(opts.first_device) + " but "
+                     + std::to_string(devices) + " GPU(s) are visible (0 to "
+                     + std::to_string(devices - 1) + ")"};
+  if (opts.comm == "nccl" && devices < opts.first_device + local)
     return error{errc::invalid_argument,
                  "comm backend 'nccl' needs one GPU per rank: " + std::to_string(local)
-                     + " rank(s) in this process but " + std::to_string(devices)
+                     + " rank(s) in this process from GPU " + std::to_string(opts.first_device)
+                     + " but " + std::to_string(devices)
                      + " GPU(s) visible (use comm 'caf' to run several ranks on one GPU)"};
   if (opts.compute == "host")
     share_host_blas_threads(local);
   std::vector<std::shared_ptr<compute_backend>> out;
   for (int i = 0; i < local; ++i) {  // local rank i on GPU i (modulo the visible GPUs)
-    auto be = make_compute_backend(opts.compute, devices > 0 ? i % devices : 0);
+    auto be = make_compute_backend(opts.compute,
+                                   devices > 0 ? (opts.first_device + i) % devices : 0);
     if (!be)
       return be.err();
     out.push_back(std::move(*be));
@@ -183,7 +192,8 @@ engine::~engine() {
 
 expected<std::unique_ptr<engine>> engine::create(const engine_options& options) {
   const engine_options opts = with_comm_decided(
-      options, options.compute == "cuda" && compute_device_count("cuda") >= options.world);
+      options, options.compute == "cuda"
+                   && compute_device_count("cuda") >= options.first_device + options.world);
   if (auto err = check_options(opts))
     return err;
   if (opts.world > kMaxRanksPerProcess)

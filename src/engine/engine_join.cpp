@@ -41,7 +41,7 @@ expected<std::unique_ptr<engine>> engine::create_node(const engine_options& opts
   nopts.join_timeout_ms = join.join_timeout_ms;
   nopts.heartbeat_timeout_ms = join.heartbeat_timeout_ms;
   nopts.quiet = true;
-  choose_comm(nopts, opts.compute, opts.comm);
+  choose_comm(nopts, opts.compute, opts.comm, opts.first_device);
   job.join_job = [&job, nopts,
                   secret = join.job](const std::vector<param_spec>& table) -> expected<node_setup> {
     auto joined = node::join(nopts, table_lines(table), secret);

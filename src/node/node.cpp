@@ -439,7 +439,8 @@ std::vector<std::string> table_lines(const std::vector<param_spec>& table) {
   return lines;
 }
 
-void choose_comm(node_options& opts, const std::string& compute, const std::string& comm) {
+void choose_comm(node_options& opts, const std::string& compute, const std::string& comm,
+                 int first_device) {
 #ifdef ZMUON_HAVE_NCCL
   if (compute != "cuda" || comm == "caf")
     return;
@@ -449,9 +450,10 @@ void choose_comm(node_options& opts, const std::string& compute, const std::stri
   };
   opts.nccl_only_on_own_gpus = comm == "auto";
   auto gpus = compute_device_ids("cuda");
-  if (static_cast<int>(gpus.size()) >= opts.ranks)
-    opts.gpus.assign(gpus.begin(), gpus.begin() + opts.ranks);
+  if (first_device >= 0 && static_cast<int>(gpus.size()) >= first_device + opts.ranks)
+    opts.gpus.assign(gpus.begin() + first_device, gpus.begin() + first_device + opts.ranks);
 #else
+  (void)first_device;
   (void)opts;
   (void)compute;
   (void)comm;

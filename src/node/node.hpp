@@ -106,9 +106,10 @@ std::vector<std::string> table_lines(const std::vector<param_spec>& table);
 
 /// Sets `opts` up for the job's compute backend and comm (`opts.ranks` set): on cuda under comm
 /// nccl or auto, node 0 makes the NCCL id (for auto only when every rank of the job has a GPU of
-/// its own) and the node brings the GPUs its ranks would use (compute_device_ids). Nothing
-/// otherwise, or without NCCL built in.
-void choose_comm(node_options& opts, const std::string& compute, const std::string& comm);
+/// its own) and the node brings the GPUs its ranks would use (compute_device_ids from
+/// `first_device` on). Nothing otherwise, or without NCCL built in.
+void choose_comm(node_options& opts, const std::string& compute, const std::string& comm,
+                 int first_device);
 
 /// Whether a TCP connection to host:port opens within `timeout` (it is closed at once): a door
 /// behind a firewall that drops the handshake costs this long, not the system's minutes.

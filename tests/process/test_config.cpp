@@ -60,6 +60,7 @@ void require_same(const zmuon::engine_options& a, const zmuon::engine_options& b
   BOOST_TEST(a.comm == b.comm);
   BOOST_TEST(a.timeout_ms == b.timeout_ms);
   BOOST_TEST(a.max_buckets_in_flight == b.max_buckets_in_flight);
+  BOOST_TEST(a.first_device == b.first_device);
 }
 
 }  // namespace
@@ -276,6 +277,7 @@ BOOST_AUTO_TEST_CASE(values_out_of_range_name_the_allowed_range) {
        "zmuon.timeout_ms: expected an integer in [1, 2592000000], got 0"},
       {R"({"zmuon": {"max_buckets_in_flight": -1}})",
        "zmuon.max_buckets_in_flight: expected an integer >= 0, got -1"},
+      {R"({"zmuon": {"device": -1}})", "zmuon.device: expected an integer >= 0, got -1"},
       // Keys that are fine alone but not together.
       {R"({"fp16": {"enabled": true}, "bf16": {"enabled": true}})", "both true"},
   });
@@ -286,7 +288,7 @@ BOOST_AUTO_TEST_CASE(accepted_spellings) {
       "zero_optimization": {"stage": 3.0, "reduce_bucket_size": 5e8},
       "optimizer": {"type": "muon", "params": {"lr": 0.01, "weight_decay": 0.1,
                                                "momentum": 0, "adjust_lr": "match_rms_adamw"}},
-      "zmuon": {"backend": "CUDA", "muon_transport": "FP32"}})"));
+      "zmuon": {"backend": "CUDA", "muon_transport": "FP32", "device": 3}})"));
   BOOST_REQUIRE_MESSAGE(cfg, why(cfg));
   BOOST_TEST(cfg->engine.reduce_bucket_size == 500'000'000);
   BOOST_TEST(cfg->engine.muon.lr == 0.01f);  // lr is both groups' (DeepSpeed's rule)
@@ -297,6 +299,7 @@ BOOST_AUTO_TEST_CASE(accepted_spellings) {
   BOOST_TEST((cfg->engine.muon.adjust_lr == zmuon::adjust_lr_rule::match_rms_adamw));
   BOOST_TEST(cfg->engine.compute == "cuda");  // choices in any case, stored canonically
   BOOST_TEST((cfg->engine.muon.transport == zmuon::muon_transport::fp32));
+  BOOST_TEST(cfg->engine.first_device == 3);  // local rank 0's GPU
 }
 
 BOOST_AUTO_TEST_CASE(set_overrides) {

@@ -4,7 +4,9 @@ config={"zmuon": {"backend": "cuda"}}: within 1e-6, both being the same path), a
 trains with fp32 masters (within bf16's rounding of the fp32 run, GPU_BF16_TOL, default 5e-2),
 a write outside zmuon (p.data.copy_()) is where the next step starts (against
 torch.optim.AdamW making the same write: GPU_PARITY_TOL, default 5e-2, the bf16 NS noise of
-gpu_torch_parity), and parameters on the CPU and the GPU are refused naming both. Exit 1 on a
+gpu_torch_parity), and parameters on the CPU and the GPU are refused naming both. With two GPUs,
+the model on cuda:1 without a config trains on GPU 1 as on cuda:0 (within 1e-6), and parameters on
+cuda:0 and cuda:1 are refused naming both. Exit 1 on a
 failure. Run by bench/dev/gpu-check.sh:
 
     ZMUON_LIBRARY=.../libzmuon.so PYTHONPATH=python python3 tests/python/gpu_torch_device.py
@@ -25,19 +27,19 @@ PARITY_TOL = float(os.environ.get("GPU_PARITY_TOL", "5e-2"))
 BF16_TOL = float(os.environ.get("GPU_BF16_TOL", "5e-2"))
 
 
-def model(dtype=torch.float32):
+def model(dtype=torch.float32, device="cuda"):
     torch.manual_seed(0)
-    return CudaTransformer().to("cuda", dtype)
+    return CudaTransformer().to(device, dtype)
 
 
-def train(m, opts, steps=10, write_at=None):
+def train(m, opts, steps=10, write_at=None, device="cuda"):
     for step, tokens in enumerate(t.batches(steps)):
         if step == write_at:
             m.fc.weight.data.copy_(0.01 * torch.ones_like(m.fc.weight))
             m.ln1.bias.data.copy_(0.5 * torch.ones_like(m.ln1.bias))
         for o in opts:
             o.zero_grad()
-        t.lm_loss(m, tokens.to("cuda")).backward()
+        t.lm_loss(m, tokens.to(device)).backward()
         for o in opts:
             o.step()
     torch.cuda.synchronize()
@@ -64,6 +66,25 @@ def main():
     print(f"CUDA tensors without a config vs backend cuda named: {e:.2e} (tolerance 1e-6)")
     if e > 1e-6:
         failed.append("no config")
+
+    if torch.cuda.device_count() > 1:  # cuda:1 runs on GPU 1's cuda backend (zmuon.device=1)
+        second = model(device="cuda:1")
+        there = train(second, [zmuon.Muon(second.named_parameters(), **h)], device="cuda:1")
+        e = worst({n: v.to("cuda:0") for n, v in there.items()}, ours)
+        print(f"the same model on cuda:1 without a config vs on cuda:0: {e:.2e} "
+              "(tolerance 1e-6)")
+        if e > 1e-6 or any(p.device != torch.device("cuda:1") for p in second.parameters()):
+            failed.append("cuda:1")
+        pair = [("w0", torch.nn.Parameter(torch.zeros(4, 4, device="cuda:0"))),
+                ("w1", torch.nn.Parameter(torch.zeros(4, 4, device="cuda:1")))]
+        try:
+            zmuon.Muon(pair)
+            failed.append("two GPUs accepted")
+        except zmuon.InvalidArgument as err:
+            if "'w0' on cuda:0" not in str(err) or "'w1' on cuda:1" not in str(err):
+                failed.append("two GPUs message")
+    else:
+        print("one GPU: the cuda:1 check needs two")
 
     bf16 = model(torch.bfloat16)
     low = train(bf16, [zmuon.Muon(bf16.named_parameters(), **h)])

@@ -401,7 +401,7 @@ def fake_torch_module():
     current_stream() and synchronize() calls."""
     mod = types.ModuleType("torch")
     mod.Tensor = FakeCudaTensor
-    calls = {"synchronize": 0, "current_stream": []}
+    calls = {"synchronize": [], "current_stream": []}
 
     class Stream:
         def __init__(self, device):
@@ -411,8 +411,8 @@ def fake_torch_module():
         calls["current_stream"].append(device.index)
         return Stream(device)
 
-    def synchronize():
-        calls["synchronize"] += 1
+    def synchronize(device):
+        calls["synchronize"].append(device.index)
 
     mod.cuda = types.SimpleNamespace(current_stream=current_stream, synchronize=synchronize)
     return mod, calls
@@ -457,14 +457,14 @@ class TorchStreamHandOver(unittest.TestCase):
         with self.assertRaises(zmuon.Unsupported):  # the host backend reads no device memory
             opt.accumulate({"a": FakeCudaTensor(grad), "b": FakeCudaTensor(grad.copy())})
         self.assertEqual(streams, [0x5000])
-        self.assertEqual(self.calls["synchronize"], 0)
+        self.assertEqual(self.calls["synchronize"], [])
         with self.assertRaises(zmuon.Unsupported):  # two devices: synchronize, plain reduce()
             opt.accumulate({"a": FakeCudaTensor(grad), "b": FakeCudaTensor(grad.copy(), 1)})
         self.assertEqual(streams, [0x5000, None])
-        self.assertEqual(self.calls["synchronize"], 1)
+        self.assertEqual(sorted(self.calls["synchronize"]), [0, 1])  # each tensor's GPU
 
     def test_the_write_back_is_stream_ordered_for_one_rank(self):
-        for ranks, expected_stream, expected_syncs in ((1, 0x5000, 0), (2, None, 1)):
+        for ranks, expected_stream, expected_syncs in ((1, 0x5000, []), (2, None, [0])):
             params = [(n, FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32)))
                       for n in "ab"]
             opt = zmuon.Muon(params, ranks=ranks)
@@ -475,7 +475,7 @@ class TorchStreamHandOver(unittest.TestCase):
                 return gather(entries, stream=stream)
 
             opt._engine.gather_params = recording
-            self.calls["synchronize"] = 0
+            self.calls["synchronize"] = []
             with self.assertRaises(zmuon.Unsupported):  # the host backend writes no device memory
                 opt._write_back()
             self.assertEqual(streams, [expected_stream], f"ranks {ranks}")

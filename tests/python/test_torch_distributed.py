@@ -18,7 +18,9 @@ computed here:
   at 1 and at 4, against the uninterrupted run (and, as the control, the weights alone with a
   fresh optimizer, which must not match);
 - the memory claim: each process holds 1/world of the optimizer state;
-- HSDP (a 2-D mesh) refused by name.
+- HSDP (a 2-D mesh) refused by name;
+- add_param_group at step 5 (progressive unfreezing) under DDP and FSDP2 at 2 processes: the job
+  meets again with the new parameters, against one process doing the same (<= 1e-6).
 
 Run by ctest with the venv's python (.venv); without PyTorch it fails.
 """
@@ -115,6 +117,24 @@ def train_steps(model, opt, steps, rank, world, gas, first=0, poison=None):
     return reports
 
 
+# The parameters added at step 5 (test_torch_parameters' ProgressiveUnfreezing).
+LATE = ("fc.weight", "out.weight", "ln2.weight", "out.bias", "fc.bias", "ln2.bias")
+
+
+def unfreeze(model, rank, world, config, **extra):
+    """zmuon.Muon over all but LATE, then LATE added at step 5: a Muon group and an AdamW one."""
+    inner = model.module if hasattr(model, "module") else model
+    named = dict(inner.named_parameters())
+    opt = zmuon.Muon([(n, p) for n, p in named.items() if n not in LATE], config, **extra,
+                     **HYPER)
+    train_steps(model, opt, 5, rank, world, 1)
+    late = [named[n] for n in LATE]
+    opt.add_param_group({"params": late[:2], "use_muon": True})
+    opt.add_param_group({"params": late[2:], "algorithm": "adamw", "lr": HYPER["adam_lr"]})
+    train_steps(model, opt, STEPS - 5, rank, world, 1, first=5)
+    return opt
+
+
 def local_state(opt):
     """This process's state, bit for bit: the local state tensors and the masters."""
     sd = opt.state_dict()
@@ -146,6 +166,11 @@ def worker(args):
         except zmuon.ZmuonError as e:
             out["error"] = f"{type(e).__name__}: {e}"
         finish(args, model, rank, out, params=False)
+        return
+    if args.case == "unfreeze":
+        unfreeze(model, rank, world, config,
+                 **({"averaged_grads": True} if args.kind == "ddp" else {})).close()
+        finish(args, model, rank, out)
         return
     if args.case == "torch_opt":  # the same sharded model with torch.optim.Muon + AdamW
         run_torch_optimizers(model, rank, world, args.steps)
@@ -368,6 +393,17 @@ class Distributed(unittest.TestCase):
                 self.assertLessEqual(max(r["held"] for r in ranks),
                                      ranks[0]["total"] / world * 1.15)
                 self.assertEqual(sum(r["held"] for r in ranks), ranks[0]["total"])
+
+    def test_add_param_group_after_the_first_step(self):
+        torch.manual_seed(0)
+        model = TinyTransformer()
+        unfreeze(model, 0, 1, None, distributed=False).close()
+        alone = {n: p.detach().clone() for n, p in model.named_parameters()}
+        for kind in ("ddp", "fsdp"):
+            params, _ = self.job(2, kind, "unfreeze")
+            e = worst(params, alone)
+            print(f"{kind} world 2, add_param_group at step 5: vs one process {e:.2e}")
+            self.assertLessEqual(e, PARITY_ZMUON, kind)
 
     def test_gradient_accumulation(self):
         for kind in ("ddp", "fsdp"):

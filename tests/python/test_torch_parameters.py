@@ -19,6 +19,7 @@ parameter):
 Run by ctest with the venv's python (.venv); without PyTorch it fails.
 """
 
+import copy
 import gc
 import unittest
 
@@ -510,6 +511,132 @@ class LowPrecisionParameters(unittest.TestCase):
         differ = [n for (n, a), (_, b) in zip(straight.named_parameters(),
                                               resumed.named_parameters()) if not torch.equal(a, b)]
         self.assertEqual(differ, [])
+
+
+class StochasticRounding(unittest.TestCase):
+    """rounding="stochastic": a master between two bf16 neighbours goes into the bf16 parameter
+    as either of them, up with the probability of its distance from the lower one, so the mean of
+    many roundings is the master; round-to-nearest (the default) gives the nearer one every time,
+    a bias of FRACTION ulp. The tolerance is SIGMAS standard errors of the mean of N * STEPS
+    Bernoulli(FRACTION) draws (ULP * sqrt(FRACTION * (1 - FRACTION) / (N * STEPS)) = 2.5e-3
+    ulp): SR passes it but for a 1 in 1.7 million chance, the nearest rounding's bias is 24 times
+    it."""
+    N, STEPS, SIGMAS = 4096, 8, 5
+    ULP = 2.0 ** -7  # bf16's spacing in [1, 2)
+    FRACTION = 0.3
+
+    def between_neighbours(self, **kw):
+        """A bf16 parameter and its optimizer, the master loaded at 1 + FRACTION ulp."""
+        p = nn.Parameter(torch.ones(self.N, dtype=torch.bfloat16))
+        opt = zmuon.Muon([p], weight_decay=0.0, **kw)  # 1-D: AdamW, whose zero update is 0
+        sd = opt.state_dict()
+        sd["state"][0]["master"] = torch.full((self.N,), 1.0 + self.FRACTION * self.ULP)
+        opt.load_state_dict(sd)  # the master goes into the parameter
+        return p, opt
+
+    def roundings(self, **kw):
+        """The bf16 values of the parameter over STEPS steps that leave its master at 1 +
+        FRACTION ulp (zero gradients, no decay), and that master after them."""
+        p, opt = self.between_neighbours(**kw)
+        seen = [p.detach().float().clone()]
+        for step in range(self.STEPS - 1):
+            if step == 3:  # a model load of its own weights: the master stays
+                p.data.copy_(p.detach().clone())
+            p.grad = torch.zeros_like(p)
+            opt.step()
+            seen.append(p.detach().float().clone())
+        return torch.stack(seen), opt.state_dict()["state"][0]["master"]
+
+    def test_stochastic_is_unbiased_and_nearest_is_not(self):
+        master = 1.0 + self.FRACTION * self.ULP
+        tol = self.SIGMAS * self.ULP * (self.FRACTION * (1 - self.FRACTION)
+                                         / (self.N * self.STEPS)) ** 0.5
+        values, kept = self.roundings(rounding="stochastic", rounding_seed=7)
+        up = values == 1.0 + self.ULP
+        self.assertTrue(bool((up | (values == 1.0)).all()))  # only the two neighbours
+        sr_bias = values.double().mean().item() - master
+        nearest, kept_nearest = self.roundings()
+        rn_bias = nearest.double().mean().item() - master
+        print(f"\nbf16 rounding of 1 + {self.FRACTION} ulp, {self.N * self.STEPS} values: mean "
+              f"off by {sr_bias / self.ULP:+.2e} ulp stochastic, {rn_bias / self.ULP:+.2e} ulp "
+              f"nearest (tolerance {tol / self.ULP:.1e} ulp)")
+        self.assertLessEqual(abs(sr_bias), tol)
+        self.assertTrue(torch.equal(nearest, torch.ones_like(nearest)))  # the default: nearest
+        self.assertGreater(abs(rn_bias), tol)
+        for m in (kept, kept_nearest):  # no step moved the masters, the model load neither
+            self.assertTrue(torch.equal(m, torch.full_like(m, master)))
+
+    def test_a_seed_repeats_its_bits(self):
+        a, _ = self.roundings(rounding="stochastic", rounding_seed=1)
+        b, _ = self.roundings(rounding="stochastic", rounding_seed=1)
+        c, _ = self.roundings(rounding="stochastic", rounding_seed=2)
+        self.assertTrue(torch.equal(a, b))
+        self.assertFalse(torch.equal(a, c))
+
+    def test_a_deep_copy_draws_the_bits_the_original_would(self):
+        p, opt = self.between_neighbours(rounding="stochastic")
+        for _ in range(2):  # the generator moves on
+            p.grad = torch.zeros_like(p)
+            opt.step()
+        twin = copy.deepcopy(opt)
+        q = next(t for g in twin.param_groups for t in g["params"])
+        for o, t in ((opt, p), (twin, q)):
+            t.grad = torch.zeros_like(t)
+            o.step()
+        self.assertTrue(torch.equal(p, q))
+        fresh, fresh_opt = self.between_neighbours(rounding="stochastic")
+        fresh.grad = torch.zeros_like(fresh)
+        fresh_opt.step()
+        self.assertFalse(torch.equal(p, fresh))  # a generator from the seed draws other bits
+
+    def test_bad_options_are_named(self):
+        p = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "rounding must be one of nearest, "
+                                    "stochastic, got 'up'"):
+            zmuon.Muon([p], rounding="up")
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "rounding_seed"):
+            zmuon.Muon([p], rounding="stochastic", rounding_seed=-1)
+
+
+class DeviceFromTheTensors(unittest.TestCase):
+    """The engine's backend and GPU from the tensors' device (device_overrides, given the
+    devices as tensor_devices finds them), each case against the overrides it must give; the
+    GPU runs are tests/python/gpu_torch_device.py's."""
+
+    def overrides(self, devices, config=None, given=(), host_staging=False):
+        from zmuon._construction import device_overrides
+        return device_overrides(devices, config or {}, list(given), host_staging)
+
+    def test_each_device_and_config(self):
+        cases = [
+            (({"cpu": "w"},), []),
+            (({"cuda:0": "w"},), ["zmuon.backend=cuda"]),
+            (({"cuda:3": "w"},), ["zmuon.backend=cuda", "zmuon.device=3"]),
+            (({"cuda:2": "w"}, {"zmuon": {"backend": "cuda"}}), ["zmuon.device=2"]),
+            (({"cuda:2": "w"}, None, ["zmuon.backend=cuda"]), ["zmuon.device=2"]),
+            (({"cuda:2": "w"}, {"zmuon": {"device": 1}}), ["zmuon.backend=cuda"]),
+            (({"cuda:2": "w"}, {"zmuon": {"backend": "host"}}), []),
+            (({"cuda:2": "w"}, None, (), True), []),  # host_staging: the host backend
+        ]
+        for args, want in cases:
+            with self.subTest(args=args):
+                self.assertEqual(self.overrides(*args), want)
+
+    def test_two_devices_are_refused_by_name(self):
+        for devices in ({"cuda:0": "a", "cuda:1": "b"}, {"cpu": "a", "cuda:1": "b"}):
+            (d1, n1), (d2, n2) = devices.items()
+            with self.assertRaisesRegex(zmuon.InvalidArgument, f"'{n1}' on {d1}, '{n2}' on "
+                                        f"{d2}"):
+                self.overrides(devices)
+
+    def test_the_engine_takes_the_device_key(self):
+        p = nn.Parameter(torch.randn(4, 3))
+        with self.assertRaisesRegex(zmuon.InvalidArgument, "zmuon.device"):
+            zmuon.Muon([p], {"zmuon": {"device": -1}})
+        opt = zmuon.Muon([p], {"zmuon": {"device": 1}})  # the host backend has no GPU to pick
+        p.grad = torch.ones_like(p)
+        opt.step()
+        self.assertEqual(opt.last_step["step"], 1)
 
 
 if __name__ == "__main__":

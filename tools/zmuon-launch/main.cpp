@@ -237,7 +237,7 @@ int run_node_job(const zmuon::job_config& job, zmuon::example::train_options top
   nopts.host = nf.host;
   nopts.join_timeout_ms = job.engine.timeout_ms;
   nopts.heartbeat_timeout_ms = job.heartbeat_timeout_ms;
-  zmuon::choose_comm(nopts, job.engine.compute, job.engine.comm);
+  zmuon::choose_comm(nopts, job.engine.compute, job.engine.comm, job.engine.first_device);
   // What every node must agree on: the config (but this node's rank count) and the host loop
   // (a resume is a collective: every node loads the checkpoint, or none).
   auto agreed = zmuon::config_json(job);
