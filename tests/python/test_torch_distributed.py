@@ -249,14 +249,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, steps=STEPS, timeout=240):
-    """Starts `world` processes as torchrun would; returns their (returncode, output)."""
+def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, steps=STEPS, timeout=240,
+            script=__file__):
+    """Starts `world` processes of `script --worker` as torchrun would; returns their
+    (returncode, output)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     env.pop("ZMUON_JOB_SECRET", None)
     procs = []
     for r in range(world):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--kind", kind,
+        cmd = [sys.executable, os.path.abspath(script), "--worker", "--kind", kind,
                "--case", case, "--out", out, "--gas", str(gas), "--dir", directory,
                "--clip", str(clip), "--steps", str(steps)]
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),

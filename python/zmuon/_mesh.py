@@ -1,0 +1,289 @@
+"""DTensor parameters of any placement on the engine's rows layout.
+
+The engine cuts every parameter into whole dim-0 slices over the ranks of the job (rank e holds
+rows [e * L, (e + 1) * L), L = ceil(rows / world): FSDP2's Shard(0) on a 1-D mesh of every
+process). Other placements (HSDP's Replicate x Shard, tensor parallel's Shard(1) and strided
+shards, expert stacks on their own mesh) hold other pieces. This module says which pieces (a
+pure function of the global shape, the mesh and the placements) and moves values between the
+pieces each process holds and the engine's rows: gradients in (each element from one holder),
+new values out (to every holder, replicas included), one all_to_all_single of the default
+process group each way. Where every process holds exactly its rows nothing moves.
+"""
+
+import math
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # the numpy path never builds a layout
+    torch = None
+    dist = None
+
+from ._capi import InvalidArgument, Unsupported
+
+
+def placement_text(placements):
+    return "(" + ", ".join(str(p) for p in placements) + ")"
+
+
+def _take(runs, lo, hi):
+    """Positions [lo, hi) of the index sequence `runs` ((start, stop) runs in local order)."""
+    out, pos = [], 0
+    for start, stop in runs:
+        n = stop - start
+        a, b = max(lo, pos), min(hi, pos + n)
+        if a < b:
+            out.append((start + a - pos, start + b - pos))
+        pos += n
+    return out
+
+
+def _count(runs):
+    return sum(stop - start for start, stop in runs)
+
+
+def _chunk(n, parts, i):
+    """torch.chunk's piece i of n positions in `parts`: [i * c, min((i + 1) * c, n))."""
+    c = -(-n // parts) if n else 0
+    return min(n, i * c), min(n, (i + 1) * c)
+
+
+def held_runs(shape, mesh_shape, coord, placements):
+    """The global indices the process at mesh coordinate `coord` holds of a tensor of `shape`
+    placed by `placements` on a mesh of `mesh_shape`: per dimension a list of (start, stop) runs
+    in the local tensor's order (its elements are the outer product). Shard(d) cuts the current
+    indices of dim d as torch.chunk does; _StridedShard(d, sf) cuts them into sf chunks and each
+    chunk as Shard(d) would, the pieces back to back; Replicate keeps them. Left to right over
+    the mesh dimensions, as DTensor does."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+    runs = [[(0, int(n))] for n in shape]
+    for mesh_dim, p in enumerate(placements):
+        k, i = int(mesh_shape[mesh_dim]), int(coord[mesh_dim])
+        if isinstance(p, Replicate):
+            continue
+        if not isinstance(p, (Shard, _StridedShard)):
+            raise Unsupported(f"placement {p} on mesh dimension {mesh_dim}: zmuon takes "
+                              "parameters placed by Shard, _StridedShard and Replicate")
+        d = p.dim % len(shape)
+        n = _count(runs[d])
+        if isinstance(p, _StridedShard):
+            sf = int(p.split_factor)
+            pieces = []
+            for j in range(sf):
+                a, b = _chunk(n, sf, j)
+                lo, hi = _chunk(b - a, k, i)
+                pieces += _take(runs[d], a + lo, a + hi)
+            runs[d] = pieces
+        else:
+            runs[d] = _take(runs[d], *_chunk(n, k, i))
+    return [_merged(r) for r in runs]
+
+
+def _merged(runs):
+    out = []
+    for start, stop in runs:
+        if start == stop:
+            continue
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((start, stop))
+    return out
+
+
+def rows_of(rows, world, rank):
+    """The engine's rows of a parameter of `rows` dim-0 slices on rank `rank`."""
+    return _chunk(rows, world, rank)
+
+
+def _positions(runs):
+    """(local positions, global indices) of a dimension's runs, as int64 tensors."""
+    glob = torch.cat([torch.arange(a, b, dtype=torch.int64) for a, b in runs]) if runs \
+        else torch.zeros(0, dtype=torch.int64)
+    return torch.arange(glob.numel(), dtype=torch.int64), glob
+
+
+def _flat(index_per_dim, shape):
+    """Row-major flat indices in `shape` of the outer product of per-dimension indices."""
+    grids = torch.meshgrid(*index_per_dim, indexing="ij")
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return sum(g * s for g, s in zip(grids, strides)).reshape(-1)
+
+
+class _Piece:
+    """The part of one holder's box inside one engine rank's rows: where it sits in the
+    holder's local tensor and in the engine's buffer of that rank (flat indices)."""
+
+    __slots__ = ("name", "local", "engine")
+
+    def __init__(self, name, local, engine):
+        self.name, self.local, self.engine = name, local, engine
+
+
+def _pieces(name, shape, runs, world, engine_rank):
+    """(local flat indices, engine flat indices) of box `runs` inside engine_rank's rows, or
+    None where they do not meet."""
+    lo, hi = rows_of(shape[0], world, engine_rank)
+    local0, glob0 = _positions(runs[0])
+    keep = (glob0 >= lo) & (glob0 < hi)
+    if not bool(keep.any()):
+        return None
+    rest = [_positions(r) for r in runs[1:]]
+    local_shape = [_count(r) for r in runs]
+    local = _flat([local0[keep]] + [p for p, _ in rest], local_shape)
+    engine = _flat([glob0[keep] - lo] + [g for _, g in rest], [hi - lo] + list(shape[1:]))
+    return _Piece(name, local, engine)
+
+
+class MeshLayout:
+    """The moves between every process's DTensor pieces and the engine's rows, for the
+    parameters `named` (name, DTensor) of this process. Built from every process's
+    description (one all_gather_object), so that each process derives the same moves."""
+
+    def __init__(self, named, rank, world):
+        self.rank, self.world = rank, world
+        mine = [(name, tuple(p.shape), _description(name, p)) for name, p in named]
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        names = [n for n, _, _ in mine]
+        for r, theirs in enumerate(every):
+            if [n for n, _, _ in theirs] != names:
+                raise InvalidArgument(f"process {r} registers other parameters than process "
+                                      f"{rank}: every process passes the same named_parameters")
+        self.shapes = {n: s for n, s, _ in mine}
+        self.placements = {n: d[1] for n, _, d in mine}
+        # in: (source, engine rank) -> pieces; out: (engine rank, holder) -> pieces.
+        self._in, self._out = {}, {}
+        self.identity = True  # every process holds exactly its engine rows: nothing moves
+        for i, name in enumerate(names):
+            shape = self.shapes[name]
+            boxes = {}  # held runs -> the processes holding them
+            for r in range(world):
+                if every[r][i][1] != shape:
+                    raise InvalidArgument(f"'{name}' has shape {every[r][i][1]} in process {r}, "
+                                          f"{shape} in process {rank}")
+                runs = every[r][i][2][0]
+                if runs is not None and all(runs):
+                    boxes.setdefault(runs, []).append(r)
+            self._check_cover(name, shape, boxes)
+            for runs, holders in boxes.items():
+                self.identity = self.identity and len(holders) == 1 \
+                    and runs == _rows_box(shape, world, holders[0])
+                for e in range(world):
+                    src = e if e in holders else holders[e % len(holders)]
+                    if rank not in (src, e) and rank not in holders:
+                        continue
+                    piece = _pieces(name, shape, runs, world, e)
+                    if piece is None:
+                        continue
+                    if rank in (src, e):
+                        self._in.setdefault((src, e), []).append(piece)
+                    for h in holders:
+                        if rank in (e, h):
+                            self._out.setdefault((e, h), []).append(piece)
+
+    def _check_cover(self, name, shape, boxes):
+        held = sum(math.prod(_count(r) for r in runs) for runs in boxes)
+        if held != math.prod(shape):
+            raise Unsupported(f"'{name}' placed {placement_text(self.placements[name])}: its "
+                              f"processes hold {held} distinct elements of {math.prod(shape)}")
+
+    def engine_len(self, name):
+        lo, hi = rows_of(self.shapes[name][0], self.world, self.rank)
+        return (hi - lo) * math.prod(self.shapes[name][1:])
+
+    def to_engine(self, locals_, out=None):
+        """The engine's rows of this rank from every process's local tensors (name -> tensor,
+        None where this process has none: zeros). Returns name -> flat fp32 tensor."""
+        if out is None:
+            out = {n: torch.zeros(self.engine_len(n), dtype=torch.float32,
+                                  device=_device(locals_)) for n in self.shapes}
+        flat = {n: _flat_view(t) for n, t in locals_.items() if t is not None}
+        self._exchange(self._in, lambda pc: _read(flat.get(pc.name), pc.local),
+                       lambda pc, v: out[pc.name].index_copy_(0, pc.engine.to(v.device), v),
+                       lambda pc: pc.local.numel())
+        return out
+
+    def from_engine(self, rows, locals_):
+        """Every holder's local tensors (name -> tensor, written in place) from the engine's
+        rows (name -> flat tensor of this rank)."""
+        flat = {n: _flat_view(t) for n, t in locals_.items()}
+        self._exchange(self._out, lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)],
+                       lambda pc, v: flat[pc.name].index_copy_(
+                           0, pc.local.to(v.device), v.to(flat[pc.name].dtype)),
+                       lambda pc: pc.local.numel())
+
+    def _exchange(self, moves, read, write, size):
+        """Each (sender, receiver) pair's pieces, in the same order on both sides."""
+        me = self.rank
+        for pc in moves.get((me, me), ()):
+            write(pc, read(pc))
+        if self.identity:
+            return
+        send_sizes, recv_sizes, parts = [], [], []
+        for r in range(self.world):
+            out = [] if r == me else moves.get((me, r), [])
+            inc = [] if r == me else moves.get((r, me), [])
+            parts += [read(pc) for pc in out]
+            send_sizes.append(sum(size(pc) for pc in out))
+            recv_sizes.append(sum(size(pc) for pc in inc))
+        device = parts[0].device if parts else "cpu"
+        send = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32)
+        recv = torch.empty(sum(recv_sizes), dtype=torch.float32, device=device)
+        dist.all_to_all_single(recv, send.to(device), recv_sizes, send_sizes)
+        pos = 0
+        for r in range(self.world):
+            for pc in [] if r == me else moves.get((r, me), ()):
+                write(pc, recv[pos:pos + size(pc)])
+                pos += size(pc)
+
+    def bytes_moved(self):
+        """(sent, received) fp32 bytes of this process in one exchange each way."""
+        me = self.rank
+        count = lambda moves, mine: sum(pc.local.numel() for (a, b), pcs in moves.items()
+                                        if a != b and mine(a, b) for pc in pcs)
+        grads = count(self._in, lambda a, b: a == me)
+        params = count(self._out, lambda a, b: a == me)
+        return 4 * grads, 4 * params
+
+
+def _rows_box(shape, world, e):
+    """The engine's rows of rank e as held runs."""
+    lo, hi = rows_of(shape[0], world, e)
+    return tuple([((lo, hi),)] + [((0, int(n)),) for n in shape[1:]])
+
+
+def _device(tensors):
+    for t in tensors.values():
+        if t is not None:
+            return t.device
+    return "cpu"
+
+
+def _flat_view(t):
+    if not t.is_contiguous():
+        raise Unsupported("a DTensor's local tensor is not contiguous: zmuon writes it in place")
+    return t.view(-1)
+
+
+def _read(flat, index):
+    if flat is None:
+        return torch.zeros(index.numel(), dtype=torch.float32)
+    return flat[index.to(flat.device)].float()
+
+
+def _description(name, p):
+    """(this process's held runs or None, the placements) of DTensor `p`."""
+    from torch.distributed.tensor import Partial
+    placements = tuple(p.placements)
+    for pl in placements:
+        if isinstance(pl, Partial):
+            raise Unsupported(f"'{name}' is placed {placement_text(placements)}: a Partial "
+                              "parameter holds no values, only a part of a sum")
+    mesh = p.device_mesh
+    coord = mesh.get_coordinate()
+    if coord is None:
+        return None, placements
+    runs = held_runs(tuple(p.shape), tuple(mesh.shape), coord, placements)
+    return tuple(tuple(r) for r in runs), placements
