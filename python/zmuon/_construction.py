@@ -4,7 +4,7 @@ device), and the parameters registered with it (with their Muon blocks and MuonC
 import json
 import os
 
-from . import _capi, _distributed, _groups, _host, _state
+from . import _capi, _distributed, _groups, _host, _mesh, _state
 from ._buffers import buffer_of
 from ._capi import HOST, InvalidArgument, UnknownParameter
 from ._groups import hyperparameter_override
@@ -97,6 +97,7 @@ class Construction:
         self._shapes = {}       # name -> shape
         self._name_of = {}      # id(tensor) -> name
         self._started = False   # the engine's table is fixed once it runs
+        self._mesh = None       # _mesh.MeshLayout: DTensors placed other than the engine's rows
         for name, p in named:
             self._register(name, p)
         if self._heads:
@@ -131,6 +132,7 @@ class Construction:
             self._started = True
         self._first_rank = self._engine.first_rank
         if self._mode == _distributed.FSDP:  # each process's local tensors: no whole parameter
+            self._mesh = _mesh.layout_for(self._params, self._first_rank)
             self._load_local_shards()
             self._started = True
         self._mark_in_step()
@@ -243,7 +245,11 @@ class Construction:
         return out
 
     def _load_local_shards(self):
-        """FSDP2: each process's local tensors into its rank (no whole parameter anywhere)."""
+        """DTensors: each process's local tensors into its rank (no whole parameter anywhere),
+        moved to the engine's rows first where they are placed otherwise."""
+        if self._mesh is not None:
+            self._load_mesh_rows()
+            return
         entries, keep = [], []
         for b in self._bindings.values():
             values = b.host_values()

@@ -143,6 +143,7 @@ class MeshLayout:
 
     def __init__(self, named, rank, world):
         self.rank, self.world = rank, world
+        self.device = named[0][1].to_local().device if named else "cpu"  # of the exchange
         mine = [(name, tuple(p.shape), _description(name, p)) for name, p in named]
         every = [None] * world
         dist.all_gather_object(every, mine)
@@ -193,50 +194,54 @@ class MeshLayout:
         lo, hi = rows_of(self.shapes[name][0], self.world, self.rank)
         return (hi - lo) * math.prod(self.shapes[name][1:])
 
-    def to_engine(self, locals_, out=None):
-        """The engine's rows of this rank from every process's local tensors (name -> tensor,
-        None where this process has none: zeros). Returns name -> flat fp32 tensor."""
-        if out is None:
-            out = {n: torch.zeros(self.engine_len(n), dtype=torch.float32,
-                                  device=_device(locals_)) for n in self.shapes}
-        flat = {n: _flat_view(t) for n, t in locals_.items() if t is not None}
-        self._exchange(self._in, lambda pc: _read(flat.get(pc.name), pc.local),
-                       lambda pc, v: out[pc.name].index_copy_(0, pc.engine.to(v.device), v),
-                       lambda pc: pc.local.numel())
+    def to_engine(self, locals_):
+        """This rank's engine rows of the parameters named in `locals_` (name -> this process's
+        local tensor, None where it has none: zeros) from every process's local tensors; every
+        process calls it with the same names. Returns name -> flat fp32 tensor."""
+        device = _device(locals_)
+        out = {n: torch.zeros(self.engine_len(n), dtype=torch.float32, device=device)
+               for n in locals_}
+        flat = {n: _flat_view(t.detach()) for n, t in locals_.items() if t is not None}
+        self._exchange(self._in, set(locals_),
+                       lambda pc: _read(flat.get(pc.name), pc.local, device),
+                       lambda pc, v: _write(out[pc.name], pc.engine, v))
         return out
 
     def from_engine(self, rows, locals_):
         """Every holder's local tensors (name -> tensor, written in place) from the engine's
-        rows (name -> flat tensor of this rank)."""
+        rows (name -> this rank's flat tensor); every process calls it with the same names."""
         flat = {n: _flat_view(t) for n, t in locals_.items()}
-        self._exchange(self._out, lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)],
-                       lambda pc, v: flat[pc.name].index_copy_(
-                           0, pc.local.to(v.device), v.to(flat[pc.name].dtype)),
-                       lambda pc: pc.local.numel())
+        with torch.no_grad():  # parameters' local tensors, written in place
+            self._exchange(self._out, set(locals_),
+                           lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)].float(),
+                           lambda pc, v: _write(flat[pc.name], pc.local, v))
 
-    def _exchange(self, moves, read, write, size):
-        """Each (sender, receiver) pair's pieces, in the same order on both sides."""
+    def _exchange(self, moves, names, read, write):
+        """Each (sender, receiver) pair's pieces of parameters `names`, in the same order on
+        both sides: the own ones copied, the others in one all_to_all_single."""
         me = self.rank
-        for pc in moves.get((me, me), ()):
+
+        def of(a, b):
+            return [pc for pc in moves.get((a, b), ()) if pc.name in names]
+        for pc in of(me, me):
             write(pc, read(pc))
         if self.identity:
             return
         send_sizes, recv_sizes, parts = [], [], []
         for r in range(self.world):
-            out = [] if r == me else moves.get((me, r), [])
-            inc = [] if r == me else moves.get((r, me), [])
+            out = [] if r == me else of(me, r)
             parts += [read(pc) for pc in out]
-            send_sizes.append(sum(size(pc) for pc in out))
-            recv_sizes.append(sum(size(pc) for pc in inc))
-        device = parts[0].device if parts else "cpu"
-        send = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float32)
-        recv = torch.empty(sum(recv_sizes), dtype=torch.float32, device=device)
-        dist.all_to_all_single(recv, send.to(device), recv_sizes, send_sizes)
+            send_sizes.append(sum(pc.local.numel() for pc in out))
+            recv_sizes.append(0 if r == me else sum(pc.local.numel() for pc in of(r, me)))
+        send = torch.cat([p.to(self.device) for p in parts]) if parts \
+            else torch.zeros(0, dtype=torch.float32, device=self.device)
+        recv = torch.empty(sum(recv_sizes), dtype=torch.float32, device=self.device)
+        dist.all_to_all_single(recv, send, recv_sizes, send_sizes)
         pos = 0
         for r in range(self.world):
-            for pc in [] if r == me else moves.get((r, me), ()):
-                write(pc, recv[pos:pos + size(pc)])
-                pos += size(pc)
+            for pc in [] if r == me else of(r, me):
+                write(pc, recv[pos:pos + pc.local.numel()])
+                pos += pc.local.numel()
 
     def bytes_moved(self):
         """(sent, received) fp32 bytes of this process in one exchange each way."""
@@ -267,23 +272,57 @@ def _flat_view(t):
     return t.view(-1)
 
 
-def _read(flat, index):
+def _write(flat, index, values):
+    flat.index_copy_(0, index.to(flat.device), values.to(flat.device, flat.dtype))
+
+
+def _read(flat, index, device):
     if flat is None:
-        return torch.zeros(index.numel(), dtype=torch.float32)
+        return torch.zeros(index.numel(), dtype=torch.float32, device=device)
     return flat[index.to(flat.device)].float()
+
+
+def check_placements(name, p):
+    """Refuses DTensor parameter `p` where a placement holds no values of it."""
+    from torch.distributed.tensor import Partial
+    placements = tuple(p.placements)
+    if any(isinstance(pl, Partial) for pl in placements):
+        raise Unsupported(f"'{name}' is placed {placement_text(placements)} on a mesh of "
+                          f"{tuple(p.device_mesh.shape)}: a Partial parameter holds a part of a "
+                          "sum, not values; zmuon takes Shard, _StridedShard and Replicate")
 
 
 def _description(name, p):
     """(this process's held runs or None, the placements) of DTensor `p`."""
-    from torch.distributed.tensor import Partial
+    check_placements(name, p)
     placements = tuple(p.placements)
-    for pl in placements:
-        if isinstance(pl, Partial):
-            raise Unsupported(f"'{name}' is placed {placement_text(placements)}: a Partial "
-                              "parameter holds no values, only a part of a sum")
     mesh = p.device_mesh
     coord = mesh.get_coordinate()
     if coord is None:
         return None, placements
     runs = held_runs(tuple(p.shape), tuple(mesh.shape), coord, placements)
     return tuple(tuple(r) for r in runs), placements
+
+
+def layout_of(named, rank, world):
+    """The moves of DTensor parameters `named` (name, DTensor), or None where every process
+    holds exactly its engine rows (FSDP2's Shard(0) on a 1-D mesh of every process)."""
+    layout = MeshLayout(named, rank, world)
+    return None if layout.identity else layout
+
+
+def layout_for(params, engine_rank):
+    """layout_of for zmuon.Muon's parameters (name, DTensor, shape); the engine's ranks are
+    the default process group's."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if engine_rank != rank:
+        raise InvalidArgument(f"this process is rank {rank} of torch.distributed's default "
+                              f"group but rank {engine_rank} of zmuon's job")
+    return layout_of([(n, p) for n, p, _ in params], rank, world)
+
+
+def any_process(flag):
+    """Whether `flag` is true in some process (a collective)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())

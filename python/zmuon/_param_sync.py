@@ -12,7 +12,7 @@ read-back a step: a write that keeps every norm (a permutation, a sign flip) goe
 
 import zlib
 
-from . import _distributed
+from . import _distributed, _mesh
 from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import HOST
 
@@ -202,7 +202,8 @@ class ParamSync:
 
     def _reload_written(self):
         """Loads every parameter written outside zmuon since the engine last agreed with it,
-        per shard into this process's ranks (no collective). Returns their names."""
+        per shard into this process's ranks (no collective; DTensors placed other than the
+        engine's rows: all of them, once a process saw a write). Returns their names."""
         bindings = list(self._bindings.values())
         if not bindings:
             return []
@@ -210,6 +211,13 @@ class ParamSync:
         same = same_fingerprints([b.fingerprint for b in bindings], prints)
         written = [b for b, s in zip(bindings, same)
                    if not s or b.current_marks() != b.marks]
+        if self._mesh is not None:
+            if not _mesh.any_process(written):
+                return []
+            self._load_mesh_rows()
+            self.state.invalidate()
+            self._mark_in_step()
+            return [b.name for b in written]
         restaged = {b.name for b in written  # new storage: maybe a new dtype
                     if (b.marks is None or b.current_marks()[-1:] != b.marks[-1:])
                     and b.restage()}
@@ -225,9 +233,37 @@ class ParamSync:
             self._mark_in_step(written)
         return [b.name for b in reload]
 
+    def _mesh_rows(self, rows=None):
+        """This rank's engine rows of every DTensor parameter (name -> fp32 flat tensor, on the
+        host with host_staging), zeros or `rows`, as the engine's entries."""
+        if rows is None:
+            rows = {name: torch.zeros(self._mesh.engine_len(name), dtype=torch.float32,
+                                      device=b.local.device)
+                    for name, b in self._bindings.items()}
+        if self._host_staging:
+            rows = {name: t.to("cpu") for name, t in rows.items()}
+        entries = [(name, *buffer_of(t, f"parameter '{name}'", writable=True)[:3])
+                   for name, t in rows.items()]
+        return rows, entries
+
+    def _load_mesh_rows(self):
+        """Every process's local tensors, moved to the engine's rows, into this rank."""
+        rows, entries = self._mesh_rows(
+            self._mesh.to_engine({b.name: b.local for b in self._bindings.values()}))
+        synchronize_torch(list(rows.values()))
+        self._engine.load_shard_params(self._first_rank, entries)
+
     def _write_back(self):
-        """The engine's new values into the parameters (whole, or FSDP2's local shards)."""
+        """The engine's new values into the parameters (whole, or the DTensors' local
+        tensors)."""
         bindings = list(self._bindings.values())
+        if self._mesh is not None:
+            rows, entries = self._mesh_rows()
+            synchronize_torch(list(rows.values()))  # the C call takes no stream as "write now"
+            self._engine.shard_params(self._first_rank, entries)
+            self._mesh.from_engine(rows, {b.name: b.local for b in bindings})
+            self._mark_in_step(bindings)
+            return
         entries, targets = [], []
         for b in bindings:
             targets.append(b.buffer)

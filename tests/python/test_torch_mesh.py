@@ -42,8 +42,9 @@ HYPER = dict(HYPER, ns_variant="standard")
 
 
 class MoeTransformer(nn.Module):
-    """One pre-norm block: attention, then an MoE layer of `experts` experts (soft top-all
-    routing, so that every expert gets a gradient), the expert weights as [E, out, in] stacks."""
+    """One pre-norm block (attention, MLP), then an MoE layer of `experts` experts (dense
+    routing over all of them, so that every expert gets a gradient; the expert weights as
+    [E, out, in] stacks), a final norm and an untied lm_head."""
 
     def __init__(self, vocab=64, dim=32, heads=4, ctx=16, experts=4, hidden=64):
         super().__init__()
@@ -51,7 +52,10 @@ class MoeTransformer(nn.Module):
         self.tok_embed = nn.Embedding(vocab, dim)
         self.pos_embed = nn.Embedding(ctx, dim)
         self.ln1 = nn.LayerNorm(dim)
-        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.head_dim = dim // heads
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, dim, bias=False)
+        self.wv = nn.Linear(dim, dim, bias=False)
         self.proj = nn.Linear(dim, dim)
         self.ln2 = nn.LayerNorm(dim)
         self.fc = nn.Linear(dim, 2 * dim)
@@ -66,20 +70,21 @@ class MoeTransformer(nn.Module):
     def forward(self, idx):
         b, t = idx.shape
         x = self.tok_embed(idx) + self.pos_embed(torch.arange(t))
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        h = self.ln1(x)
+        # Heads by head size: under tensor parallelism each process computes its own heads.
+        q, k, v = (w(h).view(b, t, -1, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
         x = x + self.out(F.gelu(self.fc(self.ln2(x))))
         h = self.ln3(x)
-        gate = torch.softmax(self.router(h), dim=-1)                       # [b, t, E]
-        up = F.gelu(torch.einsum("btd,ehd->bteh", h, _whole(self.experts_up)))
-        y = torch.einsum("bteh,edh->bted", up, _whole(self.experts_down))
+        # Sigmoid scores: a softmax's gradient has rows summing to zero, a rank-deficient matrix
+        # whose null direction Newton-Schulz fills from rounding noise.
+        gate = torch.sigmoid(self.router(h)) / self.experts_up.shape[0]  # [b, t, E]
+        up = F.gelu(torch.einsum("btd,ehd->bteh", h, self.experts_up))
+        y = torch.einsum("bteh,edh->bted", up, self.experts_down)
         x = x + (gate.unsqueeze(-1) * y).sum(dim=2)
         return self.lm_head(self.ln_f(x))
-
-
-def _whole(p):
-    return p
 
 
 # -- the worker: one process of the job -----------------------------------------------------------
@@ -161,6 +166,142 @@ def _engine_rows(whole, rank, world):
     return whole[lo:hi].reshape(-1)
 
 
+MESHES = {"hsdp": ((2, 2), ("replicate", "shard")), "fsdp": ((4,), ("shard",)),
+          "tp": ((2, 2), ("dp", "tp"))}
+
+
+def build(kind, world):
+    """The model (the same initial values in every process), placed: fsdp (FSDP2 on every
+    process), hsdp (FSDP2 on a 2 x 2 mesh, replicated over its first dimension), tp (tensor
+    parallel over "tp", then FSDP2 over "dp"). Returns it, its mesh, and this process's data
+    share (index, count)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = MoeTransformer()
+    if kind == "fsdp" and world == 1:
+        shape, names = (1,), ("shard",)
+    else:
+        shape, names = MESHES[kind]
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    if kind == "tp":
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+        parallelize_module(model, mesh["tp"], {"wq": ColwiseParallel(), "wk": ColwiseParallel(),
+                                              "wv": ColwiseParallel(), "proj": RowwiseParallel(),
+                                              "fc": ColwiseParallel(), "out": RowwiseParallel()})
+        dp = mesh["dp"]
+        for m in (model.wq, model.wk, model.wv, model.proj, model.fc, model.out):
+            fully_shard(m, mesh=dp)
+        fully_shard(model, mesh=dp)
+        return model, mesh, (dp.get_local_rank(), dp.size())
+    for m in (model.wq, model.wk, model.wv, model.proj, model.fc, model.out):
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    rank = torch.distributed.get_rank()
+    return model, mesh, (rank, world)
+
+
+def full_params(model):
+    return {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
+
+
+def train(model, opt, share, steps, gas=1, first=0, poison=None):
+    """Steps [first, first + steps): this process's share of each batch in `gas` micro-batches.
+    poison=(step, name): a NaN in the last element of this process's local gradient."""
+    data = batches(STEPS, batch=BATCH)
+    index, count = share
+    per = BATCH // count
+    reports = []
+    for step in range(first, first + steps):
+        local = data[step][index * per:(index + 1) * per]
+        for micro in local.chunk(gas):
+            lm_loss(model, micro).backward()
+            if poison is not None and poison[0] == step:
+                g = dict(model.named_parameters())[poison[1]].grad
+                g.to_local().view(-1)[-1] = float("nan")
+            if gas > 1:
+                opt.accumulate()
+                opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+        reports.append(opt.last_step)
+    return reports
+
+
+def local_state(opt):
+    """This process's state, bit for bit: its pieces of every state tensor and master."""
+    sd = opt.state_dict()
+    out = {}
+    for i, st in sd["state"].items():
+        for k, v in st.items():
+            out[f"{i}.{k}"] = (v.to_local() if hasattr(v, "to_local") else v).clone()
+    for i, v in sd["zmuon"]["masters"].items():
+        out[f"master.{i}"] = (v.to_local() if hasattr(v, "to_local") else v).clone()
+    return out
+
+
+def optimizer(model):
+    return zmuon.Muon(model.named_parameters(), {"zmuon": {"heartbeat_timeout_ms": 3000}},
+                      **HYPER)
+
+
+def save_params(model, args, rank, name):
+    whole = full_params(model)
+    if rank == 0:
+        torch.save(whole, os.path.join(args.out, name))
+
+
+def training_cases(args, rank, world, out):
+    """Every case of this mesh: 10 steps; under hsdp also 4 micro-batches, the NaN and the
+    save; "resume": a checkpoint of args.dir loaded, the steps after it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    half = STEPS // 2
+    model, _, share = build(args.kind, world)
+    opt = optimizer(model)
+    out["moves"] = opt._mesh is not None
+    if args.case == "resume":
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=args.dir)
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        train(model, opt, share, STEPS - half, first=half)
+        opt.close()
+        save_params(model, args, rank, "resumed.pt")
+        return
+    train(model, opt, share, STEPS)
+    opt.close()
+    save_params(model, args, rank, "params.pt")
+    if args.kind != "hsdp":
+        return
+    model, _, share = build(args.kind, world)
+    opt = optimizer(model)
+    train(model, opt, share, STEPS, gas=4)
+    opt.close()
+    save_params(model, args, rank, "gas4.pt")
+
+    model, _, share = build(args.kind, world)
+    opt = optimizer(model)
+    train(model, opt, share, 3)
+    before = local_state(opt)
+    report = train(model, opt, share, 1, first=3,
+                   poison=(3, "fc.weight") if rank == world - 1 else None)[0]
+    after = local_state(opt)
+    out["skipped"] = bool(report["skipped"])
+    out["bit_equal"] = sorted(before) == sorted(after) \
+        and all(torch.equal(before[k], after[k]) for k in before)
+    opt.close()
+
+    model, _, share = build(args.kind, world)
+    opt = optimizer(model)
+    train(model, opt, share, half)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=args.dir)
+    opt.close()
+
+
 def worker(args):
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -169,6 +310,8 @@ def worker(args):
     out = {"rank": rank}
     if args.case == "placements":
         out["records"] = placements_case(rank, world)
+    else:
+        training_cases(args, rank, world, out)
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
@@ -177,6 +320,7 @@ def worker(args):
 # -- the tests ------------------------------------------------------------------------------------
 
 def job(test, world, kind, case, **kw):
+    """The records of every process and the parameters process 0 saved (name -> tensors)."""
     with tempfile.TemporaryDirectory() as out:
         results = run_job(world, kind, case, out, script=__file__, **kw)
         for r, (code, text) in enumerate(results):
@@ -185,7 +329,34 @@ def job(test, world, kind, case, **kw):
         for r in range(world):
             with open(os.path.join(out, f"rank{r}.json")) as f:
                 ranks.append(json.load(f))
-        return ranks
+        saved = {f[:-3]: torch.load(os.path.join(out, f)) for f in os.listdir(out)
+                 if f.endswith(".pt")}
+        return ranks, saved
+
+
+def single_process(gas=1, steps=STEPS, skip=None):
+    """The plain zmuon.Muon in one process on the whole batch (no torch.distributed); skip:
+    a step left out."""
+    torch.manual_seed(0)
+    model = MoeTransformer()
+    opt = zmuon.Muon(model.named_parameters(), None, distributed=False, **HYPER)
+    data = batches(STEPS, batch=BATCH)
+    for step in range(steps):
+        if step == skip:
+            continue
+        for micro in data[step].chunk(gas):
+            lm_loss(model, micro).backward()
+            if gas > 1:
+                opt.accumulate()
+                opt.zero_grad()
+        opt.step()
+        opt.zero_grad()
+    opt.close()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def worst(a, b):
+    return max(rel(a[n], b[n]) for n in b)
 
 
 class PlacementReader(unittest.TestCase):
@@ -199,7 +370,7 @@ class PlacementReader(unittest.TestCase):
         self.assertEqual(got, [[(0, 2)], [(4, 6)], [(2, 4)], [(6, 8)]])
 
     def test_against_dtensor_at_four_processes(self):
-        ranks = job(self, 4, "fsdp", "placements", timeout=240)
+        ranks, _ = job(self, 4, "fsdp", "placements", timeout=240)
         checked = 0
         for r in ranks:
             for rec in r["records"]:
@@ -214,6 +385,46 @@ class PlacementReader(unittest.TestCase):
                     self.assertFalse(rec["identity"], rec)
         print(f"held_runs equal to DTensor's local tensors in {checked} cases (4 processes, "
               "meshes 4 and 2 x 2); the moves to the engine's rows and back exact")
+
+
+class Meshes(unittest.TestCase):
+    reference = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.reference = single_process()
+
+    def check(self, params, what):
+        self.assertEqual(set(params), set(self.reference))
+        e = worst(params, self.reference)
+        name = max(self.reference, key=lambda n: rel(params[n], self.reference[n]))
+        print(f"{what}: {STEPS} steps vs one process {e:.2e} (at most in {name})")
+        self.assertLessEqual(e, PARITY, what)
+
+    def test_hsdp_then_fsdp2_and_one_process_from_its_checkpoint(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            ranks, saved = job(self, 4, "hsdp", "train", directory=ckpt, timeout=400)
+            self.assertTrue(all(r["moves"] for r in ranks))
+            self.check(saved["params"], "HSDP 2 x 2")
+            self.check(saved["gas4"], "HSDP 2 x 2, 4 micro-batches")
+            self.assertTrue(all(r["skipped"] for r in ranks), ranks)
+            self.assertTrue(all(r["bit_equal"] for r in ranks), ranks)
+            print("HSDP 2 x 2: a NaN in one process's gradient skipped the step on every "
+                  "process, state bit-equal")
+            for world in (4, 1):
+                _, saved = job(self, world, "fsdp", "resume", directory=ckpt, timeout=400)
+                self.check(saved["resumed"], f"saved under HSDP 2 x 2, resumed under FSDP2 at "
+                                             f"{world}")
+
+    def test_fsdp2_with_the_moe_layer(self):
+        ranks, saved = job(self, 4, "fsdp", "train", timeout=400)
+        self.assertFalse(any(r["moves"] for r in ranks))  # Shard(0) on every process: in place
+        self.check(saved["params"], "FSDP2 at 4 processes, 4 experts")
+
+    def test_tensor_parallel_2_with_fsdp2_2(self):
+        ranks, saved = job(self, 4, "tp", "train", timeout=400)
+        self.assertTrue(all(r["moves"] for r in ranks))
+        self.check(saved["params"], "tensor parallel 2 x FSDP2 2")
 
 
 if __name__ == "__main__":
