@@ -41,18 +41,67 @@ PARITY = 1e-6
 HYPER = dict(HYPER, ns_variant="standard")
 
 
+class GroupGather(torch.autograd.Function):
+    """The group's tensors concatenated on dim 0; backward: the sum of the gradients over the
+    group, this process's part (gloo has no reduce-scatter, and torch's gloo all-gather
+    backward takes group ranks for global ones)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        import torch.distributed as dist
+        ctx.group = group
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, x.contiguous(), group=group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, g):
+        import torch.distributed as dist
+        g = g.contiguous().clone()
+        dist.all_reduce(g, group=ctx.group)
+        return g.chunk(dist.get_world_size(ctx.group))[dist.get_rank(ctx.group)], None
+
+
+class Experts(nn.Module):
+    """`experts` two-layer experts as [E, out, in] stacks, every token through every expert
+    weighted by its gate. Under expert parallelism (`ep`: the mesh dimension of the processes
+    that split the experts) each process holds E / ep of them: the tokens and gates of its
+    expert-parallel group are gathered, each process runs its own experts on all of them, and
+    each token's sum over the group's processes comes back to its process."""
+
+    def __init__(self, experts, hidden, dim):
+        super().__init__()
+        self.up = nn.Parameter(torch.randn(experts, hidden, dim) / dim ** 0.5)
+        self.down = nn.Parameter(torch.randn(experts, dim, hidden) / hidden ** 0.5)
+        self.ep = None
+
+    def forward(self, h, gate):
+        if self.ep is None:
+            return self.run(h, gate, self.up, self.down, 0)
+        group, me = self.ep.get_group(), self.ep.get_local_rank()
+        up, down = self.up.to_local(), self.down.to_local()
+        h_all, gate_all = GroupGather.apply(h, group), GroupGather.apply(gate, group)
+        z = self.run(h_all, gate_all, up, down, me * up.shape[0])
+        n = self.ep.size()
+        return sum(zq.chunk(n)[me] for zq in GroupGather.apply(z, group).chunk(n))
+
+    @staticmethod
+    def run(h, gate, up, down, first):
+        y = torch.einsum("bteh,edh->bted", F.gelu(torch.einsum("btd,ehd->bteh", h, up)), down)
+        return (gate[..., first:first + up.shape[0]].unsqueeze(-1) * y).sum(dim=2)
+
+
 class MoeTransformer(nn.Module):
     """One pre-norm block (attention, MLP), then an MoE layer of `experts` experts (dense
-    routing over all of them, so that every expert gets a gradient; the expert weights as
-    [E, out, in] stacks), a final norm and an untied lm_head."""
+    routing over all of them, so that every expert gets a gradient), a final norm and an
+    untied lm_head."""
 
     def __init__(self, vocab=64, dim=32, heads=4, ctx=16, experts=4, hidden=64):
         super().__init__()
-        self.heads = heads
+        self.head_dim = dim // heads
         self.tok_embed = nn.Embedding(vocab, dim)
         self.pos_embed = nn.Embedding(ctx, dim)
         self.ln1 = nn.LayerNorm(dim)
-        self.head_dim = dim // heads
         self.wq = nn.Linear(dim, dim, bias=False)
         self.wk = nn.Linear(dim, dim, bias=False)
         self.wv = nn.Linear(dim, dim, bias=False)
@@ -62,8 +111,7 @@ class MoeTransformer(nn.Module):
         self.out = nn.Linear(2 * dim, dim)
         self.ln3 = nn.LayerNorm(dim)
         self.router = nn.Linear(dim, experts, bias=False)
-        self.experts_up = nn.Parameter(torch.randn(experts, hidden, dim) / dim ** 0.5)
-        self.experts_down = nn.Parameter(torch.randn(experts, dim, hidden) / hidden ** 0.5)
+        self.experts = Experts(experts, hidden, dim)
         self.ln_f = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
 
@@ -80,10 +128,8 @@ class MoeTransformer(nn.Module):
         h = self.ln3(x)
         # Sigmoid scores: a softmax's gradient has rows summing to zero, a rank-deficient matrix
         # whose null direction Newton-Schulz fills from rounding noise.
-        gate = torch.sigmoid(self.router(h)) / self.experts_up.shape[0]  # [b, t, E]
-        up = F.gelu(torch.einsum("btd,ehd->bteh", h, self.experts_up))
-        y = torch.einsum("bteh,edh->bted", up, self.experts_down)
-        x = x + (gate.unsqueeze(-1) * y).sum(dim=2)
+        gate = torch.sigmoid(self.router(h)) / self.experts.up.shape[0]
+        x = x + self.experts(h, gate)
         return self.lm_head(self.ln_f(x))
 
 
@@ -167,14 +213,15 @@ def _engine_rows(whole, rank, world):
 
 
 MESHES = {"hsdp": ((2, 2), ("replicate", "shard")), "fsdp": ((4,), ("shard",)),
-          "tp": ((2, 2), ("dp", "tp"))}
+          "tp": ((2, 2), ("dp", "tp")), "ep": ((2, 2), ("dp", "ep"))}
 
 
 def build(kind, world):
     """The model (the same initial values in every process), placed: fsdp (FSDP2 on every
     process), hsdp (FSDP2 on a 2 x 2 mesh, replicated over its first dimension), tp (tensor
-    parallel over "tp", then FSDP2 over "dp"). Returns it, its mesh, and this process's data
-    share (index, count)."""
+    parallel over "tp", then FSDP2 over "dp"), ep (the experts split over "ep", then FSDP2
+    over "dp"; the rest FSDP2 on a 1-D mesh of every process). Returns it and this process's
+    data share (index, count)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(0)
@@ -195,10 +242,23 @@ def build(kind, world):
             fully_shard(m, mesh=dp)
         fully_shard(model, mesh=dp)
         return model, mesh, (dp.get_local_rank(), dp.size())
+    rank = torch.distributed.get_rank()
+    if kind == "ep":
+        from torch.distributed.tensor import Shard, distribute_tensor
+        experts = model.experts
+        for name in ("up", "down"):
+            placed = distribute_tensor(getattr(experts, name).detach(), mesh["ep"], [Shard(0)])
+            experts.register_parameter(name, nn.Parameter(placed))
+        experts.ep = mesh["ep"]
+        fully_shard(experts, mesh=mesh["dp"])
+        # Each process's experts see the tokens of its expert-parallel group: FSDP2's mean
+        # over "dp" becomes the mean over every process.
+        experts.set_gradient_divide_factor(float(world))
+        experts.set_force_sum_reduction_for_comms(True)  # gloo has no pre-multiplied sum
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("all",))
     for m in (model.wq, model.wk, model.wv, model.proj, model.fc, model.out):
         fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    rank = torch.distributed.get_rank()
     return model, mesh, (rank, world)
 
 
@@ -261,6 +321,8 @@ def training_cases(args, rank, world, out):
     model, _, share = build(args.kind, world)
     opt = optimizer(model)
     out["moves"] = opt._mesh is not None
+    out["placements"] = {n: _mesh.placement_text(p.placements)
+                         for n, p in model.named_parameters()}
     if args.case == "resume":
         msd, osd = get_state_dict(model, opt)
         state = {"model": msd, "optim": osd}
@@ -270,10 +332,27 @@ def training_cases(args, rank, world, out):
         train(model, opt, share, STEPS - half, first=half)
         opt.close()
         save_params(model, args, rank, "resumed.pt")
+        # The control: the weights alone, a fresh optimizer.
+        model, _, share = build(args.kind, world)
+        opt = optimizer(model)
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd}
+        dcp.load(state, checkpoint_id=args.dir)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=osd)
+        train(model, opt, share, STEPS - half, first=half)
+        opt.close()
+        save_params(model, args, rank, "model_only.pt")
         return
     train(model, opt, share, STEPS)
     opt.close()
     save_params(model, args, rank, "params.pt")
+    if args.dir:
+        model, _, share = build(args.kind, world)
+        opt = optimizer(model)
+        train(model, opt, share, half)
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=args.dir)
+        opt.close()
     if args.kind != "hsdp":
         return
     model, _, share = build(args.kind, world)
@@ -292,13 +371,6 @@ def training_cases(args, rank, world, out):
     out["skipped"] = bool(report["skipped"])
     out["bit_equal"] = sorted(before) == sorted(after) \
         and all(torch.equal(before[k], after[k]) for k in before)
-    opt.close()
-
-    model, _, share = build(args.kind, world)
-    opt = optimizer(model)
-    train(model, opt, share, half)
-    msd, osd = get_state_dict(model, opt)
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=args.dir)
     opt.close()
 
 
@@ -412,18 +484,38 @@ class Meshes(unittest.TestCase):
             print("HSDP 2 x 2: a NaN in one process's gradient skipped the step on every "
                   "process, state bit-equal")
             for world in (4, 1):
-                _, saved = job(self, world, "fsdp", "resume", directory=ckpt, timeout=400)
-                self.check(saved["resumed"], f"saved under HSDP 2 x 2, resumed under FSDP2 at "
-                                             f"{world}")
+                self.resume(ckpt, world, "HSDP 2 x 2")
+
+    def resume(self, ckpt, world, saved_under):
+        _, saved = job(self, world, "fsdp", "resume", directory=ckpt, timeout=400)
+        self.check(saved["resumed"], f"saved under {saved_under} at step {STEPS // 2}, "
+                                     f"resumed under FSDP2 at {world}")
+        control = worst(saved["model_only"], self.reference)
+        print(f"  the control, the weights alone with a fresh optimizer: {control:.2e}")
+        self.assertGreater(control, 1e-3)
 
     def test_fsdp2_with_the_moe_layer(self):
         ranks, saved = job(self, 4, "fsdp", "train", timeout=400)
         self.assertFalse(any(r["moves"] for r in ranks))  # Shard(0) on every process: in place
         self.check(saved["params"], "FSDP2 at 4 processes, 4 experts")
 
-    def test_tensor_parallel_2_with_fsdp2_2(self):
-        ranks, saved = job(self, 4, "tp", "train", timeout=400)
+    def test_expert_parallel_2_with_fsdp2_2(self):
+        ranks, saved = job(self, 4, "ep", "train", timeout=400)
         self.assertTrue(all(r["moves"] for r in ranks))
+        self.assertEqual(ranks[0]["placements"]["experts.up"], "(_S(0, 2), S(0))")
+        self.assertEqual(ranks[0]["placements"]["wq.weight"], "(S(0))")
+        self.check(saved["params"], "expert parallel 2 x FSDP2 2")
+
+    def test_tensor_parallel_2_with_fsdp2_2_then_one_process_from_its_checkpoint(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            ranks, saved = job(self, 4, "tp", "train", directory=ckpt, timeout=400)
+            self.resume(ckpt, 1, "tensor parallel 2 x FSDP2 2")
+        self.assertTrue(all(r["moves"] for r in ranks))
+        placed = ranks[0]["placements"]
+        print(f"tensor parallel 2 x FSDP2 2: wq.weight {placed['wq.weight']}, proj.weight "
+              f"{placed['proj.weight']}, ln1.weight {placed['ln1.weight']}")
+        self.assertEqual(placed["wq.weight"], "(_S(0, 2), S(0))")  # ColwiseParallel
+        self.assertEqual(placed["proj.weight"], "(S(0), S(1))")    # RowwiseParallel
         self.check(saved["params"], "tensor parallel 2 x FSDP2 2")
 
 
