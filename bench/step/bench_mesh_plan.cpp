@@ -42,9 +42,10 @@ double ns_flops(int64_t rows, int64_t cols, int steps) {
   return steps * (4.0 * lo * lo * hi + 2.0 * lo * lo * lo);
 }
 
-// zmuon at world R x S: the rows layout over every rank; the process at mesh (i, j) is rank
-// i * S + j and holds FSDP2's shard j; each engine rank's rows come from one holder of their
-// shard (itself if it is one, else holder e % R) and go back to all R holders.
+// zmuon at world R x S: the process at mesh (i, j) is rank i * S + j and holds FSDP2's shard j.
+// R = 1: the engine's rows are FSDP2's shards, nothing moves. R > 1: the engine cuts each
+// flattened parameter evenly over the world; each engine rank's part comes from one holder of
+// each shard it meets (itself if it is one, else holder e % R) and goes back to all R holders.
 std::vector<rank_figures> zmuon_figures(const plan& pl, int replicas, int shards, int steps) {
   const int world = pl.world;
   std::vector<rank_figures> out(static_cast<size_t>(world));
@@ -62,9 +63,10 @@ std::vector<rank_figures> zmuon_figures(const plan& pl, int replicas, int shards
     if (replicas == 1)
       continue;  // FSDP2 on every process: its shards are the engine's rows
     for (int e = 0; e < world; ++e) {
-      const auto rows = chunk(p.shape[0], world, e);
+      const auto mine = chunk(p.numel, world, e);
       for (int j = 0; j < shards; ++j) {
-        const int64_t n = overlap(rows, chunk(p.shape[0], shards, j)) * cols * 4;
+        const auto rows = chunk(p.shape[0], shards, j);
+        const int64_t n = overlap(mine, {rows.first * cols, rows.second * cols}) * 4;
         if (n == 0)
           continue;
         const bool holds = e % shards == j;
@@ -121,7 +123,8 @@ int main(int argc, char** argv) {
       const int replicas = std::stoi(mesh.substr(0, x));
       const int shards = std::stoi(mesh.substr(x + 1));
       auto pl = zmuon::make_plan(table, replicas * shards, int64_t{1} << 40, true,
-                                 zmuon::shard_layout::rows);
+                                 replicas == 1 ? zmuon::shard_layout::rows
+                                               : zmuon::shard_layout::flat);
       if (!pl) {
         std::fprintf(stderr, "%s\n", pl.err().to_string().c_str());
         return 1;

@@ -76,8 +76,8 @@ class Construction:
         """The overrides the engine is made with: the caller's, FSDP2's layout, the keyword
         hyperparameters and the backend of the tensors' device."""
         out = list(overrides)
-        if self._mode == _distributed.FSDP:  # the plan cuts the parameters as FSDP2 does
-            out.append("zmuon.shard_layout=rows")
+        if self._mode == _distributed.FSDP and self._mesh is None:
+            out.append("zmuon.shard_layout=rows")  # the plan cuts the parameters as FSDP2 does
         out += [hyperparameter_override(k, v) for k, v in hyperparameters.items()]
         return out + backend_override(named, config_dict, out, host_staging)
 
@@ -97,7 +97,6 @@ class Construction:
         self._shapes = {}       # name -> shape
         self._name_of = {}      # id(tensor) -> name
         self._started = False   # the engine's table is fixed once it runs
-        self._mesh = None       # _mesh.MeshLayout: DTensors placed other than the engine's rows
         for name, p in named:
             self._register(name, p)
         if self._heads:
@@ -132,7 +131,7 @@ class Construction:
             self._started = True
         self._first_rank = self._engine.first_rank
         if self._mode == _distributed.FSDP:  # each process's local tensors: no whole parameter
-            self._mesh = _mesh.layout_for(self._params, self._first_rank)
+            _mesh.check_rank(self._first_rank)
             self._load_local_shards()
             self._started = True
         self._mark_in_step()

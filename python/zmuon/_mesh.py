@@ -121,19 +121,10 @@ class _Piece:
         self.name, self.local, self.engine = name, local, engine
 
 
-def _pieces(name, shape, runs, world, engine_rank):
-    """(local flat indices, engine flat indices) of box `runs` inside engine_rank's rows, or
-    None where they do not meet."""
-    lo, hi = rows_of(shape[0], world, engine_rank)
-    local0, glob0 = _positions(runs[0])
-    keep = (glob0 >= lo) & (glob0 < hi)
-    if not bool(keep.any()):
-        return None
-    rest = [_positions(r) for r in runs[1:]]
-    local_shape = [_count(r) for r in runs]
-    local = _flat([local0[keep]] + [p for p, _ in rest], local_shape)
-    engine = _flat([glob0[keep] - lo] + [g for _, g in rest], [hi - lo] + list(shape[1:]))
-    return _Piece(name, local, engine)
+def _global_flat(runs, shape):
+    """The flat indices in the whole tensor of the box `runs`, in the local tensor's order
+    (increasing: each dimension's runs are)."""
+    return _flat([_positions(r)[1] for r in runs], list(shape))
 
 
 class MeshLayout:
@@ -154,35 +145,57 @@ class MeshLayout:
                                       f"{rank}: every process passes the same named_parameters")
         self.shapes = {n: s for n, s, _ in mine}
         self.placements = {n: d[1] for n, _, d in mine}
-        # in: (source, engine rank) -> pieces; out: (engine rank, holder) -> pieces.
-        self._in, self._out = {}, {}
-        self.identity = True  # every process holds exactly its engine rows: nothing moves
+        boxes = {}  # name -> {held runs: the processes holding them}
         for i, name in enumerate(names):
-            shape = self.shapes[name]
-            boxes = {}  # held runs -> the processes holding them
+            shape, boxes[name] = self.shapes[name], {}
             for r in range(world):
                 if every[r][i][1] != shape:
                     raise InvalidArgument(f"'{name}' has shape {every[r][i][1]} in process {r}, "
                                           f"{shape} in process {rank}")
                 runs = every[r][i][2][0]
                 if runs is not None and all(runs):
-                    boxes.setdefault(runs, []).append(r)
-            self._check_cover(name, shape, boxes)
-            for runs, holders in boxes.items():
-                self.identity = self.identity and len(holders) == 1 \
-                    and runs == _rows_box(shape, world, holders[0])
-                for e in range(world):
-                    src = e if e in holders else holders[e % len(holders)]
-                    if rank not in (src, e) and rank not in holders:
-                        continue
-                    piece = _pieces(name, shape, runs, world, e)
-                    if piece is None:
-                        continue
-                    if rank in (src, e):
-                        self._in.setdefault((src, e), []).append(piece)
-                    for h in holders:
-                        if rank in (e, h):
-                            self._out.setdefault((e, h), []).append(piece)
+                    boxes[name].setdefault(runs, []).append(r)
+            self._check_cover(name, shape, boxes[name])
+        # Every process holds exactly its rows (FSDP2's Shard(0) on every process): the engine
+        # cuts by rows and nothing moves. Else the engine cuts each flattened parameter evenly.
+        self.identity = all(len(holders) == 1 and runs == _rows_box(self.shapes[n], world,
+                                                                      holders[0])
+                            for n in names for runs, holders in boxes[n].items())
+        # in: (source, engine rank) -> pieces; out: (engine rank, holder) -> pieces.
+        self._in, self._out = {}, {}
+        for name in names:
+            for runs, holders in boxes[name].items():
+                if rank in holders or not self.identity:
+                    self._add_pieces(name, runs, holders)
+
+    def _add_pieces(self, name, runs, holders):
+        """The pieces of the box `runs` (held by `holders`) this process sends or receives:
+        each engine rank's part from one holder (itself where it is one), and to every
+        holder."""
+        me, glob = self.rank, _global_flat(runs, self.shapes[name])
+        for e in range(self.world):
+            src = e if e in holders else holders[e % len(holders)]
+            if me not in (src, e) and me not in holders:
+                continue
+            lo, hi = self.engine_range(name, e)
+            a, b = (int(torch.searchsorted(glob, x)) for x in (lo, hi))
+            if a == b:
+                continue
+            piece = _Piece(name, torch.arange(a, b, dtype=torch.int64), glob[a:b] - lo)
+            if me in (src, e):
+                self._in.setdefault((src, e), []).append(piece)
+            for h in holders:
+                if me in (e, h):
+                    self._out.setdefault((e, h), []).append(piece)
+
+    def engine_range(self, name, e):
+        """The flat elements [lo, hi) of parameter `name` that engine rank e holds."""
+        shape = self.shapes[name]
+        if self.identity:
+            lo, hi = rows_of(shape[0], self.world, e)
+            row = math.prod(shape[1:])
+            return lo * row, hi * row
+        return _chunk(math.prod(shape), self.world, e)
 
     def _check_cover(self, name, shape, boxes):
         held = sum(math.prod(_count(r) for r in runs) for runs in boxes)
@@ -191,8 +204,8 @@ class MeshLayout:
                               f"processes hold {held} distinct elements of {math.prod(shape)}")
 
     def engine_len(self, name):
-        lo, hi = rows_of(self.shapes[name][0], self.world, self.rank)
-        return (hi - lo) * math.prod(self.shapes[name][1:])
+        lo, hi = self.engine_range(name, self.rank)
+        return hi - lo
 
     def to_engine(self, locals_):
         """This rank's engine rows of the parameters named in `locals_` (name -> this process's
@@ -311,14 +324,18 @@ def layout_of(named, rank, world):
     return None if layout.identity else layout
 
 
-def layout_for(params, engine_rank):
-    """layout_of for zmuon.Muon's parameters (name, DTensor, shape); the engine's ranks are
-    the default process group's."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if engine_rank != rank:
-        raise InvalidArgument(f"this process is rank {rank} of torch.distributed's default "
-                              f"group but rank {engine_rank} of zmuon's job")
-    return layout_of([(n, p) for n, p, _ in params], rank, world)
+def layout_for(named):
+    """layout_of for zmuon.Muon's DTensor parameters `named` (name, DTensor; the zero-size
+    ones stay out of the engine) over torch.distributed's default group."""
+    return layout_of([(n, p) for n, p in named if p.numel() > 0], dist.get_rank(),
+                     dist.get_world_size())
+
+
+def check_rank(engine_rank):
+    """The engine's ranks are the default process group's."""
+    if engine_rank != dist.get_rank():
+        raise InvalidArgument(f"this process is rank {dist.get_rank()} of torch.distributed's "
+                              f"default group but rank {engine_rank} of zmuon's job")
 
 
 def any_process(flag):

@@ -247,11 +247,11 @@ class ParamSync:
         return rows, entries
 
     def _load_mesh_rows(self):
-        """Every process's local tensors, moved to the engine's rows, into this rank."""
-        rows, entries = self._mesh_rows(
-            self._mesh.to_engine({b.name: b.local for b in self._bindings.values()}))
-        synchronize_torch(list(rows.values()))
-        self._engine.load_shard_params(self._first_rank, entries)
+        """Every process's local tensors, moved to the engine's shards, into this rank (the
+        C call reads host buffers)."""
+        rows = self._mesh.to_engine({b.name: b.local for b in self._bindings.values()})
+        rows = {name: t.to("cpu") for name, t in rows.items()}
+        self._engine.load_shard_params(self._first_rank, self._mesh_rows(rows)[1])
 
     def _write_back(self):
         """The engine's new values into the parameters (whole, or the DTensors' local

@@ -198,18 +198,14 @@ def placements_case(rank, world):
             globals_[name] = whole
         layout = _mesh.MeshLayout(named, rank, world)
         rows = layout.to_engine({n: t.to_local() for n, t in named})
-        moved_in = all(torch.equal(rows[n], _engine_rows(globals_[n], rank, world)) for n in rows)
+        moved_in = all(torch.equal(rows[n], globals_[n].reshape(-1)[slice(
+            *layout.engine_range(n, rank))]) for n in rows)
         targets = {n: torch.full_like(t.to_local(), -1.0) for n, t in named}
         layout.from_engine(rows, targets)
         moved_out = all(torch.equal(targets[n], t.to_local()) for n, t in named)
         records.append({"mesh": list(mesh_shape), "moved_in": moved_in, "moved_out": moved_out,
                         "identity": layout.identity})
     return records
-
-
-def _engine_rows(whole, rank, world):
-    lo, hi = _mesh.rows_of(whole.shape[0], world, rank)
-    return whole[lo:hi].reshape(-1)
 
 
 MESHES = {"hsdp": ((2, 2), ("replicate", "shard")), "fsdp": ((4,), ("shard",)),
