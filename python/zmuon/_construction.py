@@ -245,9 +245,9 @@ class Construction:
 
     def _load_local_shards(self):
         """DTensors: each process's local tensors into its rank (no whole parameter anywhere),
-        moved to the engine's rows first where they are placed otherwise."""
+        moved to the engine's shards first where they are placed otherwise."""
         if self._mesh is not None:
-            self._load_mesh_rows()
+            self._load_mesh_shards()
             return
         entries, keep = [], []
         for b in self._bindings.values():

@@ -117,16 +117,16 @@ class Gradients:
         return g.redistribute(p.device_mesh, p.placements)  # a Partial gradient summed
 
     def _mesh_gradients(self, placed, entries, keep):
-        """The DTensor gradients (name -> local tensor) moved to the engine's rows: every
+        """The DTensor gradients (name -> local tensor) moved to the engine's shards: every
         process names each parameter that some process has a gradient of (zeros where it has
         none); one that no process has is left out."""
         import torch
         names = [n for n in self._bindings if n not in self._params_outside]
         present = torch.tensor([n in placed for n in names], dtype=torch.int64)
         torch.distributed.all_reduce(present, op=torch.distributed.ReduceOp.MAX)
-        rows = self._mesh.to_engine({n: placed.get(n) for n, there in zip(names, present.tolist())
-                                     if there})
-        for name, t in rows.items():
+        shards = self._mesh.to_engine({n: placed.get(n)
+                                       for n, there in zip(names, present.tolist()) if there})
+        for name, t in shards.items():
             t = _engine_readable(t, self._host_staging)
             keep.append(t)
             ptr, numel, device, _ = buffer_of(t, f"gradient of '{name}'")

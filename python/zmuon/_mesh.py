@@ -1,14 +1,14 @@
-"""DTensor parameters of any placement on the engine's rows layout.
+"""DTensor parameters of any placement on the engine's shards.
 
-The engine cuts every parameter into whole dim-0 slices over the ranks of the job (rank e holds
-rows [e * L, (e + 1) * L), L = ceil(rows / world): FSDP2's Shard(0) on a 1-D mesh of every
-process). Other placements (HSDP's Replicate x Shard, tensor parallel's Shard(1) and strided
-shards, expert stacks on their own mesh) hold other pieces. This module says which pieces (a
-pure function of the global shape, the mesh and the placements) and moves values between the
-pieces each process holds and the engine's rows: gradients in (each element from one holder),
-new values out (to every holder, replicas included), one all_to_all_single of the default
-process group each way. Where every process holds exactly its rows nothing moves.
-"""
+FSDP2's Shard(0) on a 1-D mesh of every process holds exactly the engine's rows layout (rank e
+holds dim-0 slices [e * L, (e + 1) * L), L = ceil(rows / world)): the engine reads and writes
+the local tensors in place. Other placements (HSDP's Replicate x Shard, tensor parallel's
+Shard(1) and strided shards, expert stacks on their own mesh) hold other pieces; the engine
+then cuts each flattened parameter evenly (the flat layout). This module says which pieces each
+process holds (a pure function of the global shape, the mesh and the placements) and moves
+values between them and the engine's shards: gradients in (each element from one holder), new
+values out (to every holder, replicas included), one all_to_all_single of the default process
+group each way."""
 
 import math
 
@@ -92,16 +92,10 @@ def _merged(runs):
     return out
 
 
-def rows_of(rows, world, rank):
-    """The engine's rows of a parameter of `rows` dim-0 slices on rank `rank`."""
-    return _chunk(rows, world, rank)
-
-
-def _positions(runs):
-    """(local positions, global indices) of a dimension's runs, as int64 tensors."""
-    glob = torch.cat([torch.arange(a, b, dtype=torch.int64) for a, b in runs]) if runs \
+def _indices(runs):
+    """A dimension's runs as one int64 tensor of global indices."""
+    return torch.cat([torch.arange(a, b, dtype=torch.int64) for a, b in runs]) if runs \
         else torch.zeros(0, dtype=torch.int64)
-    return torch.arange(glob.numel(), dtype=torch.int64), glob
 
 
 def _flat(index_per_dim, shape):
@@ -112,7 +106,7 @@ def _flat(index_per_dim, shape):
 
 
 class _Piece:
-    """The part of one holder's box inside one engine rank's rows: where it sits in the
+    """The part of one holder's box inside one engine rank's shard: where it sits in the
     holder's local tensor and in the engine's buffer of that rank (flat indices)."""
 
     __slots__ = ("name", "local", "engine")
@@ -124,11 +118,11 @@ class _Piece:
 def _global_flat(runs, shape):
     """The flat indices in the whole tensor of the box `runs`, in the local tensor's order
     (increasing: each dimension's runs are)."""
-    return _flat([_positions(r)[1] for r in runs], list(shape))
+    return _flat([_indices(r) for r in runs], list(shape))
 
 
 class MeshLayout:
-    """The moves between every process's DTensor pieces and the engine's rows, for the
+    """The moves between every process's DTensor pieces and the engine's shards, for the
     parameters `named` (name, DTensor) of this process. Built from every process's
     description (one all_gather_object), so that each process derives the same moves."""
 
@@ -136,8 +130,15 @@ class MeshLayout:
         self.rank, self.world = rank, world
         self.device = named[0][1].to_local().device if named else "cpu"  # of the exchange
         mine = [(name, tuple(p.shape), _description(name, p)) for name, p in named]
+        strided = [(n, p) for n, p in named if not p.to_local().is_contiguous()]
         every = [None] * world
-        dist.all_gather_object(every, mine)
+        dist.all_gather_object(every, (mine, [(n, tuple(p.to_local().stride()))
+                                              for n, p in strided[:1]]))
+        for r, (_, bad) in enumerate(every):  # every process raises alike
+            for n, stride in bad:
+                raise Unsupported(f"the local tensor of '{n}' in process {r} is not contiguous "
+                                  f"(strides {stride}): zmuon reads and writes it flat, in place")
+        every = [theirs for theirs, _ in every]
         names = [n for n, _, _ in mine]
         for r, theirs in enumerate(every):
             if [n for n, _, _ in theirs] != names:
@@ -192,7 +193,7 @@ class MeshLayout:
         """The flat elements [lo, hi) of parameter `name` that engine rank e holds."""
         shape = self.shapes[name]
         if self.identity:
-            lo, hi = rows_of(shape[0], self.world, e)
+            lo, hi = _chunk(shape[0], self.world, e)
             row = math.prod(shape[1:])
             return lo * row, hi * row
         return _chunk(math.prod(shape), self.world, e)
@@ -208,13 +209,13 @@ class MeshLayout:
         return hi - lo
 
     def to_engine(self, locals_):
-        """This rank's engine rows of the parameters named in `locals_` (name -> this process's
+        """This rank's engine shards of the parameters named in `locals_` (name -> this process's
         local tensor, None where it has none: zeros) from every process's local tensors; every
         process calls it with the same names. Returns name -> flat fp32 tensor."""
         device = _device(locals_)
         out = {n: torch.zeros(self.engine_len(n), dtype=torch.float32, device=device)
                for n in locals_}
-        flat = {n: _flat_view(t.detach()) for n, t in locals_.items() if t is not None}
+        flat = {n: _flat_view(t.detach(), n) for n, t in locals_.items() if t is not None}
         self._exchange(self._in, set(locals_),
                        lambda pc: _read(flat.get(pc.name), pc.local, device),
                        lambda pc, v: _write(out[pc.name], pc.engine, v))
@@ -222,8 +223,8 @@ class MeshLayout:
 
     def from_engine(self, rows, locals_):
         """Every holder's local tensors (name -> tensor, written in place) from the engine's
-        rows (name -> this rank's flat tensor); every process calls it with the same names."""
-        flat = {n: _flat_view(t) for n, t in locals_.items()}
+        shards (name -> this rank's flat tensor); every process calls it with the same names."""
+        flat = {n: _flat_view(t, n) for n, t in locals_.items()}
         with torch.no_grad():  # parameters' local tensors, written in place
             self._exchange(self._out, set(locals_),
                            lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)].float(),
@@ -256,19 +257,10 @@ class MeshLayout:
                 write(pc, recv[pos:pos + pc.local.numel()])
                 pos += pc.local.numel()
 
-    def bytes_moved(self):
-        """(sent, received) fp32 bytes of this process in one exchange each way."""
-        me = self.rank
-        count = lambda moves, mine: sum(pc.local.numel() for (a, b), pcs in moves.items()
-                                        if a != b and mine(a, b) for pc in pcs)
-        grads = count(self._in, lambda a, b: a == me)
-        params = count(self._out, lambda a, b: a == me)
-        return 4 * grads, 4 * params
-
 
 def _rows_box(shape, world, e):
     """The engine's rows of rank e as held runs."""
-    lo, hi = rows_of(shape[0], world, e)
+    lo, hi = _chunk(shape[0], world, e)
     return tuple([((lo, hi),)] + [((0, int(n)),) for n in shape[1:]])
 
 
@@ -279,9 +271,10 @@ def _device(tensors):
     return "cpu"
 
 
-def _flat_view(t):
-    if not t.is_contiguous():
-        raise Unsupported("a DTensor's local tensor is not contiguous: zmuon writes it in place")
+def _flat_view(t, name):
+    if not t.is_contiguous():  # made so after the optimizer (checked when it was made)
+        raise Unsupported(f"the local tensor of '{name}' is not contiguous (strides "
+                          f"{tuple(t.stride())}): zmuon reads and writes it flat, in place")
     return t.view(-1)
 
 

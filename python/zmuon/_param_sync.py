@@ -202,8 +202,8 @@ class ParamSync:
 
     def _reload_written(self):
         """Loads every parameter written outside zmuon since the engine last agreed with it,
-        per shard into this process's ranks (no collective; DTensors placed other than the
-        engine's rows: all of them, once a process saw a write). Returns their names."""
+        per shard into this process's ranks (no collective; DTensors placed otherwise than
+        FSDP2's rows: all of them, once some process saw a write). Returns their names."""
         bindings = list(self._bindings.values())
         if not bindings:
             return []
@@ -214,7 +214,7 @@ class ParamSync:
         if self._mesh is not None:
             if not _mesh.any_process(written):
                 return []
-            self._load_mesh_rows()
+            self._load_mesh_shards()
             self.state.invalidate()
             self._mark_in_step()
             return [b.name for b in written]
@@ -233,35 +233,37 @@ class ParamSync:
             self._mark_in_step(written)
         return [b.name for b in reload]
 
-    def _mesh_rows(self, rows=None):
-        """This rank's engine rows of every DTensor parameter (name -> fp32 flat tensor, on the
-        host with host_staging), zeros or `rows`, as the engine's entries."""
-        if rows is None:
-            rows = {name: torch.zeros(self._mesh.engine_len(name), dtype=torch.float32,
-                                      device=b.local.device)
+    def _mesh_shards(self, shards=None):
+        """`shards` (name -> this rank's fp32 flat shard of a DTensor parameter), or buffers
+        the write-back keeps for them (on the host with host_staging), with the engine's
+        entries."""
+        if shards is None:
+            if getattr(self, "_mesh_buffers", None) is None:
+                self._mesh_buffers = {
+                    name: torch.zeros(self._mesh.engine_len(name), dtype=torch.float32,
+                                      device="cpu" if self._host_staging else b.local.device)
                     for name, b in self._bindings.items()}
-        if self._host_staging:
-            rows = {name: t.to("cpu") for name, t in rows.items()}
+            shards = self._mesh_buffers
         entries = [(name, *buffer_of(t, f"parameter '{name}'", writable=True)[:3])
-                   for name, t in rows.items()]
-        return rows, entries
+                   for name, t in shards.items()]
+        return shards, entries
 
-    def _load_mesh_rows(self):
+    def _load_mesh_shards(self):
         """Every process's local tensors, moved to the engine's shards, into this rank (the
         C call reads host buffers)."""
-        rows = self._mesh.to_engine({b.name: b.local for b in self._bindings.values()})
-        rows = {name: t.to("cpu") for name, t in rows.items()}
-        self._engine.load_shard_params(self._first_rank, self._mesh_rows(rows)[1])
+        shards = self._mesh.to_engine({b.name: b.local for b in self._bindings.values()})
+        shards = {name: t.to("cpu") for name, t in shards.items()}
+        self._engine.load_shard_params(self._first_rank, self._mesh_shards(shards)[1])
 
     def _write_back(self):
         """The engine's new values into the parameters (whole, or the DTensors' local
         tensors)."""
         bindings = list(self._bindings.values())
         if self._mesh is not None:
-            rows, entries = self._mesh_rows()
-            synchronize_torch(list(rows.values()))  # the C call takes no stream as "write now"
+            shards, entries = self._mesh_shards()
+            synchronize_torch(list(shards.values()))  # the C call takes no stream as "write now"
             self._engine.shard_params(self._first_rank, entries)
-            self._mesh.from_engine(rows, {b.name: b.local for b in bindings})
+            self._mesh.from_engine(shards, {b.name: b.local for b in bindings})
             self._mark_in_step(bindings)
             return
         entries, targets = [], []

@@ -99,7 +99,7 @@ def _like_param(local, p):
 
 
 def _placed_as_params(opt, bufs):
-    """The engine's rows of each state kind (bufs: per parameter, kind -> flat tensor) moved
+    """The engine's shards of each state kind (bufs: per parameter, kind -> flat tensor) moved
     to every process's pieces, as DTensors placed as their parameters (one exchange a kind)."""
     from torch.distributed.tensor import DTensor
     torch = _torch()

@@ -114,7 +114,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         user_groups, made_up = _param_groups.named_groups(params)
         named = [item for g in user_groups for item in g["params"]]
         self._mode = _distributed.mode_of(named, ddp_module, averaged_grads)
-        # DTensors placed otherwise than the engine's rows: the moves between them (a collective)
+        # DTensors placed otherwise than FSDP2's rows: the moves between them (a collective)
         self._mesh = _mesh.layout_for(named) if self._mode == _distributed.FSDP else None
         nodes, node_rank, master = _distributed.job_of(self._mode, nodes, node_rank, master,
                                                        ranks, distributed)

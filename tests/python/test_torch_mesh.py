@@ -2,15 +2,17 @@
 
 - the placement reader (zmuon._mesh.held_runs) against DTensor's own local tensors, at 4
   processes on a mesh of 4 and of 2 x 2 (Shard on each dimension, Replicate, _StridedShard,
-  uneven sizes), and the moves between those pieces and the engine's rows against the
+  uneven sizes), and the moves between those pieces and the engine's shards against the
   global tensor;
 - a small transformer with one MoE layer of 4 experts (an expert stack [4, h, d]) trained 10
   steps (fp32, ns_variant standard) under HSDP on a 2 x 2 mesh, FSDP2 at 4 processes, tensor
-  parallel 2 x FSDP2 2 (ColwiseParallel / RowwiseParallel), each against the same model under
-  the plain zmuon.Muon in one process (<= 1e-6 relative on the weights);
-- under HSDP: 4 micro-batches against 1; a NaN in one process's gradient skipping the step on
-  every process, the state bit-equal; torch.distributed.checkpoint saved under HSDP 2 x 2 and
-  loaded under FSDP2 at 4 and in one process.
+  parallel 2 x FSDP2 2 (ColwiseParallel / RowwiseParallel), expert parallel 2 x FSDP2 2, each
+  against the same model under the plain zmuon.Muon in one process (<= 1e-6 relative on the
+  weights);
+- under HSDP: 4 micro-batches against 1; every weight halved in place between two steps
+  (a write outside the optimizer); a NaN in one process's gradient skipping the step on every
+  process, the state bit-equal; torch.distributed.checkpoint saved under HSDP 2 x 2 and loaded
+  under FSDP2 at 4 and in one process, and saved under TP 2 x FSDP2 2 and loaded in one.
 
 The processes start as in test_torch_distributed (its run_job); one launch runs every case of
 a mesh.
@@ -262,6 +264,13 @@ def full_params(model):
     return {n: p.detach().full_tensor().clone() for n, p in model.named_parameters()}
 
 
+def halve_weights(model):
+    """A write made outside the optimizer: every parameter halved, in place."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5)
+
+
 def train(model, opt, share, steps, gas=1, first=0, poison=None):
     """Steps [first, first + steps): this process's share of each batch in `gas` micro-batches.
     poison=(step, name): a NaN in the last element of this process's local gradient."""
@@ -360,6 +369,14 @@ def training_cases(args, rank, world, out):
     model, _, share = build(args.kind, world)
     opt = optimizer(model)
     train(model, opt, share, 3)
+    halve_weights(model)
+    train(model, opt, share, STEPS - 3, first=3)
+    opt.close()
+    save_params(model, args, rank, "halved.pt")
+
+    model, _, share = build(args.kind, world)
+    opt = optimizer(model)
+    train(model, opt, share, 3)
     before = local_state(opt)
     report = train(model, opt, share, 1, first=3,
                    poison=(3, "fc.weight") if rank == world - 1 else None)[0]
@@ -402,16 +419,16 @@ def job(test, world, kind, case, **kw):
         return ranks, saved
 
 
-def single_process(gas=1, steps=STEPS, skip=None):
-    """The plain zmuon.Muon in one process on the whole batch (no torch.distributed); skip:
-    a step left out."""
+def single_process(gas=1, steps=STEPS, halve_at=None):
+    """The plain zmuon.Muon in one process on the whole batch (no torch.distributed);
+    halve_at: the weights halved before that step."""
     torch.manual_seed(0)
     model = MoeTransformer()
     opt = zmuon.Muon(model.named_parameters(), None, distributed=False, **HYPER)
     data = batches(STEPS, batch=BATCH)
     for step in range(steps):
-        if step == skip:
-            continue
+        if step == halve_at:
+            halve_weights(model)
         for micro in data[step].chunk(gas):
             lm_loss(model, micro).backward()
             if gas > 1:
@@ -452,7 +469,7 @@ class PlacementReader(unittest.TestCase):
                     self.assertTrue(rec["moved_in"] and rec["moved_out"], rec)
                     self.assertFalse(rec["identity"], rec)
         print(f"held_runs equal to DTensor's local tensors in {checked} cases (4 processes, "
-              "meshes 4 and 2 x 2); the moves to the engine's rows and back exact")
+              "meshes 4 and 2 x 2); the moves to the engine's shards and back exact")
 
 
 class Meshes(unittest.TestCase):
@@ -462,10 +479,11 @@ class Meshes(unittest.TestCase):
     def setUpClass(cls):
         cls.reference = single_process()
 
-    def check(self, params, what):
-        self.assertEqual(set(params), set(self.reference))
-        e = worst(params, self.reference)
-        name = max(self.reference, key=lambda n: rel(params[n], self.reference[n]))
+    def check(self, params, what, reference=None):
+        reference = self.reference if reference is None else reference
+        self.assertEqual(set(params), set(reference))
+        e = worst(params, reference)
+        name = max(reference, key=lambda n: rel(params[n], reference[n]))
         print(f"{what}: {STEPS} steps vs one process {e:.2e} (at most in {name})")
         self.assertLessEqual(e, PARITY, what)
 
@@ -475,6 +493,10 @@ class Meshes(unittest.TestCase):
             self.assertTrue(all(r["moves"] for r in ranks))
             self.check(saved["params"], "HSDP 2 x 2")
             self.check(saved["gas4"], "HSDP 2 x 2, 4 micro-batches")
+            halved = single_process(halve_at=3)
+            self.assertGreater(worst(halved, self.reference), 1e-2)
+            self.check(saved["halved"], "HSDP 2 x 2, every weight halved in place before step "
+                                        "3", halved)
             self.assertTrue(all(r["skipped"] for r in ranks), ranks)
             self.assertTrue(all(r["bit_equal"] for r in ranks), ranks)
             print("HSDP 2 x 2: a NaN in one process's gradient skipped the step on every "
