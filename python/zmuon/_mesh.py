@@ -182,7 +182,8 @@ class MeshLayout:
             a, b = (int(torch.searchsorted(glob, x)) for x in (lo, hi))
             if a == b:
                 continue
-            piece = _Piece(name, torch.arange(a, b, dtype=torch.int64), glob[a:b] - lo)
+            piece = _Piece(name, torch.arange(a, b, dtype=torch.int64).to(self.device),
+                           (glob[a:b] - lo).to(self.device))  # where the moves run
             if me in (src, e):
                 self._in.setdefault((src, e), []).append(piece)
             for h in holders:
