@@ -10,6 +10,10 @@ sanity check (the two differ by torch's bf16 Newton-Schulz against zmuon's).
     torchrun --nproc-per-node 2 bench/torch_fsdp2_step.py --device cpu \\
         --d-model 64 --heads 4 --layers 2 --seq 32 --batch 8 --steps 6     # gloo, a smoke run
 
+With --tp N, zmuon.Muon on the model placed by tensor parallelism over N processes (each MLP's
+fc ColwiseParallel, proj RowwiseParallel) and FSDP2 over the other world / N, beside zmuon.Muon
+under plain FSDP2 (torch's optimizers are left out).
+
 With PYTHONPATH=python and ZMUON_LIBRARY=build/src/embed/libzmuon.so (the cuda backend's build
 for --device cuda: examples/torch_train_gpu.sh carries one to the GPU machine).
 """
@@ -33,17 +37,32 @@ def median(xs):
     return xs[len(xs) // 2]
 
 
-def sharded_model(args, device):
+def sharded_model(args, device, tp=0):
+    """The model under FSDP2, or (tp > 0) tensor parallel over "tp" then FSDP2 over "dp"; and
+    this process's data share (index, count)."""
     torch.manual_seed(args.seed)
     model = tt.TinyLM(args.vocab, args.d_model, args.heads, args.layers, args.seq).to(device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if not tp:
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        return model, (rank, world)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh(device.split(":")[0], (world // tp, tp), mesh_dim_names=("dp", "tp"))
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    return model
+        parallelize_module(block, mesh["tp"], {"fc": ColwiseParallel(),
+                                               "proj": RowwiseParallel()})
+        fully_shard(block, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    return model, (mesh["dp"].get_local_rank(), mesh["dp"].size())
 
 
-def run(name, model, opt, args, device, rank, world):
+def run(name, model, opt, args, device, share_of):
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    rank, world = share_of
     share = args.batch // world
     whole, opt_only, loss = [], [], None
     for step in range(args.warmup + args.steps):
@@ -64,7 +83,7 @@ def run(name, model, opt, args, device, rank, world):
         if step >= args.warmup:
             whole.append(t2 - t0)
             opt_only.append(t2 - t1)
-    if rank == 0:
+    if dist.get_rank() == 0:
         print(f"{name:28s} step {median(whole) * 1e3:9.2f} ms   optimizer {median(opt_only) * 1e3:9.2f}"
               f" ms   last loss {loss.item():.4f}", flush=True)
 
@@ -74,6 +93,8 @@ def main():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--tp", type=int, default=0,
+                    help="tensor parallel over this many processes, FSDP2 over the rest")
     tt.add_model_args(ap, d_model=768, heads=12, layers=12, seq=128, batch=8)  # GPT-2-sized
     args = ap.parse_args()
     cuda = args.device.startswith("cuda")
@@ -84,17 +105,23 @@ def main():
         torch.cuda.set_device(device)
     hyper = dict(lr=0.02, adam_lr=3e-3, weight_decay=0.01)
     if rank == 0:
-        n = sum(p.numel() for p in sharded_model(args, device).parameters())
+        n = sum(p.numel() for p in sharded_model(args, device)[0].parameters())
         print(f"# FSDP2, {world} process(es), {args.device}, {n / 1e6:.1f}M parameters, batch "
               f"{args.batch} x {args.seq}; medians of {args.steps} steps after {args.warmup}")
 
-    model = sharded_model(args, device)
-    opt = tt.zmuon.Muon(model.named_parameters(), overrides=["zmuon.backend=cuda"] if cuda else [],
-                        **hyper)
-    run("zmuon.Muon", model, [opt], args, device, rank, world)
-    opt.close()
+    overrides = ["zmuon.backend=cuda"] if cuda else []
+    for tp in ([0, args.tp] if args.tp else [0]):
+        model, share = sharded_model(args, device, tp)
+        opt = tt.zmuon.Muon(model.named_parameters(), overrides=overrides, **hyper)
+        name = f"zmuon.Muon, TP {tp} x FSDP2 {world // tp}" if tp else "zmuon.Muon"
+        run(name + (" (moved)" if opt._mesh is not None else ""), model, [opt], args, device,
+            share)
+        opt.close()
+    if args.tp:
+        dist.destroy_process_group()
+        return
 
-    model = sharded_model(args, device)
+    model, share = sharded_model(args, device)
     named = list(model.named_parameters())
     hidden = [p for n, p in named if p.ndim == 2 and "embed" not in n and "lm_head" not in n]
     rest = [p for n, p in named if not (p.ndim == 2 and "embed" not in n and "lm_head" not in n)]
@@ -102,7 +129,7 @@ def main():
                                    adjust_lr_fn="original"),
                   torch.optim.AdamW(rest, lr=hyper["adam_lr"], betas=(0.9, 0.95), eps=1e-10,
                                     weight_decay=hyper["weight_decay"])]
-    run("torch.optim.Muon + AdamW", model, torch_opts, args, device, rank, world)
+    run("torch.optim.Muon + AdamW", model, torch_opts, args, device, share)
     dist.destroy_process_group()
 
 

@@ -202,6 +202,11 @@ check() {
       torchrun --nproc-per-node 1 bench/torch_fsdp2_step.py --device cuda --steps 20 2>&1 |
       grep -v '^W1' | tee "$out/torch_fsdp2_step.log" | tail -n 6
     [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "torch_fsdp2_step.py: exit non-zero"
+    # The tensor-parallel placement (TP 1 x FSDP2 1) beside plain FSDP2.
+    ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 300 \
+      torchrun --nproc-per-node 1 bench/torch_fsdp2_step.py --device cuda --steps 20 --tp 1 2>&1 |
+      grep -v '^W1' | tee "$out/torch_fsdp2_step_tp.log" | tail -n 3
+    [[ ${PIPESTATUS[0]} -ne 0 ]] && status=1 && echo "torch_fsdp2_step.py --tp 1: exit non-zero"
 
     echo "== zmuon-launch on the GPU"
     for comm in "nccl --ranks 1" "caf --ranks 4"; do

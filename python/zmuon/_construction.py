@@ -4,7 +4,7 @@ device), and the parameters registered with it (with their Muon blocks and MuonC
 import json
 import os
 
-from . import _capi, _distributed, _groups, _host, _state
+from . import _capi, _distributed, _groups, _host, _mesh, _state
 from ._buffers import buffer_of
 from ._capi import HOST, InvalidArgument, UnknownParameter
 from ._groups import hyperparameter_override
@@ -88,8 +88,8 @@ class Construction:
         """The overrides the engine is made with: the caller's, FSDP2's layout, the keyword
         hyperparameters and the backend of the tensors' device."""
         out = list(overrides)
-        if self._mode == _distributed.FSDP:  # the plan cuts the parameters as FSDP2 does
-            out.append("zmuon.shard_layout=rows")
+        if self._mode == _distributed.FSDP and self._mesh is None:
+            out.append("zmuon.shard_layout=rows")  # the plan cuts the parameters as FSDP2 does
         out += [hyperparameter_override(k, v) for k, v in hyperparameters.items()]
         return out + device_overrides(tensor_devices(named), config_dict, out, host_staging)
 
@@ -143,6 +143,7 @@ class Construction:
             self._started = True
         self._first_rank = self._engine.first_rank
         if self._mode == _distributed.FSDP:  # each process's local tensors: no whole parameter
+            _mesh.check_rank(self._first_rank)
             self._load_local_shards()
             self._started = True
         self._mark_in_step()
@@ -255,7 +256,11 @@ class Construction:
         return out
 
     def _load_local_shards(self):
-        """FSDP2: each process's local tensors into its rank (no whole parameter anywhere)."""
+        """DTensors: each process's local tensors into its rank (no whole parameter anywhere),
+        moved to the engine's shards first where they are placed otherwise."""
+        if self._mesh is not None:
+            self._load_mesh_shards()
+            return
         entries, keep = [], []
         for b in self._bindings.values():
             values = b.host_values()

@@ -1,12 +1,14 @@
 """zmuon.Muon under torch.distributed: joining the job from the process group, and the models
-PyTorch distributes, DDP (whole parameters, gradients averaged over the processes) and FSDP2
-(`fully_shard`: DTensor parameters and gradients, Shard(0) on a 1-D mesh)."""
+PyTorch distributes, DDP (whole parameters, gradients averaged over the processes) and DTensor
+parameters of any placement (FSDP2's `fully_shard`, HSDP, tensor and expert parallel: their
+placements are read by zmuon._mesh)."""
 
 import os
 import secrets
 import socket
 
-from ._capi import InvalidArgument, Unsupported
+from . import _mesh
+from ._capi import InvalidArgument
 
 try:
     import torch
@@ -18,7 +20,7 @@ except ImportError:  # the numpy path: no torch.distributed
 # How a process hands its gradients over and gets its parameters back.
 PLAIN = "plain"  # its own gradient (the engine averages over ranks), whole parameters back
 DDP = "ddp"      # the gradient averaged by DDP already: no second reduce; whole parameters back
-FSDP = "fsdp"    # FSDP2's local shards in, the local shards of the parameters back, in place
+FSDP = "fsdp"    # DTensors: their local tensors in, the local tensors back, in place
 
 _SECRET_KEYS = ("ZMUON_JOB_SECRET", "ZMUON_JOB_SECRET_FILE", "ZMUON_INSECURE")
 
@@ -49,29 +51,14 @@ def module_params(params):
 
 
 def check_fsdp(named):
-    """The mesh of FSDP2's parameters, once each is checked: Shard(0) on one 1-D mesh of every
-    process of the default group (zmuon's plan then cuts the parameters as FSDP2 does)."""
-    from torch.distributed.tensor import Shard
-    mesh = None
+    """Every parameter a DTensor (FSDP2, HSDP, tensor or expert parallel): their placements
+    are read when the engine starts (zmuon._mesh)."""
     for name, p in named:
         if not is_dtensor(p):
-            raise InvalidArgument(f"'{name}' is a plain tensor while others are FSDP2 DTensors: "
-                                  "shard every parameter with fully_shard, or none")
-        if p.device_mesh.ndim != 1:
-            raise Unsupported(f"'{name}' lives on a {p.device_mesh.ndim}-D device mesh (HSDP): "
-                              "zmuon takes FSDP2 on a 1-D mesh of every process; shard with "
-                              "fully_shard(model) on the default mesh, or use DDP")
-        if tuple(p.placements) != (Shard(0),):
-            raise Unsupported(f"'{name}' has placements {tuple(p.placements)}: zmuon takes "
-                              "FSDP2's Shard(0)")
-        if mesh is None:
-            mesh = p.device_mesh
-        elif p.device_mesh != mesh:
-            raise Unsupported(f"'{name}' is on another device mesh than the other parameters")
-    if mesh is not None and mesh.size() != dist.get_world_size():
-        raise Unsupported(f"the FSDP2 mesh has {mesh.size()} processes, the default process "
-                          f"group {dist.get_world_size()}: zmuon shards over every process")
-    return mesh
+            raise InvalidArgument(f"'{name}' is a plain tensor while others are DTensors: "
+                                  "place every parameter (fully_shard, parallelize_module, "
+                                  "distribute_tensor), or none")
+        _mesh.check_placements(name, p)
 
 
 def mode_of(named, ddp_module, averaged_grads):

@@ -99,7 +99,7 @@ class Gradients:
                 raise InvalidArgument(f"{len(grads)} gradients for {len(self._params)} "
                                       "parameters")
             items = [(n, g) for (n, _, _), g in zip(self._params, grads)]
-        entries, keep = [], []
+        entries, keep, placed = [], [], {}
         shapes, staging = self._shapes, self._host_staging
         for name, g in items:
             if g is None or name in self._params_outside:  # zero-size: nothing to step
@@ -110,6 +110,9 @@ class Gradients:
                 keep.append(g)
                 continue
             _capi._text(name, "gradient name")  # a NUL would cut the name short in C
+            if _distributed.is_dtensor(g) and self._mesh is not None:
+                placed[name] = self._placed_as_param(name, g).to_local()
+                continue
             if _distributed.is_dtensor(g):  # FSDP2: this process's shard, reduce-scattered
                 g = _engine_readable(_distributed.local_tensor(g), self._host_staging)
                 keep.append(g)
@@ -124,4 +127,29 @@ class Gradients:
                 raise ShapeMismatch(f"gradient of '{name}' has shape {tuple(shape)}, the "
                                     f"parameter's is {expected}")
             entries.append((name, ptr, numel, device))
+        if self._mesh is not None:
+            self._mesh_gradients(placed, entries, keep)
         return entries, keep
+
+    def _placed_as_param(self, name, g):
+        p = self._bindings[name].param if name in self._bindings else None
+        if p is None or (tuple(g.placements) == tuple(p.placements)
+                         and g.device_mesh == p.device_mesh):
+            return g
+        return g.redistribute(p.device_mesh, p.placements)  # a Partial gradient summed
+
+    def _mesh_gradients(self, placed, entries, keep):
+        """The DTensor gradients (name -> local tensor) moved to the engine's shards: every
+        process names each parameter that some process has a gradient of (zeros where it has
+        none); one that no process has is left out."""
+        import torch
+        names = [n for n in self._bindings if n not in self._params_outside]
+        present = torch.tensor([n in placed for n in names], dtype=torch.int64)
+        torch.distributed.all_reduce(present, op=torch.distributed.ReduceOp.MAX)
+        shards = self._mesh.to_engine({n: placed.get(n)
+                                       for n, there in zip(names, present.tolist()) if there})
+        for name, t in shards.items():
+            t = _engine_readable(t, self._host_staging)
+            keep.append(t)
+            ptr, numel, device, _ = buffer_of(t, f"gradient of '{name}'")
+            entries.append((name, ptr, numel, device))

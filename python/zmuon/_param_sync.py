@@ -21,7 +21,7 @@ read-back a step: a write that keeps every norm (a permutation, a sign flip) goe
 import ctypes
 import zlib
 
-from . import _distributed
+from . import _distributed, _mesh
 from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import HOST
 from ._rounding import is_a_rounding
@@ -272,7 +272,8 @@ class ParamSync:
 
     def _reload_written(self):
         """Loads every parameter written outside zmuon since the engine last agreed with it,
-        per shard into this process's ranks (no collective). Returns their names."""
+        per shard into this process's ranks (no collective; DTensors placed otherwise than
+        FSDP2's rows: all of them, once some process saw a write). Returns their names."""
         bindings = list(self._bindings.values())
         if not bindings:
             return []
@@ -284,6 +285,13 @@ class ParamSync:
         same = same_fingerprints([b.fingerprint for b in watched], prints)
         written = moved + [b for b, s in zip(watched, same)
                            if not s or b.current_marks() != b.marks]
+        if self._mesh is not None:
+            if not _mesh.any_process(written):
+                return []
+            self._load_mesh_shards()
+            self.state.invalidate()
+            self._mark_in_step()
+            return [b.name for b in written]
         restaged = {b.name for b in written  # new storage: maybe a new dtype
                     if (b.marks is None or b.current_marks()[-1:] != b.marks[-1:])
                     and b.restage()}
@@ -314,10 +322,39 @@ class ParamSync:
                 ptr, numel, device = engine.master(b.name)
                 b.share_master(master_view(ptr, numel, device, b.shape))
 
+    def _mesh_shards(self, shards=None):
+        """`shards` (name -> this rank's fp32 flat shard of a DTensor parameter), or buffers
+        the write-back keeps for them (on the host with host_staging), with the engine's
+        entries."""
+        if shards is None:
+            if getattr(self, "_mesh_buffers", None) is None:
+                self._mesh_buffers = {
+                    name: torch.zeros(self._mesh.engine_len(name), dtype=torch.float32,
+                                      device="cpu" if self._host_staging else b.local.device)
+                    for name, b in self._bindings.items()}
+            shards = self._mesh_buffers
+        entries = [(name, *buffer_of(t, f"parameter '{name}'", writable=True)[:3])
+                   for name, t in shards.items()]
+        return shards, entries
+
+    def _load_mesh_shards(self):
+        """Every process's local tensors, moved to the engine's shards, into this rank (the
+        C call reads host buffers)."""
+        shards = self._mesh.to_engine({b.name: b.local for b in self._bindings.values()})
+        shards = {name: t.to("cpu") for name, t in shards.items()}
+        self._engine.load_shard_params(self._first_rank, self._mesh_shards(shards)[1])
+
     def _write_back(self):
-        """The engine's new values into the parameters (whole, or FSDP2's local shards); a
-        parameter that is its master has them already."""
+        """The engine's new values into the parameters (whole, or the DTensors' local
+        tensors); a parameter that is its master has them already."""
         bindings = list(self._bindings.values())
+        if self._mesh is not None:
+            shards, entries = self._mesh_shards()
+            synchronize_torch(list(shards.values()))  # the C call takes no stream as "write now"
+            self._engine.shard_params(self._first_rank, entries)
+            self._mesh.from_engine(shards, {b.name: b.local for b in bindings})
+            self._mark_in_step(bindings)
+            return
         self._share_masters(bindings)
         bindings = [b for b in bindings if not b.in_master()]
         if not bindings:

@@ -64,11 +64,15 @@ def _read(opt, scope, with_master):
         entries.append((name, numel, {k: _pointer(b) for k, b in own.items()}, 0))
     placed, info = _capi.read_state(opt._engine, scope, entries)
     rows = _read_row_moments(opt, scope)
+    full = scope == _capi.STATE_FULL or opt._node is None
+    if not full and opt._mesh is not None:
+        bufs = _placed_as_params(opt, bufs)
     state, masters = {}, {}
     for (name, p, shape), own, (_, adam_step) in zip(opt._params, bufs, placed):
-        full = scope == _capi.STATE_FULL or opt._node is None
         if full:
             shaped = {k: b.reshape(shape) for k, b in own.items()}
+        elif opt._mesh is not None:
+            shaped = own
         elif opt._mode == "fsdp":  # this process's rows, placed as the parameter is
             shaped = {k: _like_param(b, p) for k, b in own.items()}
         else:
@@ -92,6 +96,27 @@ def _like_param(local, p):
     rows = local.reshape((-1,) + tuple(p.shape[1:]))
     return DTensor.from_local(rows, p.device_mesh, p.placements, run_check=False,
                               shape=p.shape, stride=p.stride())
+
+
+def _placed_as_params(opt, bufs):
+    """The engine's shards of each state kind (bufs: per parameter, kind -> flat tensor) moved
+    to every process's pieces, as DTensors placed as their parameters (one exchange a kind)."""
+    from torch.distributed.tensor import DTensor
+    torch = _torch()
+    out = [{} for _ in bufs]
+    for kind in sorted({k for own in bufs for k in own}):
+        rows, pieces = {}, {}
+        for (name, p, _), own in zip(opt._params, bufs):
+            if kind in own:
+                rows[name] = own[kind]
+                pieces[name] = torch.zeros(p.to_local().shape, dtype=torch.float32)
+        opt._mesh.from_engine(rows, pieces)
+        for i, (name, p, _) in enumerate(opt._params):
+            if name in pieces:
+                out[i][kind] = DTensor.from_local(pieces[name], p.device_mesh, p.placements,
+                                                  run_check=False, shape=p.shape,
+                                                  stride=p.stride())
+    return out
 
 
 def _whole(value):
@@ -324,6 +349,18 @@ def _local_float32(value, p, shape, lo, hi, what):
         else _numpy().ascontiguousarray(whole.reshape(-1)[lo:hi])
 
 
+def _mesh_float32(opt, value, p, name, what):
+    """This rank's engine rows of DTensor `value` (placed as parameter `p` after a
+    redistribute if need be), moved from every process's pieces (a collective)."""
+    if tuple(value.shape) != tuple(p.shape):
+        raise ShapeMismatch(f"load_state_dict: {what} has shape {tuple(value.shape)}, the "
+                            f"parameter's is {tuple(p.shape)}")
+    if tuple(value.placements) != tuple(p.placements) or value.device_mesh != p.device_mesh:
+        value = value.redistribute(p.device_mesh, p.placements)
+    rows = opt._mesh.to_engine({name: value.to_local()})[name]
+    return rows.detach().to("cpu", dtype=_torch().float32).contiguous()
+
+
 def _count(value, what, low=0):
     """A step count (an int, or a scalar tensor / array as torch keeps it) as an int."""
     if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
@@ -390,6 +427,8 @@ def load_state_dict(opt, sd):
     def load(value, name, what):
         if opt._mode != "fsdp":
             return _host_float32(value, shapes[name], what)
+        if opt._mesh is not None and type(value).__name__ == "DTensor":
+            return _mesh_float32(opt, value, param_of[name], name, what)
         return _local_float32(value, param_of[name], shapes[name], *local[name], what)
 
     saved_index = [i for g in groups for i in g["params"]]

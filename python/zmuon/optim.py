@@ -35,7 +35,7 @@ otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-ove
 
 import math
 
-from . import _capi, _construction, _distributed, _groups, _param_groups, _state
+from . import _capi, _construction, _distributed, _groups, _mesh, _param_groups, _state
 from ._buffers import buffer_of, is_torch
 from ._capi import BadState, InvalidArgument
 from ._construction import Construction
@@ -127,6 +127,8 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         user_groups, made_up = _param_groups.named_groups(params)
         named = [item for g in user_groups for item in g["params"]]
         self._mode = _distributed.mode_of(named, ddp_module, averaged_grads)
+        # DTensors placed otherwise than FSDP2's rows: the moves between them (a collective)
+        self._mesh = _mesh.layout_for(named) if self._mode == _distributed.FSDP else None
         nodes, node_rank, master = _distributed.job_of(self._mode, nodes, node_rank, master,
                                                        ranks, distributed)
         group_of = _param_groups.placement(named, user_groups, made_up, groups)

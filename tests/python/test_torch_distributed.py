@@ -18,7 +18,7 @@ computed here:
   at 1 and at 4, against the uninterrupted run (and, as the control, the weights alone with a
   fresh optimizer, which must not match);
 - the memory claim: each process holds 1/world of the optimizer state;
-- HSDP (a 2-D mesh) refused by name;
+- a parameter placed Partial (a part of a sum, no values) refused by name;
 - add_param_group at step 5 (progressive unfreezing) under DDP and FSDP2 at 2 processes: the job
   meets again with the new parameters, against one process doing the same (<= 1e-6).
 
@@ -59,26 +59,32 @@ FSDP_WRITES = ("p.data.copy_()", "a layer re-initialised", "EMA swapped in and b
 # -- the worker: one process of the job -----------------------------------------------------------
 
 def build(kind):
-    """The model (same initial values in every process), wrapped or sharded (hsdp: FSDP2 on a
-    2 x world/2 mesh, replicated over its first dimension)."""
+    """The model (same initial values in every process), wrapped or sharded (partial: every
+    parameter a DTensor replicated over the processes, fc.weight placed Partial)."""
     torch.manual_seed(0)
     model = TinyTransformer()
+    if kind == "partial":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
+        mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        for module in list(model.modules()):
+            for name, p in list(module.named_parameters(recurse=False)):
+                placed = DTensor.from_local(p.detach().clone(), mesh, [Partial()]) \
+                    if module is model.fc and name == "weight" \
+                    else distribute_tensor(p.detach(), mesh, [Replicate()])
+                module.register_parameter(name, torch.nn.Parameter(placed))
+        return model
     if kind == "fsdp_bf16":  # bf16 parameters: zmuon keeps their fp32 masters
         model = model.to(torch.bfloat16)
     if kind == "ddp":
         return torch.nn.parallel.DistributedDataParallel(model)
-    if kind in ("fsdp", "hsdp", "fsdp_mp", "fsdp_bf16"):
+    if kind in ("fsdp", "fsdp_mp", "fsdp_bf16"):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        mesh = None
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
             if kind == "fsdp_mp" else MixedPrecisionPolicy(reduce_dtype=torch.float32)
-        if kind == "hsdp":
-            from torch.distributed.device_mesh import init_device_mesh
-            world = torch.distributed.get_world_size()
-            mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
         for block in (model.qkv, model.proj, model.fc, model.out):
-            fully_shard(block, mesh=mesh, mp_policy=policy)
-        fully_shard(model, mesh=mesh, mp_policy=policy)
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
     return model
 
 
@@ -274,14 +280,16 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, steps=STEPS, timeout=240):
-    """Starts `world` processes as torchrun would; returns their (returncode, output)."""
+def run_job(world, kind, case, out, gas=1, directory="", clip=0.0, steps=STEPS, timeout=240,
+            script=__file__):
+    """Starts `world` processes of `script --worker` as torchrun would; returns their
+    (returncode, output)."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
                WORLD_SIZE=str(world), OMP_NUM_THREADS="1")
     env.pop("ZMUON_JOB_SECRET", None)
     procs = []
     for r in range(world):
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--kind", kind,
+        cmd = [sys.executable, os.path.abspath(script), "--worker", "--kind", kind,
                "--case", case, "--out", out, "--gas", str(gas), "--dir", directory,
                "--clip", str(clip), "--steps", str(steps)]
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
@@ -493,13 +501,13 @@ class Distributed(unittest.TestCase):
             self.assertIn("node 2", results[r][1])
         print(f"a killed process: the others failed naming it, job over in {took:.1f} s")
 
-    def test_hsdp_is_refused_by_name(self):
-        _, ranks = self.job(4, "hsdp", "refused")
+    def test_partial_parameter_is_refused_by_name(self):
+        _, ranks = self.job(2, "partial", "refused")
         for r in ranks:
             self.assertIsNotNone(r["error"])
             self.assertIn("Unsupported", r["error"])
-            self.assertIn("HSDP", r["error"])
-        print(f"HSDP: {ranks[0]['error']}")
+            self.assertIn("'fc.weight' is placed (P(sum))", r["error"])
+        print(f"a Partial parameter: {ranks[0]['error']}")
 
     def test_distributed_checkpoint_resharded(self):
         for kind in ("fsdp", "ddp"):
@@ -524,7 +532,7 @@ if __name__ == "__main__":
     if "--worker" in sys.argv:
         ap = argparse.ArgumentParser()
         ap.add_argument("--worker", action="store_true")
-        ap.add_argument("--kind", choices=("ddp", "fsdp", "hsdp", "fsdp_mp", "fsdp_bf16"))
+        ap.add_argument("--kind", choices=("ddp", "fsdp", "partial", "fsdp_mp", "fsdp_bf16"))
         ap.add_argument("--case")
         ap.add_argument("--out")
         ap.add_argument("--gas", type=int, default=1)

@@ -13,6 +13,11 @@ endforeach()
 # zmuon.Muon under torch.distributed (gloo): DDP and FSDP2 jobs of 2 to 4 processes.
 zmuon_add_python_test(python_test_torch_distributed MODULE test_torch_distributed
   PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 900 LABELS embed torch ENV "HF_HUB_OFFLINE=1")
+# DTensor parameters of any placement (gloo, 4 processes): the placement reader against DTensor,
+# HSDP 2 x 2, FSDP2 with an MoE layer, tensor parallel 2 x FSDP2 2, expert parallel 2 x FSDP2 2,
+# DCP across meshes, each against one process.
+zmuon_add_python_test(python_test_torch_mesh MODULE test_torch_mesh
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 900 LABELS embed torch)
 
 # pip install . into a fresh venv and the parity test from outside the checkout.
 add_test(NAME python_test_pip_install

@@ -1,0 +1,339 @@
+"""DTensor parameters of any placement on the engine's shards.
+
+FSDP2's Shard(0) on a 1-D mesh of every process holds exactly the engine's rows layout (rank e
+holds dim-0 slices [e * L, (e + 1) * L), L = ceil(rows / world)): the engine reads and writes
+the local tensors in place. Other placements (HSDP's Replicate x Shard, tensor parallel's
+Shard(1) and strided shards, expert stacks on their own mesh) hold other pieces; the engine
+then cuts each flattened parameter evenly (the flat layout). This module says which pieces each
+process holds (a pure function of the global shape, the mesh and the placements) and moves
+values between them and the engine's shards: gradients in (each element from one holder), new
+values out (to every holder, replicas included), one all_to_all_single of the default process
+group each way."""
+
+import math
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # the numpy path never builds a layout
+    torch = None
+    dist = None
+
+from ._capi import InvalidArgument, Unsupported
+
+
+def placement_text(placements):
+    return "(" + ", ".join(str(p) for p in placements) + ")"
+
+
+def _take(runs, lo, hi):
+    """Positions [lo, hi) of the index sequence `runs` ((start, stop) runs in local order)."""
+    out, pos = [], 0
+    for start, stop in runs:
+        n = stop - start
+        a, b = max(lo, pos), min(hi, pos + n)
+        if a < b:
+            out.append((start + a - pos, start + b - pos))
+        pos += n
+    return out
+
+
+def _count(runs):
+    return sum(stop - start for start, stop in runs)
+
+
+def _chunk(n, parts, i):
+    """torch.chunk's piece i of n positions in `parts`: [i * c, min((i + 1) * c, n))."""
+    c = -(-n // parts) if n else 0
+    return min(n, i * c), min(n, (i + 1) * c)
+
+
+def held_runs(shape, mesh_shape, coord, placements):
+    """The global indices the process at mesh coordinate `coord` holds of a tensor of `shape`
+    placed by `placements` on a mesh of `mesh_shape`: per dimension a list of (start, stop) runs
+    in the local tensor's order (its elements are the outer product). Shard(d) cuts the current
+    indices of dim d as torch.chunk does; _StridedShard(d, sf) cuts them into sf chunks and each
+    chunk as Shard(d) would, the pieces back to back; Replicate keeps them. Left to right over
+    the mesh dimensions, as DTensor does."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+    runs = [[(0, int(n))] for n in shape]
+    for mesh_dim, p in enumerate(placements):
+        k, i = int(mesh_shape[mesh_dim]), int(coord[mesh_dim])
+        if isinstance(p, Replicate):
+            continue
+        if not isinstance(p, (Shard, _StridedShard)):
+            raise Unsupported(f"placement {p} on mesh dimension {mesh_dim}: zmuon takes "
+                              "parameters placed by Shard, _StridedShard and Replicate")
+        d = p.dim % len(shape)
+        n = _count(runs[d])
+        if isinstance(p, _StridedShard):
+            sf = int(p.split_factor)
+            pieces = []
+            for j in range(sf):
+                a, b = _chunk(n, sf, j)
+                lo, hi = _chunk(b - a, k, i)
+                pieces += _take(runs[d], a + lo, a + hi)
+            runs[d] = pieces
+        else:
+            runs[d] = _take(runs[d], *_chunk(n, k, i))
+    return [_merged(r) for r in runs]
+
+
+def _merged(runs):
+    out = []
+    for start, stop in runs:
+        if start == stop:
+            continue
+        if out and out[-1][1] == start:
+            out[-1] = (out[-1][0], stop)
+        else:
+            out.append((start, stop))
+    return out
+
+
+def _indices(runs):
+    """A dimension's runs as one int64 tensor of global indices."""
+    return torch.cat([torch.arange(a, b, dtype=torch.int64) for a, b in runs]) if runs \
+        else torch.zeros(0, dtype=torch.int64)
+
+
+def _flat(index_per_dim, shape):
+    """Row-major flat indices in `shape` of the outer product of per-dimension indices."""
+    grids = torch.meshgrid(*index_per_dim, indexing="ij")
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    return sum(g * s for g, s in zip(grids, strides)).reshape(-1)
+
+
+class _Piece:
+    """The part of one holder's box inside one engine rank's shard: where it sits in the
+    holder's local tensor and in the engine's buffer of that rank (flat indices)."""
+
+    __slots__ = ("name", "local", "engine")
+
+    def __init__(self, name, local, engine):
+        self.name, self.local, self.engine = name, local, engine
+
+
+def _global_flat(runs, shape):
+    """The flat indices in the whole tensor of the box `runs`, in the local tensor's order
+    (increasing: each dimension's runs are)."""
+    return _flat([_indices(r) for r in runs], list(shape))
+
+
+class MeshLayout:
+    """The moves between every process's DTensor pieces and the engine's shards, for the
+    parameters `named` (name, DTensor) of this process. Built from every process's
+    description (one all_gather_object), so that each process derives the same moves."""
+
+    def __init__(self, named, rank, world):
+        self.rank, self.world = rank, world
+        self.device = named[0][1].to_local().device if named else "cpu"  # of the exchange
+        mine = [(name, tuple(p.shape), _description(name, p)) for name, p in named]
+        strided = [(n, p) for n, p in named if not p.to_local().is_contiguous()]
+        every = [None] * world
+        dist.all_gather_object(every, (mine, [(n, tuple(p.to_local().stride()))
+                                              for n, p in strided[:1]]))
+        for r, (_, bad) in enumerate(every):  # every process raises alike
+            for n, stride in bad:
+                raise Unsupported(f"the local tensor of '{n}' in process {r} is not contiguous "
+                                  f"(strides {stride}): zmuon reads and writes it flat, in place")
+        every = [theirs for theirs, _ in every]
+        names = [n for n, _, _ in mine]
+        for r, theirs in enumerate(every):
+            if [n for n, _, _ in theirs] != names:
+                raise InvalidArgument(f"process {r} registers other parameters than process "
+                                      f"{rank}: every process passes the same named_parameters")
+        self.shapes = {n: s for n, s, _ in mine}
+        self.placements = {n: d[1] for n, _, d in mine}
+        boxes = {}  # name -> {held runs: the processes holding them}
+        for i, name in enumerate(names):
+            shape, boxes[name] = self.shapes[name], {}
+            for r in range(world):
+                if every[r][i][1] != shape:
+                    raise InvalidArgument(f"'{name}' has shape {every[r][i][1]} in process {r}, "
+                                          f"{shape} in process {rank}")
+                runs = every[r][i][2][0]
+                if runs is not None and all(runs):
+                    boxes[name].setdefault(runs, []).append(r)
+            self._check_cover(name, shape, boxes[name])
+        # Every process holds exactly its rows (FSDP2's Shard(0) on every process): the engine
+        # cuts by rows and nothing moves. Else the engine cuts each flattened parameter evenly.
+        self.identity = all(len(holders) == 1 and runs == _rows_box(self.shapes[n], world,
+                                                                      holders[0])
+                            for n in names for runs, holders in boxes[n].items())
+        # in: (source, engine rank) -> pieces; out: (engine rank, holder) -> pieces.
+        self._in, self._out = {}, {}
+        for name in names:
+            for runs, holders in boxes[name].items():
+                if rank in holders or not self.identity:
+                    self._add_pieces(name, runs, holders)
+
+    def _add_pieces(self, name, runs, holders):
+        """The pieces of the box `runs` (held by `holders`) this process sends or receives:
+        each engine rank's part from one holder (itself where it is one), and to every
+        holder."""
+        me, glob = self.rank, _global_flat(runs, self.shapes[name])
+        for e in range(self.world):
+            src = e if e in holders else holders[e % len(holders)]
+            if me not in (src, e) and me not in holders:
+                continue
+            lo, hi = self.engine_range(name, e)
+            a, b = (int(torch.searchsorted(glob, x)) for x in (lo, hi))
+            if a == b:
+                continue
+            piece = _Piece(name, torch.arange(a, b, dtype=torch.int64).to(self.device),
+                           (glob[a:b] - lo).to(self.device))  # where the moves run
+            if me in (src, e):
+                self._in.setdefault((src, e), []).append(piece)
+            for h in holders:
+                if me in (e, h):
+                    self._out.setdefault((e, h), []).append(piece)
+
+    def engine_range(self, name, e):
+        """The flat elements [lo, hi) of parameter `name` that engine rank e holds."""
+        shape = self.shapes[name]
+        if self.identity:
+            lo, hi = _chunk(shape[0], self.world, e)
+            row = math.prod(shape[1:])
+            return lo * row, hi * row
+        return _chunk(math.prod(shape), self.world, e)
+
+    def _check_cover(self, name, shape, boxes):
+        held = sum(math.prod(_count(r) for r in runs) for runs in boxes)
+        if held != math.prod(shape):
+            raise Unsupported(f"'{name}' placed {placement_text(self.placements[name])}: its "
+                              f"processes hold {held} distinct elements of {math.prod(shape)}")
+
+    def engine_len(self, name):
+        lo, hi = self.engine_range(name, self.rank)
+        return hi - lo
+
+    def to_engine(self, locals_):
+        """This rank's engine shards of the parameters named in `locals_` (name -> this process's
+        local tensor, None where it has none: zeros) from every process's local tensors; every
+        process calls it with the same names. Returns name -> flat fp32 tensor."""
+        device = _device(locals_)
+        out = {n: torch.zeros(self.engine_len(n), dtype=torch.float32, device=device)
+               for n in locals_}
+        flat = {n: _flat_view(t.detach(), n) for n, t in locals_.items() if t is not None}
+        self._exchange(self._in, set(locals_),
+                       lambda pc: _read(flat.get(pc.name), pc.local, device),
+                       lambda pc, v: _write(out[pc.name], pc.engine, v))
+        return out
+
+    def from_engine(self, rows, locals_):
+        """Every holder's local tensors (name -> tensor, written in place) from the engine's
+        shards (name -> this rank's flat tensor); every process calls it with the same names."""
+        flat = {n: _flat_view(t, n) for n, t in locals_.items()}
+        with torch.no_grad():  # parameters' local tensors, written in place
+            self._exchange(self._out, set(locals_),
+                           lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)].float(),
+                           lambda pc, v: _write(flat[pc.name], pc.local, v))
+
+    def _exchange(self, moves, names, read, write):
+        """Each (sender, receiver) pair's pieces of parameters `names`, in the same order on
+        both sides: the own ones copied, the others in one all_to_all_single."""
+        me = self.rank
+
+        def of(a, b):
+            return [pc for pc in moves.get((a, b), ()) if pc.name in names]
+        for pc in of(me, me):
+            write(pc, read(pc))
+        if self.identity:
+            return
+        send_sizes, recv_sizes, parts = [], [], []
+        for r in range(self.world):
+            out = [] if r == me else of(me, r)
+            parts += [read(pc) for pc in out]
+            send_sizes.append(sum(pc.local.numel() for pc in out))
+            recv_sizes.append(0 if r == me else sum(pc.local.numel() for pc in of(r, me)))
+        send = torch.cat([p.to(self.device) for p in parts]) if parts \
+            else torch.zeros(0, dtype=torch.float32, device=self.device)
+        recv = torch.empty(sum(recv_sizes), dtype=torch.float32, device=self.device)
+        dist.all_to_all_single(recv, send, recv_sizes, send_sizes)
+        pos = 0
+        for r in range(self.world):
+            for pc in [] if r == me else of(r, me):
+                write(pc, recv[pos:pos + pc.local.numel()])
+                pos += pc.local.numel()
+
+
+def _rows_box(shape, world, e):
+    """The engine's rows of rank e as held runs."""
+    lo, hi = _chunk(shape[0], world, e)
+    return tuple([((lo, hi),)] + [((0, int(n)),) for n in shape[1:]])
+
+
+def _device(tensors):
+    for t in tensors.values():
+        if t is not None:
+            return t.device
+    return "cpu"
+
+
+def _flat_view(t, name):
+    if not t.is_contiguous():  # made so after the optimizer (checked when it was made)
+        raise Unsupported(f"the local tensor of '{name}' is not contiguous (strides "
+                          f"{tuple(t.stride())}): zmuon reads and writes it flat, in place")
+    return t.view(-1)
+
+
+def _write(flat, index, values):
+    flat.index_copy_(0, index.to(flat.device), values.to(flat.device, flat.dtype))
+
+
+def _read(flat, index, device):
+    if flat is None:
+        return torch.zeros(index.numel(), dtype=torch.float32, device=device)
+    return flat[index.to(flat.device)].float()
+
+
+def check_placements(name, p):
+    """Refuses DTensor parameter `p` where a placement holds no values of it."""
+    from torch.distributed.tensor import Partial
+    placements = tuple(p.placements)
+    if any(isinstance(pl, Partial) for pl in placements):
+        raise Unsupported(f"'{name}' is placed {placement_text(placements)} on a mesh of "
+                          f"{tuple(p.device_mesh.shape)}: a Partial parameter holds a part of a "
+                          "sum, not values; zmuon takes Shard, _StridedShard and Replicate")
+
+
+def _description(name, p):
+    """(this process's held runs or None, the placements) of DTensor `p`."""
+    check_placements(name, p)
+    placements = tuple(p.placements)
+    mesh = p.device_mesh
+    coord = mesh.get_coordinate()
+    if coord is None:
+        return None, placements
+    runs = held_runs(tuple(p.shape), tuple(mesh.shape), coord, placements)
+    return tuple(tuple(r) for r in runs), placements
+
+
+def layout_of(named, rank, world):
+    """The moves of DTensor parameters `named` (name, DTensor), or None where every process
+    holds exactly its engine rows (FSDP2's Shard(0) on a 1-D mesh of every process)."""
+    layout = MeshLayout(named, rank, world)
+    return None if layout.identity else layout
+
+
+def layout_for(named):
+    """layout_of for zmuon.Muon's DTensor parameters `named` (name, DTensor; the zero-size
+    ones stay out of the engine) over torch.distributed's default group."""
+    return layout_of([(n, p) for n, p in named if p.numel() > 0], dist.get_rank(),
+                     dist.get_world_size())
+
+
+def check_rank(engine_rank):
+    """The engine's ranks are the default process group's."""
+    if engine_rank != dist.get_rank():
+        raise InvalidArgument(f"this process is rank {dist.get_rank()} of torch.distributed's "
+                              f"default group but rank {engine_rank} of zmuon's job")
+
+
+def any_process(flag):
+    """Whether `flag` is true in some process (a collective)."""
+    t = torch.tensor([1 if flag else 0], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
