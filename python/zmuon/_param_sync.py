@@ -212,29 +212,55 @@ def _bit_sum(t):
     return t.view(_INT_OF_SIZE[t.element_size()]).sum(dtype=torch.int64)
 
 
+class _Norm:
+    """A floating-point tensor's fingerprint: element k of `vec`, the fp32 L2 norms of the
+    tensors fingerprinted together on one device."""
+
+    __slots__ = ("vec", "k")
+
+    def __init__(self, vec, k):
+        self.vec, self.k = vec, k
+
+    def item(self):
+        return self.vec[self.k].item()
+
+
 def fingerprints(tensors):
     """One value per tensor that a write elsewhere changes: for floating-point torch tensors the
-    fp32 L2 norm, all of them in a few multi-tensor launches on their own devices (no wait for
-    the GPU); the wrapping sum of the bits for other torch tensors, crc32 for numpy arrays, None
-    for other buffers."""
+    fp32 L2 norm (_Norm), all of them in a few multi-tensor launches per device and one stack
+    (no wait for the GPU); the wrapping sum of the bits for other torch tensors, crc32 for numpy
+    arrays, None for other buffers."""
     out = [None] * len(tensors)
-    floats = []  # (index, tensor)
+    floats = {}  # device -> [(index, tensor)]
     for i, t in enumerate(tensors):
         if _is_tensor(t):
-            t = t.detach()
             if t.numel() == 0:
                 out[i] = 0
             elif t.is_floating_point():
-                floats.append((i, t))
+                floats.setdefault(t.device, []).append((i, t))
             else:
-                out[i] = _bit_sum(t)
+                out[i] = _bit_sum(t.detach())
         elif hasattr(t, "__array_interface__"):
             out[i] = zlib.crc32(memoryview(t).cast("B"))
     if floats:
-        norms = torch._foreach_norm([t for _, t in floats], 2, dtype=torch.float32)
-        for (i, _), n in zip(floats, norms):
-            out[i] = n
+        with torch.no_grad():
+            for items in floats.values():
+                vec = torch.stack(torch._foreach_norm([t for _, t in items], 2,
+                                                      dtype=torch.float32))
+                for k, (i, _) in enumerate(items):
+                    out[i] = _Norm(vec, k)
     return out
+
+
+def _values_of(prints):
+    """The norms of `prints` (_Norm of one device) as one tensor: their own vector where they
+    are all of it in order (the common case), else gathered."""
+    vec = prints[0].vec
+    if all(p.vec is vec for p in prints):
+        if len(prints) == vec.numel() and all(p.k == k for k, p in enumerate(prints)):
+            return vec
+        return vec[torch.tensor([p.k for p in prints], device=vec.device)]
+    return torch.stack([p.vec[p.k] for p in prints])
 
 
 def same_fingerprints(old, new):
@@ -242,15 +268,17 @@ def same_fingerprints(old, new):
     out = [None] * len(old)
     by_device = {}
     for i, (a, b) in enumerate(zip(old, new)):
-        if _is_tensor(a) and _is_tensor(b) and a.device == b.device and a.dtype == b.dtype:
-            by_device.setdefault(a.device, []).append(i)
+        if isinstance(a, _Norm) and isinstance(b, _Norm) and a.vec.device == b.vec.device:
+            by_device.setdefault(a.vec.device, []).append(i)
+        elif _is_tensor(a) and _is_tensor(b) and a.device == b.device and a.dtype == b.dtype:
+            out[i] = bool(a == b)
         else:
-            out[i] = (a.item() if _is_tensor(a) else a) == (b.item() if _is_tensor(b) else b)
+            value = (lambda x: x.item() if isinstance(x, _Norm) or _is_tensor(x) else x)
+            out[i] = value(a) == value(b)
     for indices in by_device.values():
-        a = torch.stack([old[i] for i in indices])
-        b = torch.stack([new[i] for i in indices])
-        equal = (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
-        for i, e in zip(indices, equal.tolist()):
+        a = _values_of([old[i] for i in indices])
+        b = _values_of([new[i] for i in indices])
+        for i, e in zip(indices, ((a == b) | (a.isnan() & b.isnan())).tolist()):
             out[i] = e
     return out
 
