@@ -332,7 +332,7 @@ void advance(coord_pointer self);                      //   the fixed collective
 void request_momentum(coord_pointer self, int c);      //   momentum (store)
 void gather(coord_pointer self, int c);                //   gather u to the owners
 void orthogonalize(coord_pointer self, int c);         //   Newton-Schulz on the owner
-void transform(coord_pointer self, int c);             //   NorMuon (store)
+void transform_in_store(coord_pointer self, int c);    //   NorMuon (store)
 void ns_finished(coord_pointer self, int c);           //   the update off to the comm
 void scatter(coord_pointer self, int c);               //   scatter the update
 void apply(coord_pointer self, int c);                 //   apply (store)
@@ -522,7 +522,7 @@ void orthogonalize(coord_pointer self, int c) {
   st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
   ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
   if (transform_due(st, c)) {
-    transform(self, c);
+    transform_in_store(self, c);
     return;
   }
   if (full.bf16 != nullptr)
@@ -532,7 +532,7 @@ void orthogonalize(coord_pointer self, int c) {
 
 // The rule's transform after NS (NorMuon's row normalization) in the store, whose row moments
 // change only here, in a step that is applied; an fp32 block takes its scale there too.
-void transform(coord_pointer self, int c) {
+void transform_in_store(coord_pointer self, int c) {
   auto& st = self->state;
   normuon_step msg{st.work->req.step, c, st.work->chunks[c].full.compute()};
   ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
