@@ -8,13 +8,19 @@
 
 namespace zmuon {
 
-/// How the Muon update is scaled (docs/DESIGN.md §2).
+/// How the Muon update is scaled (docs/DESIGN.md §2; the arithmetic: muon_rule::scale in
+/// src/kernels/muon_rule.hpp). Named by `adjust_lr_rule_names` (enum order); the C ABI passes
+/// the enum value.
 enum class adjust_lr_rule : uint8_t {
   original,         // sqrt(max(1, rows/cols))
   match_rms_adamw,  // 0.2 * sqrt(max(rows, cols))
   spectral,         // sqrt(rows/cols): Dion's adjust_lr_spectral_norm (no max with 1)
   rms,              // 0.2 * sqrt(max(rows, cols)): Dion's adjust_lr_rms_norm
 };
+inline constexpr const char* adjust_lr_rule_names[] = {"original", "match_rms_adamw", "spectral",
+                                                       "rms"};
+inline constexpr int kAdjustLrRules =
+    static_cast<int>(sizeof(adjust_lr_rule_names) / sizeof(adjust_lr_rule_names[0]));
 
 /// What the Muon phase's gather (u) and scatter (the orthogonalized update) carry.
 enum class muon_transport : uint8_t {
@@ -65,12 +71,18 @@ inline ns_options automatic_ns() {
   return ns;
 }
 
-/// Which update the Muon parameters take (docs/DESIGN.md §2).
+/// Which update the Muon parameters take (docs/DESIGN.md §2): the transform after
+/// Newton-Schulz of the group's rule (src/kernels/muon_rule.hpp), which the backends apply in
+/// compute_backend::post_ns. Named by `muon_variant_names` (enum order); the C ABI passes the
+/// enum value.
 enum class muon_variant : uint8_t {
   muon,     // the orthogonalized momentum, scaled by adjust_lr
   normuon,  // NorMuon (arXiv:2510.05491): the orthogonalized momentum normalized per row by an
             // EMA of its rows' mean squares, its Frobenius norm restored, then scaled
 };
+inline constexpr const char* muon_variant_names[] = {"muon", "normuon"};
+inline constexpr int kMuonVariants =
+    static_cast<int>(sizeof(muon_variant_names) / sizeof(muon_variant_names[0]));
 
 struct muon_options {
   float lr = 0.02f;

@@ -21,7 +21,7 @@ GROUP_KEYS = ("lr", "weight_decay", "momentum", "nesterov", "betas", "eps", "ns_
               "ns_coefficients", "ns_variant", "adjust_lr", "qk_clip_tau")
 
 NS_VARIANTS = ("standard", "gram", "auto")
-ADJUST_LR = ("original", "match_rms_adamw", "spectral", "rms")
+ADJUST_LR = tuple(_capi.ADJUST_LR)
 
 # The engine's defaults (zmuon/options.hpp), for keys a config leaves out.
 ENGINE_DEFAULTS = {"lr": 0.02, "adam_lr": 3e-4, "weight_decay": 0.0, "momentum": 0.95,

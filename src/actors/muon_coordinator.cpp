@@ -53,8 +53,10 @@ struct slot {
 
 struct step_work {
   step_request req;
-  // The step's values, resolved once (unscale_clip carries them to the store).
+  // The step's values, resolved once (unscale_clip carries them to the store), and each group's
+  // Muon rule derived from them.
   std::shared_ptr<const std::vector<group_hparams>> groups;
+  std::vector<muon_rule> rules;
   std::vector<uint8_t> touched;  // per parameter; empty: every parameter touched
   caf::typed_response_promise<step_result> promise;
   step_result result;
@@ -177,12 +179,13 @@ std::vector<uint8_t> resolve_touched(const coordinator_state& st, const step_req
   return out;
 }
 
-const group_hparams& hparams(const coordinator_state& st, int g) {
-  return (*st.work->groups)[g];
+/// The step's Muon rule of group g.
+const muon_rule& rule_of(const coordinator_state& st, int g) {
+  return st.work->rules[g];
 }
 
-const group_hparams& hparams_of_param(const coordinator_state& st, int param) {
-  return hparams(st, st.pl->params[param].hparam_group);
+const muon_rule& rule_of_param(const coordinator_state& st, int param) {
+  return rule_of(st, st.pl->params[param].hparam_group);
 }
 
 bool touched(const coordinator_state& st, int param) {
@@ -190,14 +193,12 @@ bool touched(const coordinator_state& st, int param) {
   return mask.empty() || mask[param] != 0;
 }
 
-/// Whether chunk c has a NorMuon parameter the step touches with a block this rank owns (the
-/// store then normalizes its rows).
-bool normuon_due(const coordinator_state& st, int c) {
-  for (const auto& o : st.own[c].owned) {
-    const auto& m = hparams(st, st.pl->params[o.param].hparam_group).muon;
-    if (m.variant == muon_variant::normuon && touched(st, o.param))
+/// Whether chunk c has a parameter the step touches, whose rule has a transform after NS
+/// (NorMuon), with a block this rank owns (the store then transforms it).
+bool transform_due(const coordinator_state& st, int c) {
+  for (const auto& o : st.own[c].owned)
+    if (rule_of_param(st, o.param).transforms() && touched(st, o.param))
       return true;
-  }
   return false;
 }
 
@@ -245,11 +246,11 @@ void rescale_bf16_blocks(coordinator_state& st, int c, uint16_t* full) {
   device_buffer& tmp = st.bf16_scratch;
   for (const auto& m : st.own[c].owned) {
     const auto& p = pl.params[m.param];
-    const auto rule = hparams_of_param(st, m.param).muon.adjust_lr;
+    const muon_rule& rule = rule_of_param(st, m.param);
     const auto& b = p.blocks[m.block];
     const auto& b0 = p.blocks.front();
-    const float ratio = update_scale(rule, b.rows / b.heads, p.cols)
-                        / update_scale(rule, b0.rows / b0.heads, p.cols);
+    const float ratio =
+        rule.scale(b.rows / b.heads, p.cols) / rule.scale(b0.rows / b0.heads, p.cols);
     if (ratio == 1.0f)
       continue;
     const int64_t n = b.rows * p.cols;
@@ -289,7 +290,7 @@ std::vector<clip_range> clip_ranges(const coordinator_state& st, const std::vect
   for (const auto& pair : pl.qk_pairs) {
     const auto& q = pl.params[pair.query];
     const auto& k = pl.params[pair.key];
-    const double tau = hparams(st, q.hparam_group).muon.qk_clip_tau;
+    const double tau = rule_of(st, q.hparam_group).qk_clip_tau;
     const int64_t group = pair.query_heads / pair.key_heads;  // query heads per key head (GQA)
     const int64_t dq = q.shape[0] / pair.query_heads;
     const int64_t dk = k.shape[0] / pair.key_heads;
@@ -315,7 +316,7 @@ std::vector<clip_range> clip_ranges(const coordinator_state& st, const std::vect
 
 bool qk_clip_on(const coordinator_state& st) {
   for (const auto& pair : st.pl->qk_pairs)
-    if (hparams(st, st.pl->params[pair.query].hparam_group).muon.qk_clip_tau > 0)
+    if (rule_of_param(st, pair.query).qk_clip_tau > 0)
       return true;
   return false;
 }
@@ -331,7 +332,7 @@ void advance(coord_pointer self);                      //   the fixed collective
 void request_momentum(coord_pointer self, int c);      //   momentum (store)
 void gather(coord_pointer self, int c);                //   gather u to the owners
 void orthogonalize(coord_pointer self, int c);         //   Newton-Schulz on the owner
-void normalize(coord_pointer self, int c);             //   NorMuon (store)
+void transform_in_store(coord_pointer self, int c);    //   NorMuon (store)
 void ns_finished(coord_pointer self, int c);           //   the update off to the comm
 void scatter(coord_pointer self, int c);               //   scatter the update
 void apply(coord_pointer self, int c);                 //   apply (store)
@@ -490,8 +491,9 @@ void gather(coord_pointer self, int c) {
   ask<comm_done>(self, st.peers.comm, std::move(req), [=](comm_done&) { orthogonalize(self, c); });
 }
 
-// Newton-Schulz on the blocks this rank owns, batched by shape; fp32 leaves it scaled (NorMuon:
-// after its normalization), bf16 leaves the scale to the receiving stores.
+// Newton-Schulz on the blocks this rank owns, batched by shape, under their group's rule; fp32
+// leaves it scaled (a rule with a transform: by the store, after it), bf16 leaves the scale to
+// the receiving stores.
 void orthogonalize(coord_pointer self, int c) {
   auto& st = self->state;
   auto& cw = st.work->chunks[c];
@@ -503,15 +505,15 @@ void orthogonalize(coord_pointer self, int c) {
   trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                  trace::span::per_param);
   for (const auto& g : st.own[c].groups) {
-    const auto& muon = hparams(st, g.hparam_group).muon;
+    const muon_rule& rule = rule_of(st, g.hparam_group);
     ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
     if (full.bf16 != nullptr) {
-      st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, muon.ns);
+      st.be->newton_schulz_bf16(full.bf16 + g.offset, g.batch, g.rows, g.cols, rule.ns);
     } else {
       float* x = full.data + g.offset;
-      st.be->newton_schulz(x, g.batch, g.rows, g.cols, muon.ns);
-      if (muon.variant != muon_variant::normuon)
-        st.be->scale(x, g.batch * g.rows * g.cols, update_scale(muon.adjust_lr, g.rows, g.cols));
+      st.be->newton_schulz(x, g.batch, g.rows, g.cols, rule.ns);
+      if (!rule.transforms())
+        st.be->post_ns(x, nullptr, g.batch, g.rows, g.cols, rule, rule.scale(g.rows, g.cols));
     }
   }
   // Each parameter is named once, by the owner of its first block (an expert stack's or a
@@ -519,8 +521,8 @@ void orthogonalize(coord_pointer self, int c) {
   ns.add_params(st.own[c].ns_params);
   st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
   ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
-  if (normuon_due(st, c)) {
-    normalize(self, c);
+  if (transform_due(st, c)) {
+    transform_in_store(self, c);
     return;
   }
   if (full.bf16 != nullptr)
@@ -528,22 +530,15 @@ void orthogonalize(coord_pointer self, int c) {
   ns_finished(self, c);
 }
 
-// NorMuon: the store normalizes the rows (its row moments change only here, in a step that is
-// applied), then the fp32 update is scaled as Muon's.
-void normalize(coord_pointer self, int c) {
+// The rule's transform after NS (NorMuon's row normalization) in the store, whose row moments
+// change only here, in a step that is applied; an fp32 block takes its scale there too.
+void transform_in_store(coord_pointer self, int c) {
   auto& st = self->state;
   normuon_step msg{st.work->req.step, c, st.work->chunks[c].full.compute()};
   ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
     auto& st = self->state;
     const float_view full = st.work->chunks[c].full.compute();
-    if (full.data != nullptr)
-      for (const auto& g : st.own[c].groups) {
-        const auto& muon = hparams(st, g.hparam_group).muon;
-        if (muon.variant == muon_variant::normuon)
-          st.be->scale(full.data + g.offset, g.batch * g.rows * g.cols,
-                       update_scale(muon.adjust_lr, g.rows, g.cols));
-      }
-    else  // bf16: the blocks' scale ratios after the normalization, whose moments are unscaled
+    if (full.bf16 != nullptr)  // the blocks' scale ratios after the transform, as unscaled
       rescale_bf16_blocks(st, c, full.bf16);
     ns_finished(self, c);
   });
@@ -707,6 +702,7 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
         st.work.emplace();
         st.work->req = req;
         st.work->groups = resolve_groups(st, req);
+        st.work->rules = muon_rules_of(*st.work->groups);
         st.work->touched = resolve_touched(st, req);
         st.work->result.step = req.step;
         st.work->ns_before = st.be->ns_matrix_count();

@@ -12,9 +12,10 @@
 //     3. unscale_clip    store: gradient *= clip / (loss scale * micro-batches); carries the
 //                        step's group table and touched mask, once, for what follows
 //     4. per Muon chunk, in the fixed order G0 G1 S0 G2 S1 ... : muon_momentum (store),
-//        gather u shards to owners, Newton-Schulz on the owner (NorMuon: normuon_step, the
-//        owner's store normalizes the rows of the blocks it owns), scatter result shards,
-//        apply_muon (store). Gather and scatter carry fp32 or bf16 (muon_wire_type): with
+//        gather u shards to owners, Newton-Schulz on the owner under each group's rule
+//        (kernels/muon_rule.hpp; a rule with a transform after NS, NorMuon: normuon_step, the
+//        owner's store transforms the blocks it owns), scatter result shards, apply_muon
+//        (store). Gather and scatter carry fp32 or bf16 (muon_wire_type): with
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
 //        moves from the owner to the receiving store so that NS's output travels unscaled.
 //        Each Muon parameter is a list of NS blocks (plan.hpp, muon_block), each with its owner

@@ -51,9 +51,11 @@ struct store_state {
   std::vector<group_slices> adam_groups;
   std::vector<int> adam_index;                 // per parameter: its AdamW ordinal, or -1
   std::vector<std::vector<int>> owned_params;  // per chunk: those with a block this rank owns
-  // The step's values (unscale_clip): per group, and per parameter whether it is touched.
+  // The step's values (unscale_clip): per group, and per parameter whether it is touched; each
+  // group's Muon rule derived from them.
   uint64_t values_step = 0;
   std::shared_ptr<const std::vector<group_hparams>> groups;
+  std::vector<muon_rule> rules;
   std::vector<uint8_t> touched;
   int group_count = 1;
   // NorMuon's row moments of the NS blocks this rank owns (plan/ownership.hpp), and per
@@ -304,6 +306,7 @@ caf::error take_step_values(store_state& st, unscale_clip& msg) {
                               + std::to_string(st.pl->params.size()) + " parameters");
   st.values_step = msg.step;
   st.groups = std::move(msg.groups);
+  st.rules = muon_rules_of(*st.groups);
   st.touched = std::move(msg.touched);
   return {};
 }
@@ -314,10 +317,6 @@ caf::error check_values(const store_state& st, uint64_t step, const char* what) 
     return {};
   return make_caf_error(errc::bad_state, std::string(what) + ": step " + std::to_string(step)
                                              + " has no values (unscale_clip comes first)");
-}
-
-const group_hparams& values_of(const store_state& st, int group) {
-  return (*st.groups)[group];
 }
 
 bool is_touched(const store_state& st, int param) {
@@ -351,17 +350,17 @@ caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
   const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
   const int64_t origin = st.pl->chunks[msg.chunk].state_offset;
   for (const auto& gs : st.chunk_groups[msg.chunk]) {
-    const auto& m = values_of(st, gs.group).muon;
+    const muon_rule& rule = st.rules[gs.group];
     by_touch(st, gs, [&](const std::vector<param_slice>& slices, bool touched) {
       st.be->momentum_slices(st.momentum.data(), st.grads.data(), out, origin, slices,
-                             touched ? m.momentum : 1.0f, touched && m.nesterov);
+                             touched ? rule.momentum : 1.0f, touched && rule.nesterov);
     });
   }
   return {};
 }
 
-/// apply_muon: per group, its touched parameters' update. An fp32 update arrives scaled; a bf16
-/// one unscaled, and each parameter takes its first block's scale here.
+/// apply_muon: per group, its touched parameters' update under the group's rule. An fp32 update
+/// arrives scaled; a bf16 one unscaled, and each parameter takes its first block's scale here.
 caf::error apply_update(store_pointer self, const apply_muon& msg) {
   auto& st = self->state;
   const auto& pl = *st.pl;
@@ -372,7 +371,7 @@ caf::error apply_update(store_pointer self, const apply_muon& msg) {
   const fp32_or_bf16 update{msg.update.data, msg.update.bf16};
   const bool scale_here = msg.update.bf16 != nullptr;
   for (const auto& gs : st.chunk_groups[msg.chunk]) {
-    const auto& m = values_of(st, gs.group).muon;
+    const muon_rule& rule = st.rules[gs.group];
     std::vector<param_slice> slices;
     for (size_t k = 0; k < gs.params.size(); ++k) {
       if (!is_touched(st, gs.params[k]))
@@ -380,11 +379,11 @@ caf::error apply_update(store_pointer self, const apply_muon& msg) {
       const auto& p = pl.params[gs.params[k]];
       const auto& b0 = p.blocks.front();
       slices.push_back(gs.slices[k]);
-      slices.back().scale = scale_here ? update_scale(m.adjust_lr, b0.rows / b0.heads, p.cols) : 1;
+      slices.back().scale = scale_here ? rule.scale(b0.rows / b0.heads, p.cols) : 1;
     }
     if (!slices.empty())
-      st.be->apply_update_slices(st.params.data(), update, pl.chunks[msg.chunk].state_offset,
-                                 slices, m.lr, m.weight_decay, decay_of(m.cautious_weight_decay));
+      st.be->muon_update_slices(st.params.data(), update, pl.chunks[msg.chunk].state_offset, slices,
+                                rule);
   }
   return {};
 }
@@ -412,16 +411,16 @@ caf::error run_scalar_rule(store_pointer self, const adamw_step& msg) {
     for (const auto& [n, slices] : by_count)
       st.be->scalar_update_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
                                   st.exp_avg_sq.data(), slices,
-                                  scalar_args_of(values_of(st, gs.group).adamw, n));
+                                  scalar_args_of((*st.groups)[gs.group].adamw, n));
   }
   return {};
 }
 
-/// normuon_step: each NS block this rank owns of the chunk's touched NorMuon parameters,
-/// normalized in place in the owner buffer (a bf16 one through an fp32 copy) with its own row
-/// moments, its heads as separate matrices whose rows are the block's rows (NorMuon per
-/// matrix, arXiv:2510.05491).
-caf::error normalize_rows(store_state& st, const normuon_step& msg) {
+/// normuon_step: each NS block this rank owns of the chunk's touched parameters whose rule has a
+/// transform after NS (NorMuon), transformed in place in the owner buffer (a bf16 one through
+/// an fp32 copy) with its own row moments, its heads as separate matrices whose rows are the
+/// block's rows (NorMuon per matrix, arXiv:2510.05491); an fp32 one then takes its scale.
+caf::error transform_blocks(store_state& st, const normuon_step& msg) {
   const auto& pl = *st.pl;
   const std::string what = "normuon_step: chunk " + std::to_string(msg.chunk);
   if (msg.chunk < 0 || msg.chunk >= static_cast<int32_t>(pl.chunks.size()))
@@ -432,11 +431,9 @@ caf::error normalize_rows(store_state& st, const normuon_step& msg) {
   if (auto err = check_values(st, msg.step, "normuon_step"))
     return err;
   std::vector<int> params;
-  for (int i : st.owned_params[msg.chunk]) {
-    const auto& m = values_of(st, pl.params[i].hparam_group).muon;
-    if (m.variant == muon_variant::normuon && is_touched(st, i))
+  for (int i : st.owned_params[msg.chunk])
+    if (st.rules[pl.params[i].hparam_group].transforms() && is_touched(st, i))
       params.push_back(i);
-  }
   for (int i : params) {
     const auto& p = pl.params[i];
     for (size_t b = 0; b < p.blocks.size(); ++b)
@@ -448,23 +445,23 @@ caf::error normalize_rows(store_state& st, const normuon_step& msg) {
   }
   for (int i : params) {
     const auto& p = pl.params[i];
-    const auto& m = values_of(st, p.hparam_group).muon;
+    const muon_rule& rule = st.rules[p.hparam_group];
     for (size_t k = 0; k < p.blocks.size(); ++k) {
       const int64_t at = st.full_offset[i][k];
       if (at < 0)
         continue;
       const muon_block& b = p.blocks[k];
+      const int64_t rows = b.rows / b.heads;
       float* v = st.row_moments.data() + st.row_offset[i][k];
-      const int64_t n = b.rows * p.cols;
       if (msg.full.data != nullptr) {
-        st.be->normuon_rows(msg.full.data + at, v, b.heads, b.rows / b.heads, p.cols,
-                            m.normuon_beta2, m.normuon_eps);
+        st.be->post_ns(msg.full.data + at, v, b.heads, rows, p.cols, rule,
+                       rule.scale(rows, p.cols));
         continue;
       }
+      const int64_t n = b.rows * p.cols;
       device_buffer wide = st.be->allocate_for_overwrite(n);
       st.be->from_bf16(wide.data(), msg.full.bf16 + at, n);
-      st.be->normuon_rows(wide.data(), v, b.heads, b.rows / b.heads, p.cols, m.normuon_beta2,
-                          m.normuon_eps);
+      st.be->post_ns(wide.data(), v, b.heads, rows, p.cols, rule, 1.0f);  // scaled by receivers
       st.be->to_bf16(msg.full.bf16 + at, wide.data(), n);
     }
   }
@@ -610,7 +607,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       [=](normuon_step& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         const keep_alive held = std::move(msg.full.owner);  // as in accumulate
-        return answered(msg.step, normalize_rows(self->state, msg));
+        return answered(msg.step, transform_blocks(self->state, msg));
       },
       [=](finish_step& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);

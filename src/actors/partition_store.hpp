@@ -10,16 +10,20 @@
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
 //   unscale_clip -> ack      (coordinator) the step applies: gradient *= clip / (scale *
 //                            micro-batches); keeps the step's group table and touched mask,
-//                            from which the step's messages below take every value
+//                            and each group's Muon rule derived from the table
+//                            (kernels/muon_rule.hpp): the step's messages below take every
+//                            value from them
 //   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`
-//   apply_muon -> ack        (coordinator) p = p*(1 - lr*wd) - lr*scale*o for one chunk, per
-//                            group (cautious: the decay only where p * o >= 0,
+//   apply_muon -> ack        (coordinator) the update of one chunk under each group's rule
+//                            (compute_backend::muon_update_slices: p = p*(1 - lr*wd) -
+//                            lr*scale*o, cautious: the decay only where p * o >= 0,
 //                            arXiv:2510.12402); bf16 o arrives unscaled and is scaled here
 //   adamw_step -> ack        (coordinator) the non-Muon rule (kernels/scalar_rules.hpp) on all
 //                            non-Muon shards, per group
-//   normuon_step -> ack      (coordinator, owner, applied steps only) NorMuon's row
-//                            normalization of the NS blocks this rank owns in a chunk,
-//                            after NS: updates their row moments, which this store keeps
+//   normuon_step -> ack      (coordinator, owner, applied steps only) the rule's transform after
+//                            NS (NorMuon's row normalization, compute_backend::post_ns) of the
+//                            NS blocks this rank owns in a chunk, and an fp32 block's scale:
+//                            updates their row moments, which this store keeps
 //   finish_step -> ack       (coordinator) zero the gradient after an applied step
 //   qk_clip_scale -> ack     (coordinator, MuonClip) scale ranges of the parameter shard
 //   load_params -> ack       (host) set the parameter shard

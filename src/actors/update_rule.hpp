@@ -1,35 +1,24 @@
-// A group's update rule as the step's backend calls take it (docs/DESIGN.md §2): the Muon
-// update's scale per NS block, its decay mask, and the non-Muon rule's arguments. The
-// coordinator and the store read a group's values only through these.
+// A step's update rules per hyperparameter group, as the step's backend calls take them
+// (docs/DESIGN.md §2): each group's Muon rule (kernels/muon_rule.hpp) and the non-Muon rule's
+// arguments (kernels/scalar_rules.hpp). The coordinator and the store read a group's values only
+// through these, derived once per step from the step's group table.
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/compute.hpp"
 #include "zmuon/group_hparams.hpp"
 
 namespace zmuon {
 
-/// Scale of the orthogonalized update of one [rows, cols] block (docs/DESIGN.md §2).
-inline float update_scale(adjust_lr_rule rule, int64_t rows, int64_t cols) {
-  auto r = static_cast<double>(rows);
-  auto c = static_cast<double>(cols);
-  if (rule == adjust_lr_rule::match_rms_adamw || rule == adjust_lr_rule::rms)
-    // Moonlight (arXiv:2502.16982, eq. 4); Dion's adjust_lr_rms_norm is the same formula.
-    return static_cast<float>(0.2 * std::sqrt(std::max(r, c)));
-  if (rule == adjust_lr_rule::spectral)
-    // Dion's adjust_lr_spectral_norm (microsoft/dion, after arXiv:2310.17813): spectral norm 1
-    // to RMS operator norm 1, sqrt(fan_out / fan_in), below 1 for wide matrices.
-    return static_cast<float>(std::sqrt(r / c));
-  // Keller Jordan's Muon: sqrt(max(1, rows / cols)).
-  return static_cast<float>(std::sqrt(std::max(1.0, r / c)));
-}
-
-/// Where a group's decoupled weight decay applies.
-inline decay_mask decay_of(bool cautious) {
-  return cautious ? decay_mask::cautious : decay_mask::all;
+/// The step's Muon rule of each group of its table.
+inline std::vector<muon_rule> muon_rules_of(const std::vector<group_hparams>& groups) {
+  std::vector<muon_rule> out;
+  out.reserve(groups.size());
+  for (const auto& g : groups)
+    out.push_back(muon_rule_of(g.muon));
+  return out;
 }
 
 /// The non-Muon rule's call for a group, at the parameter's `step`-th applied step.

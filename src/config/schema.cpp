@@ -46,6 +46,12 @@ field make(std::string path, slot<T> at, range r = {}, std::vector<std::string> 
   return {path, read, [=](job_config c) { return write_as<T>(at(c), choices); }};
 }
 
+/// The choices of an enum named by a table in enum order (zmuon/options.hpp).
+template <size_t N>
+std::vector<std::string> names_of(const char* const (&names)[N]) {
+  return {names, names + N};
+}
+
 /// `at.size()` numbers in `r`, as one array (betas, ns_coefficients).
 field numbers(std::string path, std::vector<slot<float>> at, range r = {}) {
   auto read = [=](const json& v, job_config& c) -> error {
@@ -202,7 +208,8 @@ const std::vector<field>& schema() {
         make<bool>(p + "nesterov", ZMUON_SLOT(engine.muon.nesterov)),
         weight_decay,
         cautious,
-        make<muon_variant>(p + "variant", ZMUON_SLOT(engine.muon.variant), {}, {"muon", "normuon"}),
+        make<muon_variant>(p + "variant", ZMUON_SLOT(engine.muon.variant), {},
+                           names_of(muon_variant_names)),
         make<float>(p + "normuon_beta2", ZMUON_SLOT(engine.muon.normuon_beta2), r::half_open(0, 1)),
         make<float>(p + "normuon_eps", ZMUON_SLOT(engine.muon.normuon_eps), r::above(0)),
         numbers(p + "betas", {ZMUON_SLOT(engine.adamw.beta1), ZMUON_SLOT(engine.adamw.beta2)},
@@ -218,7 +225,7 @@ const std::vector<field>& schema() {
         make<int>(p + "ns_gram_restart", ZMUON_SLOT(engine.muon.ns.gram_restart),
                   r::closed(0, kMaxNsSteps)),
         make<adjust_lr_rule>(p + "adjust_lr", ZMUON_SLOT(engine.muon.adjust_lr), {},
-                             {"original", "match_rms_adamw", "spectral", "rms"}),
+                             names_of(adjust_lr_rule_names)),
         make<float>(p + "qk_clip_tau", ZMUON_SLOT(engine.muon.qk_clip_tau), r::at_least(0)),
         make<bool>("per_head_muon", ZMUON_SLOT(engine.per_head_muon)),
         make<bool>("csv_monitor.enabled", ZMUON_SLOT(monitor.csv)),

@@ -7,6 +7,20 @@
 using namespace zmuon::c_abi;
 using zmuon::errc;
 
+namespace {
+
+/// "0 (a), 1 (b) or 2 (c)" of an enum's names table (zmuon/options.hpp), whose values the C
+/// enum repeats.
+template <size_t N>
+std::string numbered(const char* const (&names)[N]) {
+  std::string out;
+  for (size_t i = 0; i < N; ++i)
+    out += (i == 0 ? "" : (i + 1 < N ? ", " : " or ")) + std::to_string(i) + " (" + names[i] + ")";
+  return out;
+}
+
+}  // namespace
+
 extern "C" {
 
 namespace {
@@ -20,11 +34,9 @@ zmuon::error to_group(const zmuon::engine& eng, const zmuon_group_hparams& in,
   if (in.ns_variant < ZMUON_NS_STANDARD || in.ns_variant > ZMUON_NS_AUTO)
     return {errc::invalid_argument, "ns_variant must be 0 (standard), 1 (gram) or 2 (auto), got "
                                         + std::to_string(in.ns_variant)};
-  if (in.adjust_lr < ZMUON_ADJUST_LR_ORIGINAL || in.adjust_lr > ZMUON_ADJUST_LR_RMS)
-    return {errc::invalid_argument,
-            "adjust_lr must be 0 (original), 1 (match_rms_adamw), "
-            "2 (spectral) or 3 (rms), got "
-                + std::to_string(in.adjust_lr)};
+  if (in.adjust_lr < 0 || in.adjust_lr >= zmuon::kAdjustLrRules)
+    return {errc::invalid_argument, "adjust_lr must be " + numbered(zmuon::adjust_lr_rule_names)
+                                        + ", got " + std::to_string(in.adjust_lr)};
   out.muon = opts.muon;
   out.adamw = opts.adamw;
   out.muon.lr = out.adamw.lr = in.lr;
@@ -140,9 +152,9 @@ int zmuon_engine_set_group_rule(zmuon_engine* eng, int32_t group, const zmuon_gr
     if (auto err = to_group(*eng->eng, *values, v))
       return bad(err);
     if (rule) {
-      if (rule->variant != ZMUON_VARIANT_MUON && rule->variant != ZMUON_VARIANT_NORMUON)
-        return bad({errc::invalid_argument, "variant must be 0 (muon) or 1 (normuon), got "
-                                                + std::to_string(rule->variant)});
+      if (rule->variant < 0 || rule->variant >= zmuon::kMuonVariants)
+        return bad({errc::invalid_argument, "variant must be " + numbered(zmuon::muon_variant_names)
+                                                + ", got " + std::to_string(rule->variant)});
       if (rule->algorithm < 0 || rule->algorithm >= zmuon::kScalarAlgorithms)
         return bad({errc::invalid_argument,
                     "algorithm must be in [0, " + std::to_string(zmuon::kScalarAlgorithms)

@@ -15,9 +15,18 @@ namespace zmuon {
 namespace {
 
 /// Why NorMuon's values cannot run, or no error.
+/// "a, b or c" of an enum's names table (zmuon/options.hpp).
+template <size_t N>
+std::string one_of(const char* const (&names)[N]) {
+  std::string out = names[0];
+  for (size_t i = 1; i < N; ++i)
+    out += (i + 1 < N ? ", " : " or ") + std::string(names[i]);
+  return out;
+}
+
 error check_normuon(const muon_options& m) {
-  if (m.variant != muon_variant::muon && m.variant != muon_variant::normuon)
-    return error{errc::invalid_argument, "variant must be muon or normuon"};
+  if (static_cast<int>(m.variant) >= kMuonVariants)
+    return error{errc::invalid_argument, "variant must be " + one_of(muon_variant_names)};
   if (!(m.normuon_beta2 >= 0 && m.normuon_beta2 < 1))
     return error{errc::invalid_argument,
                  "normuon_beta2 must be in [0, 1), got " + std::to_string(m.normuon_beta2)};
@@ -54,8 +63,8 @@ error check_group(int group, const group_hparams& v, const std::string& backend)
   if (!(m.qk_clip_tau >= 0) || !std::isfinite(m.qk_clip_tau))
     return bad("qk_clip_tau must be finite and >= 0 (0: off), got "
                + std::to_string(m.qk_clip_tau));
-  if (static_cast<int>(m.adjust_lr) > static_cast<int>(adjust_lr_rule::rms))
-    return bad("adjust_lr is not one of original, match_rms_adamw, spectral, rms");
+  if (static_cast<int>(m.adjust_lr) >= kAdjustLrRules)
+    return bad("adjust_lr must be " + one_of(adjust_lr_rule_names));
   if (auto err = check_normuon(m))
     return bad(err.message());
   return {};

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/muon_rule.hpp"
 #include "kernels/scalar_rules.hpp"
 #include "zmuon/call_times.hpp"
 #include "zmuon/memory.hpp"
@@ -66,12 +67,6 @@ private:
 struct scan_result {
   bool nonfinite = false;
   double sum_squares = 0.0;
-};
-
-/// Where decoupled weight decay applies.
-enum class decay_mask : uint8_t {
-  all,       // every element: p*(1 - lr*wd)
-  cautious,  // only where p and the update agree in sign (arXiv:2510.12402)
 };
 
 /// A parameter's part of a call over several parameters (the store's calls, one per Muon chunk
@@ -198,12 +193,16 @@ public:
   /// orthogonalized (NorMuon: normalized) update; scale > 0 leaves its sign alone.
   virtual void apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
                                      float weight_decay) = 0;
-  /// NorMuon's row normalization (arXiv:2510.05491, Algorithm 1; Dion's normuon.py), in place on
-  /// `batch` row-major [rows, cols] blocks of x, with v their batch*rows row moments:
+  /// What follows Newton-Schulz under `rule` (kernels/muon_rule.hpp), in place on `batch`
+  /// row-major [rows, cols] orthogonalized blocks of x: the rule's transform, then x *= factor
+  /// (no pass when factor is 1). The transform of muon_variant::normuon is NorMuon's row
+  /// normalization (arXiv:2510.05491, Algorithm 1; Dion's normuon.py), with v the blocks'
+  /// batch*rows row moments:
   ///   v = beta2*v + (1-beta2)*mean_j(o_ij^2);  o_ij /= sqrt(v_i) + eps;
   ///   then each block times ||o_before||_F / max(||o_after||_F, 1e-8) (Dion's rescale).
-  virtual void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
-                            float beta2, float eps) = 0;
+  /// Plain Muon has none (v unused, may be null).
+  virtual void post_ns(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
+                       const muon_rule& rule, float factor) = 0;
   /// The non-Muon rule `args.algorithm` (kernels/scalar_rules.hpp) on one shard: p, its
   /// gradient g, its first and second moments m and v (a rule may leave v alone).
   virtual void scalar_update(float* p, const float* g, float* m, float* v, int64_t n,
@@ -258,25 +257,30 @@ public:
                          s.n, beta, nesterov);
     }
   }
-  /// apply_update() / apply_update_bf16() per slice with its scale: p at shard_offset, o at
-  /// state_offset - origin; `mask` cautious: apply_update_cautious() (o widened from bf16).
-  virtual void apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
-                                   const std::vector<param_slice>& slices, float lr,
-                                   float weight_decay, decay_mask mask) {
+  /// The Muon update of a chunk's parameters under `rule`, the one place where a backend
+  /// applies it: per slice, p at shard_offset takes the rule's decay (rule.decay) and
+  /// -lr*scale*o with the slice's scale, o at state_offset - origin (fp32, or bf16 bits
+  /// widened). This default makes apply_update() / apply_update_bf16() /
+  /// apply_update_cautious() a slice.
+  virtual void muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
+                                  const std::vector<param_slice>& slices, const muon_rule& rule) {
     for (const param_slice& s : slices) {
       const int64_t at = s.state_offset - origin;
-      if (mask == decay_mask::cautious) {
+      if (rule.decay == decay_mask::cautious) {
         if (o.f32 != nullptr) {
-          apply_update_cautious(p + s.shard_offset, o.f32 + at, s.n, lr, s.scale, weight_decay);
+          apply_update_cautious(p + s.shard_offset, o.f32 + at, s.n, rule.lr, s.scale,
+                                rule.weight_decay);
           continue;
         }
         device_buffer wide = allocate_for_overwrite(s.n);
         from_bf16(wide.data(), o.bf16 + at, s.n);
-        apply_update_cautious(p + s.shard_offset, wide.data(), s.n, lr, s.scale, weight_decay);
+        apply_update_cautious(p + s.shard_offset, wide.data(), s.n, rule.lr, s.scale,
+                              rule.weight_decay);
       } else if (o.f32 != nullptr) {
-        apply_update(p + s.shard_offset, o.f32 + at, s.n, lr, s.scale, weight_decay);
+        apply_update(p + s.shard_offset, o.f32 + at, s.n, rule.lr, s.scale, rule.weight_decay);
       } else {
-        apply_update_bf16(p + s.shard_offset, o.bf16 + at, s.n, lr, s.scale, weight_decay);
+        apply_update_bf16(p + s.shard_offset, o.bf16 + at, s.n, rule.lr, s.scale,
+                          rule.weight_decay);
       }
     }
   }

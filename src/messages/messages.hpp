@@ -249,17 +249,19 @@ struct muon_momentum {
   float_view out;
 };
 
-/// Apply one chunk's orthogonalized update `update` (p = p*(1 - lr*wd) - lr*scale*o). fp32
-/// arrives scaled; bf16 bits arrive unscaled, and the store scales each parameter.
+/// Apply one chunk's orthogonalized update `update` under each group's rule (p = p*(1 - lr*wd)
+/// - lr*scale*o). fp32 arrives scaled; bf16 bits arrive unscaled, and the store scales each
+/// parameter.
 struct apply_muon {
   uint64_t step = 0;
   int32_t chunk = 0;
   float_view update;
 };
 
-/// NorMuon's row normalization of the NS blocks this rank owns in one chunk, `full` being
-/// its owner buffer after Newton-Schulz (fp32 or bf16 bits): updates their row moments. Sent
-/// only in a step that is applied, where some such block is NorMuon's and touched.
+/// The rule's transform after Newton-Schulz (NorMuon's row normalization) of the NS blocks
+/// this rank owns in one chunk, `full` being its owner buffer after Newton-Schulz (fp32 or bf16
+/// bits): updates their row moments; fp32 blocks then take their scale. Sent only in a step
+/// that is applied, where some such block's rule has a transform and its parameter is touched.
 struct normuon_step {
   uint64_t step = 0;
   int32_t chunk = 0;

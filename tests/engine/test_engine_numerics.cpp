@@ -274,7 +274,7 @@ BOOST_AUTO_TEST_CASE(per_head_update_is_ns_of_each_head_block) {
   auto host = make_compute_backend("host");
   BOOST_REQUIRE(host);
   (*host)->newton_schulz(u.data(), heads, rows / heads, cols, o.muon.ns);
-  float scale = update_scale(o.muon.adjust_lr, rows / heads, cols);
+  float scale = muon_rule_of(o.muon).scale(rows / heads, cols);
   std::vector<float> want(u.size());
   for (size_t i = 0; i < u.size(); ++i)
     want[i] = -lr * scale * u[i];

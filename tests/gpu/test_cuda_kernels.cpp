@@ -647,9 +647,13 @@ BOOST_AUTO_TEST_CASE(normuon_rows) {
     for (float& v : v_values)
       v = std::abs(v);
     mirrored v(v_values);
+    muon_rule rule;
+    rule.transform = muon_variant::normuon;
+    rule.normuon_beta2 = 0.9f;
+    rule.normuon_eps = 1e-8f;
     for (int step = 0; step < 2; ++step) {
-      env().host->normuon_rows(x.host.data(), v.host.data(), c.batch, c.rows, c.cols, 0.9f, 1e-8f);
-      env().gpu->normuon_rows(x.gpu.data(), v.gpu.data(), c.batch, c.rows, c.cols, 0.9f, 1e-8f);
+      env().host->post_ns(x.host.data(), v.host.data(), c.batch, c.rows, c.cols, rule, 1.0f);
+      env().gpu->post_ns(x.gpu.data(), v.gpu.data(), c.batch, c.rows, c.cols, rule, 1.0f);
     }
     const double ex = x.error(), ev = v.error();
     BOOST_TEST_MESSAGE("normuon_rows " << c.batch << " x [" << c.rows << ", " << c.cols

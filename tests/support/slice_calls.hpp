@@ -1,4 +1,4 @@
-// A backend's calls over several parameters (momentum_slices, apply_update_slices,
+// A backend's calls over several parameters (momentum_slices, muon_update_slices,
 // scalar_update_slices, copy_pieces) against its per-parameter calls, bit for bit, on a layout like
 // the store's (test_kernels on the host backend, test_cuda_kernels on the CUDA one, whose slice
 // kernels are its own).
@@ -108,9 +108,12 @@ inline void check_slice_calls(compute_backend& be) {
       update.bf16 = o_bits;
     else
       update.f32 = const_cast<float*>(o.data());
-    be.apply_update_slices(p_all.data(), update, kOrigin, slices, 0.02f, 0.1f, decay_mask::all);
+    muon_rule rule;
+    rule.lr = 0.02f;
+    rule.weight_decay = 0.1f;
+    be.muon_update_slices(p_all.data(), update, kOrigin, slices, rule);
     BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0,
-               "apply_update_slices, " << (bf16 ? "bf16" : "fp32"));
+               "muon_update_slices, " << (bf16 ? "bf16" : "fp32"));
   }
 
   // copy_pieces: each slice's gradient, from a buffer of its own, packed at its shard offset

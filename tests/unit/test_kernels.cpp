@@ -642,8 +642,12 @@ BOOST_AUTO_TEST_CASE(normuon_rows_matches_a_double_reference) {
   device_buffer xb = be->allocate(n), vb = be->allocate(batch * rows);
   be->copy_from_host(xb.data(), x0.data(), n);
   be->copy_from_host(vb.data(), v0.data(), batch * rows);
+  muon_rule rule;
+  rule.transform = muon_variant::normuon;
+  rule.normuon_beta2 = beta2;
+  rule.normuon_eps = eps;
   for (int call = 0; call < 2; ++call) {
-    be->normuon_rows(xb.data(), vb.data(), batch, rows, cols, beta2, eps);
+    be->post_ns(xb.data(), vb.data(), batch, rows, cols, rule, 1.0f);
     for (int64_t b = 0; b < batch; ++b) {
       double before = 0, after = 0;
       for (int64_t i = 0; i < rows; ++i) {

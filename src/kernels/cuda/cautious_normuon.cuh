@@ -1,7 +1,7 @@
 // Kernels of cautious weight decay (arXiv:2510.12402) and NorMuon's row normalization
 // (arXiv:2510.05491): the CUDA side of compute_backend::apply_update_cautious, AdamW's
-// scalar_update with scalar_args::cautious, and normuon_rows. Arithmetic as the host backend's
-// loops.
+// scalar_update with scalar_args::cautious, and post_ns under NorMuon. Arithmetic as the host
+// backend's loops.
 #pragma once
 
 #include <cstdint>

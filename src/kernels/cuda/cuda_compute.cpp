@@ -346,6 +346,19 @@ void cuda_compute::apply_update_cautious(float* p, const float* o, int64_t n, fl
   launch_apply_update_cautious(guard, p, o, n, lr, scale, weight_decay);
 }
 
+void cuda_compute::post_ns(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
+                           const muon_rule& rule, float factor) {
+  switch (rule.transform) {  // -Wswitch names a transform without its case
+    case muon_variant::normuon:
+      normuon_rows(x, v, batch, rows, cols, rule.normuon_beta2, rule.normuon_eps);
+      break;
+    case muon_variant::muon:
+      break;
+  }
+  if (factor != 1.0f)
+    scale(x, batch * rows * cols, factor);
+}
+
 void cuda_compute::normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
                                 float beta2, float eps) {
   const int64_t rows_total = batch * rows;

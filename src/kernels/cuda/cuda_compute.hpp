@@ -73,8 +73,8 @@ public:
   // Cautious weight decay and NorMuon (cautious_normuon.cu).
   void apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
                              float weight_decay) override;
-  void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, float beta2,
-                    float eps) override;
+  void post_ns(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, const muon_rule& rule,
+               float factor) override;
 
   void to_bf16(uint16_t* dst, const float* src, int64_t n) override;
   void from_bf16(float* dst, const uint16_t* src, int64_t n) override;
@@ -93,9 +93,8 @@ public:
   // A chunk's parameters in one kernel (elementwise.cu's slice kernels).
   void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
                        const std::vector<param_slice>& slices, float beta, bool nesterov) override;
-  void apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
-                           const std::vector<param_slice>& slices, float lr, float weight_decay,
-                           decay_mask mask) override;
+  void muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
+                          const std::vector<param_slice>& slices, const muon_rule& rule) override;
   void scalar_update_slices(float* p, const float* g, float* m, float* v,
                             const std::vector<param_slice>& slices,
                             const scalar_args& args) override;
@@ -140,6 +139,9 @@ public:
 private:
   /// n floats of pinned host memory from the cache, zero-filled when `zero`.
   device_buffer host_memory(int64_t n, bool zero);
+  /// NorMuon's row normalization, post_ns's transform of muon_variant::normuon.
+  void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, float beta2,
+                    float eps);
   class call_timer;  // (below)
 
 public:

@@ -57,15 +57,16 @@ void cuda_compute::momentum_slices(float* m, const float* g, fp32_or_bf16 u, int
   launch_momentum_slices(guard, m, g, u, origin, slices, beta, nesterov);
 }
 
-void cuda_compute::apply_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
-                                       const std::vector<param_slice>& slices, float lr,
-                                       float weight_decay, decay_mask mask) {
-  if (mask == decay_mask::cautious)  // a launch a slice: cautious decay has no slice kernel
-    return compute_backend::apply_update_slices(p, o, origin, slices, lr, weight_decay, mask);
+// The one place where this backend applies a chunk's Muon update (kernels/muon_rule.hpp).
+void cuda_compute::muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
+                                      const std::vector<param_slice>& slices,
+                                      const muon_rule& rule) {
+  if (rule.decay == decay_mask::cautious)  // a launch a slice: cautious decay has no slice kernel
+    return compute_backend::muon_update_slices(p, o, origin, slices, rule);
   const launch_guard guard = activate(
       {spanned(p, span_of(slices, false), false), spanned(o, span_of(slices, true, origin))});
   const call_timer timer(*this, "apply_update", ctx_.stream);
-  launch_apply_update_slices(guard, p, o, origin, slices, lr, weight_decay);
+  launch_apply_update_slices(guard, p, o, origin, slices, rule.lr, rule.weight_decay);
 }
 
 void cuda_compute::scalar_update_slices(float* p, const float* g, float* m, float* v,

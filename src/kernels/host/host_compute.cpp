@@ -216,9 +216,11 @@ void host_compute::apply_update_cautious(float* p, const float* o, int64_t n, fl
     p[i] = p[i] - (p[i] * o[i] >= 0.0f ? coeff * p[i] : 0.0f) - step * o[i];
 }
 
-void host_compute::normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
-                                float beta2, float eps) {
-  const scoped_call_timer timer(*this, "normuon");
+namespace {
+
+/// NorMuon's row normalization (compute_backend::post_ns).
+void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, float beta2,
+                  float eps) {
   for (int64_t b = 0; b < batch; ++b) {
     float* block = x + b * rows * cols;
     float* moments = v + b * rows;
@@ -244,6 +246,23 @@ void host_compute::normuon_rows(float* x, float* v, int64_t batch, int64_t rows,
     for (int64_t k = 0; k < rows * cols; ++k)
       block[k] *= factor;
   }
+}
+
+}  // namespace
+
+void host_compute::post_ns(float* x, float* v, int64_t batch, int64_t rows, int64_t cols,
+                           const muon_rule& rule, float factor) {
+  switch (rule.transform) {  // -Wswitch names a transform without its case
+    case muon_variant::normuon: {
+      const scoped_call_timer timer(*this, "normuon");
+      normuon_rows(x, v, batch, rows, cols, rule.normuon_beta2, rule.normuon_eps);
+      break;
+    }
+    case muon_variant::muon:
+      break;
+  }
+  if (factor != 1.0f)
+    scale(x, batch * rows * cols, factor);
 }
 
 // -- Newton-Schulz -------------------------------------------------------------------------------

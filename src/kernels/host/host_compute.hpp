@@ -40,8 +40,8 @@ public:
                     float weight_decay) override;
   void apply_update_cautious(float* p, const float* o, int64_t n, float lr, float scale,
                              float weight_decay) override;
-  void normuon_rows(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, float beta2,
-                    float eps) override;
+  void post_ns(float* x, float* v, int64_t batch, int64_t rows, int64_t cols, const muon_rule& rule,
+               float factor) override;
   void scalar_update(float* p, const float* g, float* m, float* v, int64_t n,
                      const scalar_args& args) override;
 
