@@ -107,7 +107,7 @@ def main():
     fb_z, opt_z = train(model_z, zmuon_step)
     fb_t, opt_t = train(model_t, t.step)
     w = args.warmup
-    ms = lambda xs: 1e3 * median(xs[w:])  # noqa: E731
+    ms = lambda xs: 1e3 * median(xs[w:]) if xs[w:] else 0.0  # noqa: E731  (a part never run: 0)
     print(f"# torch {torch.__version__}, zmuon {tt.zmuon.version()}, device {device}, "
           f"{n_params} parameters ({len(z.muon_names)} Muon matrices), comm "
           f"{args.zmuon_comm or 'default'}, write check {args.write_check}; medians of steps "

@@ -12,7 +12,8 @@ def _as_is(name, g, shape, host_staging):
     """The entry of a gradient the engine reads as it is (a plain fp32 contiguous tensor of the
     parameter's shape, where it lies), without the general path's checks; else None."""
     torch = sys.modules.get("torch")
-    if torch is None or type(g) is not torch.Tensor or g.dtype != torch.float32 \
+    fp32 = getattr(torch, "float32", None)  # None: no torch, or a stand-in without dtypes
+    if fp32 is None or type(g) is not torch.Tensor or g.dtype != fp32 \
             or not g.is_contiguous() or g.shape != shape:
         return None
     if not g.is_cuda:

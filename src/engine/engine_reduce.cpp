@@ -205,13 +205,13 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   const auto& pl = *d.registry->pl;
   const int local = rank - job.first_rank;
   compute_backend& be = *job.ranks[local].backend;
-  // The mean over a world of one rank is the gradient itself: no reduce-scatter to issue.
-  reduced = reduced || pl.world == 1;
   // 1. Everything is checked before anything is sent.
   packer pack(pl, be, hand.packed[local], reduced ? rank : 0, reduced ? rank + 1 : pl.world);
   if (auto err = index_views(pl, job.opts, grads, "gradient of", "gradient for", pack.source,
                              pack.on_device, reduced ? rank : -1, &pack.whole))
     return err;
+  // The mean over a world of one rank is the gradient itself: no reduce-scatter to issue.
+  reduced = reduced || pl.world == 1;
   // Device gradients under the nccl comm are packed on the device (the rank's stream orders the
   // copies before the reduce-scatter); everything else is packed in host memory.
   const bool any_on_device =

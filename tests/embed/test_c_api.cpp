@@ -267,6 +267,71 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
   BOOST_TEST(std::strstr(zmuon_last_error(), "zmuon_engine_reduce_on_stream") != nullptr);
 }
 
+// zmuon_engine_master: in a job of one rank each parameter's master in the engine's own memory
+// (what gather_params copies out, and a write there is where the next step starts); a sharded
+// job, an unknown name and NULL arguments are named errors.
+BOOST_AUTO_TEST_CASE(the_master_of_a_one_rank_job_is_the_engines_own_memory) {
+  auto make = [](int ranks, zmuon_engine** eng) {
+    const std::string json = R"({"zmuon": {"ranks": )" + std::to_string(ranks) + "}}";
+    BOOST_REQUIRE_EQUAL(zmuon_engine_create(json.c_str(), nullptr, 0, eng), ZMUON_OK);
+    const int64_t shape[2] = {4, 6};
+    std::vector<float> init(24);
+    for (size_t i = 0; i < init.size(); ++i)
+      init[i] = 0.05f * float(i) - 0.4f;
+    BOOST_REQUIRE_EQUAL(zmuon_engine_add_parameter(*eng, "w", shape, 2, ZMUON_GROUP_AUTO, 0,
+                                                   init.data(), 24),
+                        ZMUON_OK);
+  };
+  auto step = [](zmuon_engine* eng, float seed) {
+    std::vector<float> g(24);
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = std::sin(seed + 0.3f * float(i));
+    zmuon_tensor t{"w", g.data(), 24, ZMUON_HOST};
+    BOOST_REQUIRE_EQUAL(zmuon_engine_reduce(eng, 0, &t, 1), ZMUON_OK);
+    BOOST_REQUIRE_EQUAL(zmuon_engine_step(eng, nullptr), ZMUON_OK);
+  };
+  auto gathered = [](zmuon_engine* eng) {
+    std::vector<float> w(24);
+    zmuon_tensor t{"w", w.data(), 24, ZMUON_HOST};
+    BOOST_REQUIRE_EQUAL(zmuon_engine_gather_params(eng, &t, 1), ZMUON_OK);
+    return w;
+  };
+  zmuon_engine* eng = nullptr;
+  make(1, &eng);
+  step(eng, 1.0f);
+  zmuon_tensor m{};
+  BOOST_REQUIRE_EQUAL(zmuon_engine_master(eng, "w", &m), ZMUON_OK);
+  BOOST_TEST(m.numel == 24);
+  BOOST_TEST(m.device == ZMUON_HOST);
+  BOOST_TEST(std::string(m.name) == "w");
+  auto* master = static_cast<float*>(m.data);
+  BOOST_TEST(std::vector<float>(master, master + 24) == gathered(eng));
+  // A write into the master is the parameter's value: the next step starts from it, as a second
+  // engine loaded with the same values.
+  for (int i = 0; i < 24; ++i)
+    master[i] = 0.5f * master[i] + 0.01f;
+  const std::vector<float> written(master, master + 24);
+  zmuon_engine* twin = nullptr;
+  make(1, &twin);
+  zmuon_tensor load{"w", const_cast<float*>(written.data()), 24, ZMUON_HOST};
+  step(twin, 1.0f);  // the same state: moments of one step
+  BOOST_REQUIRE_EQUAL(zmuon_engine_load_shard_params(twin, 0, &load, 1), ZMUON_OK);
+  step(eng, 2.0f);
+  step(twin, 2.0f);
+  BOOST_TEST(gathered(eng) == gathered(twin));
+  BOOST_TEST(gathered(eng) != written);  // the step moved it
+  BOOST_TEST(zmuon_engine_master(eng, "nope", &m) == ZMUON_UNKNOWN_PARAMETER);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "'nope'") != nullptr);
+  BOOST_TEST(zmuon_engine_master(eng, "w", nullptr) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "out") != nullptr);
+  zmuon_engine_destroy(twin);
+  zmuon_engine_destroy(eng);
+  make(2, &eng);
+  BOOST_TEST(zmuon_engine_master(eng, "w", &m) == ZMUON_UNSUPPORTED);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "sharded over 2 ranks") != nullptr);
+  zmuon_engine_destroy(eng);
+}
+
 // One process of a multi-process job through the C ABI: bad arguments are named; a one-node job
 // (its rendezvous on a free port) with two ranks runs the same steps as a plain two-rank engine,
 // to the same bits, and its sums over the nodes are the values themselves.
