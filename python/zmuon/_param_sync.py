@@ -376,6 +376,7 @@ class ParamSync:
         """The engine's new values into the parameters (whole, or the DTensors' local
         tensors); a parameter that is its master has them already."""
         bindings = list(self._bindings.values())
+        self._rounding.begin()
         if self._mesh is not None:
             shards, entries = self._mesh_shards()
             synchronize_torch(list(shards.values()))  # the C call takes no stream as "write now"

@@ -2,7 +2,9 @@
 stochastically (rounding="stochastic"): uniform random bits added below bf16's cut, then
 truncated, so a value rounds up with the probability of its distance from the lower neighbour
 (unbiased: the mean of many roundings is the master). The bits come from one torch.Generator per
-device, seeded with rounding_seed: a run is reproducible."""
+device, seeded at each write-back from rounding_seed and the optimizer's step: a run is
+reproducible, and a run resumed from a state_dict (which carries the step) draws the bits the
+uninterrupted run drew."""
 
 from ._capi import InvalidArgument
 
@@ -13,6 +15,11 @@ except ImportError:  # the numpy path: nothing is rounded
 
 MODES = ("nearest", "stochastic")
 _LOW_BITS = 1 << 16  # bf16 keeps the high 16 bits of an fp32
+
+
+def _seed_of(seed, step):
+    """The generators' seed for the write-back after step `step` (an LCG's step mixes the two)."""
+    return (seed * 6364136223846793005 + step * 1442695040888963407 + 1) % (1 << 63)
 
 
 def stochastic_bf16(values, generator):
@@ -43,24 +50,37 @@ class Rounding:
             raise InvalidArgument(f"rounding_seed must be a whole number >= 0, got {seed!r}")
         self.stochastic = mode == "stochastic"
         self.seed = seed
+        self.step = 0  # the optimizer's step the next write-back follows
         self._generators = {}  # device -> torch.Generator
+        self._seeded = set()  # the devices whose generator this write-back has seeded
 
     def __deepcopy__(self, memo):
-        """The same mode and seed, each generator at its position (a deep-copied optimizer
-        draws the bits the original would)."""
+        """The same mode, seed and step, each generator at its position (a deep-copied
+        optimizer draws the bits the original would)."""
         twin = Rounding("stochastic" if self.stochastic else "nearest", self.seed)
+        twin.step, twin._seeded = self.step, set(self._seeded)
         for device, gen in self._generators.items():
             twin._generators[device] = torch.Generator(device)
             twin._generators[device].set_state(gen.get_state())
         return twin
+
+    def begin(self, step=None):
+        """A write-back starts, after optimizer step `step` (None: the last one given): each
+        device's generator is seeded anew from the seed and the step at its first draw."""
+        if step is not None:
+            self.step = int(step)
+        self._seeded = set()
 
     def applies_to(self, local):
         return self.stochastic and torch is not None and local.dtype == torch.bfloat16
 
     def into(self, local, master):
         """The master's values into bf16 parameter `local`."""
-        gen = self._generators.get(master.device)
+        device = master.device
+        gen = self._generators.get(device)
         if gen is None:
-            gen = self._generators[master.device] = torch.Generator(master.device)
-            gen.manual_seed(self.seed)
+            gen = self._generators[device] = torch.Generator(device)
+        if device not in self._seeded:
+            gen.manual_seed(_seed_of(self.seed, self.step))
+            self._seeded.add(device)
         local.data.copy_(stochastic_bf16(master, gen))

@@ -485,6 +485,7 @@ def load_state_dict(opt, sd):
     del keep
     opt.state.invalidate()
     opt.state.replace_extra({k: v for k, v in saved_state.items() if k not in saved_index})
+    opt._rounding.begin(info["step"])
     opt._write_back()
     for i, (g, saved) in enumerate(zip(opt.param_groups, groups)):
         _adopt_names(g, saved.get("param_names"))

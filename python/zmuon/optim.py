@@ -206,6 +206,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
             info["grad_norm"] = float("nan")  # no norm of a non-finite gradient
         self.last_step = info
         self.state.invalidate()
+        self._rounding.begin(info["step"])
         self._write_back()
         if self._schedule is not None:
             self._schedule.show(self.param_groups)
@@ -275,6 +276,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         count) and writes its parameters into the tensors; returns the step it was saved at."""
         step = self._engine.load_checkpoint(directory)
         self.state.invalidate()
+        self._rounding.begin(step)
         self._write_back()
         return step
 

@@ -21,6 +21,7 @@ Run by ctest with the venv's python (.venv); without PyTorch it fails.
 
 import copy
 import gc
+import io
 import unittest
 
 import torch
@@ -588,6 +589,38 @@ class StochasticRounding(unittest.TestCase):
         fresh.grad = torch.zeros_like(fresh)
         fresh_opt.step()
         self.assertFalse(torch.equal(p, fresh))  # a generator from the seed draws other bits
+
+    def test_a_resumed_run_draws_the_bits_of_the_uninterrupted_one(self):
+        """Saved after 3 steps (the weights and the optimizer's state_dict, through torch.save),
+        resumed into a fresh parameter and optimizer: the next 3 steps give the bits the
+        uninterrupted run gives (the generators are seeded from the seed and the step, which
+        the state_dict carries); resumed with another seed (the control), they do not."""
+        gen = torch.Generator().manual_seed(11)
+        grads = [torch.randn(self.N, generator=gen).to(torch.bfloat16) for _ in range(6)]
+
+        def steps(p, opt, gs):
+            for g in gs:
+                p.grad = g.clone()
+                opt.step()
+
+        p = nn.Parameter(torch.randn(self.N, generator=gen).to(torch.bfloat16))
+        opt = zmuon.Muon([p], rounding="stochastic", rounding_seed=5, adam_lr=1e-3)
+        steps(p, opt, grads[:3])
+        saved = io.BytesIO()
+        torch.save({"weights": p.detach().clone(), "optimizer": opt.state_dict()}, saved)
+        steps(p, opt, grads[3:])
+
+        def resumed(seed):
+            saved.seek(0)
+            ckpt = torch.load(saved)
+            q = nn.Parameter(ckpt["weights"])
+            o = zmuon.Muon([q], rounding="stochastic", rounding_seed=seed, adam_lr=1e-3)
+            o.load_state_dict(ckpt["optimizer"])
+            steps(q, o, grads[3:])
+            return q
+
+        self.assertTrue(torch.equal(resumed(5), p))
+        self.assertFalse(torch.equal(resumed(6), p))
 
     def test_bad_options_are_named(self):
         p = nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
