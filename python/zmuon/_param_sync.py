@@ -5,10 +5,10 @@ swap, p.data.copy_()) back into the engine before the next.
 In a job of one rank, an fp32 contiguous parameter on the engine's device becomes a view of its
 master at the end of the first step (`p.data` is the engine's own memory from then on, one
 storage change): the step writes it in place, a write elsewhere is a write into the master, and
-neither a write-back nor a check is needed. Only a new storage (`p.data = ...`,
-`load_state_dict(assign=True)`, `model.to(...)`) is looked for, by data pointer. Before the
-engine's memory goes (close(), garbage collection, add_param_group's new engine) each such
-parameter gets a storage of its own again, with its values.
+neither a write-back nor a check is needed. Only a new storage (`p.data = ...`, `model.to(...)`)
+is looked for, by data pointer. Before the engine's memory goes (close(), garbage collection,
+add_param_group's new engine) each such parameter gets a storage of its own again, with its
+values.
 
 A parameter the engine cannot read in place (bf16 or fp16, not contiguous, or a CUDA tensor with
 host_staging) gets an fp32 staging buffer: the engine reads and writes that, and the new values
