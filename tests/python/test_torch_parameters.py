@@ -174,6 +174,29 @@ class SharedMasters(unittest.TestCase):
             ptr, numel, _ = opt._engine.master(name)
             self.assertEqual((p.data_ptr(), p.numel()), (ptr, numel), name)
 
+    def test_a_cast_after_sharing_starts_from_the_cast_values(self):
+        """model.to(torch.bfloat16) after the masters were shared: a new storage, loaded and
+        staged; the run is bit-equal to one whose parameters were never shared (the check for
+        writes finds the cast there)."""
+        runs = []
+        for share in (True, False):
+            torch.manual_seed(0)
+            model = TinyTransformer()
+            opt = zmuon.Muon(model.named_parameters(), **HYPER)
+            if not share:
+                unshared(opt)
+            for i, tokens in enumerate(batches(4, seed=17)):
+                if i == 2:
+                    self.assertEqual(all(b.in_master() for b in opt._bindings.values()), share)
+                    model.to(torch.bfloat16)
+                opt.zero_grad()
+                lm_loss(model, tokens).backward()
+                opt.step()
+            self.assertEqual({p.dtype for p in model.parameters()}, {torch.bfloat16})
+            runs.append(model)
+        for (n, a), (_, b) in zip(runs[0].named_parameters(), runs[1].named_parameters()):
+            self.assertTrue(torch.equal(a, b), n)
+
     def test_close_and_collection_give_the_storage_back(self):
         for end in ("close", "collect"):
             with self.subTest(end=end):
