@@ -96,8 +96,9 @@ rank_figures all_gather_figures(const plan& pl, int shards, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"zmuon-bench-mesh-plan: NS work and bytes per rank under FSDP2 / HSDP, from the "
-               "plan alone"};
+  CLI::App app{
+      "zmuon-bench-mesh-plan: NS work and bytes per rank under FSDP2 / HSDP, from the "
+      "plan alone"};
   std::vector<std::string> tables{"llama-1b", "moe"};
   std::vector<std::string> meshes{"1x8", "8x8", "1x64", "64x8", "1x512"};
   int steps = 5;
@@ -105,8 +106,9 @@ int main(int argc, char** argv) {
   app.add_option("--meshes", meshes, "R x S: R replicas of FSDP2 over S processes");
   app.add_option("--ns-steps", steps, "Newton-Schulz iterations");
   CLI11_PARSE(app, argc, argv);
-  std::printf("| table | mesh R x S | zmuon NS GFLOP/rank max | max/mean | zmuon MB/rank max | "
-              "mean | all-gather NS GFLOP/rank | all-gather MB/rank |\n");
+  std::printf(
+      "| table | mesh R x S | zmuon NS GFLOP/rank max | max/mean | zmuon MB/rank max | "
+      "mean | all-gather NS GFLOP/rank | all-gather MB/rank |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   for (const auto& name : tables) {
     const auto table = zmuon::bench::make_table(name);
@@ -122,9 +124,9 @@ int main(int argc, char** argv) {
       }
       const int replicas = std::stoi(mesh.substr(0, x));
       const int shards = std::stoi(mesh.substr(x + 1));
-      auto pl = zmuon::make_plan(table, replicas * shards, int64_t{1} << 40, true,
-                                 replicas == 1 ? zmuon::shard_layout::rows
-                                               : zmuon::shard_layout::flat);
+      auto pl =
+          zmuon::make_plan(table, replicas * shards, int64_t{1} << 40, true,
+                           replicas == 1 ? zmuon::shard_layout::rows : zmuon::shard_layout::flat);
       if (!pl) {
         std::fprintf(stderr, "%s\n", pl.err().to_string().c_str());
         return 1;

@@ -101,10 +101,10 @@ engine_options with_comm_decided(engine_options o, bool own_gpus) {
 expected<std::vector<std::shared_ptr<compute_backend>>> engine_job::make_backends() const {
   const int devices = compute_device_count(opts.compute);
   if (opts.compute == "cuda" && devices > 0 && opts.first_device >= devices)
-    return error{errc::invalid_argument,
-                 "zmuon.device is " + std::to_string(opts.first_device) + " but "
-                     + std::to_string(devices) + " GPU(s) are visible (0 to "
-                     + std::to_string(devices - 1) + ")"};
+    return error{errc::invalid_argument, "zmuon.device is " + std::to_string(opts.first_device)
+                                             + " but " + std::to_string(devices)
+                                             + " GPU(s) are visible (0 to "
+                                             + std::to_string(devices - 1) + ")"};
   if (opts.comm == "nccl" && devices < opts.first_device + local)
     return error{errc::invalid_argument,
                  "comm backend 'nccl' needs one GPU per rank: " + std::to_string(local)
@@ -115,8 +115,8 @@ expected<std::vector<std::shared_ptr<compute_backend>>> engine_job::make_backend
     share_host_blas_threads(local);
   std::vector<std::shared_ptr<compute_backend>> out;
   for (int i = 0; i < local; ++i) {  // local rank i on GPU i (modulo the visible GPUs)
-    auto be = make_compute_backend(opts.compute,
-                                   devices > 0 ? (opts.first_device + i) % devices : 0);
+    auto be =
+        make_compute_backend(opts.compute, devices > 0 ? (opts.first_device + i) % devices : 0);
     if (!be)
       return be.err();
     out.push_back(std::move(*be));

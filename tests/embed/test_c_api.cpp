@@ -278,9 +278,9 @@ BOOST_AUTO_TEST_CASE(the_master_of_a_one_rank_job_is_the_engines_own_memory) {
     std::vector<float> init(24);
     for (size_t i = 0; i < init.size(); ++i)
       init[i] = 0.05f * float(i) - 0.4f;
-    BOOST_REQUIRE_EQUAL(zmuon_engine_add_parameter(*eng, "w", shape, 2, ZMUON_GROUP_AUTO, 0,
-                                                   init.data(), 24),
-                        ZMUON_OK);
+    BOOST_REQUIRE_EQUAL(
+        zmuon_engine_add_parameter(*eng, "w", shape, 2, ZMUON_GROUP_AUTO, 0, init.data(), 24),
+        ZMUON_OK);
   };
   auto step = [](zmuon_engine* eng, float seed) {
     std::vector<float> g(24);
