@@ -8,10 +8,10 @@ from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import HOST, InvalidArgument, ShapeMismatch
 
 
-def _as_is(name, g, shape, host_staging):
+def _as_is(name, g, shape, host_staging, torch):
     """The entry of a gradient the engine reads as it is (a plain fp32 contiguous tensor of the
-    parameter's shape, where it lies), without the general path's checks; else None."""
-    torch = sys.modules.get("torch")
+    parameter's shape, where it lies), without the general path's checks; else None. `torch`:
+    the imported torch module, or None."""
     fp32 = getattr(torch, "float32", None)  # None: no torch, or a stand-in without dtypes
     if fp32 is None or type(g) is not torch.Tensor or g.dtype != fp32 \
             or not g.is_contiguous() or g.shape != shape:
@@ -101,11 +101,12 @@ class Gradients:
                                       "parameters")
             items = [(n, g) for (n, _, _), g in zip(self._params, grads)]
         entries, keep, placed = [], [], {}
-        shapes, staging = self._shapes, self._host_staging
+        shapes, staging, torch = self._shapes, self._host_staging, sys.modules.get("torch")
         for name, g in items:
             if g is None or name in self._params_outside:  # zero-size: nothing to step
                 continue
-            entry = _as_is(name, g, shapes.get(name), staging) if type(name) is str else None
+            entry = _as_is(name, g, shapes.get(name), staging, torch) \
+                if type(name) is str else None
             if entry is not None:  # the common case, checked in a few attribute reads
                 entries.append(entry)
                 keep.append(g)

@@ -338,13 +338,19 @@ class ParamSync:
     def _share_masters(self, bindings):
         """In a job of one rank, each parameter that can be becomes a view of its master."""
         candidates = [b for b in bindings if b.master is None]
-        if not candidates or self._mode != _distributed.PLAIN or self._node is not None \
-                or torch is None or self._engine.world != 1:
+        if not candidates:
             return
         engine = self._engine
-        if not hasattr(engine, "_master_device"):  # every master lives in the one rank's memory
-            engine._master_device = engine.master(candidates[0].name)[2]
-            engine.before_close(lambda bs=self._bindings: [b.own_storage() for b in bs.values()])
+        if not hasattr(engine, "_master_device"):  # decided once an engine: None, no masters
+            shares = self._mode == _distributed.PLAIN and self._node is None \
+                and torch is not None and engine.world == 1
+            # every master lives in the one rank's memory
+            engine._master_device = engine.master(candidates[0].name)[2] if shares else None
+            if shares:
+                engine.before_close(lambda bs=self._bindings: [b.own_storage()
+                                                               for b in bs.values()])
+        if engine._master_device is None:
+            return
         for b in candidates:
             if b.can_share_master(engine._master_device):
                 ptr, numel, device = engine.master(b.name)

@@ -569,6 +569,29 @@ BOOST_AUTO_TEST_CASE(scale_and_scan_past_two_to_the_31_elements) {
 
 BOOST_AUTO_TEST_SUITE_END()
 
+/// scalar_update_slices() over slices of 300, 1 and 4099 elements against scalar_update() on
+/// each slice, under `args`: the parameters bit for bit.
+void slices_equal_per_parameter_calls(const scalar_args& args) {
+  const std::vector<int64_t> lengths{300, 1, 4099};
+  int64_t total = 0;
+  std::vector<param_slice> slices;
+  for (int64_t len : lengths) {
+    slices.push_back(param_slice{total, total, len, 1.0f});
+    total += len;
+  }
+  const auto p0 = random_vector(total), g0 = random_vector(total);
+  compute_backend& gpu = *env().gpu;
+  device_buffer p_a = upload(gpu, p0), p_b = upload(gpu, p0), g = upload(gpu, g0);
+  device_buffer m_a = gpu.allocate(total), v_a = gpu.allocate(total);
+  device_buffer m_b = gpu.allocate(total), v_b = gpu.allocate(total);
+  gpu.scalar_update_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
+  for (const auto& s : slices)
+    gpu.scalar_update(p_b.data() + s.shard_offset, g.data() + s.shard_offset,
+                      m_b.data() + s.state_offset, v_b.data() + s.state_offset, s.n, args);
+  const auto a = download(gpu, p_a.data(), total), b = download(gpu, p_b.data(), total);
+  BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
 // Cautious weight decay (arXiv:2510.12402) and NorMuon's row normalization (arXiv:2510.05491)
 // against the host backend: p and the update of mixed signs with a large decay, so that the mask
 // decides about half the elements. The normalization sums in double on both sides (a different
@@ -611,28 +634,11 @@ BOOST_AUTO_TEST_CASE(adamw_cautious) {
 }
 
 BOOST_AUTO_TEST_CASE(adamw_slices_cautious_equal_per_parameter_calls) {
-  const std::vector<int64_t> lengths{300, 1, 4099};
-  int64_t total = 0;
-  std::vector<param_slice> slices;
-  for (int64_t len : lengths) {
-    slices.push_back(param_slice{total, total, len, 1.0f});
-    total += len;
-  }
-  const auto p0 = random_vector(total), g0 = random_vector(total);
   scalar_args args;
   args.lr = 1e-2f;
   args.weight_decay = 2.0f;
   args.cautious = true;
-  compute_backend& gpu = *env().gpu;
-  device_buffer p_a = upload(gpu, p0), p_b = upload(gpu, p0), g = upload(gpu, g0);
-  device_buffer m_a = gpu.allocate(total), v_a = gpu.allocate(total);
-  device_buffer m_b = gpu.allocate(total), v_b = gpu.allocate(total);
-  gpu.scalar_update_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
-  for (const auto& s : slices)
-    gpu.scalar_update(p_b.data() + s.shard_offset, g.data() + s.shard_offset,
-                      m_b.data() + s.state_offset, v_b.data() + s.state_offset, s.n, args);
-  const auto a = download(gpu, p_a.data(), total), b = download(gpu, p_b.data(), total);
-  BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  slices_equal_per_parameter_calls(args);
 }
 
 BOOST_AUTO_TEST_CASE(normuon_rows) {
@@ -701,28 +707,11 @@ BOOST_AUTO_TEST_CASE(lion_equals_host) {
 
 // The slice call runs each slice as the per-parameter call, bit for bit.
 BOOST_AUTO_TEST_CASE(lion_slices_equal_per_parameter_calls) {
-  const std::vector<int64_t> lengths{300, 1, 4099};
-  int64_t total = 0;
-  std::vector<param_slice> slices;
-  for (int64_t len : lengths) {
-    slices.push_back(param_slice{total, total, len, 1.0f});
-    total += len;
-  }
-  const auto p0 = random_vector(total), g0 = random_vector(total);
   scalar_args args;
   args.algorithm = scalar_algorithm::lion;
   args.lr = 1e-3f;
   args.weight_decay = 0.5f;
-  compute_backend& gpu = *env().gpu;
-  device_buffer p_a = upload(gpu, p0), p_b = upload(gpu, p0), g = upload(gpu, g0);
-  device_buffer m_a = gpu.allocate(total), v_a = gpu.allocate(total);
-  device_buffer m_b = gpu.allocate(total), v_b = gpu.allocate(total);
-  gpu.scalar_update_slices(p_a.data(), g.data(), m_a.data(), v_a.data(), slices, args);
-  for (const auto& s : slices)
-    gpu.scalar_update(p_b.data() + s.shard_offset, g.data() + s.shard_offset,
-                      m_b.data() + s.state_offset, v_b.data() + s.state_offset, s.n, args);
-  const auto a = download(gpu, p_a.data(), total), b = download(gpu, p_b.data(), total);
-  BOOST_TEST(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  slices_equal_per_parameter_calls(args);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

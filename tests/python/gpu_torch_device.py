@@ -96,13 +96,7 @@ def main():
     written = model()
     with_write = train(written, [zmuon.Muon(written.named_parameters(), **h)], write_at=5)
     ref = model()
-    muon = [p for n, p in ref.named_parameters() if t.uses_muon(n, p)]
-    adam = [p for n, p in ref.named_parameters() if not t.uses_muon(n, p)]
-    ref_opts = [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
-                                 momentum=h["momentum"], nesterov=h["nesterov"],
-                                 ns_steps=h["ns_steps"], eps=1e-7),
-                torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
-                                  weight_decay=h["weight_decay"])]
+    ref_opts = t.torch_pair(ref)
     e = worst(with_write, train(ref, ref_opts, write_at=5))
     print(f"p.data.copy_() before step 5 vs torch's optimizers: {e:.2e} "
           f"(tolerance {PARITY_TOL:g})")

@@ -43,13 +43,7 @@ def main():
     ours.load_state_dict(ref.state_dict())
     start = {n: p.detach().clone() for n, p in ref.named_parameters()}
     h = dict(t.HYPER)
-    muon = [p for n, p in ref.named_parameters() if t.uses_muon(n, p)]
-    adam = [p for n, p in ref.named_parameters() if not t.uses_muon(n, p)]
-    ref_opts = [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
-                                 momentum=h["momentum"], nesterov=h["nesterov"],
-                                 ns_steps=h["ns_steps"], eps=1e-7),
-                torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
-                                  weight_decay=h["weight_decay"])]
+    ref_opts = t.torch_pair(ref)
     opt = zmuon.Muon(ours.named_parameters(), config={"zmuon": {"backend": "cuda"}}, **h)
     for tokens in t.batches(20):
         tokens = tokens.to(dev)

@@ -125,6 +125,14 @@ def inputs(device, dtype, optim_info):
     return _get_optim_inputs_including_global_cliquey_kwargs(device, dtype, optim_info)
 
 
+def one_tensor_optimizers(device, dtype, optim_info):
+    """An optimizer over one [2, 3] tensor for each of `optim_info`'s kwargs variants: the hook
+    tests' subject."""
+    for optim_input in inputs(device, dtype, optim_info):
+        yield optim_info.optim_cls([torch.rand(2, 3, device=device, dtype=dtype,
+                                               requires_grad=True)], **optim_input.kwargs)
+
+
 def one_algorithm(optim_info, group):
     """A group holding a matrix and a vector: zmuon needs its algorithm named once there is more
     than one group (torch.optim runs one algorithm anyway)."""
@@ -549,27 +557,21 @@ class TestConformance(TestCase):
     @optims(BOTH)
     def test_state_dict_pre_hook(self, device, dtype, optim_info):
         """test_state_dict_pre_hook: a key the pre hook puts in opt.state is in the dict."""
-        for optim_input in inputs(device, dtype, optim_info):
-            opt = optim_info.optim_cls([torch.rand(2, 3, device=device, dtype=dtype,
-                                                   requires_grad=True)], **optim_input.kwargs)
+        for opt in one_tensor_optimizers(device, dtype, optim_info):
             opt.register_state_dict_pre_hook(state_dict_pre_hook)
             self.assertEqual(opt.state_dict()["state"]["test"], 1)
 
     @optims(BOTH)
     def test_state_dict_post_hook(self, device, dtype, optim_info):
         """test_state_dict_post_hook: the post hook's dict is the one returned."""
-        for optim_input in inputs(device, dtype, optim_info):
-            opt = optim_info.optim_cls([torch.rand(2, 3, device=device, dtype=dtype,
-                                                   requires_grad=True)], **optim_input.kwargs)
+        for opt in one_tensor_optimizers(device, dtype, optim_info):
             opt.register_state_dict_post_hook(state_dict_post_hook)
             self.assertFalse(opt.state_dict()["ran_state_dict_pre_hook"])
 
     @optims(BOTH)
     def test_state_dict_pre_post_hook(self, device, dtype, optim_info):
         """test_state_dict_pre_post_hook: pre, then the dict, then post."""
-        for optim_input in inputs(device, dtype, optim_info):
-            opt = optim_info.optim_cls([torch.rand(2, 3, device=device, dtype=dtype,
-                                                   requires_grad=True)], **optim_input.kwargs)
+        for opt in one_tensor_optimizers(device, dtype, optim_info):
             opt.register_state_dict_pre_hook(state_dict_pre_hook)
             opt.register_state_dict_post_hook(state_dict_post_hook)
             sd = opt.state_dict()
@@ -580,9 +582,7 @@ class TestConformance(TestCase):
     def test_load_state_dict_pre_hook_and_prepend(self, device, dtype, optim_info):
         """test_load_state_dict_pre_hook_and_prepend: a pre hook changes the dict in place; one
         registered with prepend=True runs first (its dict is then changed by the other)."""
-        for optim_input in inputs(device, dtype, optim_info):
-            opt = optim_info.optim_cls([torch.rand(2, 3, device=device, dtype=dtype,
-                                                   requires_grad=True)], **optim_input.kwargs)
+        for opt in one_tensor_optimizers(device, dtype, optim_info):
             sd = opt.state_dict()
             opt.register_load_state_dict_pre_hook(load_pre_hook_in_place)
             opt.load_state_dict(sd)
@@ -594,9 +594,7 @@ class TestConformance(TestCase):
     @optims(BOTH)
     def test_load_state_dict_post_hook(self, device, dtype, optim_info):
         """test_load_state_dict_post_hook: it runs after the load, with the optimizer."""
-        for optim_input in inputs(device, dtype, optim_info):
-            opt = optim_info.optim_cls([torch.rand(2, 3, device=device, dtype=dtype,
-                                                   requires_grad=True)], **optim_input.kwargs)
+        for opt in one_tensor_optimizers(device, dtype, optim_info):
             opt.register_load_state_dict_post_hook(load_post_hook)
             opt.load_state_dict(opt.state_dict())
             self.assertFalse(opt.state["ran_load_pre_hook_returning"])
@@ -605,9 +603,7 @@ class TestConformance(TestCase):
     @optims(BOTH)
     def test_load_state_dict_pre_post_hook(self, device, dtype, optim_info):
         """test_load_state_dict_pre_post_hook: the pre hook's returned dict is the one loaded."""
-        for optim_input in inputs(device, dtype, optim_info):
-            opt = optim_info.optim_cls([torch.rand(2, 3, device=device, dtype=dtype,
-                                                   requires_grad=True)], **optim_input.kwargs)
+        for opt in one_tensor_optimizers(device, dtype, optim_info):
             opt.register_load_state_dict_pre_hook(load_pre_hook_returning)
             opt.register_load_state_dict_post_hook(load_post_hook)
             opt.load_state_dict(opt.state_dict())

@@ -40,7 +40,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from test_torch_optim import (HYPER, TinyTransformer, batches, fp32_newton_schulz,  # noqa: E402
-                              lm_loss, rel, uses_muon)
+                              lm_loss, rel, torch_pair)
 
 import zmuon  # noqa: E402
 
@@ -321,15 +321,7 @@ def single_process(gas=1, steps=STEPS, clip=0.0):
 
 def torch_optimizers(model):
     """torch.optim.Muon (its NS in fp32: install with fp32_ns()) + AdamW, zmuon's rule."""
-    h = HYPER
-    inner = model.module if hasattr(model, "module") else model
-    muon = [p for n, p in inner.named_parameters() if uses_muon(n, p)]
-    adam = [p for n, p in inner.named_parameters() if not uses_muon(n, p)]
-    return [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
-                             momentum=h["momentum"], nesterov=h["nesterov"],
-                             ns_steps=h["ns_steps"], eps=1e-7),
-            torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
-                              weight_decay=h["weight_decay"])]
+    return torch_pair(model.module if hasattr(model, "module") else model)
 
 
 def run_torch_optimizers(model, rank, world, steps=STEPS):
@@ -528,25 +520,30 @@ class Distributed(unittest.TestCase):
                 self.assertGreater(e, 1e-3, kind)
 
 
+def worker_main(work, kinds=None):
+    """A worker process of run_job: its arguments read, `work(args)` run, then the process
+    ends. Past the records (written and closed), it ends without the interpreter's
+    finalization: torch's gloo threads may still drop a tensor's Python object then
+    (ProcessGroupGloo::runLoop -> decref_pyobject -> PyEval_AcquireThread during finalization),
+    which aborts the process ("terminate called without an active exception") after its work
+    is done, in about one FSDP2 mixed-precision job in four."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--kind", choices=kinds)
+    ap.add_argument("--case")
+    ap.add_argument("--out")
+    ap.add_argument("--gas", type=int, default=1)
+    ap.add_argument("--dir", default="")
+    ap.add_argument("--clip", type=float, default=0.0)
+    ap.add_argument("--steps", type=int, default=STEPS)
+    work(ap.parse_args())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        ap = argparse.ArgumentParser()
-        ap.add_argument("--worker", action="store_true")
-        ap.add_argument("--kind", choices=("ddp", "fsdp", "partial", "fsdp_mp", "fsdp_bf16"))
-        ap.add_argument("--case")
-        ap.add_argument("--out")
-        ap.add_argument("--gas", type=int, default=1)
-        ap.add_argument("--dir", default="")
-        ap.add_argument("--clip", type=float, default=0.0)
-        ap.add_argument("--steps", type=int, default=STEPS)
-        worker(ap.parse_args())
-        # Past the records (written and closed), the worker ends without the interpreter's
-        # finalization: torch's gloo threads may still drop a tensor's Python object then
-        # (ProcessGroupGloo::runLoop -> decref_pyobject -> PyEval_AcquireThread during
-        # finalization), which aborts the process ("terminate called without an active
-        # exception") after its work is done, in about one FSDP2 mixed-precision job in four.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        worker_main(worker, ("ddp", "fsdp", "partial", "fsdp_mp", "fsdp_bf16"))
     else:
         unittest.main()

@@ -19,7 +19,6 @@ The processes start as in test_torch_distributed (its run_job); one launch runs 
 a mesh.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_torch_distributed import run_job  # noqa: E402
+from test_torch_distributed import run_job, worker_main  # noqa: E402
 from test_torch_optim import HYPER, batches, lm_loss, rel  # noqa: E402
 
 import zmuon  # noqa: E402
@@ -562,18 +561,6 @@ class Meshes(unittest.TestCase):
 
 if __name__ == "__main__":
     if "--worker" in sys.argv:
-        ap = argparse.ArgumentParser()
-        ap.add_argument("--worker", action="store_true")
-        ap.add_argument("--kind")
-        ap.add_argument("--case")
-        ap.add_argument("--out")
-        ap.add_argument("--gas", type=int, default=1)
-        ap.add_argument("--dir", default="")
-        ap.add_argument("--clip", type=float, default=0.0)
-        ap.add_argument("--steps", type=int, default=STEPS)
-        worker(ap.parse_args())
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        worker_main(worker)
     else:
         unittest.main()

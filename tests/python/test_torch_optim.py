@@ -89,6 +89,20 @@ HYPER = dict(lr=0.02, adam_lr=3e-3, weight_decay=0.1, momentum=0.95, nesterov=Tr
              betas=(0.9, 0.95), eps=1e-8, ns_steps=5, ns_variant="standard")
 
 
+def torch_pair(model, rule=uses_muon, **overrides):
+    """torch.optim.Muon + AdamW with HYPER over `model` (or (name, tensor) pairs), split by
+    `rule(name, p)`: the reference every parity test steps beside zmuon.Muon."""
+    h = dict(HYPER, **overrides)
+    named = list(model.named_parameters() if isinstance(model, nn.Module) else model)
+    muon = [p for n, p in named if rule(n, p)]
+    adam = [p for n, p in named if not rule(n, p)]
+    return [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
+                             momentum=h["momentum"], nesterov=h["nesterov"],
+                             ns_steps=h["ns_steps"], eps=1e-7),
+            torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
+                              weight_decay=h["weight_decay"])]
+
+
 class ParityWithTorch(unittest.TestCase):
 
     def test_twenty_steps_match_torch_muon_and_adamw(self):

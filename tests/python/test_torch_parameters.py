@@ -29,25 +29,11 @@ import torch.nn as nn
 
 import torch_writes
 from test_torch_optim import (HYPER, PARITY_TOL, TinyTransformer, batches, fp32_ns, lm_loss,
-                              rel, uses_muon)
+                              rel, torch_pair, uses_muon)
 
 import zmuon
 
 torch.set_num_threads(2)
-
-
-def torch_pair(model, rule=uses_muon, **overrides):
-    """torch.optim.Muon + AdamW with HYPER over `model` (or (name, tensor) pairs), split by
-    `rule(name, p)`."""
-    h = dict(HYPER, **overrides)
-    named = list(model.named_parameters() if isinstance(model, nn.Module) else model)
-    muon = [p for n, p in named if rule(n, p)]
-    adam = [p for n, p in named if not rule(n, p)]
-    return [torch.optim.Muon(muon, lr=h["lr"], weight_decay=h["weight_decay"],
-                             momentum=h["momentum"], nesterov=h["nesterov"],
-                             ns_steps=h["ns_steps"], eps=1e-7),
-            torch.optim.AdamW(adam, lr=h["adam_lr"], betas=h["betas"], eps=h["eps"],
-                              weight_decay=h["weight_decay"])]
 
 
 def by_dimension(_name, p):
