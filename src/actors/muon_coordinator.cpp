@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <optional>
 
@@ -506,7 +505,7 @@ void orthogonalize(coord_pointer self, int c) {
   });
   // After the last gather the store's stream is free until the last scatter: the non-Muon rule
   // runs there while this NS, enqueued meanwhile, runs on its own streams.
-  if (c + 1 == static_cast<int>(st.work->chunks.size()) && !std::getenv("ZMUON_XP_LATE_ADAMW"))
+  if (c + 1 == static_cast<int>(st.work->chunks.size()))
     run_adamw(self);
   const float_view full = cw.full.compute();
   trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
@@ -593,9 +592,7 @@ void apply(coord_pointer self, int c) {
     auto& w = *self->state.work;
     buffers(self, c, [&] { w.chunks[c] = chunk_work{}; });
     w.chunks[c].at = chunk_work::applied;
-    if (++w.applied == w.chunks.size() && std::getenv("ZMUON_XP_LATE_ADAMW"))
-      run_adamw(self);
-    else if (w.applied == w.chunks.size())
+    if (++w.applied == w.chunks.size())
       finish(self);
     else
       advance(self);  // the next scatter, now queued behind this update

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <cstdlib>
 #include <cstring>
 
 #include "caf/all.hpp"
@@ -207,8 +206,6 @@ expected<std::unique_ptr<engine>> engine::create(const engine_options& options) 
   auto& d = *eng->impl_;
   auto& job = *d.job;
   job.cfg.set("scheduler.max-threads", scheduler_threads(opts.world));
-  if (!std::getenv("ZMUON_XP_DEFAULT_POLL"))
-    job.cfg.set("work-stealing.moderate-poll-attempts", size_t{0});
   job.own_sys = std::make_unique<caf::actor_system>(job.cfg);
   if (auto err = d.configure(opts, job.own_sys.get(), 0, opts.world))
     return err;
