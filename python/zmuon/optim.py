@@ -225,8 +225,9 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
 
     def report_qk_logits(self, query, max_logits, rank=None):
         """MuonClip: the largest pre-softmax logit of this micro-batch per head of `query`
-        (a tensor or sequence of query_heads numbers) on `rank` (default: this process's
-        first rank). The step clips by the max over all reports of all ranks since the last."""
+        (a tensor or sequence of query_heads numbers; -inf for a head not computed here, as
+        under tensor parallelism) on `rank` (default: this process's first rank). The step clips
+        by the max over all reports of all ranks since the last."""
         if query not in self._qk_heads:
             raise InvalidArgument(f"report_qk_logits: '{query}' is not a qk_clip query"
                                   f"{_groups.suggestion(query, self._qk_heads)}")
