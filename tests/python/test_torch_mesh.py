@@ -13,7 +13,10 @@
 - under HSDP: 4 micro-batches against 1; every weight halved in place between two steps
   (a write outside the optimizer); a NaN in one process's gradient skipping the step on every
   process, the state bit-equal; torch.distributed.checkpoint saved under HSDP 2 x 2 and loaded
-  under FSDP2 at 4 and in one process, and saved under TP 2 x FSDP2 2 and loaded in one;
+  under FSDP2 at 4 and in one process, and saved under TP 2 x FSDP2 2 and under EP 2 x FSDP2
+  2 and loaded in one;
+- under EP 2 x FSDP2 2 (one whole expert of each stack per process) the engine takes the
+  experts in their holders' order: nothing moves between processes;
   under TP 2 x FSDP2 2 gradient clipping on the norm over every process.
 
 The processes start as in test_torch_distributed (its run_job); one launch runs every case of
@@ -217,15 +220,17 @@ def placements_case(rank, world):
             name = f"p{k}"
             named.append((name, t))
             globals_[name] = whole
-        layout = _mesh.MeshLayout(named, rank, world)
+        stacks = {n for n, t in named if t.dim() == 3}  # taken as expert stacks
+        layout = _mesh.MeshLayout(named, rank, world, stacks)
         rows = layout.to_engine({n: t.to_local() for n, t in named})
-        moved_in = all(torch.equal(rows[n], globals_[n].reshape(-1)[slice(
-            *layout.engine_range(n, rank))]) for n in rows)
+        moved_in = all(torch.equal(rows[n], layout.in_engine_order(n, globals_[n]).reshape(-1)[
+            slice(*layout.engine_range(n, rank))]) for n in rows)
         targets = {n: torch.full_like(t.to_local(), -1.0) for n, t in named}
         layout.from_engine(rows, targets)
         moved_out = all(torch.equal(targets[n], t.to_local()) for n, t in named)
         records.append({"mesh": list(mesh_shape), "moved_in": moved_in, "moved_out": moved_out,
-                        "identity": layout.identity})
+                        "identity": layout.identity,
+                        "order": {n: [list(r) for r in o] for n, o in layout.order.items()}})
     return records
 
 
@@ -363,6 +368,11 @@ def training_cases(args, rank, world, out):
     model, _, share = build(args.kind, world)
     opt = optimizer(model)
     out["moves"] = opt._mesh is not None
+    # What this process sends other processes per step, and the engine's expert orders.
+    out["sent"] = opt._mesh.sent_elements() if opt._mesh is not None else 0
+    out["identity"] = opt._mesh is None or opt._mesh.identity
+    out["order"] = {n: [list(r) for r in o] for n, o in opt._mesh.order.items()} \
+        if opt._mesh is not None else {}
     out["placements"] = {n: _mesh.placement_text(p.placements)
                          for n, p in model.named_parameters()}
     if args.case == "resume":
@@ -386,6 +396,12 @@ def training_cases(args, rank, world, out):
         save_params(model, args, rank, "model_only.pt")
         return
     train(model, opt, share, STEPS)
+    if args.kind == "ep":  # zmuon's own files would hold the experts in the engine's order
+        with tempfile.TemporaryDirectory() as files:
+            try:
+                opt.save_checkpoint(files)
+            except zmuon.Unsupported as e:
+                out["refused"] = str(e)
     opt.close()
     save_params(model, args, rank, "params.pt")
     if args.kind != "fsdp":  # NorMuon's row moments and MuonClip's heads where pieces move
@@ -521,6 +537,10 @@ class PlacementReader(unittest.TestCase):
                 else:
                     self.assertTrue(rec["moved_in"] and rec["moved_out"], rec)
                     self.assertFalse(rec["identity"], rec)
+                    # The one stack of whole experts, one per process, in its holders' order
+                    # (_StridedShard's: processes 0 to 3 hold experts 0, 2, 1, 3).
+                    self.assertEqual(rec["order"], {} if rec["mesh"] == [4] else
+                                     {"p10": [[0, 1], [2, 3], [1, 2], [3, 4]]}, rec)
         print(f"held_runs equal to DTensor's local tensors in {checked} cases (4 processes, "
               "meshes 4 and 2 x 2); the moves to the engine's shards and back exact")
 
@@ -558,7 +578,7 @@ class Meshes(unittest.TestCase):
     def test_hsdp_then_fsdp2_and_one_process_from_its_checkpoint(self):
         with tempfile.TemporaryDirectory() as ckpt:
             ranks, saved = job(self, 4, "hsdp", "train", directory=ckpt, timeout=400)
-            self.assertTrue(all(r["moves"] for r in ranks))
+            self.assertTrue(all(r["moves"] and r["sent"] > 0 for r in ranks))
             self.check(saved["params"], "HSDP 2 x 2")
             self.check_rules(saved, "HSDP 2 x 2")
             self.check(saved["gas4"], "HSDP 2 x 2, 4 micro-batches")
@@ -588,9 +608,21 @@ class Meshes(unittest.TestCase):
         self.assertFalse(any(r["moves"] for r in ranks))  # Shard(0) on every process: in place
         self.check(saved["params"], "FSDP2 at 4 processes, 4 experts")
 
-    def test_expert_parallel_2_with_fsdp2_2(self):
-        ranks, saved = job(self, 4, "ep", "train", timeout=400)
-        self.assertTrue(all(r["moves"] for r in ranks))
+    def test_expert_parallel_2_with_fsdp2_2_then_one_process_from_its_checkpoint(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            ranks, saved = job(self, 4, "ep", "train", directory=ckpt, timeout=400)
+            self.resume(ckpt, 1, "expert parallel 2 x FSDP2 2")
+        # Each process holds one whole expert of each stack: the engine takes them in their
+        # holders' order, cuts by rows, and nothing moves between processes (the plan's owner
+        # of an expert whole in one rank's shard is that rank: test_plan).
+        experts = [[0, 1], [2, 3], [1, 2], [3, 4]]
+        for r in ranks:
+            self.assertEqual(r["order"], {"experts.up": experts, "experts.down": experts})
+            self.assertTrue(r["identity"])
+            self.assertEqual(r["sent"], 0)
+            self.assertIn("holders' order", r.get("refused", ""))
+        print("expert parallel 2 x FSDP2 2: the experts in their holders' order (0, 2, 1, 3), "
+              "0 elements moved between processes")
         self.assertEqual(ranks[0]["placements"]["experts.up"], "(_S(0, 2), S(0))")
         self.assertEqual(ranks[0]["placements"]["wq.weight"], "(S(0))")
         self.check(saved["params"], "expert parallel 2 x FSDP2 2")
@@ -600,7 +632,7 @@ class Meshes(unittest.TestCase):
         with tempfile.TemporaryDirectory() as ckpt:
             ranks, saved = job(self, 4, "tp", "train", directory=ckpt, timeout=400)
             self.resume(ckpt, 1, "tensor parallel 2 x FSDP2 2")
-        self.assertTrue(all(r["moves"] for r in ranks))
+        self.assertTrue(all(r["moves"] and r["sent"] > 0 for r in ranks))
         placed = ranks[0]["placements"]
         print(f"tensor parallel 2 x FSDP2 2: wq.weight {placed['wq.weight']}, proj.weight "
               f"{placed['proj.weight']}, ln1.weight {placed['ln1.weight']}")
