@@ -8,7 +8,7 @@
   steps (fp32, ns_variant standard) under HSDP on a 2 x 2 mesh, FSDP2 at 4 processes, tensor
   parallel 2 x FSDP2 2 (ColwiseParallel / RowwiseParallel), expert parallel 2 x FSDP2 2, each
   against the same model under the plain zmuon.Muon in one process (<= 1e-6 relative on the
-  weights); on the three meshes that move pieces also NorMuon with MuonClip on the query and
+  weights); under HSDP, TP and EP also NorMuon with MuonClip on the query and
   key heads (under tensor parallelism each process reports its own heads' logits);
 - under HSDP: 4 micro-batches against 1; every weight halved in place between two steps
   (a write outside the optimizer); a NaN in one process's gradient skipping the step on every
@@ -404,7 +404,7 @@ def training_cases(args, rank, world, out):
                 out["refused"] = str(e)
     opt.close()
     save_params(model, args, rank, "params.pt")
-    if args.kind != "fsdp":  # NorMuon's row moments and MuonClip's heads where pieces move
+    if args.kind != "fsdp":  # NorMuon and MuonClip under HSDP, TP and EP
         model, _, share = build(args.kind, world)
         opt = optimizer(model, **RULES)
         train(model, opt, share, STEPS, clip_logits=True)
