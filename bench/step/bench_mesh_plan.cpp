@@ -3,8 +3,10 @@
 // its Newton-Schulz work and the bytes it sends, for zmuon (python/zmuon/_mesh.py moves each
 // process's pieces to the engine's rows and back; the engine gathers each NS block to one owner
 // in the world and scatters the result) beside the all-gather scheme (every rank all-gathers
-// every Muon matrix over its shard group and runs every NS itself). The gradients' own
-// reduction (FSDP2's reduce-scatter, HSDP's all-reduce) is the same for both and left out.
+// every Muon matrix over its shard group and runs every NS itself), and beside the direct scheme
+// (each NS block's owner receives only the pieces it lacks from their holders and sends the
+// result to every holder, replicas included; AdamW where its elements are held). The gradients'
+// own reduction (FSDP2's reduce-scatter, HSDP's all-reduce) is the same for all and left out.
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -14,6 +16,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench/step/step_tables.hpp"
+#include "plan/ownership.hpp"
 #include "plan/plan.hpp"
 
 namespace {
@@ -23,6 +26,7 @@ using zmuon::plan;
 struct rank_figures {
   double ns_gflop = 0;
   double bytes = 0;
+  double direct_bytes = 0;  // the direct scheme's, for the same owners
 };
 
 // [begin, end) of torch.chunk's piece i of n in `parts` (FSDP2's Shard(0), the engine's rows).
@@ -79,6 +83,39 @@ std::vector<rank_figures> zmuon_figures(const plan& pl, int replicas, int shards
   return out;
 }
 
+// The direct scheme, for the plan's owners: each block's owner receives each piece it lacks from
+// the holder in its own replica group and sends the result to those holders; each piece then
+// goes down a chain of its replicas (replica group g + 1 from g, and on: R - 1 sends of it).
+// AdamW runs where its elements are held (replicas alike, no bytes). Plus the vote.
+void add_direct_bytes(const plan& pl, int replicas, int shards, std::vector<rank_figures>& out) {
+  for (int r = 0; r < pl.world; ++r) {
+    const auto bytes = zmuon::bench::plan_bytes(pl, r, 1);
+    auto vote = bytes.find("vote");
+    out[r].direct_bytes += vote == bytes.end() ? 0.0 : static_cast<double>(vote->second);
+  }
+  for (const auto& p : pl.params) {
+    if (!p.muon)
+      continue;
+    const int64_t cols = p.numel / p.shape[0];
+    for (const auto& b : p.blocks) {
+      const auto block = zmuon::block_elements(p, b);
+      const int group = b.owner / shards;  // the owner's replica group and shard
+      const int own = b.owner % shards;
+      for (int j = 0; j < shards; ++j) {
+        const auto rows = chunk(p.shape[0], shards, j);
+        const double n =
+            4.0 * static_cast<double>(overlap(block, {rows.first * cols, rows.second * cols}));
+        if (j != own) {
+          out[group * shards + j].direct_bytes += n;  // in: the piece it lacks
+          out[b.owner].direct_bytes += n;             // out: to its holder in the group
+        }
+        for (int g = 0; g + 1 < replicas; ++g)  // down the chain of the piece's replicas
+          out[((group + g) % replicas) * shards + j].direct_bytes += n;
+      }
+    }
+  }
+}
+
 // The all-gather scheme: every Muon matrix all-gathered (ring) over each shard group, every NS
 // on every rank.
 rank_figures all_gather_figures(const plan& pl, int shards, int steps) {
@@ -108,8 +145,8 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   std::printf(
       "| table | mesh R x S | zmuon NS GFLOP/rank max | max/mean | zmuon MB/rank max | "
-      "mean | all-gather NS GFLOP/rank | all-gather MB/rank |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
+      "mean | direct MB/rank max | mean | all-gather NS GFLOP/rank | all-gather MB/rank |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& name : tables) {
     const auto table = zmuon::bench::make_table(name);
     if (table.empty()) {
@@ -131,7 +168,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", pl.err().to_string().c_str());
         return 1;
       }
-      const auto ranks = zmuon_figures(*pl, replicas, shards, steps);
+      auto ranks = zmuon_figures(*pl, replicas, shards, steps);
+      add_direct_bytes(*pl, replicas, shards, ranks);
       auto max_of = [&](auto field) {
         double m = 0;
         for (const auto& r : ranks)
@@ -145,11 +183,13 @@ int main(int argc, char** argv) {
         return s / static_cast<double>(ranks.size());
       };
       const auto gathered = all_gather_figures(*pl, shards, steps);
-      std::printf("| %s | %d x %d | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f |\n", name.c_str(),
-                  replicas, shards, max_of(&rank_figures::ns_gflop),
+      std::printf("| %s | %d x %d | %.1f | %.3f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n",
+                  name.c_str(), replicas, shards, max_of(&rank_figures::ns_gflop),
                   max_of(&rank_figures::ns_gflop) / mean_of(&rank_figures::ns_gflop),
                   max_of(&rank_figures::bytes) / 1e6, mean_of(&rank_figures::bytes) / 1e6,
-                  gathered.ns_gflop, gathered.bytes / 1e6);
+                  max_of(&rank_figures::direct_bytes) / 1e6,
+                  mean_of(&rank_figures::direct_bytes) / 1e6, gathered.ns_gflop,
+                  gathered.bytes / 1e6);
     }
   }
   return 0;

@@ -304,8 +304,9 @@ public:
   error add_qk_clip(const std::string& query, const std::string& key, int64_t query_heads,
                     int64_t key_heads);
   /// Local rank `rank`'s largest pre-softmax logit of one micro-batch for each head of query
-  /// `query` (query_heads finite values). The step clips by the max over every report of every
-  /// rank and process since the last step; a rank may report any number of times (or never).
+  /// `query` (query_heads values: finite, or -inf for a head not computed on this rank). The step
+  /// clips by the max over every report of every rank and process since the last step; a rank
+  /// may report any number of times (or never).
   error report_qk_logits(int rank, const std::string& query, const std::vector<float>& max_logits);
   /// Puts parameter `name` in hyperparameter group `group` (param_spec::hparam_group); only
   /// before the first reduce() or step(). Every process registers the same groups.

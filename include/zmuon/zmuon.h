@@ -271,7 +271,8 @@ ZMUON_API int zmuon_engine_set_muon_blocks(zmuon_engine* eng, const char* name,
 ZMUON_API int zmuon_engine_add_qk_clip(zmuon_engine* eng, const char* query, const char* key,
                                        int64_t query_heads, int64_t key_heads);
 /* Rank `rank`'s largest pre-softmax logit of one micro-batch per head of `query` (n =
- * query_heads finite values); the step takes the max over all reports since the last step. */
+ * query_heads values, finite or -inf for a head not computed on this rank); the step takes the
+ * max over all reports since the last step. */
 ZMUON_API int zmuon_engine_report_qk_logits(zmuon_engine* eng, int32_t rank, const char* query,
                                             const float* max_logits, size_t n);
 /* A group's update rule beside its hyperparameters. Cautious weight decay (arXiv:2510.12402)

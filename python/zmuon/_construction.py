@@ -88,7 +88,7 @@ class Construction:
         """The overrides the engine is made with: the caller's, FSDP2's layout, the keyword
         hyperparameters and the backend of the tensors' device."""
         out = list(overrides)
-        if self._mode == _distributed.FSDP and self._mesh is None:
+        if self._mode == _distributed.FSDP and (self._mesh is None or self._mesh.identity):
             out.append("zmuon.shard_layout=rows")  # the plan cuts the parameters as FSDP2 does
         out += [hyperparameter_override(k, v) for k, v in hyperparameters.items()]
         return out + device_overrides(tensor_devices(named), config_dict, out, host_staging)

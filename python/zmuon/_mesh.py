@@ -4,8 +4,11 @@ FSDP2's Shard(0) on a 1-D mesh of every process holds exactly the engine's rows 
 holds dim-0 slices [e * L, (e + 1) * L), L = ceil(rows / world)): the engine reads and writes
 the local tensors in place. Other placements (HSDP's Replicate x Shard, tensor parallel's
 Shard(1) and strided shards, expert stacks on their own mesh) hold other pieces; the engine
-then cuts each flattened parameter evenly (the flat layout). This module says which pieces each
-process holds (a pure function of the global shape, the mesh and the placements) and moves
+then cuts each flattened parameter evenly (the flat layout). An expert stack whose processes
+each hold whole experts, as many as the engine's rank of the same number holds (expert
+parallelism), is given to the engine in its holders' order: each process's experts are its
+rank's shard, so they neither move nor gather for Newton-Schulz. This module says which pieces
+each process holds (a pure function of the global shape, the mesh and the placements) and moves
 values between them and the engine's shards: gradients in (each element from one holder), new
 values out (to every holder, replicas included), one all_to_all_single of the default process
 group each way."""
@@ -121,12 +124,39 @@ def _global_flat(runs, shape):
     return _flat([_indices(r) for r in runs], list(shape))
 
 
+def is_expert_stack(shape, view):
+    """Whether the engine takes a parameter of `shape` under matrix view `view` ("auto",
+    "flatten", "expert_stack") as a stack of independent [r, ...] matrices along dim 0."""
+    return len(shape) >= 3 and (view == "expert_stack" or (view == "auto" and len(shape) == 3))
+
+
+def _holder_order(shape, boxes, world):
+    """The dim-0 runs of every process's box in process order, where each process holds one
+    box of whole dim-0 slices (no replica), as many as torch.chunk gives engine rank e of the
+    same number; None where not, or where that order is the natural one."""
+    by_holder = {}
+    for runs, holders in boxes.items():
+        if len(holders) != 1 or any(r != ((0, int(n)),) for r, n in zip(runs[1:], shape[1:])):
+            return None
+        by_holder[holders[0]] = runs[0]
+    order = []
+    for e in range(world):
+        runs = by_holder.get(e, ())
+        lo, hi = _chunk(shape[0], world, e)
+        if _count(runs) != hi - lo:
+            return None
+        order += runs
+    return None if _merged(order) == [(0, int(shape[0]))] else tuple(order)
+
+
 class MeshLayout:
     """The moves between every process's DTensor pieces and the engine's shards, for the
-    parameters `named` (name, DTensor) of this process. Built from every process's
-    description (one all_gather_object), so that each process derives the same moves."""
+    parameters `named` (name, DTensor) of this process; `stacks`: the names of expert stacks
+    (is_expert_stack), whose experts the engine may take in another order. Built from every
+    process's description (one all_gather_object), so that each process derives the same
+    moves."""
 
-    def __init__(self, named, rank, world):
+    def __init__(self, named, rank, world, stacks=()):
         self.rank, self.world = rank, world
         self.device = named[0][1].to_local().device if named else "cpu"  # of the exchange
         mine = [(name, tuple(p.shape), _description(name, p)) for name, p in named]
@@ -157,11 +187,21 @@ class MeshLayout:
                 if runs is not None and all(runs):
                     boxes[name].setdefault(runs, []).append(r)
             self._check_cover(name, shape, boxes[name])
-        # Every process holds exactly its rows (FSDP2's Shard(0) on every process): the engine
-        # cuts by rows and nothing moves. Else the engine cuts each flattened parameter evenly.
-        self.identity = all(len(holders) == 1 and runs == _rows_box(self.shapes[n], world,
-                                                                      holders[0])
-                            for n in names for runs, holders in boxes[n].items())
+        # order: the engine's dim-0 order of an expert stack (runs of global indices), where it
+        # is its holders' one.
+        self.order = {n: _holder_order(self.shapes[n], boxes[n], world) for n in names
+                      if n in stacks}
+        self.order = {n: o for n, o in self.order.items() if o is not None}
+        # Every process holds exactly its rows (FSDP2's Shard(0) on every process, expert
+        # stacks in their holders' order): the engine cuts by rows and nothing moves. Else the
+        # engine cuts each flattened parameter evenly, where an expert stack keeps its holders'
+        # order only if that cut is its rows'.
+        self.identity = all(n in self.order or all(
+            len(holders) == 1 and runs == _rows_box(self.shapes[n], world, holders[0])
+            for runs, holders in boxes[n].items()) for n in names)
+        if not self.identity:
+            self.order = {n: o for n, o in self.order.items() if self.shapes[n][0] % world == 0}
+        self._position = {n: _positions(o, self.shapes[n][0]) for n, o in self.order.items()}
         # in: (source, engine rank) -> pieces; out: (engine rank, holder) -> pieces.
         self._in, self._out = {}, {}
         for name in names:
@@ -173,7 +213,7 @@ class MeshLayout:
         """The pieces of the box `runs` (held by `holders`) this process sends or receives:
         each engine rank's part from one holder (itself where it is one), and to every
         holder."""
-        me, glob = self.rank, _global_flat(runs, self.shapes[name])
+        me, glob = self.rank, self._engine_flat(name, runs)
         for e in range(self.world):
             src = e if e in holders else holders[e % len(holders)]
             if me not in (src, e) and me not in holders:
@@ -189,6 +229,30 @@ class MeshLayout:
             for h in holders:
                 if me in (e, h):
                     self._out.setdefault((e, h), []).append(piece)
+
+    def _engine_flat(self, name, runs):
+        """The engine's flat indices of the box `runs` of `name`, in the local tensor's order
+        (increasing: a reordered stack's box is one holder's experts, back to back)."""
+        shape = list(self.shapes[name])
+        if name not in self._position:
+            return _global_flat(runs, shape)
+        index = [_indices(r) for r in runs]
+        return _flat([self._position[name][index[0]]] + index[1:], shape)
+
+    def in_engine_order(self, name, whole):
+        """A whole tensor of `name`'s shape on dim 0 (or NorMuon's rows of its experts, [E, r,
+        1]) in the engine's order (a torch tensor or numpy array)."""
+        if name not in self.order:
+            return whole
+        index = _indices(self.order[name])
+        return whole[index] if hasattr(whole, "index_select") else whole[index.numpy()]
+
+    def sent_elements(self):
+        """Elements this process sends to other processes per step (gradients in, values
+        out)."""
+        me = self.rank
+        return sum(pc.local.numel() for moves in (self._in, self._out)
+                   for (a, b), pieces in moves.items() if a == me != b for pc in pieces)
 
     def engine_range(self, name, e):
         """The flat elements [lo, hi) of parameter `name` that engine rank e holds."""
@@ -259,6 +323,13 @@ class MeshLayout:
                 pos += pc.local.numel()
 
 
+def _positions(order, n):
+    """The inverse of dim-0 order `order` (runs): global index -> the engine's index."""
+    pos = torch.empty(n, dtype=torch.int64)
+    pos[_indices(order)] = torch.arange(n, dtype=torch.int64)
+    return pos
+
+
 def _rows_box(shape, world, e):
     """The engine's rows of rank e as held runs."""
     lo, hi = _chunk(shape[0], world, e)
@@ -311,18 +382,21 @@ def _description(name, p):
     return tuple(tuple(r) for r in runs), placements
 
 
-def layout_of(named, rank, world):
+def layout_of(named, rank, world, stacks=()):
     """The moves of DTensor parameters `named` (name, DTensor), or None where every process
-    holds exactly its engine rows (FSDP2's Shard(0) on a 1-D mesh of every process)."""
-    layout = MeshLayout(named, rank, world)
-    return None if layout.identity else layout
+    holds exactly its engine rows in their natural order (FSDP2's Shard(0) on a 1-D mesh of
+    every process)."""
+    layout = MeshLayout(named, rank, world, stacks)
+    return None if layout.identity and not layout.order else layout
 
 
-def layout_for(named):
+def layout_for(named, views):
     """layout_of for zmuon.Muon's DTensor parameters `named` (name, DTensor; the zero-size
-    ones stay out of the engine) over torch.distributed's default group."""
-    return layout_of([(n, p) for n, p in named if p.numel() > 0], dist.get_rank(),
-                     dist.get_world_size())
+    ones stay out of the engine) over torch.distributed's default group; `views`: the matrix
+    views by name (zmuon.Muon's `views`)."""
+    named = [(n, p) for n, p in named if p.numel() > 0]
+    stacks = {n for n, p in named if is_expert_stack(tuple(p.shape), views.get(n, "auto"))}
+    return layout_of(named, dist.get_rank(), dist.get_world_size(), stacks)
 
 
 def check_rank(engine_rank):

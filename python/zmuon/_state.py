@@ -11,6 +11,7 @@ from . import _capi
 from ._buffers import is_torch
 from ._capi import InvalidArgument, ShapeMismatch
 from ._groups import is_made_up, learning_rate
+from ._mesh import is_expert_stack
 
 # The engine's tensors under torch's names (torch.optim.Muon's and AdamW's state keys).
 MUON_NAMES = {"momentum": "momentum_buffer"}
@@ -135,7 +136,7 @@ def _row_moments_shape(opt, name, shape):
     (rows, 1), or (E, r, 1) for an expert stack [E, r, ...] (the engine's E * r rows)."""
     view = getattr(opt, "_matrix_views", {}).get(name, "auto")
     shape = tuple(int(s) for s in shape)
-    if len(shape) >= 3 and (view == "expert_stack" or (view == "auto" and len(shape) == 3)):
+    if is_expert_stack(shape, view):
         return shape[0] * shape[1], (shape[0], shape[1], 1)
     return shape[0], (shape[0], 1)
 
@@ -429,6 +430,8 @@ def load_state_dict(opt, sd):
             return _host_float32(value, shapes[name], what)
         if opt._mesh is not None and type(value).__name__ == "DTensor":
             return _mesh_float32(opt, value, param_of[name], name, what)
+        if opt._mesh is not None:  # a whole tensor: its experts in the engine's order
+            value = opt._mesh.in_engine_order(name, _host_float32(value, shapes[name], what))
         return _local_float32(value, param_of[name], shapes[name], *local[name], what)
 
     saved_index = [i for g in groups for i in g["params"]]
@@ -452,6 +455,8 @@ def load_state_dict(opt, sd):
         if muon and ROW_MOMENTS in entry:
             rows, rows_shape = _row_moments_shape(opt, name, shapes[name])
             buf = _host_float32(entry[ROW_MOMENTS], rows_shape, f"{where}[{ROW_MOMENTS!r}]")
+            if opt._mesh is not None:
+                buf = opt._mesh.in_engine_order(name, buf)
             keep.append(buf)
             row_entries.append((name, rows, _pointer(buf)))
         if MASTER in entry:

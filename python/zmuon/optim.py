@@ -37,7 +37,7 @@ import math
 
 from . import _capi, _construction, _distributed, _groups, _mesh, _param_groups, _state
 from ._buffers import buffer_of, is_torch
-from ._capi import BadState, InvalidArgument
+from ._capi import BadState, InvalidArgument, Unsupported
 from ._construction import Construction
 from ._gradients import Gradients
 from ._param_groups import ParamGroups
@@ -128,7 +128,8 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         named = [item for g in user_groups for item in g["params"]]
         self._mode = _distributed.mode_of(named, ddp_module, averaged_grads)
         # DTensors placed otherwise than FSDP2's rows: the moves between them (a collective)
-        self._mesh = _mesh.layout_for(named) if self._mode == _distributed.FSDP else None
+        self._mesh = _mesh.layout_for(named, dict(views or {})) \
+            if self._mode == _distributed.FSDP else None
         nodes, node_rank, master = _distributed.job_of(self._mode, nodes, node_rank, master,
                                                        ranks, distributed)
         group_of = _param_groups.placement(named, user_groups, made_up, groups)
@@ -225,8 +226,9 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
 
     def report_qk_logits(self, query, max_logits, rank=None):
         """MuonClip: the largest pre-softmax logit of this micro-batch per head of `query`
-        (a tensor or sequence of query_heads numbers) on `rank` (default: this process's
-        first rank). The step clips by the max over all reports of all ranks since the last."""
+        (a tensor or sequence of query_heads numbers; -inf for a head not computed here, as
+        under tensor parallelism) on `rank` (default: this process's first rank). The step clips
+        by the max over all reports of all ranks since the last."""
         if query not in self._qk_heads:
             raise InvalidArgument(f"report_qk_logits: '{query}' is not a qk_clip query"
                                   f"{_groups.suggestion(query, self._qk_heads)}")
@@ -268,17 +270,27 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
     def save_checkpoint(self, directory):
         """Saves the optimizer state (parameters, momentum, Adam moments, step, loss scale) as a
         zmuon checkpoint under `directory` (between steps); a collective in a multi-process job."""
+        self._check_natural_order("save_checkpoint")
         self._reload_written()
         self._engine.save_checkpoint(directory)
 
     def load_checkpoint(self, directory):
         """Restores a checkpoint saved by save_checkpoint (also one saved with another rank
         count) and writes its parameters into the tensors; returns the step it was saved at."""
+        self._check_natural_order("load_checkpoint")
         step = self._engine.load_checkpoint(directory)
         self.state.invalidate()
         self._rounding.begin(step)
         self._write_back()
         return step
+
+    def _check_natural_order(self, what):
+        """zmuon's checkpoint files hold the engine's order of each expert stack."""
+        if self._mesh is not None and self._mesh.order:
+            name = sorted(self._mesh.order)[0]
+            raise Unsupported(f"{what}: the engine holds the experts of '{name}' in their "
+                              "holders' order (expert parallel); save with state_dict() and "
+                              "torch.distributed.checkpoint")
 
     def local_range(self, name):
         """(offset, numel): the elements of parameter `name`'s flattened tensor that opt.state

@@ -524,7 +524,7 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     return std::pair<int64_t, int64_t>{std::min(p.numel, first * p.shard_len),
                                        std::min(p.numel, last * p.shard_len)};
   };
-  const std::vector<std::vector<int>> saved_owner = owners_at_world(target, m.world);
+  const std::vector<std::vector<int>> saved_owner = owners_at_world(target, m.world, m.layout);
   for (const auto& f : m.files) {
     bool needed = false;
     // Row moments lie in the file of the rank that owned the block at the save.

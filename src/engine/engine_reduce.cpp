@@ -272,10 +272,12 @@ error engine::report_qk_logits(int rank, const std::string& query,
     return {errc::shape_mismatch, "report_qk_logits: '" + query + "' has "
                                       + std::to_string(p.query_heads) + " heads, got "
                                       + std::to_string(max_logits.size()) + " values"};
+  // -inf: no logit of that head here (a process of tensor parallelism computes some heads).
   for (size_t h = 0; h < max_logits.size(); ++h)
-    if (!std::isfinite(max_logits[h]))
+    if (std::isnan(max_logits[h]) || max_logits[h] == std::numeric_limits<float>::infinity())
       return {errc::invalid_argument, "report_qk_logits: '" + query + "' head " + std::to_string(h)
-                                          + " has a non-finite logit"};
+                                          + " has a logit of " + std::to_string(max_logits[h])
+                                          + " (finite, or -inf for a head not computed here)"};
   auto& mine = d.hand_over->qk_logits[rank - d.job->first_rank];
   if (mine.empty())
     mine.assign(static_cast<size_t>(pl.qk_values), -std::numeric_limits<float>::max());

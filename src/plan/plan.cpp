@@ -49,11 +49,13 @@ error validate(const param_spec& p, const std::unordered_map<std::string, int>& 
   return {};
 }
 
-// Longest-processing-time first: heaviest NS block to the least-loaded rank, ties to the lower
-// rank and, for equal cost, table and row order. Deterministic, so identical on every rank. The
-// blocks of one parameter (experts, split blocks) may go to different ranks.
+// A block whole in one rank's shard stays there while the rank's share allows; the rest
+// longest-processing-time first: the heaviest NS block to the least-loaded rank, ties to the
+// lower rank and, for equal cost, table and row order. Deterministic, so identical on every rank.
+// The blocks of one parameter (experts, split blocks) may go to different ranks.
 void assign_owners(plan& pl) {
-  const std::vector<std::vector<int>> owners = owners_at_world(pl, pl.world, &pl.owner_cost);
+  const std::vector<std::vector<int>> owners =
+      owners_at_world(pl, pl.world, pl.layout, &pl.owner_cost);
   for (size_t i = 0; i < pl.params.size(); ++i) {
     auto& p = pl.params[i];
     for (size_t b = 0; b < owners[i].size(); ++b)
@@ -166,28 +168,59 @@ error make_qk_pairs(const std::vector<param_spec>& table, plan& pl) {
 
 }  // namespace
 
-std::vector<std::vector<int>> owners_at_world(const plan& pl, int world,
+int holder_of(int64_t begin, int64_t end, int64_t shard_len) {
+  if (shard_len <= 0 || end <= begin)
+    return -1;
+  const int64_t q = begin / shard_len;
+  return end <= (q + 1) * shard_len ? static_cast<int>(q) : -1;
+}
+
+std::vector<std::vector<int>> owners_at_world(const plan& pl, int world, shard_layout layout,
                                               std::vector<double>* cost_of_rank) {
-  std::vector<std::pair<int, int>> order;  // (parameter, block)
-  for (int i = 0; i < static_cast<int>(pl.params.size()); ++i)
-    for (int b = 0; pl.params[i].muon && b < static_cast<int>(pl.params[i].blocks.size()); ++b)
-      order.emplace_back(i, b);
   auto cost = [&](const std::pair<int, int>& ib) {
     auto& p = pl.params[ib.first];
     auto& b = p.blocks[ib.second];
     return static_cast<double>(b.heads) * ns_cost(b.rows / b.heads, p.cols);
   };
+  world = std::max(world, 1);
+  std::vector<std::pair<int, int>> order;  // (parameter, block), heaviest first
+  std::vector<std::vector<int>> owners(pl.params.size());
+  std::vector<std::vector<int>> holder(pl.params.size());  // the rank holding it whole, or -1
+  double total = 0, largest = 0;
+  for (int i = 0; i < static_cast<int>(pl.params.size()); ++i) {
+    const auto& p = pl.params[i];
+    if (!p.muon)
+      continue;
+    owners[i].assign(p.blocks.size(), -1);
+    const int64_t shard_len = shard_length(p.numel, p.shape[0], world, layout);
+    for (int b = 0; b < static_cast<int>(p.blocks.size()); ++b) {
+      const auto& block = p.blocks[b];
+      holder[i].push_back(
+          holder_of(block.row0 * p.cols, (block.row0 + block.rows) * p.cols, shard_len));
+      order.emplace_back(i, b);
+      total += cost({i, b});
+      largest = std::max(largest, cost({i, b}));
+    }
+  }
   std::stable_sort(order.begin(), order.end(),
                    [&](const auto& a, const auto& b) { return cost(a) > cost(b); });
-  std::vector<double> load(static_cast<size_t>(std::max(world, 1)), 0.0);
-  std::vector<std::vector<int>> owners(pl.params.size());
-  for (size_t i = 0; i < pl.params.size(); ++i)
-    if (pl.params[i].muon)
-      owners[i].assign(pl.params[i].blocks.size(), -1);
-  for (const auto& ib : order) {
+  // First the blocks whole in one rank's shard, each kept there while that rank's load stays
+  // within a balanced share (FSDP2's rows of a few experts on many ranks would pile up).
+  const double share = std::max(total / world, largest) * (1 + 1e-9);
+  std::vector<double> load(static_cast<size_t>(world), 0.0);
+  for (const auto& [i, b] : order) {
+    const int q = holder[i][b];
+    if (q >= 0 && load[q] + cost({i, b}) <= share) {
+      owners[i][b] = q;
+      load[q] += cost({i, b});
+    }
+  }
+  for (const auto& [i, b] : order) {
+    if (owners[i][b] >= 0)
+      continue;
     auto least = std::min_element(load.begin(), load.end());
-    owners[ib.first][ib.second] = static_cast<int>(least - load.begin());
-    *least += cost(ib);
+    owners[i][b] = static_cast<int>(least - load.begin());
+    *least += cost({i, b});
   }
   if (cost_of_rank)
     *cost_of_rank = std::move(load);

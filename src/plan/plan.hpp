@@ -104,11 +104,16 @@ struct plan {
 double ns_cost(int64_t rows, int64_t cols);
 
 /// The owner rank of each NS block of each Muon parameter of `pl`'s table at world size
-/// `world` (per parameter, per param_layout::blocks entry; empty for AdamW ones):
-/// longest-processing-time first, as the plan assigns them; each rank's NS cost to
+/// `world`, its shards cut by `layout` (per parameter, per param_layout::blocks entry; empty
+/// for AdamW ones), as the plan assigns them: a block that lies whole in one rank's shard is
+/// that rank's (no gather) while the rank's NS cost stays within max(total / world, the largest
+/// block's), the others go longest-processing-time first; each rank's NS cost to
 /// `cost_of_rank` when given. A checkpoint's reader finds the saving owners with it.
-std::vector<std::vector<int>> owners_at_world(const plan& pl, int world,
+std::vector<std::vector<int>> owners_at_world(const plan& pl, int world, shard_layout layout,
                                               std::vector<double>* cost_of_rank = nullptr);
+
+/// The rank whose shard (`shard_len` elements each) holds all of elements [begin, end), or -1.
+int holder_of(int64_t begin, int64_t end, int64_t shard_len);
 
 /// Elements of every rank's shard of a parameter of `numel` elements whose dim 0 is `dim0`:
 /// ceil(numel / world) (flat), or ceil(dim0 / world) whole dim-0 slices (rows: FSDP2's Shard(0)).

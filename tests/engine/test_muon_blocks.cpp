@@ -380,6 +380,8 @@ BOOST_AUTO_TEST_CASE(muon_clip_rejects_bad_pairs_and_reports) {
   BOOST_TEST((eng->report_qk_logits(0, "q", {1, 2, 3}).code() == errc::shape_mismatch));
   BOOST_TEST((eng->report_qk_logits(0, "k", {1, 2}).code() == errc::invalid_argument));
   BOOST_TEST((eng->report_qk_logits(0, "q", {1, 2, NAN, 3}).code() == errc::invalid_argument));
+  BOOST_TEST((eng->report_qk_logits(0, "q", {1, INFINITY, 2, 3}).code() == errc::invalid_argument));
+  BOOST_TEST(!eng->report_qk_logits(0, "q", {1, -INFINITY, 2, 3}));  // a head not computed here
   BOOST_TEST((eng->report_qk_logits(2, "q", {1, 2, 3, 4}).code() == errc::invalid_argument));
 }
 

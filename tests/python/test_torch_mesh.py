@@ -8,11 +8,15 @@
   steps (fp32, ns_variant standard) under HSDP on a 2 x 2 mesh, FSDP2 at 4 processes, tensor
   parallel 2 x FSDP2 2 (ColwiseParallel / RowwiseParallel), expert parallel 2 x FSDP2 2, each
   against the same model under the plain zmuon.Muon in one process (<= 1e-6 relative on the
-  weights);
+  weights); under HSDP, TP and EP also NorMuon with MuonClip on the query and
+  key heads (under tensor parallelism each process reports its own heads' logits);
 - under HSDP: 4 micro-batches against 1; every weight halved in place between two steps
   (a write outside the optimizer); a NaN in one process's gradient skipping the step on every
   process, the state bit-equal; torch.distributed.checkpoint saved under HSDP 2 x 2 and loaded
-  under FSDP2 at 4 and in one process, and saved under TP 2 x FSDP2 2 and loaded in one;
+  under FSDP2 at 4 and in one process, and saved under TP 2 x FSDP2 2 and under EP 2 x FSDP2
+  2 and loaded in one;
+- under EP 2 x FSDP2 2 (one whole expert of each stack per process) the engine takes the
+  experts in their holders' order: nothing moves between processes;
   under TP 2 x FSDP2 2 gradient clipping on the norm over every process.
 
 The processes start as in test_torch_distributed (its run_job); one launch runs every case of
@@ -41,6 +45,11 @@ STEPS = 10
 BATCH = 8
 PARITY = 1e-6
 HYPER = dict(HYPER, ns_variant="standard")
+HEADS = 4
+# NorMuon's row moments and MuonClip on the query and key heads (tau below the largest logits
+# of the first steps: heads are clipped).
+RULES = dict(variant="normuon", qk_clip={"wq.weight": ("wk.weight", HEADS, HEADS)},
+             qk_clip_tau=1.0)
 
 
 class GroupGather(torch.autograd.Function):
@@ -93,6 +102,15 @@ class Experts(nn.Module):
         return (gate[..., first:first + up.shape[0]].unsqueeze(-1) * y).sum(dim=2)
 
 
+def head_max_logits(q, k):
+    """The largest causal pre-softmax logit of each head of q, k [b, heads, t, d]."""
+    with torch.no_grad():
+        t = q.shape[2]
+        s = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        return s.masked_fill(~causal, float("-inf")).amax(dim=(0, 2, 3))
+
+
 class MoeTransformer(nn.Module):
     """One pre-norm block (attention, MLP), then an MoE layer of `experts` experts (dense
     routing over all of them, so that every expert gets a gradient), a final norm and an
@@ -116,6 +134,9 @@ class MoeTransformer(nn.Module):
         self.experts = Experts(experts, hidden, dim)
         self.ln_f = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
+        # MuonClip's input: the largest pre-softmax logit of each head this process computes
+        # (heads [first_head, first_head + its count): tensor parallel splits them).
+        self.first_head, self.head_logits = 0, None
 
     def forward(self, idx):
         b, t = idx.shape
@@ -124,6 +145,7 @@ class MoeTransformer(nn.Module):
         # Heads by head size: under tensor parallelism each process computes its own heads.
         q, k, v = (w(h).view(b, t, -1, self.head_dim).transpose(1, 2)
                    for w in (self.wq, self.wk, self.wv))
+        self.head_logits = head_max_logits(q, k)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
         x = x + self.out(F.gelu(self.fc(self.ln2(x))))
@@ -198,15 +220,17 @@ def placements_case(rank, world):
             name = f"p{k}"
             named.append((name, t))
             globals_[name] = whole
-        layout = _mesh.MeshLayout(named, rank, world)
+        stacks = {n for n, t in named if t.dim() == 3}  # taken as expert stacks
+        layout = _mesh.MeshLayout(named, rank, world, stacks)
         rows = layout.to_engine({n: t.to_local() for n, t in named})
-        moved_in = all(torch.equal(rows[n], globals_[n].reshape(-1)[slice(
-            *layout.engine_range(n, rank))]) for n in rows)
+        moved_in = all(torch.equal(rows[n], layout.in_engine_order(n, globals_[n]).reshape(-1)[
+            slice(*layout.engine_range(n, rank))]) for n in rows)
         targets = {n: torch.full_like(t.to_local(), -1.0) for n, t in named}
         layout.from_engine(rows, targets)
         moved_out = all(torch.equal(targets[n], t.to_local()) for n, t in named)
         records.append({"mesh": list(mesh_shape), "moved_in": moved_in, "moved_out": moved_out,
-                        "identity": layout.identity})
+                        "identity": layout.identity,
+                        "order": {n: [list(r) for r in o] for n, o in layout.order.items()}})
     return records
 
 
@@ -235,7 +259,8 @@ def build(kind, world):
         parallelize_module(model, mesh["tp"], {"wq": ColwiseParallel(), "wk": ColwiseParallel(),
                                               "wv": ColwiseParallel(), "proj": RowwiseParallel(),
                                               "fc": ColwiseParallel(), "out": RowwiseParallel()})
-        dp = mesh["dp"]
+        dp, tp = mesh["dp"], mesh["tp"]
+        model.first_head = tp.get_local_rank() * HEADS // tp.size()
         for m in (model.wq, model.wk, model.wv, model.proj, model.fc, model.out):
             fully_shard(m, mesh=dp)
         fully_shard(model, mesh=dp)
@@ -271,9 +296,19 @@ def halve_weights(model):
             p.mul_(0.5)
 
 
-def train(model, opt, share, steps, gas=1, first=0, poison=None):
+def report_logits(model, opt):
+    """MuonClip: the largest logit of each head in the last forward; -inf for the heads this
+    process does not compute."""
+    full = torch.full((HEADS,), float("-inf"))
+    mine = model.head_logits
+    full[model.first_head:model.first_head + mine.numel()] = mine
+    opt.report_qk_logits("wq.weight", full)
+
+
+def train(model, opt, share, steps, gas=1, first=0, poison=None, clip_logits=False):
     """Steps [first, first + steps): this process's share of each batch in `gas` micro-batches.
-    poison=(step, name): a NaN in the last element of this process's local gradient."""
+    poison=(step, name): a NaN in the last element of this process's local gradient;
+    clip_logits: each forward's largest logits reported for MuonClip."""
     data = batches(STEPS, batch=BATCH)
     index, count = share
     per = BATCH // count
@@ -282,6 +317,8 @@ def train(model, opt, share, steps, gas=1, first=0, poison=None):
         local = data[step][index * per:(index + 1) * per]
         for micro in local.chunk(gas):
             lm_loss(model, micro).backward()
+            if clip_logits:
+                report_logits(model, opt)
             if poison is not None and poison[0] == step:
                 g = dict(model.named_parameters())[poison[1]].grad
                 g.to_local().view(-1)[-1] = float("nan")
@@ -309,11 +346,11 @@ def local_state(opt):
 CLIP = 0.3  # below the gradient's norm at every step: each step is clipped
 
 
-def optimizer(model, clip=0.0):
+def optimizer(model, clip=0.0, **options):
     config = {"zmuon": {"heartbeat_timeout_ms": 3000}}
     if clip:
         config["gradient_clipping"] = clip
-    return zmuon.Muon(model.named_parameters(), config, **HYPER)
+    return zmuon.Muon(model.named_parameters(), config, **dict(HYPER, **options))
 
 
 def save_params(model, args, rank, name):
@@ -331,6 +368,11 @@ def training_cases(args, rank, world, out):
     model, _, share = build(args.kind, world)
     opt = optimizer(model)
     out["moves"] = opt._mesh is not None
+    # What this process sends other processes per step, and the engine's expert orders.
+    out["sent"] = opt._mesh.sent_elements() if opt._mesh is not None else 0
+    out["identity"] = opt._mesh is None or opt._mesh.identity
+    out["order"] = {n: [list(r) for r in o] for n, o in opt._mesh.order.items()} \
+        if opt._mesh is not None else {}
     out["placements"] = {n: _mesh.placement_text(p.placements)
                          for n, p in model.named_parameters()}
     if args.case == "resume":
@@ -354,8 +396,20 @@ def training_cases(args, rank, world, out):
         save_params(model, args, rank, "model_only.pt")
         return
     train(model, opt, share, STEPS)
+    if args.kind == "ep":  # zmuon's own files would hold the experts in the engine's order
+        with tempfile.TemporaryDirectory() as files:
+            try:
+                opt.save_checkpoint(files)
+            except zmuon.Unsupported as e:
+                out["refused"] = str(e)
     opt.close()
     save_params(model, args, rank, "params.pt")
+    if args.kind != "fsdp":  # NorMuon and MuonClip under HSDP, TP and EP
+        model, _, share = build(args.kind, world)
+        opt = optimizer(model, **RULES)
+        train(model, opt, share, STEPS, clip_logits=True)
+        opt.close()
+        save_params(model, args, rank, "rules.pt")
     if args.dir:
         model, _, share = build(args.kind, world)
         opt = optimizer(model)
@@ -430,19 +484,22 @@ def job(test, world, kind, case, **kw):
         return ranks, saved
 
 
-def single_process(gas=1, steps=STEPS, halve_at=None, clip=0.0):
+def single_process(gas=1, steps=STEPS, halve_at=None, clip=0.0, **options):
     """The plain zmuon.Muon in one process on the whole batch (no torch.distributed);
-    halve_at: the weights halved before that step."""
+    halve_at: the weights halved before that step; `options`: zmuon.Muon's (with qk_clip, the
+    logits reported)."""
     torch.manual_seed(0)
     model = MoeTransformer()
     opt = zmuon.Muon(model.named_parameters(), {"gradient_clipping": clip} if clip else None,
-                     distributed=False, **HYPER)
+                     distributed=False, **dict(HYPER, **options))
     data = batches(STEPS, batch=BATCH)
     for step in range(steps):
         if step == halve_at:
             halve_weights(model)
         for micro in data[step].chunk(gas):
             lm_loss(model, micro).backward()
+            if "qk_clip" in options:
+                report_logits(model, opt)
             if gas > 1:
                 opt.accumulate()
                 opt.zero_grad()
@@ -480,16 +537,35 @@ class PlacementReader(unittest.TestCase):
                 else:
                     self.assertTrue(rec["moved_in"] and rec["moved_out"], rec)
                     self.assertFalse(rec["identity"], rec)
+                    # The one stack of whole experts, one per process, in its holders' order
+                    # (_StridedShard's: processes 0 to 3 hold experts 0, 2, 1, 3).
+                    self.assertEqual(rec["order"], {} if rec["mesh"] == [4] else
+                                     {"p10": [[0, 1], [2, 3], [1, 2], [3, 4]]}, rec)
         print(f"held_runs equal to DTensor's local tensors in {checked} cases (4 processes, "
               "meshes 4 and 2 x 2); the moves to the engine's shards and back exact")
 
 
 class Meshes(unittest.TestCase):
-    reference = None
+    reference = rules = None
 
     @classmethod
     def setUpClass(cls):
         cls.reference = single_process()
+        cls.rules = single_process(**RULES)
+
+    def test_normuon_and_muon_clip_change_the_weights_in_one_process(self):
+        # The controls of the meshes' RULES runs: each rule moves the weights far from 1e-6.
+        normuon = single_process(variant="normuon")
+        self.assertGreater(worst(normuon, self.reference), 1e-3)
+        self.assertGreater(worst(self.rules, normuon), 1e-3)
+        self.assertGreater(rel(self.rules["wq.weight"], normuon["wq.weight"]), 1e-3)
+        self.assertGreater(rel(self.rules["wk.weight"], normuon["wk.weight"]), 1e-3)
+        print(f"one process: NorMuon vs Muon {worst(normuon, self.reference):.2e}, "
+              f"NorMuon + MuonClip vs NorMuon {worst(self.rules, normuon):.2e}")
+
+    def check_rules(self, saved, what):
+        self.check(saved["rules"], f"{what}, NorMuon + MuonClip (tau {RULES['qk_clip_tau']})",
+                   self.rules)
 
     def check(self, params, what, reference=None, tolerance=PARITY):
         reference = self.reference if reference is None else reference
@@ -502,8 +578,9 @@ class Meshes(unittest.TestCase):
     def test_hsdp_then_fsdp2_and_one_process_from_its_checkpoint(self):
         with tempfile.TemporaryDirectory() as ckpt:
             ranks, saved = job(self, 4, "hsdp", "train", directory=ckpt, timeout=400)
-            self.assertTrue(all(r["moves"] for r in ranks))
+            self.assertTrue(all(r["moves"] and r["sent"] > 0 for r in ranks))
             self.check(saved["params"], "HSDP 2 x 2")
+            self.check_rules(saved, "HSDP 2 x 2")
             self.check(saved["gas4"], "HSDP 2 x 2, 4 micro-batches")
             halved = single_process(halve_at=3)
             self.assertGreater(worst(halved, self.reference), 1e-2)
@@ -531,24 +608,38 @@ class Meshes(unittest.TestCase):
         self.assertFalse(any(r["moves"] for r in ranks))  # Shard(0) on every process: in place
         self.check(saved["params"], "FSDP2 at 4 processes, 4 experts")
 
-    def test_expert_parallel_2_with_fsdp2_2(self):
-        ranks, saved = job(self, 4, "ep", "train", timeout=400)
-        self.assertTrue(all(r["moves"] for r in ranks))
+    def test_expert_parallel_2_with_fsdp2_2_then_one_process_from_its_checkpoint(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            ranks, saved = job(self, 4, "ep", "train", directory=ckpt, timeout=400)
+            self.resume(ckpt, 1, "expert parallel 2 x FSDP2 2")
+        # Each process holds one whole expert of each stack: the engine takes them in their
+        # holders' order, cuts by rows, and nothing moves between processes (the plan's owner
+        # of an expert whole in one rank's shard is that rank: test_plan).
+        experts = [[0, 1], [2, 3], [1, 2], [3, 4]]
+        for r in ranks:
+            self.assertEqual(r["order"], {"experts.up": experts, "experts.down": experts})
+            self.assertTrue(r["identity"])
+            self.assertEqual(r["sent"], 0)
+            self.assertIn("holders' order", r.get("refused", ""))
+        print("expert parallel 2 x FSDP2 2: the experts in their holders' order (0, 2, 1, 3), "
+              "0 elements moved between processes")
         self.assertEqual(ranks[0]["placements"]["experts.up"], "(_S(0, 2), S(0))")
         self.assertEqual(ranks[0]["placements"]["wq.weight"], "(S(0))")
         self.check(saved["params"], "expert parallel 2 x FSDP2 2")
+        self.check_rules(saved, "expert parallel 2 x FSDP2 2")
 
     def test_tensor_parallel_2_with_fsdp2_2_then_one_process_from_its_checkpoint(self):
         with tempfile.TemporaryDirectory() as ckpt:
             ranks, saved = job(self, 4, "tp", "train", directory=ckpt, timeout=400)
             self.resume(ckpt, 1, "tensor parallel 2 x FSDP2 2")
-        self.assertTrue(all(r["moves"] for r in ranks))
+        self.assertTrue(all(r["moves"] and r["sent"] > 0 for r in ranks))
         placed = ranks[0]["placements"]
         print(f"tensor parallel 2 x FSDP2 2: wq.weight {placed['wq.weight']}, proj.weight "
               f"{placed['proj.weight']}, ln1.weight {placed['ln1.weight']}")
         self.assertEqual(placed["wq.weight"], "(_S(0, 2), S(0))")  # ColwiseParallel
         self.assertEqual(placed["proj.weight"], "(S(0), S(1))")    # RowwiseParallel
         self.check(saved["params"], "tensor parallel 2 x FSDP2 2")
+        self.check_rules(saved, "tensor parallel 2 x FSDP2 2")
         coefs = ranks[0]["clip_coefs"]
         self.assertTrue(all(c < 1.0 for c in coefs), coefs)
         self.assertTrue(all(r["clip_coefs"] == coefs for r in ranks))  # one norm, everywhere

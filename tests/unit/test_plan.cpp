@@ -164,6 +164,56 @@ BOOST_AUTO_TEST_CASE(expert_stacks_and_split_sizes_are_blocks_with_owners_of_the
   BOOST_TEST(owned == muon);
 }
 
+// Elements of parameter p's blocks that their owners lack before NS (what the gather moves).
+int64_t gathered_elements(const param_layout& p) {
+  int64_t n = 0;
+  for (const auto& b : p.blocks) {
+    auto [begin, end] = block_elements(p, b);
+    auto [first, last] = shard_part(p, b.owner, begin, end);
+    n += (end - begin) - (last - first);
+  }
+  return n;
+}
+
+// Expert parallelism with FSDP2 leaves each expert whole on one rank: its NS runs there. Dense
+// matrices first in the table, which longest-processing-time first alone would place on the
+// experts' ranks.
+BOOST_AUTO_TEST_CASE(an_expert_whole_in_one_rank_shard_is_orthogonalized_there_with_no_gather) {
+  const std::vector<param_spec> table{
+      {"fc", {64, 32}}, {"out", {32, 64}}, {"up", {4, 64, 32}}, {"down", {4, 32, 64}}};
+  for (auto layout : {shard_layout::rows, shard_layout::flat}) {
+    auto pl = make_plan(table, 4, 1 << 20, true, layout);
+    BOOST_REQUIRE(pl);
+    for (int i : {2, 3}) {
+      const auto& p = pl->params[i];
+      for (int b = 0; b < 4; ++b)
+        BOOST_TEST(p.blocks[b].owner == b);
+      BOOST_TEST(gathered_elements(p) == 0);
+    }
+    // Ten blocks of equal cost on four ranks: at most three each.
+    BOOST_TEST(*std::max_element(pl->owner_cost.begin(), pl->owner_cost.end())
+               == 3 * ns_cost(64, 32));
+  }
+  // FSDP2's rows of four 2-expert stacks on 8 ranks: ranks 0 and 1 hold four experts each,
+  // keep one each (their share), and the six others go to the six idle ranks.
+  auto many =
+      make_plan({{"a", {2, 16, 16}}, {"b", {2, 16, 16}}, {"c", {2, 16, 16}}, {"d", {2, 16, 16}}}, 8,
+                1 << 20, true, shard_layout::rows);
+  BOOST_REQUIRE(many);
+  BOOST_TEST(many->params[0].blocks[0].owner == 0);
+  BOOST_TEST(many->params[0].blocks[1].owner == 1);
+  for (double c : many->owner_cost)
+    BOOST_TEST(c == ns_cost(16, 16));
+  // World 3, flat: experts 0 and 3 lie whole in shards 0 and 2; 1 and 2 straddle two shards.
+  auto pl = make_plan(table, 3, 1 << 20, true, shard_layout::flat);
+  BOOST_REQUIRE(pl);
+  const auto& up = pl->params[2];
+  BOOST_TEST(up.blocks[0].owner == 0);
+  BOOST_TEST(up.blocks[3].owner == 2);
+  BOOST_TEST(holder_of(2048, 4096, up.shard_len) == -1);
+  BOOST_TEST(gathered_elements(up) > 0);
+}
+
 BOOST_AUTO_TEST_CASE(bad_blocks_and_qk_pairs_are_named) {
   auto error_of = [](const std::vector<param_spec>& t) {
     auto p = make_plan(t, 2, 1 << 20);
@@ -236,7 +286,7 @@ BOOST_AUTO_TEST_CASE(row_moments_lie_per_block_with_its_owner_and_saving_owners_
   // owners that plan would have.
   for (int world : {1, 2, 3, 5}) {
     auto other = make({{"experts", {4, 8, 24}}, qkv, {"w", {24, 24}}, {"b", {24}}}, world, 1 << 20);
-    const auto owners = owners_at_world(pl, world);
+    const auto owners = owners_at_world(pl, world, pl.layout);
     for (size_t j = 0; j < 3; ++j)
       for (size_t k = 0; k < pl.params[j].blocks.size(); ++k)
         BOOST_TEST(owners[j][k] == other.params[j].blocks[k].owner);
