@@ -524,14 +524,19 @@ expected<loaded_checkpoint> read_checkpoint(const std::string& dir, const plan& 
     return std::pair<int64_t, int64_t>{std::min(p.numel, first * p.shard_len),
                                        std::min(p.numel, last * p.shard_len)};
   };
+  // Row moments lie in the file of the rank that owned the block at the save: under today's
+  // rule, or under the earlier one (every block longest-processing-time first).
   const std::vector<std::vector<int>> saved_owner = owners_at_world(target, m.world, m.layout);
+  const std::vector<std::vector<int>> earlier_owner =
+      owners_at_world(target, m.world, m.layout, nullptr, false);
   for (const auto& f : m.files) {
     bool needed = false;
-    // Row moments lie in the file of the rank that owned the block at the save.
     for (size_t j = 0; j < target.params.size(); ++j)
       for (size_t b = 0; b < saved_owner[j].size(); ++b) {
         const int now = target.params[j].blocks[b].owner;
-        needed = needed || (saved_owner[j][b] == f.rank && now >= first && now < last);
+        needed = needed
+                 || ((saved_owner[j][b] == f.rank || earlier_owner[j][b] == f.rank) && now >= first
+                     && now < last);
       }
     for (const auto& p : target.params) {
       auto [sb, se] = rank_slice(p.numel, saved_shard_len(m, p), f.rank);

@@ -176,7 +176,7 @@ int holder_of(int64_t begin, int64_t end, int64_t shard_len) {
 }
 
 std::vector<std::vector<int>> owners_at_world(const plan& pl, int world, shard_layout layout,
-                                              std::vector<double>* cost_of_rank) {
+                                              std::vector<double>* cost_of_rank, bool keep_held) {
   auto cost = [&](const std::pair<int, int>& ib) {
     auto& p = pl.params[ib.first];
     auto& b = p.blocks[ib.second];
@@ -210,7 +210,7 @@ std::vector<std::vector<int>> owners_at_world(const plan& pl, int world, shard_l
   std::vector<double> load(static_cast<size_t>(world), 0.0);
   for (const auto& [i, b] : order) {
     const int q = holder[i][b];
-    if (q >= 0 && load[q] + cost({i, b}) <= share) {
+    if (keep_held && q >= 0 && load[q] + cost({i, b}) <= share) {
       owners[i][b] = q;
       load[q] += cost({i, b});
     }

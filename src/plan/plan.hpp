@@ -108,9 +108,12 @@ double ns_cost(int64_t rows, int64_t cols);
 /// for AdamW ones), as the plan assigns them: a block that lies whole in one rank's shard is
 /// that rank's (no gather) while the rank's NS cost stays within max(total / world, the largest
 /// block's), the others go longest-processing-time first; each rank's NS cost to
-/// `cost_of_rank` when given. A checkpoint's reader finds the saving owners with it.
+/// `cost_of_rank` when given. A checkpoint's reader finds the saving owners with it; `keep_held`
+/// false gives the owners of earlier versions, which assigned every block longest-processing-time
+/// first (a checkpoint they saved keeps its row moments there).
 std::vector<std::vector<int>> owners_at_world(const plan& pl, int world, shard_layout layout,
-                                              std::vector<double>* cost_of_rank = nullptr);
+                                              std::vector<double>* cost_of_rank = nullptr,
+                                              bool keep_held = true);
 
 /// The rank whose shard (`shard_len` elements each) holds all of elements [begin, end), or -1.
 int holder_of(int64_t begin, int64_t end, int64_t shard_len);
