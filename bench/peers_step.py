@@ -11,6 +11,8 @@ the run (cudaMemGetInfo, so zmuon's own allocations count too) beside torch's al
     ... --model gpt2 --fsdp      # every model fully_shard-ed per block, a process group of one
     ... --model llama1b          # d 2048, 16 layers, GQA 16/4, ff 8192, vocab 32000 (836M)
     ... --profile DIR            # also where each optimizer's step goes (see profile_steps)
+    ... --curve 300 --only torch,zmuon-auto   # the loss over 300 steps instead of the timings:
+                                 # a fresh batch each step from a fixed Markov chain of tokens
 
 Dion is never vendored: `fetch github:microsoft/dion` brings a snapshot, carried to the GPU
 machine beside the tree (bench/dev/peers.sh). Without --dion, its rows are left out.
@@ -236,6 +238,67 @@ def run(key, args, spec, batch):
     return row
 
 
+def markov_batches(spec, seed=7, support=4096, choices=4):
+    """Batches of a fixed random Markov chain over the first `support` tokens, each token
+    followed by one of `choices` successors at random: learnable, with a loss floor of
+    ln(choices) nats. The same batches for every optimizer."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    table = torch.randint(0, support, (support, choices), device="cuda", generator=g)
+    while True:
+        b, t = spec["batch"], spec["seq"] + 1
+        seq = torch.empty(b, t, dtype=torch.int64, device="cuda")
+        seq[:, 0] = torch.randint(0, support, (b,), device="cuda", generator=g)
+        pick = torch.randint(0, choices, (b, t), device="cuda", generator=g)
+        for i in range(1, t):
+            seq[:, i] = table[seq[:, i - 1], pick[:, i]]
+        yield seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
+
+
+def curve(key, args, spec, every):
+    """The loss of optimizer `key` at every `every`-th of args.curve steps, on markov_batches."""
+    _, make = OPTIMIZERS[key]
+    model = make_model(spec, args.model, args.fsdp, "cuda")
+    opts, zero_kwargs = make(model, args.fsdp)
+    losses, batches = [], markov_batches(spec)
+    for step in range(1, args.curve + 1):
+        x, y = next(batches)
+        for o in opts:
+            o.zero_grad(**zero_kwargs)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        for o in opts:
+            o.step()
+        if step % every == 0:
+            losses.append(loss.item())
+    for o in opts:
+        if hasattr(o, "close"):
+            o.close()
+    del opts, model
+    torch.cuda.empty_cache()
+    return losses
+
+
+def main_curve(args, keys, spec):
+    every = max(1, args.curve // 12)
+    print(f"# {args.model}{' FSDP2 world 1' if args.fsdp else ''}: loss at every {every}th of "
+          f"{args.curve} steps (markov_batches: floor ln 4 = {math.log(4):.3f}); "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}, zmuon {zmuon.version()}",
+          flush=True)
+    curves = {}
+    for key in keys:
+        curves[key] = curve(key, args, spec, every)
+        print(f"{OPTIMIZERS[key][0]:34s} " + " ".join(f"{v:.3f}" for v in curves[key]), flush=True)
+    first = keys[0]
+    for key in keys[1:]:
+        gap = max(abs(a - b) for a, b in zip(curves[key], curves[first]))
+        print(f"{OPTIMIZERS[key][0]:34s} largest gap to {OPTIMIZERS[first][0]}: {gap:.4f}; at "
+              f"the end {curves[key][-1]:.4f} against {curves[first][-1]:.4f}", flush=True)
+    if any(math.isnan(v) for c in curves.values() for v in c):
+        sys.exit(1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=sorted(MODELS), default="gpt2")
@@ -246,6 +309,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--markdown", help="append the table to this file")
     ap.add_argument("--profile", metavar="DIR", help="also profile each optimizer's step into DIR")
+    ap.add_argument("--curve", type=int, metavar="N",
+                    help="the loss over N steps of fresh batches instead of the timings")
     args = ap.parse_args()
     keys = args.only.split(",") if args.only else list(OPTIMIZERS)
     if args.dion:
@@ -258,6 +323,9 @@ def main():
         os.environ.setdefault("MASTER_PORT", "29533")
         dist.init_process_group("nccl", rank=0, world_size=1)
     spec = MODELS[args.model]
+    if args.curve:
+        main_curve(args, keys, spec)
+        return
     torch.manual_seed(1)
     x = torch.randint(0, spec["vocab"], (spec["batch"], spec["seq"]), device="cuda")
     y = torch.roll(x, -1, dims=1)
