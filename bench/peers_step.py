@@ -188,6 +188,17 @@ def profile_steps(key, opts, backward, dir_):
         f.write(text.getvalue())
 
 
+def forward_backward(model, opts, zero_kwargs, x, y):
+    """One training step's gradients: zero_grad, the bf16-autocast forward, the loss, backward."""
+    for o in opts:
+        o.zero_grad(**zero_kwargs)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        logits = model(x)
+    loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
+    loss.backward()
+    return loss
+
+
 def run(key, args, spec, batch):
     label, make = OPTIMIZERS[key]
     torch.cuda.empty_cache()
@@ -200,13 +211,7 @@ def run(key, args, spec, batch):
     whole, opt_only, loss = [], [], None
 
     def backward():
-        for o in opts:
-            o.zero_grad(**zero_kwargs)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
-        loss.backward()
-        return loss
+        return forward_backward(model, opts, zero_kwargs, x, y)
 
     for step in range(args.warmup + args.steps):
         torch.cuda.synchronize()
@@ -261,13 +266,7 @@ def curve(key, args, spec, every):
     opts, zero_kwargs = make(model, args.fsdp)
     losses, batches = [], markov_batches(spec)
     for step in range(1, args.curve + 1):
-        x, y = next(batches)
-        for o in opts:
-            o.zero_grad(**zero_kwargs)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(x)
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.view(-1))
-        loss.backward()
+        loss = forward_backward(model, opts, zero_kwargs, *next(batches))
         for o in opts:
             o.step()
         if step % every == 0:
