@@ -64,7 +64,6 @@ struct step_work {
   std::vector<slot> order;
   size_t next_slot = 0;
   size_t applied = 0;
-  bool adamw_done = false;  // the non-Muon rule applied (requested beside the last chunk's NS)
   int64_t ns_before = 0;
 };
 
@@ -337,8 +336,7 @@ void transform_in_store(coord_pointer self, int c);    //   NorMuon (store)
 void ns_finished(coord_pointer self, int c);           //   the update off to the comm
 void scatter(coord_pointer self, int c);               //   scatter the update
 void apply(coord_pointer self, int c);                 //   apply (store)
-void run_adamw(coord_pointer self);                    // 5
-void finish(coord_pointer self);                       // 6
+void finish(coord_pointer self);                       // 5-6
 void answer(coord_pointer self);                       // 7
 template <class Then>
 void clip_qk(coord_pointer self, Then then);
@@ -407,7 +405,7 @@ void run_muon(coord_pointer self) {
   auto& w = *self->state.work;
   auto n = static_cast<int>(self->state.pl->chunks.size());
   if (n == 0) {
-    run_adamw(self);
+    finish(self);
     return;
   }
   w.chunks.resize(n);
@@ -503,10 +501,6 @@ void orthogonalize(coord_pointer self, int c) {
     cw.u = wire_buffer{};
     cw.full.to_compute(*st.be);
   });
-  // After the last gather the store's stream is free until the last scatter: the non-Muon rule
-  // runs there while this NS, enqueued meanwhile, runs on its own streams.
-  if (c + 1 == static_cast<int>(st.work->chunks.size()))
-    run_adamw(self);
   const float_view full = cw.full.compute();
   trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                  trace::span::per_param);
@@ -601,22 +595,12 @@ void apply(coord_pointer self, int c) {
 
 // -- 5-7. the non-Muon rule, MuonClip, answer -----------------------------------------------------
 
-// 5. The non-Muon rule on every non-Muon shard, with the values unscale_clip carried. It reads
-// and writes no Muon parameter, so it goes out when the last chunk's gather has landed: the
-// store's stream runs it while the NS streams work, instead of after the last update.
-void run_adamw(coord_pointer self) {
-  auto& w = *self->state.work;
-  ask<ack>(self, self->state.peers.store, adamw_step{w.req.step}, [=](ack&) {
-    self->state.work->adamw_done = true;
-    finish(self);
-  });
-}
-
-// 6. Once every chunk is applied and the non-Muon rule ran: MuonClip.
+// 5. The non-Muon rule on every non-Muon shard, with the values unscale_clip carried.
 void finish(coord_pointer self) {
-  auto& w = *self->state.work;
-  if (w.applied == w.chunks.size() && w.adamw_done)
-    clip_qk(self, [=] { answer(self); });
+  auto& st = self->state;
+  ask<ack>(self, st.peers.store, adamw_step{st.work->req.step}, [=](ack&) {
+    clip_qk(self, [=] { answer(self); });  // 6. MuonClip
+  });
 }
 
 // 7. The gradient marked zero once the step's kernels have finished; the step answered.

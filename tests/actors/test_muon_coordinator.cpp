@@ -225,8 +225,8 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   auto r = step(1);
   const std::vector<std::string> expected = {
       "reducer: flush 1",         "scaler: check_overflow 1", "store: unscale_clip 1",
-      "store: muon_momentum 1/0", "comm: gather 1/0",         "store: adamw_step 1",
-      "comm: scatter 1/0",        "store: apply_muon 1/0",    "store: finish_step 1"};
+      "store: muon_momentum 1/0", "comm: gather 1/0",         "comm: scatter 1/0",
+      "store: apply_muon 1/0",    "store: adamw_step 1",      "store: finish_step 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   double clip = 1.0 / (raw_norm + 1e-6);  // torch's clip_grad_norm_ coefficient
@@ -308,9 +308,9 @@ BOOST_AUTO_TEST_CASE(second_step_while_one_runs_is_refused) {
 
 BOOST_AUTO_TEST_CASE(peer_error_fails_the_step_and_the_next_step_runs) {
   start(kOneMatrix, 1, 1000, 0);
-  stored->fail_on = "muon_momentum";
-  stored->fail_with = make_caf_error(errc::shape_mismatch, "momentum refused by the test");
-  check_error(step(1), errc::shape_mismatch, "momentum refused");
+  stored->fail_on = "apply_muon";
+  stored->fail_with = make_caf_error(errc::shape_mismatch, "apply refused by the test");
+  check_error(step(1), errc::shape_mismatch, "apply refused");
   BOOST_CHECK(stored->adamws.empty());
   stored->fail_on.clear();
   BOOST_CHECK(!value_of(step(2)).skipped);
@@ -372,13 +372,12 @@ BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_ord
                                           "comm: scatter 1/1", "comm: scatter 1/2"};
   auto got = a2a();
   BOOST_CHECK_EQUAL_COLLECTIONS(got.begin(), got.end(), order.begin(), order.end());
-  for (int c = 0; c < 3; ++c) {  // each chunk: momentum < gather < scatter < apply; the
-                                 // non-Muon rule after every gather (beside the last NS)
+  for (int c = 0; c < 3; ++c) {  // each chunk: momentum < gather < scatter < apply < adamw
     auto id = "1/" + std::to_string(c);
     BOOST_CHECK(position("store: muon_momentum " + id) < position("comm: gather " + id));
     BOOST_CHECK(position("comm: gather " + id) < position("comm: scatter " + id));
     BOOST_CHECK(position("comm: scatter " + id) < position("store: apply_muon " + id));
-    BOOST_CHECK(position("comm: gather " + id) < position("store: adamw_step 1"));
+    BOOST_CHECK(position("store: apply_muon " + id) < position("store: adamw_step 1"));
     if (c > 0)  // the update before the next scatter, which on a device waits for its NS
       BOOST_CHECK(position("store: apply_muon 1/" + std::to_string(c - 1))
                   < position("comm: scatter " + id));
@@ -548,11 +547,11 @@ BOOST_AUTO_TEST_CASE(normuon_step_follows_ns_only_in_applied_steps) {
     return r;
   };
   auto r = step(req(1));
-  const std::vector<std::string> expected = {"reducer: flush 1",        "scaler: check_overflow 1",
-                                             "store: unscale_clip 1",   "store: muon_momentum 1/0",
-                                             "comm: gather 1/0",        "store: adamw_step 1",
-                                             "store: normuon_step 1/0", "comm: scatter 1/0",
-                                             "store: apply_muon 1/0",   "store: finish_step 1"};
+  const std::vector<std::string> expected = {"reducer: flush 1",      "scaler: check_overflow 1",
+                                             "store: unscale_clip 1", "store: muon_momentum 1/0",
+                                             "comm: gather 1/0",      "store: normuon_step 1/0",
+                                             "comm: scatter 1/0",     "store: apply_muon 1/0",
+                                             "store: adamw_step 1",   "store: finish_step 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   BOOST_CHECK(!value_of(r).skipped);
