@@ -272,6 +272,8 @@ def curve(key, args, spec, every):
         if step % every == 0:
             losses.append(loss.item())
     for o in opts:
+        if hasattr(o, "release"):
+            o.release()
         if hasattr(o, "close"):
             o.close()
     del opts, model
