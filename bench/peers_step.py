@@ -199,6 +199,15 @@ def forward_backward(model, opts, zero_kwargs, x, y):
     return loss
 
 
+def close_all(opts):
+    """Each optimizer's engine or CUDA graph let go of (zmuon's close(), Dion's release())."""
+    for o in opts:
+        if hasattr(o, "release"):
+            o.release()
+        if hasattr(o, "close"):
+            o.close()
+
+
 def run(key, args, spec, batch):
     label, make = OPTIMIZERS[key]
     torch.cuda.empty_cache()
@@ -234,11 +243,7 @@ def run(key, args, spec, batch):
     row = dict(label=label, opt_ms=1e3 * median(opt_only), step_ms=1e3 * median(whole),
                loss=loss.item(), used_gib=(free0 - free1) / 2**30,
                torch_peak_gib=torch.cuda.max_memory_allocated() / 2**30)
-    for o in opts:
-        if hasattr(o, "release"):
-            o.release()
-        if hasattr(o, "close"):
-            o.close()
+    close_all(opts)
     del opts, model
     return row
 
@@ -271,11 +276,7 @@ def curve(key, args, spec, every):
             o.step()
         if step % every == 0:
             losses.append(loss.item())
-    for o in opts:
-        if hasattr(o, "release"):
-            o.release()
-        if hasattr(o, "close"):
-            o.close()
+    close_all(opts)
     del opts, model
     torch.cuda.empty_cache()
     return losses

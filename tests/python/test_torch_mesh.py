@@ -35,7 +35,7 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_torch_distributed import run_job, worker_main  # noqa: E402
+from test_torch_distributed import local_state, run_job, worker_main  # noqa: E402
 from test_torch_optim import HYPER, batches, lm_loss, rel  # noqa: E402
 
 import zmuon  # noqa: E402
@@ -329,18 +329,6 @@ def train(model, opt, share, steps, gas=1, first=0, poison=None, clip_logits=Fal
         opt.zero_grad()
         reports.append(opt.last_step)
     return reports
-
-
-def local_state(opt):
-    """This process's state, bit for bit: its pieces of every state tensor and master."""
-    sd = opt.state_dict()
-    out = {}
-    for i, st in sd["state"].items():
-        for k, v in st.items():
-            out[f"{i}.{k}"] = (v.to_local() if hasattr(v, "to_local") else v).clone()
-    for i, v in sd["zmuon"]["masters"].items():
-        out[f"master.{i}"] = (v.to_local() if hasattr(v, "to_local") else v).clone()
-    return out
 
 
 CLIP = 0.3  # below the gradient's norm at every step: each step is clipped
