@@ -37,6 +37,7 @@ MODELS = {  # vocab, d, layers, heads, kv heads, ff, seq, batch
     "llama1b": dict(vocab=32000, d=2048, layers=16, heads=16, kv_heads=4, ff=8192, seq=1024,
                     batch=4),
 }
+ZMUON_SET = []  # --zmuon-set: more config overrides for zmuon's rows
 HYPER = dict(lr=0.02, adam_lr=3e-3, momentum=0.95, weight_decay=0.01, betas=(0.9, 0.95))
 
 
@@ -108,7 +109,8 @@ def torch_muon_adamw(model, fsdp):
 
 def zmuon_muon(variant):
     def make(model, fsdp):
-        overrides = ["zmuon.backend=cuda", f"optimizer.params.ns_variant={variant}"]
+        overrides = ["zmuon.backend=cuda", f"optimizer.params.ns_variant={variant}"] \
+            + ZMUON_SET
         opt = zmuon.Muon(model.named_parameters(), overrides=overrides, lr=HYPER["lr"],
                          adam_lr=HYPER["adam_lr"], weight_decay=HYPER["weight_decay"])
         return [opt], {}
@@ -313,7 +315,11 @@ def main():
     ap.add_argument("--profile", metavar="DIR", help="also profile each optimizer's step into DIR")
     ap.add_argument("--curve", type=int, metavar="N",
                     help="the loss over N steps of fresh batches instead of the timings")
+    ap.add_argument("--zmuon-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for zmuon's rows (repeatable), e.g. "
+                         "zero_optimization.reduce_bucket_size=200000000")
     args = ap.parse_args()
+    ZMUON_SET.extend(args.zmuon_set)
     keys = args.only.split(",") if args.only else list(OPTIMIZERS)
     if args.dion:
         sys.path.insert(0, args.dion)

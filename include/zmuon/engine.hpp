@@ -235,13 +235,16 @@ public:
   /// steps: an FSDP2 process registers its parameters without values and loads its local
   /// tensors here, so that no process holds a whole parameter. No collective.
   error load_shard_params(int rank, const std::vector<tensor_view>& in);
-  /// Parameter `name`'s fp32 master itself, where this process holds it whole (a job of one
-  /// rank): its place in the store's own buffer (host memory, or device memory on the cuda
-  /// backend: `space` and `device` say which), valid until the engine ends. A caller that
-  /// makes its tensor a view of it has the step write the tensor in place (nothing to gather),
-  /// and its own writes between steps are the values the next step starts from; the engine
+  /// Parameter `name`'s fp32 master itself, where this process runs one rank: its place in
+  /// the store's own buffer (host memory, or device memory on the cuda backend: `space` and
+  /// `device` say which), valid until the engine ends. The whole parameter in a job of one
+  /// rank; else the rank's shard of it, elements [rank * shard_len, + valid) of the flattened
+  /// tensor (FSDP2's local shard under the rows layout), possibly empty. A caller that makes
+  /// its tensor a view of it has the step write the tensor in place (nothing to gather), and
+  /// its own writes between steps are the values the next step starts from; the engine
   /// writes it only inside step() and the loads (load_state, load_checkpoint,
-  /// load_shard_params), each done when it returns. A sharded job: errc::unsupported.
+  /// load_shard_params), each done when it returns. A process of several ranks:
+  /// errc::unsupported.
   expected<tensor_span> master_of(const std::string& name);
   /// Sums host values (e.g. the loss) over the processes of a multi-process job, each passing
   /// the sum over its own ranks; in one process, returns `values`.

@@ -195,11 +195,13 @@ ZMUON_API int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const z
  * holds only its shards (FSDP2) registers without values and loads them here. */
 ZMUON_API int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank,
                                              const zmuon_tensor* params, size_t n);
-/* Parameter `name`'s fp32 master itself, where this process holds it whole (a job of one rank):
- * out->data points into the engine's own buffer (host memory, or memory of CUDA device
- * out->device), valid until zmuon_engine_destroy; out->name is `name`. A tensor made a view of
- * it is written in place by each step (nothing to gather), and what the caller writes there
- * between steps is what the next step starts from. A sharded job: ZMUON_UNSUPPORTED. */
+/* Parameter `name`'s fp32 master itself, where this process runs one rank: out->data points
+ * into the engine's own buffer (host memory, or memory of CUDA device out->device), valid until
+ * zmuon_engine_destroy; out->name is `name`. The whole parameter in a job of one rank, else the
+ * rank's shard (elements [rank * shard_len, + out->numel) of the flattened tensor, possibly
+ * none). A tensor made a view of it is written in place by each step (nothing to gather), and
+ * what the caller writes there between steps is what the next step starts from. A process of
+ * several ranks: ZMUON_UNSUPPORTED. */
 ZMUON_API int zmuon_engine_master(zmuon_engine* eng, const char* name, zmuon_tensor* out);
 /* One optimizer step over everything handed over since the last one. `out` may be NULL. */
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);

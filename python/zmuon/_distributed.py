@@ -125,3 +125,24 @@ def node_from_process_group():
     if message[1] is not None:
         os.environ["ZMUON_JOB_SECRET"] = message[1]
     return world, rank, message[0]
+
+
+def fsdp_params():
+    """FSDP2's record of each of its parameters (FSDPParam), by id of the parameter: found
+    through the state torch.distributed keeps for every fully_shard module. These are
+    torch's private structures: where they changed, none is found (and nothing is shared)."""
+    try:
+        from torch.distributed._composable_state import _module_state_mapping
+        out = {}
+        for ref in list(_module_state_mapping.values()):
+            state = ref()
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:
+                group = getattr(state, "_fsdp_param_group", None)
+                groups = [group] if group is not None else []
+            for group in groups:
+                for fp in group.fsdp_params:
+                    out[id(fp.sharded_param)] = fp
+        return out
+    except Exception:  # noqa: BLE001 - a torch without these internals: share nothing
+        return {}

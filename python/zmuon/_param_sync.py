@@ -8,7 +8,10 @@ storage change): the step writes it in place, a write elsewhere is a write into 
 neither a write-back nor a check is needed. Only a new storage (`p.data = ...`, `model.to(...)`)
 is looked for, by data pointer. Before the engine's memory goes (close(), garbage collection,
 add_param_group's new engine) each such parameter gets a storage of its own again, with its
-values.
+values. Under FSDP2's rows (a process of one rank), the local shard of each fp32 parameter that
+FSDP2 holds unpadded becomes a view of the rank's master the same way, and FSDP2's own record of
+it (what its all-gather reads) is repointed there as `load_state_dict(assign=True)` would; a
+padded shard, or a torch whose FSDP2 records are not found, is written back and checked.
 
 A parameter the engine cannot read in place (bf16 or fp16, not contiguous, or a CUDA tensor with
 host_staging) gets an fp32 staging buffer: the engine reads and writes that, and the new values
@@ -166,34 +169,73 @@ class Binding:
         else:  # rounded to nearest where the dtype is narrower
             self.local.data.copy_(self.staging)
 
-    def can_share_master(self, device):
-        """Whether the parameter's storage can be the engine's master on `device` (HOST or
-        a CUDA ordinal): a plain fp32 contiguous torch tensor there, read in place."""
-        p = self.param
-        if self.staging is not None or not _is_tensor(p) or self.local is not p \
-                or type(p) not in (torch.Tensor, torch.nn.Parameter):
+    def can_share_master(self, device, numel, fsdp):
+        """Whether the parameter's storage can be the engine's master of `numel` elements on
+        `device` (HOST or a CUDA ordinal): a plain fp32 contiguous torch tensor there, read in
+        place; or the local shard of an FSDP2 parameter (`fsdp`: FSDP2's records by id, from
+        _distributed.fsdp_params) that FSDP2 holds unpadded, so that its all-gather reads it."""
+        p, local = self.param, self.local
+        if self.staging is not None or not _is_tensor(local) or local.numel() != numel:
             return False
+        if local is p:
+            if type(p) not in (torch.Tensor, torch.nn.Parameter):
+                return False
+        else:
+            record = fsdp.get(id(p))
+            if record is None or type(local) is not torch.Tensor \
+                    or record._sharded_param_data.numel() != numel:
+                return False
         if device == HOST:
-            return p.device.type == "cpu"
-        return p.is_cuda and (p.device.index or 0) == device
+            return local.device.type == "cpu"
+        return local.is_cuda and (local.device.index or 0) == device
 
-    def share_master(self, view):
-        """The parameter's storage becomes `view`, the engine's master, which holds its values."""
-        self.param.data = view
+    def share_master(self, view, fsdp):
+        """The parameter's storage becomes `view`, the engine's master, which holds its values
+        (an FSDP2 parameter's local shard, and the buffer FSDP2 all-gathers from). Returns
+        whether it did."""
+        if self.local is self.param:
+            self.param.data = view
+        elif not _set_fsdp_local(fsdp[id(self.param)], self.param, view):
+            return False
         self.master = view
         self.marks = self.fingerprint = None
+        return True
 
     def in_master(self):
         """Whether the parameter's storage is still the engine's master."""
-        p = self.param
-        return self.master is not None and p.data_ptr() == self.master.data_ptr() \
-            and p.dtype == self.master.dtype and p.shape == self.master.shape
+        local = self.local
+        return self.master is not None and local.data_ptr() == self.master.data_ptr() \
+            and local.dtype == self.master.dtype and local.shape == self.master.shape
 
-    def own_storage(self):
+    def own_storage(self, fsdp):
         """A storage of its own again, with the master's values (before the master goes)."""
         if self.in_master():
-            self.param.data = self.master.detach().clone()
+            values = self.master.detach().clone()
+            if self.local is self.param:
+                self.param.data = values
+            elif id(self.param) in fsdp:
+                _set_fsdp_local(fsdp[id(self.param)], self.param, values)
         self.master = None
+
+
+def _set_fsdp_local(record, param, tensor):
+    """FSDP2 parameter `param`'s local shard made `tensor` (of its shape), and FSDP2's record of
+    it repointed there as a load_state_dict(assign=True) does; else left as it was, False."""
+    old = param._local_tensor
+    param._local_tensor = tensor.view(old.shape)
+    record.reset_sharded_param()
+    if record._sharded_param_data.data_ptr() == tensor.data_ptr():
+        return True
+    param._local_tensor = old
+    record.reset_sharded_param()
+    return False
+
+
+def _own_storages(bindings, mode):
+    """Each parameter that is a view of its master gets a storage of its own again."""
+    fsdp = _distributed.fsdp_params() if mode == _distributed.FSDP else {}
+    for b in bindings:
+        b.own_storage(fsdp)
 
 
 def _bit_sum(t):
@@ -336,25 +378,29 @@ class ParamSync:
         return [b.name for b in reload]
 
     def _share_masters(self, bindings):
-        """In a job of one rank, each parameter that can be becomes a view of its master."""
+        """Where this process runs the one rank of a job of one, or one rank of FSDP2's rows,
+        each parameter that can be becomes a view of its master (of its shard under FSDP2)."""
         candidates = [b for b in bindings if b.master is None]
         if not candidates:
             return
         engine = self._engine
         if not hasattr(engine, "_master_device"):  # decided once an engine: None, no masters
-            shares = self._mode == _distributed.PLAIN and self._node is None \
-                and torch is not None and engine.world == 1
-            # every master lives in the one rank's memory
+            shares = torch is not None and (
+                (self._mode == _distributed.PLAIN and self._node is None and engine.world == 1)
+                or (self._mode == _distributed.FSDP and self._mesh is None
+                    and len(self._micro) == 1))
+            # every master of this process lives in its one rank's memory
             engine._master_device = engine.master(candidates[0].name)[2] if shares else None
             if shares:
-                engine.before_close(lambda bs=self._bindings: [b.own_storage()
-                                                               for b in bs.values()])
+                engine.before_close(lambda bs=self._bindings, mode=self._mode:
+                                    _own_storages(bs.values(), mode))
         if engine._master_device is None:
             return
+        fsdp = _distributed.fsdp_params() if self._mode == _distributed.FSDP else {}
         for b in candidates:
-            if b.can_share_master(engine._master_device):
-                ptr, numel, device = engine.master(b.name)
-                b.share_master(master_view(ptr, numel, device, b.shape))
+            ptr, numel, device = engine.master(b.name)
+            if numel > 0 and b.can_share_master(engine._master_device, numel, fsdp):
+                b.share_master(master_view(ptr, numel, device, b.local.shape), fsdp)
 
     def _mesh_shards(self, shards=None):
         """`shards` (name -> this rank's fp32 flat shard of a DTensor parameter), or buffers

@@ -151,15 +151,18 @@ expected<tensor_span> engine::master_of(const std::string& name) {
   const int i = pl.find(name);
   if (i < 0)
     return error{errc::unknown_parameter, "master_of(): no parameter '" + name + "'"};
-  if (pl.world != 1)
-    return error{errc::unsupported, "master_of(): '" + name + "' is sharded over "
-                                        + std::to_string(pl.world)
-                                        + " ranks: no rank holds it whole"};
+  if (job.local != 1)
+    return error{errc::unsupported, "master_of(): this process runs "
+                                        + std::to_string(job.local)
+                                        + " ranks: the master of '" + name
+                                        + "' has no one place in it"};
+  const int rank = job.first_rank;
   auto view = job.ask<float_view>(job.ranks[0].store, params_view_atom::value);
   if (!view)
     return view.err();
   const compute_backend& be = *job.ranks[0].backend;
-  tensor_span out{name, view->data + pl.params[i].shard_offset, pl.params[i].numel};
+  const auto& p = pl.params[i];
+  tensor_span out{name, view->data + p.shard_offset, valid_len(p, rank)};
   if (be.device_memory()) {
     out.space = memory_space::cuda;
     out.device = be.device();

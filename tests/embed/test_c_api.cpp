@@ -268,8 +268,9 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
 }
 
 // zmuon_engine_master: in a job of one rank each parameter's master in the engine's own memory
-// (what gather_params copies out, and a write there is where the next step starts); a sharded
-// job, an unknown name and NULL arguments are named errors.
+// (what gather_params copies out, and a write there is where the next step starts); a process
+// of several ranks, an unknown name and NULL arguments are named errors. (A process of one rank
+// of a sharded job gets its shard: tests/python/test_torch_distributed.py under FSDP2.)
 BOOST_AUTO_TEST_CASE(the_master_of_a_one_rank_job_is_the_engines_own_memory) {
   auto make = [](int ranks, zmuon_engine** eng) {
     const std::string json = R"({"zmuon": {"ranks": )" + std::to_string(ranks) + "}}";
@@ -328,7 +329,7 @@ BOOST_AUTO_TEST_CASE(the_master_of_a_one_rank_job_is_the_engines_own_memory) {
   zmuon_engine_destroy(eng);
   make(2, &eng);
   BOOST_TEST(zmuon_engine_master(eng, "w", &m) == ZMUON_UNSUPPORTED);
-  BOOST_TEST(std::strstr(zmuon_last_error(), "sharded over 2 ranks") != nullptr);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "runs 2 ranks") != nullptr);
   zmuon_engine_destroy(eng);
 }
 

@@ -17,7 +17,8 @@ computed here:
 - torch.distributed.checkpoint (get_state_dict / set_state_dict) saved at 2 processes, loaded
   at 1 and at 4, against the uninterrupted run (and, as the control, the weights alone with a
   fresh optimizer, which must not match);
-- the memory claim: each process holds 1/world of the optimizer state;
+- the memory claim: each process holds 1/world of the optimizer state; under FSDP2 each local
+  shard is a view of the rank's master, and FSDP2's all-gather reads that storage;
 - a parameter placed Partial (a part of a sum, no values) refused by name;
 - add_param_group at step 5 (progressive unfreezing) under DDP and FSDP2 at 2 processes: the job
   meets again with the new parameters, against one process doing the same (<= 1e-6).
@@ -206,6 +207,14 @@ def worker(args):
         held = sum(opt.local_range(n)[1] for n, _, _ in opt._params)
         total = sum(p.numel() for _, p in full_params(model).items())
         out["held"], out["total"] = held, total
+        if args.kind == "fsdp":  # every local shard is its master, and FSDP2 gathers from it
+            from zmuon import _distributed
+            records = _distributed.fsdp_params()
+            out["shared"] = sorted(
+                b.name for b in opt._bindings.values()
+                if b.master is not None and b.in_master()
+                and records[id(b.param)]._sharded_param_data.data_ptr() == b.local.data_ptr())
+            out["bindings"] = len(opt._bindings)
     elif args.case == "nan":
         train_steps(model, opt, 3, rank, world, 1)
         before = local_state(opt)
@@ -393,6 +402,9 @@ class Distributed(unittest.TestCase):
                 self.assertLessEqual(max(r["held"] for r in ranks),
                                      ranks[0]["total"] / world * 1.15)
                 self.assertEqual(sum(r["held"] for r in ranks), ranks[0]["total"])
+                if kind == "fsdp":  # no shard is padded in this model: each one shared
+                    for r in ranks:
+                        self.assertEqual(len(r["shared"]), r["bindings"], r["shared"])
 
     def test_add_param_group_after_the_first_step(self):
         torch.manual_seed(0)
