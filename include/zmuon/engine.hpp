@@ -196,6 +196,16 @@ public:
   /// The same, stream-ordered for device gradients on the caller's CUDA stream (as reduce()).
   error hand_over_reduced(int rank, const std::vector<tensor_view>& grads, void* cuda_stream);
 
+  /// reduce() (`reduced` false) or hand_over_reduced() (true), stream-ordered on `cuda_stream`,
+  /// for a caller that keeps every device gradient it hands over unwritten and allocated until
+  /// the next step() returns (`kept_until_step`: PyTorch's .grad read at step()). Where the
+  /// rank's part needs no reduce-scatter (hand_over_reduced, or a job of one rank) and every
+  /// gradient is in device memory under the nccl comm, the store then reads them where they lie
+  /// in its accumulate's own pass, and the call returns without waiting for those reads: no
+  /// packed copy, no wait. Otherwise as reduce() / hand_over_reduced().
+  error hand_over(int rank, const std::vector<tensor_view>& grads, void* cuda_stream, bool reduced,
+                  bool kept_until_step);
+
   /// One micro-batch of every local rank at once: grads[i] is local rank first_rank() + i's.
   /// Every rank's gradients are checked first (nothing is handed over if one is wrong); then each
   /// rank hands over on a thread of its own, so that the ranks pack in parallel and the bound on
@@ -357,9 +367,10 @@ public:
 private:
   engine();
   /// `window`: the bound on the rank's unlanded buckets (0: none).
-  /// `reduced`: hand_over_reduced's.
+  /// `reduced`: hand_over_reduced's; `kept_until_step`: hand_over's.
   error reduce_views(int rank, const std::vector<tensor_view>& grads,
-                     std::optional<void*> caller_stream, size_t window, bool reduced = false);
+                     std::optional<void*> caller_stream, size_t window, bool reduced = false,
+                     bool kept_until_step = false);
   /// `shard_of` >= 0: shard_params of that rank.
   error gather_params_on(const std::vector<tensor_span>& out, std::optional<void*> caller_stream,
                          int shard_of = -1);

@@ -185,6 +185,18 @@ ZMUON_API int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* con
 ZMUON_API int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank,
                                              const zmuon_tensor* grads, size_t n,
                                              void* cuda_stream);
+/* zmuon_engine_hand_over's flags. REDUCED: as zmuon_engine_hand_over_reduced (else as
+ * zmuon_engine_reduce). KEPT_UNTIL_STEP: the caller keeps every device gradient it hands over
+ * unwritten and allocated until the next zmuon_engine_step returns (PyTorch's .grad read at
+ * step()); where the rank's part needs no reduce-scatter (REDUCED, or a job of one rank) and
+ * every gradient is in device memory under the nccl comm, the engine then reads them where they
+ * lie during the step and the call returns without waiting for those reads. */
+#define ZMUON_HAND_OVER_REDUCED 1u
+#define ZMUON_HAND_OVER_KEPT_UNTIL_STEP 2u
+/* zmuon_engine_reduce_on_stream or zmuon_engine_hand_over_reduced (by `flags`), stream-ordered
+ * on `cuda_stream`; an unknown flag is ZMUON_INVALID_ARGUMENT. */
+ZMUON_API int zmuon_engine_hand_over(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
+                                     size_t n, void* cuda_stream, uint32_t flags);
 /* Writes local rank `rank`'s shard of the parameters named in `params` (buffers of the shard's
  * size) into their buffers: no collective. `cuda_stream` as
  * zmuon_engine_gather_params_on_stream's, or NULL: written during the call. */

@@ -19,6 +19,7 @@ import os
 import threading
 
 HOST = -1  # zmuon_tensor.device for host memory
+HAND_OVER_REDUCED, HAND_OVER_KEPT_UNTIL_STEP = 1, 2  # zmuon_engine_hand_over's flags
 
 FLOAT32, BFLOAT16 = 0, 1  # zmuon_array.dtype
 
@@ -240,6 +241,8 @@ def _load():
                                             ctypes.POINTER(c_size), c_i32]),
         "zmuon_engine_hand_over_reduced": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                                    ctypes.c_void_p]),
+        "zmuon_engine_hand_over": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
+                                           ctypes.c_void_p, ctypes.c_uint32]),
         "zmuon_engine_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                               ctypes.c_void_p]),
         "zmuon_engine_load_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor),
@@ -495,6 +498,18 @@ class Engine:
             raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
         _check(_lib.zmuon_engine_hand_over_reduced(self._h(), rank, _tensor_array(entries),
                                                    len(entries), ctypes.c_void_p(stream or 0)))
+
+    @_tracked
+    def hand_over(self, rank, entries, stream, reduced, kept_until_step):
+        """reduce() (reduced False) or hand_over_reduced() (True), stream-ordered on `stream`;
+        kept_until_step: the caller keeps every device gradient as it is until step() returns
+        (zmuon_engine_hand_over's ZMUON_HAND_OVER_KEPT_UNTIL_STEP)."""
+        if isinstance(rank, bool) or not isinstance(rank, int) or not -2**31 <= rank < 2**31:
+            raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
+        flags = (HAND_OVER_REDUCED if reduced else 0) \
+            | (HAND_OVER_KEPT_UNTIL_STEP if kept_until_step else 0)
+        _check(_lib.zmuon_engine_hand_over(self._h(), rank, _tensor_array(entries), len(entries),
+                                           ctypes.c_void_p(stream or 0), flags))
 
     @_tracked
     def shard_params(self, rank, entries, stream=None):

@@ -46,21 +46,33 @@ class Gradients:
         .grad is None (no momentum decay, no weight decay, no AdamW step count). Each gradient
         has its parameter's shape (else zmuon.ShapeMismatch, and nothing of the call is handed
         over)."""
+        self._hand_over(grads, rank)
+
+    def _hand_over(self, grads=None, rank=None, kept=False):
+        """accumulate()'s work. kept: step()'s own hand-over of the parameters' .grad, which
+        stay as they are until the engine's step returns; the engine may then read device
+        gradients where they lie, without a copy and without waiting. Returns the tensors that
+        must live until then (the converted copies among them)."""
         if rank is None:
             rank = self._first_rank
         entries, keep = self._entries(grads)
         stream = torch_stream(keep)
-        if stream is None and any(device != HOST for _, _, _, device in entries):
+        on_device = any(device != HOST for _, _, _, device in entries)
+        if stream is None and on_device:
             synchronize_torch(keep)  # the gradients must be written before the engine reads them
-        if self._mode == _distributed.PLAIN:
+        reduced = self._mode != _distributed.PLAIN  # averaged over the processes already
+        if kept and stream is not None:
+            self._engine.hand_over(rank, entries, stream, reduced, kept_until_step=True)
+        elif not reduced:
             self._engine.reduce(rank, entries, stream=stream)
-        else:  # averaged over the processes already (DDP, FSDP2): no second reduce
-            if stream == 0 and any(device != HOST for _, _, _, device in entries):
+        else:  # DDP, FSDP2: no second reduce
+            if stream == 0 and on_device:
                 synchronize_torch(keep)  # the C call takes no stream as "read now"
             self._engine.hand_over_reduced(rank, entries, stream=stream)
         self._started = True
         if 0 <= rank - self._first_rank < len(self._micro):
             self._micro[rank - self._first_rank] += 1
+        return keep
 
     def accumulate_all(self, grads_by_rank):
         """One micro-batch of every rank of this process at once: grads_by_rank[i] is local

@@ -36,7 +36,7 @@ otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-ove
 import math
 
 from . import _capi, _construction, _distributed, _groups, _mesh, _param_groups, _state
-from ._buffers import buffer_of, is_torch
+from ._buffers import buffer_of, is_torch, synchronize_torch
 from ._capi import BadState, InvalidArgument, Unsupported
 from ._construction import Construction
 from ._gradients import Gradients
@@ -182,10 +182,11 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
                     loss = closure()
             else:
                 loss = closure()
+        kept = None  # step's own hand-over: the .grad tensors, read in place until it returns
         if not any(self._micro):
             torch_params = all(is_torch(p) for _, p, _ in self._params)
             if torch_params and any(p.grad is not None for _, p, _ in self._params):
-                self.accumulate()
+                kept = self._hand_over(kept=True)
             elif torch_params and self._node is None and self._mode == _distributed.PLAIN:
                 self.last_step = None  # no gradient at all: nothing changes, as in torch.optim
                 return loss
@@ -196,13 +197,19 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
             raise InvalidArgument(f"step(): {max(self._micro)} micro-batches were handed over "
                                   "since the last step (accumulate() calls), but the config's "
                                   f"gradient_accumulation_steps is {self._gas}")
-        self._apply_hyperparameters(values)
-        self._reload_written()
-        self._micro = [0] * len(self._micro)
-        if loss is not None and self._host_engine:
-            value = loss.detach() if hasattr(loss, "detach") else loss
-            _capi.log_loss(self._engine, float(value))  # for the step's metrics record
-        info = self._engine.step()
+        try:
+            self._apply_hyperparameters(values)
+            self._reload_written()
+            self._micro = [0] * len(self._micro)
+            if loss is not None and self._host_engine:
+                value = loss.detach() if hasattr(loss, "detach") else loss
+                _capi.log_loss(self._engine, float(value))  # for the step's metrics record
+            info = self._engine.step()
+        except BaseException:
+            if kept:  # no read of them may be left queued once the caller may free them
+                synchronize_torch(kept)
+            raise
+        del kept
         if info["skipped"] and math.isfinite(info["grad_norm"]):
             info["grad_norm"] = float("nan")  # no norm of a non-finite gradient
         self.last_step = info

@@ -488,17 +488,40 @@ caf::error unscale(store_pointer self, unscale_clip& msg) {
   return {};
 }
 
-/// accumulate: the slice added to (a bucket's first of the step: copied into) its bucket.
+/// Whether `pieces` land inside a bucket of `n` elements, in increasing order, not overlapping.
+bool pieces_fit(const std::vector<copy_piece>& pieces, int64_t n) {
+  int64_t end = 0;
+  for (const copy_piece& p : pieces) {
+    if (p.n < 0 || p.dst_offset < end || p.dst_offset + p.n > n || (p.n > 0 && !p.src))
+      return false;
+    end = p.dst_offset + p.n;
+  }
+  return true;
+}
+
+/// accumulate: the slice (or the caller's pieces) added to (a bucket's first of the step: copied
+/// into) its bucket.
 caf::error add_slice(store_pointer self, const accumulate& msg) {
   auto& st = self->state;
   const auto& pl = *st.pl;
-  if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
-      || msg.slice.data == nullptr || msg.slice.size != pl.buckets[msg.bucket].shard_len)
+  const bool bucket_known = msg.bucket >= 0 && msg.bucket < static_cast<int32_t>(pl.buckets.size());
+  const int64_t n = bucket_known ? pl.buckets[msg.bucket].shard_len : 0;
+  if (!bucket_known
+      || (msg.pieces ? !pieces_fit(*msg.pieces, n)
+                     : msg.slice.data == nullptr || msg.slice.size != n))
     return make_caf_error(errc::shape_mismatch, "accumulate: bucket " + std::to_string(msg.bucket)
                                                     + " slice has the wrong size");
   auto& b = pl.buckets[msg.bucket];
   float* dst = st.grads.data() + b.shard_offset;
   const bool first = !st.written[msg.bucket];
+  if (msg.pieces) {  // read where the caller keeps them, in the accumulate's own pass
+    st.be->accumulate_pieces_scanned(dst, n, *msg.pieces,
+                                     first ? accumulate_mode::copy : accumulate_mode::add,
+                                     *st.bucket_scans, msg.bucket);
+    st.written[msg.bucket] = true;
+    st.scanned[msg.bucket] = true;
+    return {};
+  }
   // The scan in the same pass where the slice is in the backend's own memory.
   const bool own_memory = !msg.from_host || !st.be->device_memory();
   if (own_memory)

@@ -131,7 +131,8 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                                                         + " arrived while step "
                                                         + std::to_string(st.step) + " is open"));
         if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
-            || (!msg.data && !msg.device_data) || (msg.device_data && !st.device)
+            || (!msg.data && !msg.device_data && !msg.pieces)
+            || ((msg.device_data || msg.pieces) && !st.device) || (msg.pieces && !msg.reduced)
             || msg.size() != pl.buckets[msg.bucket].shard_len * (msg.reduced ? 1 : pl.world))
           return refuse(self, make_caf_error(errc::shape_mismatch,
                                              "bucket " + std::to_string(msg.bucket) + " of step "
@@ -143,6 +144,16 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         auto answer = self->make_response_promise<ack>();
         const auto& b = pl.buckets[msg.bucket];
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
+        if (msg.pieces) {  // read by the store from the caller's gradients: no buffer here
+          auto none = std::make_shared<bucket_buffers>();
+          accumulate acc{tag.step, tag.micro, tag.index, {}, false, std::move(msg.pieces)};
+          trace::request(self, st.tr, st.store, std::move(acc))
+              .then([=](ack&) mutable { bucket_done(self, *none, answer, tag.step, {}); },
+                    [=](caf::error& err) mutable {
+                      bucket_done(self, *none, answer, tag.step, std::move(err));
+                    });
+          return answer;
+        }
         auto buf = [&] {  // packing and staging: backend work, not plumbing (bench/step)
           trace::span s(st.tr, "buffers",
                         trace::stepped("buffers", msg.step, msg.micro, msg.bucket));

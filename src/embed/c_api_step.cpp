@@ -89,6 +89,21 @@ int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank, const zmuon_
       });
 }
 
+int zmuon_engine_hand_over(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads, size_t n,
+                           void* cuda_stream, uint32_t flags) {
+  const char* fn = "zmuon_engine_hand_over";
+  constexpr uint32_t known = ZMUON_HAND_OVER_REDUCED | ZMUON_HAND_OVER_KEPT_UNTIL_STEP;
+  if (flags & ~known)
+    return fail(errc::invalid_argument, std::string(fn) + ": unknown flags "
+                                            + std::to_string(flags & ~known)
+                                            + " (known: " + std::to_string(known) + ")");
+  return with_views<zmuon::tensor_view, const float*>(
+      fn, eng, grads, n, [&](zmuon::engine& e, const std::vector<zmuon::tensor_view>& v) {
+        return e.hand_over(rank, v, cuda_stream, (flags & ZMUON_HAND_OVER_REDUCED) != 0,
+                           (flags & ZMUON_HAND_OVER_KEPT_UNTIL_STEP) != 0);
+      });
+}
+
 int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params, size_t n,
                               void* cuda_stream) {
   return with_views<zmuon::tensor_span, float*>(

@@ -70,6 +70,7 @@ struct packer {
   int first_q;
   int end_q;
   bool on_device_packing = false;  // into a device buffer, else a host buffer
+  bool read_in_store = false;      // not packed: the store reads the pieces in its accumulate
   bool read_on_device = false;     // by copies queued on the rank's stream
 
   /// The elements of bucket `bucket` the gradients cover (the rest is shard padding or
@@ -87,9 +88,11 @@ struct packer {
   void bucket(size_t b, micro_grads& msg) {
     const auto& bk = pl.buckets[b];
     const int64_t size = bk.shard_len * (end_q - first_q);
-    const bool gaps = covered(bk) != size;
+    const bool gaps = !read_in_store && covered(bk) != size;
     std::shared_ptr<std::vector<float>> host;
-    if (on_device_packing) {
+    if (read_in_store) {
+      msg.device_size = size;
+    } else if (on_device_packing) {
       msg.device_data = std::make_shared<device_buffer>(gaps ? be.allocate(size)
                                                              : be.allocate_for_overwrite(size));
       msg.device_size = size;
@@ -115,7 +118,10 @@ struct packer {
           std::memcpy(host->data() + at, src, n * sizeof(float));
       }
     }
-    if (!device_pieces.empty()) {
+    if (read_in_store) {
+      msg.pieces = std::make_shared<const std::vector<copy_piece>>(std::move(device_pieces));
+      read_on_device = true;
+    } else if (!device_pieces.empty()) {
       be.copy_pieces(msg.device_data->data(), device_pieces);
       read_on_device = true;
     }
@@ -151,6 +157,12 @@ error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads)
 error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads,
                                 void* cuda_stream) {
   return reduce_views(rank, grads, cuda_stream, buckets_in_flight(*impl_->job), true);
+}
+
+error engine::hand_over(int rank, const std::vector<tensor_view>& grads, void* cuda_stream,
+                        bool reduced, bool kept_until_step) {
+  return reduce_views(rank, grads, cuda_stream, buckets_in_flight(*impl_->job), reduced,
+                      kept_until_step);
 }
 
 error engine::reduce_all(const std::vector<tensor_map>& grads) {
@@ -196,7 +208,8 @@ error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
 }
 
 error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
-                           std::optional<void*> caller_stream, size_t window, bool reduced) {
+                           std::optional<void*> caller_stream, size_t window, bool reduced,
+                           bool kept_until_step) {
   auto& d = *impl_;
   auto& job = *d.job;
   auto& hand = *d.hand_over;
@@ -217,6 +230,13 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   const bool any_on_device =
       std::find(pack.on_device.begin(), pack.on_device.end(), true) != pack.on_device.end();
   pack.on_device_packing = !comm_on_host(job.opts.comm) && any_on_device;
+  // This rank's part alone, every gradient on the device and kept by the caller until the step
+  // ends: the store reads the gradients where they lie in its accumulate (one pass over them
+  // instead of a packed copy and then the add), after the caller's stream (1.), and step()
+  // returns after those reads.
+  pack.read_in_store = kept_until_step && reduced && pack.on_device_packing;
+  for (size_t i = 0; i < pack.source.size(); ++i)
+    pack.read_in_store = pack.read_in_store && (!pack.source[i] || pack.on_device[i]);
   if (caller_stream && any_on_device) {  // every read below comes after the caller's writes
     if (auto err = be.check_caller_stream(*caller_stream))
       return {err.code(), "reduce(): rank " + std::to_string(rank) + ": " + err.message()};
@@ -246,7 +266,10 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
     }
     // 4. Device copies read the caller's buffers after they are queued, and the caller may write
     //    or free them once reduce() returns (the next backward pass accumulates into them): they
-    //    have run by then, on every way out, or the caller's stream waits for them.
+    //    have run by then, on every way out, or the caller's stream waits for them. Gradients
+    //    the store reads in place stay as they are until step() returns: nothing to wait for.
+    if (pack.read_in_store)
+      return;
     if (pack.read_on_device && caller_stream)
       be.make_stream_wait(*caller_stream);
     else if (pack.read_on_device)

@@ -336,6 +336,12 @@ public:
   /// values kept as part `part` of `scans` (made by this backend), in the same pass.
   virtual void accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
                                   part_scans& scans, int part) = 0;
+  /// accumulate_scanned() of a source packed from `pieces` (copy_pieces(); zero where no piece
+  /// lands) into dst's n elements. The default packs into a buffer first; the CUDA backend
+  /// reads the pieces in the accumulate's own pass.
+  virtual void accumulate_pieces_scanned(float* dst, int64_t n,
+                                         const std::vector<copy_piece>& pieces,
+                                         accumulate_mode mode, part_scans& scans, int part);
   /// The parts' scans together, as scan() of the whole buffer would give them up to the order
   /// of the sum (fixed: part by part), without waiting: `*out` holds the result when
   /// when_done's callback runs.

@@ -12,6 +12,14 @@ std::unique_ptr<part_scans> compute_backend::make_part_scans(int parts) {
   return std::make_unique<host_part_scans>(parts);
 }
 
+void compute_backend::accumulate_pieces_scanned(float* dst, int64_t n,
+                                                const std::vector<copy_piece>& pieces,
+                                                accumulate_mode mode, part_scans& scans, int part) {
+  device_buffer packed = allocate(n);  // zeros where no piece lands
+  copy_pieces(packed.data(), pieces);
+  accumulate_scanned(dst, packed.data(), n, mode, scans, part);
+}
+
 void compute_backend::scan_parts_async(part_scans& scans, scan_result* out) {
   scan_result total;
   for (const scan_result& s : dynamic_cast<host_part_scans&>(scans).scans) {

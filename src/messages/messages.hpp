@@ -22,6 +22,11 @@
 namespace zmuon {
 
 class device_buffer;  // kernels/compute.hpp
+struct copy_piece;    // kernels/compute.hpp
+
+/// Gradients read where the caller keeps them (device memory): a bucket's pieces, each from its
+/// parameter's gradient to its offset in the bucket, read by the store's accumulate itself.
+using gradient_pieces = std::shared_ptr<const std::vector<copy_piece>>;
 
 // -- atoms ---------------------------------------------------------------------------------------
 using scale_atom = caf::atom_constant<caf::atom("scale")>;        // ask the loss scaler its scale
@@ -168,6 +173,9 @@ struct micro_grads {
   // This rank's part alone, of a gradient the host has already averaged over the ranks
   // (engine::hand_over_reduced): added as it is, no reduce-scatter.
   bool reduced = false;
+  // Instead of data: a reduced bucket (device_size floats) as pieces of the caller's device
+  // gradients, which the store reads in its accumulate's pass (no packed copy).
+  gradient_pieces pieces = nullptr;
 
   int64_t size() const { return data ? static_cast<int64_t>(data->size()) : device_size; }
 };
@@ -189,6 +197,8 @@ struct accumulate {
   int32_t bucket = 0;
   float_view slice;
   bool from_host = true;  // slice is host memory (caf comm) or the store backend's (nccl)
+  gradient_pieces pieces =
+      nullptr;  // instead of slice: the bucket read from the caller's gradients
 };
 
 struct ack {

@@ -138,6 +138,40 @@ BOOST_AUTO_TEST_CASE(accumulate_adds_each_slice_into_its_bucket) {
   BOOST_CHECK(snap.momentum == std::vector<float>(pl->muon_state_total, 0.0f));
 }
 
+// The caller's gradients as a bucket's pieces (a reduced device hand-over): the first copied in
+// (zeros where no piece lands), the next added, the scan of what the bucket holds; pieces that
+// overlap or leave the bucket are refused and change nothing.
+BOOST_AUTO_TEST_CASE(accumulate_reads_a_buckets_pieces_where_they_lie) {
+  const auto& b1 = pl->buckets[1];
+  const int64_t n = b1.shard_len;
+  BOOST_REQUIRE(n >= 4);
+  auto g1 = eighths(n, 1);
+  auto g2 = eighths(n, 2);
+  auto of = [&](const std::vector<float>& g, std::vector<copy_piece> pieces) {
+    for (auto& p : pieces)
+      p.src = g.data() + p.dst_offset;
+    return std::make_shared<const std::vector<copy_piece>>(std::move(pieces));
+  };
+  accumulate first{4, 0, 1, {}, false, of(g1, {{nullptr, 0, 1}, {nullptr, 2, n - 2}})};
+  value_of(call(first));  // element 1 gets no piece: zero
+  accumulate second{4, 1, 1, {}, false, of(g2, {{nullptr, 0, 2}, {nullptr, 2, n - 2}})};
+  value_of(call(second));
+  std::vector<float> expected(pl->shard_total, 0.0f);
+  double ss = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = (i == 1 ? 0.0f : g1[i]) + g2[i];  // exact: multiples of 1/8
+    expected[b1.shard_offset + i] = v;
+    ss += static_cast<double>(v) * v;
+  }
+  BOOST_CHECK(snapshot().grads == expected);
+  BOOST_CHECK_CLOSE(value_of(call<grad_scan>(scan_grads{4})).sum_squares, ss, 1e-10);
+  accumulate overlapping{4, 2, 1, {}, false, of(g1, {{nullptr, 0, 3}, {nullptr, 2, 1}})};
+  check_error(call(overlapping), errc::shape_mismatch, "bucket 1");
+  accumulate outside{4, 2, 1, {}, false, of(g1, {{nullptr, 1, n}})};
+  check_error(call(outside), errc::shape_mismatch, "bucket 1");
+  BOOST_CHECK(snapshot().grads == expected);
+}
+
 BOOST_AUTO_TEST_CASE(scan_reports_sum_of_squares_and_non_finite_values) {
   auto g = eighths(pl->shard_total, 5);
   accumulate_all(2, g);

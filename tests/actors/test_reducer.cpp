@@ -4,6 +4,7 @@
 #include "support/actor_fixture.hpp"
 
 #include "actors/reducer.hpp"
+#include "kernels/compute.hpp"
 #include "plan/plan.hpp"
 
 namespace zmuon::test {
@@ -71,7 +72,10 @@ struct reducer_fixture : actor_fixture {
   }
 
   std::shared_ptr<reply_slot<flush_done>> flush_step(uint64_t step) {
-    auto f = ask<flush_done>(reducer, flush{step});
+    return flush_step_of(reducer, step);
+  }
+  std::shared_ptr<reply_slot<flush_done>> flush_step_of(const reducer_actor& r, uint64_t step) {
+    auto f = ask<flush_done>(r, flush{step});
     run();
     return f;
   }
@@ -232,6 +236,38 @@ BOOST_AUTO_TEST_CASE(bucket_of_wrong_size_or_index_is_an_error) {
   check_error(flush_step(6), errc::shape_mismatch, "bucket 1");
   BOOST_CHECK(comms->calls.empty());
   BOOST_CHECK(stored->calls.empty());
+}
+
+// A reduced bucket of the caller's device gradients (engine::hand_over_reduced) travels as its
+// pieces: straight to the store, which reads them in its accumulate; nothing to the comm, no
+// buffer. A reducer without a device backend, or pieces of a bucket not yet reduced, is refused.
+BOOST_AUTO_TEST_CASE(pieces_of_a_reduced_bucket_go_to_the_store_as_they_are) {
+  const float grads[12] = {};
+  auto pieces = std::make_shared<const std::vector<copy_piece>>(
+      std::vector<copy_piece>{{grads, 0, 6}, {grads + 6, 6, 3}});
+  const int64_t n = pl->buckets[0].shard_len;
+  auto made = make_compute_backend("host");  // any backend: the reducer only needs one
+  BOOST_REQUIRE(made);
+  std::shared_ptr<compute_backend> device = std::move(*made);
+  auto on_device = keep(spawn_reducer(sys, pl, kRank, store, comm, device));
+  run();
+  tell(on_device, micro_grads{3, 0, 0, nullptr, nullptr, n, true, pieces});
+  run();
+  BOOST_CHECK(comms->calls.empty());
+  BOOST_REQUIRE_EQUAL(stored->calls.size(), 1u);
+  BOOST_CHECK(stored->calls[0].msg.pieces == pieces);  // the same table, not a copy
+  BOOST_CHECK(stored->calls[0].msg.slice.data == nullptr);
+  BOOST_CHECK_EQUAL(stored->calls[0].msg.bucket, 0);
+  auto landed = ask<flush_done>(on_device, flush{3});
+  run();
+  BOOST_CHECK_EQUAL(value_of(landed).micros, 1);
+  tell(on_device, micro_grads{4, 0, 0, nullptr, nullptr, n, false, pieces});  // not reduced
+  run();
+  check_error(flush_step_of(on_device, 4), errc::shape_mismatch, "bucket 0");
+  tell(reducer, micro_grads{5, 0, 0, nullptr, nullptr, n, true, pieces});  // no device backend
+  run();
+  check_error(flush_step(5), errc::shape_mismatch, "bucket 0");
+  BOOST_CHECK_EQUAL(stored->calls.size(), 1u);
 }
 
 BOOST_AUTO_TEST_CASE(second_flush_while_one_waits_is_refused) {

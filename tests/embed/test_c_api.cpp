@@ -228,11 +228,13 @@ BOOST_AUTO_TEST_CASE(cpp_buffer_calls_check_everything_first) {
 }
 
 // The stream-ordered reduce() checks as the plain one does, and host buffers are read during the
-// call either way: the same steps give the same bits.
+// call either way (hand_over() kept until the step too: only device gradients are read in
+// place): the same steps give the same bits. zmuon_engine_hand_over names an unknown flag.
 BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) {
   using views = std::vector<zmuon::tensor_view>;
   std::vector<float> g(24), b(6);
-  auto run = [&](bool on_stream) {
+  enum { plain_call, on_stream_call, kept_call };
+  auto run = [&](int how) {
     auto made = zmuon::engine::create_from_json(R"({"zmuon": {"ranks": 2}})");
     BOOST_REQUIRE(made);
     auto& eng = **made;
@@ -247,7 +249,9 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
         for (size_t i = 0; i < b.size(); ++i)
           b[i] = 0.1f * float(i) - 0.2f * float(r + step);
         views v{{"w", g.data(), 24}, {"b", b.data(), 6}};
-        err = on_stream ? eng.reduce(r, v, nullptr) : eng.reduce(r, v);
+        err = how == plain_call       ? eng.reduce(r, v)
+              : how == on_stream_call ? eng.reduce(r, v, nullptr)
+                                      : eng.hand_over(r, v, nullptr, false, true);
         BOOST_REQUIRE_MESSAGE(!err, err.to_string());
         std::fill(g.begin(), g.end(), NAN);  // read during the call: this changes nothing
       }
@@ -257,10 +261,19 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
     BOOST_REQUIRE(p);
     return *p;
   };
-  auto plain = run(false);
-  auto ordered = run(true);
+  auto plain = run(plain_call);
+  auto ordered = run(on_stream_call);
+  auto kept = run(kept_call);
   BOOST_TEST(plain.at("w") == ordered.at("w"));
   BOOST_TEST(plain.at("b") == ordered.at("b"));
+  BOOST_TEST(plain.at("w") == kept.at("w"));
+  BOOST_TEST(plain.at("b") == kept.at("b"));
+  zmuon_engine* eng = nullptr;
+  BOOST_REQUIRE_EQUAL(zmuon_engine_create(R"({"zmuon": {"ranks": 1}})", nullptr, 0, &eng),
+                      ZMUON_OK);
+  BOOST_TEST(zmuon_engine_hand_over(eng, 0, nullptr, 0, nullptr, 4u) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "unknown flags 4") != nullptr);
+  zmuon_engine_destroy(eng);
   BOOST_TEST(plain.at("w") != std::vector<float>(24, 0.5f));  // the steps moved it
   BOOST_TEST(zmuon_engine_reduce_on_stream(nullptr, 0, nullptr, 0, nullptr)
              == ZMUON_INVALID_ARGUMENT);

@@ -262,6 +262,12 @@ BOOST_AUTO_TEST_CASE(part_scans_follow_each_accumulate) {
   test::check_part_scans(*env().gpu);
 }
 
+// The hand-over's one pass: the accumulate reads the caller's gradients piece by piece, with its
+// scan (support/part_scans.hpp; over kPieceScanTable pieces through the packed fallback).
+BOOST_AUTO_TEST_CASE(piece_scans_follow_each_accumulate) {
+  test::check_piece_scans(*env().gpu);
+}
+
 // The nccl comm's copies of a rank's own segments (launch_copy_units): 2-byte units, pieces of
 // 0 to 70,000 units, every other one at 8-byte aligned ends, the rest at odd offsets; each lands
 // where memcpy puts it and nothing between the pieces is written.

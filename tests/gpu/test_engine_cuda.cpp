@@ -366,37 +366,44 @@ BOOST_AUTO_TEST_CASE(fp16_scale_and_overflow_on_cuda) {
 
 // Gradients handed over as device pointers (as a PyTorch user does with CUDA tensors) give the
 // same weights as the same values from host memory, and gather_params into device buffers
-// equals parameters(): nccl world 1 packs on the device, caf world 4 through host memory.
+// equals parameters(): nccl world 1 packs on the device, caf world 4 through host memory. Two
+// micro-batches a step (the second added to the first). At world 1, gradients kept until the
+// step (engine::hand_over, kept_until_step: the store reads them where they lie, the call
+// returns without waiting) give the same bits too.
 BOOST_AUTO_TEST_CASE(device_buffers_equal_host_buffers) {
   const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
   for (const auto& [world, comm] : {std::pair<int, std::string>{1, "nccl"}, {4, "caf"}}) {
-    auto run = [&, world = world, comm = comm](bool device) {
+    auto run = [&, world = world, comm = comm](bool device, bool kept = false) {
       auto eng = make_engine(gpu_options(world, comm));
       register_table(*eng, table, 9);
       std::vector<float*> device_grads;
       for (int s = 1; s <= 3; ++s)
-        for (int r = 0; r < world; ++r) {
-          auto g = random_grads(table, 9, s, r, 0);
-          std::vector<tensor_view> views;
-          for (auto& [name, v] : g) {
-            const float* data = v.data();
-            if (device) {
-              float* d = nullptr;
-              BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float))
-                            == cudaSuccess);
-              BOOST_REQUIRE(
-                  cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice)
-                  == cudaSuccess);
-              device_grads.push_back(d);
-              data = d;
+        for (int r = 0; r < world; ++r)
+          for (int micro = 0; micro < 2; ++micro) {
+            auto g = random_grads(table, 9, s, r, micro);
+            std::vector<tensor_view> views;
+            for (auto& [name, v] : g) {
+              const float* data = v.data();
+              if (device) {
+                float* d = nullptr;
+                BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&d), v.size() * sizeof(float))
+                              == cudaSuccess);
+                BOOST_REQUIRE(
+                    cudaMemcpy(d, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice)
+                    == cudaSuccess);
+                device_grads.push_back(d);
+                data = d;
+              }
+              views.push_back({name, data, static_cast<int64_t>(v.size()),
+                               device ? memory_space::cuda : memory_space::host, 0});
             }
-            views.push_back({name, data, static_cast<int64_t>(v.size()),
-                             device ? memory_space::cuda : memory_space::host, 0});
+            if (kept)
+              BOOST_REQUIRE(!eng->hand_over(r, views, nullptr, false, true));
+            else
+              BOOST_REQUIRE(!eng->reduce(r, views));
+            if (r == world - 1 && micro == 1)
+              step_ok(*eng);
           }
-          BOOST_REQUIRE(!eng->reduce(r, views));
-          if (r == world - 1)
-            step_ok(*eng);
-        }
       auto host_params = params_of(*eng);
       if (device) {  // gather into device buffers and compare with the host read-back
         std::vector<tensor_span> spans;
@@ -429,6 +436,14 @@ BOOST_AUTO_TEST_CASE(device_buffers_equal_host_buffers) {
     BOOST_TEST_MESSAGE("cuda+" << comm << " world " << world
                                << ": device-pointer gradients vs host gradients, 3 steps: " << d);
     BOOST_TEST(d == 0.0);
+    if (world == 1) {
+      double k = rel_diff(run(true, true), from_host);
+      BOOST_TEST_MESSAGE(
+          "cuda+nccl world 1: gradients read in place (kept until the step) vs "
+          "host gradients, 3 steps: "
+          << k);
+      BOOST_TEST(k == 0.0);
+    }
   }
 }
 
@@ -437,6 +452,7 @@ BOOST_AUTO_TEST_CASE(device_buffers_equal_host_buffers) {
 // input and output buffers above what it held before (world 1: both are a whole bucket); the
 // weights are the same bits either way. Unbounded, how many pile up depends on how fast the
 // reducer lands them (printed, not checked; test_reduce_window checks the window itself).
+// Gradients kept until the step (engine::hand_over) take no buffer.
 BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
   const int64_t bucket = 1 << 16;  // elements: one parameter a bucket, six buckets
   const std::vector<param_spec> table{{"a", {256, 256}}, {"b", {128, 512}}, {"c", {512, 128}},
@@ -444,7 +460,7 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
   const int gas = 2;
   const device_grads grads(table, 5);
   const auto& views = grads.views;
-  auto run = [&](int window, int64_t& handover_peak) {
+  auto run = [&](int window, int64_t& handover_peak, bool kept = false) {
     auto o = gpu_options(1, "nccl");
     o.reduce_bucket_size = bucket;
     o.max_buckets_in_flight = window;
@@ -455,7 +471,8 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
       int64_t before = s > 1 ? eng->memory(0)->in_use : 0;  // the state, once the engine runs
       eng->reset_peak_memory();
       for (int k = 0; k < gas; ++k)
-        BOOST_REQUIRE(!eng->reduce(0, views));
+        BOOST_REQUIRE(kept ? !eng->hand_over(0, views, nullptr, false, true)
+                           : !eng->reduce(0, views));
       if (s > 1)
         handover_peak = std::max(handover_peak, eng->memory(0)->peak - before);
       step_ok(*eng);
@@ -476,6 +493,12 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
     BOOST_TEST(peak <= 2 * window * bucket_bytes);
     BOOST_TEST(rel_diff(params, unbounded) == 0.0);
   }
+  // Gradients kept until the step are read where they lie: no bucket buffer at all.
+  int64_t kept_peak = -1;
+  auto kept = run(0, kept_peak, true);
+  BOOST_TEST_MESSAGE("kept until the step: hand-over peak " << kept_peak << " bytes");
+  BOOST_TEST(kept_peak == 0);
+  BOOST_TEST(rel_diff(kept, unbounded) == 0.0);
 }
 
 // comm "auto": nccl where every rank of the process has a GPU of its own, caf where they share.

@@ -131,4 +131,74 @@ inline void check_part_scans(compute_backend& be) {
   BOOST_TEST(std::abs(cleared.sum_squares - after) <= 1e-12 * after);
 }
 
+/// accumulate_pieces_scanned: a bucket packed from the pieces of several source buffers (odd
+/// lengths and offsets, aligned and not, gaps between some), copied and then added, against the
+/// same pieces written by host arithmetic: the bits of every element (the gaps zero after a
+/// copy) and the part's scan against a double sum (relative 1e-12); a NaN in one piece found; a
+/// bucket of more pieces than one CUDA launch takes (kPieceScanTable) the same.
+inline void check_piece_scans(compute_backend& be) {
+  using namespace part_scans_detail;
+  for (const int count : {9, 70}) {
+    std::vector<int64_t> lengths;
+    for (int k = 0; k < count; ++k)
+      lengths.push_back(k == 3 ? 300'001 : k % 4 == 0 ? 4 * (k + 1) : 17 * k + 1);
+    int64_t src_total = 0, dst_total = 0;
+    std::vector<int64_t> src_at, dst_at;
+    for (int k = 0; k < count; ++k) {
+      src_total += k % 3;  // sources at odd offsets, some 16-byte aligned
+      src_at.push_back(src_total);
+      src_total += lengths[k];
+      dst_total += k % 5 == 2 ? 3 : 0;  // a gap before some pieces
+      dst_at.push_back(dst_total);
+      dst_total += lengths[k];
+    }
+    const int64_t n = dst_total + 2;  // and after the last
+    const std::vector<float> first = random_floats(src_total, 21, -2.0f, 2.0f);
+    const std::vector<float> second = random_floats(src_total, 22, -2.0f, 2.0f);
+    const device_buffer a = upload(be, first), b = upload(be, second);
+    device_buffer bucket = upload(be, random_floats(n, 23));  // stale values: the copy clears
+    std::unique_ptr<part_scans> scans = be.make_part_scans(2);
+    const auto pieces_of = [&](const device_buffer& src) {
+      std::vector<copy_piece> pieces;
+      for (int k = 0; k < count; ++k)
+        pieces.push_back({src.data() + src_at[k], dst_at[k], lengths[k]});
+      return pieces;
+    };
+    std::vector<float> expected(static_cast<size_t>(n), 0.0f);
+    for (int k = 0; k < count; ++k)
+      for (int64_t i = 0; i < lengths[k]; ++i)
+        expected[dst_at[k] + i] = first[src_at[k] + i];
+    const auto check = [&](const char* what) {
+      const std::vector<float> got = download(be, bucket);
+      int64_t differing = 0;
+      for (int64_t i = 0; i < n; ++i)
+        differing += std::memcmp(&got[i], &expected[i], sizeof(float)) != 0;
+      BOOST_TEST(differing == 0, count << " pieces, " << what << ": elements whose bits differ");
+      const double reference = sum_of_squares(expected);
+      const scan_result scan = scan_of_parts(be, *scans);
+      BOOST_TEST(!scan.nonfinite);
+      BOOST_TEST(std::abs(scan.sum_squares - reference) <= 1e-12 * reference,
+                 count << " pieces, " << what << ": sum of squares " << scan.sum_squares
+                       << ", double reference " << reference);
+    };
+    be.accumulate_pieces_scanned(bucket.data(), n, pieces_of(a), accumulate_mode::copy, *scans, 1);
+    check("copied");
+    // Added where every element is covered: the bucket's own run of pieces, back to back.
+    std::vector<copy_piece> whole;
+    for (int64_t at = 0; at < n; at += 1000 + at % 7)
+      whole.push_back({b.data() + at % 5, at, std::min<int64_t>(1000 + at % 7, n - at)});
+    be.accumulate_pieces_scanned(bucket.data(), n, whole, accumulate_mode::add, *scans, 1);
+    for (const copy_piece& p : whole)
+      for (int64_t i = 0; i < p.n; ++i)
+        expected[p.dst_offset + i] += second[p.src - b.data() + i];
+    check("added");
+    std::vector<float> bad(first);
+    bad[src_at[3] + 12'345] = std::numeric_limits<float>::quiet_NaN();
+    const device_buffer poison = upload(be, bad);
+    be.accumulate_pieces_scanned(bucket.data(), n, pieces_of(poison), accumulate_mode::copy, *scans,
+                                 1);
+    BOOST_TEST(scan_of_parts(be, *scans).nonfinite, count << " pieces: a NaN copied in");
+  }
+}
+
 }  // namespace zmuon::test

@@ -372,6 +372,11 @@ BOOST_AUTO_TEST_CASE(part_scans_follow_each_accumulate) {
   check_part_scans(*host_backend());
 }
 
+// The same with the source read from a bucket's pieces (support/part_scans.hpp).
+BOOST_AUTO_TEST_CASE(piece_scans_follow_each_accumulate) {
+  check_piece_scans(*host_backend());
+}
+
 BOOST_AUTO_TEST_CASE(adamw_matches_reference_over_three_steps) {
   // A large lr makes any slip in bias correction or weight decay far exceed the tolerance.
   auto be = host_backend();

@@ -2,6 +2,7 @@
 // kMaxReduceBlocks partial results in device memory, written by the accumulate's own kernel
 // (part_scans.cu) and summed, part by part, by scan_parts_async (cuda_compute.cpp).
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,13 +21,47 @@ std::unique_ptr<part_scans> cuda_compute::make_part_scans(int parts) {
   return scans;
 }
 
-void cuda_compute::accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
-                                      part_scans& scans, int part) {
+namespace {
+
+device_part_scans& scans_of(part_scans& scans, int part, const char* call) {
   auto& kept = dynamic_cast<device_part_scans&>(scans);
   if (part < 0 || part >= kept.parts())
-    throw failure(error(errc::invalid_argument, "accumulate_scanned: no part "
+    throw failure(error(errc::invalid_argument, std::string(call) + ": no part "
                                                     + std::to_string(part) + " of "
                                                     + std::to_string(kept.parts())));
+  return kept;
+}
+
+}  // namespace
+
+void cuda_compute::accumulate_pieces_scanned(float* dst, int64_t n,
+                                             const std::vector<copy_piece>& pieces,
+                                             accumulate_mode mode, part_scans& scans, int part) {
+  int64_t covered = 0;
+  for (const copy_piece& p : pieces)
+    covered += std::max<int64_t>(p.n, 0);
+  // One pass where the kernel's table takes the pieces and the scan of what it writes is the
+  // bucket's: a copy (the gaps zeroed first) or an add over every element.
+  const bool fused = mode != accumulate_mode::zero && pieces.size() <= kPieceScanTable
+                     && (mode == accumulate_mode::copy || covered == n);
+  if (!fused) {
+    compute_backend::accumulate_pieces_scanned(dst, n, pieces, mode, scans, part);
+    return;
+  }
+  auto& kept = scans_of(scans, part, "accumulate_pieces_scanned");
+  const int64_t at = int64_t{part} * kMaxReduceBlocks;
+  // The sources are the caller's gradients, which no Newton-Schulz lane touches.
+  const launch_guard guard = activate({touched{dst, static_cast<size_t>(n) * sizeof(float)}});
+  const call_timer timer(*this, "accumulate", ctx_.stream);
+  if (mode == accumulate_mode::copy && covered != n)
+    ZMUON_CUDA_CHECK(cudaMemsetAsync(dst, 0, static_cast<size_t>(n) * sizeof(float), ctx_.stream));
+  launch_accumulate_pieces_scanned(guard, dst, pieces, mode, kept.sums.data() + at,
+                                   kept.flags.data() + at);
+}
+
+void cuda_compute::accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
+                                      part_scans& scans, int part) {
+  auto& kept = scans_of(scans, part, "accumulate_scanned");
   const int64_t at = int64_t{part} * kMaxReduceBlocks;
   const touched written{dst, static_cast<size_t>(n) * sizeof(float)};
   const touched read{src, mode == accumulate_mode::zero ? 0 : written.bytes};

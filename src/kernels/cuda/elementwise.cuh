@@ -40,6 +40,16 @@ void launch_sum_partials(const launch_context& ctx, const double* partial_sums,
 /// the scan of the new values as kMaxReduceBlocks partial results (unused ones zero).
 void launch_accumulate_scanned(const launch_context& ctx, float* dst, const float* src, int64_t n,
                                accumulate_mode mode, double* partial_sums, int* partial_flags);
+/// Pieces a fused accumulate_pieces_scanned takes: their table is the kernel's parameter (12 KB;
+/// CUDA 12.1 and later take up to 32 KB), so that a bucket of GPT-2's small tensors fits.
+inline constexpr int kPieceScanTable = 512;
+/// The same with the source packed from `pieces` (at most kPieceScanTable, in increasing,
+/// non-overlapping destination order, mode copy or add), read in the same pass: only the
+/// pieces' elements of dst are written and scanned (a copy into a bucket with gaps zeroes it
+/// first).
+void launch_accumulate_pieces_scanned(const launch_context& ctx, float* dst,
+                                      const std::vector<copy_piece>& pieces, accumulate_mode mode,
+                                      double* partial_sums, int* partial_flags);
 
 void launch_momentum(const launch_context& ctx, float* m, const float* g, float* u, int64_t n,
                      float beta, bool nesterov);

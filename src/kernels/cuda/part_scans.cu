@@ -8,6 +8,7 @@
 #include "kernels/cuda/reduce.cuh"
 
 #include <cstdint>
+#include <string>
 
 namespace zmuon::gpu {
 namespace {
@@ -85,7 +86,124 @@ void launch(const launch_context& ctx, float* dst, const float* src, int64_t n,
   ZMUON_LAUNCH_CHECK();
 }
 
+/// The pieces of one bucket in destination order; piece k is elements [start[k], start[k + 1])
+/// of their concatenation.
+struct piece_scan_table {
+  int count = 0;
+  const float* src[kPieceScanTable];
+  int64_t dst[kPieceScanTable];
+  int64_t start[kPieceScanTable + 1];
+};
+
+/// accumulated<Mode> over n elements of d and s by the block's threads, 4 at a time where both
+/// allow 16-byte accesses from the same element, adding each new value to the scan.
+template <accumulate_mode Mode>
+__device__ inline void accumulate_span(float* __restrict__ d, const float* __restrict__ s,
+                                       int64_t n, double& sum, int& nonfinite) {
+  const auto one = [&](int64_t i) {
+    const float v = accumulated<Mode>(Mode == accumulate_mode::add ? d[i] : 0.0f, s[i]);
+    d[i] = v;
+    nonfinite |= !isfinite(v);
+    sum += static_cast<double>(v) * static_cast<double>(v);
+  };
+  const auto at = [](const float* p) { return reinterpret_cast<uintptr_t>(p); };
+  int64_t head = n;  // elements before the first 16-byte boundary of both, or all of them
+  if (at(d) % 16 == at(s) % 16)
+    head = min(n, static_cast<int64_t>((16 - at(d) % 16) % 16 / sizeof(float)));
+  const int64_t quads = (n - head) / 4;
+  for (int64_t i = threadIdx.x; i < head; i += blockDim.x)
+    one(i);
+  float4* d4 = reinterpret_cast<float4*>(d + head);
+  const float4* s4 = reinterpret_cast<const float4*>(s + head);
+  for (int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+    const float4 x = s4[q];
+    float4 y = make_float4(0, 0, 0, 0);
+    if constexpr (Mode == accumulate_mode::add)
+      y = d4[q];
+    const float v[4] = {accumulated<Mode>(y.x, x.x), accumulated<Mode>(y.y, x.y),
+                        accumulated<Mode>(y.z, x.z), accumulated<Mode>(y.w, x.w)};
+    d4[q] = make_float4(v[0], v[1], v[2], v[3]);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      nonfinite |= !isfinite(v[k]);
+      sum += static_cast<double>(v[k]) * static_cast<double>(v[k]);
+    }
+  }
+  for (int64_t i = head + 4 * quads + threadIdx.x; i < n; i += blockDim.x)
+    one(i);
+}
+
+/// Block b takes elements [b * per, (b + 1) * per) of the pieces' concatenation, piece after
+/// piece, and writes the scan of what it wrote as partial b.
+template <accumulate_mode Mode>
+__global__ void accumulate_pieces_scan_kernel(float* __restrict__ dst,
+                                              const __grid_constant__ piece_scan_table t,
+                                              int64_t per, double* __restrict__ partial_sums,
+                                              int* __restrict__ partial_flags) {
+  const int64_t total = t.start[t.count];
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * per;
+  const int64_t hi = min(total, lo + per);
+  int k = 0;  // the piece holding lo: the last one starting at or before it
+  for (int hi_k = t.count - 1; k < hi_k;) {
+    const int mid = (k + hi_k + 1) / 2;
+    if (t.start[mid] <= lo)
+      k = mid;
+    else
+      hi_k = mid - 1;
+  }
+  double sum = 0.0;
+  int nonfinite = 0;
+  for (int64_t a = lo; a < hi; ++k) {
+    const int64_t b = min(hi, t.start[k + 1]);
+    const int64_t j = a - t.start[k];
+    accumulate_span<Mode>(dst + t.dst[k] + j, t.src[k] + j, b - a, sum, nonfinite);
+    a = b;
+  }
+  sum = block_sum(sum);
+  nonfinite = __syncthreads_or(nonfinite);
+  if (threadIdx.x == 0) {
+    partial_sums[blockIdx.x] = sum;
+    partial_flags[blockIdx.x] = nonfinite;
+  }
+  if (blockIdx.x == 0)  // the part's unused partials read as zero
+    for (int b = static_cast<int>(gridDim.x + threadIdx.x); b < kMaxReduceBlocks;
+         b += static_cast<int>(blockDim.x)) {
+      partial_sums[b] = 0.0;
+      partial_flags[b] = 0;
+    }
+}
+
 }  // namespace
+
+void launch_accumulate_pieces_scanned(const launch_context& ctx, float* dst,
+                                      const std::vector<copy_piece>& pieces, accumulate_mode mode,
+                                      double* partial_sums, int* partial_flags) {
+  piece_scan_table t;
+  t.start[0] = 0;
+  for (const copy_piece& p : pieces) {
+    if (p.n <= 0)
+      continue;
+    if (t.count == kPieceScanTable)
+      throw failure(error(errc::invalid_argument, "accumulate_pieces_scanned: more than "
+                                                      + std::to_string(kPieceScanTable)
+                                                      + " pieces in one launch"));
+    t.src[t.count] = p.src;
+    t.dst[t.count] = p.dst_offset;
+    t.start[t.count + 1] = t.start[t.count] + p.n;
+    ++t.count;
+  }
+  const int64_t total = t.start[t.count];
+  const int blocks = reduce_grid_for(total / 4 + 1, ctx.sm_count);
+  const int64_t per = (total + blocks - 1) / blocks;
+  const int used = total == 0 ? 1 : static_cast<int>((total + per - 1) / per);
+  if (mode == accumulate_mode::add)
+    accumulate_pieces_scan_kernel<accumulate_mode::add>
+        <<<used, kThreads, 0, ctx.stream>>>(dst, t, per, partial_sums, partial_flags);
+  else
+    accumulate_pieces_scan_kernel<accumulate_mode::copy>
+        <<<used, kThreads, 0, ctx.stream>>>(dst, t, per, partial_sums, partial_flags);
+  ZMUON_LAUNCH_CHECK();
+}
 
 void launch_accumulate_scanned(const launch_context& ctx, float* dst, const float* src, int64_t n,
                                accumulate_mode mode, double* partial_sums, int* partial_flags) {
