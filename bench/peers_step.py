@@ -36,6 +36,8 @@ MODELS = {  # vocab, d, layers, heads, kv heads, ff, seq, batch
     "gpt2": dict(vocab=50304, d=768, layers=12, heads=12, kv_heads=12, ff=3072, seq=1024, batch=8),
     "llama1b": dict(vocab=32000, d=2048, layers=16, heads=16, kv_heads=4, ff=8192, seq=1024,
                     batch=4),
+    # GPT-2's 87 tensors at d 64: the GPU work is microseconds, the step its host path
+    "gpt2-tiny": dict(vocab=512, d=64, layers=12, heads=4, kv_heads=4, ff=256, seq=128, batch=8),
 }
 ZMUON_SET = []  # --zmuon-set: more config overrides for zmuon's rows
 HYPER = dict(lr=0.02, adam_lr=3e-3, momentum=0.95, weight_decay=0.01, betas=(0.9, 0.95))

@@ -90,10 +90,11 @@ class Binding:
     the last values the two agreed on."""
 
     __slots__ = ("name", "param", "shape", "host_staging", "staging", "marks", "fingerprint",
-                 "master")
+                 "master", "whole")
 
     def __init__(self, name, param, host_staging):
         self.name, self.param = name, param
+        self.whole = not _distributed.is_dtensor(param)  # the tensor is its own local part
         self.shape = tuple(param.shape)
         self.host_staging = host_staging
         self.staging = None
@@ -117,7 +118,7 @@ class Binding:
 
     @property
     def local(self):
-        return local_of(self.param)
+        return self.param if self.whole else local_of(self.param)
 
     @property
     def buffer(self):
@@ -202,10 +203,13 @@ class Binding:
         return True
 
     def in_master(self):
-        """Whether the parameter's storage is still the engine's master."""
-        local = self.local
-        return self.master is not None and local.data_ptr() == self.master.data_ptr() \
-            and local.dtype == self.master.dtype and local.shape == self.master.shape
+        """Whether the parameter's storage is still the engine's master (read every step)."""
+        master = self.master
+        if master is None:
+            return False
+        local = self.param if self.whole else local_of(self.param)
+        return local.data_ptr() == master.data_ptr() and local.dtype == master.dtype \
+            and local.shape == master.shape
 
     def own_storage(self, fsdp):
         """A storage of its own again, with the master's values (before the master goes)."""
