@@ -23,6 +23,24 @@ __device__ inline float accumulated(float d, float s) {
     return 0.0f;
 }
 
+/// The block's scan (its threads' `sum` and `nonfinite`) as partial blockIdx.x; block 0 zeroes
+/// the partials no block of this launch writes, so that the part's unused ones read as zero.
+__device__ inline void write_partials(double sum, int nonfinite, double* partial_sums,
+                                      int* partial_flags) {
+  sum = block_sum(sum);
+  nonfinite = __syncthreads_or(nonfinite);
+  if (threadIdx.x == 0) {
+    partial_sums[blockIdx.x] = sum;
+    partial_flags[blockIdx.x] = nonfinite;
+  }
+  if (blockIdx.x == 0)
+    for (int b = static_cast<int>(gridDim.x + threadIdx.x); b < kMaxReduceBlocks;
+         b += static_cast<int>(blockDim.x)) {
+      partial_sums[b] = 0.0;
+      partial_flags[b] = 0;
+    }
+}
+
 /// Width 4: float4 accesses (dst, src and n allow them); 1: one float at a time.
 template <accumulate_mode Mode, int Width>
 __global__ void accumulate_scan_kernel(float* __restrict__ dst, const float* __restrict__ src,
@@ -57,18 +75,7 @@ __global__ void accumulate_scan_kernel(float* __restrict__ dst, const float* __r
       sum += static_cast<double>(v[k]) * static_cast<double>(v[k]);
     }
   }
-  sum = block_sum(sum);
-  nonfinite = __syncthreads_or(nonfinite);
-  if (threadIdx.x == 0) {
-    partial_sums[blockIdx.x] = sum;
-    partial_flags[blockIdx.x] = nonfinite;
-  }
-  if (blockIdx.x == 0)  // the part's unused partials read as zero
-    for (int b = static_cast<int>(gridDim.x + threadIdx.x); b < kMaxReduceBlocks;
-         b += static_cast<int>(blockDim.x)) {
-      partial_sums[b] = 0.0;
-      partial_flags[b] = 0;
-    }
+  write_partials(sum, nonfinite, partial_sums, partial_flags);
 }
 
 template <accumulate_mode Mode>
@@ -159,18 +166,7 @@ __global__ void accumulate_pieces_scan_kernel(float* __restrict__ dst,
     accumulate_span<Mode>(dst + t.dst[k] + j, t.src[k] + j, b - a, sum, nonfinite);
     a = b;
   }
-  sum = block_sum(sum);
-  nonfinite = __syncthreads_or(nonfinite);
-  if (threadIdx.x == 0) {
-    partial_sums[blockIdx.x] = sum;
-    partial_flags[blockIdx.x] = nonfinite;
-  }
-  if (blockIdx.x == 0)  // the part's unused partials read as zero
-    for (int b = static_cast<int>(gridDim.x + threadIdx.x); b < kMaxReduceBlocks;
-         b += static_cast<int>(blockDim.x)) {
-      partial_sums[b] = 0.0;
-      partial_flags[b] = 0;
-    }
+  write_partials(sum, nonfinite, partial_sums, partial_flags);
 }
 
 }  // namespace
