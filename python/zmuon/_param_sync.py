@@ -10,8 +10,8 @@ is looked for, by data pointer. Before the engine's memory goes (close(), garbag
 add_param_group's new engine) each such parameter gets a storage of its own again, with its
 values. Under FSDP2's rows (a process of one rank), the local shard of each fp32 parameter that
 FSDP2 holds unpadded becomes a view of the rank's master the same way, and FSDP2's own record of
-it (what its all-gather reads) is repointed there as `load_state_dict(assign=True)` would; a
-padded shard, or a torch whose FSDP2 records are not found, is written back and checked.
+it (what its all-gather reads) is pointed there too; a padded shard, or a torch whose FSDP2
+records are not found, is written back and checked.
 
 A parameter the engine cannot read in place (bf16 or fp16, not contiguous, or a CUDA tensor with
 host_staging) gets an fp32 staging buffer: the engine reads and writes that, and the new values
@@ -182,9 +182,9 @@ class Binding:
             if type(p) not in (torch.Tensor, torch.nn.Parameter):
                 return False
         else:
-            record = fsdp.get(id(p))
-            if record is None or type(local) is not torch.Tensor \
-                    or record._sharded_param_data.numel() != numel:
+            data = getattr(fsdp.get(id(p)), "_sharded_param_data", None)
+            if type(data) is not torch.Tensor or type(local) is not torch.Tensor \
+                    or data.numel() != numel:
                 return False
         if device == HOST:
             return local.device.type == "cpu"
@@ -192,15 +192,13 @@ class Binding:
 
     def share_master(self, view, fsdp):
         """The parameter's storage becomes `view`, the engine's master, which holds its values
-        (an FSDP2 parameter's local shard, and the buffer FSDP2 all-gathers from). Returns
-        whether it did."""
+        (an FSDP2 parameter's local shard, and the buffer FSDP2 all-gathers from)."""
         if self.local is self.param:
             self.param.data = view
-        elif not _set_fsdp_local(fsdp[id(self.param)], self.param, view):
-            return False
+        else:
+            _set_fsdp_local(fsdp[id(self.param)], self.param, view)
         self.master = view
         self.marks = self.fingerprint = None
-        return True
 
     def in_master(self):
         """Whether the parameter's storage is still the engine's master (read every step)."""
@@ -223,16 +221,12 @@ class Binding:
 
 
 def _set_fsdp_local(record, param, tensor):
-    """FSDP2 parameter `param`'s local shard made `tensor` (of its shape), and FSDP2's record of
-    it repointed there as a load_state_dict(assign=True) does; else left as it was, False."""
-    old = param._local_tensor
-    param._local_tensor = tensor.view(old.shape)
-    record.reset_sharded_param()
-    if record._sharded_param_data.data_ptr() == tensor.data_ptr():
-        return True
-    param._local_tensor = old
-    record.reset_sharded_param()
-    return False
+    """FSDP2 parameter `param`'s local shard made `tensor` (of its numel), and FSDP2's record of
+    it pointed there: what `reset_sharded_param` does for an unpadded shard, set directly, since
+    that reads the module's current attribute (an unsharded parameter after a forward of the
+    root, or with reshard_after_backward off)."""
+    param._local_tensor = tensor.view(param._local_tensor.shape)
+    record._sharded_param_data = tensor.view(-1)
 
 
 def _own_storages(bindings, mode):

@@ -215,6 +215,18 @@ def worker(args):
                 if b.master is not None and b.in_master()
                 and records[id(b.param)]._sharded_param_data.data_ptr() == b.local.data_ptr())
             out["bindings"] = len(opt._bindings)
+            # Once the engine closes each shard gets a storage of its own, FSDP2's all-gather
+            # buffer with it: a forward after close() sees the trained weights.
+            probe = batches(1, seed=11, batch=2)[0]
+            masters = {id(b.param): b.master.data_ptr() for b in opt._bindings.values()}
+            with torch.no_grad():
+                out["loss_before_close"] = lm_loss(model, probe).item()
+                opt.close()
+                out["loss_after_close"] = lm_loss(model, probe).item()
+            out["own_after_close"] = sorted(
+                b.name for b in opt._bindings.values()
+                if records[id(b.param)]._sharded_param_data.data_ptr() == b.local.data_ptr()
+                != masters[id(b.param)])
     elif args.case == "nan":
         train_steps(model, opt, 3, rank, world, 1)
         before = local_state(opt)
@@ -405,6 +417,8 @@ class Distributed(unittest.TestCase):
                 if kind == "fsdp":  # no shard is padded in this model: each one shared
                     for r in ranks:
                         self.assertEqual(len(r["shared"]), r["bindings"], r["shared"])
+                        self.assertEqual(r["own_after_close"], r["shared"])
+                        self.assertEqual(r["loss_after_close"], r["loss_before_close"])
 
     def test_add_param_group_after_the_first_step(self):
         torch.manual_seed(0)
