@@ -8,10 +8,11 @@ storage change): the step writes it in place, a write elsewhere is a write into 
 neither a write-back nor a check is needed. Only a new storage (`p.data = ...`, `model.to(...)`)
 is looked for, by data pointer. Before the engine's memory goes (close(), garbage collection,
 add_param_group's new engine) each such parameter gets a storage of its own again, with its
-values. Under FSDP2's rows (a process of one rank), the local shard of each fp32 parameter that
-FSDP2 holds unpadded becomes a view of the rank's master the same way, and FSDP2's own record of
-it (what its all-gather reads) is pointed there too; a padded shard, or a torch whose FSDP2
-records are not found, is written back and checked.
+values. Under FSDP2's rows (a process of one rank), the local shard of each fp32 parameter
+becomes a view of the rank's master the same way, and FSDP2's own record of
+it (what its all-gather reads, the shard's padding with it: the engine's rank shard ends in the
+same rows of padding) is pointed there too; a torch whose FSDP2 records are not found has its
+shards written back and checked.
 
 A parameter the engine cannot read in place (bf16 or fp16, not contiguous, or a CUDA tensor with
 host_staging) gets an fp32 staging buffer: the engine reads and writes that, and the new values
@@ -170,34 +171,37 @@ class Binding:
         else:  # rounded to nearest where the dtype is narrower
             self.local.data.copy_(self.staging)
 
-    def can_share_master(self, device, numel, fsdp):
-        """Whether the parameter's storage can be the engine's master of `numel` elements on
-        `device` (HOST or a CUDA ordinal): a plain fp32 contiguous torch tensor there, read in
-        place; or the local shard of an FSDP2 parameter (`fsdp`: FSDP2's records by id, from
-        _distributed.fsdp_params) that FSDP2 holds unpadded, so that its all-gather reads it."""
+    def shareable(self, device, numel, fsdp, world):
+        """How many elements of the engine's master, `numel` of them this parameter's (on
+        `device`: HOST or a CUDA ordinal), its storage can view; 0: none. A plain fp32
+        contiguous torch tensor there, read in place: numel. The local shard of an FSDP2
+        parameter (`fsdp`: FSDP2's records by id, from _distributed.fsdp_params) on FSDP2's rows
+        over `world` processes: its padded length, where the engine's rank shard ends in the
+        same padding (both ceil(rows / world) rows), so that FSDP2's all-gather reads it."""
         p, local = self.param, self.local
         if self.staging is not None or not _is_tensor(local) or local.numel() != numel:
-            return False
+            return 0
+        if device == HOST and local.device.type != "cpu" \
+                or device != HOST and not (local.is_cuda and (local.device.index or 0) == device):
+            return 0
         if local is p:
-            if type(p) not in (torch.Tensor, torch.nn.Parameter):
-                return False
-        else:
-            data = getattr(fsdp.get(id(p)), "_sharded_param_data", None)
-            if type(data) is not torch.Tensor or type(local) is not torch.Tensor \
-                    or data.numel() != numel:
-                return False
-        if device == HOST:
-            return local.device.type == "cpu"
-        return local.is_cuda and (local.device.index or 0) == device
+            return numel if type(p) in (torch.Tensor, torch.nn.Parameter) else 0
+        data = getattr(fsdp.get(id(p)), "_sharded_param_data", None)
+        if type(data) is not torch.Tensor or type(local) is not torch.Tensor or not self.shape:
+            return 0
+        row = numel // local.shape[0] if local.shape[0] else 0
+        padded = -(-self.shape[0] // world) * row
+        return padded if data.numel() == padded and row > 0 else 0
 
     def share_master(self, view, fsdp):
-        """The parameter's storage becomes `view`, the engine's master, which holds its values
-        (an FSDP2 parameter's local shard, and the buffer FSDP2 all-gathers from)."""
+        """The parameter's storage becomes `view` (flat), the engine's master, which holds its
+        values (an FSDP2 parameter's local shard, its padding with it: the buffer FSDP2
+        all-gathers from)."""
         if self.local is self.param:
-            self.param.data = view
+            self.master = view.view(self.param.shape)
+            self.param.data = self.master
         else:
-            _set_fsdp_local(fsdp[id(self.param)], self.param, view)
-        self.master = view
+            self.master = _set_fsdp_local(fsdp[id(self.param)], self.param, view)
         self.marks = self.fingerprint = None
 
     def in_master(self):
@@ -212,21 +216,23 @@ class Binding:
     def own_storage(self, fsdp):
         """A storage of its own again, with the master's values (before the master goes)."""
         if self.in_master():
-            values = self.master.detach().clone()
             if self.local is self.param:
-                self.param.data = values
+                self.param.data = self.master.detach().clone()
             elif id(self.param) in fsdp:
-                _set_fsdp_local(fsdp[id(self.param)], self.param, values)
+                record = fsdp[id(self.param)]
+                _set_fsdp_local(record, self.param, record._sharded_param_data.clone())
         self.master = None
 
 
-def _set_fsdp_local(record, param, tensor):
-    """FSDP2 parameter `param`'s local shard made `tensor` (of its numel), and FSDP2's record of
-    it pointed there: what `reset_sharded_param` does for an unpadded shard, set directly, since
-    that reads the module's current attribute (an unsharded parameter after a forward of the
-    root, or with reshard_after_backward off)."""
-    param._local_tensor = tensor.view(param._local_tensor.shape)
-    record._sharded_param_data = tensor.view(-1)
+def _set_fsdp_local(record, param, flat):
+    """FSDP2 parameter `param`'s buffer made `flat` (its padded length) and its local shard the
+    first rows of it, which it returns: what FSDP2's `reset_sharded_param` sets, set directly,
+    since that reads the module's current attribute (an unsharded parameter after a forward of
+    the root, or with reshard_after_backward off)."""
+    local = param._local_tensor
+    param._local_tensor = flat.view(-1, *local.shape[1:]).narrow(0, 0, local.shape[0])
+    record._sharded_param_data = flat
+    return param._local_tensor
 
 
 def _own_storages(bindings, mode):
@@ -397,8 +403,9 @@ class ParamSync:
         fsdp = _distributed.fsdp_params() if self._mode == _distributed.FSDP else {}
         for b in candidates:
             ptr, numel, device = engine.master(b.name)
-            if numel > 0 and b.can_share_master(engine._master_device, numel, fsdp):
-                b.share_master(master_view(ptr, numel, device, b.local.shape), fsdp)
+            span = b.shareable(engine._master_device, numel, fsdp, engine.world) if numel else 0
+            if span:
+                b.share_master(master_view(ptr, span, device, (span,)), fsdp)
 
     def _mesh_shards(self, shards=None):
         """`shards` (name -> this rank's fp32 flat shard of a DTensor parameter), or buffers
