@@ -384,7 +384,8 @@ class ParamSync:
     def _share_masters(self, bindings):
         """Where this process runs the one rank of a job of one, or one rank of FSDP2's rows,
         each parameter that can be becomes a view of its master (of its shard under FSDP2)."""
-        candidates = [b for b in bindings if b.master is None]
+        # fp32 ones read in place (a staged one, bf16 say, cannot be a view of its master)
+        candidates = [b for b in bindings if b.master is None and b.staging is None]
         if not candidates:
             return
         engine = self._engine
