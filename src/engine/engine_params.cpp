@@ -152,8 +152,7 @@ expected<tensor_span> engine::master_of(const std::string& name) {
   if (i < 0)
     return error{errc::unknown_parameter, "master_of(): no parameter '" + name + "'"};
   if (job.local != 1)
-    return error{errc::unsupported, "master_of(): this process runs "
-                                        + std::to_string(job.local)
+    return error{errc::unsupported, "master_of(): this process runs " + std::to_string(job.local)
                                         + " ranks: the master of '" + name
                                         + "' has no one place in it"};
   const int rank = job.first_rank;
