@@ -192,6 +192,31 @@ def profile_steps(key, opts, backward, dir_):
         f.write(text.getvalue())
 
 
+def timeline_step(key, opts, backward, dir_):
+    """One more step with zmuon's own call timing on (CUDA events around each backend call, no
+    profiler in the process): DIR/<key>.calls.json (`bench/dev/trace_gaps.py` reads it) and the
+    step's host wall time beside it. Only zmuon's optimizers time their calls."""
+    timed = [o for o in opts if hasattr(o, "time_calls")]
+    if not timed:
+        return
+    os.makedirs(dir_, exist_ok=True)
+    backward()
+    torch.cuda.synchronize()
+    for o in timed:
+        o.time_calls(True)
+    t0 = time.perf_counter()
+    for o in opts:
+        o.step()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    path = os.path.join(dir_, f"{key}.calls.json")
+    timed[0].write_call_timeline(path)
+    for o in timed:
+        o.time_calls(False)
+    print(f"# {key}: the timed step took {1e3 * wall:.3f} ms of host wall time; its calls: "
+          f"{path}", flush=True)
+
+
 def forward_backward(model, opts, zero_kwargs, x, y):
     """One training step's gradients: zero_grad, the bf16-autocast forward, the loss, backward."""
     for o in opts:
@@ -244,6 +269,9 @@ def run(key, args, spec, batch):
     if args.profile:
         profile_steps(key + ("-fsdp" if args.fsdp else "") + "-" + args.model, opts, backward,
                       args.profile)
+    if args.timeline:
+        timeline_step(key + ("-fsdp" if args.fsdp else "") + "-" + args.model, opts, backward,
+                      args.timeline)
     row = dict(label=label, opt_ms=1e3 * median(opt_only), step_ms=1e3 * median(whole),
                loss=loss.item(), used_gib=(free0 - free1) / 2**30,
                torch_peak_gib=torch.cuda.max_memory_allocated() / 2**30)
@@ -315,6 +343,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=6)
     ap.add_argument("--markdown", help="append the table to this file")
     ap.add_argument("--profile", metavar="DIR", help="also profile each optimizer's step into DIR")
+    ap.add_argument("--timeline", metavar="DIR",
+                    help="also time one step of zmuon's backend calls into DIR (CUDA events, no "
+                         "profiler: its host gaps undistorted)")
     ap.add_argument("--curve", type=int, metavar="N",
                     help="the loss over N steps of fresh batches instead of the timings")
     ap.add_argument("--zmuon-set", action="append", default=[], metavar="KEY=VALUE",

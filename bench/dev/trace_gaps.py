@@ -2,16 +2,18 @@
 <key>.trace.json that `peers_step.py --profile DIR` writes): the span from the first host event to
 the last GPU event, the time some kernel or copy runs (the union over streams), the gaps where
 none runs with the kernels around them and the host calls that overlap them, and the kernel time
-by name.
+by name. Also reads zmuon's own call timeline (`peers_step.py --timeline DIR`: <key>.calls.json,
+each backend call's span between two CUDA events, no profiler in the process).
 
     python3 bench/dev/trace_gaps.py DIR/zmuon-auto-gpt2.trace.json [--gap-us 15] [--top 25]
+    python3 bench/dev/trace_gaps.py DIR/zmuon-auto-gpt2.calls.json
 """
 
 import argparse
 import collections
 import json
 
-GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "call"}  # "call": zmuon's call timeline
 
 
 def load(path):
