@@ -249,7 +249,8 @@ public:
   /// the store's own buffer (host memory, or device memory on the cuda backend: `space` and
   /// `device` say which), valid until the engine ends. The whole parameter in a job of one
   /// rank; else the rank's shard of it, elements [rank * shard_len, + valid) of the flattened
-  /// tensor (FSDP2's local shard under the rows layout), possibly empty. A caller that makes
+  /// tensor (FSDP2's local shard under the rows layout), possibly empty, followed by the
+  /// shard's padding up to shard_len (rows layout: ceil(rows / world) rows). A caller that makes
   /// its tensor a view of it has the step write the tensor in place (nothing to gather), and
   /// its own writes between steps are the values the next step starts from; the engine
   /// writes it only inside step() and the loads (load_state, load_checkpoint,

@@ -211,7 +211,8 @@ ZMUON_API int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank,
  * into the engine's own buffer (host memory, or memory of CUDA device out->device), valid until
  * zmuon_engine_destroy; out->name is `name`. The whole parameter in a job of one rank, else the
  * rank's shard (elements [rank * shard_len, + out->numel) of the flattened tensor, possibly
- * none). A tensor made a view of it is written in place by each step (nothing to gather), and
+ * none), followed by the shard's padding up to shard_len elements (zmuon.shard_layout "rows":
+ * ceil(rows / world) rows, FSDP2's padded shard). A tensor made a view of it is written in place by each step (nothing to gather), and
  * what the caller writes there between steps is what the next step starts from. A process of
  * several ranks: ZMUON_UNSUPPORTED. */
 ZMUON_API int zmuon_engine_master(zmuon_engine* eng, const char* name, zmuon_tensor* out);
