@@ -212,9 +212,9 @@ ZMUON_API int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank,
  * zmuon_engine_destroy; out->name is `name`. The whole parameter in a job of one rank, else the
  * rank's shard (elements [rank * shard_len, + out->numel) of the flattened tensor, possibly
  * none), followed by the shard's padding up to shard_len elements (zmuon.shard_layout "rows":
- * ceil(rows / world) rows, FSDP2's padded shard). A tensor made a view of it is written in place by each step (nothing to gather), and
- * what the caller writes there between steps is what the next step starts from. A process of
- * several ranks: ZMUON_UNSUPPORTED. */
+ * ceil(rows / world) rows, FSDP2's padded shard). A tensor made a view of it is written in place by
+ * each step (nothing to gather), and what the caller writes there between steps is what the next
+ * step starts from. A process of several ranks: ZMUON_UNSUPPORTED. */
 ZMUON_API int zmuon_engine_master(zmuon_engine* eng, const char* name, zmuon_tensor* out);
 /* One optimizer step over everything handed over since the last one. `out` may be NULL. */
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
