@@ -382,6 +382,12 @@ def _tensor_array(entries, what="gradient name"):
     return arr
 
 
+def _check_rank(rank):
+    """ctypes would wrap a rank past int32 (2**32 became rank 0): refused by value instead."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not -2**31 <= rank < 2**31:
+        raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
+
+
 class Engine:
     """The engine behind the C ABI, one method per C function. Buffers are given as
     (name, data pointer, numel, device) tuples, device = HOST or a CUDA ordinal."""
@@ -470,9 +476,7 @@ class Engine:
     def reduce(self, rank, entries, stream=None):
         """`stream`: the CUDA stream (cudaStream_t as an int) the device gradients were written
         on; the engine then orders its reads after it, and it after the reads (no waiting)."""
-        # ctypes would wrap a rank past int32 (2**32 became rank 0): refused by value instead.
-        if isinstance(rank, bool) or not isinstance(rank, int) or not -2**31 <= rank < 2**31:
-            raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
+        _check_rank(rank)
         if stream is None:
             _check(_lib.zmuon_engine_reduce(self._h(), rank, _tensor_array(entries),
                                             len(entries)))
@@ -494,8 +498,7 @@ class Engine:
     def hand_over_reduced(self, rank, entries, stream=None):
         """Rank `rank`'s part of a gradient already averaged over the ranks (DDP, FSDP2): each
         entry the whole averaged tensor or the rank's shard alone; no reduce-scatter."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not -2**31 <= rank < 2**31:
-            raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
+        _check_rank(rank)
         _check(_lib.zmuon_engine_hand_over_reduced(self._h(), rank, _tensor_array(entries),
                                                    len(entries), ctypes.c_void_p(stream or 0)))
 
@@ -504,8 +507,7 @@ class Engine:
         """reduce() (reduced False) or hand_over_reduced() (True), stream-ordered on `stream`;
         kept_until_step: the caller keeps every device gradient as it is until step() returns
         (zmuon_engine_hand_over's ZMUON_HAND_OVER_KEPT_UNTIL_STEP)."""
-        if isinstance(rank, bool) or not isinstance(rank, int) or not -2**31 <= rank < 2**31:
-            raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
+        _check_rank(rank)
         flags = (HAND_OVER_REDUCED if reduced else 0) \
             | (HAND_OVER_KEPT_UNTIL_STEP if kept_until_step else 0)
         _check(_lib.zmuon_engine_hand_over(self._h(), rank, _tensor_array(entries), len(entries),

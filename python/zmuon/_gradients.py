@@ -57,18 +57,15 @@ class Gradients:
             rank = self._first_rank
         entries, keep = self._entries(grads)
         stream = torch_stream(keep)
-        on_device = any(device != HOST for _, _, _, device in entries)
-        if stream is None and on_device:
+        if stream is None and any(device != HOST for _, _, _, device in entries):
             synchronize_torch(keep)  # the gradients must be written before the engine reads them
         reduced = self._mode != _distributed.PLAIN  # averaged over the processes already
-        if kept and stream is not None:
-            self._engine.hand_over(rank, entries, stream, reduced, kept_until_step=True)
-        elif not reduced:
+        if stream is not None and (kept or reduced):  # stream-ordered, the default stream too
+            self._engine.hand_over(rank, entries, stream, reduced, kept_until_step=kept)
+        elif reduced:  # DDP, FSDP2 across devices: read during the call
+            self._engine.hand_over_reduced(rank, entries)
+        else:
             self._engine.reduce(rank, entries, stream=stream)
-        else:  # DDP, FSDP2: no second reduce
-            if stream == 0 and on_device:
-                synchronize_torch(keep)  # the C call takes no stream as "read now"
-            self._engine.hand_over_reduced(rank, entries, stream=stream)
         self._started = True
         if 0 <= rank - self._first_rank < len(self._micro):
             self._micro[rank - self._first_rank] += 1

@@ -209,7 +209,7 @@ class Binding:
         master = self.master
         if master is None:
             return False
-        local = self.param if self.whole else local_of(self.param)
+        local = self.local
         return local.data_ptr() == master.data_ptr() and local.dtype == master.dtype \
             and local.shape == master.shape
 
@@ -394,8 +394,10 @@ class ParamSync:
                 (self._mode == _distributed.PLAIN and self._node is None and engine.world == 1)
                 or (self._mode == _distributed.FSDP and self._mesh is None
                     and len(self._micro) == 1))
-            # every master of this process lives in its one rank's memory
-            engine._master_device = engine.master(candidates[0].name)[2] if shares else None
+            # every master of this process lives in its one rank's memory, each in one place
+            # until the engine closes: asked once a parameter
+            engine._masters = {}
+            engine._master_device = self._master_of(candidates[0].name)[2] if shares else None
             if shares:
                 engine.before_close(lambda bs=self._bindings, mode=self._mode:
                                     _own_storages(bs.values(), mode))
@@ -403,10 +405,17 @@ class ParamSync:
             return
         fsdp = _distributed.fsdp_params() if self._mode == _distributed.FSDP else {}
         for b in candidates:
-            ptr, numel, device = engine.master(b.name)
+            ptr, numel, device = self._master_of(b.name)
             span = b.shareable(engine._master_device, numel, fsdp, engine.world) if numel else 0
             if span:
                 b.share_master(master_view(ptr, span, device, (span,)), fsdp)
+
+    def _master_of(self, name):
+        """engine.master(name), asked once an engine."""
+        masters = self._engine._masters
+        if name not in masters:
+            masters[name] = self._engine.master(name)
+        return masters[name]
 
     def _mesh_shards(self, shards=None):
         """`shards` (name -> this rank's fp32 flat shard of a DTensor parameter), or buffers

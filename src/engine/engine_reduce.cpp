@@ -120,7 +120,6 @@ struct packer {
     }
     if (read_in_store) {
       msg.pieces = std::make_shared<const std::vector<copy_piece>>(std::move(device_pieces));
-      read_on_device = true;
     } else if (!device_pieces.empty()) {
       be.copy_pieces(msg.device_data->data(), device_pieces);
       read_on_device = true;
