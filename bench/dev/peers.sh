@@ -35,7 +35,7 @@ for lib in libcublas.so.13 libnccl.so.2; do  # wherever that machine keeps them
   [[ -n "$found" ]] && cuda_dirs+=":$(dirname "$found")"
 done
 export LD_LIBRARY_PATH="$work/lib:$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export ZMUON_LIBRARY="$work/lib/libzmuon.so" PYTHONPATH="$root/python"
+export ZMUON_LIBRARY="${ZMUON_LIBRARY:-$work/lib/libzmuon.so}" PYTHONPATH="${ZMUON_PYTHON:-$root/python}"
 echo "Dion $(cat .carry/dion/REVISION 2>/dev/null)" | tee "$out/peers.md"
 status=0
 for run in ${PEERS_RUNS:-gpt2 gpt2-fsdp llama1b}; do

@@ -3,7 +3,8 @@
 the last GPU event, the time some kernel or copy runs (the union over streams), the gaps where
 none runs with the kernels around them and the host calls that overlap them, and the kernel time
 by name. Also reads zmuon's own call timeline (`peers_step.py --timeline DIR`: <key>.calls.json,
-each backend call's span between two CUDA events, no profiler in the process).
+each backend call's span between two CUDA events, no profiler in the process, and the engine
+calls' host spans beside them).
 
     python3 bench/dev/trace_gaps.py DIR/zmuon-auto-gpt2.trace.json [--gap-us 15] [--top 25]
     python3 bench/dev/trace_gaps.py DIR/zmuon-auto-gpt2.calls.json
@@ -58,7 +59,12 @@ def main():
     print(f"span {1e-3 * (end - start):.3f} ms from the first host event to the last GPU event; "
           f"GPU busy {1e-3 * busy_us:.3f} ms; idle {1e-3 * (end - start - busy_us):.3f} ms "
           f"(before the first GPU event {1e-3 * (busy[0][0] - start):.3f})")
-    runtime = [e for e in host if e.get("cat") == "cuda_runtime"]
+    engine_calls = sorted((e for e in host if e.get("cat") == "host"), key=lambda e: e["ts"])
+    if engine_calls:  # zmuon's timeline: its engine calls' host time beside the device's
+        print("\n## engine calls on the host (ms from the span's start)")
+        for e in engine_calls:
+            print(f"{1e-3 * (e['ts'] - start):8.3f} +{1e-3 * e['dur']:7.3f} ms  {e['name']}")
+    runtime = [e for e in host if e.get("cat") in ("cuda_runtime", "host")]
     print(f"\n## gaps of at least {args.gap_us:g} us (ms from the span's start)")
     prev_end, prev_name = start, "(step begins)"
     for s, t in busy:

@@ -27,8 +27,10 @@ using call_times = std::map<std::string, call_time>;
 /// host's steady clock (CUDA: the call's device events, mapped onto that clock through an event
 /// recorded on an idle stream, to within the few microseconds such an event takes to pass), and
 /// the track it ran on: 0 the rank's main stream (host: the calling thread), 1.. CUDA's
-/// Newton-Schulz lanes.
+/// Newton-Schulz lanes, kHostTrack an engine call on the caller's thread (its host time, beside
+/// the device's).
 struct call_span {
+  static constexpr int kHostTrack = -1;
   std::string name;
   int track = 0;
   double start_ms = 0.0;
@@ -37,8 +39,9 @@ struct call_span {
 
 /// Calls by rank as Chrome Trace Event JSON, which Perfetto (ui.perfetto.dev) and
 /// chrome://tracing open: a process per rank, a thread per track ("main stream", "NS lane i";
-/// "host calls" when not `cuda`), an "X" slice per call, times in microseconds of each rank's
-/// own clock from its first call.
+/// "host calls" when not `cuda`; "engine calls" for kHostTrack, category "host", the others
+/// "call"), an "X" slice per call, times in microseconds of each rank's own clock from its
+/// first call.
 std::string call_timeline_json(const std::map<int, std::vector<call_span>>& by_rank, bool cuda);
 
 }  // namespace zmuon

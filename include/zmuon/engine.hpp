@@ -216,8 +216,14 @@ public:
   error reduce_all(const std::vector<std::vector<tensor_view>>& grads);
 
   /// One optimizer step over everything handed over since the last step. Every rank must have
-  /// handed over the same number of micro-batches (at least one).
+  /// handed over the same number of micro-batches (at least one). Returns once the step's work
+  /// has finished.
   expected<step_info> step();
+  /// The same, stream-ordered on the caller's CUDA stream (cudaStream_t; null: the default
+  /// stream), as torch.optim's steps are: it returns once the step is decided (the vote) and its
+  /// device work enqueued, and the work queued on `cuda_stream` from then on waits for that work
+  /// on the device. The host's reads (parameters(), snapshot(), checkpoints) wait themselves.
+  expected<step_info> step(void* cuda_stream);
 
   /// The full fp32 parameters, gathered from the shards of all ranks.
   expected<tensor_map> parameters();
@@ -377,6 +383,9 @@ private:
                          int shard_of = -1);
   struct impl;
   std::unique_ptr<impl> impl_;
+
+  /// step() (no stream: answered once the work has finished) and step(cuda_stream).
+  expected<step_info> run_step(std::optional<void*> cuda_stream);
   friend struct engine_access;  // the engine's internal hooks (src/engine/)
 };
 

@@ -216,8 +216,16 @@ ZMUON_API int zmuon_engine_load_shard_params(zmuon_engine* eng, int32_t rank,
  * each step (nothing to gather), and what the caller writes there between steps is what the next
  * step starts from. A process of several ranks: ZMUON_UNSUPPORTED. */
 ZMUON_API int zmuon_engine_master(zmuon_engine* eng, const char* name, zmuon_tensor* out);
-/* One optimizer step over everything handed over since the last one. `out` may be NULL. */
+/* One optimizer step over everything handed over since the last one. `out` may be NULL. Returns
+ * once the step's work has finished. */
 ZMUON_API int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out);
+/* The same, stream-ordered on the CUDA stream `cuda_stream` (cudaStream_t; NULL: the default
+ * stream), as PyTorch's optimizer steps: returns once the step is decided and its
+ * device work enqueued (`out` is complete then), and the work queued on `cuda_stream` afterwards
+ * waits for that work on the device. The engine's own reads of parameters and state wait
+ * themselves. */
+ZMUON_API int zmuon_engine_step_on_stream(zmuon_engine* eng, void* cuda_stream,
+                                          zmuon_step_info* out);
 /* Writes the full parameters named in `params` into their buffers. */
 ZMUON_API int zmuon_engine_gather_params(zmuon_engine* eng, const zmuon_tensor* params, size_t n);
 /* The same, stream-ordered for device buffers used on the CUDA stream `cuda_stream` (NULL: the

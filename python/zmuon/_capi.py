@@ -249,6 +249,8 @@ def _load():
                                                    c_size]),
         "zmuon_engine_master": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(Tensor)]),
         "zmuon_engine_step": (c_int, [eng_p, ctypes.POINTER(StepInfo)]),
+        "zmuon_engine_step_on_stream": (c_int, [eng_p, ctypes.c_void_p,
+                                                ctypes.POINTER(StepInfo)]),
         "zmuon_engine_gather_params": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size]),
         "zmuon_engine_gather_params_on_stream": (c_int, [eng_p, ctypes.POINTER(Tensor), c_size,
                                                          ctypes.c_void_p]),
@@ -367,10 +369,16 @@ def _path(value, what):
 
 
 _NAMES = {}  # name -> its checked C string: the same names come every step
+_ARRAYS = {}  # (what, count) -> the last entries and their array: most steps repeat them
 
 
 def _tensor_array(entries, what="gradient name"):
-    """entries: (name, data pointer, numel, device) tuples -> a ctypes array (names kept alive)."""
+    """entries: (name, data pointer, numel, device) tuples -> a ctypes array (names kept alive).
+    The C functions only read it during the call: the same entries get the same array."""
+    key = (what, len(entries))
+    last = _ARRAYS.get(key)
+    if last is not None and last[0] == entries:
+        return last[1]
     arr = (Tensor * max(len(entries), 1))()
     for i, (name, ptr, numel, device) in enumerate(entries):
         text = _NAMES.get(name) if type(name) is str else None
@@ -379,6 +387,8 @@ def _tensor_array(entries, what="gradient name"):
             if len(_NAMES) < 1 << 20:
                 _NAMES[name] = text
         arr[i] = Tensor(text, ptr, numel, device)
+    if key in _ARRAYS or len(_ARRAYS) < 64:
+        _ARRAYS[key] = (list(entries), arr)
     return arr
 
 
@@ -539,9 +549,16 @@ class Engine:
         return out.data, out.numel, out.device
 
     @_tracked
-    def step(self):
+    def step(self, stream=None):
+        """`stream`: the CUDA stream (cudaStream_t as an int, 0 the default one) to order the
+        step on: it returns once the step is decided and enqueued, and that stream's later work
+        waits for it on the device (zmuon_engine_step_on_stream). None: returns once it ran."""
         info = StepInfo()
-        _check(_lib.zmuon_engine_step(self._h(), ctypes.byref(info)))
+        if stream is None:
+            _check(_lib.zmuon_engine_step(self._h(), ctypes.byref(info)))
+        else:
+            _check(_lib.zmuon_engine_step_on_stream(self._h(), ctypes.c_void_p(stream),
+                                                    ctypes.byref(info)))
         return info.as_dict()
 
     @_tracked

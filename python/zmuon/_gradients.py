@@ -20,7 +20,7 @@ def _as_is(name, g, shape, host_staging, torch):
         return (name, g.data_ptr(), g.numel(), HOST) if g.device.type == "cpu" else None
     if host_staging:
         return None
-    return (name, g.data_ptr(), g.numel(), g.device.index or 0)
+    return (name, g.data_ptr(), g.numel(), g.get_device())
 
 
 def _engine_readable(g, host_staging):

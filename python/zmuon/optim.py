@@ -36,7 +36,7 @@ otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-ove
 import math
 
 from . import _capi, _construction, _distributed, _groups, _mesh, _param_groups, _state
-from ._buffers import buffer_of, is_torch, synchronize_torch
+from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
 from ._capi import BadState, InvalidArgument, Unsupported
 from ._construction import Construction
 from ._gradients import Gradients
@@ -204,7 +204,9 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
             if loss is not None and self._host_engine:
                 value = loss.detach() if hasattr(loss, "detach") else loss
                 _capi.log_loss(self._engine, float(value))  # for the step's metrics record
-            info = self._engine.step()
+            # On the device, stream-ordered as torch.optim's steps: PyTorch's current stream
+            # waits for the step's work, and step() returns once that work is enqueued.
+            info = self._engine.step(torch_stream(kept) if kept else None)
         except BaseException:
             if kept:  # no read of them may be left queued once the caller may free them
                 synchronize_torch(kept)

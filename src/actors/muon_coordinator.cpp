@@ -64,6 +64,7 @@ struct step_work {
   std::vector<slot> order;
   size_t next_slot = 0;
   size_t applied = 0;
+  enum { unsent, sent, done } scalar = unsent;  // 5., sent beside the last chunk's NS
   int64_t ns_before = 0;
 };
 
@@ -336,7 +337,8 @@ void transform_in_store(coord_pointer self, int c);    //   NorMuon (store)
 void ns_finished(coord_pointer self, int c);           //   the update off to the comm
 void scatter(coord_pointer self, int c);               //   scatter the update
 void apply(coord_pointer self, int c);                 //   apply (store)
-void finish(coord_pointer self);                       // 5-6
+void scalar_rule(coord_pointer self);                  // 5
+void finish(coord_pointer self);                       // 6
 void answer(coord_pointer self);                       // 7
 template <class Then>
 void clip_qk(coord_pointer self, Then then);
@@ -441,11 +443,12 @@ void advance(coord_pointer self) {
         return;
       gather(self, s.chunk);
     } else {
-      // A scatter goes out once the chunk before it is applied (its update enqueued): on a
-      // device that update then runs beside this chunk's NS instead of after this scatter,
-      // which waits for the NS.
+      // A scatter goes out once the chunk before it is applied (its update enqueued), and
+      // once the non-Muon rule, if sent, is enqueued: on a device that work then runs beside
+      // this chunk's NS instead of after this scatter, which waits for the NS.
       if (cw.at != chunk_work::ns_done
-          || (s.chunk > 0 && w.chunks[s.chunk - 1].at != chunk_work::applied))
+          || (s.chunk > 0 && w.chunks[s.chunk - 1].at != chunk_work::applied)
+          || w.scalar == step_work::sent)
         return;
       scatter(self, s.chunk);
     }
@@ -521,6 +524,8 @@ void orthogonalize(coord_pointer self, int c) {
   ns.add_params(st.own[c].ns_params);
   st.work->result.ns_params += static_cast<int32_t>(st.own[c].ns_params.size());
   ns.end();  // on a GPU: the time to enqueue; the NS itself ends before gpu_done
+  if (c + 1 == static_cast<int>(st.pl->chunks.size()))
+    scalar_rule(self);  // 5., beside this NS
   if (transform_due(st, c)) {
     transform_in_store(self, c);
     return;
@@ -595,17 +600,39 @@ void apply(coord_pointer self, int c) {
 
 // -- 5-7. the non-Muon rule, MuonClip, answer -----------------------------------------------------
 
-// 5. The non-Muon rule on every non-Muon shard, with the values unscale_clip carried.
-void finish(coord_pointer self) {
-  auto& st = self->state;
-  ask<ack>(self, st.peers.store, adamw_step{st.work->req.step}, [=](ack&) {
-    clip_qk(self, [=] { answer(self); });  // 6. MuonClip
+// 5. The non-Muon rule on every non-Muon shard, with the values unscale_clip carried. Sent once
+// the last chunk's NS is enqueued (at once without Muon chunks), and that chunk's scatter waits
+// for its answer: its shards are not the NS's memory, so on a device it runs beside that NS
+// instead of after the scatter, which waits for the NS, and no gather queues behind it.
+void scalar_rule(coord_pointer self) {
+  auto& w = *self->state.work;
+  if (w.scalar != step_work::unsent)
+    return;
+  w.scalar = step_work::sent;
+  ask<ack>(self, self->state.peers.store, adamw_step{w.req.step}, [=](ack&) {
+    self->state.work->scalar = step_work::done;
+    advance(self);  // the last scatter, now queued behind it
+    finish(self);
   });
 }
 
-// 7. The gradient marked zero once the step's kernels have finished; the step answered.
+// 6. MuonClip, once every chunk is applied and the non-Muon rule done.
+void finish(coord_pointer self) {
+  auto& w = *self->state.work;
+  if (w.applied != w.chunks.size())
+    return;
+  if (w.scalar != step_work::done) {
+    scalar_rule(self);
+    return;
+  }
+  clip_qk(self, [=] { answer(self); });
+}
+
+// 7. The gradient marked zero; the step answered once its kernels have finished, or once they
+// are enqueued where the host orders its own stream after them.
 void answer(coord_pointer self) {
-  ask<ack>(self, self->state.peers.store, finish_step{self->state.work->req.step}, [=](ack&) {
+  const auto& req = self->state.work->req;
+  ask<ack>(self, self->state.peers.store, finish_step{req.step, !req.enqueued}, [=](ack&) {
     auto& st = self->state;
     auto& w = *st.work;
     w.result.ns_matrices = st.be->ns_matrix_count() - w.ns_before;

@@ -19,7 +19,8 @@
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
 //        moves from the owner to the receiving store so that NS's output travels unscaled.
 //        Each Muon parameter is a list of NS blocks (plan.hpp, muon_block), each with its owner
-//     5. adamw_step      store: each group's non-Muon rule on every non-Muon shard
+//     5. adamw_step      store: each group's non-Muon rule on every non-Muon shard, sent
+//                        once the last chunk's NS is enqueued (it runs beside that NS)
 //     6. MuonClip        pairs: a max all-reduce of the query heads' logits, then
 //                        qk_clip_scale (store) on this rank's shard of the clipped heads
 //     7. finish_step     store: the gradient marked zero; answer the result

@@ -548,9 +548,13 @@ caf::error set_params(store_state& st, const load_params& msg) {
 }
 
 /// finish_step: the gradient marked zero; answered once the step's kernels have finished (so
-/// that the host's step time is the GPU's), through gpu_done.
-caf::result<ack> finish(store_pointer self, uint64_t step) {
+/// that the host's step time is the GPU's), through gpu_done, or at once (`when_done` false:
+/// the host orders its stream after them).
+caf::result<ack> finish(store_pointer self, const finish_step& msg) {
+  const uint64_t step = msg.step;
   forget_gradient(self);
+  if (!msg.when_done)
+    return ack{step};
   auto& finishing = self->state.finishing;
   finishing.push_back(self->make_response_promise<ack>());
   auto promise = finishing.back();
@@ -634,7 +638,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](finish_step& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
-        return finish(self, msg.step);
+        return finish(self, msg);
       },
       [=](gpu_done& msg) { on_gpu_done(self, msg); },
       [=](qk_clip_scale& msg) -> caf::result<ack> { return scale_clipped_heads(self, msg); },

@@ -53,12 +53,14 @@ int zmuon_engine_reduce_all(zmuon_engine* eng, const zmuon_tensor* const* grads,
   });
 }
 
-int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
-  const char* fn = "zmuon_engine_step";
+namespace {
+
+int run_step(const char* fn, zmuon_engine* eng, std::optional<void*> cuda_stream,
+             zmuon_step_info* out) {
   return on_engine(fn, eng, [&]() -> zmuon::error {
     if (eng->job)
       eng->job->before_step();
-    auto info = eng->eng->step();
+    auto info = cuda_stream ? eng->eng->step(*cuda_stream) : eng->eng->step();
     if (!info)
       return info.err();
     if (eng->job)
@@ -77,6 +79,16 @@ int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
     }
     return {};
   });
+}
+
+}  // namespace
+
+int zmuon_engine_step(zmuon_engine* eng, zmuon_step_info* out) {
+  return run_step("zmuon_engine_step", eng, std::nullopt, out);
+}
+
+int zmuon_engine_step_on_stream(zmuon_engine* eng, void* cuda_stream, zmuon_step_info* out) {
+  return run_step("zmuon_engine_step_on_stream", eng, cuda_stream, out);
 }
 
 int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,

@@ -6,6 +6,7 @@
 #include "engine/job.hpp"
 #include "engine/lifecycle.hpp"
 #include "engine/registry.hpp"
+#include "engine/views.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -348,11 +349,23 @@ error engine::impl::start_locked() {
 }
 
 expected<step_info> engine::step() {
+  return run_step(std::nullopt);
+}
+
+expected<step_info> engine::step(void* cuda_stream) {
+  return run_step(cuda_stream);
+}
+
+expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   auto& d = *impl_;
   auto& job = *d.job;
   auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
+  std::vector<compute_backend*> backends;
+  for (auto& r : job.ranks)
+    backends.push_back(r.backend.get());
+  const host_call_timer timed(std::move(backends), "step");
   for (int i = 0; i < job.local; ++i)
     if (hand.micros[i] != hand.micros[0])
       return error{errc::bad_state, "rank " + std::to_string(job.first_rank + i) + " handed over "
@@ -384,6 +397,7 @@ expected<step_info> engine::step() {
   if (!touched)
     return d.stop(touched.err(), engine_lifecycle::in_step(step));
   step_request req{step, std::move(*groups), std::move(*touched)};
+  req.enqueued = cuda_stream.has_value();
   // Every coordinator gets its request before any reply is awaited: the step's collectives
   // need all ranks.
   caf::scoped_actor self{*job.sys};
@@ -432,6 +446,11 @@ expected<step_info> engine::step() {
     info.ns_matrices += res.ns_matrices;
   }
   job.skipped_steps += info.skipped ? 1 : 0;
+  // The caller's later work after the step's, on the device (the step answered on enqueue).
+  for (int i = 0; cuda_stream && i < job.local; ++i)
+    if (auto err = on_backend("step", job.first_rank + i,
+                              [&] { job.ranks[i].backend->make_stream_wait(*cuda_stream); }))
+      return d.stop(err, engine_lifecycle::in_step(step));
   return info;
 }
 

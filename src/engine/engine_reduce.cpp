@@ -217,6 +217,7 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   const auto& pl = *d.registry->pl;
   const int local = rank - job.first_rank;
   compute_backend& be = *job.ranks[local].backend;
+  const host_call_timer timed(be, "hand_over");
   // 1. Everything is checked before anything is sent.
   packer pack(pl, be, hand.packed[local], reduced ? rank : 0, reduced ? rank + 1 : pl.world);
   if (auto err = index_views(pl, job.opts, grads, "gradient of", "gradient for", pack.source,

@@ -100,17 +100,21 @@ std::string call_timeline_json(const std::map<int, std::vector<call_span>>& by_r
       origin = std::min(origin, s.start_ms);
       tracks.insert(s.track);
     }
+    auto track_name = [&](int t) {
+      return t == call_span::kHostTrack ? std::string("engine calls")
+             : t == 0                   ? first_track
+                                        : "NS lane " + std::to_string(t - 1);
+    };
     for (int t : tracks)
-      events.push_back(
-          {{"ph", "M"},
-           {"name", "thread_name"},
-           {"pid", rank},
-           {"tid", t},
-           {"args", {{"name", t == 0 ? first_track : "NS lane " + std::to_string(t - 1)}}}});
+      events.push_back({{"ph", "M"},
+                        {"name", "thread_name"},
+                        {"pid", rank},
+                        {"tid", t},
+                        {"args", {{"name", track_name(t)}}}});
     for (const call_span& s : spans)
       events.push_back({{"ph", "X"},
                         {"name", s.name},
-                        {"cat", "call"},
+                        {"cat", s.track == call_span::kHostTrack ? "host" : "call"},
                         {"pid", rank},
                         {"tid", s.track},
                         {"ts", (s.start_ms - origin) * 1e3},

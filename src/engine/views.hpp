@@ -2,9 +2,12 @@
 // can use) and backend calls made on the caller's thread (on_backend). Internal: not installed.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kernels/compute.hpp"
 #include "plan/ownership.hpp"
 #include "plan/plan.hpp"
 #include "zmuon/engine.hpp"
@@ -24,6 +27,26 @@ error on_backend(const char* call, int rank, Body&& body) {
             std::string(call) + "(): rank " + std::to_string(rank) + ": " + e.what()};
   }
 }
+
+/// An engine call's host time on the caller's thread, in each backend's timeline while timing
+/// is on (compute_backend::time_host_call): how the host's work lines up with the device's.
+class host_call_timer {
+public:
+  host_call_timer(compute_backend& be, const char* name) : host_call_timer({&be}, name) {}
+  host_call_timer(std::vector<compute_backend*> backends, const char* name)
+      : backends_(std::move(backends)), name_(name), start_ns_(compute_backend::steady_ns()) {}
+  host_call_timer(const host_call_timer&) = delete;
+  host_call_timer& operator=(const host_call_timer&) = delete;
+  ~host_call_timer() {
+    for (compute_backend* be : backends_)
+      be->time_host_call(name_, start_ns_);
+  }
+
+private:
+  std::vector<compute_backend*> backends_;
+  const char* name_;
+  int64_t start_ns_;
+};
 
 /// Device buffers (memory_space::cuda) need the cuda compute backend; the engine then copies
 /// from and to them on the rank's stream (reduce(): engine_reduce.cpp; gather_params: the

@@ -61,6 +61,17 @@ std::vector<call_span> compute_backend::last_call_spans() const {
   return last_spans_;
 }
 
+void compute_backend::time_host_call(const char* name, int64_t start_ns) {
+  if (!timing_.load())
+    return;
+  const int64_t end_ns = steady_ns();
+  std::lock_guard<std::mutex> lock(times_mutex_);
+  if (period_spans_.size() < kKeptSpans)
+    period_spans_.push_back(call_span{name, call_span::kHostTrack,
+                                      static_cast<double>(start_ns - epoch_ns_) / 1e6,
+                                      static_cast<double>(end_ns - epoch_ns_) / 1e6});
+}
+
 void compute_backend::add_call(const char* name, int64_t start_ns, int64_t end_ns, int track) {
   end_ns = std::max(start_ns, end_ns);
   if (sink_)

@@ -379,6 +379,16 @@ public:
   /// period's later calls are summed but not kept).
   std::vector<call_span> last_call_spans() const;
   static constexpr size_t kKeptSpans = size_t{1} << 16;
+  /// While timing: the host span [start_ns, now) of an engine call named `name` on the caller's
+  /// thread, in the timeline (last_call_spans, track call_span::kHostTrack) beside the backend's
+  /// calls; not in the call times, not in the trace.
+  void time_host_call(const char* name, int64_t start_ns);
+  /// Now on the host's steady clock, in ns.
+  static int64_t steady_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
 
   /// One call as the message trace records it: its name, its track (call_span::track) and its
   /// times on the host's steady clock in ns (trace::now_ns's clock).
@@ -411,12 +421,6 @@ protected:
   bool timing_or_tracing() const { return timing_.load() || sink_ != nullptr; }
   /// One call ran from start_ns to end_ns (steady_ns's clock) on `track` (call_span).
   void add_call(const char* name, int64_t start_ns, int64_t end_ns, int track = 0);
-  /// Now on the host's steady clock, in ns.
-  static int64_t steady_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
   /// Times a call that runs to its end on the calling thread (the host backend's), when timing
   /// or tracing.
   class scoped_call_timer {

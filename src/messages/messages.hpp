@@ -297,9 +297,11 @@ struct adamw_step {
   uint64_t step = 0;
 };
 
-/// End of an applied step: zero the gradients.
+/// End of an applied step: zero the gradients. `when_done`: answered once the step's device
+/// work has finished; otherwise at once (the host orders its own stream after that work).
 struct finish_step {
   uint64_t step = 0;
+  bool when_done = true;
 };
 
 /// Host -> store: set this rank's parameter shard (initial values).
@@ -356,6 +358,8 @@ struct step_request {
   /// MuonClip: this rank's largest attention logit of the step per query head (plan::qk_values,
   /// -inf where none was reported); empty when the plan has no pair.
   std::vector<float> qk_logits = {};
+  /// Answered once the step's work is enqueued, not finished (engine::step(cuda_stream)).
+  bool enqueued = false;
 };
 
 struct step_result {
@@ -404,7 +408,7 @@ ZMUON_INSPECT(normuon_step, x.step, x.chunk, x.full)
 ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.out)
 ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.update)
 ZMUON_INSPECT(adamw_step, x.step)
-ZMUON_INSPECT(finish_step, x.step)
+ZMUON_INSPECT(finish_step, x.step, x.when_done)
 ZMUON_INSPECT(clip_range, x.offset, x.n, x.factor)
 ZMUON_INSPECT(qk_clip_scale, x.step, x.ranges)
 ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
@@ -417,7 +421,7 @@ ZMUON_INSPECT(restore_scaler, x.step, x.state)
 // A group's scalars (the NS options are not shown; the request never leaves its process).
 ZMUON_INSPECT(group_hparams, x.muon.lr, x.muon.momentum, x.muon.nesterov, x.muon.weight_decay,
               x.adamw.lr, x.adamw.beta1, x.adamw.beta2, x.adamw.eps, x.adamw.weight_decay)
-ZMUON_INSPECT(step_request, x.step, x.groups, x.touched, x.qk_logits)
+ZMUON_INSPECT(step_request, x.step, x.groups, x.touched, x.qk_logits, x.enqueued)
 // The table is shared within the process: shown by its size.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, unscale_clip& x) {

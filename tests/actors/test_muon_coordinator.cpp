@@ -225,8 +225,8 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   auto r = step(1);
   const std::vector<std::string> expected = {
       "reducer: flush 1",         "scaler: check_overflow 1", "store: unscale_clip 1",
-      "store: muon_momentum 1/0", "comm: gather 1/0",         "comm: scatter 1/0",
-      "store: apply_muon 1/0",    "store: adamw_step 1",      "store: finish_step 1"};
+      "store: muon_momentum 1/0", "comm: gather 1/0",         "store: adamw_step 1",
+      "comm: scatter 1/0",        "store: apply_muon 1/0",    "store: finish_step 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   double clip = 1.0 / (raw_norm + 1e-6);  // torch's clip_grad_norm_ coefficient
@@ -306,12 +306,33 @@ BOOST_AUTO_TEST_CASE(second_step_while_one_runs_is_refused) {
   BOOST_CHECK_EQUAL(flushes->calls.size(), 1u);  // the refused step started nothing
 }
 
+// The non-Muon rule goes out once the last chunk's NS is enqueued, and that chunk's scatter
+// only once the store has answered it (its kernels enqueued first: on a device they run beside
+// the NS, not behind the scatter, which waits for the NS).
+BOOST_AUTO_TEST_CASE(the_last_scatter_waits_for_the_non_muon_rule) {
+  start(kOneMatrix, 1, 1000, 0);
+  stored->hold_adamw = true;
+  auto r = step(1);
+  run();
+  BOOST_CHECK(!r->done);
+  BOOST_CHECK(lines_of("comm") == (std::vector<std::string>{"comm: gather 1/0"}));
+  BOOST_CHECK_EQUAL(stored->adamws.size(), 1u);
+  BOOST_CHECK(stored->applies.empty());
+  stored->answer_held(1);
+  run();
+  BOOST_CHECK(!value_of(r).skipped);
+  BOOST_CHECK(lines_of("comm")
+              == (std::vector<std::string>{"comm: gather 1/0", "comm: scatter 1/0"}));
+  BOOST_CHECK_EQUAL(stored->applies.size(), 1u);
+}
+
 BOOST_AUTO_TEST_CASE(peer_error_fails_the_step_and_the_next_step_runs) {
   start(kOneMatrix, 1, 1000, 0);
-  stored->fail_on = "apply_muon";
-  stored->fail_with = make_caf_error(errc::shape_mismatch, "apply refused by the test");
-  check_error(step(1), errc::shape_mismatch, "apply refused");
+  stored->fail_on = "muon_momentum";  // before anything is written: the rest never goes out
+  stored->fail_with = make_caf_error(errc::shape_mismatch, "momentum refused by the test");
+  check_error(step(1), errc::shape_mismatch, "momentum refused");
   BOOST_CHECK(stored->adamws.empty());
+  BOOST_CHECK(lines_of("comm").empty());
   stored->fail_on.clear();
   BOOST_CHECK(!value_of(step(2)).skipped);
 }
@@ -372,17 +393,20 @@ BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_ord
                                           "comm: scatter 1/1", "comm: scatter 1/2"};
   auto got = a2a();
   BOOST_CHECK_EQUAL_COLLECTIONS(got.begin(), got.end(), order.begin(), order.end());
-  for (int c = 0; c < 3; ++c) {  // each chunk: momentum < gather < scatter < apply < adamw
+  for (int c = 0; c < 3; ++c) {  // each chunk: momentum < gather < scatter < apply
     auto id = "1/" + std::to_string(c);
     BOOST_CHECK(position("store: muon_momentum " + id) < position("comm: gather " + id));
     BOOST_CHECK(position("comm: gather " + id) < position("comm: scatter " + id));
     BOOST_CHECK(position("comm: scatter " + id) < position("store: apply_muon " + id));
-    BOOST_CHECK(position("store: apply_muon " + id) < position("store: adamw_step 1"));
     if (c > 0)  // the update before the next scatter, which on a device waits for its NS
       BOOST_CHECK(position("store: apply_muon 1/" + std::to_string(c - 1))
                   < position("comm: scatter " + id));
   }
-  BOOST_CHECK(position("store: adamw_step 1") < position("store: finish_step 1"));
+  // The non-Muon rule goes out beside the last chunk's NS: after its gather, before its
+  // scatter (which waits for the rule's answer: its work enqueued before the scatter's).
+  BOOST_CHECK(position("comm: gather 1/2") < position("store: adamw_step 1"));
+  BOOST_CHECK(position("store: adamw_step 1") < position("comm: scatter 1/2"));
+  BOOST_CHECK(position("store: apply_muon 1/2") < position("store: finish_step 1"));
   BOOST_CHECK_EQUAL(value_of(r).ns_params, 3);
   check_updates();
 }
@@ -547,11 +571,11 @@ BOOST_AUTO_TEST_CASE(normuon_step_follows_ns_only_in_applied_steps) {
     return r;
   };
   auto r = step(req(1));
-  const std::vector<std::string> expected = {"reducer: flush 1",      "scaler: check_overflow 1",
-                                             "store: unscale_clip 1", "store: muon_momentum 1/0",
-                                             "comm: gather 1/0",      "store: normuon_step 1/0",
-                                             "comm: scatter 1/0",     "store: apply_muon 1/0",
-                                             "store: adamw_step 1",   "store: finish_step 1"};
+  const std::vector<std::string> expected = {"reducer: flush 1",        "scaler: check_overflow 1",
+                                             "store: unscale_clip 1",   "store: muon_momentum 1/0",
+                                             "comm: gather 1/0",        "store: adamw_step 1",
+                                             "store: normuon_step 1/0", "comm: scatter 1/0",
+                                             "store: apply_muon 1/0",   "store: finish_step 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   BOOST_CHECK(!value_of(r).skipped);

@@ -229,7 +229,8 @@ BOOST_AUTO_TEST_CASE(cpp_buffer_calls_check_everything_first) {
 
 // The stream-ordered reduce() checks as the plain one does, and host buffers are read during the
 // call either way (hand_over() kept until the step too: only device gradients are read in
-// place): the same steps give the same bits. zmuon_engine_hand_over names an unknown flag.
+// place); a stream-ordered step(stream) on the host backend is the plain step: the same steps
+// give the same bits. zmuon_engine_hand_over names an unknown flag.
 BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) {
   using views = std::vector<zmuon::tensor_view>;
   std::vector<float> g(24), b(6);
@@ -255,7 +256,9 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
         BOOST_REQUIRE_MESSAGE(!err, err.to_string());
         std::fill(g.begin(), g.end(), NAN);  // read during the call: this changes nothing
       }
-      BOOST_REQUIRE(eng.step());
+      auto info = how == on_stream_call ? eng.step(nullptr) : eng.step();
+      BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
+      BOOST_TEST(!info->skipped);
     }
     auto p = eng.parameters();
     BOOST_REQUIRE(p);
@@ -278,6 +281,8 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
   BOOST_TEST(zmuon_engine_reduce_on_stream(nullptr, 0, nullptr, 0, nullptr)
              == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::strstr(zmuon_last_error(), "zmuon_engine_reduce_on_stream") != nullptr);
+  BOOST_TEST(zmuon_engine_step_on_stream(nullptr, nullptr, nullptr) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "zmuon_engine_step_on_stream") != nullptr);
 }
 
 // zmuon_engine_master: in a job of one rank each parameter's master in the engine's own memory

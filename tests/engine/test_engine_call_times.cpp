@@ -78,15 +78,28 @@ BOOST_AUTO_TEST_CASE(a_step_counts_each_backend_call_as_often_as_the_protocol_ma
     auto spans = eng->backend_call_spans(r);
     BOOST_REQUIRE(spans);
     std::map<std::string, call_time> from_spans;
+    std::map<std::string, int> engine_calls;  // the caller's thread: this rank's reduce, the step
+    const call_span* step_span = nullptr;
     double last_start = 0.0;
     for (const call_span& s : *spans) {
       BOOST_TEST(s.start_ms >= last_start, s.name << " out of order");
       BOOST_TEST(s.end_ms >= s.start_ms);
-      BOOST_TEST(s.track == 0);  // the host backend: the calling thread
       last_start = s.start_ms;
+      if (s.track == call_span::kHostTrack) {
+        ++engine_calls[s.name];
+        if (s.name == "step")
+          step_span = &s;
+        continue;
+      }
+      BOOST_TEST(s.track == 0);  // the host backend: the calling thread
       ++from_spans[s.name].calls;
       from_spans[s.name].ms += s.end_ms - s.start_ms;
     }
+    BOOST_TEST((engine_calls == std::map<std::string, int>{{"hand_over", 1}, {"step", 1}}));
+    BOOST_REQUIRE(step_span != nullptr);
+    for (const call_span& s : *spans)  // the step's calls ran while step() waited for them
+      if (s.name == "momentum" || s.name == "newton_schulz" || s.name == "adamw")
+        BOOST_TEST((s.start_ms >= step_span->start_ms && s.end_ms <= step_span->end_ms), s.name);
     BOOST_TEST(from_spans.size() == times->size());
     for (const auto& [name, t] : *times) {
       BOOST_TEST(from_spans[name].calls == t.calls, name);

@@ -1,7 +1,8 @@
 // test_engine_cuda, continued: the hand-over of device gradients and the write-back of the
 // parameters. reduce() reads the gradients before it returns, or in the caller's stream order
-// (reduce(rank, views, stream)); gather_params(out, stream) writes in that order too; a stream
-// that cannot be waited for is refused by name, before anything is read, written or counted.
+// (reduce(rank, views, stream)); gather_params(out, stream) and step(stream) write in that order
+// too; a stream that cannot be waited for is refused by name, before anything is read, written
+// or counted.
 #include "support/engine_fixture.hpp"
 
 #include <cuda_runtime.h>
@@ -254,5 +255,52 @@ BOOST_AUTO_TEST_CASE(stream_ordered_gather_params_writes_between_the_callers_wor
     }
   }
   cudaFree(ballast);
+  cudaStreamDestroy(caller);
+}
+
+// step(stream) returns once the step is decided and enqueued, as torch.optim's steps do, and
+// the caller's work queued after it sees the new values: copies of the masters queued on the
+// caller's stream right after two such steps give the bits of two step() calls that waited. The
+// step's Newton-Schulz of 4096² takes milliseconds, so a copy that did not wait for it reads
+// the old values.
+BOOST_AUTO_TEST_CASE(stream_ordered_step_orders_the_callers_later_work) {
+  const std::vector<param_spec> table{{"a", {4096, 4096}}, {"b", {2048, 4096}}};
+  const device_grads grads(table, 51);
+  const device_grads seen(table, 52);  // the caller's copies of the masters
+  cudaStream_t caller = nullptr;
+  BOOST_REQUIRE(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking) == cudaSuccess);
+  for (const char* comm : {"nccl", "caf"}) {
+    auto waited = make_engine(gpu_options(1, comm));
+    register_table(*waited, table, 8);
+    auto ordered = make_engine(gpu_options(1, comm));
+    register_table(*ordered, table, 8);
+    for (int s = 1; s <= 2; ++s) {
+      BOOST_REQUIRE(!waited->reduce(0, grads.views));
+      BOOST_REQUIRE(waited->step());
+      BOOST_REQUIRE(!ordered->reduce(0, grads.views));
+      auto info = ordered->step(caller);
+      BOOST_REQUIRE(info);
+      BOOST_TEST(!info->skipped);
+    }
+    for (size_t i = 0; i < table.size(); ++i) {
+      auto master = ordered->master_of(table[i].name);
+      BOOST_REQUIRE(master);
+      BOOST_REQUIRE(master->size == seen.views[i].size);
+      BOOST_REQUIRE(cudaMemcpyAsync(seen.data[i], master->data, master->size * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, caller)
+                    == cudaSuccess);
+    }
+    BOOST_REQUIRE(cudaStreamSynchronize(caller) == cudaSuccess);
+    const tensor_map want = params_of(*waited);
+    for (size_t i = 0; i < table.size(); ++i) {
+      std::vector<float> got(static_cast<size_t>(seen.views[i].size));
+      BOOST_REQUIRE(
+          cudaMemcpy(got.data(), seen.data[i], got.size() * sizeof(float), cudaMemcpyDeviceToHost)
+          == cudaSuccess);
+      BOOST_TEST(same_bits(got, want.at(table[i].name)),
+                 comm << ": the caller's read of '" << table[i].name
+                      << "' after step(stream) is not the waited step's result");
+    }
+  }
   cudaStreamDestroy(caller);
 }

@@ -393,7 +393,10 @@ class BindingMatchesEngine(unittest.TestCase):
         self.assertEqual(sum(1 for e in calls if e["name"] == "adamw"), 2 * (len(TABLE) - muon))
         self.assertTrue(all(e["dur"] >= 0 and e["ts"] >= 0 for e in calls))
         threads = [e["args"]["name"] for e in events if e["name"] == "thread_name"]
-        self.assertEqual(threads, ["host calls"])
+        self.assertEqual(threads, ["engine calls", "host calls"])
+        # the engine's own calls on the caller's thread, one hand-over and one step a step
+        engine_calls = sorted(e["name"] for e in calls if e["cat"] == "host")
+        self.assertEqual(engine_calls, ["hand_over", "hand_over", "step", "step"])
 
 
 def fake_torch_module():

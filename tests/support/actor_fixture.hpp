@@ -407,7 +407,8 @@ struct step_store_log {
   std::vector<adamw_step> adamws;
   std::string fail_on;  // the message name answered with fail_with
   caf::error fail_with;
-  int hold_momentum = -1;  // this chunk's muon_momentum waits for answer_held() (a busy store)
+  int hold_momentum = -1;   // this chunk's muon_momentum waits for answer_held() (a busy store)
+  bool hold_adamw = false;  // adamw_step waits for answer_held()
   caf::typed_response_promise<ack> held;
   caf::local_actor* owner = nullptr;
 
@@ -453,10 +454,14 @@ inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer
           return err;
         return ack{m.step};
       },
-      [log](adamw_step& m) -> caf::result<ack> {
+      [log, self](adamw_step& m) -> caf::result<ack> {
         log->adamws.push_back(m);
         if (auto err = log->record("adamw_step", m.step))
           return err;
+        if (log->hold_adamw) {
+          log->held = self->make_response_promise<ack>();
+          return log->held;
+        }
         return ack{m.step};
       },
       [log](finish_step& m) -> caf::result<ack> {
