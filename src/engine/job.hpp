@@ -26,10 +26,7 @@
 namespace zmuon {
 
 struct engine_config : caf::actor_system_config {
-  engine_config() {
-    register_messages(*this);
-    set("logger.verbosity", caf::atom("quiet"));
-  }
+  engine_config() { configure_actor_system(*this); }
 };
 
 /// Scheduler threads of an engine's own actor system for `local` ranks: two a rank and two more,

@@ -140,6 +140,12 @@ error from_caf_error(const caf::error& err) {
   return {errc::internal, to_string(err)};
 }
 
+void configure_actor_system(caf::actor_system_config& cfg) {
+  register_messages(cfg);
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  cfg.set("work-stealing.moderate-poll-attempts", size_t{0});
+}
+
 void register_messages(caf::actor_system_config& cfg) {
   cfg.add_error_category(
       error_category(), [](uint8_t code, caf::atom_value, const caf::message& ctx) -> std::string {

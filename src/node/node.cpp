@@ -49,10 +49,9 @@ namespace {
 
 struct node_config : caf::actor_system_config {
   node_config() {
-    register_messages(*this);
+    configure_actor_system(*this);
     register_node_messages(*this);
     load<caf::io::middleman>();
-    set("logger.verbosity", caf::atom("quiet"));
     // No automatic connections: with them on, the switch from the route through node 0 to a
     // direct connection sometimes killed the proxies of a live node ("lost in step 1:
     // remote_link_unreachable", 1 run in ~50 of test_multinode with 3 nodes). The nodes connect
