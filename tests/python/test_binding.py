@@ -466,6 +466,33 @@ class TorchStreamHandOver(unittest.TestCase):
         self.assertEqual(streams, [0x5000, None])
         self.assertEqual(sorted(self.calls["synchronize"]), [0, 1])  # each tensor's GPU
 
+    def test_the_step_of_cuda_grads_is_ordered_on_the_current_stream(self):
+        """step()'s own hand-over of CUDA .grad runs the engine's step on PyTorch's current
+        stream (zmuon_engine_step_on_stream), which returns once the step is enqueued; here the
+        fake device memory is host memory, handed to the host engine as such."""
+        params = [(n, FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32))) for n in "ab"]
+        opt = zmuon.Muon(params)
+        engine, steps = opt._engine, []
+        hand_over, step = engine.hand_over, engine.step
+
+        def host_hand_over(rank, entries, stream, reduced, kept_until_step):
+            entries = [(n, ptr, numel, zmuon._capi.HOST) for n, ptr, numel, _ in entries]
+            return hand_over(rank, entries, stream, reduced, kept_until_step)
+
+        def recording(stream=None):
+            steps.append(stream)
+            return step(stream)
+
+        engine.hand_over, engine.step = host_hand_over, recording
+        for _, p in params:
+            p.grad = FakeCudaTensor(np.ones((8, 4), np.float32))
+        with self.assertRaises(zmuon.Unsupported):  # the write-back: no device memory here
+            opt.step()
+        self.assertEqual(steps, [0x5000])
+        self.assertEqual(opt.last_step["step"], 1)  # the step ran on the gradients handed over
+        self.assertFalse(opt.last_step["skipped"])
+        self.assertAlmostEqual(opt.last_step["grad_norm"], 8.0, places=5)  # 64 ones
+
     def test_the_write_back_is_stream_ordered_for_one_rank(self):
         for ranks, expected_stream, expected_syncs in ((1, 0x5000, []), (2, None, [0])):
             params = [(n, FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32)))
