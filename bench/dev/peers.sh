@@ -9,7 +9,9 @@
 #   bench/dev/gpu-check.sh pack        # here: libzmuon with the CUDA backend, into .carry/gpu/
 #   bench/dev/peers.sh                 # there, with .carry carried: prints the table and leaves it under $OUT
 #   PEERS_RUNS: which of the three runs ("gpt2 gpt2-fsdp llama1b", the default); PEERS_ARGS: more
-#   peers_step.py arguments (e.g. "--only zmuon-auto,dion-graph --profile $OUT/profile")
+#   peers_step.py arguments (e.g. "--only zmuon-auto,dion-graph --profile $OUT/profile");
+#   ZMUON_LIBRARY and ZMUON_PYTHON: another libzmuon.so and python/ folder (a base build's, for
+#   an A/B in one session; the default: the packed library and this tree's package)
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$root"
