@@ -52,7 +52,8 @@ class Gradients:
         """accumulate()'s work. kept: step()'s own hand-over of the parameters' .grad, which
         stay as they are until the engine's step returns; the engine may then read device
         gradients where they lie, without a copy and without waiting. Returns the tensors that
-        must live until then (the converted copies among them)."""
+        must live until then (the converted copies among them) and PyTorch's current stream of
+        their device (None: not on one device)."""
         if rank is None:
             rank = self._first_rank
         entries, keep = self._entries(grads)
@@ -69,7 +70,7 @@ class Gradients:
         self._started = True
         if 0 <= rank - self._first_rank < len(self._micro):
             self._micro[rank - self._first_rank] += 1
-        return keep
+        return keep, stream
 
     def accumulate_all(self, grads_by_rank):
         """One micro-batch of every rank of this process at once: grads_by_rank[i] is local

@@ -36,7 +36,7 @@ otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-ove
 import math
 
 from . import _capi, _construction, _distributed, _groups, _mesh, _param_groups, _state
-from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
+from ._buffers import buffer_of, is_torch, synchronize_torch
 from ._capi import BadState, InvalidArgument, Unsupported
 from ._construction import Construction
 from ._gradients import Gradients
@@ -183,10 +183,11 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
             else:
                 loss = closure()
         kept = None  # step's own hand-over: the .grad tensors, read in place until it returns
+        stream = None  # and PyTorch's stream they were handed over on, the step's too
         if not any(self._micro):
             torch_params = all(is_torch(p) for _, p, _ in self._params)
             if torch_params and any(p.grad is not None for _, p, _ in self._params):
-                kept = self._hand_over(kept=True)
+                kept, stream = self._hand_over(kept=True)
             elif torch_params and self._node is None and self._mode == _distributed.PLAIN:
                 self.last_step = None  # no gradient at all: nothing changes, as in torch.optim
                 return loss
@@ -206,7 +207,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
                 _capi.log_loss(self._engine, float(value))  # for the step's metrics record
             # On the device, stream-ordered as torch.optim's steps: PyTorch's current stream
             # waits for the step's work, and step() returns once that work is enqueued.
-            info = self._engine.step(torch_stream(kept) if kept else None)
+            info = self._engine.step(stream)
         except BaseException:
             if kept:  # no read of them may be left queued once the caller may free them
                 synchronize_torch(kept)

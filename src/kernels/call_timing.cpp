@@ -14,6 +14,11 @@ namespace {
 /// Spans folded at a time per call name (a long timing period keeps at most this many).
 constexpr size_t kSpansPerFold = size_t{1} << 16;
 
+/// `ns` on the steady clock as ms since the timing period's start `epoch_ns` (call_span's times).
+double ms_since(int64_t epoch_ns, int64_t ns) {
+  return static_cast<double>(ns - epoch_ns) / 1e6;
+}
+
 }  // namespace
 
 void fold_call_spans(std::vector<std::pair<double, double>>& spans, call_time& into) {
@@ -67,9 +72,8 @@ void compute_backend::time_host_call(const char* name, int64_t start_ns) {
   const int64_t end_ns = steady_ns();
   std::lock_guard<std::mutex> lock(times_mutex_);
   if (period_spans_.size() < kKeptSpans)
-    period_spans_.push_back(call_span{name, call_span::kHostTrack,
-                                      static_cast<double>(start_ns - epoch_ns_) / 1e6,
-                                      static_cast<double>(end_ns - epoch_ns_) / 1e6});
+    period_spans_.push_back(call_span{name, call_span::kHostTrack, ms_since(epoch_ns_, start_ns),
+                                      ms_since(epoch_ns_, end_ns)});
 }
 
 void compute_backend::add_call(const char* name, int64_t start_ns, int64_t end_ns, int track) {
@@ -79,8 +83,8 @@ void compute_backend::add_call(const char* name, int64_t start_ns, int64_t end_n
   if (!timing_.load())
     return;
   std::lock_guard<std::mutex> lock(times_mutex_);
-  const double start_ms = static_cast<double>(start_ns - epoch_ns_) / 1e6;
-  const double end_ms = static_cast<double>(end_ns - epoch_ns_) / 1e6;
+  const double start_ms = ms_since(epoch_ns_, start_ns);
+  const double end_ms = ms_since(epoch_ns_, end_ns);
   auto& s = spans_[name];
   s.open.emplace_back(start_ms, end_ms);
   if (period_spans_.size() < kKeptSpans)
