@@ -34,7 +34,7 @@ def torch_stream(tensors):
     torch = sys.modules.get("torch")
     if torch is None:
         return None
-    devices = {t.device for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
+    devices = {t.get_device() for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
     if len(devices) != 1:
         return None
     return torch.cuda.current_stream(devices.pop()).cuda_stream

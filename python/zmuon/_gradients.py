@@ -1,6 +1,7 @@
 """zmuon.Muon's gradient hand-over: each micro-batch's gradients into the engine, as fp32
 contiguous buffers by data pointer (a bf16, fp16 or strided gradient is copied first)."""
 
+import math
 import sys
 
 from . import _capi, _distributed
@@ -96,6 +97,10 @@ class Gradients:
     def _entries(self, grads):
         """accumulate's `grads` as the engine's (name, pointer, numel, device) entries, and the
         objects that must live until the engine has read them."""
+        if grads is None and self._mesh is None:
+            found = self._plain_grads()
+            if found is not None:
+                return found
         if grads is None:
             missing = [n for n, p, _ in self._params if not is_torch(p)]
             if missing:
@@ -141,6 +146,48 @@ class Gradients:
             entries.append((name, ptr, numel, device))
         if self._mesh is not None:
             self._mesh_gradients(placed, entries, keep)
+        return entries, keep
+
+    def _param_slots(self):
+        """(whether every parameter is a torch tensor, [(name, parameter, shape, numel)] where
+        every name is a str, else None), kept until the parameters change."""
+        params = self._params
+        cached = getattr(self, "_slots", None)
+        if cached is None or cached[0] is not params or cached[1] != len(params):
+            plain = all(type(n) is str for n, _, _ in params)
+            cached = self._slots = (params, len(params), (
+                all(is_torch(p) for _, p, _ in params),
+                [(n, p, shape, math.prod(shape)) for n, p, shape in params] if plain else None))
+        return cached[2]
+
+    def _plain_grads(self):
+        """_entries(None) in one pass where every parameter's .grad is None or a plain fp32
+        contiguous tensor of its shape that the engine reads where it lies (the common case,
+        each checked in a few attribute reads); None where one is not: the general path."""
+        torch = sys.modules.get("torch")
+        if getattr(torch, "float32", None) is None:  # no torch, or a stand-in without dtypes
+            return None
+        slots = self._param_slots()[1]
+        if not slots:
+            return None
+        tensor, fp32, staging = torch.Tensor, torch.float32, self._host_staging
+        entries, keep = [], []
+        for name, p, shape, numel in slots:
+            g = getattr(p, "grad", None)
+            if g is None:
+                continue
+            if type(g) is not tensor or g.dtype is not fp32 or not g.is_contiguous() \
+                    or g.shape != shape:
+                return None
+            if g.is_cuda:
+                if staging:
+                    return None
+                entries.append((name, g.data_ptr(), numel, g.get_device()))
+            elif g.is_cpu:
+                entries.append((name, g.data_ptr(), numel, HOST))
+            else:
+                return None
+            keep.append(g)
         return entries, keep
 
     def _placed_as_param(self, name, g):

@@ -36,7 +36,7 @@ otherwise (`zmuon.comm`, default auto). Inside a CUDA graph capture the hand-ove
 import math
 
 from . import _capi, _construction, _distributed, _groups, _mesh, _param_groups, _state
-from ._buffers import buffer_of, is_torch, synchronize_torch
+from ._buffers import buffer_of, synchronize_torch
 from ._capi import BadState, InvalidArgument, Unsupported
 from ._construction import Construction
 from ._gradients import Gradients
@@ -185,7 +185,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         kept = None  # step's own hand-over: the .grad tensors, read in place until it returns
         stream = None  # and PyTorch's stream they were handed over on, the step's too
         if not any(self._micro):
-            torch_params = all(is_torch(p) for _, p, _ in self._params)
+            torch_params = self._param_slots()[0]
             if torch_params and any(p.grad is not None for _, p, _ in self._params):
                 kept, stream = self._hand_over(kept=True)
             elif torch_params and self._node is None and self._mode == _distributed.PLAIN:

@@ -290,7 +290,8 @@ BOOST_AUTO_TEST_CASE(nccl_collectives_are_timed) {
   BOOST_TEST(times->count("nccl reduce_scatter") == 0u);
   BOOST_TEST(times->count("nccl all_reduce") == 0u);
   // The same period as a timeline: a span per call, Newton-Schulz on the lanes (tracks 1..3),
-  // the rest on the main stream (track 0).
+  // the engine's calls on the host's track (hand_over, step: one per step each), the rest on
+  // the main stream (track 0).
   auto spans = eng->backend_call_spans(0);
   BOOST_REQUIRE(spans);
   std::map<std::string, int64_t> counted;
@@ -299,9 +300,13 @@ BOOST_AUTO_TEST_CASE(nccl_collectives_are_timed) {
     BOOST_TEST(s.end_ms >= s.start_ms, s.name);
     if (s.name == "newton_schulz")
       BOOST_TEST((s.track >= 1 && s.track <= 3), "newton_schulz on track " << s.track);
+    else if (s.name == "hand_over" || s.name == "step")
+      BOOST_TEST(s.track == call_span::kHostTrack, s.name << " on track " << s.track);
     else
       BOOST_TEST(s.track == 0, s.name << " on track " << s.track);
   }
+  BOOST_TEST(counted["hand_over"] == t.steps);
+  BOOST_TEST(counted["step"] == t.steps);
   for (const auto& [name, t] : *times)
     BOOST_TEST(counted[name] == t.calls, name);
   eng->time_backend_calls(false);

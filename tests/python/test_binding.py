@@ -139,6 +139,9 @@ class FakeCudaTensor:
     def numel(self):
         return self.arr.size
 
+    def get_device(self):
+        return self.device.index
+
     def detach(self):
         return self
 
@@ -407,12 +410,13 @@ def fake_torch_module():
     calls = {"synchronize": [], "current_stream": []}
 
     class Stream:
-        def __init__(self, device):
-            self.cuda_stream = 0x5000 + device.index
+        def __init__(self, index):
+            self.cuda_stream = 0x5000 + index
 
-    def current_stream(device):
-        calls["current_stream"].append(device.index)
-        return Stream(device)
+    def current_stream(device):  # as torch's: a device or its index
+        index = getattr(device, "index", device)
+        calls["current_stream"].append(index)
+        return Stream(index)
 
     def synchronize(device):
         calls["synchronize"].append(device.index)
