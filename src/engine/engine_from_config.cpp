@@ -27,11 +27,15 @@ void install_lr_schedule(engine& eng, const job_config& cfg) {
 
 namespace {
 
-/// An engine with a parsed config's options and its LR schedule.
+/// An engine with a parsed config's options (its message trace directory, zmuon.trace, among
+/// them) and its LR schedule.
 expected<std::unique_ptr<engine>> engine_of(const expected<job_config>& cfg) {
   if (!cfg)
     return cfg.err();
-  auto made = engine::create(cfg->engine);
+  engine_options opts = cfg->engine;
+  if (!cfg->trace.empty())
+    opts.trace_dir = cfg->trace;
+  auto made = engine::create(opts);
   if (made)
     install_lr_schedule(**made, *cfg);
   return made;

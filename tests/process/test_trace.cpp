@@ -315,6 +315,22 @@ BOOST_AUTO_TEST_CASE(launcher_flag_and_environment_write_traces) {
   BOOST_REQUIRE_MESSAGE(status == 0, out);
   BOOST_TEST(fs::exists(trace_file(env_dir, 1)));
 
+  // An embedded engine made from a config takes the config's key: the trace holds its step.
+  const std::string config_dir = dir + "/from_config";
+  {
+    auto made = engine::create_from_json(
+        R"({"zmuon": {"ranks": 1, "trace": )" + json(config_dir).dump() + "}}");
+    BOOST_REQUIRE_MESSAGE(made, (made ? "" : made.err().to_string()));
+    auto& eng = **made;
+    BOOST_REQUIRE(!eng.add_parameter(param_spec{"w", {4, 3}}, std::vector<float>(12, 0.5f)));
+    BOOST_REQUIRE(!eng.reduce(0, {{"w", std::vector<float>(12, 0.25f)}}));
+    BOOST_REQUIRE(eng.step());
+  }
+  int steps_traced = 0;
+  for (const auto& rec : read_jsonl(trace_file(config_dir, 0)))
+    steps_traced += is(rec, "recv") && rec["type"] == "step_request";
+  BOOST_TEST(steps_traced == 1);
+
   // A trace directory that cannot be made is an error naming it.
   std::ofstream(dir + "/plain_file") << "x";
   out = test::run_launch("--steps 1 --trace " + dir + "/plain_file/sub", &status);
