@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Where zmuon.Muon.step()'s host time goes, on Python's clock (CLOCK_MONOTONIC, the clock of the
+engine's call timeline and of its message trace): step()'s parts without a synchronize inside
+(Python before the hand-over's C call, that call, Python between, the engine's step() call,
+Python after, then the synchronize), medians over the timed steps; one more step with the call
+timeline, placed on that clock (the hand-over's host span starts as its Python wrapper is
+entered); with --trace, one more with the message trace on: every record of that step in time
+order, from the moment step() was called, so that each hop between the host, the actors and the
+device shows. The model is examples/torch_train.py's TinyLM (default GPT-2-sized: 12 layers of
+768, vocab 50304), every .grad random.
+
+    PYTHONPATH=python python3 bench/torch_step_latency.py --device cuda --trace
+    PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so \\
+        python3 bench/torch_step_latency.py --device cpu --d-model 16 --heads 2 --layers 18
+"""
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+_here = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(_here, "..", "examples"))
+import torch_train as tt  # noqa: E402  (sets up zmuon's import path and library)
+
+
+def make_optimizer(model, args, trace_dir=None):
+    if trace_dir:  # read when the engine is made
+        os.environ["ZMUON_TRACE"] = trace_dir
+    try:
+        return tt.zmuon.Muon(model.named_parameters(),
+                             tt.zmuon_config(args, "cuda" if args.device == "cuda" else "host"))
+    finally:
+        os.environ.pop("ZMUON_TRACE", None)
+
+
+def timed_parts(opt, sync, steps):
+    """step()'s parts, from marks taken by wrapping the engine's calls: whichever of the three
+    hand-over calls the step makes (on the device, hand_over), and step."""
+    eng, marks = opt._engine, {}
+
+    def wrap(name, mark):
+        call = getattr(eng, name)
+
+        def marked(*a, **k):
+            marks[mark + ">"] = time.perf_counter()
+            out = call(*a, **k)
+            marks[mark + "<"] = time.perf_counter()
+            return out
+        setattr(eng, name, marked)
+    for name in ("hand_over", "hand_over_reduced", "reduce"):
+        wrap(name, "hand_over")
+    wrap("step", "step")
+    first = "hand_over"
+    rows = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        opt.step()
+        t1 = time.perf_counter()
+        sync()
+        t2 = time.perf_counter()
+        rows.append((marks[first + ">"] - t0, marks[first + "<"] - marks[first + ">"],
+                     marks["step>"] - marks[first + "<"], marks["step<"] - marks["step>"],
+                     t1 - marks["step<"], t2 - t1, t2 - t0))
+    names = ["Python before the hand-over", "the hand-over's call", "Python between",
+             "the engine's step()", "Python after", "the synchronize", "the whole step"]
+    for i, name in enumerate(names):
+        print(f"{name:<30} median {1e6 * statistics.median(r[i] for r in rows):8.1f} us")
+    return marks, first
+
+
+def timeline_step(opt, sync, marks, first):
+    opt.time_calls(True)
+    sync()
+    t0 = time.perf_counter()
+    opt.step()
+    sync()
+    t2 = time.perf_counter()
+    path = os.path.join(tempfile.mkdtemp(), "calls.json")
+    opt.write_call_timeline(path)
+    opt.time_calls(False)
+    events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
+    zero = min(e["ts"] for e in events)
+    end = max(e["ts"] + e["dur"] for e in events) - zero
+    entered = marks[first + ">"]
+    print(f"\none step with its call timeline: wall {1e6 * (t2 - t0):.1f} us = Python before the "
+          f"hand-over {1e6 * (entered - t0):.1f} + the timeline's span {end:.1f} + after its "
+          f"last call {1e6 * (t2 - entered) - end:.1f}")
+    for e in sorted(events, key=lambda e: e["ts"]):
+        where = "host" if e.get("tid") == -1 else f"track {e.get('tid')}"
+        print(f"  {e['ts'] - zero:9.1f} +{e['dur']:8.1f} us  {where:<8} {e['name']}")
+
+
+def traced_step(model, args, sync):
+    """A fresh optimizer with the message trace on; the records of its last step."""
+    trace_dir = tempfile.mkdtemp()
+    opt = make_optimizer(model, args, trace_dir)
+    for _ in range(args.warmup):
+        opt.step()
+    sync()
+    t0 = time.monotonic_ns()
+    opt.step()
+    t1 = time.monotonic_ns()
+    sync()
+    t2 = time.monotonic_ns()
+    opt.close()
+    records = []
+    for path in glob.glob(os.path.join(trace_dir, "*.jsonl")):
+        with open(path) as f:
+            records += [r for r in map(json.loads, f) if t0 <= r.get("t", 0) <= t2]
+    print(f"\none traced step: step() returned at {(t1 - t0) / 1e3:.1f} us, the synchronize at "
+          f"{(t2 - t0) / 1e3:.1f} us; its records (us from step()'s call; +: how long)")
+    for r in sorted(records, key=lambda r: r["t"]):
+        dur = f"+{r['dur'] / 1e3:.1f}" if "dur" in r else ""
+        what = r.get("type") or r.get("phase") or ""
+        extra = " ".join(f"{k}={r[k]}" for k in ("index", "op", "track") if k in r)
+        print(f"  {(r['t'] - t0) / 1e3:9.1f} {dur:>9}  {r.get('ev', ''):<5} "
+              f"{r.get('actor', ''):<17} {what:<20} {extra}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=8)
+    ap.add_argument("--trace", action="store_true", help="also one step's message trace")
+    tt.add_model_args(ap, d_model=768, heads=12, layers=12, seq=64, batch=4)
+    ap.set_defaults(vocab=50304)
+    args = ap.parse_args()
+    args.muon_lr, args.adam_lr, args.momentum, args.weight_decay = 0.02, 3e-3, 0.95, 0.01
+    args.zmuon_comm = None
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    torch.manual_seed(0)
+    model = tt.TinyLM(args.vocab, args.d_model, args.heads, args.layers, args.seq).to(args.device)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    opt = make_optimizer(model, args)
+    print(f"{sum(1 for _ in model.parameters())} tensors, "
+          f"{sum(p.numel() for p in model.parameters())} elements, on {args.device}")
+    for _ in range(args.warmup):
+        opt.step()
+    marks, first = timed_parts(opt, sync, args.steps)
+    timeline_step(opt, sync, marks, first)
+    opt.close()
+    if args.trace:
+        traced_step(model, args, sync)
+
+
+if __name__ == "__main__":
+    main()
