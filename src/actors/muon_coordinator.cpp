@@ -80,6 +80,8 @@ struct coordinator_state {
   int group_count = 1;     // the plan's hyperparameter groups
   std::vector<chunk_ownership> own;
   std::vector<bool> padded;  // per chunk: this rank's shards have padding (the scatter skips it)
+  std::vector<bool> in_place;  // per chunk: u is laid out as the owner's buffer (world 1): no
+                               // gather and no scatter (laid_out_as_shard)
   std::optional<step_work> work;  // the step in progress
   device_buffer bf16_scratch;     // rescale_bf16_blocks' fp32 copy of one block (kept)
   trace::track tr;
@@ -237,6 +239,19 @@ void for_owned_parts(const coordinator_state& st, int c, F f) {
       f(q, m.full_offset + (first - begin), last - first);
     }
   }
+}
+
+// At world 1 this rank owns every block; where each block sits in the owner's buffer where it
+// sits in this rank's shard (the plan orders the Muon state as the owner lays out its blocks),
+// momentum's u is already the owner's buffer, and the owner's result already this rank's shards
+// of the update: the gather and the scatter would copy each element to where it is.
+bool laid_out_as_shard(const coordinator_state& st, int c) {
+  if (st.pl->world != 1 || st.padded[c] || st.own[c].full_size != st.pl->chunks[c].shard_len)
+    return false;
+  std::vector<std::pair<int64_t, int64_t>> shard, full;
+  for_shard_parts(st, c, [&](int, int64_t at, int64_t n) { shard.emplace_back(at, n); });
+  for_owned_parts(st, c, [&](int, int64_t at, int64_t n) { full.emplace_back(at, n); });
+  return shard == full;
 }
 
 // Under bf16 the receivers scale each parameter by its first block's scale; a block whose own
@@ -441,6 +456,7 @@ void advance(coord_pointer self) {
       }
       if (cw.at != chunk_work::momentum_done)
         return;
+      ++w.next_slot;  // first: a gather in place goes on at once, into advance again
       gather(self, s.chunk);
     } else {
       // A scatter goes out once the chunk before it is applied (its update enqueued), and
@@ -450,9 +466,9 @@ void advance(coord_pointer self) {
           || (s.chunk > 0 && w.chunks[s.chunk - 1].at != chunk_work::applied)
           || w.scalar == step_work::sent)
         return;
+      ++w.next_slot;
       scatter(self, s.chunk);
     }
-    ++w.next_slot;
   }
 }
 
@@ -461,8 +477,9 @@ void request_momentum(coord_pointer self, int c) {
   auto& st = self->state;
   auto& cw = st.work->chunks[c];
   buffers(self, c, [&] {
-    cw.u = wire_buffer(*st.be, st.pl->chunks[c].shard_len, st.wire, st.comm_on_host,
-                       buffer_init::overwritten);  // momentum writes all of it
+    cw.u = wire_buffer(*st.be, st.pl->chunks[c].shard_len, st.wire,
+                       st.comm_on_host && !st.in_place[c],  // in place: no comm reads it
+                       buffer_init::overwritten);           // momentum writes all of it
   });
   cw.at = chunk_work::momentum_requested;
   ask<ack>(self, st.peers.store, muon_momentum{st.work->req.step, c, cw.u.compute()}, [=](ack&) {
@@ -478,6 +495,12 @@ void gather(coord_pointer self, int c) {
   auto& w = *st.work;
   const auto& pl = *st.pl;
   auto& cw = w.chunks[c];
+  if (st.in_place[c]) {  // u is the owner's buffer already
+    cw.full = std::move(cw.u);
+    cw.at = chunk_work::gather_issued;
+    orthogonalize(self, c);
+    return;
+  }
   buffers(self, c, [&] {  // the gather writes every element: each rank's valid part
     cw.full = wire_buffer(*st.be, st.own[c].full_size, st.wire, st.comm_on_host,
                           buffer_init::overwritten);
@@ -563,6 +586,12 @@ void scatter(coord_pointer self, int c) {
   const auto& pl = *st.pl;
   const auto& chunk = pl.chunks[c];
   auto& cw = w.chunks[c];
+  if (st.in_place[c]) {  // the owner's buffer is this rank's shards of the update already
+    cw.result = std::move(cw.full);
+    cw.at = chunk_work::scatter_issued;
+    apply(self, c);
+    return;
+  }
   buffers(self, c, [&] {  // the scatter leaves the shards' padding unwritten: zero if any
     cw.result = wire_buffer(*st.be, chunk.shard_len, st.wire, st.comm_on_host,
                             st.padded[c] ? buffer_init::zeros : buffer_init::overwritten);
@@ -703,6 +732,8 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
       valid += valid_len(st.pl->params[i], rank);
     st.padded.push_back(valid != chunk.shard_len);
   }
+  for (int c = 0; c < static_cast<int>(st.pl->chunks.size()); ++c)
+    st.in_place.push_back(laid_out_as_shard(st, c));
   // A failure inside a handler (a CUDA error) or of a peer actor of this rank ends the step in
   // progress with that error instead of leaving the host waiting.
   self->set_exception_handler([=](std::exception_ptr& eptr) -> caf::error {

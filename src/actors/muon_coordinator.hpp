@@ -18,7 +18,9 @@
 //        (store). Gather and scatter carry fp32 or bf16 (muon_wire_type): with
 //        bf16 every shard, the rank's own too, is rounded once each way, and the update scale
 //        moves from the owner to the receiving store so that NS's output travels unscaled.
-//        Each Muon parameter is a list of NS blocks (plan.hpp, muon_block), each with its owner
+//        Each Muon parameter is a list of NS blocks (plan.hpp, muon_block), each with its owner.
+//        At world 1, where the plan's Muon state order makes u the owner's buffer, the chunk
+//        has no gather and no scatter: NS runs on u, apply_muon reads the result there
 //     5. adamw_step      store: each group's non-Muon rule on every non-Muon shard, sent
 //                        once the last chunk's NS is enqueued (it runs beside that NS)
 //     6. MuonClip        pairs: a max all-reduce of the query heads' logits, then

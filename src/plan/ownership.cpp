@@ -23,8 +23,7 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
     // contiguous; ties keep table and row order.
     auto shape = [&](const std::pair<int, int>& ib) {
       auto& p = pl.params[ib.first];
-      auto& b = p.blocks[ib.second];
-      return std::make_tuple(b.rows / b.heads, p.cols, p.hparam_group);
+      return ns_order(p, p.blocks[ib.second]);
     };
     std::vector<std::pair<int, int>> by_shape = mine;
     std::stable_sort(by_shape.begin(), by_shape.end(),

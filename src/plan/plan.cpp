@@ -286,9 +286,7 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
       // [out, in, kh, kw]) -> [out, in*kh*kw].
       p.rows = is_expert_stack(spec) ? spec.shape[0] * spec.shape[1] : spec.shape[0];
       p.cols = p.numel / p.rows;
-      make_blocks(spec, p, per_head);
-      p.state_offset = pl.muon_state_total;
-      pl.muon_state_total += p.shard_len;
+      make_blocks(spec, p, per_head);  // its Muon-state offset: with its chunk's, below
     } else {
       p.state_offset = pl.adam_state_total;
       pl.adam_state_total += p.shard_len;
@@ -321,16 +319,28 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
     if (!p.muon)
       continue;
     bool fits = !pl.chunks.empty() && pl.chunks.back().full_elements + p.numel <= bucket_elements;
-    if (!fits) {
-      chunk_layout c;
-      c.state_offset = p.state_offset;
-      pl.chunks.push_back(c);
-    }
+    if (!fits)
+      pl.chunks.emplace_back();
     auto& c = pl.chunks.back();
     c.params.push_back(i);
     c.shard_len += p.shard_len;
     c.full_elements += p.numel;
     p.chunk = static_cast<int>(pl.chunks.size()) - 1;
+  }
+  // The Muon state, chunk after chunk; inside a chunk its parameters in the order an owner lays
+  // its blocks out for Newton-Schulz (ns_order), so that at world 1 the owner's buffer is the
+  // shard's own layout and the chunk needs no gather and no scatter (muon_coordinator).
+  for (auto& c : pl.chunks) {
+    c.state_offset = pl.muon_state_total;
+    std::vector<int> order = c.params;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return ns_order(pl.params[a], pl.params[a].blocks.front())
+             < ns_order(pl.params[b], pl.params[b].blocks.front());
+    });
+    for (int i : order) {
+      pl.params[i].state_offset = pl.muon_state_total;
+      pl.muon_state_total += pl.params[i].shard_len;
+    }
   }
 
   if (auto err = make_qk_pairs(table, pl))

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -61,6 +62,12 @@ struct param_layout {
   std::vector<muon_block> blocks;
 };
 
+/// The key an owner lays its NS blocks out by (plan/ownership.hpp): one block's matrix shape and
+/// hyperparameter group; blocks with equal keys are batched into one Newton-Schulz call.
+inline std::tuple<int64_t, int64_t, int> ns_order(const param_layout& p, const muon_block& b) {
+  return {b.rows / b.heads, p.cols, p.hparam_group};
+}
+
 /// Consecutive parameters reduced together: their shards are contiguous in every rank's buffer.
 struct bucket_layout {
   int first_param = 0;
@@ -72,7 +79,8 @@ struct bucket_layout {
 /// Consecutive Muon parameters whose gather-NS-scatter runs together.
 struct chunk_layout {
   std::vector<int> params;    // indices into plan::params, in table order
-  int64_t state_offset = 0;   // start in the rank's Muon-state buffer
+  int64_t state_offset = 0;   // start in the rank's Muon-state buffer (its parameters' states
+                              // in ns_order of their first blocks, table order among equals)
   int64_t shard_len = 0;      // Muon-state elements of this chunk per rank
   int64_t full_elements = 0;  // sum of numel over the chunk's matrices
 };

@@ -132,7 +132,7 @@ struct coord_fixture : actor_fixture {
         out.push_back(full[q * p.shard_len + k]);
     });
   }
-  /// NS of the whole matrix i, each head block alone, scaled by sqrt(max(1, rows/cols)) of a block
+  /// NS of matrix i, each block (each head of it) alone, scaled by sqrt(max(1, rows/cols)) of a block
   /// (0.2 * sqrt(max(rows, cols)) under match_rms_adamw), with its group's NS options where the
   /// test sent groups (`groups`), else the options'.
   std::vector<float> reference_update(int i) {
@@ -143,14 +143,18 @@ struct coord_fixture : actor_fixture {
     for (int q = 0; q < pl->world; ++q)
       for (int64_t k = 0; k < valid_len(p, q); ++k)
         full[q * p.shard_len + k] = u_value(i, q, k);
-    const int64_t rows = p.rows / p.heads;
-    for (int64_t h = 0; h < p.heads; ++h)
-      host_backend()->newton_schulz(full.data() + h * rows * p.cols, 1, rows, p.cols, muon.ns);
-    double scale = muon.adjust_lr == adjust_lr_rule::match_rms_adamw
-                       ? 0.2 * std::sqrt(double(std::max(rows, p.cols)))
-                       : std::sqrt(std::max(1.0, double(rows) / double(p.cols)));
-    for (auto& x : full)
-      x = static_cast<float>(x * scale);
+    for (const auto& b : p.blocks) {  // each split block's heads, each with its block's scale
+      const int64_t rows = b.rows / b.heads;
+      const double scale = muon.adjust_lr == adjust_lr_rule::match_rms_adamw
+                               ? 0.2 * std::sqrt(double(std::max(rows, p.cols)))
+                               : std::sqrt(std::max(1.0, double(rows) / double(p.cols)));
+      for (int64_t h = 0; h < b.heads; ++h) {
+        float* x = full.data() + (b.row0 + h * rows) * p.cols;
+        host_backend()->newton_schulz(x, 1, rows, p.cols, muon.ns);
+        for (int64_t k = 0; k < rows * p.cols; ++k)
+          x[k] = static_cast<float>(x[k] * scale);
+      }
+    }
     return full;
   }
   /// This rank's update of chunk c: its shard of each matrix, zero padding.
@@ -188,6 +192,13 @@ struct coord_fixture : actor_fixture {
         out.push_back(l);
     return out;
   }
+  /// The Muon parameters whose first block this rank owns: the step's ns_params.
+  int32_t owned_params(int rank) const {
+    int32_t n = 0;
+    for (const auto& p : pl->params)
+      n += p.muon && p.blocks.front().owner == rank;
+    return n;
+  }
   size_t position(const std::string& line) const {
     auto it = std::find(trace->lines.begin(), trace->lines.end(), line);
     BOOST_REQUIRE_MESSAGE(it != trace->lines.end(), "'" << line << "' was never received");
@@ -223,10 +234,12 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   const double scale = 1024.0, micros = 4.0, raw_norm = 2.5;
   checks->sum_squares = std::pow(raw_norm * scale * micros, 2);  // from the vote
   auto r = step(1);
+  // World 1: the owner's buffer is the shard's own layout, so no gather and no scatter; NS
+  // runs on momentum's u where the store wrote it, and the update is read from there.
   const std::vector<std::string> expected = {
       "reducer: flush 1",         "scaler: check_overflow 1", "store: unscale_clip 1",
-      "store: muon_momentum 1/0", "comm: gather 1/0",         "store: adamw_step 1",
-      "comm: scatter 1/0",        "store: apply_muon 1/0",    "store: finish_step 1"};
+      "store: muon_momentum 1/0", "store: adamw_step 1",      "store: apply_muon 1/0",
+      "store: finish_step 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   double clip = 1.0 / (raw_norm + 1e-6);  // torch's clip_grad_norm_ coefficient
@@ -292,7 +305,7 @@ BOOST_AUTO_TEST_CASE(step_without_gradients_is_an_error) {
 }
 
 BOOST_AUTO_TEST_CASE(second_step_while_one_runs_is_refused) {
-  start(kOneMatrix, 1, 1000, 0);
+  start(kOneMatrix, 2, 1000, 0);
   comms->on_request = nullptr;  // the first step stops at its gather
   auto first = step(1);
   BOOST_REQUIRE_EQUAL(comms->calls.size(), 1u);
@@ -310,7 +323,7 @@ BOOST_AUTO_TEST_CASE(second_step_while_one_runs_is_refused) {
 // only once the store has answered it (its kernels enqueued first: on a device they run beside
 // the NS, not behind the scatter, which waits for the NS).
 BOOST_AUTO_TEST_CASE(the_last_scatter_waits_for_the_non_muon_rule) {
-  start(kOneMatrix, 1, 1000, 0);
+  start(kOneMatrix, 2, 1000, 0);
   stored->hold_adamw = true;
   auto r = step(1);
   run();
@@ -344,7 +357,7 @@ BOOST_AUTO_TEST_CASE(peer_error_fails_the_step_and_the_next_step_runs) {
 // until the message is gone; only then does the host backend count its bytes released.
 BOOST_DATA_TEST_CASE_F(coord_fixture, an_ended_step_frees_no_buffer_the_store_still_writes,
                        boost::unit_test::data::make({false, true}), end_coordinator) {
-  start(kThreeMatrices, 1, 12, 0);
+  start(kThreeMatrices, 2, 12, 0);
   hold_a2a = true;
   stored->hold_momentum = 1;
   const int64_t before = be->memory().in_use;
@@ -372,7 +385,7 @@ BOOST_DATA_TEST_CASE_F(coord_fixture, an_ended_step_frees_no_buffer_the_store_st
 }
 
 BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_order) {
-  start(kThreeMatrices, 1, 12, 0);
+  start(kThreeMatrices, 2, 12, 0);
   BOOST_REQUIRE_EQUAL(pl->chunks.size(), 3u);
   hold_a2a = true;
   auto r = step(1);
@@ -407,7 +420,7 @@ BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_ord
   BOOST_CHECK(position("comm: gather 1/2") < position("store: adamw_step 1"));
   BOOST_CHECK(position("store: adamw_step 1") < position("comm: scatter 1/2"));
   BOOST_CHECK(position("store: apply_muon 1/2") < position("store: finish_step 1"));
-  BOOST_CHECK_EQUAL(value_of(r).ns_params, 3);
+  BOOST_CHECK_EQUAL(value_of(r).ns_params, owned_params(0));
   check_updates();
 }
 
@@ -416,7 +429,7 @@ BOOST_AUTO_TEST_CASE(collectives_follow_g0_g1_s0_g2_s1_s2_whatever_the_reply_ord
 // the updates still come out right.
 BOOST_AUTO_TEST_CASE(device_comm_orders_each_momentum_after_the_gather_before_it) {
   opts.comm = "nccl";
-  start(kThreeMatrices, 1, 12, 0);
+  start(kThreeMatrices, 2, 12, 0);
   BOOST_REQUIRE_EQUAL(pl->chunks.size(), 3u);
   hold_a2a = true;
   auto r = step(1);
@@ -493,12 +506,13 @@ BOOST_AUTO_TEST_CASE(a_parameter_no_rank_touched_is_marked_and_the_collectives_s
   std::vector<param_spec> table = kThreeMatrices;
   table.push_back({"bias", {3}});
   table.push_back({"gain", {5}});
-  start(table, 1, 1000, 0);
+  start(table, 2, 1000, 0);
   auto req = request(1);
   req.touched = {1, 0, 1, 0, 1};  // "b" and "bias" got no gradient on any rank
   auto r = step(req);
   BOOST_REQUIRE(!value_of(r).skipped);
-  BOOST_CHECK_EQUAL(value_of(r).ns_params, 3);  // NS still runs on all: the same collectives
+  // NS still runs on every matrix (this rank's share of them): the same collectives.
+  BOOST_CHECK_EQUAL(value_of(r).ns_params, owned_params(0));
   BOOST_CHECK(stored->unscales.at(0).touched == (std::vector<uint8_t>{1, 0, 1, 0, 1}));
   BOOST_CHECK(lines_of("comm")
               == (std::vector<std::string>{"comm: gather 1/0", "comm: scatter 1/0"}));
@@ -518,6 +532,33 @@ BOOST_AUTO_TEST_CASE(per_head_matrix_is_orthogonalized_block_by_block) {
   auto r = step(1);
   BOOST_CHECK_EQUAL(value_of(r).ns_params, 2);
   BOOST_CHECK_EQUAL(value_of(r).ns_matrices, 3 + 1);  // three [2, 4] heads and one [8, 2]
+  check_updates();
+}
+
+// World 1: the plan lays the Muon state out in the owner's NS order ("w" [2, 4] before "up"
+// [8, 2], against the table's order), so u is the owner's buffer: no collective at all, and
+// the updates come out right.
+BOOST_AUTO_TEST_CASE(world_one_runs_ns_in_place_of_the_gather_and_the_scatter) {
+  start({{"up", {8, 2}}, {"w", {2, 4}}, {"bias", {3}}}, 1, 1000, 0);
+  BOOST_REQUIRE(pl->params[1].state_offset < pl->params[0].state_offset);
+  auto r = step(1);
+  BOOST_CHECK(!value_of(r).skipped);
+  BOOST_CHECK(lines_of("comm").empty());
+  BOOST_CHECK_EQUAL(value_of(r).ns_matrices, 2);
+  check_updates();
+}
+
+// A matrix split into blocks of two shapes: the owner lays its blocks out apart (by shape), not
+// as the shard holds them, so even at world 1 the gather and the scatter move them.
+BOOST_AUTO_TEST_CASE(world_one_gathers_blocks_the_shard_does_not_hold_in_ns_order) {
+  param_spec qkv{"qkv", {6, 4}};
+  qkv.split_sizes = {4, 2};
+  start({qkv, {"up", {8, 2}}}, 1, 1000, 0);
+  auto r = step(1);
+  BOOST_CHECK(!value_of(r).skipped);
+  BOOST_CHECK(lines_of("comm")
+              == (std::vector<std::string>{"comm: gather 1/0", "comm: scatter 1/0"}));
+  BOOST_CHECK_EQUAL(value_of(r).ns_matrices, 3);
   check_updates();
 }
 
@@ -563,7 +604,7 @@ BOOST_AUTO_TEST_CASE(clean_step_world_two_rank_one) {
 // NorMuon: normuon_step goes to the store after the gather's NS and before the scatter, only in
 // an applied step; cautious weight decay rides on the step's table (unscale_clip).
 BOOST_AUTO_TEST_CASE(normuon_step_follows_ns_only_in_applied_steps) {
-  start(kOneMatrix, 1, 1000, 0);
+  start(kOneMatrix, 2, 1000, 0);
   auto req = [this](uint64_t s) {
     step_request r = request(s);
     r.groups[0].muon.variant = muon_variant::normuon;

@@ -264,12 +264,12 @@ BOOST_AUTO_TEST_CASE(gas_equivalence_and_ns_count_on_cuda) {
   }
 }
 
-// engine::time_backend_calls with the nccl comm (world 1): its collectives are timed beside
-// the backend's calls, as often as the step protocol issues them: a gather and a scatter per
-// Muon chunk (at world 1 the reduce-scatter is in place and the vote's and norm's all-reduces
-// answer with their own values: no device work, nothing timed). Each span is the collective's
-// work on its stream, so its time is positive and its busy time at most its summed time.
-BOOST_AUTO_TEST_CASE(nccl_collectives_are_timed) {
+// engine::time_backend_calls with the nccl comm (world 1): the step issues no collective at all
+// (the reduce-scatter is in place, the vote's and norm's all-reduces answer with their own
+// values, and NS runs on momentum's u where the gather and the scatter would only copy each
+// element to where it is), so nothing of NCCL is timed; the backend's calls are, each on its
+// track. (An NCCL call's timing: a_node_process_gathers_device_parameters_over_nccl.)
+BOOST_AUTO_TEST_CASE(world_one_step_issues_no_collective_and_its_calls_are_timed) {
   auto eng = make_engine(gpu_options(1, "nccl"));
   example::train_options t;
   t.steps = 2;
@@ -280,13 +280,9 @@ BOOST_AUTO_TEST_CASE(nccl_collectives_are_timed) {
   BOOST_REQUIRE_MESSAGE(rec, (rec ? "" : rec.err().to_string()));
   auto times = eng->take_backend_call_times(0);
   BOOST_REQUIRE_MESSAGE(times, (times ? "" : times.err().to_string()));
-  const int64_t chunks = static_cast<int64_t>(eng->layout()->chunks.size());
-  const call_time& c = (*times)["nccl all_to_all"];
-  BOOST_TEST_MESSAGE("nccl all_to_all: " << c.calls << " calls, " << c.ms << " ms, busy "
-                                         << c.busy_ms << " ms");
-  BOOST_TEST(c.calls == 2 * chunks * t.steps);
-  BOOST_TEST(c.ms > 0.0);
-  BOOST_TEST(c.busy_ms <= c.ms + 1e-9);
+  BOOST_TEST(times->count("nccl all_to_all") == 0u);
+  BOOST_TEST((*times)["newton_schulz"].calls > 0);
+  BOOST_TEST((*times)["momentum"].calls > 0);
   BOOST_TEST(times->count("nccl reduce_scatter") == 0u);
   BOOST_TEST(times->count("nccl all_reduce") == 0u);
   // The same period as a timeline: a span per call, Newton-Schulz on the lanes (tracks 1..3),
