@@ -40,6 +40,17 @@ def make_optimizer(model, args, trace_dir=None):
         os.environ.pop("ZMUON_TRACE", None)
 
 
+def one_step(opt, sync, clock=time.perf_counter):
+    """One optimizer step after a synchronize: the clock before it, when step() returned, and
+    after the synchronize that follows."""
+    sync()
+    t0 = clock()
+    opt.step()
+    t1 = clock()
+    sync()
+    return t0, t1, clock()
+
+
 def timed_parts(opt, sync, steps):
     """step()'s parts, from marks taken by wrapping the engine's calls: whichever of the three
     hand-over calls the step makes (on the device, hand_over), and step."""
@@ -57,39 +68,29 @@ def timed_parts(opt, sync, steps):
     for name in ("hand_over", "hand_over_reduced", "reduce"):
         wrap(name, "hand_over")
     wrap("step", "step")
-    first = "hand_over"
     rows = []
     for _ in range(steps):
-        sync()
-        t0 = time.perf_counter()
-        opt.step()
-        t1 = time.perf_counter()
-        sync()
-        t2 = time.perf_counter()
-        rows.append((marks[first + ">"] - t0, marks[first + "<"] - marks[first + ">"],
-                     marks["step>"] - marks[first + "<"], marks["step<"] - marks["step>"],
+        t0, t1, t2 = one_step(opt, sync)
+        rows.append((marks["hand_over>"] - t0, marks["hand_over<"] - marks["hand_over>"],
+                     marks["step>"] - marks["hand_over<"], marks["step<"] - marks["step>"],
                      t1 - marks["step<"], t2 - t1, t2 - t0))
     names = ["Python before the hand-over", "the hand-over's call", "Python between",
              "the engine's step()", "Python after", "the synchronize", "the whole step"]
     for i, name in enumerate(names):
         print(f"{name:<30} median {1e6 * statistics.median(r[i] for r in rows):8.1f} us")
-    return marks, first
+    return marks
 
 
-def timeline_step(opt, sync, marks, first):
+def timeline_step(opt, sync, marks):
     opt.time_calls(True)
-    sync()
-    t0 = time.perf_counter()
-    opt.step()
-    sync()
-    t2 = time.perf_counter()
+    t0, _, t2 = one_step(opt, sync)
     path = os.path.join(tempfile.mkdtemp(), "calls.json")
     opt.write_call_timeline(path)
     opt.time_calls(False)
     events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
     zero = min(e["ts"] for e in events)
     end = max(e["ts"] + e["dur"] for e in events) - zero
-    entered = marks[first + ">"]
+    entered = marks["hand_over>"]
     print(f"\none step with its call timeline: wall {1e6 * (t2 - t0):.1f} us = Python before the "
           f"hand-over {1e6 * (entered - t0):.1f} + the timeline's span {end:.1f} + after its "
           f"last call {1e6 * (t2 - entered) - end:.1f}")
@@ -104,12 +105,7 @@ def traced_step(model, args, sync):
     opt = make_optimizer(model, args, trace_dir)
     for _ in range(args.warmup):
         opt.step()
-    sync()
-    t0 = time.monotonic_ns()
-    opt.step()
-    t1 = time.monotonic_ns()
-    sync()
-    t2 = time.monotonic_ns()
+    t0, t1, t2 = one_step(opt, sync, time.monotonic_ns)  # the trace's clock, in ns
     opt.close()
     records = []
     for path in glob.glob(os.path.join(trace_dir, "*.jsonl")):
@@ -146,8 +142,8 @@ def main():
           f"{sum(p.numel() for p in model.parameters())} elements, on {args.device}")
     for _ in range(args.warmup):
         opt.step()
-    marks, first = timed_parts(opt, sync, args.steps)
-    timeline_step(opt, sync, marks, first)
+    marks = timed_parts(opt, sync, args.steps)
+    timeline_step(opt, sync, marks)
     opt.close()
     if args.trace:
         traced_step(model, args, sync)
