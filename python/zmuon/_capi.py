@@ -287,6 +287,10 @@ def _load():
     return lib
 
 
+try:  # PyTorch first, where installed: libzmuon.so's CUDA libraries (NCCL, cuBLAS) then bind,
+    import torch  # noqa: F401  by soname, to the ones torch loaded. Loaded the other way round,
+except ImportError:  # torch would find a toolkit's older NCCL in the process and fail to import.
+    pass
 _lib = _load()
 
 

@@ -167,8 +167,8 @@ class Gradients:
         torch = sys.modules.get("torch")
         if getattr(torch, "float32", None) is None:  # no torch, or a stand-in without dtypes
             return None
-        slots = self._param_slots()[1]
-        if not slots:
+        all_torch, slots = self._param_slots()
+        if not all_torch or not slots:  # numpy parameters: accumulate() names them
             return None
         tensor, fp32, staging = torch.Tensor, torch.float32, self._host_staging
         entries, keep = [], []

@@ -23,6 +23,8 @@ import zmuon
 try:  # PyTorch is optional: CI has none; where it is installed, the torch path is checked too
     import torch
 except ImportError:
+    if os.environ.get("ZMUON_TEST_TORCH") == "required":  # python_test_binding_torch
+        raise
     torch = None
 
 NS_ABC = (3.4445, -4.7750, 2.0315)
@@ -518,6 +520,15 @@ class TorchStreamHandOver(unittest.TestCase):
 
 @unittest.skipIf(torch is None, "PyTorch is not installed")
 class TorchTensors(unittest.TestCase):
+    """Run with torch by python_test_binding_torch."""
+
+    def test_accumulate_of_numpy_parameters_without_grads_names_one(self):
+        # With torch imported, the one-pass hand-over of .grad tensors leaves numpy parameters
+        # (which have none) to the general path, which names the first.
+        opt = zmuon.Muon(make_params(2))
+        with self.assertRaisesRegex(TypeError, "has no .grad"):
+            opt.accumulate()
+        opt.close()
 
     def test_torch_parameters_and_grads_match_numpy_arrays(self):
         host = make_params(8)

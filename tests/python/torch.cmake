@@ -10,6 +10,11 @@ foreach(test test_torch_optim test_torch_state test_torch_frameworks test_torch_
     LABELS embed torch ENV "HF_HUB_OFFLINE=1")
 endforeach()
 
+# test_binding's torch part (test_python_binding runs under the system python, without torch):
+# torch tensors against numpy arrays, host staging, numpy parameters beside an imported torch.
+zmuon_add_python_test(python_test_binding_torch MODULE test_binding.TorchTensors
+  PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 300 LABELS embed torch ENV "ZMUON_TEST_TORCH=required")
+
 # zmuon.Muon under torch.distributed (gloo): DDP and FSDP2 jobs of 2 to 4 processes.
 zmuon_add_python_test(python_test_torch_distributed MODULE test_torch_distributed
   PYTHON ${ZMUON_TORCH_PYTHON} TIMEOUT 900 LABELS embed torch ENV "HF_HUB_OFFLINE=1")
