@@ -51,7 +51,7 @@ def one_step(opt, sync, clock=time.perf_counter):
     return t0, t1, clock()
 
 
-def timed_parts(opt, sync, steps):
+def timed_parts(opt, sync, steps, new_grads=None):
     """step()'s parts, from marks taken by wrapping the engine's calls: whichever of the three
     hand-over calls the step makes (on the device, hand_over), and step."""
     eng, marks = opt._engine, {}
@@ -70,6 +70,8 @@ def timed_parts(opt, sync, steps):
     wrap("step", "step")
     rows = []
     for _ in range(steps):
+        if new_grads:
+            new_grads()
         t0, t1, t2 = one_step(opt, sync)
         rows.append((marks["hand_over>"] - t0, marks["hand_over<"] - marks["hand_over>"],
                      marks["step>"] - marks["hand_over<"], marks["step<"] - marks["step>"],
@@ -127,6 +129,9 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--trace", action="store_true", help="also one step's message trace")
+    ap.add_argument("--fresh-grads", action="store_true",
+                    help="new .grad tensors before each timed step, as a training loop's "
+                         "zero_grad() and backward give (else the same ones every step)")
     tt.add_model_args(ap, d_model=768, heads=12, layers=12, seq=64, batch=4)
     ap.set_defaults(vocab=50304)
     args = ap.parse_args()
@@ -135,14 +140,16 @@ def main():
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     torch.manual_seed(0)
     model = tt.TinyLM(args.vocab, args.d_model, args.heads, args.layers, args.seq).to(args.device)
-    for p in model.parameters():
-        p.grad = torch.randn_like(p) * 1e-3
+    def new_grads():
+        for p in model.parameters():
+            p.grad = torch.randn_like(p) * 1e-3
+    new_grads()
     opt = make_optimizer(model, args)
     print(f"{sum(1 for _ in model.parameters())} tensors, "
           f"{sum(p.numel() for p in model.parameters())} elements, on {args.device}")
     for _ in range(args.warmup):
         opt.step()
-    marks = timed_parts(opt, sync, args.steps)
+    marks = timed_parts(opt, sync, args.steps, new_grads if args.fresh_grads else None)
     timeline_step(opt, sync, marks)
     opt.close()
     if args.trace:

@@ -12,6 +12,7 @@ first, else the system's. Where neither is found, libzmuon_cpu.so is loaded:
 `library_path` says which one is in use, `cuda_missing` why the CUDA one was not.
 """
 
+import array
 import ctypes
 import ctypes.util
 import functools
@@ -373,16 +374,29 @@ def _path(value, what):
 
 
 _NAMES = {}  # name -> its checked C string: the same names come every step
-_ARRAYS = {}  # (what, count) -> the last entries and their array: most steps repeat them
+# (what, count, slot, thread) -> the last entries, their array, the array as 64-bit words, and
+# the entries' names, sizes and devices: most steps repeat them, often with new addresses (a new
+# .grad).
+_ARRAYS = {}
+_WORDS = ctypes.sizeof(Tensor) // 8  # a Tensor's 64-bit words, its data pointer the word at:
+_DATA_WORD = Tensor.data.offset // 8
 
 
-def _tensor_array(entries, what="gradient name"):
+def _tensor_array(entries, what="gradient name", slot=0):
     """entries: (name, data pointer, numel, device) tuples -> a ctypes array (names kept alive).
-    The C functions only read it during the call: the same entries get the same array."""
-    key = (what, len(entries))
+    The C functions only read it during the call: the same entries get the same array, and the
+    same tensors at new addresses the same array with its pointers rewritten. So an array is
+    the calling thread's, one per `slot` (a call that passes several arrays numbers them)."""
+    key = (what, len(entries), slot, threading.get_ident())
     last = _ARRAYS.get(key)
-    if last is not None and last[0] == entries:
-        return last[1]
+    if last is not None:
+        if last[0] == entries:
+            return last[1]
+        layout = [(name, numel, device) for name, _, numel, device in entries]
+        if layout == last[3]:
+            last[2][_DATA_WORD::_WORDS] = array.array("Q", [ptr or 0 for _, ptr, _, _ in entries])
+            _ARRAYS[key] = (list(entries), last[1], last[2], layout)
+            return last[1]
     arr = (Tensor * max(len(entries), 1))()
     for i, (name, ptr, numel, device) in enumerate(entries):
         text = _NAMES.get(name) if type(name) is str else None
@@ -392,7 +406,9 @@ def _tensor_array(entries, what="gradient name"):
                 _NAMES[name] = text
         arr[i] = Tensor(text, ptr, numel, device)
     if key in _ARRAYS or len(_ARRAYS) < 64:
-        _ARRAYS[key] = (list(entries), arr)
+        words = memoryview(arr).cast("B").cast("Q")
+        _ARRAYS[key] = (list(entries), arr, words,
+                        [(name, numel, device) for name, _, numel, device in entries])
     return arr
 
 
@@ -502,7 +518,7 @@ class Engine:
     def reduce_all(self, entries_by_rank):
         """One micro-batch of every local rank (entries_by_rank[i]: local rank i's), each
         handed over on a thread of its own inside the engine."""
-        arrays = [_tensor_array(entries) for entries in entries_by_rank]
+        arrays = [_tensor_array(entries, slot=i) for i, entries in enumerate(entries_by_rank)]
         pointers = (ctypes.POINTER(Tensor) * len(arrays))(
             *[ctypes.cast(a, ctypes.POINTER(Tensor)) for a in arrays])
         counts = (ctypes.c_size_t * len(arrays))(*[len(entries) for entries in entries_by_rank])

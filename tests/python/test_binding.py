@@ -518,6 +518,32 @@ class TorchStreamHandOver(unittest.TestCase):
             self.assertEqual(self.calls["synchronize"], expected_syncs, f"ranks {ranks}")
 
 
+class HandOverArrays(unittest.TestCase):
+    """The C array of a hand-over's entries, reused across calls (zmuon._capi._tensor_array)."""
+
+    def test_new_addresses_are_written_and_other_tensors_get_their_own(self):
+        from zmuon._capi import _tensor_array
+        entries = [(f"layer.{i}.weight", 0x1000 + 64 * i, 10 + i, -1) for i in range(5)]
+        first = _tensor_array(entries, "array test")
+        moved = [(n, ptr + 8, numel, dev) for n, ptr, numel, dev in entries]
+        again = _tensor_array(moved, "array test")  # a new backward's .grad: new addresses
+        self.assertIs(again, first)
+        self.assertEqual([again[i].data for i in range(5)], [e[1] for e in moved])
+        self.assertEqual([again[i].numel for i in range(5)], [e[2] for e in moved])
+        self.assertEqual(again[4].name, b"layer.4.weight")
+        resized = moved[:4] + [("layer.4.weight", 0x9000, 99, -1)]
+        other = _tensor_array(resized, "array test")  # not the same tensors: built anew
+        self.assertIsNot(other, first)
+        self.assertEqual((other[4].data, other[4].numel), (0x9000, 99))
+        self.assertEqual(_tensor_array(moved, "array test")[4].numel, 14)
+        # One call's several arrays (reduce_all: a rank each) are slots of their own.
+        ranks = [[(n, ptr + 4096 * r, numel, dev) for n, ptr, numel, dev in entries]
+                 for r in range(2)]
+        arrays = [_tensor_array(e, "array test", slot=r) for r, e in enumerate(ranks)]
+        self.assertIsNot(arrays[0], arrays[1])
+        self.assertEqual([a[2].data for a in arrays], [ranks[0][2][1], ranks[1][2][1]])
+
+
 @unittest.skipIf(torch is None, "PyTorch is not installed")
 class TorchTensors(unittest.TestCase):
     """Run with torch by python_test_binding_torch."""
