@@ -39,6 +39,11 @@
 #                                # only past the spread of each version's own two runs.
 #                                # Logs ab_*.log in $OUT
 #
+#   bench/dev/gpu-check.sh latency   # there: zmuon.Muon.step()'s host time in its parts, its
+#                                # call timeline and one step's message trace on Python's clock
+#                                # (bench/torch_step_latency.py --trace, with the same .grad
+#                                # tensors and with new ones each step): $OUT/step_latency*.txt
+#
 # With the device tool: run(command="bash bench/dev/gpu-check.sh", carry=[".carry"]).
 set -uo pipefail
 
@@ -117,6 +122,23 @@ interleave() {
   shift
   ZMUON_LIBRARY="$unpacked/lib/libzmuon.so" PYTHONPATH="$root/python" timeout "$limit" \
     python3 bench/ns_torch.py --interleave "$@"
+}
+
+# bench/torch_step_latency.py with the unpacked libzmuon.so on the GPU, both ways of .grad.
+latency() {
+  local out="${OUT:-$root/out}" status=0
+  mkdir -p "$out"
+  unpack || return 1
+  for grads in same fresh; do
+    local extra=() log="$out/step_latency.txt"
+    [[ $grads == fresh ]] && extra=(--fresh-grads) && log="$out/step_latency_fresh_grads.txt"
+    echo "== bench/torch_step_latency.py --device cuda --trace ${extra[*]}"
+    ZMUON_LIBRARY="$unpacked/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 200 \
+      python3 bench/torch_step_latency.py --device cuda --trace "${extra[@]}" >"$log" 2>&1
+    [[ $? -ne 0 ]] && status=1
+    grep -E "median|one step|one traced" "$log"
+  done
+  return $status
 }
 
 check() {
@@ -403,5 +425,6 @@ case "${1:-check}" in
   check) check ;;
   exec) shift && check "$@" ;;
   profile) shift && check --profile "$@" ;;
-  *) echo "usage: bench/dev/gpu-check.sh [pack|base REV|check|ab|exec BINARY ARGS...|profile REGEX COUNT BINARY ARGS...]" >&2; exit 2 ;;
+  latency) latency ;;
+  *) echo "usage: bench/dev/gpu-check.sh [pack|base REV|check|ab|latency|exec BINARY ARGS...|profile REGEX COUNT BINARY ARGS...]" >&2; exit 2 ;;
 esac
