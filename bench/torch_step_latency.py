@@ -31,13 +31,10 @@ import torch_train as tt  # noqa: E402  (sets up zmuon's import path and library
 
 
 def make_optimizer(model, args, trace_dir=None):
-    if trace_dir:  # read when the engine is made
-        os.environ["ZMUON_TRACE"] = trace_dir
-    try:
-        return tt.zmuon.Muon(model.named_parameters(),
-                             tt.zmuon_config(args, "cuda" if args.device == "cuda" else "host"))
-    finally:
-        os.environ.pop("ZMUON_TRACE", None)
+    config = tt.zmuon_config(args, "cuda" if args.device == "cuda" else "host")
+    if trace_dir:
+        config["zmuon"]["trace"] = trace_dir
+    return tt.zmuon.Muon(model.named_parameters(), config)
 
 
 def one_step(opt, sync, clock=time.perf_counter):
