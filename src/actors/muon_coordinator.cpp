@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <optional>
 
 #include "caf/all.hpp"
 
+#include "actors/qk_clip.hpp"
 #include "actors/staging.hpp"
 #include "messages/errors.hpp"
 #include "plan/ownership.hpp"
@@ -79,7 +79,7 @@ struct coordinator_state {
   group_hparams defaults;  // the options' values, for a group the step request does not list
   int group_count = 1;     // the plan's hyperparameter groups
   std::vector<chunk_ownership> own;
-  std::vector<bool> padded;  // per chunk: this rank's shards have padding (the scatter skips it)
+  std::vector<bool> padded;    // per chunk: this rank's shards have padding (the scatter skips it)
   std::vector<bool> in_place;  // per chunk: u is laid out as the owner's buffer (world 1): no
                                // gather and no scatter (laid_out_as_shard)
   std::optional<step_work> work;  // the step in progress
@@ -279,56 +279,6 @@ void rescale_bf16_blocks(coordinator_state& st, int c, uint16_t* full) {
 }
 
 // -- MuonClip: the heads to clip ----------------------------------------------------------------
-
-// Factor of one head under MuonClip (Kimi K2, arXiv:2507.20534, Algorithm 1): when the head's
-// largest logit S exceeds tau, its query and its key are each scaled by sqrt(tau / S), so that
-// their product's logits scale by tau / S. 1 otherwise.
-float qk_factor(double tau, double max_logit) {
-  return tau > 0 && max_logit > tau ? static_cast<float>(std::sqrt(tau / max_logit)) : 1.0f;
-}
-
-// The clip ranges of this rank's shard: rows [r0, r1) of parameter p scaled by `factor`.
-void add_clip_rows(const coordinator_state& st, const param_layout& p, int64_t r0, int64_t r1,
-                   float factor, std::vector<clip_range>& out) {
-  const int64_t row_len = p.numel / p.shape[0];
-  auto [first, last] = shard_part(p, st.rank, r0 * row_len, r1 * row_len);
-  if (last > first)
-    out.push_back(clip_range{p.shard_offset + first - static_cast<int64_t>(st.rank) * p.shard_len,
-                             last - first, factor});
-}
-
-// The heads to clip from the step's maxima over all ranks and micro-batches; `any` is true when
-// some head of some pair is clipped (the same on every rank).
-std::vector<clip_range> clip_ranges(const coordinator_state& st, const std::vector<double>& max,
-                                    bool& any) {
-  const auto& pl = *st.pl;
-  std::vector<clip_range> out;
-  for (const auto& pair : pl.qk_pairs) {
-    const auto& q = pl.params[pair.query];
-    const auto& k = pl.params[pair.key];
-    const double tau = rule_of(st, q.hparam_group).qk_clip_tau;
-    const int64_t group = pair.query_heads / pair.key_heads;  // query heads per key head (GQA)
-    const int64_t dq = q.shape[0] / pair.query_heads;
-    const int64_t dk = k.shape[0] / pair.key_heads;
-    for (int64_t j = 0; j < pair.key_heads; ++j) {
-      double group_max = -std::numeric_limits<double>::infinity();
-      for (int64_t h = j * group; h < (j + 1) * group; ++h) {
-        const double s = max[pair.value_offset + h];
-        group_max = std::max(group_max, s);
-        const float f = qk_factor(tau, s);
-        if (f != 1.0f) {
-          any = true;
-          add_clip_rows(st, q, h * dq, (h + 1) * dq, f, out);
-        }
-      }
-      // A key head shared by a group of query heads takes the group's largest logit.
-      const float f = qk_factor(tau, group_max);
-      if (f != 1.0f)
-        add_clip_rows(st, k, j * dk, (j + 1) * dk, f, out);
-    }
-  }
-  return out;
-}
 
 bool qk_clip_on(const coordinator_state& st) {
   for (const auto& pair : st.pl->qk_pairs)
@@ -698,8 +648,11 @@ void clip_qk(coord_pointer self, Then then) {
                                                           + std::to_string(st.pl->qk_values)));
       return;
     }
+    std::vector<double> tau;  // each pair's, from its query's group
+    for (const auto& pair : st.pl->qk_pairs)
+      tau.push_back(rule_of_param(st, pair.query).qk_clip_tau);
     bool any = false;
-    auto ranges = clip_ranges(st, res.values, any);
+    auto ranges = qk_clip_ranges(*st.pl, st.rank, tau, res.values, any);
     if (!any) {
       then();
       return;

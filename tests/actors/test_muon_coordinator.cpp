@@ -132,9 +132,9 @@ struct coord_fixture : actor_fixture {
         out.push_back(full[q * p.shard_len + k]);
     });
   }
-  /// NS of matrix i, each block (each head of it) alone, scaled by sqrt(max(1, rows/cols)) of a block
-  /// (0.2 * sqrt(max(rows, cols)) under match_rms_adamw), with its group's NS options where the
-  /// test sent groups (`groups`), else the options'.
+  /// NS of matrix i, each block (each head of it) alone, scaled by sqrt(max(1, rows/cols)) of a
+  /// block (0.2 * sqrt(max(rows, cols)) under match_rms_adamw), with its group's NS options where
+  /// the test sent groups (`groups`), else the options'.
   std::vector<float> reference_update(int i) {
     const auto& p = pl->params[i];
     const bool grouped = p.hparam_group < static_cast<int>(groups.size());
@@ -236,10 +236,10 @@ BOOST_AUTO_TEST_CASE(clean_step_world_one_sends_exactly_the_protocol) {
   auto r = step(1);
   // World 1: the owner's buffer is the shard's own layout, so no gather and no scatter; NS
   // runs on momentum's u where the store wrote it, and the update is read from there.
-  const std::vector<std::string> expected = {
-      "reducer: flush 1",         "scaler: check_overflow 1", "store: unscale_clip 1",
-      "store: muon_momentum 1/0", "store: adamw_step 1",      "store: apply_muon 1/0",
-      "store: finish_step 1"};
+  const std::vector<std::string> expected = {"reducer: flush 1",      "scaler: check_overflow 1",
+                                             "store: unscale_clip 1", "store: muon_momentum 1/0",
+                                             "store: adamw_step 1",   "store: apply_muon 1/0",
+                                             "store: finish_step 1"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   double clip = 1.0 / (raw_norm + 1e-6);  // torch's clip_grad_norm_ coefficient

@@ -318,8 +318,8 @@ BOOST_AUTO_TEST_CASE(launcher_flag_and_environment_write_traces) {
   // An embedded engine made from a config takes the config's key: the trace holds its step.
   const std::string config_dir = dir + "/from_config";
   {
-    auto made = engine::create_from_json(
-        R"({"zmuon": {"ranks": 1, "trace": )" + json(config_dir).dump() + "}}");
+    auto made = engine::create_from_json(R"({"zmuon": {"ranks": 1, "trace": )"
+                                         + json(config_dir).dump() + "}}");
     BOOST_REQUIRE_MESSAGE(made, (made ? "" : made.err().to_string()));
     auto& eng = **made;
     BOOST_REQUIRE(!eng.add_parameter(param_spec{"w", {4, 3}}, std::vector<float>(12, 0.5f)));
