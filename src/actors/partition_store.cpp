@@ -42,6 +42,12 @@ struct store_state {
   // nor after the unscale).
   std::unique_ptr<part_scans> bucket_scans;
   std::vector<bool> scanned;
+  // Per reduce bucket: the caller's gradients it is read from this step where they lie (a
+  // reduced device hand-over kept until the step: its first accumulate's pieces), or null: the
+  // gradient buffer holds it. Per parameter, where its gradient is then read (grad_at, null:
+  // the buffer, zeroed there where no piece lands).
+  std::vector<gradient_pieces> in_place;
+  std::vector<const float*> grad_at;
   device_buffer momentum;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
@@ -102,25 +108,92 @@ caf::result<ack> scale_clipped_heads(store_pointer self, const qk_clip_scale& ms
   return ack{msg.step};
 }
 
-/// The gradient is zero from here on: every bucket unwritten, nothing touched.
+/// The gradient is zero from here on: every bucket unwritten, nothing touched, none read from
+/// the caller's memory.
 void forget_gradient(store_pointer self) {
   auto& st = self->state;
   st.written.assign(st.pl->buckets.size(), false);
+  st.in_place.assign(st.pl->buckets.size(), nullptr);
+  st.grad_at.assign(st.pl->params.size(), nullptr);
 }
 
-/// Before the gradient is read: the buckets no slice reached this step are zeroed.
-void materialize(store_pointer self) {
+/// A bucket's first pieces of the step read where they lie: the scan taken without a copy
+/// (compute_backend::scan_pieces), each parameter's gradient read from its piece by the
+/// momentum and the non-Muon rule, a parameter no piece reaches zeroed in the buffer. False,
+/// and nothing done, where a parameter's shard lies across pieces or partly outside them.
+bool read_in_place(store_pointer self, int bucket, const gradient_pieces& pieces) {
+  auto& st = self->state;
+  const auto& pl = *st.pl;
+  const auto& b = pl.buckets[bucket];
+  const std::vector<copy_piece>& ps = *pieces;
+  std::vector<std::pair<int, const float*>> at;
+  std::vector<int> gaps;
+  size_t k = 0;
+  for (int i = b.first_param; i < b.end_param; ++i) {
+    const auto& p = pl.params[i];
+    const int64_t begin = p.shard_offset - b.shard_offset;
+    const int64_t end = begin + p.shard_len;
+    while (k < ps.size() && (ps[k].n <= 0 || ps[k].dst_offset + ps[k].n <= begin))
+      ++k;  // pieces that end before this parameter's shard
+    if (p.shard_len == 0)
+      continue;
+    if (k == ps.size() || ps[k].dst_offset >= end)
+      gaps.push_back(i);
+    else if (ps[k].dst_offset <= begin && end <= ps[k].dst_offset + ps[k].n)
+      at.emplace_back(i, ps[k].src + (begin - ps[k].dst_offset));
+    else
+      return false;
+  }
+  for (int i : gaps)
+    st.be->fill_zero(st.grads.data() + pl.params[i].shard_offset, pl.params[i].shard_len);
+  st.be->scan_pieces(st.grads.data() + b.shard_offset, b.shard_len, ps, *st.bucket_scans, bucket);
+  for (const auto& [i, src] : at)
+    st.grad_at[i] = src;
+  st.in_place[bucket] = pieces;
+  return true;
+}
+
+/// A bucket read in place copied into the gradient buffer (before an add, a scale or a copy
+/// out), as its accumulate would have done.
+void copy_in(store_pointer self, int bucket) {
+  auto& st = self->state;
+  const auto& b = st.pl->buckets[bucket];
+  st.be->accumulate_pieces_scanned(st.grads.data() + b.shard_offset, b.shard_len,
+                                   *st.in_place[bucket], accumulate_mode::copy, *st.bucket_scans,
+                                   bucket);
+  for (int i = b.first_param; i < b.end_param; ++i)
+    st.grad_at[i] = nullptr;
+  st.in_place[bucket] = nullptr;
+}
+
+/// Where the gradient is read. `in_place`: by the momentum, the non-Muon rule or the scan,
+/// which read a bucket's parameters where read_in_place left them; otherwise from the buffer.
+enum class reader { in_place, buffer };
+
+/// Before the gradient is read: the buckets no slice reached this step are zeroed, and for a
+/// reader of the buffer those read in place are copied in.
+void materialize(store_pointer self, reader by = reader::buffer) {
   auto& st = self->state;
   const auto& buckets = st.pl->buckets;
   for (size_t b = 0; b < buckets.size(); ++b) {
-    if (st.written[b])
+    if (st.written[b]) {
+      if (by == reader::buffer && st.in_place[b])
+        copy_in(self, static_cast<int>(b));
       continue;
+    }
     st.be->accumulate_scanned(st.grads.data() + buckets[b].shard_offset, nullptr,
                               buckets[b].shard_len, accumulate_mode::zero, *st.bucket_scans,
                               static_cast<int>(b));
     st.written[b] = true;
     st.scanned[b] = true;
   }
+}
+
+/// Slice k of `gs` as this step reads it: with its gradient's place where read in place.
+param_slice read_slice(const store_state& st, const group_slices& gs, size_t k) {
+  param_slice s = gs.slices[k];
+  s.grad = st.grad_at[gs.params[k]];
+  return s;
 }
 
 // Sends gpu_done{step, what} to the store once the backend's queued work has finished.
@@ -134,7 +207,7 @@ void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
 // for the GPU).
 caf::result<grad_scan> scan_for(store_pointer self, uint64_t step) {
   auto& st = self->state;
-  materialize(self);
+  materialize(self, reader::in_place);
   auto promise = self->make_response_promise<grad_scan>();
   auto result = std::make_shared<scan_result>();
   if (std::find(st.scanned.begin(), st.scanned.end(), false) == st.scanned.end())
@@ -256,6 +329,8 @@ void init_state(store_state& st, std::shared_ptr<const plan> pl, int rank,
   st.params = st.be->allocate(p.shard_total);
   st.grads = st.be->allocate(p.shard_total);
   st.written.assign(p.buckets.size(), true);  // allocated zero
+  st.in_place.assign(p.buckets.size(), nullptr);
+  st.grad_at.assign(p.params.size(), nullptr);
   st.bucket_scans = st.be->make_part_scans(static_cast<int>(p.buckets.size()));
   st.scanned.assign(p.buckets.size(), true);  // zero parts
   st.momentum = st.be->allocate(p.muon_state_total);
@@ -329,7 +404,7 @@ template <class Call>
 void by_touch(const store_state& st, const group_slices& gs, Call call) {
   std::vector<param_slice> on, off;
   for (size_t k = 0; k < gs.params.size(); ++k)
-    (is_touched(st, gs.params[k]) ? on : off).push_back(gs.slices[k]);
+    (is_touched(st, gs.params[k]) ? on : off).push_back(read_slice(st, gs, k));
   if (!on.empty())
     call(on, true);
   if (!off.empty())
@@ -346,7 +421,7 @@ caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
     return err;
   if (auto err = check_values(st, msg.step, "muon_momentum"))
     return err;
-  materialize(self);
+  materialize(self, reader::in_place);
   const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
   const int64_t origin = st.pl->chunks[msg.chunk].state_offset;
   for (const auto& gs : st.chunk_groups[msg.chunk]) {
@@ -395,7 +470,7 @@ caf::error run_scalar_rule(store_pointer self, const adamw_step& msg) {
   if (auto err = check_values(st, msg.step, "adamw_step"))
     return err;
   ++st.adam_steps;
-  materialize(self);
+  materialize(self, reader::in_place);
   for (const auto& gs : st.adam_groups) {
     std::vector<std::pair<int64_t, std::vector<param_slice>>> by_count;
     for (size_t k = 0; k < gs.params.size(); ++k) {
@@ -406,7 +481,7 @@ caf::error run_scalar_rule(store_pointer self, const adamw_step& msg) {
                              [&](const auto& c) { return c.first == n; });
       if (it == by_count.end())
         it = by_count.insert(by_count.end(), {n, {}});
-      it->second.push_back(gs.slices[k]);
+      it->second.push_back(read_slice(st, gs, k));
     }
     for (const auto& [n, slices] : by_count)
       st.be->scalar_update_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
@@ -514,6 +589,13 @@ caf::error add_slice(store_pointer self, const accumulate& msg) {
   auto& b = pl.buckets[msg.bucket];
   float* dst = st.grads.data() + b.shard_offset;
   const bool first = !st.written[msg.bucket];
+  if (first && msg.pieces && read_in_place(self, msg.bucket, msg.pieces)) {
+    st.written[msg.bucket] = true;
+    st.scanned[msg.bucket] = true;
+    return {};
+  }
+  if (st.in_place[msg.bucket])  // a later micro-batch adds to it: into the buffer first
+    copy_in(self, msg.bucket);
   if (msg.pieces) {  // read where the caller keeps them, in the accumulate's own pass
     st.be->accumulate_pieces_scanned(dst, n, *msg.pieces,
                                      first ? accumulate_mode::copy : accumulate_mode::add,

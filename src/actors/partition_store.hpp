@@ -5,7 +5,10 @@
 // Interface:
 //   accumulate -> ack        (reducer) add a reduced bucket slice to the gradient shard (a
 //                            bucket's first slice of a step is copied in: a zeroed gradient is
-//                            only marked unwritten, never filled, until something reads it)
+//                            only marked unwritten, never filled, until something reads it);
+//                            a bucket's first pieces of a step (the caller's device gradients,
+//                            kept until the step) are only scanned, and the momentum and the
+//                            non-Muon rule read each parameter's gradient where it lies
 //   scan_grads -> grad_scan  (loss scaler) non-finite flag and sum of squares of the gradient
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
 //   unscale_clip -> ack      (coordinator) the step applies: gradient *= clip / (scale *

@@ -73,13 +73,21 @@ struct scan_result {
 /// or for all AdamW parameters): its offset in the buffers laid out like the parameter shards
 /// (params, grads) and in those laid out like the optimizer state (momentum, Adam moments, and a
 /// chunk's u or update, which begin at the chunk's first state offset, `origin`), its length,
-/// and its Muon update scale.
+/// its Muon update scale, and where its gradient is read when not in the gradient buffer.
 struct param_slice {
   int64_t shard_offset = 0;
   int64_t state_offset = 0;
   int64_t n = 0;
   float scale = 1.0f;
+  // The slice's n gradient elements where the caller keeps them (the store's gradient read in
+  // place); null: at shard_offset in the gradient buffer the call is given.
+  const float* grad = nullptr;
 };
+
+/// Where a call over several parameters reads slice `s`'s gradient: its own, or `g`'s.
+inline const float* grad_of(const param_slice& s, const float* g) {
+  return s.grad != nullptr ? s.grad : g + s.shard_offset;
+}
 
 /// One of the copies of copy_pieces(): `n` floats from `src` (a buffer of the backend) to
 /// `dst_offset` in the destination.
@@ -244,16 +252,16 @@ public:
   // defaults make those calls. The CUDA backend runs a whole chunk in one kernel, so that a
   // table of many small parameters is not bound by launches (one call instead of one a
   // parameter).
-  /// momentum() / momentum_to_bf16() per slice: m at state_offset, g at shard_offset, u at
-  /// state_offset - origin.
+  /// momentum() / momentum_to_bf16() per slice: m at state_offset, the gradient at grad_of(s,
+  /// g), u at state_offset - origin.
   virtual void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
                                const std::vector<param_slice>& slices, float beta, bool nesterov) {
     for (const param_slice& s : slices) {
       if (u.f32 != nullptr)
-        momentum(m + s.state_offset, g + s.shard_offset, u.f32 + (s.state_offset - origin), s.n,
-                 beta, nesterov);
+        momentum(m + s.state_offset, grad_of(s, g), u.f32 + (s.state_offset - origin), s.n, beta,
+                 nesterov);
       else
-        momentum_to_bf16(m + s.state_offset, g + s.shard_offset, u.bf16 + (s.state_offset - origin),
+        momentum_to_bf16(m + s.state_offset, grad_of(s, g), u.bf16 + (s.state_offset - origin),
                          s.n, beta, nesterov);
     }
   }
@@ -284,12 +292,13 @@ public:
       }
     }
   }
-  /// scalar_update() per slice: p and g at shard_offset, m and v at state_offset.
+  /// scalar_update() per slice: p at shard_offset, the gradient at grad_of(s, g), m and v at
+  /// state_offset.
   virtual void scalar_update_slices(float* p, const float* g, float* m, float* v,
                                     const std::vector<param_slice>& slices,
                                     const scalar_args& args) {
     for (const param_slice& s : slices)
-      scalar_update(p + s.shard_offset, g + s.shard_offset, m + s.state_offset, v + s.state_offset,
+      scalar_update(p + s.shard_offset, grad_of(s, g), m + s.state_offset, v + s.state_offset,
                     s.n, args);
   }
 
@@ -342,6 +351,12 @@ public:
   virtual void accumulate_pieces_scanned(float* dst, int64_t n,
                                          const std::vector<copy_piece>& pieces,
                                          accumulate_mode mode, part_scans& scans, int part);
+  /// The scan that accumulate_pieces_scanned(dst, n, pieces, copy, ...) keeps as part `part`,
+  /// bit for bit, with nothing written: dst is only where that copy would go (the store's
+  /// gradient read where the caller keeps it). The default copies into a buffer of its own; the
+  /// CUDA backend runs that copy's kernel without its stores.
+  virtual void scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
+                           part_scans& scans, int part);
   /// The parts' scans together, as scan() of the whole buffer would give them up to the order
   /// of the sum (fixed: part by part), without waiting: `*out` holds the result when
   /// when_done's callback runs.

@@ -20,6 +20,14 @@ void compute_backend::accumulate_pieces_scanned(float* dst, int64_t n,
   accumulate_scanned(dst, packed.data(), n, mode, scans, part);
 }
 
+void compute_backend::scan_pieces(const float* dst, int64_t n,
+                                  const std::vector<copy_piece>& pieces, part_scans& scans,
+                                  int part) {
+  (void)dst;
+  device_buffer packed = allocate_for_overwrite(n);
+  accumulate_pieces_scanned(packed.data(), n, pieces, accumulate_mode::copy, scans, part);
+}
+
 void compute_backend::scan_parts_async(part_scans& scans, scan_result* out) {
   scan_result total;
   for (const scan_result& s : dynamic_cast<host_part_scans&>(scans).scans) {

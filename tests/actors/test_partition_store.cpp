@@ -81,6 +81,14 @@ struct store_fixture : actor_fixture {
 
   store_snapshot snapshot() { return value_of(call<store_snapshot>(snapshot_atom::value)); }
 
+  /// call() to another store.
+  template <class Reply = ack, class Msg>
+  Reply call_on(partition_store_actor& to, Msg msg) {
+    auto r = ask<Reply>(to, std::move(msg));
+    run();
+    return value_of(r);
+  }
+
   void load(const std::vector<float>& params) {
     value_of(call(load_params{0, std::make_shared<const std::vector<float>>(params)}));
   }
@@ -170,6 +178,101 @@ BOOST_AUTO_TEST_CASE(accumulate_reads_a_buckets_pieces_where_they_lie) {
   accumulate outside{4, 2, 1, {}, false, of(g1, {{nullptr, 1, n}})};
   check_error(call(outside), errc::shape_mismatch, "bucket 1");
   BOOST_CHECK(snapshot().grads == expected);
+}
+
+// A bucket's first pieces of a step, each a parameter's gradient where the caller keeps it, are
+// read there: the scan, the momentum and the non-Muon rule equal, bit for bit, those of a store
+// whose gradients were copied in; a change the caller makes after the accumulate shows in the
+// step (nothing copied); a parameter no piece reaches reads zeros; nothing is written into the
+// caller's memory. A later micro-batch's add copies the bucket in first.
+BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
+  auto copied = keep(spawn_partition_store(sys, pl, kRank, be));
+  run();
+  const auto params = eighths(pl->shard_total, 3);
+  load(params);
+  call_on(copied, load_params{0, std::make_shared<const std::vector<float>>(params)});
+  accumulate_all(0, eighths(pl->shard_total, 9));  // left in the buffer, only marked zero
+  value_of(call(discard_grads{0}));
+  auto g = eighths(pl->shard_total, 4);  // the caller's gradients, laid out as the shard
+  const auto& gap = pl->params[1];       // b.bias: no piece reaches it
+  std::vector<float> flat = g;
+  std::fill(flat.begin() + gap.shard_offset, flat.begin() + gap.shard_offset + gap.shard_len, 0.f);
+  const auto hand_over = [&](uint64_t step) {
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
+      const auto& bk = pl->buckets[b];
+      std::vector<copy_piece> pieces;
+      for (int i = bk.first_param; i < bk.end_param; ++i)
+        if (i != 1)
+          pieces.push_back({g.data() + pl->params[i].shard_offset,
+                            pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
+      value_of(call(accumulate{step, 0, b, {}, false,
+                               std::make_shared<const std::vector<copy_piece>>(pieces)}));
+    }
+  };
+  const auto copy_in = [&](uint64_t step) {
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
+      const auto& bk = pl->buckets[b];
+      call_on(copied, accumulate{step, 0, b, {flat.data() + bk.shard_offset, bk.shard_len}});
+    }
+  };
+  hand_over(1);
+  copy_in(1);
+  const auto scan = value_of(call<grad_scan>(scan_grads{1}));
+  const auto scan_copied = call_on<grad_scan>(copied, scan_grads{1});
+  BOOST_CHECK(!scan.nonfinite && !scan_copied.nonfinite);
+  BOOST_CHECK_EQUAL(scan.sum_squares, scan_copied.sum_squares);
+  BOOST_CHECK_GT(scan.sum_squares, 0.0);
+
+  // The caller changes c.weight's gradient after the accumulate; the copied store gets it anew.
+  const auto& changed = pl->params[2];
+  for (int64_t i = 0; i < changed.shard_len; ++i) {
+    g[changed.shard_offset + i] *= 2.0f;
+    flat[changed.shard_offset + i] *= 2.0f;
+  }
+  call_on(copied, discard_grads{1});
+  copy_in(1);
+  const std::vector<float> caller = g;
+  auto table = std::make_shared<const std::vector<group_hparams>>(std::vector<group_hparams>{
+      muon_values(0.9f, true, 0.1f, 0.5f, adamw_options{0.01f, 0.9f, 0.95f, 1e-8f, 0.1f})});
+  std::vector<std::vector<float>> u(2, std::vector<float>(pl->muon_state_total, -99.0f));
+  int which = 0;
+  for (partition_store_actor* to : {&store, &copied}) {
+    call_on(*to, unscale_clip{1, 1.0f, table, {}});
+    for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
+      const auto& ch = pl->chunks[c];
+      call_on(*to, muon_momentum{1, c, {u[which].data() + ch.state_offset, ch.shard_len}});
+    }
+    call_on(*to, adamw_step{1});
+    call_on(*to, finish_step{1, false});
+    ++which;
+  }
+  BOOST_CHECK(g == caller);
+  BOOST_CHECK(u[0] == u[1]);
+  const auto a = snapshot();
+  const auto b = call_on<store_snapshot>(copied, snapshot_atom::value);
+  BOOST_CHECK(a.params == b.params);
+  BOOST_CHECK(a.params != params);  // AdamW moved them
+  BOOST_CHECK(a.momentum == b.momentum);
+  BOOST_CHECK(a.exp_avg == b.exp_avg);
+  BOOST_CHECK(a.exp_avg_sq == b.exp_avg_sq);
+  std::vector<double> changed_m(changed.shard_len);  // momentum from zero: (1 - beta) * 2g
+  for (int64_t i = 0; i < changed.shard_len; ++i)
+    changed_m[i] = 0.1 * static_cast<double>(g[changed.shard_offset + i]);
+  check_close(std::vector<float>(a.momentum.begin() + changed.state_offset,
+                                 a.momentum.begin() + changed.state_offset + changed.shard_len),
+              changed_m, 1e-6, 0, "c.weight's momentum");
+
+  // Step 2: pieces, then a second micro-batch's slice added: the buffer holds both.
+  hand_over(2);
+  std::vector<float> more = eighths(pl->shard_total, 5);
+  for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
+    const auto& bk = pl->buckets[b];
+    value_of(call(accumulate{2, 1, b, {more.data() + bk.shard_offset, bk.shard_len}}));
+  }
+  std::vector<float> sum(pl->shard_total);
+  for (size_t i = 0; i < sum.size(); ++i)
+    sum[i] = flat[i] + more[i];  // exact: multiples of 1/8
+  BOOST_CHECK(snapshot().grads == sum);
 }
 
 BOOST_AUTO_TEST_CASE(scan_reports_sum_of_squares_and_non_finite_values) {

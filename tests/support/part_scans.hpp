@@ -183,6 +183,25 @@ inline void check_piece_scans(compute_backend& be) {
     };
     be.accumulate_pieces_scanned(bucket.data(), n, pieces_of(a), accumulate_mode::copy, *scans, 1);
     check("copied");
+    // The same scan without the copy (scan_pieces: the store's gradient read in place), bit for
+    // bit, into a destination that keeps what it held.
+    {
+      const std::vector<float> stale = random_floats(n, 24);
+      const device_buffer untouched = upload(be, stale);
+      std::unique_ptr<part_scans> alone = be.make_part_scans(2);
+      be.scan_pieces(untouched.data(), n, pieces_of(a), *alone, 1);
+      const scan_result copied = scan_of_parts(be, *scans), scanned = scan_of_parts(be, *alone);
+      BOOST_TEST(!scanned.nonfinite);
+      BOOST_TEST(std::memcmp(&copied.sum_squares, &scanned.sum_squares, sizeof(double)) == 0,
+                 count << " pieces, scan_pieces: " << scanned.sum_squares << " against the copy's "
+                       << copied.sum_squares);
+      BOOST_TEST(download(be, untouched) == stale, count << " pieces, scan_pieces wrote");
+      std::vector<float> bad(first);
+      bad[src_at[count - 1]] = std::numeric_limits<float>::infinity();
+      const device_buffer poison = upload(be, bad);
+      be.scan_pieces(untouched.data(), n, pieces_of(poison), *alone, 1);
+      BOOST_TEST(scan_of_parts(be, *alone).nonfinite, count << " pieces: an inf scanned");
+    }
     // Added where every element is covered: the bucket's own run of pieces, back to back.
     std::vector<copy_piece> whole;
     for (int64_t at = 0; at < n; at += 1000 + at % 7)

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,49 @@ inline void check_slice_calls(compute_backend& be) {
       BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, what << ": m");
       BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, what << ": u");
     }
+  }
+
+  // Every third slice's gradient read where it lies elsewhere (param_slice::grad: the store's
+  // gradient read in place), some of them at unaligned addresses, and the buffer's copy of it
+  // poisoned: momentum_slices and scalar_update_slices give the per-parameter calls' bits.
+  {
+    std::vector<param_slice> elsewhere = slices;
+    std::vector<float> own_host, poisoned = g0;
+    std::vector<int64_t> own_at(slices.size(), -1);
+    for (size_t k = 0; k < slices.size(); k += 3) {
+      own_host.resize(own_host.size() + k % 2);
+      own_at[k] = static_cast<int64_t>(own_host.size());
+      const auto first = g0.begin() + slices[k].shard_offset;
+      own_host.insert(own_host.end(), first, first + slices[k].n);
+      std::fill(poisoned.begin() + slices[k].shard_offset,
+                poisoned.begin() + slices[k].shard_offset + slices[k].n,
+                std::numeric_limits<float>::quiet_NaN());
+    }
+    own_host.push_back(0.0f);
+    const device_buffer own = upload(be, own_host), g_poisoned = upload(be, poisoned);
+    for (size_t k = 0; k < slices.size(); ++k)
+      if (own_at[k] >= 0)
+        elsewhere[k].grad = own.data() + own_at[k];
+    device_buffer m_each = upload(be, m0), m_all = upload(be, m0);
+    device_buffer u_each = upload(be, random_floats(chunk, 5)),
+                  u_all = upload(be, random_floats(chunk, 5));
+    device_buffer p_each = upload(be, p0), p_all = upload(be, p0);
+    device_buffer v_each = upload(be, v_pos), v_all = upload(be, v_pos);
+    for (const param_slice& s : slices)
+      be.momentum(m_each.data() + s.state_offset, g.data() + s.shard_offset,
+                  u_each.data() + (s.state_offset - kOrigin), s.n, 0.95f, true);
+    be.momentum_slices(m_all.data(), g_poisoned.data(), fp32_or_bf16{u_all.data(), nullptr},
+                       kOrigin, elsewhere, 0.95f, true);
+    BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "momentum, own: m");
+    BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, "momentum, own: u");
+    const scalar_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};
+    for (const param_slice& s : slices)
+      be.scalar_update(p_each.data() + s.shard_offset, g.data() + s.shard_offset,
+                       m_each.data() + s.state_offset, v_each.data() + s.state_offset, s.n, args);
+    be.scalar_update_slices(p_all.data(), g_poisoned.data(), m_all.data(), v_all.data(),
+                            elsewhere, args);
+    BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0, "adamw, own: p");
+    BOOST_TEST(differing(download(be, v_all), download(be, v_each)) == 0, "adamw, own: v");
   }
 
   // apply_update: fp32 and bf16 updates, each slice with its own scale.

@@ -112,6 +112,8 @@ public:
                           part_scans& scans, int part) override;
   void accumulate_pieces_scanned(float* dst, int64_t n, const std::vector<copy_piece>& pieces,
                                  accumulate_mode mode, part_scans& scans, int part) override;
+  void scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
+                   part_scans& scans, int part) override;
   void scan_parts_async(part_scans& scans, scan_result* out) override;
   device_buffer allocate_host(int64_t n) override { return host_memory(n, true); }
   device_buffer allocate_host_for_overwrite(int64_t n) override { return host_memory(n, false); }

@@ -59,6 +59,20 @@ void cuda_compute::accumulate_pieces_scanned(float* dst, int64_t n,
                                    kept.flags.data() + at);
 }
 
+void cuda_compute::scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
+                               part_scans& scans, int part) {
+  if (pieces.size() > kPieceScanTable) {
+    compute_backend::scan_pieces(dst, n, pieces, scans, part);
+    return;
+  }
+  auto& kept = scans_of(scans, part, "scan_pieces");
+  const int64_t at = int64_t{part} * kMaxReduceBlocks;
+  // Reads the caller's gradients only, which no Newton-Schulz lane touches.
+  const launch_guard guard = activate({});
+  const call_timer timer(*this, "scan", ctx_.stream);
+  launch_scan_pieces(guard, dst, pieces, kept.sums.data() + at, kept.flags.data() + at);
+}
+
 void cuda_compute::accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
                                       part_scans& scans, int part) {
   auto& kept = scans_of(scans, part, "accumulate_scanned");

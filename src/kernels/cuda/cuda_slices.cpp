@@ -79,13 +79,13 @@ void cuda_compute::scalar_update_slices(float* p, const float* g, float* m, floa
   const call_timer timer(*this, "adamw", ctx_.stream);
   if (args.algorithm != scalar_algorithm::adamw) {  // a launch a slice: scalar_rules.hpp's rule
     for (const param_slice& s : slices)
-      launch_scalar_rule(guard, p + s.shard_offset, g + s.shard_offset, m + s.state_offset,
+      launch_scalar_rule(guard, p + s.shard_offset, grad_of(s, g), m + s.state_offset,
                          v + s.state_offset, s.n, args);
     return;
   }
   if (args.cautious) {  // a launch a slice: cautious weight decay has no slice kernel
     for (const param_slice& s : slices)
-      launch_adamw_cautious(guard, p + s.shard_offset, g + s.shard_offset, m + s.state_offset,
+      launch_adamw_cautious(guard, p + s.shard_offset, grad_of(s, g), m + s.state_offset,
                             v + s.state_offset, s.n, args);
     return;
   }

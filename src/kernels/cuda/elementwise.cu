@@ -137,6 +137,7 @@ struct slice_table {
   int64_t state[kSliceTable];
   int64_t n[kSliceTable];
   float step[kSliceTable];           // apply_update: lr * the slice's scale
+  const float* grad[kSliceTable];    // momentum, AdamW: the slice's gradient (grad_of)
   int first_block[kSliceTable + 1];  // blocks of slice s: [first_block[s], first_block[s + 1])
 };
 
@@ -247,13 +248,12 @@ __device__ inline void for_elements(const block_slice& part, bool aligned, const
 }
 
 template <class U>
-__global__ void momentum_slices_kernel(float* __restrict__ m, const float* __restrict__ g,
-                                       U* __restrict__ u, int64_t origin,
+__global__ void momentum_slices_kernel(float* __restrict__ m, U* __restrict__ u, int64_t origin,
                                        const __grid_constant__ slice_table t, float beta,
                                        bool nesterov) {
   const block_slice part = slice_of_block(t);
   float* ms = m + t.state[part.s];
-  const float* gs = g + t.shard[part.s];
+  const float* gs = t.grad[part.s];
   U* us = u + (t.state[part.s] - origin);
   const float one_minus_beta = 1.0f - beta;
   for_elements(part, aligned4(ms) && aligned4(gs) && aligned4(us), [&](auto w, int64_t i) {
@@ -289,12 +289,12 @@ __global__ void apply_update_slices_kernel(float* __restrict__ p, const O* __res
   });
 }
 
-__global__ void adamw_slices_kernel(float* __restrict__ p, const float* __restrict__ g,
-                                    float* __restrict__ m, float* __restrict__ v,
-                                    const __grid_constant__ slice_table t, adamw_factors f) {
+__global__ void adamw_slices_kernel(float* __restrict__ p, float* __restrict__ m,
+                                    float* __restrict__ v, const __grid_constant__ slice_table t,
+                                    adamw_factors f) {
   const block_slice part = slice_of_block(t);
   float* ps = p + t.shard[part.s];
-  const float* gs = g + t.shard[part.s];
+  const float* gs = t.grad[part.s];
   float* mv = m + t.state[part.s];
   float* vv = v + t.state[part.s];
   const bool aligned = aligned4(ps) && aligned4(gs) && aligned4(mv) && aligned4(vv);
@@ -367,15 +367,17 @@ void in_tables(const std::vector<Item>& items, const Fill& fill, const Launch& l
 }
 
 /// in_tables for parameter slices; `step` of a slice is lr * its scale (the per-parameter
-/// launcher's product, formed the same way).
+/// launcher's product, formed the same way), `grad` its gradient in `g` or its own (grad_of).
 template <class Launch>
-void for_each_table(const std::vector<param_slice>& slices, float lr, const Launch& launch) {
+void for_each_table(const std::vector<param_slice>& slices, float lr, const float* g,
+                    const Launch& launch) {
   in_tables<slice_table>(
       slices,
-      [lr](slice_table& t, int i, const param_slice& s) {
+      [lr, g](slice_table& t, int i, const param_slice& s) {
         t.shard[i] = s.shard_offset;
         t.state[i] = s.state_offset;
         t.step[i] = lr * s.scale;
+        t.grad[i] = g != nullptr ? grad_of(s, g) : nullptr;
       },
       launch);
 }
@@ -582,12 +584,12 @@ void launch_copy_units(const launch_context& ctx, const std::vector<unit_piece>&
 void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
                             int64_t origin, const std::vector<param_slice>& slices, float beta,
                             bool nesterov) {
-  for_each_table(slices, 0.0f, [&](const slice_table& t, int blocks) {
+  for_each_table(slices, 0.0f, g, [&](const slice_table& t, int blocks) {
     if (u.f32 != nullptr)
-      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, g, u.f32, origin, t, beta,
+      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, u.f32, origin, t, beta,
                                                                   nesterov);
     else
-      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, g, u.bf16, origin, t, beta,
+      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, u.bf16, origin, t, beta,
                                                                   nesterov);
     ZMUON_LAUNCH_CHECK();
   });
@@ -597,7 +599,7 @@ void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf1
                                 const std::vector<param_slice>& slices, float lr,
                                 float weight_decay) {
   const float decay = 1.0f - lr * weight_decay;
-  for_each_table(slices, lr, [&](const slice_table& t, int blocks) {
+  for_each_table(slices, lr, nullptr, [&](const slice_table& t, int blocks) {
     if (o.f32 != nullptr)
       apply_update_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(p, o.f32, origin, t, decay);
     else
@@ -609,8 +611,8 @@ void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf1
 void launch_adamw_slices(const launch_context& ctx, float* p, const float* g, float* m, float* v,
                          const std::vector<param_slice>& slices, const scalar_args& args) {
   const adamw_factors f = factors_of(args);
-  for_each_table(slices, 0.0f, [&](const slice_table& t, int blocks) {
-    adamw_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(p, g, m, v, t, f);
+  for_each_table(slices, 0.0f, g, [&](const slice_table& t, int blocks) {
+    adamw_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(p, m, v, t, f);
     ZMUON_LAUNCH_CHECK();
   });
 }

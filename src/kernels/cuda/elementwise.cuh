@@ -50,6 +50,11 @@ inline constexpr int kPieceScanTable = 512;
 void launch_accumulate_pieces_scanned(const launch_context& ctx, float* dst,
                                       const std::vector<copy_piece>& pieces, accumulate_mode mode,
                                       double* partial_sums, int* partial_flags);
+/// The scan of launch_accumulate_pieces_scanned(grouping, pieces, copy, ...), bit for bit, with
+/// nothing written (`grouping` only sets the sum's grouping, as that copy's destination).
+void launch_scan_pieces(const launch_context& ctx, const float* grouping,
+                        const std::vector<copy_piece>& pieces, double* partial_sums,
+                        int* partial_flags);
 
 void launch_momentum(const launch_context& ctx, float* m, const float* g, float* u, int64_t n,
                      float beta, bool nesterov);

@@ -103,13 +103,17 @@ struct piece_scan_table {
 };
 
 /// accumulated<Mode> over n elements of d and s by the block's threads, 4 at a time where both
-/// allow 16-byte accesses from the same element, adding each new value to the scan.
-template <accumulate_mode Mode>
+/// allow 16-byte accesses from the same element, adding each new value to the scan. `Store`
+/// false: the scan alone, nothing written (copy mode; d only sets the 16-byte grouping, so that
+/// the sum's order is the copy's).
+template <accumulate_mode Mode, bool Store = true>
 __device__ inline void accumulate_span(float* __restrict__ d, const float* __restrict__ s,
                                        int64_t n, double& sum, int& nonfinite) {
+  static_assert(Store || Mode == accumulate_mode::copy, "a scan alone reads the source only");
   const auto one = [&](int64_t i) {
     const float v = accumulated<Mode>(Mode == accumulate_mode::add ? d[i] : 0.0f, s[i]);
-    d[i] = v;
+    if constexpr (Store)
+      d[i] = v;
     nonfinite |= !isfinite(v);
     sum += static_cast<double>(v) * static_cast<double>(v);
   };
@@ -129,7 +133,8 @@ __device__ inline void accumulate_span(float* __restrict__ d, const float* __res
       y = d4[q];
     const float v[4] = {accumulated<Mode>(y.x, x.x), accumulated<Mode>(y.y, x.y),
                         accumulated<Mode>(y.z, x.z), accumulated<Mode>(y.w, x.w)};
-    d4[q] = make_float4(v[0], v[1], v[2], v[3]);
+    if constexpr (Store)
+      d4[q] = make_float4(v[0], v[1], v[2], v[3]);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       nonfinite |= !isfinite(v[k]);
@@ -141,8 +146,8 @@ __device__ inline void accumulate_span(float* __restrict__ d, const float* __res
 }
 
 /// Block b takes elements [b * per, (b + 1) * per) of the pieces' concatenation, piece after
-/// piece, and writes the scan of what it wrote as partial b.
-template <accumulate_mode Mode>
+/// piece, and writes the scan of what it wrote (`Store` false: would write) as partial b.
+template <accumulate_mode Mode, bool Store = true>
 __global__ void accumulate_pieces_scan_kernel(float* __restrict__ dst,
                                               const __grid_constant__ piece_scan_table t,
                                               int64_t per, double* __restrict__ partial_sums,
@@ -163,24 +168,30 @@ __global__ void accumulate_pieces_scan_kernel(float* __restrict__ dst,
   for (int64_t a = lo; a < hi; ++k) {
     const int64_t b = min(hi, t.start[k + 1]);
     const int64_t j = a - t.start[k];
-    accumulate_span<Mode>(dst + t.dst[k] + j, t.src[k] + j, b - a, sum, nonfinite);
+    accumulate_span<Mode, Store>(dst + t.dst[k] + j, t.src[k] + j, b - a, sum, nonfinite);
     a = b;
   }
   write_partials(sum, nonfinite, partial_sums, partial_flags);
 }
 
-}  // namespace
-
-void launch_accumulate_pieces_scanned(const launch_context& ctx, float* dst,
-                                      const std::vector<copy_piece>& pieces, accumulate_mode mode,
-                                      double* partial_sums, int* partial_flags) {
+/// The pieces' table and the grid over their concatenation: `per` elements a block, `used`
+/// blocks (at least one, so that the part's partials are written).
+struct pieces_grid {
   piece_scan_table t;
+  int64_t per = 0;
+  int used = 1;
+};
+
+pieces_grid grid_of(const launch_context& ctx, const std::vector<copy_piece>& pieces,
+                    const char* what) {
+  pieces_grid g;
+  piece_scan_table& t = g.t;
   t.start[0] = 0;
   for (const copy_piece& p : pieces) {
     if (p.n <= 0)
       continue;
     if (t.count == kPieceScanTable)
-      throw failure(error(errc::invalid_argument, "accumulate_pieces_scanned: more than "
+      throw failure(error(errc::invalid_argument, std::string(what) + ": more than "
                                                       + std::to_string(kPieceScanTable)
                                                       + " pieces in one launch"));
     t.src[t.count] = p.src;
@@ -190,14 +201,32 @@ void launch_accumulate_pieces_scanned(const launch_context& ctx, float* dst,
   }
   const int64_t total = t.start[t.count];
   const int blocks = reduce_grid_for(total / 4 + 1, ctx.sm_count);
-  const int64_t per = (total + blocks - 1) / blocks;
-  const int used = total == 0 ? 1 : static_cast<int>((total + per - 1) / per);
+  g.per = (total + blocks - 1) / blocks;
+  g.used = total == 0 ? 1 : static_cast<int>((total + g.per - 1) / g.per);
+  return g;
+}
+
+}  // namespace
+
+void launch_accumulate_pieces_scanned(const launch_context& ctx, float* dst,
+                                      const std::vector<copy_piece>& pieces, accumulate_mode mode,
+                                      double* partial_sums, int* partial_flags) {
+  const pieces_grid g = grid_of(ctx, pieces, "accumulate_pieces_scanned");
   if (mode == accumulate_mode::add)
     accumulate_pieces_scan_kernel<accumulate_mode::add>
-        <<<used, kThreads, 0, ctx.stream>>>(dst, t, per, partial_sums, partial_flags);
+        <<<g.used, kThreads, 0, ctx.stream>>>(dst, g.t, g.per, partial_sums, partial_flags);
   else
     accumulate_pieces_scan_kernel<accumulate_mode::copy>
-        <<<used, kThreads, 0, ctx.stream>>>(dst, t, per, partial_sums, partial_flags);
+        <<<g.used, kThreads, 0, ctx.stream>>>(dst, g.t, g.per, partial_sums, partial_flags);
+  ZMUON_LAUNCH_CHECK();
+}
+
+void launch_scan_pieces(const launch_context& ctx, const float* grouping,
+                        const std::vector<copy_piece>& pieces, double* partial_sums,
+                        int* partial_flags) {
+  const pieces_grid g = grid_of(ctx, pieces, "scan_pieces");
+  accumulate_pieces_scan_kernel<accumulate_mode::copy, false><<<g.used, kThreads, 0, ctx.stream>>>(
+      const_cast<float*>(grouping), g.t, g.per, partial_sums, partial_flags);
   ZMUON_LAUNCH_CHECK();
 }
 
