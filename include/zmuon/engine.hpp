@@ -200,9 +200,10 @@ public:
   /// for a caller that keeps every device gradient it hands over unwritten and allocated until
   /// the next step() returns (`kept_until_step`: PyTorch's .grad read at step()). Where the
   /// rank's part needs no reduce-scatter (hand_over_reduced, or a job of one rank) and every
-  /// gradient is in device memory under the nccl comm, the store then reads them where they lie
-  /// in its accumulate's own pass, and the call returns without waiting for those reads: no
-  /// packed copy, no wait. Otherwise as reduce() / hand_over_reduced().
+  /// gradient is in device memory under the nccl comm, the step reads them where they lie (the
+  /// scan, the momentum and the non-Muon rule), and the call returns without reading them: no
+  /// packed copy, no wait. A step() refused before it begins (a bad learning rate) copies them
+  /// in before it returns. Otherwise as reduce() / hand_over_reduced().
   error hand_over(int rank, const std::vector<tensor_view>& grads, void* cuda_stream, bool reduced,
                   bool kept_until_step);
 

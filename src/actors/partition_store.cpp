@@ -724,6 +724,11 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](gpu_done& msg) { on_gpu_done(self, msg); },
       [=](qk_clip_scale& msg) -> caf::result<ack> { return scale_clipped_heads(self, msg); },
+      [=](copy_in_grads& msg) -> ack {
+        ZMUON_TRACE_RECV(self, msg);
+        materialize(self);  // enqueued: the host waits for its backend
+        return ack{msg.step};
+      },
       [=](load_params& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         return answered(msg.step, set_params(self->state, msg));

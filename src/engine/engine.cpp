@@ -348,6 +348,22 @@ error engine::impl::start_locked() {
   return {};
 }
 
+error engine::impl::copy_in_kept() {
+  for (int i = 0; i < job->local; ++i) {
+    if (!hand_over->kept[i])
+      continue;
+    if (auto err = hand_over->windows[i].wait_until(0))  // every bucket of it with the store
+      return err;
+    if (auto done = job->ask<ack>(job->ranks[i].store, copy_in_grads{job->step + 1}); !done)
+      return done.err();
+    if (auto err = on_backend("step", job->first_rank + i,
+                              [&] { job->ranks[i].backend->synchronize(); }))
+      return err;
+    hand_over->kept[i] = 0;
+  }
+  return {};
+}
+
 expected<step_info> engine::step() {
   return run_step(std::nullopt);
 }
@@ -366,22 +382,28 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   for (auto& r : job.ranks)
     backends.push_back(r.backend.get());
   const host_call_timer timed(std::move(backends), "step");
+  // Refused before the step begins: everything stays as it was, the gradients included, for a
+  // step() with good input (those the caller keeps copied in first).
+  const auto refused = [&](error err) -> error {
+    if (auto kept = d.copy_in_kept())
+      return d.stop(kept, engine_lifecycle::in_step(job.step + 1));
+    return err;
+  };
   for (int i = 0; i < job.local; ++i)
     if (hand.micros[i] != hand.micros[0])
-      return error{errc::bad_state, "rank " + std::to_string(job.first_rank + i) + " handed over "
-                                        + std::to_string(hand.micros[i])
-                                        + " micro-batches but rank "
-                                        + std::to_string(job.first_rank) + " handed over "
-                                        + std::to_string(hand.micros[0])};
+      return refused({errc::bad_state, "rank " + std::to_string(job.first_rank + i)
+                                           + " handed over " + std::to_string(hand.micros[i])
+                                           + " micro-batches but rank "
+                                           + std::to_string(job.first_rank) + " handed over "
+                                           + std::to_string(hand.micros[0])});
   if (hand.micros[0] == 0)
     return error{errc::bad_state,
                  "step() before any gradient was handed over (call reduce() "
                  "for every rank first)"};
-  // The groups' values are checked before the step begins: a schedule's bad rate leaves
-  // everything as it was, the gradients included, for a step() with a good one.
+  // The groups' values are checked before the step begins: a schedule's bad rate is refused.
   auto groups = d.step_groups(job.step + 1);
   if (!groups)
-    return groups.err();
+    return refused(groups.err());
   // The buckets still in flight land first (the flush would wait for them anyway), so that
   // their buffers are gone before the step's own.
   for (auto& w : hand.windows)
@@ -423,6 +445,7 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
     results.push_back(std::move(out));
   }
   std::fill(hand.micros.begin(), hand.micros.end(), 0);
+  std::fill(hand.kept.begin(), hand.kept.end(), 0);
   step_info info;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])

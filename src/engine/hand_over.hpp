@@ -15,6 +15,9 @@ struct engine_hand_over {
   std::vector<reduce_window> windows;  // the reduce buckets in flight, by local index
   std::vector<host_buckets> packed;    // the host buffers for packed buckets, by local index
   std::vector<int> micros;             // micro-batches handed over per local rank in the open step
+  // Per local rank: 1 where the open step's gradients are read where the caller keeps them
+  // (hand_over's kept_until_step): the caller may write them once step() returns.
+  std::vector<uint8_t> kept;
   // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
   std::vector<std::vector<uint8_t>> touched;
   // MuonClip: per local rank, the largest logit per query head reported in the open step
@@ -24,6 +27,7 @@ struct engine_hand_over {
   /// Nothing handed over yet by `local_ranks` ranks (their windows come when the engine starts).
   void open(int local_ranks) {
     micros.assign(local_ranks, 0);
+    kept.assign(local_ranks, 0);
     qk_logits.assign(local_ranks, {});
     touched.assign(local_ranks, {});
   }

@@ -55,6 +55,10 @@ struct engine::impl {
   /// the parameter a gradient (an OR over local ranks, then a sum over processes); empty when
   /// all were. Clears the local marks.
   expected<std::vector<uint8_t>> step_touched();
+  /// For a step() refused before it begins, which keeps what was handed over: the gradients
+  /// read where the caller keeps them (hand_over's kept_until_step) copied into the stores, and
+  /// those copies run, since the caller may write or free them once step() returns.
+  error copy_in_kept();
 
 private:
   error start_locked();

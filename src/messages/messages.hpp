@@ -304,6 +304,14 @@ struct finish_step {
   bool when_done = true;
 };
 
+/// Host -> store: the gradients read where the caller keeps them (a hand-over kept until the
+/// step) copied into the store's own buffer, before a step() that failed before it began
+/// returns: the caller may write or free them from then on. Answered once the copies are
+/// enqueued (the host then waits for the rank's backend).
+struct copy_in_grads {
+  uint64_t step = 0;  // the open step
+};
+
 /// Host -> store: set this rank's parameter shard (initial values).
 struct load_params {
   uint64_t step = 0;  // the values hold before this step
@@ -412,6 +420,7 @@ ZMUON_INSPECT(finish_step, x.step, x.when_done)
 ZMUON_INSPECT(clip_range, x.offset, x.n, x.factor)
 ZMUON_INSPECT(qk_clip_scale, x.step, x.ranges)
 ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
+ZMUON_INSPECT(copy_in_grads, x.step)
 ZMUON_INSPECT(load_params, x.step)
 ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps,
               x.adam_param_steps, x.row_moments)

@@ -273,6 +273,14 @@ BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
   for (size_t i = 0; i < sum.size(); ++i)
     sum[i] = flat[i] + more[i];  // exact: multiples of 1/8
   BOOST_CHECK(snapshot().grads == sum);
+
+  // A step() refused before it began: copy_in_grads takes the pieces into the buffer, and the
+  // caller may write them from then on.
+  value_of(call(finish_step{2, false}));
+  hand_over(3);
+  value_of(call(copy_in_grads{3}));
+  std::fill(g.begin(), g.end(), std::nanf(""));
+  BOOST_CHECK(snapshot().grads == flat);
 }
 
 BOOST_AUTO_TEST_CASE(scan_reports_sum_of_squares_and_non_finite_values) {

@@ -448,6 +448,38 @@ BOOST_AUTO_TEST_CASE(device_buffers_equal_host_buffers) {
   }
 }
 
+// A step() refused before it begins (a schedule's bad rate) keeps what was handed over, the
+// gradients kept until the step too: they are copied in before it returns, so the caller's
+// writes into them afterwards (NaN here) do not reach the step that follows with a good rate,
+// which equals, bit for bit, an engine that never saw the bad one.
+BOOST_AUTO_TEST_CASE(a_refused_step_copies_in_the_gradients_kept_until_the_step) {
+  const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
+  auto run = [&](bool refused) {
+    const device_grads grads(table, 5);
+    auto eng = make_engine(gpu_options(1, "nccl"));
+    register_table(*eng, table, 9);
+    BOOST_REQUIRE(!eng->hand_over(0, grads.views, nullptr, false, true));
+    if (refused) {
+      eng->set_lr_schedules([](uint64_t) { return NAN; }, nullptr);
+      auto s = eng->step();
+      BOOST_REQUIRE(!s);
+      BOOST_TEST((s.err().code() == errc::invalid_argument));
+      BOOST_TEST(s.err().message().find("the Muon learning rate for step 1 is ") != std::string::npos,
+                 s.err().message());
+      for (size_t i = 0; i < grads.data.size(); ++i)
+        BOOST_REQUIRE(cudaMemset(grads.data[i], 0xff, grads.views[i].size * sizeof(float))
+                      == cudaSuccess);
+    }
+    eng->set_lr_schedules([](uint64_t) { return 0.02f; }, [](uint64_t) { return 3e-4f; });
+    BOOST_TEST(!step_ok(*eng).skipped);
+    return params_of(*eng);
+  };
+  const auto want = run(false);
+  const auto got = run(true);
+  for (const auto& [name, v] : want)
+    BOOST_TEST(same_bits(got.at(name), v), name);
+}
+
 // engine_options::max_buckets_in_flight on the production path (nccl world 1, device gradients,
 // packed in the backend's memory): during reduce() the backend holds at most `window` buckets'
 // input and output buffers above what it held before (world 1: both are a whole bucket); the

@@ -138,7 +138,7 @@ inline void check_part_scans(compute_backend& be) {
 /// bucket of more pieces than one CUDA launch takes (kPieceScanTable) the same.
 inline void check_piece_scans(compute_backend& be) {
   using namespace part_scans_detail;
-  for (const int count : {9, 70}) {
+  for (const int count : {9, 70, 600}) {  // 600: more than a launch's table (the fallback)
     std::vector<int64_t> lengths;
     for (int k = 0; k < count; ++k)
       lengths.push_back(k == 3 ? 300'001 : k % 4 == 0 ? 4 * (k + 1) : 17 * k + 1);
@@ -196,6 +196,18 @@ inline void check_piece_scans(compute_backend& be) {
                  count << " pieces, scan_pieces: " << scanned.sum_squares << " against the copy's "
                        << copied.sum_squares);
       BOOST_TEST(download(be, untouched) == stale, count << " pieces, scan_pieces wrote");
+      // A destination one float past a 16-byte boundary (a bucket's offset in the store's
+      // buffer): the copy's grouping changes, and the scan alone follows it.
+      device_buffer shifted = upload(be, stale);
+      std::unique_ptr<part_scans> copy_shifted = be.make_part_scans(1),
+                                  scan_shifted = be.make_part_scans(1);
+      be.accumulate_pieces_scanned(shifted.data() + 1, n - 1,
+                                   pieces_of(a), accumulate_mode::copy, *copy_shifted, 0);
+      be.scan_pieces(untouched.data() + 1, n - 1, pieces_of(a), *scan_shifted, 0);
+      const double by_copy = scan_of_parts(be, *copy_shifted).sum_squares,
+                   by_scan = scan_of_parts(be, *scan_shifted).sum_squares;
+      BOOST_TEST(std::memcmp(&by_copy, &by_scan, sizeof(double)) == 0,
+                 count << " pieces, shifted by one: " << by_scan << " against " << by_copy);
       std::vector<float> bad(first);
       bad[src_at[count - 1]] = std::numeric_limits<float>::infinity();
       const device_buffer poison = upload(be, bad);

@@ -61,8 +61,12 @@ void cuda_compute::accumulate_pieces_scanned(float* dst, int64_t n,
 
 void cuda_compute::scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
                                part_scans& scans, int part) {
-  if (pieces.size() > kPieceScanTable) {
-    compute_backend::scan_pieces(dst, n, pieces, scans, part);
+  if (pieces.size() > kPieceScanTable) {  // the packed copy into a stand-in for dst: the
+    // float4 grouping of accumulate_scanned follows dst's alignment, so the stand-in has it
+    device_buffer stand_in = allocate_for_overwrite(n + 3);
+    const auto misaligned = reinterpret_cast<uintptr_t>(dst) % 16 / sizeof(float);
+    compute_backend::accumulate_pieces_scanned(stand_in.data() + misaligned, n, pieces,
+                                               accumulate_mode::copy, scans, part);
     return;
   }
   auto& kept = scans_of(scans, part, "scan_pieces");
