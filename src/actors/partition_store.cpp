@@ -208,9 +208,12 @@ void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
 caf::result<grad_scan> scan_for(store_pointer self, uint64_t step) {
   auto& st = self->state;
   materialize(self, reader::in_place);
+  const bool kept = std::find(st.scanned.begin(), st.scanned.end(), false) == st.scanned.end();
+  if (!kept)  // a scan of the whole buffer, which then holds every bucket
+    materialize(self);
   auto promise = self->make_response_promise<grad_scan>();
   auto result = std::make_shared<scan_result>();
-  if (std::find(st.scanned.begin(), st.scanned.end(), false) == st.scanned.end())
+  if (kept)
     st.be->scan_parts_async(*st.bucket_scans, result.get());
   else
     st.be->scan_async(st.grads.data(), st.grads.size(), result.get());
