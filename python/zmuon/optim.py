@@ -182,8 +182,6 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
                     loss = closure()
             else:
                 loss = closure()
-        # The groups' values first: a bad one is refused with nothing handed over.
-        self._apply_hyperparameters(values)
         kept = None  # step's own hand-over: the .grad tensors, read in place until it returns
         stream = None  # and PyTorch's stream they were handed over on, the step's too
         if not any(self._micro):
@@ -201,6 +199,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
                                   "since the last step (accumulate() calls), but the config's "
                                   f"gradient_accumulation_steps is {self._gas}")
         try:
+            self._apply_hyperparameters(values)
             self._reload_written()
             self._micro = [0] * len(self._micro)
             if loss is not None and self._host_engine:
