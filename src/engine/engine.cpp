@@ -356,8 +356,8 @@ error engine::impl::copy_in_kept() {
       return err;
     if (auto done = job->ask<ack>(job->ranks[i].store, copy_in_grads{job->step + 1}); !done)
       return done.err();
-    if (auto err = on_backend("step", job->first_rank + i,
-                              [&] { job->ranks[i].backend->synchronize(); }))
+    if (auto err =
+            on_backend("step", job->first_rank + i, [&] { job->ranks[i].backend->synchronize(); }))
       return err;
     hand_over->kept[i] = 0;
   }

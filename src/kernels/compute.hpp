@@ -261,8 +261,8 @@ public:
         momentum(m + s.state_offset, grad_of(s, g), u.f32 + (s.state_offset - origin), s.n, beta,
                  nesterov);
       else
-        momentum_to_bf16(m + s.state_offset, grad_of(s, g), u.bf16 + (s.state_offset - origin),
-                         s.n, beta, nesterov);
+        momentum_to_bf16(m + s.state_offset, grad_of(s, g), u.bf16 + (s.state_offset - origin), s.n,
+                         beta, nesterov);
     }
   }
   /// The Muon update of a chunk's parameters under `rule`, the one place where a backend
@@ -298,8 +298,8 @@ public:
                                     const std::vector<param_slice>& slices,
                                     const scalar_args& args) {
     for (const param_slice& s : slices)
-      scalar_update(p + s.shard_offset, grad_of(s, g), m + s.state_offset, v + s.state_offset,
-                    s.n, args);
+      scalar_update(p + s.shard_offset, grad_of(s, g), m + s.state_offset, v + s.state_offset, s.n,
+                    args);
   }
 
   /// newton_schulz() on bf16 bits, in place.

@@ -205,8 +205,8 @@ BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
         if (i != 1)
           pieces.push_back({g.data() + pl->params[i].shard_offset,
                             pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
-      value_of(call(accumulate{step, 0, b, {}, false,
-                               std::make_shared<const std::vector<copy_piece>>(pieces)}));
+      value_of(call(accumulate{
+          step, 0, b, {}, false, std::make_shared<const std::vector<copy_piece>>(pieces)}));
     }
   };
   const auto copy_in = [&](uint64_t step) {

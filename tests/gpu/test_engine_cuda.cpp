@@ -464,8 +464,9 @@ BOOST_AUTO_TEST_CASE(a_refused_step_copies_in_the_gradients_kept_until_the_step)
       auto s = eng->step();
       BOOST_REQUIRE(!s);
       BOOST_TEST((s.err().code() == errc::invalid_argument));
-      BOOST_TEST(s.err().message().find("the Muon learning rate for step 1 is ") != std::string::npos,
-                 s.err().message());
+      BOOST_TEST(
+          s.err().message().find("the Muon learning rate for step 1 is ") != std::string::npos,
+          s.err().message());
       for (size_t i = 0; i < grads.data.size(); ++i)
         BOOST_REQUIRE(cudaMemset(grads.data[i], 0xff, grads.views[i].size * sizeof(float))
                       == cudaSuccess);

@@ -201,8 +201,8 @@ inline void check_piece_scans(compute_backend& be) {
       device_buffer shifted = upload(be, stale);
       std::unique_ptr<part_scans> copy_shifted = be.make_part_scans(1),
                                   scan_shifted = be.make_part_scans(1);
-      be.accumulate_pieces_scanned(shifted.data() + 1, n - 1,
-                                   pieces_of(a), accumulate_mode::copy, *copy_shifted, 0);
+      be.accumulate_pieces_scanned(shifted.data() + 1, n - 1, pieces_of(a), accumulate_mode::copy,
+                                   *copy_shifted, 0);
       be.scan_pieces(untouched.data() + 1, n - 1, pieces_of(a), *scan_shifted, 0);
       const double by_copy = scan_of_parts(be, *copy_shifted).sum_squares,
                    by_scan = scan_of_parts(be, *scan_shifted).sum_squares;

@@ -128,8 +128,8 @@ inline void check_slice_calls(compute_backend& be) {
     for (const param_slice& s : slices)
       be.scalar_update(p_each.data() + s.shard_offset, g.data() + s.shard_offset,
                        m_each.data() + s.state_offset, v_each.data() + s.state_offset, s.n, args);
-    be.scalar_update_slices(p_all.data(), g_poisoned.data(), m_all.data(), v_all.data(),
-                            elsewhere, args);
+    be.scalar_update_slices(p_all.data(), g_poisoned.data(), m_all.data(), v_all.data(), elsewhere,
+                            args);
     BOOST_TEST(differing(download(be, p_all), download(be, p_each)) == 0, "adamw, own: p");
     BOOST_TEST(differing(download(be, v_all), download(be, v_each)) == 0, "adamw, own: v");
   }
