@@ -8,6 +8,7 @@
 
 #include "caf/all.hpp"
 
+#include "actors/gradient_shard.hpp"
 #include "actors/update_rule.hpp"
 #include "messages/errors.hpp"
 #include "plan/ownership.hpp"
@@ -30,24 +31,8 @@ struct store_state {
   int rank = 0;
   std::shared_ptr<compute_backend> be;
   device_buffer params;
-  device_buffer grads;
-  // Per reduce bucket: whether its gradient shard holds this step's values. A bucket not written
-  // reads as zero: its first slice of a step is copied in rather than added (one read of the
-  // gradient fewer), nothing zeroes the whole gradient after a step (one write fewer), and
-  // `materialize` zeroes the buckets still unwritten before anything reads the gradient.
-  std::vector<bool> written;
-  // Per reduce bucket, the scan of its gradient shard, taken by the call that wrote it
-  // (accumulate_scanned), so that the step's scan reads no gradient; `scanned` says whether the
-  // bucket's kept scan is that of what it holds (not after a copy from pageable host memory,
-  // nor after the unscale).
-  std::unique_ptr<part_scans> bucket_scans;
-  std::vector<bool> scanned;
-  // Per reduce bucket: the caller's gradients it is read from this step where they lie (a
-  // reduced device hand-over kept until the step: its first accumulate's pieces), or null: the
-  // gradient buffer holds it. Per parameter, where its gradient is then read (grad_at, null:
-  // the buffer, zeroed there where no piece lands).
-  std::vector<gradient_pieces> in_place;
-  std::vector<const float*> grad_at;
+  // The open step's gradient (gradient_shard.hpp).
+  std::unique_ptr<gradient_shard> grad;
   device_buffer momentum;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
@@ -87,11 +72,6 @@ const char* store_state::name = "partition_store";
 
 using store_pointer = partition_store_actor::stateful_pointer<store_state>;
 
-/// Every bucket changed outside accumulate_scanned: their kept scans are stale.
-void gradient_rewritten(store_pointer self) {
-  self->state.scanned.assign(self->state.scanned.size(), false);
-}
-
 // MuonClip after the step's update: each range lies in this rank's parameter shard.
 caf::result<ack> scale_clipped_heads(store_pointer self, const qk_clip_scale& msg) {
   ZMUON_TRACE_RECV(self, msg);
@@ -108,94 +88,6 @@ caf::result<ack> scale_clipped_heads(store_pointer self, const qk_clip_scale& ms
   return ack{msg.step};
 }
 
-/// The gradient is zero from here on: every bucket unwritten, nothing touched, none read from
-/// the caller's memory.
-void forget_gradient(store_pointer self) {
-  auto& st = self->state;
-  st.written.assign(st.pl->buckets.size(), false);
-  st.in_place.assign(st.pl->buckets.size(), nullptr);
-  st.grad_at.assign(st.pl->params.size(), nullptr);
-}
-
-/// A bucket's first pieces of the step read where they lie: the scan taken without a copy
-/// (compute_backend::scan_pieces), each parameter's gradient read from its piece by the
-/// momentum and the non-Muon rule, a parameter no piece reaches zeroed in the buffer. False,
-/// and nothing done, where a parameter's shard lies across pieces or partly outside them.
-bool read_in_place(store_pointer self, int bucket, const gradient_pieces& pieces) {
-  auto& st = self->state;
-  const auto& pl = *st.pl;
-  const auto& b = pl.buckets[bucket];
-  const std::vector<copy_piece>& ps = *pieces;
-  std::vector<std::pair<int, const float*>> at;
-  std::vector<int> gaps;
-  size_t k = 0;
-  for (int i = b.first_param; i < b.end_param; ++i) {
-    const auto& p = pl.params[i];
-    const int64_t begin = p.shard_offset - b.shard_offset;
-    const int64_t end = begin + p.shard_len;
-    while (k < ps.size() && (ps[k].n <= 0 || ps[k].dst_offset + ps[k].n <= begin))
-      ++k;  // pieces that end before this parameter's shard
-    if (p.shard_len == 0)
-      continue;
-    if (k == ps.size() || ps[k].dst_offset >= end)
-      gaps.push_back(i);
-    else if (ps[k].dst_offset <= begin && end <= ps[k].dst_offset + ps[k].n)
-      at.emplace_back(i, ps[k].src + (begin - ps[k].dst_offset));
-    else
-      return false;
-  }
-  for (int i : gaps)
-    st.be->fill_zero(st.grads.data() + pl.params[i].shard_offset, pl.params[i].shard_len);
-  st.be->scan_pieces(st.grads.data() + b.shard_offset, b.shard_len, ps, *st.bucket_scans, bucket);
-  for (const auto& [i, src] : at)
-    st.grad_at[i] = src;
-  st.in_place[bucket] = pieces;
-  return true;
-}
-
-/// A bucket read in place copied into the gradient buffer (before an add, a scale or a copy
-/// out), as its accumulate would have done.
-void copy_in(store_pointer self, int bucket) {
-  auto& st = self->state;
-  const auto& b = st.pl->buckets[bucket];
-  st.be->accumulate_pieces_scanned(st.grads.data() + b.shard_offset, b.shard_len,
-                                   *st.in_place[bucket], accumulate_mode::copy, *st.bucket_scans,
-                                   bucket);
-  for (int i = b.first_param; i < b.end_param; ++i)
-    st.grad_at[i] = nullptr;
-  st.in_place[bucket] = nullptr;
-}
-
-/// Where the gradient is read. `in_place`: by the momentum, the non-Muon rule or the scan,
-/// which read a bucket's parameters where read_in_place left them; otherwise from the buffer.
-enum class reader { in_place, buffer };
-
-/// Before the gradient is read: the buckets no slice reached this step are zeroed, and for a
-/// reader of the buffer those read in place are copied in.
-void materialize(store_pointer self, reader by = reader::buffer) {
-  auto& st = self->state;
-  const auto& buckets = st.pl->buckets;
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    if (st.written[b]) {
-      if (by == reader::buffer && st.in_place[b])
-        copy_in(self, static_cast<int>(b));
-      continue;
-    }
-    st.be->accumulate_scanned(st.grads.data() + buckets[b].shard_offset, nullptr,
-                              buckets[b].shard_len, accumulate_mode::zero, *st.bucket_scans,
-                              static_cast<int>(b));
-    st.written[b] = true;
-    st.scanned[b] = true;
-  }
-}
-
-/// Slice k of `gs` as this step reads it: with its gradient's place where read in place.
-param_slice read_slice(const store_state& st, const group_slices& gs, size_t k) {
-  param_slice s = gs.slices[k];
-  s.grad = st.grad_at[gs.params[k]];
-  return s;
-}
-
 // Sends gpu_done{step, what} to the store once the backend's queued work has finished.
 void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
   auto handle = caf::actor_cast<partition_store_actor>(self);
@@ -207,16 +99,9 @@ void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
 // for the GPU).
 caf::result<grad_scan> scan_for(store_pointer self, uint64_t step) {
   auto& st = self->state;
-  materialize(self, reader::in_place);
-  const bool kept = std::find(st.scanned.begin(), st.scanned.end(), false) == st.scanned.end();
-  if (!kept)  // a scan of the whole buffer, which then holds every bucket
-    materialize(self);
   auto promise = self->make_response_promise<grad_scan>();
   auto result = std::make_shared<scan_result>();
-  if (kept)
-    st.be->scan_parts_async(*st.bucket_scans, result.get());
-  else
-    st.be->scan_async(st.grads.data(), st.grads.size(), result.get());
+  st.grad->scan_async(result.get());
   st.scans.push_back(store_state::pending_scan{step, result, promise});
   notify_when_done(self, step, gpu_event::scan_landed);
   return promise;
@@ -330,12 +215,7 @@ void init_state(store_state& st, std::shared_ptr<const plan> pl, int rank,
   st.be = std::move(backend);
   const plan& p = *st.pl;
   st.params = st.be->allocate(p.shard_total);
-  st.grads = st.be->allocate(p.shard_total);
-  st.written.assign(p.buckets.size(), true);  // allocated zero
-  st.in_place.assign(p.buckets.size(), nullptr);
-  st.grad_at.assign(p.params.size(), nullptr);
-  st.bucket_scans = st.be->make_part_scans(static_cast<int>(p.buckets.size()));
-  st.scanned.assign(p.buckets.size(), true);  // zero parts
+  st.grad = std::make_unique<gradient_shard>(st.pl, st.be);
   st.momentum = st.be->allocate(p.muon_state_total);
   st.exp_avg = st.be->allocate(p.adam_state_total);
   st.exp_avg_sq = st.be->allocate(p.adam_state_total);
@@ -407,7 +287,7 @@ template <class Call>
 void by_touch(const store_state& st, const group_slices& gs, Call call) {
   std::vector<param_slice> on, off;
   for (size_t k = 0; k < gs.params.size(); ++k)
-    (is_touched(st, gs.params[k]) ? on : off).push_back(read_slice(st, gs, k));
+    (is_touched(st, gs.params[k]) ? on : off).push_back(st.grad->read(gs.slices[k], gs.params[k]));
   if (!on.empty())
     call(on, true);
   if (!off.empty())
@@ -424,13 +304,13 @@ caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
     return err;
   if (auto err = check_values(st, msg.step, "muon_momentum"))
     return err;
-  materialize(self, reader::in_place);
+  st.grad->materialize(gradient_shard::reader::in_place);
   const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
   const int64_t origin = st.pl->chunks[msg.chunk].state_offset;
   for (const auto& gs : st.chunk_groups[msg.chunk]) {
     const muon_rule& rule = st.rules[gs.group];
     by_touch(st, gs, [&](const std::vector<param_slice>& slices, bool touched) {
-      st.be->momentum_slices(st.momentum.data(), st.grads.data(), out, origin, slices,
+      st.be->momentum_slices(st.momentum.data(), st.grad->buffer().data(), out, origin, slices,
                              touched ? rule.momentum : 1.0f, touched && rule.nesterov);
     });
   }
@@ -473,7 +353,7 @@ caf::error run_scalar_rule(store_pointer self, const adamw_step& msg) {
   if (auto err = check_values(st, msg.step, "adamw_step"))
     return err;
   ++st.adam_steps;
-  materialize(self, reader::in_place);
+  st.grad->materialize(gradient_shard::reader::in_place);
   for (const auto& gs : st.adam_groups) {
     std::vector<std::pair<int64_t, std::vector<param_slice>>> by_count;
     for (size_t k = 0; k < gs.params.size(); ++k) {
@@ -484,10 +364,10 @@ caf::error run_scalar_rule(store_pointer self, const adamw_step& msg) {
                              [&](const auto& c) { return c.first == n; });
       if (it == by_count.end())
         it = by_count.insert(by_count.end(), {n, {}});
-      it->second.push_back(read_slice(st, gs, k));
+      it->second.push_back(st.grad->read(gs.slices[k], gs.params[k]));
     }
     for (const auto& [n, slices] : by_count)
-      st.be->scalar_update_slices(st.params.data(), st.grads.data(), st.exp_avg.data(),
+      st.be->scalar_update_slices(st.params.data(), st.grad->buffer().data(), st.exp_avg.data(),
                                   st.exp_avg_sq.data(), slices,
                                   scalar_args_of((*st.groups)[gs.group].adamw, n));
   }
@@ -560,65 +440,7 @@ caf::error unscale(store_pointer self, unscale_clip& msg) {
     return err;
   if (msg.factor == 1.0f)  // x * 1 is x: no pass over every gradient (gas 1, no scale, clip)
     return {};
-  materialize(self);
-  st.be->scale(st.grads.data(), st.grads.size(), msg.factor);
-  gradient_rewritten(self);
-  return {};
-}
-
-/// Whether `pieces` land inside a bucket of `n` elements, in increasing order, not overlapping.
-bool pieces_fit(const std::vector<copy_piece>& pieces, int64_t n) {
-  int64_t end = 0;
-  for (const copy_piece& p : pieces) {
-    if (p.n < 0 || p.dst_offset < end || p.dst_offset + p.n > n || (p.n > 0 && !p.src))
-      return false;
-    end = p.dst_offset + p.n;
-  }
-  return true;
-}
-
-/// accumulate: the slice (or the caller's pieces) added to (a bucket's first of the step: copied
-/// into) its bucket.
-caf::error add_slice(store_pointer self, const accumulate& msg) {
-  auto& st = self->state;
-  const auto& pl = *st.pl;
-  const bool bucket_known = msg.bucket >= 0 && msg.bucket < static_cast<int32_t>(pl.buckets.size());
-  const int64_t n = bucket_known ? pl.buckets[msg.bucket].shard_len : 0;
-  if (!bucket_known
-      || (msg.pieces ? !pieces_fit(*msg.pieces, n)
-                     : msg.slice.data == nullptr || msg.slice.size != n))
-    return make_caf_error(errc::shape_mismatch, "accumulate: bucket " + std::to_string(msg.bucket)
-                                                    + " slice has the wrong size");
-  auto& b = pl.buckets[msg.bucket];
-  float* dst = st.grads.data() + b.shard_offset;
-  const bool first = !st.written[msg.bucket];
-  if (first && msg.pieces && read_in_place(self, msg.bucket, msg.pieces)) {
-    st.written[msg.bucket] = true;
-    st.scanned[msg.bucket] = true;
-    return {};
-  }
-  if (st.in_place[msg.bucket])  // a later micro-batch adds to it: into the buffer first
-    copy_in(self, msg.bucket);
-  if (msg.pieces) {  // read where the caller keeps them, in the accumulate's own pass
-    st.be->accumulate_pieces_scanned(dst, n, *msg.pieces,
-                                     first ? accumulate_mode::copy : accumulate_mode::add,
-                                     *st.bucket_scans, msg.bucket);
-    st.written[msg.bucket] = true;
-    st.scanned[msg.bucket] = true;
-    return {};
-  }
-  // The scan in the same pass where the slice is in the backend's own memory.
-  const bool own_memory = !msg.from_host || !st.be->device_memory();
-  if (own_memory)
-    st.be->accumulate_scanned(dst, msg.slice.data, b.shard_len,
-                              first ? accumulate_mode::copy : accumulate_mode::add,
-                              *st.bucket_scans, msg.bucket);
-  else if (first)  // pageable: copied out before it returns
-    st.be->copy_from_host_async(dst, msg.slice.data, b.shard_len);
-  else
-    st.be->add_from_host(dst, msg.slice.data, b.shard_len);
-  st.written[msg.bucket] = true;
-  st.scanned[msg.bucket] = own_memory;
+  st.grad->scale(msg.factor);
   return {};
 }
 
@@ -637,7 +459,7 @@ caf::error set_params(store_state& st, const load_params& msg) {
 /// the host orders its stream after them).
 caf::result<ack> finish(store_pointer self, const finish_step& msg) {
   const uint64_t step = msg.step;
-  forget_gradient(self);
+  self->state.grad->forget();
   if (!msg.when_done)
     return ack{step};
   auto& finishing = self->state.finishing;
@@ -668,7 +490,7 @@ caf::error load_state_into(store_pointer self, const rank_state* in) {
     st.adam_param_steps.assign(st.adam_param_steps.size(), in->adam_steps);
   else
     st.adam_param_steps = in->adam_param_steps;
-  forget_gradient(self);
+  self->state.grad->forget();
   return {};
 }
 
@@ -687,7 +509,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         // message itself lives until the store takes its next one): a requester that hears the
         // answer finds it released.
         const keep_alive held = std::move(msg.slice.owner);
-        return answered(msg.step, add_slice(self, msg));
+        return answered(msg.step, self->state.grad->accumulate(msg));
       },
       [=](scan_grads& msg) {
         ZMUON_TRACE_RECV(self, msg);
@@ -695,7 +517,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](discard_grads& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);
-        forget_gradient(self);
+        self->state.grad->forget();
         return ack{msg.step};
       },
       [=](unscale_clip& msg) -> caf::result<ack> {
@@ -729,7 +551,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       [=](qk_clip_scale& msg) -> caf::result<ack> { return scale_clipped_heads(self, msg); },
       [=](copy_in_grads& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);
-        materialize(self);  // enqueued: the host waits for its backend
+        self->state.grad->materialize();  // enqueued: the host waits for its backend
         return ack{msg.step};
       },
       [=](load_params& msg) -> caf::result<ack> {
@@ -740,9 +562,9 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         return answered(msg.step, load_state_into(self, msg.state.get()));
       },
       [=](snapshot_atom) -> store_snapshot {
-        materialize(self);  // the gradient too: written first where it is only marked zero
+        self->state.grad->materialize();  // the gradient too, where only marked zero
         store_snapshot snap = saved_state(self);
-        snap.grads = to_host(*self->state.be, self->state.grads);
+        snap.grads = to_host(*self->state.be, self->state.grad->buffer());
         return snap;
       },
       [=](saved_state_atom) -> store_snapshot { return saved_state(self); },

@@ -1,6 +1,6 @@
 // partition_store: this rank's shards, in a few flat buffers owned by the compute backend: fp32
-// master parameters, the accumulated gradient, Muon momentum, Adam moments. It runs the
-// element-wise phases of the step on them, but never decides whether a step happens.
+// master parameters, the accumulated gradient (gradient_shard.hpp), Muon momentum, Adam moments. It
+// runs the element-wise phases of the step on them, but never decides whether a step happens.
 //
 // Interface:
 //   accumulate -> ack        (reducer) add a reduced bucket slice to the gradient shard (a

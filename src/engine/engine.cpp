@@ -350,8 +350,8 @@ error engine::impl::start_locked() {
 
 error engine::impl::copy_in_kept() {
   for (int i = 0; i < job->local; ++i) {
-    if (!hand_over->kept[i])
-      continue;
+    if (!hand_over->kept[i])  // the rank's buckets all skip the reduce-scatter only if kept:
+      continue;               // a packed one may wait on other ranks, which a refusal need not
     if (auto err = hand_over->windows[i].wait_until(0))  // every bucket of it with the store
       return err;
     if (auto done = job->ask<ack>(job->ranks[i].store, copy_in_grads{job->step + 1}); !done)

@@ -1,0 +1,160 @@
+#include "actors/gradient_shard.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "messages/errors.hpp"
+
+namespace zmuon {
+
+namespace {
+
+/// Whether `pieces` land inside a bucket of `n` elements, in increasing order, not overlapping.
+bool pieces_fit(const std::vector<copy_piece>& pieces, int64_t n) {
+  int64_t end = 0;
+  for (const copy_piece& p : pieces) {
+    if (p.n < 0 || p.dst_offset < end || p.dst_offset + p.n > n || (p.n > 0 && !p.src))
+      return false;
+    end = p.dst_offset + p.n;
+  }
+  return true;
+}
+
+}  // namespace
+
+gradient_shard::gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be)
+    : pl_(std::move(pl)),
+      be_(std::move(be)),
+      grads_(be_->allocate(pl_->shard_total)),
+      written_(pl_->buckets.size(), true),  // allocated zero
+      scans_(be_->make_part_scans(static_cast<int>(pl_->buckets.size()))),
+      scanned_(pl_->buckets.size(), true),  // zero parts
+      in_place_(pl_->buckets.size(), nullptr),
+      grad_at_(pl_->params.size(), nullptr) {}
+
+caf::error gradient_shard::accumulate(const zmuon::accumulate& msg) {
+  const plan& pl = *pl_;
+  const bool bucket_known = msg.bucket >= 0 && msg.bucket < static_cast<int32_t>(pl.buckets.size());
+  const int64_t n = bucket_known ? pl.buckets[msg.bucket].shard_len : 0;
+  if (!bucket_known
+      || (msg.pieces ? !pieces_fit(*msg.pieces, n)
+                     : msg.slice.data == nullptr || msg.slice.size != n))
+    return make_caf_error(errc::shape_mismatch, "accumulate: bucket " + std::to_string(msg.bucket)
+                                                    + " slice has the wrong size");
+  const auto& b = pl.buckets[msg.bucket];
+  float* dst = grads_.data() + b.shard_offset;
+  const bool first = !written_[msg.bucket];
+  if (first && msg.pieces && read_in_place(msg.bucket, msg.pieces)) {
+    written_[msg.bucket] = true;
+    scanned_[msg.bucket] = true;
+    return {};
+  }
+  if (in_place_[msg.bucket])  // a later micro-batch adds to it: into the buffer first
+    copy_in(msg.bucket);
+  if (msg.pieces) {  // read where the caller keeps them, in the accumulate's own pass
+    be_->accumulate_pieces_scanned(dst, n, *msg.pieces,
+                                   first ? accumulate_mode::copy : accumulate_mode::add, *scans_,
+                                   msg.bucket);
+    written_[msg.bucket] = true;
+    scanned_[msg.bucket] = true;
+    return {};
+  }
+  // The scan in the same pass where the slice is in the backend's own memory.
+  const bool own_memory = !msg.from_host || !be_->device_memory();
+  if (own_memory)
+    be_->accumulate_scanned(dst, msg.slice.data, b.shard_len,
+                            first ? accumulate_mode::copy : accumulate_mode::add, *scans_,
+                            msg.bucket);
+  else if (first)  // pageable: copied out before it returns
+    be_->copy_from_host_async(dst, msg.slice.data, b.shard_len);
+  else
+    be_->add_from_host(dst, msg.slice.data, b.shard_len);
+  written_[msg.bucket] = true;
+  scanned_[msg.bucket] = own_memory;
+  return {};
+}
+
+/// A bucket's first pieces of the step read where they lie: the scan taken without a copy
+/// (compute_backend::scan_pieces), each parameter's gradient read from its piece by the
+/// momentum and the non-Muon rule, a parameter no piece reaches zeroed in the buffer. False,
+/// and nothing done, where a parameter's shard lies across pieces or partly outside them.
+bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
+  const plan& pl = *pl_;
+  const auto& b = pl.buckets[bucket];
+  const std::vector<copy_piece>& ps = *pieces;
+  std::vector<std::pair<int, const float*>> at;
+  std::vector<int> gaps;
+  size_t k = 0;
+  for (int i = b.first_param; i < b.end_param; ++i) {
+    const auto& p = pl.params[i];
+    const int64_t begin = p.shard_offset - b.shard_offset;
+    const int64_t end = begin + p.shard_len;
+    while (k < ps.size() && (ps[k].n <= 0 || ps[k].dst_offset + ps[k].n <= begin))
+      ++k;  // pieces that end before this parameter's shard
+    if (p.shard_len == 0)
+      continue;
+    if (k == ps.size() || ps[k].dst_offset >= end)
+      gaps.push_back(i);
+    else if (ps[k].dst_offset <= begin && end <= ps[k].dst_offset + ps[k].n)
+      at.emplace_back(i, ps[k].src + (begin - ps[k].dst_offset));
+    else
+      return false;
+  }
+  for (int i : gaps)
+    be_->fill_zero(grads_.data() + pl.params[i].shard_offset, pl.params[i].shard_len);
+  be_->scan_pieces(grads_.data() + b.shard_offset, b.shard_len, ps, *scans_, bucket);
+  for (const auto& [i, src] : at)
+    grad_at_[i] = src;
+  in_place_[bucket] = pieces;
+  return true;
+}
+
+/// A bucket read in place copied into the buffer, as its accumulate would have done.
+void gradient_shard::copy_in(int bucket) {
+  const auto& b = pl_->buckets[bucket];
+  be_->accumulate_pieces_scanned(grads_.data() + b.shard_offset, b.shard_len, *in_place_[bucket],
+                                 accumulate_mode::copy, *scans_, bucket);
+  for (int i = b.first_param; i < b.end_param; ++i)
+    grad_at_[i] = nullptr;
+  in_place_[bucket] = nullptr;
+}
+
+void gradient_shard::materialize(reader by) {
+  const auto& buckets = pl_->buckets;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (written_[b]) {
+      if (by == reader::buffer && in_place_[b])
+        copy_in(static_cast<int>(b));
+      continue;
+    }
+    be_->accumulate_scanned(grads_.data() + buckets[b].shard_offset, nullptr, buckets[b].shard_len,
+                            accumulate_mode::zero, *scans_, static_cast<int>(b));
+    written_[b] = true;
+    scanned_[b] = true;
+  }
+}
+
+void gradient_shard::forget() {
+  written_.assign(pl_->buckets.size(), false);
+  in_place_.assign(pl_->buckets.size(), nullptr);
+  grad_at_.assign(pl_->params.size(), nullptr);
+}
+
+void gradient_shard::scale(float factor) {
+  materialize();
+  be_->scale(grads_.data(), grads_.size(), factor);
+  scanned_.assign(scanned_.size(), false);  // every bucket changed outside its accumulate
+}
+
+void gradient_shard::scan_async(scan_result* out) {
+  materialize(reader::in_place);
+  if (std::find(scanned_.begin(), scanned_.end(), false) == scanned_.end()) {
+    be_->scan_parts_async(*scans_, out);
+    return;
+  }
+  materialize();  // a scan of the whole buffer, which then holds every bucket
+  be_->scan_async(grads_.data(), grads_.size(), out);
+}
+
+}  // namespace zmuon

@@ -1,0 +1,75 @@
+// gradient_shard: a rank's gradient for the open step as the partition store keeps it: one flat
+// buffer laid out like the parameter shards, in reduce buckets. Per bucket it knows whether the
+// buffer holds this step's values, the scan of them kept by the call that wrote them, and
+// whether the bucket is read where the caller keeps it (the pieces of a device hand-over kept
+// until the step) instead of from the buffer. Part of the partition store's state, driven by its
+// handlers on the store's own thread; not an actor. Internal.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "caf/error.hpp"
+
+#include "kernels/compute.hpp"
+#include "messages/messages.hpp"
+#include "plan/plan.hpp"
+
+namespace zmuon {
+
+class gradient_shard {
+public:
+  /// The buffer allocated zero, every bucket's scan that of zeros.
+  gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be);
+
+  /// accumulate: the slice (or the caller's pieces) added to its bucket. A bucket's first of the
+  /// step is copied in, or, for pieces, only scanned and read where they lie from then on.
+  caf::error accumulate(const zmuon::accumulate& msg);
+
+  /// Who reads the gradient next. `in_place`: the momentum, the non-Muon rule or the kept scans,
+  /// which take each parameter's gradient where read() says; `buffer`: anything else.
+  enum class reader { in_place, buffer };
+  /// Before the gradient is read: the buckets nothing reached this step are zeroed, and for a
+  /// reader of the buffer those read in place are copied in.
+  void materialize(reader by = reader::buffer);
+  /// The gradient is zero from here on: every bucket unwritten, none read in place.
+  void forget();
+  /// The whole gradient times `factor` (the unscale), in the buffer.
+  void scale(float factor);
+  /// The scan of the whole gradient, without waiting (compute_backend::scan_async's contract):
+  /// from the buckets' kept scans where all are current, else a pass over the buffer.
+  void scan_async(scan_result* out);
+
+  /// Parameter `param`'s slice `s` as this step reads its gradient (param_slice::grad).
+  param_slice read(param_slice s, int param) const {
+    s.grad = grad_at_[param];
+    return s;
+  }
+  /// The buffer, the `g` of the backend's slice calls.
+  const device_buffer& buffer() const { return grads_; }
+
+private:
+  bool read_in_place(int bucket, const gradient_pieces& pieces);
+  void copy_in(int bucket);
+
+  std::shared_ptr<const plan> pl_;
+  std::shared_ptr<compute_backend> be_;
+  device_buffer grads_;
+  // Per bucket: whether the buffer holds this step's values. A bucket not written reads as
+  // zero: its first slice of a step is copied in rather than added (one read of the gradient
+  // fewer), nothing zeroes the whole gradient after a step (one write fewer), and materialize()
+  // zeroes the buckets still unwritten before anything reads the gradient.
+  std::vector<bool> written_;
+  // Per bucket, the scan of its gradient, taken by the call that wrote it, so that the step's
+  // scan reads no gradient; `scanned_` says whether the kept scan is that of what the bucket
+  // holds (not after a copy from pageable host memory, nor after scale()).
+  std::unique_ptr<part_scans> scans_;
+  std::vector<bool> scanned_;
+  // Per bucket: the caller's gradients it is read from this step where they lie (its first
+  // accumulate's pieces), or null: the buffer holds it. Per parameter, where its gradient is
+  // then read (null: the buffer, zeroed there where no piece lands).
+  std::vector<gradient_pieces> in_place_;
+  std::vector<const float*> grad_at_;
+};
+
+}  // namespace zmuon
