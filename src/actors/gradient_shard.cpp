@@ -1,6 +1,7 @@
 #include "actors/gradient_shard.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -26,10 +27,9 @@ bool pieces_fit(const std::vector<copy_piece>& pieces, int64_t n) {
 gradient_shard::gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be)
     : pl_(std::move(pl)),
       be_(std::move(be)),
-      grads_(be_->allocate(pl_->shard_total)),
-      written_(pl_->buckets.size(), true),  // allocated zero
+      written_(pl_->buckets.size(), false),
       scans_(be_->make_part_scans(static_cast<int>(pl_->buckets.size()))),
-      scanned_(pl_->buckets.size(), true),  // zero parts
+      scanned_(pl_->buckets.size(), false),
       in_place_(pl_->buckets.size(), nullptr),
       grad_at_(pl_->params.size(), nullptr) {}
 
@@ -43,7 +43,6 @@ caf::error gradient_shard::accumulate(const zmuon::accumulate& msg) {
     return make_caf_error(errc::shape_mismatch, "accumulate: bucket " + std::to_string(msg.bucket)
                                                     + " slice has the wrong size");
   const auto& b = pl.buckets[msg.bucket];
-  float* dst = grads_.data() + b.shard_offset;
   const bool first = !written_[msg.bucket];
   if (first && msg.pieces && read_in_place(msg.bucket, msg.pieces)) {
     written_[msg.bucket] = true;
@@ -52,6 +51,7 @@ caf::error gradient_shard::accumulate(const zmuon::accumulate& msg) {
   }
   if (in_place_[msg.bucket])  // a later micro-batch adds to it: into the buffer first
     copy_in(msg.bucket);
+  float* dst = buffer_at(b.shard_offset);
   if (msg.pieces) {  // read where the caller keeps them, in the accumulate's own pass
     be_->accumulate_pieces_scanned(dst, n, *msg.pieces,
                                    first ? accumulate_mode::copy : accumulate_mode::add, *scans_,
@@ -102,8 +102,8 @@ bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
       return false;
   }
   for (int i : gaps)
-    be_->fill_zero(grads_.data() + pl.params[i].shard_offset, pl.params[i].shard_len);
-  be_->scan_pieces(grads_.data() + b.shard_offset, b.shard_len, ps, *scans_, bucket);
+    be_->fill_zero(buffer_at(pl.params[i].shard_offset), pl.params[i].shard_len);
+  be_->scan_pieces(grouping_at(b.shard_offset), b.shard_len, ps, *scans_, bucket);
   for (const auto& [i, src] : at)
     grad_at_[i] = src;
   in_place_[bucket] = pieces;
@@ -113,7 +113,7 @@ bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
 /// A bucket read in place copied into the buffer, as its accumulate would have done.
 void gradient_shard::copy_in(int bucket) {
   const auto& b = pl_->buckets[bucket];
-  be_->accumulate_pieces_scanned(grads_.data() + b.shard_offset, b.shard_len, *in_place_[bucket],
+  be_->accumulate_pieces_scanned(buffer_at(b.shard_offset), b.shard_len, *in_place_[bucket],
                                  accumulate_mode::copy, *scans_, bucket);
   for (int i = b.first_param; i < b.end_param; ++i)
     grad_at_[i] = nullptr;
@@ -128,11 +128,28 @@ void gradient_shard::materialize(reader by) {
         copy_in(static_cast<int>(b));
       continue;
     }
-    be_->accumulate_scanned(grads_.data() + buckets[b].shard_offset, nullptr, buckets[b].shard_len,
+    be_->accumulate_scanned(buffer_at(buckets[b].shard_offset), nullptr, buckets[b].shard_len,
                             accumulate_mode::zero, *scans_, static_cast<int>(b));
     written_[b] = true;
     scanned_[b] = true;
   }
+}
+
+/// What scan_pieces takes of the buffer at `offset`: its alignment, by which the scan groups the
+/// elements as the copy into it would (bit for bit). Where no buffer is allocated, an address
+/// aligned as an allocation's (256 bytes, as a device pool's) stands in; nothing is read or
+/// written there.
+const float* gradient_shard::grouping_at(int64_t offset) const {
+  if (grads_.data() != nullptr)
+    return grads_.data() + offset;
+  return reinterpret_cast<const float*>(uintptr_t{256}
+                                        + static_cast<uintptr_t>(offset) * sizeof(float));
+}
+
+float* gradient_shard::buffer_at(int64_t offset) {
+  if (grads_.data() == nullptr && pl_->shard_total > 0)
+    grads_ = be_->allocate(pl_->shard_total);
+  return grads_.data() + offset;
 }
 
 void gradient_shard::forget() {

@@ -19,7 +19,8 @@ namespace zmuon {
 
 class gradient_shard {
 public:
-  /// The buffer allocated zero, every bucket's scan that of zeros.
+  /// Every bucket unwritten (zero). The buffer is allocated when a bucket first needs it: a
+  /// rank whose every step reads its buckets in place never holds one.
   gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be);
 
   /// accumulate: the slice (or the caller's pieces) added to its bucket. A bucket's first of the
@@ -45,16 +46,20 @@ public:
     s.grad = grad_at_[param];
     return s;
   }
-  /// The buffer, the `g` of the backend's slice calls.
+  /// The buffer, the `g` of the backend's slice calls; empty (null) while no bucket has needed
+  /// it, and then every slice that read() gives has its own gradient.
   const device_buffer& buffer() const { return grads_; }
 
 private:
   bool read_in_place(int bucket, const gradient_pieces& pieces);
   void copy_in(int bucket);
+  /// The buffer at `offset`, allocated (zero) on first use.
+  float* buffer_at(int64_t offset);
+  const float* grouping_at(int64_t offset) const;
 
   std::shared_ptr<const plan> pl_;
   std::shared_ptr<compute_backend> be_;
-  device_buffer grads_;
+  device_buffer grads_;  // empty until buffer_at() first needs it
   // Per bucket: whether the buffer holds this step's values. A bucket not written reads as
   // zero: its first slice of a step is copied in rather than added (one read of the gradient
   // fewer), nothing zeroes the whole gradient after a step (one write fewer), and materialize()

@@ -84,9 +84,11 @@ struct param_slice {
   const float* grad = nullptr;
 };
 
-/// Where a call over several parameters reads slice `s`'s gradient: its own, or `g`'s.
+/// Where a call over several parameters reads slice `s`'s gradient: its own, or `g`'s (null
+/// where neither is given: a call that reads no gradient, or a store that allocated no buffer
+/// because every slice has its own).
 inline const float* grad_of(const param_slice& s, const float* g) {
-  return s.grad != nullptr ? s.grad : g + s.shard_offset;
+  return s.grad != nullptr ? s.grad : g != nullptr ? g + s.shard_offset : nullptr;
 }
 
 /// One of the copies of copy_pieces(): `n` floats from `src` (a buffer of the backend) to
@@ -352,8 +354,9 @@ public:
                                          const std::vector<copy_piece>& pieces,
                                          accumulate_mode mode, part_scans& scans, int part);
   /// The scan that accumulate_pieces_scanned(dst, n, pieces, copy, ...) keeps as part `part`,
-  /// bit for bit, with nothing written: dst is only where that copy would go (the store's
-  /// gradient read where the caller keeps it). The default copies into a buffer of its own; the
+  /// bit for bit, with nothing written: dst is only where that copy would go, and only its
+  /// alignment is read, so it need not be memory (the store's gradient read where the caller
+  /// keeps it, with no buffer allocated). The default copies into a buffer of its own; the
   /// CUDA backend runs that copy's kernel without its stores.
   virtual void scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
                            part_scans& scans, int part);

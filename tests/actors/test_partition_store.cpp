@@ -283,6 +283,70 @@ BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
   BOOST_CHECK(snapshot().grads == flat);
 }
 
+BOOST_AUTO_TEST_CASE(a_store_whose_every_bucket_is_read_in_place_allocates_no_gradient) {
+  // Each store on a backend of its own, so that each one's memory is its own.
+  const auto backend = [] {
+    auto made = make_compute_backend("host");
+    BOOST_REQUIRE(made);
+    return std::shared_ptr<compute_backend>(std::move(*made));
+  };
+  const auto be_in_place = backend(), be_copied = backend();
+  auto in_place = keep(spawn_partition_store(sys, pl, kRank, be_in_place));
+  auto copied = keep(spawn_partition_store(sys, pl, kRank, be_copied));
+  run();
+  const auto params = eighths(pl->shard_total, 3);
+  for (partition_store_actor* to : {&in_place, &copied})
+    call_on(*to, load_params{0, std::make_shared<const std::vector<float>>(params)});
+  auto g = eighths(pl->shard_total, 4);  // the caller's gradients, a piece for every parameter
+  std::vector<float> more = eighths(pl->shard_total, 6);
+  auto table = std::make_shared<const std::vector<group_hparams>>(std::vector<group_hparams>{
+      muon_values(0.9f, true, 0.1f, 0.5f, adamw_options{0.01f, 0.9f, 0.95f, 1e-8f, 0.1f})});
+  // A step: bucket by bucket the caller's pieces to one store and the same values to the
+  // other's buffer, and with `second` another micro-batch added to both; u of both.
+  const auto step = [&](uint64_t s, bool second) {
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
+      const auto& bk = pl->buckets[b];
+      std::vector<copy_piece> pieces;
+      for (int i = bk.first_param; i < bk.end_param; ++i)
+        pieces.push_back({g.data() + pl->params[i].shard_offset,
+                          pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
+      call_on(
+          in_place,
+          accumulate{s, 0, b, {}, false, std::make_shared<const std::vector<copy_piece>>(pieces)});
+      call_on(copied, accumulate{s, 0, b, {g.data() + bk.shard_offset, bk.shard_len}});
+      for (partition_store_actor* to : {&in_place, &copied})
+        if (second)
+          call_on(*to, accumulate{s, 1, b, {more.data() + bk.shard_offset, bk.shard_len}});
+    }
+    std::vector<std::vector<float>> u(2, std::vector<float>(pl->muon_state_total, -99.0f));
+    int which = 0;
+    for (partition_store_actor* to : {&in_place, &copied}) {
+      BOOST_CHECK(!call_on<grad_scan>(*to, scan_grads{s}).nonfinite);
+      call_on(*to, unscale_clip{s, 1.0f, table, {}});
+      for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
+        const auto& ch = pl->chunks[c];
+        call_on(*to, muon_momentum{s, c, {u[which].data() + ch.state_offset, ch.shard_len}});
+      }
+      call_on(*to, adamw_step{s});
+      call_on(*to, finish_step{s, false});
+      ++which;
+    }
+    BOOST_CHECK(u[0] == u[1]);
+    const auto a = call_on<store_snapshot>(in_place, saved_state_atom::value);
+    const auto b = call_on<store_snapshot>(copied, saved_state_atom::value);
+    BOOST_CHECK(a.params == b.params);
+    BOOST_CHECK(a.momentum == b.momentum);
+    BOOST_CHECK(a.exp_avg_sq == b.exp_avg_sq);
+  };
+  const int64_t gradient_bytes = pl->shard_total * static_cast<int64_t>(sizeof(float));
+  step(1, false);
+  step(2, false);
+  BOOST_CHECK_EQUAL(be_copied->memory().in_use - be_in_place->memory().in_use, gradient_bytes);
+  // A second micro-batch needs the buffer: allocated then, and kept.
+  step(3, true);
+  BOOST_CHECK_EQUAL(be_copied->memory().in_use, be_in_place->memory().in_use);
+}
+
 BOOST_AUTO_TEST_CASE(scan_reports_sum_of_squares_and_non_finite_values) {
   auto g = eighths(pl->shard_total, 5);
   accumulate_all(2, g);

@@ -377,7 +377,7 @@ void for_each_table(const std::vector<param_slice>& slices, float lr, const floa
         t.shard[i] = s.shard_offset;
         t.state[i] = s.state_offset;
         t.step[i] = lr * s.scale;
-        t.grad[i] = g != nullptr ? grad_of(s, g) : nullptr;
+        t.grad[i] = grad_of(s, g);
       },
       launch);
 }
