@@ -533,6 +533,24 @@ BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
   BOOST_TEST_MESSAGE("kept until the step: hand-over peak " << kept_peak << " bytes");
   BOOST_TEST(kept_peak == 0);
   BOOST_TEST(rel_diff(kept, unbounded) == 0.0);
+
+  // One micro-batch a step kept until the step: the store never allocates its gradient buffer.
+  auto in_use_after_steps = [&](bool kept) {
+    auto o = gpu_options(1, "nccl");
+    o.reduce_bucket_size = bucket;
+    auto eng = make_engine(o);
+    register_table(*eng, table, 5);
+    for (int s = 1; s <= 2; ++s) {
+      BOOST_REQUIRE(kept ? !eng->hand_over(0, views, nullptr, false, true)
+                         : !eng->reduce(0, views));
+      step_ok(*eng);
+    }
+    return eng->memory(0)->in_use;
+  };
+  const int64_t copied = in_use_after_steps(false), read_in_place = in_use_after_steps(true);
+  BOOST_TEST_MESSAGE("in use after two steps: " << copied << " bytes copied in, " << read_in_place
+                                                << " read in place");
+  BOOST_TEST(copied - read_in_place == 6 * bucket_bytes);  // world 1: the whole gradient
 }
 
 // comm "auto": nccl where every rank of the process has a GPU of its own, caf where they share.
