@@ -334,8 +334,8 @@ public:
 
   // -- completion without waiting (what the actors use, so that no scheduler thread waits) -------
   /// Calls `done` once everything enqueued so far has finished, without waiting: at once on the
-  /// host backend; on CUDA from a host callback of the stream, on a driver thread, so `done` may
-  /// only send a message.
+  /// host backend; on CUDA from the backend's completion thread (completion_watcher.hpp), in the
+  /// order asked, so `done` may only send a message.
   virtual void when_done(std::function<void()> done) { done(); }
   /// scan() without waiting: `*out` holds the result when when_done's callback runs.
   virtual void scan_async(const float* x, int64_t n, scan_result* out) { *out = scan(x, n); }

@@ -15,9 +15,11 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <iostream>
 #include <limits>
 #include <memory>
@@ -102,6 +104,46 @@ BOOST_AUTO_TEST_CASE(scan_and_frobenius_norm) {
     const double gpu_norm = env().gpu->frobenius_norm(x.gpu.data(), n);
     check_elementwise("frobenius_norm", n, std::abs(gpu_norm - host_norm) / host_norm);
   }
+}
+
+// The scans that do not wait (the vote's) land through the backend's completion thread while
+// the stream goes on: each lands its own sums, a synchronous scan between them takes nothing of
+// theirs, and every callback runs after its work and in the order it was asked for.
+BOOST_AUTO_TEST_CASE(scans_that_do_not_wait_each_land_their_own_result) {
+  compute_backend& gpu = *env().gpu;
+  constexpr int kScans = 24;
+  const int64_t n = 1 << 20;  // long enough that several are in flight at once
+  std::vector<mirrored> xs;
+  for (int i = 0; i < kScans; ++i)
+    xs.emplace_back(random_vector(n, 1.0f + static_cast<float>(i)));
+  std::vector<scan_result> landed(kScans), waited(kScans);
+  std::vector<int> order;  // written by the completion thread alone
+  std::vector<bool> seen_landed(kScans, false);
+  std::promise<void> all_done;
+  for (int i = 0; i < kScans; ++i) {
+    gpu.scan_async(xs[i].gpu.data(), n, &landed[i]);
+    gpu.when_done([&, i] {
+      order.push_back(i);
+      seen_landed[i] = landed[i].sum_squares > 0.0;
+    });
+    if (i % 3 == 1)  // a synchronous scan between them, of another buffer
+      waited[i] = gpu.scan(xs[kScans - 1 - i].gpu.data(), n);
+  }
+  gpu.when_done([&] { all_done.set_value(); });
+  BOOST_REQUIRE(all_done.get_future().wait_for(std::chrono::seconds(30))
+                == std::future_status::ready);
+  for (int i = 0; i < kScans; ++i) {
+    const scan_result alone = gpu.scan(xs[i].gpu.data(), n);
+    BOOST_TEST(landed[i].sum_squares == alone.sum_squares, "scan " << i);
+    BOOST_TEST(!landed[i].nonfinite);
+    BOOST_TEST(seen_landed[i], "scan " << i << " had landed when its callback ran");
+    if (i % 3 == 1)
+      BOOST_TEST(waited[i].sum_squares == gpu.scan(xs[kScans - 1 - i].gpu.data(), n).sum_squares);
+  }
+  std::vector<int> in_order(kScans);
+  for (int i = 0; i < kScans; ++i)
+    in_order[i] = i;
+  BOOST_TEST(order == in_order);
 }
 
 BOOST_AUTO_TEST_CASE(scan_finds_every_non_finite) {

@@ -134,7 +134,8 @@ cuda_compute::cuda_compute(int device)
       pinned_cache_(std::make_shared<pinned_cache>()),
       partial_sums_(kMaxReduceBlocks),
       partial_flags_(kMaxReduceBlocks),
-      result_(1) {
+      result_(1),
+      watcher_(device_) {
   ctx_.stream = streams_->main();
   ctx_.sm_count = multiprocessor_count(device_);
   keep_pool_memory(device_);
@@ -409,36 +410,12 @@ void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64
   ns_matrices_ += batch;
 }
 
-// -- completion without waiting
-// --------------------------------------------------------------------
-
-namespace {
-
-void CUDART_CB run_callback(void* data) {
-  std::unique_ptr<std::function<void()>> done(static_cast<std::function<void()>*>(data));
-  (*done)();
-}
-
-// A scan's result on its way to the caller's scan_result.
-struct scan_landing {
-  reduction* pinned;
-  scan_result* out;
-};
-
-void CUDART_CB land_scan(void* data) {
-  std::unique_ptr<scan_landing> landing(static_cast<scan_landing*>(data));
-  landing->out->sum_squares = landing->pinned->sum_squares;
-  landing->out->nonfinite =
-      landing->pinned->nonfinite != 0 || !std::isfinite(landing->pinned->sum_squares);
-}
-
-}  // namespace
+// -- completion without waiting (completion_watcher.hpp) ----------------------------------------
 
 void cuda_compute::when_done(std::function<void()> done) {
   const launch_guard guard = activate();
-  auto callback = std::make_unique<std::function<void()>>(std::move(done));
-  ZMUON_CUDA_CHECK(cudaLaunchHostFunc(ctx_.stream, run_callback, callback.get()));
-  callback.release();  // run_callback owns it now
+  // Also after a device failure: the caller's next CUDA call reports it.
+  watcher_.after(ctx_.stream, [done = std::move(done)](bool) { done(); });
 }
 
 void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
@@ -467,12 +444,35 @@ void cuda_compute::scan_parts_async(part_scans& scans, scan_result* out) {
 }
 
 void cuda_compute::land_result(scan_result* out) {
-  // The pinned landing place is reused by the next scan; the stream orders copy, then callback.
-  ZMUON_CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.data(), sizeof(reduction),
-                                   cudaMemcpyDeviceToHost, ctx_.stream));
-  auto landing = std::make_unique<scan_landing>(scan_landing{host_result_.get(), out});
-  ZMUON_CUDA_CHECK(cudaLaunchHostFunc(ctx_.stream, land_scan, landing.get()));
-  landing.release();
+  // A pinned place of its own until the watcher has read it: the stream goes on meanwhile, and
+  // a later scan's copy must not overwrite it.
+  reduction* place = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(landing_mutex_);
+    if (free_landings_.empty()) {
+      landing_places_.emplace_back();
+      free_landings_.push_back(landing_places_.back().get());
+    }
+    place = free_landings_.back();
+    free_landings_.pop_back();
+  }
+  const auto give_back = [this, place] {
+    const std::lock_guard<std::mutex> lock(landing_mutex_);
+    free_landings_.push_back(place);
+  };
+  try {
+    ZMUON_CUDA_CHECK(cudaMemcpyAsync(place, result_.data(), sizeof(reduction),
+                                     cudaMemcpyDeviceToHost, ctx_.stream));
+    watcher_.after(ctx_.stream, [place, out, give_back](bool ok) {
+      // A failed device delivered no sums: non-finite, a vote to skip (the step fails anyway).
+      out->sum_squares = ok ? place->sum_squares : 0.0;
+      out->nonfinite = !ok || place->nonfinite != 0 || !std::isfinite(place->sum_squares);
+      give_back();
+    });
+  } catch (...) {
+    give_back();
+    throw;
+  }
 }
 
 device_buffer cuda_compute::host_memory(int64_t n, bool zero) {

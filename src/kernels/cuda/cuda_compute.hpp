@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kernels/compute.hpp"
+#include "kernels/cuda/completion_watcher.hpp"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/gram_newton_schulz.hpp"
 #include "kernels/cuda/newton_schulz.hpp"
@@ -194,8 +195,8 @@ private:
   device_buffer allocate_on_stream(int64_t n, bool zero);
   void run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols, const ns_options& ns);
   reduction reduce(const float* x, int64_t n);
-  /// After the reduction just enqueued into result_: its result into *out, from a host
-  /// callback of the stream (scan_async, scan_parts_async).
+  /// After the reduction just enqueued into result_: its result into *out, by the watcher
+  /// (scan_async, scan_parts_async).
   void land_result(scan_result* out);
 
   mutable std::mutex mutex_;
@@ -210,7 +211,11 @@ private:
   device_array<double> partial_sums_;
   device_array<int> partial_flags_;
   device_array<reduction> result_;
-  pinned<reduction> host_result_;
+  pinned<reduction> host_result_;  // reduce()'s, which waits for it
+  /// Where the scans that do not wait land (land_result): a place per landing still waiting.
+  std::mutex landing_mutex_;
+  std::deque<pinned<reduction>> landing_places_;
+  std::vector<reduction*> free_landings_;
   /// What Newton-Schulz needs on each of the stream set's lanes: a cuBLAS handle bound to the
   /// lane's stream, with its own workspace, and the NS buffers (concurrent calls share none):
   /// the standard iteration's and the Gram variant's (ns_variant::gram, kernels/ns_variants.hpp).
@@ -266,6 +271,9 @@ private:
   std::vector<cuda_event> spare_events_;
   std::shared_ptr<const clock_anchor> anchor_;
   std::optional<cuda_stream> clock_stream_;  // the anchors' stream: nothing else runs on it
+  /// when_done's and the scans' landings on the main stream. Last, so destroyed first: after
+  /// the destructor has synchronized the streams, it runs what still waits.
+  completion_watcher watcher_;
 
   friend class ns_tuning;  // tests' and benchmarks' knobs (ns_tuning.hpp)
   template <class F>
