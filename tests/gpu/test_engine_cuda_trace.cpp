@@ -91,5 +91,6 @@ BOOST_AUTO_TEST_CASE(compute_spans_on_the_device) {
     want[name] = ct.calls;
   BOOST_TEST(counted == want);  // every timed call is in the trace, once
   BOOST_TEST(counted["newton_schulz"] > 0);
-  BOOST_TEST(counted["nccl all_to_all"] > 0);
+  // No collective to see at world 1: NS runs in place of the gather and the scatter
+  // (world_one_step_issues_no_collective_and_its_calls_are_timed checks that).
 }
