@@ -161,9 +161,11 @@ class Gradients:
         return cached[2]
 
     def _plain_grads(self):
-        """_entries(None) in one pass where every parameter's .grad is None or a plain fp32
-        contiguous tensor of its shape that the engine reads where it lies (the common case,
-        each checked in a few attribute reads); None where one is not: the general path."""
+        """_entries(None) in one pass where every parameter's .grad is None, a plain fp32
+        contiguous tensor of its shape, or (FSDP2, called only without a mesh of other
+        placements) a DTensor whose local shard is fp32 and contiguous, that the engine reads
+        where it lies (the common case, each checked in a few attribute reads); None where one
+        is not: the general path."""
         torch = sys.modules.get("torch")
         if getattr(torch, "float32", None) is None:  # no torch, or a stand-in without dtypes
             return None
@@ -171,13 +173,22 @@ class Gradients:
         if not all_torch or not slots:  # numpy parameters: accumulate() names them
             return None
         tensor, fp32, staging = torch.Tensor, torch.float32, self._host_staging
+        dtensor = None  # DTensor's class, once a gradient is one
         entries, keep = [], []
         for name, p, shape, numel in slots:
             g = getattr(p, "grad", None)
             if g is None:
                 continue
-            if type(g) is not tensor or g.dtype is not fp32 or not g.is_contiguous() \
-                    or g.shape != shape:
+            if type(g) is not tensor:
+                if type(g) is not dtensor:
+                    if not _distributed.is_dtensor(g):
+                        return None
+                    dtensor = type(g)
+                g = _distributed.local_tensor(g)  # FSDP2's shard: its numel, not the shape's
+                if type(g) is not tensor:
+                    return None
+                shape, numel = g.shape, g.numel()
+            if g.dtype is not fp32 or not g.is_contiguous() or g.shape != shape:
                 return None
             if g.is_cuda:
                 if staging:

@@ -157,6 +157,21 @@ def local_state(opt):
     return out
 
 
+def one_pass_takes_the_shards(model, opt, rank, world):
+    """Whether the hand-over's one pass over the .grad tensors takes FSDP2's DTensor gradients
+    and gives the entries of the general path (each one's local shard, by pointer and length)."""
+    share = BATCH // world
+    lm_loss(model, batches(STEPS, batch=BATCH)[0][rank * share:(rank + 1) * share]).backward()
+    one_pass = opt._plain_grads()
+    opt._plain_grads = lambda: None  # the general path, for this call only
+    try:
+        general, _ = opt._entries(None)
+    finally:
+        del opt._plain_grads
+    opt.zero_grad()
+    return one_pass is not None and one_pass[0] == general
+
+
 def masters_and_close(model, opt, out):
     """Under FSDP2: which local shards are views of the rank's master with FSDP2's all-gather
     buffer (padding included) there too; then close(), after which each shard and buffer own a
@@ -235,6 +250,7 @@ def worker(args):
         total = sum(p.numel() for _, p in full_params(model).items())
         out["held"], out["total"] = held, total
         if args.kind == "fsdp":
+            out["one_pass"] = one_pass_takes_the_shards(model, opt, rank, world)
             masters_and_close(model, opt, out)
     elif args.case == "nan":
         train_steps(model, opt, 3, rank, world, 1)
@@ -425,6 +441,8 @@ class Distributed(unittest.TestCase):
                 self.assertEqual(sum(r["held"] for r in ranks), ranks[0]["total"])
                 if kind == "fsdp":
                     self.check_masters(ranks)
+                    self.assertTrue(all(r["one_pass"] for r in ranks),
+                                    "the hand-over's one pass took FSDP2's gradients")
 
     def check_masters(self, ranks):
         """Every FSDP2 shard a view of its master, FSDP2's buffer too; each its own after
