@@ -12,6 +12,9 @@ device shows. The model is examples/torch_train.py's TinyLM (default GPT-2-sized
     PYTHONPATH=python python3 bench/torch_step_latency.py --device cuda --trace
     PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so \\
         python3 bench/torch_step_latency.py --device cpu --d-model 16 --heads 2 --layers 18
+
+With --fsdp, the same model under FSDP2 `fully_shard` (each block, then the root) in a process
+group of one (gloo on the CPU, nccl on CUDA): the hand-over then takes DTensor gradients.
 """
 
 import argparse
@@ -120,12 +123,27 @@ def traced_step(model, args, sync):
               f"{r.get('actor', ''):<17} {what:<20} {extra}")
 
 
+def sharded(model, device):
+    """`model` under FSDP2 at world 1: a process group of this process alone."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)
     ap.add_argument("--trace", action="store_true", help="also one step's message trace")
+    ap.add_argument("--fsdp", action="store_true",
+                    help="the model under FSDP2 fully_shard in a process group of one")
     ap.add_argument("--fresh-grads", action="store_true",
                     help="new .grad tensors before each timed step, as a training loop's "
                          "zero_grad() and backward give (else the same ones every step)")
@@ -137,6 +155,8 @@ def main():
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     torch.manual_seed(0)
     model = tt.TinyLM(args.vocab, args.d_model, args.heads, args.layers, args.seq).to(args.device)
+    if args.fsdp:
+        model = sharded(model, args.device)
     def new_grads():
         for p in model.parameters():
             p.grad = torch.randn_like(p) * 1e-3

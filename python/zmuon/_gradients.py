@@ -184,11 +184,11 @@ class Gradients:
                     if not _distributed.is_dtensor(g):
                         return None
                     dtensor = type(g)
-                g = _distributed.local_tensor(g)  # FSDP2's shard: its numel, not the shape's
-                if type(g) is not tensor:
+                g = getattr(g, "_local_tensor", None)  # FSDP2's shard (local_tensor's reading)
+                if type(g) is not tensor or g.dtype is not fp32 or not g.is_contiguous():
                     return None
-                shape, numel = g.shape, g.numel()
-            if g.dtype is not fp32 or not g.is_contiguous() or g.shape != shape:
+                numel = g.numel()  # the shard's, not the parameter's
+            elif g.dtype is not fp32 or not g.is_contiguous() or g.shape != shape:
                 return None
             if g.is_cuda:
                 if staging:
