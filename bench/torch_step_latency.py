@@ -123,17 +123,15 @@ def traced_step(model, args, sync):
               f"{r.get('actor', ''):<17} {what:<20} {extra}")
 
 
-def sharded(model, device):
-    """`model` under FSDP2 at world 1: a process group of this process alone."""
+def sharded(args):
+    """The model under FSDP2 as bench/torch_fsdp2_step.py shards it, at world 1: a process
+    group of this process alone."""
     import torch.distributed as dist
-    from torch.distributed.fsdp import fully_shard
+    import torch_fsdp2_step
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    return model
+    dist.init_process_group("nccl" if args.device == "cuda" else "gloo", rank=0, world_size=1)
+    return torch_fsdp2_step.sharded_model(args, args.device)[0]
 
 
 def main():
@@ -154,9 +152,11 @@ def main():
     args.zmuon_comm = None
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     torch.manual_seed(0)
-    model = tt.TinyLM(args.vocab, args.d_model, args.heads, args.layers, args.seq).to(args.device)
     if args.fsdp:
-        model = sharded(model, args.device)
+        model = sharded(args)
+    else:
+        model = tt.TinyLM(args.vocab, args.d_model, args.heads, args.layers,
+                          args.seq).to(args.device)
     def new_grads():
         for p in model.parameters():
             p.grad = torch.randn_like(p) * 1e-3

@@ -61,13 +61,16 @@ group_hparams adamw_values(float lr, float beta1, float beta2, float eps, float 
   return muon_values(0.95f, true, 0.0f, 0.0f, adamw_options{lr, beta1, beta2, eps, wd});
 }
 
+/// A host backend of its own (its own memory meter).
+std::shared_ptr<compute_backend> host_backend() {
+  auto made = make_compute_backend("host");
+  BOOST_REQUIRE(made);
+  return std::shared_ptr<compute_backend>(std::move(*made));
+}
+
 struct store_fixture : actor_fixture {
   std::shared_ptr<const plan> pl = make_test_plan();
-  std::shared_ptr<compute_backend> be = [] {
-    auto made = make_compute_backend("host");
-    BOOST_REQUIRE(made);
-    return std::shared_ptr<compute_backend>(std::move(*made));
-  }();
+  std::shared_ptr<compute_backend> be = host_backend();
   partition_store_actor store = keep(spawn_partition_store(sys, pl, kRank, be));
 
   store_fixture() { run(); }
@@ -285,12 +288,7 @@ BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
 
 BOOST_AUTO_TEST_CASE(a_store_whose_every_bucket_is_read_in_place_allocates_no_gradient) {
   // Each store on a backend of its own, so that each one's memory is its own.
-  const auto backend = [] {
-    auto made = make_compute_backend("host");
-    BOOST_REQUIRE(made);
-    return std::shared_ptr<compute_backend>(std::move(*made));
-  };
-  const auto be_in_place = backend(), be_copied = backend();
+  const auto be_in_place = host_backend(), be_copied = host_backend();
   auto in_place = keep(spawn_partition_store(sys, pl, kRank, be_in_place));
   auto copied = keep(spawn_partition_store(sys, pl, kRank, be_copied));
   run();
