@@ -8,12 +8,12 @@
 #include <cstring>
 #include <exception>
 #include <functional>
-#include <map>
 #include <string>
 #include <utility>
 
 #include "kernels/cuda/cautious_normuon.cuh"
 #include "kernels/cuda/check.hpp"
+#include "kernels/cuda/pinned_cache.hpp"
 #include "kernels/ns_variants.hpp"
 
 namespace zmuon::gpu {
@@ -21,9 +21,6 @@ namespace {
 
 /// cuBLAS's own recommendation on Hopper; given explicitly so that no GEMM allocates.
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
-
-/// Pinned host memory kept for reuse, at most this much (more is freed at once).
-constexpr size_t kMaxCachedPinnedBytes = size_t{4} << 30;
 
 int set_device(int device) {
   ZMUON_CUDA_CHECK(cudaSetDevice(device));
@@ -57,65 +54,6 @@ void keep_pool_memory(int device) {
 }
 
 }  // namespace
-
-/// Page-locked host blocks kept for reuse by exact size: cudaFreeHost synchronizes the device,
-/// which would stall a step that releases its staging mirrors. A released block returns to the
-/// cache only when the stream reaches the release (a host function), so async copies still
-/// reading or writing it finish first.
-class pinned_cache {
-public:
-  ~pinned_cache() {
-    for (auto& [bytes, p] : free_)
-      (void)cudaFreeHost(p);
-  }
-
-  /// A cached block of exactly `bytes`, or nullptr.
-  void* take(size_t bytes) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    const auto found = free_.find(bytes);
-    if (found == free_.end())
-      return nullptr;
-    void* p = found->second;
-    free_.erase(found);
-    held_ -= bytes;
-    return p;
-  }
-
-  /// Releases `p` once `stream` has done everything enqueued so far: into the cache, or (when
-  /// the cache is full, or the host function cannot be enqueued) with cudaFreeHost at once.
-  static void release(const std::shared_ptr<pinned_cache>& cache, cudaStream_t stream, void* p,
-                      size_t bytes) {
-    {
-      const std::lock_guard<std::mutex> lock(cache->mutex_);
-      if (cache->held_ + bytes <= kMaxCachedPinnedBytes) {
-        cache->held_ += bytes;  // reserved now; the block lands when the stream gets there
-        auto landing = std::make_unique<returning>(returning{cache, p, bytes});
-        if (cudaLaunchHostFunc(stream, land, landing.get()) == cudaSuccess) {
-          landing.release();
-          return;
-        }
-        cache->held_ -= bytes;
-      }
-    }
-    (void)cudaFreeHost(p);
-  }
-
-private:
-  struct returning {
-    std::shared_ptr<pinned_cache> cache;
-    void* p;
-    size_t bytes;
-  };
-  static void CUDART_CB land(void* data) {  // no CUDA calls allowed here
-    std::unique_ptr<returning> r(static_cast<returning*>(data));
-    const std::lock_guard<std::mutex> lock(r->cache->mutex_);
-    r->cache->free_.emplace(r->bytes, r->p);
-  }
-
-  std::mutex mutex_;
-  std::multimap<size_t, void*> free_;
-  size_t held_ = 0;  // cached bytes, and those on their way back
-};
 
 cuda_compute::ns_lane::ns_lane(cudaStream_t stream)
     : cublas_workspace(static_cast<int64_t>(kCublasWorkspaceBytes)),
@@ -446,31 +384,21 @@ void cuda_compute::scan_parts_async(part_scans& scans, scan_result* out) {
 void cuda_compute::land_result(scan_result* out) {
   // A pinned place of its own until the watcher has read it: the stream goes on meanwhile, and
   // a later scan's copy must not overwrite it.
-  reduction* place = nullptr;
-  {
-    const std::lock_guard<std::mutex> lock(landing_mutex_);
-    if (free_landings_.empty()) {
-      landing_places_.emplace_back();
-      free_landings_.push_back(landing_places_.back().get());
-    }
-    place = free_landings_.back();
-    free_landings_.pop_back();
-  }
-  const auto give_back = [this, place] {
-    const std::lock_guard<std::mutex> lock(landing_mutex_);
-    free_landings_.push_back(place);
-  };
+  constexpr size_t bytes = sizeof(reduction);
+  auto* place = static_cast<reduction*>(pinned_cache_->take(bytes));
+  if (place == nullptr)
+    ZMUON_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&place), bytes));
   try {
-    ZMUON_CUDA_CHECK(cudaMemcpyAsync(place, result_.data(), sizeof(reduction),
-                                     cudaMemcpyDeviceToHost, ctx_.stream));
-    watcher_.after(ctx_.stream, [place, out, give_back](bool ok) {
+    ZMUON_CUDA_CHECK(
+        cudaMemcpyAsync(place, result_.data(), bytes, cudaMemcpyDeviceToHost, ctx_.stream));
+    watcher_.after(ctx_.stream, [place, out, cache = pinned_cache_](bool ok) {
       // A failed device delivered no sums: non-finite, a vote to skip (the step fails anyway).
       out->sum_squares = ok ? place->sum_squares : 0.0;
       out->nonfinite = !ok || place->nonfinite != 0 || !std::isfinite(place->sum_squares);
-      give_back();
+      cache->put(place, bytes);
     });
   } catch (...) {
-    give_back();
+    pinned_cache_->put(place, bytes);
     throw;
   }
 }

@@ -195,8 +195,8 @@ private:
   device_buffer allocate_on_stream(int64_t n, bool zero);
   void run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols, const ns_options& ns);
   reduction reduce(const float* x, int64_t n);
-  /// After the reduction just enqueued into result_: its result into *out, by the watcher
-  /// (scan_async, scan_parts_async).
+  /// After the reduction just enqueued into result_: its result into *out, by the watcher,
+  /// through a pinned place of the cache's (scan_async, scan_parts_async).
   void land_result(scan_result* out);
 
   mutable std::mutex mutex_;
@@ -212,10 +212,6 @@ private:
   device_array<int> partial_flags_;
   device_array<reduction> result_;
   pinned<reduction> host_result_;  // reduce()'s, which waits for it
-  /// Where the scans that do not wait land (land_result): a place per landing still waiting.
-  std::mutex landing_mutex_;
-  std::deque<pinned<reduction>> landing_places_;
-  std::vector<reduction*> free_landings_;
   /// What Newton-Schulz needs on each of the stream set's lanes: a cuBLAS handle bound to the
   /// lane's stream, with its own workspace, and the NS buffers (concurrent calls share none):
   /// the standard iteration's and the Gram variant's (ns_variant::gram, kernels/ns_variants.hpp).
