@@ -13,6 +13,10 @@ device shows. The model is examples/torch_train.py's TinyLM (default GPT-2-sized
     PYTHONPATH=python ZMUON_LIBRARY=build/src/embed/libzmuon.so \\
         python3 bench/torch_step_latency.py --device cpu --d-model 16 --heads 2 --layers 18
 
+With --idle-ms N, the host is busy N ms in Python before each timed step while the engine has
+nothing to do, as through a training loop's forward and backward (the engine's threads asleep,
+the host's caches holding other work).
+
 With --fsdp, the same model under FSDP2 `fully_shard` (each block, then the root) in a process
 group of one (gloo on the CPU, nccl on CUDA): the hand-over then takes DTensor gradients.
 """
@@ -51,7 +55,7 @@ def one_step(opt, sync, clock=time.perf_counter):
     return t0, t1, clock()
 
 
-def timed_parts(opt, sync, steps, new_grads=None):
+def timed_parts(opt, sync, steps, new_grads=None, idle=None):
     """step()'s parts, from marks taken by wrapping the engine's calls: whichever of the three
     hand-over calls the step makes (on the device, hand_over), and step."""
     eng, marks = opt._engine, {}
@@ -72,6 +76,8 @@ def timed_parts(opt, sync, steps, new_grads=None):
     for _ in range(steps):
         if new_grads:
             new_grads()
+        if idle:
+            idle()
         t0, t1, t2 = one_step(opt, sync)
         rows.append((marks["hand_over>"] - t0, marks["hand_over<"] - marks["hand_over>"],
                      marks["step>"] - marks["hand_over<"], marks["step<"] - marks["step>"],
@@ -83,8 +89,18 @@ def timed_parts(opt, sync, steps, new_grads=None):
     return marks
 
 
-def timeline_step(opt, sync, marks):
+def busy(ms):
+    """The host busy for `ms` ms in Python while the engine has nothing to do, as in a training
+    loop's forward and backward: its threads go to sleep as they would there."""
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def timeline_step(opt, sync, marks, idle=None):
     opt.time_calls(True)
+    if idle:
+        idle()
     t0, _, t2 = one_step(opt, sync)
     path = os.path.join(tempfile.mkdtemp(), "calls.json")
     opt.write_call_timeline(path)
@@ -101,12 +117,14 @@ def timeline_step(opt, sync, marks):
         print(f"  {e['ts'] - zero:9.1f} +{e['dur']:8.1f} us  {where:<8} {e['name']}")
 
 
-def traced_step(model, args, sync):
+def traced_step(model, args, sync, idle=None):
     """A fresh optimizer with the message trace on; the records of its last step."""
     trace_dir = tempfile.mkdtemp()
     opt = make_optimizer(model, args, trace_dir)
     for _ in range(args.warmup):
         opt.step()
+    if idle:
+        idle()
     t0, t1, t2 = one_step(opt, sync, time.monotonic_ns)  # the trace's clock, in ns
     opt.close()
     records = []
@@ -145,6 +163,9 @@ def main():
     ap.add_argument("--fresh-grads", action="store_true",
                     help="new .grad tensors before each timed step, as a training loop's "
                          "zero_grad() and backward give (else the same ones every step)")
+    ap.add_argument("--idle-ms", type=float, default=0,
+                    help="before each timed step, the host busy this long in Python while the "
+                         "engine idles, as through a forward and backward")
     tt.add_model_args(ap, d_model=768, heads=12, layers=12, seq=64, batch=4)
     ap.set_defaults(vocab=50304)
     args = ap.parse_args()
@@ -166,11 +187,12 @@ def main():
           f"{sum(p.numel() for p in model.parameters())} elements, on {args.device}")
     for _ in range(args.warmup):
         opt.step()
-    marks = timed_parts(opt, sync, args.steps, new_grads if args.fresh_grads else None)
-    timeline_step(opt, sync, marks)
+    idle = (lambda: busy(args.idle_ms)) if args.idle_ms else None
+    marks = timed_parts(opt, sync, args.steps, new_grads if args.fresh_grads else None, idle)
+    timeline_step(opt, sync, marks, idle)
     opt.close()
     if args.trace:
-        traced_step(model, args, sync)
+        traced_step(model, args, sync, idle)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@
 #                                # call timeline and one step's message trace on Python's clock
 #                                # (bench/torch_step_latency.py --trace, with the same .grad
 #                                # tensors and with new ones each step): $OUT/step_latency*.txt
+#                                # (LATENCY_ARGS: more of its arguments, e.g. "--idle-ms 40")
 #
 # With the device tool: run(command="bash bench/dev/gpu-check.sh", carry=[".carry"]).
 set -uo pipefail
@@ -133,8 +134,10 @@ latency() {
     local extra=() log="$out/step_latency.txt"
     [[ $grads == fresh ]] && extra=(--fresh-grads) && log="$out/step_latency_fresh_grads.txt"
     echo "== bench/torch_step_latency.py --device cuda --trace ${extra[*]}"
+    # shellcheck disable=SC2086
     ZMUON_LIBRARY="$unpacked/lib/libzmuon.so" PYTHONPATH="$root/python" timeout 200 \
-      python3 bench/torch_step_latency.py --device cuda --trace "${extra[@]}" >"$log" 2>&1
+      python3 bench/torch_step_latency.py --device cuda --trace "${extra[@]}" ${LATENCY_ARGS:-} \
+      >"$log" 2>&1
     [[ $? -ne 0 ]] && status=1
     grep -E "median|one step|one traced" "$log"
   done

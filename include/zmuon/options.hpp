@@ -181,6 +181,14 @@ struct engine_options {
   // calls reduce() for them one after another, and a bucket lands only once every rank handed it
   // over, so there the buckets stay in flight until step().
   int max_buckets_in_flight = 2;
+
+  // Newton-Schulz before the vote's answer (zmuon.momentum_before_vote): auto | on | off. Where
+  // on, a step that can only be refused by a non-finite gradient (one rank in all, no clipping,
+  // no fp16 loss scale, no NorMuon) computes each chunk's u without writing the momentum and
+  // starts its Newton-Schulz while the vote is on its way; the momentum is written, and the
+  // update applied, once the vote says the step applies. auto: on for the cuda backend, where
+  // the vote's trip through the host would leave the GPU idle.
+  std::string momentum_before_vote = "auto";
 };
 
 }  // namespace zmuon

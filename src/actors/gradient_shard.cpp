@@ -164,14 +164,14 @@ void gradient_shard::scale(float factor) {
   scanned_.assign(scanned_.size(), false);  // every bucket changed outside its accumulate
 }
 
-void gradient_shard::scan_async(scan_result* out) {
+void gradient_shard::scan_async(scan_result* out, std::function<void()> landed) {
   materialize(reader::in_place);
   if (std::find(scanned_.begin(), scanned_.end(), false) == scanned_.end()) {
-    be_->scan_parts_async(*scans_, out);
+    be_->scan_parts_async(*scans_, out, std::move(landed));
     return;
   }
   materialize();  // a scan of the whole buffer, which then holds every bucket
-  be_->scan_async(grads_.data(), grads_.size(), out);
+  be_->scan_async(grads_.data(), grads_.size(), out, std::move(landed));
 }
 
 }  // namespace zmuon

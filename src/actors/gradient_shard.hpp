@@ -39,7 +39,7 @@ public:
   void scale(float factor);
   /// The scan of the whole gradient, without waiting (compute_backend::scan_async's contract):
   /// from the buckets' kept scans where all are current, else a pass over the buffer.
-  void scan_async(scan_result* out);
+  void scan_async(scan_result* out, std::function<void()> landed);
 
   /// Parameter `param`'s slice `s` as this step reads its gradient (param_slice::grad).
   param_slice read(param_slice s, int param) const {

@@ -43,7 +43,7 @@ loss_scale_snapshot loss_scale_state::save() const {
 }
 
 void loss_scale_state::restore(const loss_scale_snapshot& s) {
-  scale_ = s.scale;
+  scale_ = opts_.enabled ? s.scale : 1.0f;  // without fp16 the gradient is never scaled
   iter_ = s.iter;
   last_overflow_iter_ = s.last_overflow_iter;
   hysteresis_left_ = s.hysteresis_left;

@@ -40,6 +40,7 @@ struct chunk_work {
     applied
   };
   phase at = idle;
+  bool source_only = false;  // its momentum wrote u alone (before the vote): the state is due
   wire_buffer u;       // this rank's shards of u (chunk.shard_len)
   wire_buffer full;    // whole matrices this rank owns (ownership.full_size)
   wire_buffer result;  // this rank's shards of the update (chunk.shard_len)
@@ -66,6 +67,11 @@ struct step_work {
   size_t applied = 0;
   enum { unsent, sent, done } scalar = unsent;  // 5., sent beside the last chunk's NS
   int64_t ns_before = 0;
+  // The vote, where the chunks' momentum runs ahead of it (ahead_of_vote): until `passed` no
+  // request writes the step's state (the momentum's state half, the scatter, the non-Muon
+  // rule); `refused` lets the momentum requests in flight land, then refuses the step.
+  enum class vote_state { passed, pending, refused } vote = vote_state::passed;
+  int sources_in_flight = 0;  // source-half momentum requests not yet answered
 };
 
 struct coordinator_state {
@@ -82,6 +88,7 @@ struct coordinator_state {
   std::vector<bool> padded;    // per chunk: this rank's shards have padding (the scatter skips it)
   std::vector<bool> in_place;  // per chunk: u is laid out as the owner's buffer (world 1): no
                                // gather and no scatter (laid_out_as_shard)
+  bool momentum_before_vote = false;  // zmuon.momentum_before_vote, decided for this backend
   std::optional<step_work> work;  // the step in progress
   device_buffer bf16_scratch;     // rescale_bf16_blocks' fp32 copy of one block (kept)
   trace::track tr;
@@ -292,7 +299,9 @@ bool qk_clip_on(const coordinator_state& st) {
 
 void begin_step(coord_pointer self);                   // 1. flush
 void vote(coord_pointer self);                         // 2. the vote
+void refuse(coord_pointer self);                       //   a refused step's end
 void unscale(coord_pointer self, double sum_squares);  // 3. unscale_clip
+void vote_passed(coord_pointer self, double sum_squares);  // 2-3 with the momentum ahead
 void run_muon(coord_pointer self);                     // 4
 void advance(coord_pointer self);                      //   the fixed collective order
 void request_momentum(coord_pointer self, int c);      //   momentum (store)
@@ -325,34 +334,110 @@ void begin_step(coord_pointer self) {
   });
 }
 
+// The factor that takes the step's summed gradient to its mean, unscaled.
+double unscale_of(const step_result& r) {
+  return 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
+}
+
+// Whether this step's Muon chunks may start before the vote answers (momentum_before_vote): a
+// step that only a non-finite gradient can refuse, whose unscale factor is 1 (one micro-batch,
+// no clipping, no loss scale: unscale_clip changes no gradient the vote's scan may still read),
+// and whose momentum nothing but the store's momentum call writes (no NorMuon transform); at
+// world 1, where the chunks need no collective.
+bool ahead_of_vote(const coordinator_state& st) {
+  if (!st.momentum_before_vote || st.pl->world != 1 || st.pl->chunks.empty()
+      || st.opts.gradient_clipping > 0 || st.opts.fp16.enabled || st.work->result.micros != 1)
+    return false;
+  for (int c = 0; c < static_cast<int>(st.pl->chunks.size()); ++c)
+    if (!st.in_place[c] || transform_due(st, c))
+      return false;
+  return true;
+}
+
 // 2. The vote: overflow and the gradient's sum of squares from one all-reduce. Overflow ends
-// the step: the gradient discarded, the answer `skipped`.
+// the step: the gradient discarded, the answer `skipped`. Where the chunks may go ahead of it,
+// unscale_clip and the chunks' u and Newton-Schulz go out at once, and the vote's answer then
+// lets the state be written (vote_passed) or refuses the step once they have landed.
 void vote(coord_pointer self) {
-  auto step = self->state.work->req.step;
+  auto& w = *self->state.work;
+  auto step = w.req.step;
+  const bool ahead = ahead_of_vote(self->state);
+  if (ahead)
+    w.vote = step_work::vote_state::pending;
   ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step},
                        [=](overflow_report& rep) {
-                         auto& r = self->state.work->result;
-                         r.loss_scale = rep.scale;
-                         r.next_loss_scale = rep.next_scale;
+                         auto& w = *self->state.work;
+                         w.result.loss_scale = rep.scale;
+                         w.result.next_loss_scale = rep.next_scale;
                          if (!rep.overflow) {
-                           unscale(self, rep.sum_squares);
+                           if (ahead)
+                             vote_passed(self, rep.sum_squares);
+                           else
+                             unscale(self, rep.sum_squares);
                            return;
                          }
-                         ask<ack>(self, self->state.peers.store, discard_grads{step}, [=](ack&) {
-                           auto& st = self->state;
-                           st.work->result.skipped = true;
-                           st.work->promise.deliver(st.work->result);
-                           st.work.reset();
-                         });
+                         if (!ahead) {
+                           refuse(self);
+                           return;
+                         }
+                         w.vote = step_work::vote_state::refused;
+                         if (w.sources_in_flight == 0)
+                           refuse(self);
                        });
+  if (ahead)
+    unscale(self, 0.0);
+}
+
+// A refused step: the gradient discarded, the answer `skipped`. (Work already enqueued that
+// reads the gradient or writes the chunks' buffers is ordered before the caller's next work
+// and before those buffers are reused, as every step's is.)
+void refuse(coord_pointer self) {
+  ask<ack>(self, self->state.peers.store, discard_grads{self->state.work->req.step}, [=](ack&) {
+    auto& st = self->state;
+    st.work->result.skipped = true;
+    st.work->promise.deliver(st.work->result);
+    st.work.reset();
+  });
+}
+
+// The vote passed while the chunks ran ahead of it: the step's norm, then the momentum's state
+// half of each chunk whose u went out, and what waited for the vote (scatter, non-Muon rule).
+void vote_passed(coord_pointer self, double sum_squares) {
+  auto& st = self->state;
+  auto& w = *st.work;
+  auto& r = w.result;
+  if (r.loss_scale != 1.0f) {  // ahead_of_vote's factor assumed no loss scale
+    fail_step(self, make_caf_error(errc::internal,
+                                   "step " + std::to_string(w.req.step) + ": loss scale "
+                                       + std::to_string(r.loss_scale)
+                                       + " without fp16; the momentum went ahead unscaled"));
+    return;
+  }
+  w.vote = step_work::vote_state::passed;
+  r.grad_norm = std::sqrt(sum_squares) * unscale_of(r);
+  r.clip_coef = 1.0f;
+  for (int c = 0; c < static_cast<int>(w.chunks.size()); ++c)
+    if (w.chunks[c].source_only) {
+      w.chunks[c].source_only = false;
+      muon_momentum msg{w.req.step, c, {}, momentum_writes::state};
+      ask<ack>(self, st.peers.store, std::move(msg), [](ack&) {});
+    }
+  // The non-Muon rule first where the last chunk's NS is enqueued, so that it runs beside that
+  // NS, as scalar_rule says; then the scatters.
+  if (w.chunks.back().at >= chunk_work::gather_issued)
+    scalar_rule(self);
+  advance(self);
 }
 
 // 3. The raw norm and the clip factor; unscale_clip carries the factor and the step's values
-// to the store, once.
+// to the store, once. Ahead of the vote (its answer pending) the factor is 1 without the sum,
+// and the norm waits for vote_passed.
 void unscale(coord_pointer self, double sum_squares) {
   auto& st = self->state;
   auto& r = st.work->result;
-  double unscale = 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
+  if (st.work->vote == step_work::vote_state::pending)
+    r.loss_scale = 1.0f;
+  const double unscale = unscale_of(r);
   r.grad_norm = std::sqrt(sum_squares) * unscale;
   float max_norm = st.opts.gradient_clipping;
   double clip = max_norm > 0 ? max_norm / (r.grad_norm + 1e-6) : 1.0;
@@ -389,6 +474,8 @@ void run_muon(coord_pointer self) {
 void advance(coord_pointer self) {
   auto& st = self->state;
   auto& w = *st.work;
+  if (w.vote == step_work::vote_state::refused)
+    return;
   while (w.next_slot < w.order.size()) {
     auto s = w.order[w.next_slot];
     auto& cw = w.chunks[s.chunk];
@@ -414,7 +501,7 @@ void advance(coord_pointer self) {
       // this chunk's NS instead of after this scatter, which waits for the NS.
       if (cw.at != chunk_work::ns_done
           || (s.chunk > 0 && w.chunks[s.chunk - 1].at != chunk_work::applied)
-          || w.scalar == step_work::sent)
+          || w.scalar == step_work::sent || w.vote != step_work::vote_state::passed)
         return;
       ++w.next_slot;
       scatter(self, s.chunk);
@@ -432,8 +519,22 @@ void request_momentum(coord_pointer self, int c) {
                        buffer_init::overwritten);           // momentum writes all of it
   });
   cw.at = chunk_work::momentum_requested;
-  ask<ack>(self, st.peers.store, muon_momentum{st.work->req.step, c, cw.u.compute()}, [=](ack&) {
+  muon_momentum msg{st.work->req.step, c, cw.u.compute()};
+  const bool source = st.work->vote != step_work::vote_state::passed;
+  if (source) {  // ahead of the vote: u alone; the state half once it passes
+    msg.writes = momentum_writes::source;
+    cw.source_only = true;
+    ++st.work->sources_in_flight;
+  }
+  ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
     auto& st = self->state;
+    if (source && --st.work->sources_in_flight == 0
+        && st.work->vote == step_work::vote_state::refused) {
+      refuse(self);
+      return;
+    }
+    if (st.work->vote == step_work::vote_state::refused)
+      return;
     auto& u = st.work->chunks[c].u;
     buffers(self, c, [&] { u.to_comm(*st.be); });
     after_gpu(self, gpu_event::u_on_host, c, u.staged());
@@ -585,8 +686,8 @@ void apply(coord_pointer self, int c) {
 // instead of after the scatter, which waits for the NS, and no gather queues behind it.
 void scalar_rule(coord_pointer self) {
   auto& w = *self->state.work;
-  if (w.scalar != step_work::unsent)
-    return;
+  if (w.scalar != step_work::unsent || w.vote != step_work::vote_state::passed)
+    return;  // sent, or held back until the vote passes (vote_passed sends it)
   w.scalar = step_work::sent;
   ask<ack>(self, self->state.peers.store, adamw_step{w.req.step}, [=](ack&) {
     self->state.work->scalar = step_work::done;
@@ -676,6 +777,9 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.be = std::move(be);
   st.comm_on_host = comm_on_host(st.opts.comm);
   st.wire = muon_wire_type(st.opts);
+  st.momentum_before_vote =
+      st.opts.momentum_before_vote == "on"
+      || (st.opts.momentum_before_vote == "auto" && st.opts.compute == "cuda");
   st.defaults = group_hparams{st.opts.muon, st.opts.adamw};
   for (const auto& p : st.pl->params)
     st.group_count = std::max(st.group_count, p.hparam_group + 1);

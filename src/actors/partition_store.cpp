@@ -95,15 +95,17 @@ void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
   self->state.be->when_done([handle, msg] { caf::anon_send(handle, msg); });
 }
 
-// The scan of the gradient for `step`, whose result comes back with gpu_done (no thread waits
-// for the GPU).
+// The scan of the gradient for `step`, whose result comes back with gpu_done as soon as the
+// scan has landed (no thread waits for the GPU, nor the scan for Newton-Schulz ahead of the
+// vote).
 caf::result<grad_scan> scan_for(store_pointer self, uint64_t step) {
   auto& st = self->state;
   auto promise = self->make_response_promise<grad_scan>();
   auto result = std::make_shared<scan_result>();
-  st.grad->scan_async(result.get());
+  auto handle = caf::actor_cast<partition_store_actor>(self);
+  const gpu_done landed{step, gpu_event::scan_landed, 0};
+  st.grad->scan_async(result.get(), [handle, landed] { caf::anon_send(handle, landed); });
   st.scans.push_back(store_state::pending_scan{step, result, promise});
-  notify_when_done(self, step, gpu_event::scan_landed);
   return promise;
 }
 
@@ -140,15 +142,17 @@ store_snapshot saved_state(store_pointer self) {
   return snap;
 }
 
-caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, const char* what) {
+caf::error check_chunk(const plan& pl, int32_t chunk, const float_view* view, const char* what) {
   if (chunk < 0 || chunk >= static_cast<int32_t>(pl.chunks.size()))
     return make_caf_error(errc::invalid_argument,
                           std::string(what) + ": no Muon chunk " + std::to_string(chunk));
-  if ((view.data == nullptr && view.bf16 == nullptr) || view.size != pl.chunks[chunk].shard_len)
+  if (view == nullptr)  // the call reads no buffer of the message
+    return {};
+  if ((view->data == nullptr && view->bf16 == nullptr) || view->size != pl.chunks[chunk].shard_len)
     return make_caf_error(errc::shape_mismatch, std::string(what) + ": chunk "
                                                     + std::to_string(chunk) + " needs "
                                                     + std::to_string(pl.chunks[chunk].shard_len)
-                                                    + " floats, got " + std::to_string(view.size));
+                                                    + " floats, got " + std::to_string(view->size));
   return {};
 }
 
@@ -296,11 +300,12 @@ void by_touch(const store_state& st, const group_slices& gs, Call call) {
 
 // -- the update ---------------------------------------------------------------------------------
 
-/// muon_momentum: per group, m and u of its touched parameters; an untouched one takes beta 1
-/// (its gradient is zero: m stays exactly) and u = m.
+/// muon_momentum: per group, m and u of its touched parameters (or the half msg.writes names);
+/// an untouched one takes beta 1 (its gradient is zero: m stays exactly) and u = m.
 caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
   auto& st = self->state;
-  if (auto err = check_chunk(*st.pl, msg.chunk, msg.out, "muon_momentum"))
+  const bool writes_u = msg.writes != momentum_writes::state;
+  if (auto err = check_chunk(*st.pl, msg.chunk, writes_u ? &msg.out : nullptr, "muon_momentum"))
     return err;
   if (auto err = check_values(st, msg.step, "muon_momentum"))
     return err;
@@ -311,7 +316,7 @@ caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
     const muon_rule& rule = st.rules[gs.group];
     by_touch(st, gs, [&](const std::vector<param_slice>& slices, bool touched) {
       st.be->momentum_slices(st.momentum.data(), st.grad->buffer().data(), out, origin, slices,
-                             touched ? rule.momentum : 1.0f, touched && rule.nesterov);
+                             touched ? rule.momentum : 1.0f, touched && rule.nesterov, msg.writes);
     });
   }
   return {};
@@ -322,7 +327,7 @@ caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
 caf::error apply_update(store_pointer self, const apply_muon& msg) {
   auto& st = self->state;
   const auto& pl = *st.pl;
-  if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
+  if (auto err = check_chunk(pl, msg.chunk, &msg.update, "apply_muon"))
     return err;
   if (auto err = check_values(st, msg.step, "apply_muon"))
     return err;

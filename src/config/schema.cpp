@@ -243,6 +243,8 @@ const std::vector<field>& schema() {
                       r::closed(1, kMaxTimeoutMs)),
         make<int>("zmuon.max_buckets_in_flight", ZMUON_SLOT(engine.max_buckets_in_flight),
                   r::at_least(0)),
+        make<std::string>("zmuon.momentum_before_vote", ZMUON_SLOT(engine.momentum_before_vote), {},
+                          {"auto", "on", "off"}),
         make<int64_t>("zmuon.heartbeat_timeout_ms", ZMUON_SLOT(heartbeat_timeout_ms),
                       r::closed(1, kMaxTimeoutMs)),
         make<std::string>("zmuon.metrics_file", ZMUON_SLOT(monitor.metrics_file)),

@@ -75,6 +75,10 @@ error check_options(const engine_options& o) {
   if (o.max_buckets_in_flight < 0)
     return bad("max_buckets_in_flight must be >= 0 (0 = unbounded), got "
                + std::to_string(o.max_buckets_in_flight));
+  if (o.momentum_before_vote != "auto" && o.momentum_before_vote != "on"
+      && o.momentum_before_vote != "off")
+    return bad("momentum_before_vote must be auto, on or off, got '" + o.momentum_before_vote
+               + "'");
   return {};
 }
 

@@ -255,16 +255,28 @@ public:
   // table of many small parameters is not bound by launches (one call instead of one a
   // parameter).
   /// momentum() / momentum_to_bf16() per slice: m at state_offset, the gradient at grad_of(s,
-  /// g), u at state_offset - origin.
+  /// g), u at state_offset - origin; only what `writes` names is written (u unused for `state`).
+  /// This default runs the calls on a copy of m (`source`) or into a scratch u (`state`).
   virtual void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
-                               const std::vector<param_slice>& slices, float beta, bool nesterov) {
+                               const std::vector<param_slice>& slices, float beta, bool nesterov,
+                               momentum_writes writes) {
     for (const param_slice& s : slices) {
-      if (u.f32 != nullptr)
-        momentum(m + s.state_offset, grad_of(s, g), u.f32 + (s.state_offset - origin), s.n, beta,
-                 nesterov);
-      else
-        momentum_to_bf16(m + s.state_offset, grad_of(s, g), u.bf16 + (s.state_offset - origin), s.n,
-                         beta, nesterov);
+      float* ms = m + s.state_offset;
+      device_buffer scratch;
+      if (writes == momentum_writes::source) {
+        scratch = allocate_for_overwrite(s.n);
+        copy(scratch.data(), ms, s.n);
+        ms = scratch.data();
+      }
+      if (writes == momentum_writes::state) {
+        device_buffer wide = allocate_for_overwrite(s.n);
+        momentum(ms, grad_of(s, g), wide.data(), s.n, beta, nesterov);
+      } else if (u.f32 != nullptr) {
+        momentum(ms, grad_of(s, g), u.f32 + (s.state_offset - origin), s.n, beta, nesterov);
+      } else {
+        momentum_to_bf16(ms, grad_of(s, g), u.bf16 + (s.state_offset - origin), s.n, beta,
+                         nesterov);
+      }
     }
   }
   /// The Muon update of a chunk's parameters under `rule`, the one place where a backend
@@ -314,7 +326,8 @@ public:
     to_bf16(x, wide.data(), n);
   }
 
-  /// Waits until everything enqueued so far has finished.
+  /// Waits until everything enqueued so far has finished, the completions it queued (when_done's
+  /// callbacks, scan_async's results) included.
   virtual void synchronize() = 0;
 
   // -- a caller's CUDA stream (reduce() of device gradients written there) ---------------------
@@ -337,8 +350,15 @@ public:
   /// host backend; on CUDA from the backend's completion thread (completion_watcher.hpp), in the
   /// order asked, so `done` may only send a message.
   virtual void when_done(std::function<void()> done) { done(); }
-  /// scan() without waiting: `*out` holds the result when when_done's callback runs.
-  virtual void scan_async(const float* x, int64_t n, scan_result* out) { *out = scan(x, n); }
+  /// scan() without waiting: `*out` holds the result once `landed` runs (at once on the host
+  /// backend; on CUDA from the completion thread as soon as the scan itself has finished, not
+  /// after the Newton-Schulz lanes as when_done's callback would), so `landed` may only send a
+  /// message.
+  virtual void scan_async(const float* x, int64_t n, scan_result* out,
+                          std::function<void()> landed) {
+    *out = scan(x, n);
+    landed();
+  }
 
   // -- scans kept per part (the store's gradient buckets) ---------------------------------------
   /// Room for the scans of `parts` parts, each a zero part until written.
@@ -361,9 +381,9 @@ public:
   virtual void scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
                            part_scans& scans, int part);
   /// The parts' scans together, as scan() of the whole buffer would give them up to the order
-  /// of the sum (fixed: part by part), without waiting: `*out` holds the result when
-  /// when_done's callback runs.
-  virtual void scan_parts_async(part_scans& scans, scan_result* out);
+  /// of the sum (fixed: part by part), without waiting: `*out` holds the result once `landed`
+  /// runs (as scan_async's).
+  virtual void scan_parts_async(part_scans& scans, scan_result* out, std::function<void()> landed);
   /// Zero-filled host memory that the async copies below may use (pinned on CUDA).
   virtual device_buffer allocate_host(int64_t n) { return allocate(n); }
   /// The same, unspecified values, for a user that writes every element first (no fill).

@@ -20,6 +20,13 @@ enum class decay_mask : uint8_t {
   cautious,  // only where p and the update agree in sign (arXiv:2510.12402)
 };
 
+/// What a momentum call writes (compute_backend::momentum_slices, the store's muon_momentum):
+/// the new momentum and u (`both`), u alone (`source`: the momentum left as it was, so that
+/// Newton-Schulz can start before the vote says the step applies), or the new momentum alone
+/// (`state`: the same call's other half once it does). `source` then `state` write the bits
+/// `both` writes.
+enum class momentum_writes : uint8_t { both, source, state };
+
 /// One group's Muon rule, stage by stage.
 struct muon_rule {
   // The momentum: m = beta*m + (1-beta)*g; u = nesterov ? (1-beta)*g + beta*m : m.

@@ -28,7 +28,8 @@ void compute_backend::scan_pieces(const float* dst, int64_t n,
   accumulate_pieces_scanned(packed.data(), n, pieces, accumulate_mode::copy, scans, part);
 }
 
-void compute_backend::scan_parts_async(part_scans& scans, scan_result* out) {
+void compute_backend::scan_parts_async(part_scans& scans, scan_result* out,
+                                       std::function<void()> landed) {
   scan_result total;
   for (const scan_result& s : dynamic_cast<host_part_scans&>(scans).scans) {
     total.nonfinite = total.nonfinite || s.nonfinite;
@@ -36,6 +37,7 @@ void compute_backend::scan_parts_async(part_scans& scans, scan_result* out) {
   }
   total.nonfinite = total.nonfinite || !std::isfinite(total.sum_squares);
   *out = total;
+  landed();
 }
 
 }  // namespace zmuon

@@ -16,6 +16,7 @@
 #include "caf/meta/type_name.hpp"
 #include "caf/serializer.hpp"
 
+#include "kernels/muon_rule.hpp"
 #include "zmuon/group_hparams.hpp"
 #include "zmuon/rank_state.hpp"
 
@@ -253,10 +254,12 @@ struct unscale_clip {
 
 /// Momentum update of one chunk's local shards; the update source u goes to `out` (fp32 or
 /// rounded to bf16 bits). An untouched parameter keeps its momentum; its u is its momentum.
+/// `writes`: both, or one half of the call (`out` unused for `state`).
 struct muon_momentum {
   uint64_t step = 0;
   int32_t chunk = 0;
   float_view out;
+  momentum_writes writes = momentum_writes::both;
 };
 
 /// Apply one chunk's orthogonalized update `update` under each group's rule (p = p*(1 - lr*wd)
@@ -413,7 +416,7 @@ ZMUON_INSPECT(grad_scan, x.step, x.nonfinite, x.sum_squares)
 ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale, x.sum_squares)
 ZMUON_INSPECT(discard_grads, x.step)
 ZMUON_INSPECT(normuon_step, x.step, x.chunk, x.full)
-ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.out)
+ZMUON_INSPECT(muon_momentum, x.step, x.chunk, x.out, x.writes)
 ZMUON_INSPECT(apply_muon, x.step, x.chunk, x.update)
 ZMUON_INSPECT(adamw_step, x.step)
 ZMUON_INSPECT(finish_step, x.step, x.when_done)

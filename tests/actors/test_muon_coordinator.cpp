@@ -297,6 +297,88 @@ BOOST_AUTO_TEST_CASE(overflowed_step_discards_and_runs_nothing_of_muon) {
   BOOST_CHECK_EQUAL(res.ns_matrices, 0);
 }
 
+// zmuon.momentum_before_vote at world 1, one micro-batch, no clipping, no loss scale: unscale_clip
+// and chunk 0's u (the momentum's source half) go out beside the vote; the vote answers while
+// that u is still being written (a busy store), and only then does the momentum's state half
+// follow; the non-Muon rule and the update wait for the vote.
+BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_writes_the_state_once_it_passes) {
+  opts.gradient_clipping = 0.0f;
+  opts.momentum_before_vote = "on";
+  flushes->micros = 1;
+  checks->scale = checks->next_scale = 1.0f;
+  checks->sum_squares = 6.25;
+  start(kOneMatrix, 1, 1000, 0);
+  stored->hold_momentum = 0;
+  auto r = step(1);
+  const std::vector<std::string> before = {"reducer: flush 1", "scaler: check_overflow 1",
+                                           "store: unscale_clip 1", "store: muon_momentum 1/0",
+                                           "store: muon_momentum 1/0"};
+  BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), before.begin(),
+                                before.end());
+  BOOST_REQUIRE_EQUAL(stored->momentums.size(), 2u);
+  BOOST_CHECK((stored->momentums[0].writes == momentum_writes::source));
+  BOOST_CHECK((stored->momentums[1].writes == momentum_writes::state));
+  BOOST_CHECK(!r->done);
+  stored->fill_u(stored->momentums[0]);
+  stored->answer_held(1);
+  run();
+  const std::vector<std::string> after = {"store: adamw_step 1", "store: apply_muon 1/0",
+                                          "store: finish_step 1"};
+  BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin() + before.size(), trace->lines.end(),
+                                after.begin(), after.end());
+  BOOST_REQUIRE_EQUAL(stored->unscales.size(), 1u);
+  BOOST_CHECK_EQUAL(stored->unscales[0].factor, 1.0f);
+  const auto& res = value_of(r);
+  BOOST_CHECK(!res.skipped);
+  BOOST_CHECK_EQUAL(res.grad_norm, 2.5);
+  BOOST_CHECK_EQUAL(res.clip_coef, 1.0f);
+  check_updates();
+}
+
+// The same with a vote that refuses the step: the u in flight lands first, then the gradient is
+// discarded; no state half, no Newton-Schulz after it, no update, no non-Muon rule.
+BOOST_AUTO_TEST_CASE(momentum_ahead_of_a_refusing_vote_writes_no_state) {
+  opts.gradient_clipping = 0.0f;
+  opts.momentum_before_vote = "on";
+  flushes->micros = 1;
+  checks->scale = checks->next_scale = 1.0f;
+  checks->overflow = true;
+  start(kOneMatrix, 1, 1000, 0);
+  stored->hold_momentum = 0;
+  auto r = step(1);
+  BOOST_CHECK(!r->done);  // the u still in flight
+  stored->answer_held(1);
+  run();
+  const std::vector<std::string> expected = {"reducer: flush 1", "scaler: check_overflow 1",
+                                             "store: unscale_clip 1", "store: muon_momentum 1/0",
+                                             "store: discard_grads 1"};
+  BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
+                                expected.end());
+  BOOST_REQUIRE_EQUAL(stored->momentums.size(), 1u);
+  BOOST_CHECK((stored->momentums[0].writes == momentum_writes::source));
+  BOOST_CHECK_EQUAL(be->ns_matrix_count(), 0);
+  BOOST_CHECK(value_of(r).skipped);
+  // The next step, clean, runs the whole protocol.
+  checks->overflow = false;
+  stored->hold_momentum = -1;
+  BOOST_CHECK(!value_of(step(2)).skipped);
+  BOOST_CHECK_EQUAL(stored->applies.size(), 1u);
+}
+
+// Where the step's unscale factor is not 1 (two micro-batches), the momentum waits for the vote.
+BOOST_AUTO_TEST_CASE(momentum_waits_for_the_vote_where_the_factor_needs_it) {
+  opts.gradient_clipping = 0.0f;
+  opts.momentum_before_vote = "on";
+  flushes->micros = 2;
+  checks->scale = checks->next_scale = 1.0f;
+  start(kOneMatrix, 1, 1000, 0);
+  auto r = step(1);
+  BOOST_CHECK(!value_of(r).skipped);
+  BOOST_REQUIRE_EQUAL(stored->momentums.size(), 1u);
+  BOOST_CHECK((stored->momentums[0].writes == momentum_writes::both));
+  BOOST_CHECK(position("scaler: check_overflow 1") < position("store: unscale_clip 1"));
+}
+
 BOOST_AUTO_TEST_CASE(step_without_gradients_is_an_error) {
   start(kOneMatrix, 1, 1000, 0);
   flushes->micros = 0;

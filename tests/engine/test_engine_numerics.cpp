@@ -6,6 +6,7 @@
 #include "support/engine_fixture.hpp"
 
 #include <atomic>
+#include <limits>
 #include <thread>
 
 #include "actors/muon_coordinator.hpp"
@@ -319,4 +320,60 @@ BOOST_AUTO_TEST_CASE(one_muon_step_matches_a_double_precision_reference) {
   double d = rel_diff(got, want);
   BOOST_TEST_MESSAGE("Muon step vs double reference (update, fp32 NS): relative error " << d);
   BOOST_TEST(d <= 1e-4);
+}
+
+// zmuon.momentum_before_vote: the Muon chunks' u and Newton-Schulz start before the vote
+// answers, and the momentum is written once it passes. Five steps at world 1, the third with a
+// NaN gradient, the last of two micro-batches (an unscale factor of 1/2: that step waits for
+// the vote): the same bits as the steps that always wait, and the refused step leaves every
+// state as it was.
+BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_gives_the_bits_of_waiting_for_it) {
+  const std::vector<param_spec> table{{"w1", {24, 40}}, {"w2", {40, 24}}, {"bias", {40}}};
+  struct run_result {
+    tensor_map params;
+    rank_state state;
+    std::vector<step_info> infos;
+  };
+  auto run = [&](const std::string& ahead) {
+    auto o = options(1);
+    o.momentum_before_vote = ahead;
+    auto eng = make_engine(o);
+    register_table(*eng, table, 11);
+    run_result out;
+    for (int s = 1; s <= 5; ++s) {
+      for (int micro = 0; micro < (s == 5 ? 2 : 1); ++micro) {
+        auto g = random_grads(table, 11, s, 0, micro);
+        if (s == 3)
+          g["w1"][17] = std::numeric_limits<float>::quiet_NaN();
+        reduce_ok(*eng, 0, g);
+      }
+      const rank_state before = snapshot_of(*eng, 0);
+      out.infos.push_back(step_ok(*eng));
+      if (s == 3) {  // refused: nothing of the state moved
+        const rank_state after = snapshot_of(*eng, 0);
+        BOOST_TEST(out.infos.back().skipped, ahead << ": the NaN step is refused");
+        BOOST_TEST((after.params == before.params), ahead << ": params after the refused step");
+        BOOST_TEST((after.momentum == before.momentum),
+                   ahead << ": momentum after the refused step");
+        BOOST_TEST((after.exp_avg == before.exp_avg && after.exp_avg_sq == before.exp_avg_sq),
+                   ahead << ": Adam moments after the refused step");
+      }
+    }
+    out.params = params_of(*eng);
+    out.state = snapshot_of(*eng, 0);
+    return out;
+  };
+  const run_result ahead = run("on"), waiting = run("off");
+  BOOST_TEST((ahead.params == waiting.params), "parameters");
+  BOOST_TEST((ahead.state.momentum == waiting.state.momentum), "momentum");
+  BOOST_TEST((ahead.state.exp_avg == waiting.state.exp_avg), "exp_avg");
+  BOOST_TEST((ahead.state.exp_avg_sq == waiting.state.exp_avg_sq), "exp_avg_sq");
+  BOOST_TEST(ahead.state.adam_steps == 4);
+  for (size_t s = 0; s < waiting.infos.size(); ++s) {
+    BOOST_TEST(ahead.infos[s].skipped == waiting.infos[s].skipped, "step " << s + 1);
+    BOOST_TEST(ahead.infos[s].grad_norm == waiting.infos[s].grad_norm, "step " << s + 1);
+    BOOST_TEST(ahead.infos[s].clip_coef == waiting.infos[s].clip_coef, "step " << s + 1);
+  }
+  BOOST_TEST(!ahead.infos[3].skipped);
+  BOOST_TEST(ahead.infos[3].grad_norm > 0.0);
 }

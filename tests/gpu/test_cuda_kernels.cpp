@@ -121,8 +121,7 @@ BOOST_AUTO_TEST_CASE(scans_that_do_not_wait_each_land_their_own_result) {
   std::vector<bool> seen_landed(kScans, false);
   std::promise<void> all_done;
   for (int i = 0; i < kScans; ++i) {
-    gpu.scan_async(xs[i].gpu.data(), n, &landed[i]);
-    gpu.when_done([&, i] {
+    gpu.scan_async(xs[i].gpu.data(), n, &landed[i], [&, i] {
       order.push_back(i);
       seen_landed[i] = landed[i].sum_squares > 0.0;
     });

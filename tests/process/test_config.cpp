@@ -60,6 +60,7 @@ void require_same(const zmuon::engine_options& a, const zmuon::engine_options& b
   BOOST_TEST(a.comm == b.comm);
   BOOST_TEST(a.timeout_ms == b.timeout_ms);
   BOOST_TEST(a.max_buckets_in_flight == b.max_buckets_in_flight);
+  BOOST_TEST(a.momentum_before_vote == b.momentum_before_vote);
   BOOST_TEST(a.first_device == b.first_device);
 }
 
@@ -90,7 +91,8 @@ BOOST_AUTO_TEST_CASE(config_json_round_trips) {
                         "optimizer.params.adjust_lr=match_rms_adamw", "zmuon.trace=/tmp/t",
                         "fp16.enabled=true", "zero_optimization.reduce_bucket_size=12345",
                         "optimizer.params.ns_coefficients=[3,-3.2,1.2]", "zmuon.ranks=7",
-                        "zmuon.muon_transport=bf16", "zmuon.max_buckets_in_flight=5"})
+                        "zmuon.muon_transport=bf16", "zmuon.max_buckets_in_flight=5",
+                        "zmuon.momentum_before_vote=off"})
     BOOST_REQUIRE(!zmuon::apply_override(j, o));
   auto cfg = zmuon::parse_config(j);
   BOOST_REQUIRE_MESSAGE(cfg, why(cfg));

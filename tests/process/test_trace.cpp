@@ -173,6 +173,56 @@ BOOST_AUTO_TEST_CASE(momentum_write_on_a_skipped_step_fails) {
                    "skipped step 3"});
 }
 
+// A world-1 run whose Muon chunks go ahead of the vote (zmuon.momentum_before_vote): the
+// momentum's source half goes out before the report, also in the step the NaN refuses, and the
+// check passes; a state half in that step is a momentum write on a skipped step.
+BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_passes_check_and_its_state_half_is_checked) {
+  const std::string dir = TRACE_RUN_PREFIX "ahead";
+  fs::remove_all(dir);
+  {
+    auto o = test::options(1);
+    o.momentum_before_vote = "on";
+    o.trace_dir = dir;
+    auto eng = test::make_engine(o);
+    auto t = table();
+    test::register_table(*eng, t, 7);
+    for (int s = 1; s <= steps; ++s) {
+      auto g = test::random_grads(t, 7, s, 0, 0);
+      if (s == bad_step)
+        g["a.weight"][5] = std::numeric_limits<float>::quiet_NaN();
+      test::reduce_ok(*eng, 0, g);
+      BOOST_TEST(test::step_ok(*eng).skipped == (s == bad_step), "step " << s);
+    }
+  }
+  auto recs = read_jsonl(trace_file(dir, 0));
+  std::map<uint64_t, std::vector<std::string>> halves;  // step -> the store's momentum ops
+  for (const auto& rec : recs)
+    if (is(rec, "recv") && rec["type"] == "muon_momentum")
+      halves[rec["step"].get<uint64_t>()].push_back(rec.value("op", "both"));
+  for (int s = 1; s <= steps; ++s)
+    BOOST_TEST((halves[s]
+                == (s == bad_step ? std::vector<std::string>{"source"}
+                                  : std::vector<std::string>{"source", "state"})),
+               "step " << s);
+  int status = 0;
+  auto out = tool("check " + dir, &status);
+  BOOST_TEST_MESSAGE(out);
+  BOOST_TEST(status == 0, out);
+
+  for (const auto& rec : recs)
+    if (is(rec, "recv") && rec["type"] == "muon_momentum" && rec["step"] == bad_step) {
+      auto state = rec;
+      state["op"] = "state";
+      state["t"] = rec["t"].get<int64_t>() + 1000;
+      state["seq"] = 1000000;
+      recs.push_back(state);
+      break;
+    }
+  write_jsonl(trace_file(dir, 0), recs);
+  fails_with(dir, {"[momentum] rank 0, step 3: momentum write (muon_momentum, chunk 0) on "
+                   "skipped step 3"});
+}
+
 BOOST_AUTO_TEST_CASE(unanswered_request_fails) {
   auto dir = copy_of("unanswered");
   auto recs = read_jsonl(trace_file(dir, 1));

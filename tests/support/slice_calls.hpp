@@ -83,11 +83,32 @@ inline void check_slice_calls(compute_backend& be) {
         u.bf16 = reinterpret_cast<uint16_t*>(u_all.data());
       else
         u.f32 = u_all.data();
-      be.momentum_slices(m_all.data(), g.data(), u, kOrigin, slices, 0.95f, nesterov);
+      be.momentum_slices(m_all.data(), g.data(), u, kOrigin, slices, 0.95f, nesterov,
+                         momentum_writes::both);
       const std::string what = std::string("momentum_slices, ") + (bf16 ? "bf16" : "fp32")
                                + (nesterov ? ", nesterov" : "");
       BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, what << ": m");
       BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, what << ": u");
+
+      // The two halves: u alone leaves m as it was, then m alone (u left alone) gives both
+      // calls' bits.
+      device_buffer m_half = upload(be, m0), u_half = upload(be, random_floats(u_floats, 5));
+      fp32_or_bf16 u_halves;
+      if (bf16)
+        u_halves.bf16 = reinterpret_cast<uint16_t*>(u_half.data());
+      else
+        u_halves.f32 = u_half.data();
+      be.momentum_slices(m_half.data(), g.data(), u_halves, kOrigin, slices, 0.95f, nesterov,
+                         momentum_writes::source);
+      BOOST_TEST(differing(download(be, m_half), m0) == 0, what << ", source half: m unchanged");
+      BOOST_TEST(differing(download(be, u_half), download(be, u_each)) == 0,
+                 what << ", source half: u");
+      be.momentum_slices(m_half.data(), g.data(), fp32_or_bf16{}, kOrigin, slices, 0.95f, nesterov,
+                         momentum_writes::state);
+      BOOST_TEST(differing(download(be, m_half), download(be, m_each)) == 0,
+                 what << ", state half: m");
+      BOOST_TEST(differing(download(be, u_half), download(be, u_each)) == 0,
+                 what << ", state half: u unchanged");
     }
   }
 
@@ -121,7 +142,7 @@ inline void check_slice_calls(compute_backend& be) {
       be.momentum(m_each.data() + s.state_offset, g.data() + s.shard_offset,
                   u_each.data() + (s.state_offset - kOrigin), s.n, 0.95f, true);
     be.momentum_slices(m_all.data(), g_poisoned.data(), fp32_or_bf16{u_all.data(), nullptr},
-                       kOrigin, elsewhere, 0.95f, true);
+                       kOrigin, elsewhere, 0.95f, true, momentum_writes::both);
     BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "momentum, own: m");
     BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, "momentum, own: u");
     const scalar_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};

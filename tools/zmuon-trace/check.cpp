@@ -17,12 +17,19 @@ bool is_ns(const record& r) {
   return r.ev == "span" && r.phase == "ns";
 }
 
-// Muon work the coordinator starts: momentum, gather, scatter, apply (its requests).
+// The momentum's source half (u alone, no state write), which a step whose Muon chunks go ahead
+// of the vote (zmuon.momentum_before_vote) sends before the overflow report.
+bool is_source_half(const record& r) {
+  return r.type == "muon_momentum" && r.op == "source";
+}
+
+// Muon work the coordinator starts that writes the step's state or needs its report: momentum,
+// gather, scatter, apply (its requests).
 const char* muon_request(const record& r) {
   if (r.ev != "send" || r.actor != "muon_coordinator")
     return nullptr;
   if (r.type == "muon_momentum")
-    return "momentum";
+    return is_source_half(r) ? nullptr : "momentum";
   if (r.type == "all_to_all_req")
     return r.op == "gather" ? "gather" : "scatter";
   if (r.type == "apply_muon")
@@ -66,6 +73,19 @@ bool answers_checked(const trace_set& ts, uint64_t step) {
   return !ts.cut || step + 1 < *ts.cut;
 }
 
+// Per rank, the steps whose Muon chunks went ahead of the vote: their u and Newton-Schulz may
+// run before the report, and in a refused step, writing nothing the step keeps.
+using ahead_steps = std::set<std::pair<int, uint64_t>>;  // (rank, step)
+
+ahead_steps steps_ahead(const trace_set& ts) {
+  ahead_steps out;
+  for (const auto& rt : ts.ranks)
+    for (const auto& r : rt.records)
+      if (r.ev == "send" && r.actor == "muon_coordinator" && is_source_half(r))
+        out.insert({rt.rank, r.step});
+  return out;
+}
+
 // Steps whose overflow report says overflow on some rank, and every step reported at all.
 void steps_of(const trace_set& ts, std::set<uint64_t>& all, std::set<uint64_t>& skipped) {
   for (const auto& rt : ts.ranks)
@@ -78,7 +98,7 @@ void steps_of(const trace_set& ts, std::set<uint64_t>& all, std::set<uint64_t>& 
 }
 
 void ns_once(const trace_set& ts, const std::set<uint64_t>& all, const std::set<uint64_t>& skipped,
-             std::vector<violation>& out) {
+             const ahead_steps& ahead, std::vector<violation>& out) {
   std::set<int> muon;
   for (const auto& rt : ts.ranks)
     for (const auto& [p, name] : rt.muon)
@@ -92,7 +112,7 @@ void ns_once(const trace_set& ts, const std::set<uint64_t>& all, const std::set<
           ns[r.step][p].push_back(&r);
   for (const auto& [step, by_param] : ns) {
     for (const auto& [p, recs] : by_param) {
-      if (skipped.count(step)) {
+      if (skipped.count(step) && !ahead.count({recs.front()->rank, step})) {
         out.push_back({"ns_once", recs.front()->rank, step,
                        "NS of Muon parameter " + param_name(ts, p) + " ran on skipped step "
                            + std::to_string(step),
@@ -124,7 +144,7 @@ void ns_once(const trace_set& ts, const std::set<uint64_t>& all, const std::set<
   }
 }
 
-void after_report(const trace_set& ts, std::vector<violation>& out) {
+void after_report(const trace_set& ts, const ahead_steps& ahead, std::vector<violation>& out) {
   for (const auto& rt : ts.ranks) {
     std::set<uint64_t> reported;  // steps whose report this rank has seen, in time order
     std::set<uint64_t> flagged;
@@ -134,7 +154,7 @@ void after_report(const trace_set& ts, std::vector<violation>& out) {
         continue;
       }
       if (!(is_ns(r) || muon_request(r)) || reported.count(r.step) || flagged.count(r.step)
-          || !checked(ts, r.step))
+          || !checked(ts, r.step) || (is_ns(r) && ahead.count({rt.rank, r.step})))
         continue;
       flagged.insert(r.step);  // the first one of the step is enough
       const record* report = nullptr;
@@ -157,7 +177,7 @@ void after_report(const trace_set& ts, std::vector<violation>& out) {
 void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector<violation>& out) {
   for (const auto& rt : ts.ranks)
     for (const auto& r : rt.records)
-      if (r.ev == "recv" && r.type == "muon_momentum" && skipped.count(r.step)
+      if (r.ev == "recv" && r.type == "muon_momentum" && !is_source_half(r) && skipped.count(r.step)
           && checked(ts, r.step))
         out.push_back({"momentum",
                        rt.rank,
@@ -188,9 +208,13 @@ void normuon(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector
 // onto the host's clock to within a few microseconds (compute_backend::trace_calls), hence the
 // slack.
 void compute_after_report(const trace_set& ts, const std::set<uint64_t>& skipped,
-                          std::vector<violation>& out) {
-  static const std::set<std::string> updates{"momentum", "newton_schulz", "apply_update", "adamw",
-                                             "normuon"};
+                          const ahead_steps& ahead, std::vector<violation>& out) {
+  static const std::set<std::string> updates{"momentum",     "momentum_state", "newton_schulz",
+                                             "apply_update", "adamw",          "normuon"};
+  // What a step whose chunks went ahead of the vote runs before its report, and in a refused
+  // step: the momentum's source half (on CUDA `momentum_source`, no update; on the host backend
+  // the momentum call on a copy of m, `momentum`) and NS on its u.
+  static const std::set<std::string> ahead_calls{"momentum", "newton_schulz"};
   const int64_t slack_ns = 50'000;
   for (const auto& rt : ts.ranks) {
     std::map<uint64_t, const record*> report;  // this rank's, by step
@@ -199,7 +223,8 @@ void compute_after_report(const trace_set& ts, const std::set<uint64_t>& skipped
         report[r.step] = &r;
     std::set<uint64_t> flagged;  // the first early call of a step is enough
     for (const auto& r : rt.records) {
-      if (!r.is_compute() || !updates.count(r.phase) || !checked(ts, r.step))
+      if (!r.is_compute() || !updates.count(r.phase) || !checked(ts, r.step)
+          || (ahead.count({rt.rank, r.step}) && ahead_calls.count(r.phase)))
         continue;
       const std::string step = std::to_string(r.step);
       if (skipped.count(r.step)) {
@@ -310,11 +335,12 @@ std::vector<violation> check(const trace_set& ts) {
   std::vector<violation> out;
   std::set<uint64_t> all, skipped;
   steps_of(ts, all, skipped);
-  ns_once(ts, all, skipped, out);
-  after_report(ts, out);
+  const ahead_steps ahead = steps_ahead(ts);
+  ns_once(ts, all, skipped, ahead, out);
+  after_report(ts, ahead, out);
   momentum(ts, skipped, out);
   normuon(ts, skipped, out);
-  compute_after_report(ts, skipped, out);
+  compute_after_report(ts, skipped, ahead, out);
   qk_clip(ts, skipped, out);
   collectives(ts, out);
   answered(ts, out);

@@ -56,8 +56,17 @@ void completion_watcher::after(cudaStream_t stream, std::function<void(bool)> do
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(waiting{event, std::move(done)});
+    ++queued_;
   }
   woken_.notify_one();
+}
+
+void completion_watcher::drain() {
+  if (std::this_thread::get_id() == thread_.get_id())
+    return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  const uint64_t target = queued_;
+  drained_.wait(lock, [&] { return ran_ >= target; });
 }
 
 void completion_watcher::give_back(cudaEvent_t event) {
@@ -83,7 +92,12 @@ void completion_watcher::run() {
       next.done(ok);
     } catch (...) {  // its contract is not to throw; ending the host process would be worse
     }
-    give_back(next.event);
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      spare_.push_back(next.event);
+      ++ran_;
+    }
+    drained_.notify_all();
   }
 }
 

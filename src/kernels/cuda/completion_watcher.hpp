@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -40,6 +41,10 @@ public:
   /// watcher serves one stream). Throws gpu::failure where the event cannot be recorded
   /// (nothing is then queued). `done` must not throw.
   void after(cudaStream_t stream, std::function<void(bool)> done);
+  /// Returns once every `done` queued before the call has run (at once on the watcher's own
+  /// thread, where waiting would never end). The caller has synchronized the stream, so that
+  /// none of them waits long.
+  void drain();
 
 private:
   struct waiting {
@@ -54,6 +59,9 @@ private:
   std::condition_variable woken_;
   std::deque<waiting> queue_;
   std::vector<cudaEvent_t> spare_;  // events whose waits are over, for reuse
+  uint64_t queued_ = 0;             // calls of after() so far
+  uint64_t ran_ = 0;                // of those, the ones whose `done` has run
+  std::condition_variable drained_;
   bool stopping_ = false;
   std::thread thread_;  // last: started once the members above exist
 };

@@ -356,9 +356,11 @@ void cuda_compute::when_done(std::function<void()> done) {
   watcher_.after(ctx_.stream, [done = std::move(done)](bool) { done(); });
 }
 
-void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
+void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out,
+                              std::function<void()> landed) {
   if (n <= 0) {
     *out = scan_result{};
+    landed();
     return;
   }
   const launch_guard guard = activate({floats(x, n)});
@@ -367,10 +369,11 @@ void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out) {
     const call_timer timer(*this, "scan", ctx_.stream);
     launch_sum_squares(guard, x, n, scratch);
   }
-  land_result(out);
+  land_result(out, std::move(landed));
 }
 
-void cuda_compute::scan_parts_async(part_scans& scans, scan_result* out) {
+void cuda_compute::scan_parts_async(part_scans& scans, scan_result* out,
+                                    std::function<void()> landed) {
   auto& kept = dynamic_cast<device_part_scans&>(scans);
   const launch_guard guard = activate({});  // the partials are the store's: no lane has them
   {
@@ -378,10 +381,10 @@ void cuda_compute::scan_parts_async(part_scans& scans, scan_result* out) {
     launch_sum_partials(guard, kept.sums.data(), kept.flags.data(), kept.parts() * kMaxReduceBlocks,
                         result_.data());
   }
-  land_result(out);
+  land_result(out, std::move(landed));
 }
 
-void cuda_compute::land_result(scan_result* out) {
+void cuda_compute::land_result(scan_result* out, std::function<void()> landed) {
   // A pinned place of its own until the watcher has read it: the stream goes on meanwhile, and
   // a later scan's copy must not overwrite it.
   constexpr size_t bytes = sizeof(reduction);
@@ -391,12 +394,14 @@ void cuda_compute::land_result(scan_result* out) {
   try {
     ZMUON_CUDA_CHECK(
         cudaMemcpyAsync(place, result_.data(), bytes, cudaMemcpyDeviceToHost, ctx_.stream));
-    watcher_.after(ctx_.stream, [place, out, cache = pinned_cache_](bool ok) {
-      // A failed device delivered no sums: non-finite, a vote to skip (the step fails anyway).
-      out->sum_squares = ok ? place->sum_squares : 0.0;
-      out->nonfinite = !ok || place->nonfinite != 0 || !std::isfinite(place->sum_squares);
-      cache->put(place, bytes);
-    });
+    watcher_.after(
+        ctx_.stream, [place, out, cache = pinned_cache_, landed = std::move(landed)](bool ok) {
+          // A failed device delivered no sums: non-finite, a vote to skip (the step fails anyway).
+          out->sum_squares = ok ? place->sum_squares : 0.0;
+          out->nonfinite = !ok || place->nonfinite != 0 || !std::isfinite(place->sum_squares);
+          cache->put(place, bytes);
+          landed();
+        });
   } catch (...) {
     pinned_cache_->put(place, bytes);
     throw;
@@ -456,6 +461,7 @@ memory_stats cuda_compute::memory() const {
 void cuda_compute::synchronize() {
   const launch_guard guard = activate();
   streams_->synchronize();
+  watcher_.drain();  // and what the watcher runs once the stream got there (scans' results)
 }
 
 error cuda_compute::check_caller_stream(void* stream) {

@@ -93,7 +93,8 @@ public:
 
   // A chunk's parameters in one kernel (elementwise.cu's slice kernels).
   void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
-                       const std::vector<param_slice>& slices, float beta, bool nesterov) override;
+                       const std::vector<param_slice>& slices, float beta, bool nesterov,
+                       momentum_writes writes) override;
   void muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
                           const std::vector<param_slice>& slices, const muon_rule& rule) override;
   void scalar_update_slices(float* p, const float* g, float* m, float* v,
@@ -106,7 +107,8 @@ public:
   void make_stream_wait(void* stream) override;
 
   void when_done(std::function<void()> done) override;
-  void scan_async(const float* x, int64_t n, scan_result* out) override;
+  void scan_async(const float* x, int64_t n, scan_result* out,
+                  std::function<void()> landed) override;
   // Scans kept per part: written by the accumulate's own kernel (cuda_part_scans.cpp).
   std::unique_ptr<part_scans> make_part_scans(int parts) override;
   void accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
@@ -115,7 +117,7 @@ public:
                                  accumulate_mode mode, part_scans& scans, int part) override;
   void scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
                    part_scans& scans, int part) override;
-  void scan_parts_async(part_scans& scans, scan_result* out) override;
+  void scan_parts_async(part_scans& scans, scan_result* out, std::function<void()> landed) override;
   device_buffer allocate_host(int64_t n) override { return host_memory(n, true); }
   device_buffer allocate_host_for_overwrite(int64_t n) override { return host_memory(n, false); }
   void copy_to_host_async(float* host_dst, const float* src, int64_t n) override;
@@ -195,9 +197,9 @@ private:
   device_buffer allocate_on_stream(int64_t n, bool zero);
   void run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64_t cols, const ns_options& ns);
   reduction reduce(const float* x, int64_t n);
-  /// After the reduction just enqueued into result_: its result into *out, by the watcher,
-  /// through a pinned place of the cache's (scan_async, scan_parts_async).
-  void land_result(scan_result* out);
+  /// After the reduction just enqueued into result_: its result into *out, then `landed`, by
+  /// the watcher, through a pinned place of the cache's (scan_async, scan_parts_async).
+  void land_result(scan_result* out, std::function<void()> landed);
 
   mutable std::mutex mutex_;
   int device_;

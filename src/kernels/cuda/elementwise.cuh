@@ -95,7 +95,7 @@ void launch_copy_pieces(const launch_context& ctx, float* dst,
 /// kSliceTable slices; the arithmetic of each element is its per-parameter kernel's.
 void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
                             int64_t origin, const std::vector<param_slice>& slices, float beta,
-                            bool nesterov);
+                            bool nesterov, momentum_writes writes);
 void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf16 o, int64_t origin,
                                 const std::vector<param_slice>& slices, float lr,
                                 float weight_decay);
