@@ -225,6 +225,20 @@ BOOST_AUTO_TEST_CASE(fp16_off_keeps_scale_one_and_still_reports_overflow) {
   BOOST_CHECK_EQUAL(s.next_scale, 1.0f);
 }
 
+// A checkpoint of an fp16 run loaded without fp16: its counters are kept, but the gradient is
+// never scaled, so the scale stays 1 (it would otherwise divide every gradient by it).
+BOOST_AUTO_TEST_CASE(fp16_off_keeps_scale_one_after_a_restore) {
+  loss_scale_state off{fp16_options{}};
+  off.restore(loss_scale_snapshot{65536.0f, 40, 12, 1});
+  BOOST_CHECK_EQUAL(off.scale(), 1.0f);
+  BOOST_CHECK_EQUAL(off.save().iter, 40);
+  fp16_options on;
+  on.enabled = true;
+  loss_scale_state dynamic{on};
+  dynamic.restore(loss_scale_snapshot{65536.0f, 40, 12, 1});
+  BOOST_CHECK_EQUAL(dynamic.scale(), 65536.0f);
+}
+
 BOOST_AUTO_TEST_CASE(failing_scan_or_vote_answers_the_error) {
   start(dynamic());
   scans->fail_with = make_caf_error(errc::internal, "scan refused by the test");
