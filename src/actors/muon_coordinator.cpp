@@ -528,13 +528,13 @@ void request_momentum(coord_pointer self, int c) {
   }
   ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
     auto& st = self->state;
-    if (source && --st.work->sources_in_flight == 0
-        && st.work->vote == step_work::vote_state::refused) {
-      refuse(self);
+    if (source)
+      --st.work->sources_in_flight;
+    if (st.work->vote == step_work::vote_state::refused) {  // the last u in flight ends it
+      if (st.work->sources_in_flight == 0)
+        refuse(self);
       return;
     }
-    if (st.work->vote == step_work::vote_state::refused)
-      return;
     auto& u = st.work->chunks[c].u;
     buffers(self, c, [&] { u.to_comm(*st.be); });
     after_gpu(self, gpu_event::u_on_host, c, u.staged());
