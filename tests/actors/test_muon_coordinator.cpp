@@ -204,6 +204,14 @@ struct coord_fixture : actor_fixture {
     BOOST_REQUIRE_MESSAGE(it != trace->lines.end(), "'" << line << "' was never received");
     return static_cast<size_t>(it - trace->lines.begin());
   }
+  /// zmuon.momentum_before_vote on, for steps of `micros` micro-batches without clipping or a
+  /// loss scale (call before start()).
+  void ahead_of_the_vote(int micros) {
+    opts.gradient_clipping = 0.0f;
+    opts.momentum_before_vote = "on";
+    flushes->micros = micros;
+    checks->scale = checks->next_scale = 1.0f;
+  }
   void check_updates() {
     BOOST_REQUIRE_EQUAL(stored->applies.size(), pl->chunks.size());
     for (const auto& [msg, values] : stored->applies) {
@@ -302,10 +310,7 @@ BOOST_AUTO_TEST_CASE(overflowed_step_discards_and_runs_nothing_of_muon) {
 // that u is still being written (a busy store), and only then does the momentum's state half
 // follow; the non-Muon rule and the update wait for the vote.
 BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_writes_the_state_once_it_passes) {
-  opts.gradient_clipping = 0.0f;
-  opts.momentum_before_vote = "on";
-  flushes->micros = 1;
-  checks->scale = checks->next_scale = 1.0f;
+  ahead_of_the_vote(1);
   checks->sum_squares = 6.25;
   start(kOneMatrix, 1, 1000, 0);
   stored->hold_momentum = 0;
@@ -338,10 +343,7 @@ BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_writes_the_state_once_it_passes)
 // The same with a vote that refuses the step: the u in flight lands first, then the gradient is
 // discarded; no state half, no Newton-Schulz after it, no update, no non-Muon rule.
 BOOST_AUTO_TEST_CASE(momentum_ahead_of_a_refusing_vote_writes_no_state) {
-  opts.gradient_clipping = 0.0f;
-  opts.momentum_before_vote = "on";
-  flushes->micros = 1;
-  checks->scale = checks->next_scale = 1.0f;
+  ahead_of_the_vote(1);
   checks->overflow = true;
   start(kOneMatrix, 1, 1000, 0);
   stored->hold_momentum = 0;
@@ -367,10 +369,7 @@ BOOST_AUTO_TEST_CASE(momentum_ahead_of_a_refusing_vote_writes_no_state) {
 
 // Where the step's unscale factor is not 1 (two micro-batches), the momentum waits for the vote.
 BOOST_AUTO_TEST_CASE(momentum_waits_for_the_vote_where_the_factor_needs_it) {
-  opts.gradient_clipping = 0.0f;
-  opts.momentum_before_vote = "on";
-  flushes->micros = 2;
-  checks->scale = checks->next_scale = 1.0f;
+  ahead_of_the_vote(2);
   start(kOneMatrix, 1, 1000, 0);
   auto r = step(1);
   BOOST_CHECK(!value_of(r).skipped);

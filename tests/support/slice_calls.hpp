@@ -78,12 +78,11 @@ inline void check_slice_calls(compute_backend& be) {
           be.momentum(m_each.data() + s.state_offset, g.data() + s.shard_offset, u_each.data() + at,
                       s.n, 0.95f, nesterov);
       }
-      fp32_or_bf16 u;
-      if (bf16)
-        u.bf16 = reinterpret_cast<uint16_t*>(u_all.data());
-      else
-        u.f32 = u_all.data();
-      be.momentum_slices(m_all.data(), g.data(), u, kOrigin, slices, 0.95f, nesterov,
+      const auto as_u = [bf16](device_buffer& b) {  // the buffer as fp32 or as bf16 bits
+        return bf16 ? fp32_or_bf16{nullptr, reinterpret_cast<uint16_t*>(b.data())}
+                    : fp32_or_bf16{b.data(), nullptr};
+      };
+      be.momentum_slices(m_all.data(), g.data(), as_u(u_all), kOrigin, slices, 0.95f, nesterov,
                          momentum_writes::both);
       const std::string what = std::string("momentum_slices, ") + (bf16 ? "bf16" : "fp32")
                                + (nesterov ? ", nesterov" : "");
@@ -93,12 +92,7 @@ inline void check_slice_calls(compute_backend& be) {
       // The two halves: u alone leaves m as it was, then m alone (u left alone) gives both
       // calls' bits.
       device_buffer m_half = upload(be, m0), u_half = upload(be, random_floats(u_floats, 5));
-      fp32_or_bf16 u_halves;
-      if (bf16)
-        u_halves.bf16 = reinterpret_cast<uint16_t*>(u_half.data());
-      else
-        u_halves.f32 = u_half.data();
-      be.momentum_slices(m_half.data(), g.data(), u_halves, kOrigin, slices, 0.95f, nesterov,
+      be.momentum_slices(m_half.data(), g.data(), as_u(u_half), kOrigin, slices, 0.95f, nesterov,
                          momentum_writes::source);
       BOOST_TEST(differing(download(be, m_half), m0) == 0, what << ", source half: m unchanged");
       BOOST_TEST(differing(download(be, u_half), download(be, u_each)) == 0,
