@@ -213,6 +213,12 @@ BOOST_AUTO_TEST_CASE(bad_options_are_named) {
   e = engine::create(o);
   BOOST_REQUIRE(!e);
   expect_error(e.err(), errc::invalid_argument, "ns_steps must be in [1, 100], got 101");
+  o = options(2);
+  o.momentum_before_vote = "yes";
+  e = engine::create(o);
+  BOOST_REQUIRE(!e);
+  expect_error(e.err(), errc::invalid_argument,
+               "momentum_before_vote must be auto, on or off, got 'yes'");
   o = options(kMaxRanksPerProcess + 1);  // thousands of ranks in one process took minutes
   e = engine::create(o);
   BOOST_REQUIRE(!e);

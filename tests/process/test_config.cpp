@@ -235,6 +235,8 @@ BOOST_AUTO_TEST_CASE(wrong_types_name_the_key_and_what_is_expected) {
       {R"({"zmuon": {"backend": "gpu"}})",
        "zmuon.backend: expected one of \"host\", \"cuda\", got string \"gpu\""},
       {R"({"zmuon": {"comm": "mpi"}})", "zmuon.comm: expected one of \"auto\", \"caf\", \"nccl\""},
+      {R"({"zmuon": {"momentum_before_vote": "maybe"}})",
+       "zmuon.momentum_before_vote: expected one of \"auto\", \"on\", \"off\""},
       {R"({"zmuon": {"muon_transport": "fp16"}})",
        "zmuon.muon_transport: expected one of \"auto\", \"bf16\", \"fp32\", got string "
        "\"fp16\" (did you mean \"bf16\"?)"},
