@@ -41,9 +41,9 @@ struct chunk_work {
   };
   phase at = idle;
   bool source_only = false;  // its momentum wrote u alone (before the vote): the state is due
-  wire_buffer u;       // this rank's shards of u (chunk.shard_len)
-  wire_buffer full;    // whole matrices this rank owns (ownership.full_size)
-  wire_buffer result;  // this rank's shards of the update (chunk.shard_len)
+  wire_buffer u;             // this rank's shards of u (chunk.shard_len)
+  wire_buffer full;          // whole matrices this rank owns (ownership.full_size)
+  wire_buffer result;        // this rank's shards of the update (chunk.shard_len)
 };
 
 // A slot in the fixed collective order G0 G1 S0 G2 S1 ...: the same on every rank.
@@ -89,8 +89,8 @@ struct coordinator_state {
   std::vector<bool> in_place;  // per chunk: u is laid out as the owner's buffer (world 1): no
                                // gather and no scatter (laid_out_as_shard)
   bool momentum_before_vote = false;  // zmuon.momentum_before_vote, decided for this backend
-  std::optional<step_work> work;  // the step in progress
-  device_buffer bf16_scratch;     // rescale_bf16_blocks' fp32 copy of one block (kept)
+  std::optional<step_work> work;      // the step in progress
+  device_buffer bf16_scratch;         // rescale_bf16_blocks' fp32 copy of one block (kept)
   trace::track tr;
   static const char* name;
 };
@@ -297,23 +297,23 @@ bool qk_clip_on(const coordinator_state& st) {
 // -- the step, top-down -----------------------------------------------------------------------
 // Each function is one sub-step of docs/DESIGN.md §1 and hands over to the next.
 
-void begin_step(coord_pointer self);                   // 1. flush
-void vote(coord_pointer self);                         // 2. the vote
-void refuse(coord_pointer self);                       //   a refused step's end
-void unscale(coord_pointer self, double sum_squares);  // 3. unscale_clip
+void begin_step(coord_pointer self);                       // 1. flush
+void vote(coord_pointer self);                             // 2. the vote
+void refuse(coord_pointer self);                           //   a refused step's end
+void unscale(coord_pointer self, double sum_squares);      // 3. unscale_clip
 void vote_passed(coord_pointer self, double sum_squares);  // 2-3 with the momentum ahead
-void run_muon(coord_pointer self);                     // 4
-void advance(coord_pointer self);                      //   the fixed collective order
-void request_momentum(coord_pointer self, int c);      //   momentum (store)
-void gather(coord_pointer self, int c);                //   gather u to the owners
-void orthogonalize(coord_pointer self, int c);         //   Newton-Schulz on the owner
-void transform_in_store(coord_pointer self, int c);    //   NorMuon (store)
-void ns_finished(coord_pointer self, int c);           //   the update off to the comm
-void scatter(coord_pointer self, int c);               //   scatter the update
-void apply(coord_pointer self, int c);                 //   apply (store)
-void scalar_rule(coord_pointer self);                  // 5
-void finish(coord_pointer self);                       // 6
-void answer(coord_pointer self);                       // 7
+void run_muon(coord_pointer self);                         // 4
+void advance(coord_pointer self);                          //   the fixed collective order
+void request_momentum(coord_pointer self, int c);          //   momentum (store)
+void gather(coord_pointer self, int c);                    //   gather u to the owners
+void orthogonalize(coord_pointer self, int c);             //   Newton-Schulz on the owner
+void transform_in_store(coord_pointer self, int c);        //   NorMuon (store)
+void ns_finished(coord_pointer self, int c);               //   the update off to the comm
+void scatter(coord_pointer self, int c);                   //   scatter the update
+void apply(coord_pointer self, int c);                     //   apply (store)
+void scalar_rule(coord_pointer self);                      // 5
+void finish(coord_pointer self);                           // 6
+void answer(coord_pointer self);                           // 7
 template <class Then>
 void clip_qk(coord_pointer self, Then then);
 
@@ -430,13 +430,12 @@ void vote_passed(coord_pointer self, double sum_squares) {
 }
 
 // 3. The raw norm and the clip factor; unscale_clip carries the factor and the step's values
-// to the store, once. Ahead of the vote (its answer pending) the factor is 1 without the sum,
-// and the norm waits for vote_passed.
+// to the store, once. Ahead of the vote (its answer pending) the factor is 1 without the sum
+// (no report yet: the result's loss scale is its default, 1), and the norm waits for
+// vote_passed.
 void unscale(coord_pointer self, double sum_squares) {
   auto& st = self->state;
   auto& r = st.work->result;
-  if (st.work->vote == step_work::vote_state::pending)
-    r.loss_scale = 1.0f;
   const double unscale = unscale_of(r);
   r.grad_norm = std::sqrt(sum_squares) * unscale;
   float max_norm = st.opts.gradient_clipping;
