@@ -382,6 +382,87 @@ BOOST_AUTO_TEST_CASE(main_stream_waits_for_the_call_on_its_memory_only) {
   }
 }
 
+// Each NS call goes to the lane with the least work queued and not yet joined (ties: the next in
+// turn), so that calls enqueued longest first end close together: of work 10, 9, 6 and 5 on
+// three lanes the fourth joins the 6 (turns alone would put it behind the 10). Work the main
+// stream has joined no longer counts.
+BOOST_AUTO_TEST_CASE(each_call_goes_to_the_least_loaded_lane) {
+  static_assert(gpu::stream_set::kLanes == 3, "the case below is written for three lanes");
+  env();  // the device set up
+  gpu::stream_set lanes;
+  char memory[4] = {};  // only compared, never read: one byte per call
+  const auto call = [&](int i, double work) {
+    int lane = -1;
+    const gpu::touched t{memory + i, 1};
+    lanes.fork(lane, t);
+    lanes.lane_done(lane, t, work);
+    return lane;
+  };
+  const int first = call(0, 10), second = call(1, 9), third = call(2, 6);
+  BOOST_TEST(first != second);
+  BOOST_TEST(third != first);
+  BOOST_TEST(third != second);
+  BOOST_TEST(call(3, 5) == third);                 // queued now: 10, 9, 11
+  lanes.join_touching({gpu::touched{memory, 1}});  // the first call joined: 0, 9, 11
+  BOOST_TEST(call(0, 1) == first);
+  lanes.join();  // all joined: every lane empty, the next in turn
+  BOOST_TEST(call(1, 1) == (first + 1) % gpu::stream_set::kLanes);
+  lanes.synchronize();
+}
+
+// A chunk's update goes in parts by the NS call that wrote each slice, the part whose call is
+// expected to end first first, each waiting for its own call (cuda_slices.cpp): with a short NS
+// call and a long one on another lane, the short call's slice is updated while the long call
+// still runs, and the parameters get the bits of one update made after both.
+BOOST_AUTO_TEST_CASE(an_update_waits_only_for_the_ns_of_its_own_slices) {
+  auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
+  const ns_options ns;
+  const ns_case small{4, 256, 256};
+  const ns_case big{1, 4096, 8192};  // 12 GEMMs over 4096x4096x8192: milliseconds
+  const int64_t small_numel = small.batch * small.rows * small.cols;
+  const int64_t big_numel = big.batch * big.rows * big.cols;
+  const int64_t numel = small_numel + big_numel;
+  const std::vector<float> input = random_vector(numel), params = random_vector(numel);
+  const std::vector<param_slice> slices = {{0, 0, small_numel, 0.5f},
+                                           {small_numel, small_numel, big_numel, 2.0f}};
+  muon_rule rule;
+  rule.lr = 0.02f;
+  rule.weight_decay = 0.1f;
+  const auto run = [&](bool wait_between) {
+    device_buffer x = upload(cuda, input), p = upload(cuda, params);
+    cuda.synchronize();
+    cuda.newton_schulz(x.data(), small.batch, small.rows, small.cols, ns);
+    cuda.newton_schulz(x.data() + small_numel, big.batch, big.rows, big.cols, ns);
+    if (wait_between)
+      cuda.synchronize();
+    cuda.muon_update_slices(p.data(), fp32_or_bf16{x.data(), nullptr}, 0, slices, rule);
+    return download(cuda, p.data(), numel);
+  };
+  // Every lane sees both shapes first (a lane's first call of a shape waits for itself).
+  for (int round = 0; round < gpu::stream_set::kLanes; ++round)
+    run(false);
+  const std::vector<float> after_both = run(true);  // one part: no NS call pending
+  cuda.time_calls(true);
+  const std::vector<float> in_parts = run(false);
+  cuda.take_call_times();
+  const std::vector<call_span> spans = cuda.last_call_spans();
+  cuda.time_calls(false);
+  BOOST_TEST(mismatches(in_parts, after_both) == 0);
+  double first_update_end = -1, last_ns_end = -1;
+  int updates = 0;
+  for (const call_span& s : spans) {
+    if (s.name == "apply_update" && (first_update_end < 0 || s.end_ms < first_update_end))
+      first_update_end = s.end_ms;
+    updates += s.name == "apply_update" ? 1 : 0;
+    if (s.name == "newton_schulz")
+      last_ns_end = std::max(last_ns_end, s.end_ms);
+  }
+  BOOST_TEST(updates == 2);
+  BOOST_TEST(first_update_end < last_ns_end, "the short call's update ended at "
+                                                 << first_update_end << " ms, after the long NS ("
+                                                 << last_ns_end << " ms)");
+}
+
 // Call timing (compute_backend::time_calls, what zmuon-bench-step --call-times reports): each
 // call's two events bracket its own work on the stream it ran on. Three NS calls of 4096x8192,
 // side by side on the lanes: their busy time (the union of their spans) agrees with events

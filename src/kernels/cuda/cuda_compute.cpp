@@ -15,6 +15,7 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/pinned_cache.hpp"
 #include "kernels/ns_variants.hpp"
+#include "plan/plan.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -344,7 +345,7 @@ void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64
     else
       lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
   }
-  streams_->lane_done(lane, memory);
+  streams_->lane_done(lane, memory, static_cast<double>(batch) * ns_iteration_work(rows, cols));
   ns_matrices_ += batch;
 }
 

@@ -66,10 +66,30 @@ void cuda_compute::muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
                                       const muon_rule& rule) {
   if (rule.decay == decay_mask::cautious)  // a launch a slice: cautious decay has no slice kernel
     return compute_backend::muon_update_slices(p, o, origin, slices, rule);
-  const launch_guard guard = activate(
-      {spanned(p, span_of(slices, false), false), spanned(o, span_of(slices, true, origin))});
-  const call_timer timer(*this, "apply_update", ctx_.stream);
-  launch_apply_update_slices(guard, p, o, origin, slices, rule.lr, rule.weight_decay);
+  // In parts by the Newton-Schulz call that wrote each slice's update, the part whose call is
+  // expected to end first first, each waiting for its own call only: the updates of the calls
+  // that end early run beside the later ones instead of all after the last (one part where no
+  // NS call is pending, as after a scatter).
+  std::vector<touched> memory;
+  for (const param_slice& s : slices)
+    memory.push_back(spanned(o, span_of({s}, true, origin)));
+  const std::vector<double> ends = streams_->expected_ends(memory);
+  std::vector<size_t> order(slices.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return ends[a] < ends[b]; });
+  for (size_t first = 0; first < order.size();) {
+    size_t last = first;
+    std::vector<param_slice> part;
+    while (last < order.size() && ends[order[last]] == ends[order[first]])
+      part.push_back(slices[order[last++]]);
+    const launch_guard guard = activate(
+        {spanned(p, span_of(part, false), false), spanned(o, span_of(part, true, origin))});
+    const call_timer timer(*this, "apply_update", ctx_.stream);
+    launch_apply_update_slices(guard, p, o, origin, part, rule.lr, rule.weight_decay);
+    first = last;
+  }
 }
 
 void cuda_compute::scalar_update_slices(float* p, const float* g, float* m, float* v,

@@ -23,6 +23,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -94,6 +95,30 @@ public:
     join_touching<std::initializer_list<touched>>(memory);
   }
 
+  /// Per range of `memory`, when the NS work on it is expected to end, as the work queued on its
+  /// lane up to and including the last call not yet joined that touches it (the lanes share the
+  /// device and run side by side, so a lane's queued work orders its calls' ends against the
+  /// other lanes'); 0 where no such call touches the range. For main-stream work split by it:
+  /// the parts whose NS ends first go first, each waiting only for its own call.
+  template <class Ranges>
+  std::vector<double> expected_ends(const Ranges& memory) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<double> out;
+    for (const touched& t : memory) {
+      double end = 0;
+      for (const auto& lane : lanes_) {
+        double queued = 0;
+        for (const lane_call& call : lane.calls) {
+          queued += call.work;
+          if (overlaps(call.memory, t))
+            end = std::max(end, queued);
+        }
+      }
+      out.push_back(end);
+    }
+    return out;
+  }
+
   /// Work just enqueued on the main stream reads or writes `memory`.
   template <class Ranges>
   void main_done(const Ranges& memory) {
@@ -114,13 +139,20 @@ public:
       marks_.pop_front();
   }
 
-  /// The next lane's stream, ordered after the main stream's last work on `memory` and any lane
-  /// work on it. Call lane_done(lane, memory) after enqueueing on it.
+  /// The stream of the lane with the least work queued and not yet joined (ties: the next in
+  /// turn), ordered after the main stream's last work on `memory` and any lane work on it. With
+  /// the calls enqueued longest first, the lanes end close together. Call lane_done(lane,
+  /// memory, work) after enqueueing on it; `work` in any unit the caller keeps (NS: FLOPs).
   cudaStream_t fork(int& lane, touched memory) {
     join_touching({memory});
     const std::lock_guard<std::mutex> lock(mutex_);
     lane = next_;
-    next_ = (next_ + 1) % kLanes;
+    for (int k = 1; k < kLanes; ++k) {
+      const int i = (next_ + k) % kLanes;
+      if (lanes_[i].queued < lanes_[lane].queued)
+        lane = i;
+    }
+    next_ = (lane + 1) % kLanes;
     const cuda_event* after = nullptr;
     for (auto m = marks_.rbegin(); m != marks_.rend() && after == nullptr; ++m)
       if (overlaps(m->memory, memory))
@@ -132,14 +164,15 @@ public:
     ZMUON_CUDA_CHECK(cudaStreamWaitEvent(lanes_[lane].stream.get(), after->get(), 0));
     return lanes_[lane].stream.get();
   }
-  void lane_done(int lane, touched memory) {
+  void lane_done(int lane, touched memory, double work) {
     const std::lock_guard<std::mutex> lock(mutex_);
     auto& calls = lanes_[lane].calls;
     if (calls.size() >= kMaxCalls)  // the oldest is long done: no lane holds more
       wait_for_calls(lane, 1);
     if (spare_.empty())
       spare_.emplace_back(cudaEventDisableTiming);
-    calls.push_back(lane_call{memory, std::move(spare_.back())});
+    lanes_[lane].queued += work;
+    calls.push_back(lane_call{memory, std::move(spare_.back()), work});
     spare_.pop_back();
     calls.back().done.record(lanes_[lane].stream.get());
   }
@@ -163,10 +196,12 @@ private:
   struct lane_call {
     touched memory;
     cuda_event done;
+    double work = 0;
   };
   struct lane_streams {
     cuda_stream stream;
     std::deque<lane_call> calls;  // oldest first
+    double queued = 0;            // the work of `calls`
   };
   static constexpr size_t kMaxCalls = 64;
 
@@ -196,9 +231,12 @@ private:
       return;
     ZMUON_CUDA_CHECK(cudaStreamWaitEvent(main_.get(), calls[count - 1].done.get(), 0));
     for (size_t k = 0; k < count; ++k) {
+      lanes_[i].queued -= calls.front().work;
       spare_.push_back(std::move(calls.front().done));
       calls.pop_front();
     }
+    if (calls.empty())
+      lanes_[i].queued = 0;  // no rounding left behind
   }
 
   cuda_stream main_;
