@@ -184,14 +184,13 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
                 loss = closure()
         kept = None  # step's own hand-over: the .grad tensors, read in place until it returns
         stream = None  # and PyTorch's stream they were handed over on, the step's too
-        if not any(self._micro):
+        own = not any(self._micro)  # the step hands the .grad tensors over itself
+        if own:
             torch_params = self._param_slots()[0]
-            if torch_params and any(p.grad is not None for _, p, _ in self._params):
-                kept, stream = self._hand_over(kept=True)
-            elif torch_params and self._node is None and self._mode == _distributed.PLAIN:
-                self.last_step = None  # no gradient at all: nothing changes, as in torch.optim
-                return loss
-            else:
+            if not (torch_params and any(p.grad is not None for _, p, _ in self._params)):
+                if torch_params and self._node is None and self._mode == _distributed.PLAIN:
+                    self.last_step = None  # no gradient at all: nothing changes, as torch.optim
+                    return loss
                 raise BadState("step() before any gradient: call loss.backward() (or "
                                "accumulate()) first")
         elif self._gas is not None and max(self._micro) != self._gas:
@@ -201,6 +200,8 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         try:
             self._apply_hyperparameters(values)
             self._reload_written()
+            if own:  # last, right before the engine's step: its first kernels start the step
+                kept, stream = self._hand_over(kept=True)
             self._micro = [0] * len(self._micro)
             if loss is not None and self._host_engine:
                 value = loss.detach() if hasattr(loss, "detach") else loss

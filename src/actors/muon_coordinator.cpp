@@ -580,8 +580,7 @@ void orthogonalize(coord_pointer self, int c) {
   const float_view full = cw.full.compute();
   trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                  trace::span::per_param);
-  for (int k : st.own[c].ns_sequence) {  // most work first: the lanes end together
-    const ns_group& g = st.own[c].groups[k];
+  for (const auto& g : st.own[c].groups) {
     const muon_rule& rule = rule_of(st, g.hparam_group);
     ns.add_bytes(g.batch * g.rows * g.cols * static_cast<int64_t>(sizeof(float)));
     if (full.bf16 != nullptr) {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 #include <tuple>
 
 namespace zmuon {
@@ -46,14 +45,6 @@ std::vector<chunk_ownership> make_ownership(const plan& pl, int rank) {
     }
     for (const auto& ib : mine)
       own.owned.push_back(owned_matrix{ib.first, offset_of[ib], ib.second});
-    own.ns_sequence.resize(own.groups.size());
-    std::iota(own.ns_sequence.begin(), own.ns_sequence.end(), 0);
-    auto work = [&](int g) {
-      return static_cast<double>(own.groups[g].batch)
-             * ns_iteration_work(own.groups[g].rows, own.groups[g].cols);
-    };
-    std::stable_sort(own.ns_sequence.begin(), own.ns_sequence.end(),
-                     [&](int a, int b) { return work(a) > work(b); });
   }
   return out;
 }

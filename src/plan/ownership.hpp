@@ -40,10 +40,6 @@ struct ns_group {
 struct chunk_ownership {
   std::vector<owned_matrix> owned;  // in table order, each parameter's blocks in row order
   std::vector<ns_group> groups;
-  // Indices into groups, the order their Newton-Schulz calls are enqueued: most work (batch x
-  // ns_iteration_work) first, ties in layout order. A device puts each call on its least loaded
-  // lane, so that longest first leaves the lanes ending close together.
-  std::vector<int> ns_sequence;
   int64_t full_size = 0;
   std::vector<int> ns_params;  // parameters whose first block this rank owns (named once)
 };

@@ -108,17 +108,8 @@ struct plan {
   int find_qk_pair(int query) const;
 };
 
-/// NS cost of one [rows, cols] matrix: max(m,n) * min(m,n)^2 (the owners' balance; checkpoints
-/// find their owners by it, so it stays as it is).
+/// NS cost of one [rows, cols] matrix: max(m,n) * min(m,n)^2.
 double ns_cost(int64_t rows, int64_t cols);
-
-/// The multiply-adds of one Newton-Schulz iteration on a [rows, cols] matrix, m = min side,
-/// n = max side: X X^T (m^2 n), A A (m^3), B X (m^2 n). What a device's NS lanes balance.
-inline double ns_iteration_work(int64_t rows, int64_t cols) {
-  const auto m = static_cast<double>(rows < cols ? rows : cols);
-  const auto n = static_cast<double>(rows < cols ? cols : rows);
-  return m * m * (2 * n + m);
-}
 
 /// The owner rank of each NS block of each Muon parameter of `pl`'s table at world size
 /// `world`, its shards cut by `layout` (per parameter, per param_layout::blocks entry; empty

@@ -383,9 +383,9 @@ BOOST_AUTO_TEST_CASE(main_stream_waits_for_the_call_on_its_memory_only) {
 }
 
 // Each NS call goes to the lane with the least work queued and not yet joined (ties: the next in
-// turn), so that calls enqueued longest first end close together: of work 10, 9, 6 and 5 on
-// three lanes the fourth joins the 6 (turns alone would put it behind the 10). Work the main
-// stream has joined no longer counts.
+// turn): of work 10, 9, 6 and 5 on three lanes the fourth goes behind the 6, where a lane is
+// expected to free up first (turns alone would put it behind the 10). Work the main stream has
+// joined no longer counts.
 BOOST_AUTO_TEST_CASE(each_call_goes_to_the_least_loaded_lane) {
   static_assert(gpu::stream_set::kLanes == 3, "the case below is written for three lanes");
   env();  // the device set up

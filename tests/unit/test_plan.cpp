@@ -6,9 +6,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <string>
-#include <utility>
-#include <vector>
 
 #include "plan/ownership.hpp"
 #include "plan/plan.hpp"
@@ -98,38 +95,6 @@ BOOST_AUTO_TEST_CASE(ownership_groups_same_shapes_for_batching) {
   BOOST_TEST(own[0].groups[0].rows == 8);
   BOOST_TEST(own[0].groups[1].batch == 1);
   BOOST_TEST(own[0].full_size == 32 * 16 + 8 * 16 + 16 * 16 + 8 * 16);
-}
-
-// The NS calls of a chunk are enqueued most work first (a device puts each on its least loaded
-// lane), by an iteration's multiply-adds: seven 768x768 blocks before four 1536x768 ones (21 to
-// 20 times 768^3), although the cost the owners balance (max x min^2) has them 7 to 8.
-BOOST_AUTO_TEST_CASE(ns_calls_go_most_work_first) {
-  std::vector<param_spec> t;
-  for (int layer = 0; layer < 4; ++layer) {
-    const std::string l = "h" + std::to_string(layer) + ".";
-    t.push_back({l + "q", {768, 768}});
-    t.push_back({l + "kv", {1536, 768}});
-    if (layer < 3)
-      t.push_back({l + "proj", {768, 768}});
-  }
-  t.push_back({"down", {768, 3072}});
-  auto pl = make(t, 1, int64_t{1} << 30);
-  auto own = make_ownership(pl, 0);
-  BOOST_REQUIRE_EQUAL(own.size(), 1u);
-  const auto& groups = own[0].groups;
-  const auto& seq = own[0].ns_sequence;
-  BOOST_REQUIRE_EQUAL(groups.size(), 3u);
-  BOOST_TEST(ns_cost(768, 768) * 7 < ns_cost(1536, 768) * 4);
-  std::vector<std::pair<int64_t, int64_t>> shapes;
-  for (int g : seq)
-    shapes.emplace_back(groups[g].rows, groups[g].cols);
-  const std::vector<std::pair<int64_t, int64_t>> want = {{768, 768}, {1536, 768}, {768, 3072}};
-  BOOST_TEST((shapes == want));
-  for (size_t k = 1; k < seq.size(); ++k) {
-    const ns_group &a = groups[seq[k - 1]], &b = groups[seq[k]];
-    BOOST_TEST(a.batch * ns_iteration_work(a.rows, a.cols)
-               >= b.batch * ns_iteration_work(b.rows, b.cols));
-  }
 }
 
 BOOST_AUTO_TEST_CASE(bad_tables_are_named) {

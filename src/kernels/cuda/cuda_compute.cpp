@@ -3,6 +3,7 @@
 
 #include "kernels/cuda/cuda_compute.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,7 +16,6 @@
 #include "kernels/cuda/check.hpp"
 #include "kernels/cuda/pinned_cache.hpp"
 #include "kernels/ns_variants.hpp"
-#include "plan/plan.hpp"
 
 namespace zmuon::gpu {
 namespace {
@@ -329,8 +329,8 @@ void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64
                                      const ns_options& ns) {
   if (batch <= 0)
     return;
-  // On the next lane, alongside the NS calls just before it and the main stream's work that
-  // follows on other memory (stream_set.hpp).
+  // On the least loaded lane, alongside the NS calls just before it and the main stream's work
+  // that follows on other memory (stream_set.hpp).
   const launch_guard guard = activate({});
   const touched memory{x.f32 != nullptr ? static_cast<const void*>(x.f32) : x.bf16,
                        static_cast<size_t>(batch * rows * cols)
@@ -345,7 +345,11 @@ void cuda_compute::run_newton_schulz(ns_io x, int64_t batch, int64_t rows, int64
     else
       lanes_[lane]->ns.run(on_lane, x, batch, rows, cols, ns);
   }
-  streams_->lane_done(lane, memory, static_cast<double>(batch) * ns_iteration_work(rows, cols));
+  // The lane's work: an iteration's multiply-adds, m = min side, n = max side: X X^T (m^2 n),
+  // A A (m^3), B X (m^2 n).
+  const auto m = static_cast<double>(std::min(rows, cols));
+  const auto n = static_cast<double>(std::max(rows, cols));
+  streams_->lane_done(lane, memory, static_cast<double>(batch) * m * m * (2 * n + m));
   ns_matrices_ += batch;
 }
 

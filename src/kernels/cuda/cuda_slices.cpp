@@ -69,7 +69,8 @@ void cuda_compute::muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
   // In parts by the Newton-Schulz call that wrote each slice's update, the part whose call is
   // expected to end first first, each waiting for its own call only: the updates of the calls
   // that end early run beside the later ones instead of all after the last (one part where no
-  // NS call is pending, as after a scatter).
+  // NS call is pending, as after a scatter). A part is a run of adjacent slices, so that its
+  // span holds no other call's memory.
   std::vector<touched> memory;
   for (const param_slice& s : slices)
     memory.push_back(spanned(o, span_of({s}, true, origin)));
@@ -77,13 +78,20 @@ void cuda_compute::muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
   std::vector<size_t> order(slices.size());
   for (size_t i = 0; i < order.size(); ++i)
     order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return ends[a] < ends[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return ends[a] != ends[b] ? ends[a] < ends[b] : slices[a].state_offset < slices[b].state_offset;
+  });
   for (size_t first = 0; first < order.size();) {
-    size_t last = first;
-    std::vector<param_slice> part;
-    while (last < order.size() && ends[order[last]] == ends[order[first]])
-      part.push_back(slices[order[last++]]);
+    std::vector<param_slice> part{slices[order[first]]};
+    size_t last = first + 1;
+    for (; last < order.size(); ++last) {
+      const param_slice& prev = part.back();
+      const param_slice& next = slices[order[last]];
+      if (ends[order[last]] != ends[order[first]]
+          || next.state_offset != prev.state_offset + prev.n)
+        break;
+      part.push_back(next);
+    }
     const launch_guard guard = activate(
         {spanned(p, span_of(part, false), false), spanned(o, span_of(part, true, origin))});
     const call_timer timer(*this, "apply_update", ctx_.stream);

@@ -5,9 +5,9 @@
 // last one's scatter and update) runs alongside a chunk's NS instead of after it.
 //
 // Both directions are ordered by the memory the work touches, not by everything before it:
-// - an NS call forks onto the next lane after the main stream's last work on the NS's memory
-//   (an event recorded after every piece of main-stream work that names its memory: main_done),
-//   not after all of the main stream's queue;
+// - an NS call forks onto the lane with the least work queued, after the main stream's last work
+//   on the NS's memory (an event recorded after every piece of main-stream work that names its
+//   memory: main_done), not after all of the main stream's queue;
 // - work on the main stream waits only for the NS calls that touch its memory (join_touching:
 //   an event recorded after each call on its lane; waiting for one waits for the lane's earlier
 //   calls too, not for its later ones, so chunk i's scatter and update run beside chunk i+1's
@@ -140,9 +140,10 @@ public:
   }
 
   /// The stream of the lane with the least work queued and not yet joined (ties: the next in
-  /// turn), ordered after the main stream's last work on `memory` and any lane work on it. With
-  /// the calls enqueued longest first, the lanes end close together. Call lane_done(lane,
-  /// memory, work) after enqueueing on it; `work` in any unit the caller keeps (NS: FLOPs).
+  /// turn), ordered after the main stream's last work on `memory` and any lane work on it: a
+  /// call beyond the lanes' number starts where the first lane is expected to free up. Call
+  /// lane_done(lane, memory, work) after enqueueing on it; `work` in any unit the caller keeps
+  /// (NS: an iteration's multiply-adds).
   cudaStream_t fork(int& lane, touched memory) {
     join_touching({memory});
     const std::lock_guard<std::mutex> lock(mutex_);
