@@ -8,6 +8,9 @@ calls' host spans beside them).
 
     python3 bench/dev/trace_gaps.py DIR/zmuon-auto-gpt2.trace.json [--gap-us 15] [--top 25]
     python3 bench/dev/trace_gaps.py DIR/zmuon-auto-gpt2.calls.json
+    python3 bench/dev/trace_gaps.py --phases RUN1/zmuon-auto-gpt2.calls.json RUN2/...   # a line
+        each: when the momentum's first call and the Newton-Schulz window begin and end, and
+        what runs after the last NS (ms from the first engine call), for comparing builds
 """
 
 import argparse
@@ -42,12 +45,39 @@ def short(name, n=60):
     return name if len(name) <= n else name[:n - 3] + "..."
 
 
+def phases(path):
+    """One line of a zmuon call timeline: ms from its first event."""
+    gpu, host = load(path)
+    start = min(e["ts"] for e in host + gpu)
+    end = max(e["ts"] + e["dur"] for e in gpu)
+    ms = lambda t: 1e-3 * (t - start)  # noqa: E731
+    momentum = [e["ts"] for e in gpu if e["name"].startswith("momentum")]
+    ns = [e for e in gpu if e["name"] == "newton_schulz"]
+    if not momentum or not ns:
+        return f"{path}: no momentum or no newton_schulz call"
+    ns_start = min(e["ts"] for e in ns)
+    ns_end = max(e["ts"] + e["dur"] for e in ns)
+    return (f"first kernel {ms(min(e['ts'] for e in gpu)):6.3f}  momentum {ms(min(momentum)):6.3f}"
+            f"  NS {ms(ns_start):6.3f}-{ms(ns_end):6.3f} ({1e-3 * (ns_end - ns_start):5.3f}, "
+            f"{len(ns)} calls)  after it {1e-3 * (end - ns_end):5.3f}  end {ms(end):6.3f}  "
+            f"momentum to end {1e-3 * (end - min(momentum)):5.3f}  {path}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("trace")
+    ap.add_argument("trace", nargs="+")
     ap.add_argument("--gap-us", type=float, default=15.0, help="list gaps at least this long")
     ap.add_argument("--top", type=int, default=25, help="kernel names to list")
+    ap.add_argument("--phases", action="store_true",
+                    help="a line per zmuon call timeline: the step's phases (ms)")
     args = ap.parse_args()
+    if args.phases:
+        for path in args.trace:
+            print(phases(path))
+        return
+    if len(args.trace) > 1:
+        raise SystemExit("several traces: with --phases only")
+    args.trace = args.trace[0]
     gpu, host = load(args.trace)
     if not gpu:
         raise SystemExit(f"{args.trace}: no GPU events (was CUDA profiled?)")

@@ -91,7 +91,7 @@ class Binding:
     the last values the two agreed on."""
 
     __slots__ = ("name", "param", "shape", "host_staging", "staging", "marks", "fingerprint",
-                 "master", "whole")
+                 "master", "master_key", "whole")
 
     def __init__(self, name, param, host_staging):
         self.name, self.param = name, param
@@ -103,6 +103,7 @@ class Binding:
         self.marks = None
         self.fingerprint = None
         self.master = None  # the view of the engine's master that is the parameter's storage
+        self.master_key = None  # (master, its data_ptr, dtype, shape): in_master's, read once
 
     def restage(self):
         """A staging buffer where the tensor needs one now (model.to(torch.bfloat16) after
@@ -205,13 +206,16 @@ class Binding:
         self.marks = self.fingerprint = None
 
     def in_master(self):
-        """Whether the parameter's storage is still the engine's master (read every step)."""
+        """Whether the parameter's storage is still the engine's master (read twice a step:
+        the master's side once per master)."""
         master = self.master
         if master is None:
             return False
-        local = self.local
-        return local.data_ptr() == master.data_ptr() and local.dtype == master.dtype \
-            and local.shape == master.shape
+        key = self.master_key
+        if key is None or key[0] is not master:
+            key = self.master_key = (master, master.data_ptr(), master.dtype, master.shape)
+        local = self.param if self.whole else local_of(self.param)
+        return local.data_ptr() == key[1] and local.dtype == key[2] and local.shape == key[3]
 
     def own_storage(self, fsdp):
         """A storage of its own again, with the master's values (before the master goes)."""
@@ -221,7 +225,7 @@ class Binding:
             elif id(self.param) in fsdp:
                 record = fsdp[id(self.param)]
                 _set_fsdp_local(record, self.param, record._sharded_param_data.clone())
-        self.master = None
+        self.master = self.master_key = None
 
 
 def _set_fsdp_local(record, param, flat):
@@ -354,7 +358,7 @@ class ParamSync:
         moved = [b for b in bindings if b.master is not None and not b.in_master()]
         watched = [b for b in bindings if b.master is None]
         for b in moved:  # a new storage: its values are loaded, it is shared again after the step
-            b.master = None
+            b.master = b.master_key = None
         prints = fingerprints([b.local for b in watched])
         same = same_fingerprints([b.fingerprint for b in watched], prints)
         written = moved + [b for b, s in zip(watched, same)

@@ -336,6 +336,13 @@ BOOST_AUTO_TEST_CASE(lanes_are_ordered_by_memory) {
   }
 }
 
+// A short NS call and a long one (12 GEMMs over 4096x4096x8192: milliseconds), for the cases
+// where main-stream work must run while the long one still does.
+constexpr ns_case kShortCall{4, 256, 256};
+constexpr ns_case kLongCall{1, 4096, 8192};
+constexpr int64_t kShortNumel = kShortCall.batch * kShortCall.rows * kShortCall.cols;
+constexpr int64_t kLongNumel = kLongCall.batch * kLongCall.rows * kLongCall.cols;
+
 // Main-stream work on one NS call's memory waits for that call and the lane's calls before it,
 // not for those after it (stream_set.hpp; chunk i's scatter and update beside chunk i+1's NS):
 // a small call, then one long call per lane, the last on the small one's lane again; a copy out
@@ -343,10 +350,8 @@ BOOST_AUTO_TEST_CASE(lanes_are_ordered_by_memory) {
 BOOST_AUTO_TEST_CASE(main_stream_waits_for_the_call_on_its_memory_only) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   const ns_options ns;
-  const ns_case small{4, 256, 256};
-  const ns_case big{1, 4096, 8192};  // 12 GEMMs over 4096x4096x8192: milliseconds
-  const int64_t small_numel = small.batch * small.rows * small.cols;
-  const int64_t big_numel = big.batch * big.rows * big.cols;
+  const ns_case small = kShortCall, big = kLongCall;
+  const int64_t small_numel = kShortNumel, big_numel = kLongNumel;
   const std::vector<float> input = random_vector(small_numel);
   device_buffer want = upload(cuda, input);
   cuda.newton_schulz(want.data(), small.batch, small.rows, small.cols, ns);
@@ -417,10 +422,8 @@ BOOST_AUTO_TEST_CASE(each_call_goes_to_the_least_loaded_lane) {
 BOOST_AUTO_TEST_CASE(an_update_waits_only_for_the_ns_of_its_own_slices) {
   auto& cuda = dynamic_cast<gpu::cuda_compute&>(*env().gpu);
   const ns_options ns;
-  const ns_case small{4, 256, 256};
-  const ns_case big{1, 4096, 8192};  // 12 GEMMs over 4096x4096x8192: milliseconds
-  const int64_t small_numel = small.batch * small.rows * small.cols;
-  const int64_t big_numel = big.batch * big.rows * big.cols;
+  const ns_case small = kShortCall, big = kLongCall;
+  const int64_t small_numel = kShortNumel, big_numel = kLongNumel;
   const int64_t numel = small_numel + big_numel;
   const std::vector<float> input = random_vector(numel), params = random_vector(numel);
   const std::vector<param_slice> slices = {{0, 0, small_numel, 0.5f},

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds of zmuon side by side on one GPU machine, alternating: bench/dev/peers.sh once per build
+# and round, each run with its call timeline, then a line per run of the step's phases
+# (bench/dev/trace_gaps.py --phases). Only rows of one machine compare, and between runs of one
+# build the GPT-2 step moves by about 0.3 ms: two or three rounds.
+#
+#   PEERS_AB="base=.carry/baselib/libzmuon.so new=" bash bench/dev/peers_ab.sh   # there, .carry carried
+#
+# PEERS_AB: NAME=LIB pairs, LIB a libzmuon.so (empty: the packed one, gpu-check.sh pack); ROUNDS
+# (default 2); PEERS_RUNS (default gpt2); PEERS_ONLY (default zmuon-auto; the first run of the
+# first build also takes dion-graph, Dion's best, for the ratio); more peers_step.py arguments in
+# PEERS_ARGS. Rows and phases go to stdout and under $OUT, the timelines there as a tarball.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+out="${OUT:-$root/out}"
+mkdir -p "$out"
+work=/tmp/zmuon-peers-ab
+rm -rf "$work" && mkdir -p "$work"
+only="${PEERS_ONLY:-zmuon-auto}"
+first=1
+for round in $(seq "${ROUNDS:-2}"); do
+  for pair in ${PEERS_AB:?"PEERS_AB: NAME=LIB pairs"}; do
+    name="${pair%%=*}" lib="${pair#*=}"
+    which="$only"
+    [[ $first == 1 ]] && which="$only,dion-graph" && first=0
+    tag="$name-$round"
+    [[ -n $lib ]] && export ZMUON_LIBRARY="$root/$lib" || unset ZMUON_LIBRARY
+    PEERS_RUNS="${PEERS_RUNS:-gpt2}" OUT="$work/out-$tag" \
+      PEERS_ARGS="--only $which --steps 20 --warmup 5 --timeline $work/$tag ${PEERS_ARGS:-}" \
+      bash bench/dev/peers.sh 2>&1 | grep -E "optimizer |Error|Traceback" | sed "s/^/[$tag] /" |
+      tee -a "$out/ab.md"
+  done
+done
+unset ZMUON_LIBRARY
+find "$work" -name '*.calls.json' | sort | while read -r f; do
+  python3 bench/dev/trace_gaps.py --phases "$f"
+done | sed "s|$work/||" | tee -a "$out/ab.md"
+tar -czf "$out/timelines.tgz" -C "$work" --exclude='out-*' .
