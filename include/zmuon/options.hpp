@@ -184,10 +184,11 @@ struct engine_options {
 
   // Newton-Schulz before the vote's answer (zmuon.momentum_before_vote): auto | on | off. Where
   // on, a step that can only be refused by a non-finite gradient (one rank in all, no clipping,
-  // no fp16 loss scale, no NorMuon) computes each chunk's u without writing the momentum and
-  // starts its Newton-Schulz while the vote is on its way; the momentum is written, and the
-  // update applied, once the vote says the step applies. auto: on for the cuda backend, where
-  // the vote's trip through the host would leave the GPU idle.
+  // no fp16 loss scale, no NorMuon) computes each chunk's u, and its new momentum into a spare
+  // buffer (4 bytes a Muon parameter), and starts its Newton-Schulz while the vote is on its
+  // way; the spare becomes the momentum, and the update is applied, once the vote says the step
+  // applies. auto: on for the cuda backend, where the vote's trip through the host would leave
+  // the GPU idle.
   std::string momentum_before_vote = "auto";
 };
 

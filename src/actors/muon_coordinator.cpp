@@ -40,10 +40,9 @@ struct chunk_work {
     applied
   };
   phase at = idle;
-  bool source_only = false;  // its momentum wrote u alone (before the vote): the state is due
-  wire_buffer u;             // this rank's shards of u (chunk.shard_len)
-  wire_buffer full;          // whole matrices this rank owns (ownership.full_size)
-  wire_buffer result;        // this rank's shards of the update (chunk.shard_len)
+  wire_buffer u;       // this rank's shards of u (chunk.shard_len)
+  wire_buffer full;    // whole matrices this rank owns (ownership.full_size)
+  wire_buffer result;  // this rank's shards of the update (chunk.shard_len)
 };
 
 // A slot in the fixed collective order G0 G1 S0 G2 S1 ...: the same on every rank.
@@ -67,11 +66,13 @@ struct step_work {
   size_t applied = 0;
   enum { unsent, sent, done } scalar = unsent;  // 5., sent beside the last chunk's NS
   int64_t ns_before = 0;
-  // The vote, where the chunks' momentum runs ahead of it (ahead_of_vote): until `passed` no
-  // request writes the step's state (the momentum's state half, the scatter, the non-Muon
-  // rule); `refused` lets the momentum requests in flight land, then refuses the step.
+  // The vote, where the chunks' momentum runs ahead of it (ahead_of_vote: `ahead`, and every
+  // chunk's new momentum goes to the store's spare): until `passed` no request writes the
+  // step's state (the scatter, the non-Muon rule); `refused` lets the momentum requests in
+  // flight land, then refuses the step.
+  bool ahead = false;
   enum class vote_state { passed, pending, refused } vote = vote_state::passed;
-  int sources_in_flight = 0;  // source-half momentum requests not yet answered
+  int ahead_in_flight = 0;  // momentum requests of an ahead step not yet answered
 };
 
 struct coordinator_state {
@@ -362,6 +363,7 @@ void vote(coord_pointer self) {
   auto& w = *self->state.work;
   auto step = w.req.step;
   const bool ahead = ahead_of_vote(self->state);
+  w.ahead = ahead;
   if (ahead)
     w.vote = step_work::vote_state::pending;
   ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step},
@@ -381,7 +383,7 @@ void vote(coord_pointer self) {
                            return;
                          }
                          w.vote = step_work::vote_state::refused;
-                         if (w.sources_in_flight == 0)
+                         if (w.ahead_in_flight == 0)
                            refuse(self);
                        });
   if (ahead)
@@ -400,8 +402,9 @@ void refuse(coord_pointer self) {
   });
 }
 
-// The vote passed while the chunks ran ahead of it: the step's norm, then the momentum's state
-// half of each chunk whose u went out, and what waited for the vote (scatter, non-Muon rule).
+// The vote passed while the chunks ran ahead of it: the step's norm, then what waited for the
+// vote (scatter, non-Muon rule). The chunks' new momentum, in the store's spare, becomes the
+// momentum when the step finishes.
 void vote_passed(coord_pointer self, double sum_squares) {
   auto& st = self->state;
   auto& w = *st.work;
@@ -416,12 +419,6 @@ void vote_passed(coord_pointer self, double sum_squares) {
   w.vote = step_work::vote_state::passed;
   r.grad_norm = std::sqrt(sum_squares) * unscale_of(r);
   r.clip_coef = 1.0f;
-  for (int c = 0; c < static_cast<int>(w.chunks.size()); ++c)
-    if (w.chunks[c].source_only) {
-      w.chunks[c].source_only = false;
-      muon_momentum msg{w.req.step, c, {}, momentum_writes::state};
-      ask<ack>(self, st.peers.store, std::move(msg), [](ack&) {});
-    }
   // The non-Muon rule first where the last chunk's NS is enqueued, so that it runs beside that
   // NS, as scalar_rule says; then the scatters.
   if (w.chunks.back().at >= chunk_work::gather_issued)
@@ -519,18 +516,17 @@ void request_momentum(coord_pointer self, int c) {
   });
   cw.at = chunk_work::momentum_requested;
   muon_momentum msg{st.work->req.step, c, cw.u.compute()};
-  const bool source = st.work->vote != step_work::vote_state::passed;
-  if (source) {  // ahead of the vote: u alone; the state half once it passes
-    msg.writes = momentum_writes::source;
-    cw.source_only = true;
-    ++st.work->sources_in_flight;
+  const bool spare = st.work->ahead;  // every chunk's new momentum to the spare
+  if (spare) {
+    msg.writes = momentum_writes::spare;
+    ++st.work->ahead_in_flight;
   }
   ask<ack>(self, st.peers.store, std::move(msg), [=](ack&) {
     auto& st = self->state;
-    if (source)
-      --st.work->sources_in_flight;
+    if (spare)
+      --st.work->ahead_in_flight;
     if (st.work->vote == step_work::vote_state::refused) {  // the last u in flight ends it
-      if (st.work->sources_in_flight == 0)
+      if (st.work->ahead_in_flight == 0)
         refuse(self);
       return;
     }

@@ -1,8 +1,8 @@
 // muon_coordinator: the step state machine (docs/DESIGN.md §1) and the gather-NS-scatter pipeline
 // (§3). Nothing of Muon that writes state runs before the loss scaler's report says "no
-// overflow" for the step (ahead of the vote, zmuon.momentum_before_vote, only u and its
-// Newton-Schulz do), and Newton-Schulz runs exactly once per Muon matrix per applied step,
-// whatever gas is.
+// overflow" for the step (ahead of the vote, zmuon.momentum_before_vote, only u, the spare
+// momentum and Newton-Schulz do), and Newton-Schulz runs exactly once per Muon matrix per applied
+// step, whatever gas is.
 //
 // Interface:
 //   step_request -> step_result  (host) run optimizer step `step` (docs/DESIGN.md §1 numbers
@@ -27,11 +27,13 @@
 //                        once the last chunk's NS is enqueued (it runs beside that NS)
 //     6. MuonClip        pairs: a max all-reduce of the query heads' logits, then
 //                        qk_clip_scale (store) on this rank's shard of the clipped heads
-//     7. finish_step     store: the gradient marked zero; answer the result
+//     7. finish_step     store: the gradient marked zero (and a spare momentum, below, made the
+//                        momentum); answer the result
 //   Ahead of the vote (world 1, one micro-batch, no clipping, no fp16, no NorMuon; DESIGN.md
-//   §1): 3 goes out with the vote, 4's muon_momentum writes u alone (writes = source), and once
-//   the vote passes a second muon_momentum (writes = state) writes the momentum; the scatter
-//   (apply) and 5 wait for the vote; a refused step ends once the u requests have landed.
+//   §1): 3 goes out with the vote, and every chunk's muon_momentum writes u and the new
+//   momentum into the store's spare (writes = spare), which finish_step makes the momentum;
+//   the scatter (apply) and 5 wait for the vote; a refused step ends once the momentum
+//   requests have landed, the momentum as it was.
 //   gpu_done  (the rank's compute backend, from its completion callback) a chunk's GPU work has
 //             finished: with the caf comm on a GPU, u and the NS result are copied to host
 //             mirrors first, and the chunk moves on only when this arrives; no thread waits.

@@ -34,6 +34,11 @@ struct store_state {
   // The open step's gradient (gradient_shard.hpp).
   std::unique_ptr<gradient_shard> grad;
   device_buffer momentum;
+  // The new momentum of a step whose Muon momentum went ahead of its vote (momentum_writes::
+  // spare): allocated on first need, it becomes the momentum when that step finishes
+  // (spare_step: the step it holds, 0 none).
+  device_buffer momentum_spare;
+  uint64_t spare_step = 0;
   device_buffer exp_avg;
   device_buffer exp_avg_sq;
   // The backend's calls over several parameters, per group: each Muon chunk's, and the AdamW
@@ -267,6 +272,7 @@ caf::error take_step_values(store_state& st, unscale_clip& msg) {
                           what + ": " + std::to_string(msg.touched.size()) + " touched flags for "
                               + std::to_string(st.pl->params.size()) + " parameters");
   st.values_step = msg.step;
+  st.spare_step = 0;  // the step's momentum not yet written anywhere
   st.groups = std::move(msg.groups);
   st.rules = muon_rules_of(*st.groups);
   st.touched = std::move(msg.touched);
@@ -300,23 +306,31 @@ void by_touch(const store_state& st, const group_slices& gs, Call call) {
 
 // -- the update ---------------------------------------------------------------------------------
 
-/// muon_momentum: per group, m and u of its touched parameters (or the half msg.writes names);
-/// an untouched one takes beta 1 (its gradient is zero: m stays exactly) and u = m.
+/// muon_momentum: per group, m and u of its touched parameters (the new m into the spare
+/// where msg.writes says so); an untouched one takes beta 1 (its gradient is zero: m stays
+/// exactly) and u = m.
 caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
   auto& st = self->state;
-  const bool writes_u = msg.writes != momentum_writes::state;
-  if (auto err = check_chunk(*st.pl, msg.chunk, writes_u ? &msg.out : nullptr, "muon_momentum"))
+  if (auto err = check_chunk(*st.pl, msg.chunk, &msg.out, "muon_momentum"))
     return err;
   if (auto err = check_values(st, msg.step, "muon_momentum"))
     return err;
   st.grad->materialize(gradient_shard::reader::in_place);
+  float* m_out = st.momentum.data();
+  st.spare_step = 0;  // written in place: nothing for finish_step to swap in
+  if (msg.writes == momentum_writes::spare) {
+    if (st.momentum_spare.size() != st.momentum.size())
+      st.momentum_spare = st.be->allocate(st.pl->muon_state_total);
+    m_out = st.momentum_spare.data();
+    st.spare_step = msg.step;
+  }
   const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
   const int64_t origin = st.pl->chunks[msg.chunk].state_offset;
   for (const auto& gs : st.chunk_groups[msg.chunk]) {
     const muon_rule& rule = st.rules[gs.group];
     by_touch(st, gs, [&](const std::vector<param_slice>& slices, bool touched) {
-      st.be->momentum_slices(st.momentum.data(), st.grad->buffer().data(), out, origin, slices,
-                             touched ? rule.momentum : 1.0f, touched && rule.nesterov, msg.writes);
+      st.be->momentum_slices(st.momentum.data(), m_out, st.grad->buffer().data(), out, origin,
+                             slices, touched ? rule.momentum : 1.0f, touched && rule.nesterov);
     });
   }
   return {};
@@ -464,10 +478,15 @@ caf::error set_params(store_state& st, const load_params& msg) {
 /// the host orders its stream after them).
 caf::result<ack> finish(store_pointer self, const finish_step& msg) {
   const uint64_t step = msg.step;
-  self->state.grad->forget();
+  auto& st = self->state;
+  if (st.spare_step == step) {  // every chunk's new momentum went there: it is the momentum now
+    std::swap(st.momentum, st.momentum_spare);
+    st.spare_step = 0;
+  }
+  st.grad->forget();
   if (!msg.when_done)
     return ack{step};
-  auto& finishing = self->state.finishing;
+  auto& finishing = st.finishing;
   finishing.push_back(self->make_response_promise<ack>());
   auto promise = finishing.back();
   notify_when_done(self, step, gpu_event::step_done);
@@ -522,6 +541,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](discard_grads& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);
+        self->state.spare_step = 0;  // a refused step's spare is never the momentum
         self->state.grad->forget();
         return ack{msg.step};
       },

@@ -16,7 +16,9 @@
 //                            and each group's Muon rule derived from the table
 //                            (kernels/muon_rule.hpp): the step's messages below take every
 //                            value from them
-//   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`
+//   muon_momentum -> ack     (coordinator) momentum update of one chunk; u written to `out`;
+//                            `writes = spare` (ahead of the vote): the new momentum into the
+//                            spare, which finish_step of that step makes the momentum
 //   apply_muon -> ack        (coordinator) the update of one chunk under each group's rule
 //                            (compute_backend::muon_update_slices: p = p*(1 - lr*wd) -
 //                            lr*scale*o, cautious: the decay only where p * o >= 0,
@@ -27,7 +29,8 @@
 //                            NS (NorMuon's row normalization, compute_backend::post_ns) of the
 //                            NS blocks this rank owns in a chunk, and an fp32 block's scale:
 //                            updates their row moments, which this store keeps
-//   finish_step -> ack       (coordinator) zero the gradient after an applied step
+//   finish_step -> ack       (coordinator) zero the gradient after an applied step; its spare
+//                            momentum, if written, becomes the momentum
 //   qk_clip_scale -> ack     (coordinator, MuonClip) scale ranges of the parameter shard
 //   copy_in_grads -> ack     (host, a step() that failed before it began) the buckets read
 //                            where the caller keeps them copied in (enqueued)

@@ -254,24 +254,18 @@ public:
   // defaults make those calls. The CUDA backend runs a whole chunk in one kernel, so that a
   // table of many small parameters is not bound by launches (one call instead of one a
   // parameter).
-  /// momentum() / momentum_to_bf16() per slice: m at state_offset, the gradient at grad_of(s,
-  /// g), u at state_offset - origin; only what `writes` names is written (u unused for `state`).
-  /// This default runs the calls on a copy of m (`source`) or into a scratch u (`state`).
-  virtual void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
-                               const std::vector<param_slice>& slices, float beta, bool nesterov,
-                               momentum_writes writes) {
+  /// momentum() / momentum_to_bf16() per slice: the momentum read at m + state_offset and the
+  /// new one written at m_out + state_offset (m_out == m: in place; else the two do not
+  /// overlap), the gradient at grad_of(s, g), u at state_offset - origin. This default copies
+  /// m into m_out first and runs the calls there.
+  virtual void momentum_slices(const float* m, float* m_out, const float* g, fp32_or_bf16 u,
+                               int64_t origin, const std::vector<param_slice>& slices, float beta,
+                               bool nesterov) {
     for (const param_slice& s : slices) {
-      float* ms = m + s.state_offset;
-      device_buffer scratch;
-      if (writes == momentum_writes::source) {
-        scratch = allocate_for_overwrite(s.n);
-        copy(scratch.data(), ms, s.n);
-        ms = scratch.data();
-      }
-      if (writes == momentum_writes::state) {
-        device_buffer wide = allocate_for_overwrite(s.n);
-        momentum(ms, grad_of(s, g), wide.data(), s.n, beta, nesterov);
-      } else if (u.f32 != nullptr) {
+      float* ms = m_out + s.state_offset;
+      if (m_out != m)
+        copy(ms, m + s.state_offset, s.n);
+      if (u.f32 != nullptr) {
         momentum(ms, grad_of(s, g), u.f32 + (s.state_offset - origin), s.n, beta, nesterov);
       } else {
         momentum_to_bf16(ms, grad_of(s, g), u.bf16 + (s.state_offset - origin), s.n, beta,

@@ -254,7 +254,8 @@ struct unscale_clip {
 
 /// Momentum update of one chunk's local shards; the update source u goes to `out` (fp32 or
 /// rounded to bf16 bits). An untouched parameter keeps its momentum; its u is its momentum.
-/// `writes`: both, or one half of the call (`out` unused for `state`).
+/// `writes`: the new momentum over the momentum, or into the store's spare (ahead of the vote;
+/// kernels/muon_rule.hpp).
 struct muon_momentum {
   uint64_t step = 0;
   int32_t chunk = 0;

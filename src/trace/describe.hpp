@@ -130,10 +130,8 @@ inline fields describe(const unscale_clip& m) {
 inline fields describe(const muon_momentum& m) {
   auto f = stepped("muon_momentum", m.step, -1, m.chunk, floats(m.out.size));
   f.phase = "momentum";
-  if (m.writes == momentum_writes::source)  // u alone, ahead of the vote: no state write
-    f.op = "source";
-  else if (m.writes == momentum_writes::state)
-    f.op = "state";
+  if (m.writes == momentum_writes::spare)  // ahead of the vote: the momentum left as it was
+    f.op = "spare";
   return f;
 }
 inline fields describe(const apply_muon& m) {

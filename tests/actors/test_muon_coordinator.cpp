@@ -306,23 +306,21 @@ BOOST_AUTO_TEST_CASE(overflowed_step_discards_and_runs_nothing_of_muon) {
 }
 
 // zmuon.momentum_before_vote at world 1, one micro-batch, no clipping, no loss scale: unscale_clip
-// and chunk 0's u (the momentum's source half) go out beside the vote; the vote answers while
-// that u is still being written (a busy store), and only then does the momentum's state half
-// follow; the non-Muon rule and the update wait for the vote.
-BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_writes_the_state_once_it_passes) {
+// and chunk 0's momentum (the new momentum into the store's spare, and u) go out beside the
+// vote; the vote answers while that u is still being written (a busy store), and nothing else
+// is sent for the momentum; the non-Muon rule and the update wait for the vote.
+BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_writes_the_spare) {
   ahead_of_the_vote(1);
   checks->sum_squares = 6.25;
   start(kOneMatrix, 1, 1000, 0);
   stored->hold_momentum = 0;
   auto r = step(1);
   const std::vector<std::string> before = {"reducer: flush 1", "scaler: check_overflow 1",
-                                           "store: unscale_clip 1", "store: muon_momentum 1/0",
-                                           "store: muon_momentum 1/0"};
+                                           "store: unscale_clip 1", "store: muon_momentum 1/0"};
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), before.begin(),
                                 before.end());
-  BOOST_REQUIRE_EQUAL(stored->momentums.size(), 2u);
-  BOOST_CHECK((stored->momentums[0].writes == momentum_writes::source));
-  BOOST_CHECK((stored->momentums[1].writes == momentum_writes::state));
+  BOOST_REQUIRE_EQUAL(stored->momentums.size(), 1u);
+  BOOST_CHECK((stored->momentums[0].writes == momentum_writes::spare));
   BOOST_CHECK(!r->done);
   stored->fill_u(stored->momentums[0]);
   stored->answer_held(1);
@@ -337,11 +335,25 @@ BOOST_AUTO_TEST_CASE(momentum_ahead_of_the_vote_writes_the_state_once_it_passes)
   BOOST_CHECK(!res.skipped);
   BOOST_CHECK_EQUAL(res.grad_norm, 2.5);
   BOOST_CHECK_EQUAL(res.clip_coef, 1.0f);
+  BOOST_CHECK_EQUAL(stored->momentums.size(), 1u);
+  check_updates();
+}
+
+// Every chunk of a step ahead of its vote writes the spare, those asked for after the vote
+// passed too: the store makes the spare the momentum at finish_step, whole.
+BOOST_AUTO_TEST_CASE(every_chunk_of_a_step_ahead_writes_the_spare) {
+  ahead_of_the_vote(1);
+  start(kThreeMatrices, 1, 12, 0);
+  BOOST_REQUIRE_GT(pl->chunks.size(), 1u);
+  BOOST_CHECK(!value_of(step(1)).skipped);
+  BOOST_REQUIRE_EQUAL(stored->momentums.size(), pl->chunks.size());
+  for (const auto& m : stored->momentums)
+    BOOST_CHECK_MESSAGE((m.writes == momentum_writes::spare), "chunk " << m.chunk);
   check_updates();
 }
 
 // The same with a vote that refuses the step: the u in flight lands first, then the gradient is
-// discarded; no state half, no Newton-Schulz after it, no update, no non-Muon rule.
+// discarded (the spare left unused); no Newton-Schulz after it, no update, no non-Muon rule.
 BOOST_AUTO_TEST_CASE(momentum_ahead_of_a_refusing_vote_writes_no_state) {
   ahead_of_the_vote(1);
   checks->overflow = true;
@@ -357,7 +369,7 @@ BOOST_AUTO_TEST_CASE(momentum_ahead_of_a_refusing_vote_writes_no_state) {
   BOOST_CHECK_EQUAL_COLLECTIONS(trace->lines.begin(), trace->lines.end(), expected.begin(),
                                 expected.end());
   BOOST_REQUIRE_EQUAL(stored->momentums.size(), 1u);
-  BOOST_CHECK((stored->momentums[0].writes == momentum_writes::source));
+  BOOST_CHECK((stored->momentums[0].writes == momentum_writes::spare));
   BOOST_CHECK_EQUAL(be->ns_matrix_count(), 0);
   BOOST_CHECK(value_of(r).skipped);
   // The next step, clean, runs the whole protocol.

@@ -114,13 +114,14 @@ struct store_fixture : actor_fixture {
 
   /// Runs muon_momentum on every chunk, after the step's values (one group with `beta` and
   /// `nesterov`); returns u in the store's Muon-state layout.
-  std::vector<float> momentum_all(uint64_t step, float beta, bool nesterov) {
+  std::vector<float> momentum_all(uint64_t step, float beta, bool nesterov,
+                                  momentum_writes writes = momentum_writes::both) {
     begin(step, {muon_values(beta, nesterov, 0.0f, 0.0f)});
     std::vector<float> u(pl->muon_state_total, -99.0f);
     for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
       const auto& ch = pl->chunks[c];
       float_view out{u.data() + ch.state_offset, ch.shard_len};
-      value_of(call(muon_momentum{step, c, out}));
+      value_of(call(muon_momentum{step, c, out, writes}));
     }
     return u;
   }
@@ -468,6 +469,59 @@ BOOST_AUTO_TEST_CASE(muon_momentum_follows_the_ema_and_nesterov_formulas) {
   check_close(snap.momentum, m, 1e-6, 1e-8, "m after two steps");
   BOOST_CHECK(snap.grads == g);  // momentum reads the gradient, never changes it
   BOOST_CHECK(snap.params == std::vector<float>(pl->shard_total, 0.0f));
+}
+
+// Ahead of the vote the new momentum goes to the store's spare (momentum_writes::spare): u as
+// in place, the momentum as it was until finish_step of that step makes the spare the
+// momentum, with the in-place call's bits (against a second store writing in place); a step
+// refused after it (discard_grads) leaves the momentum as it was, and so does a spare written
+// by a step that never finished, when the same step runs again in place.
+BOOST_AUTO_TEST_CASE(a_spare_momentum_becomes_the_momentum_when_its_step_finishes) {
+  auto g = eighths(pl->shard_total, 6);
+  const auto be_in_place = host_backend();
+  auto in_place = keep(spawn_partition_store(sys, pl, kRank, be_in_place));
+  run();
+  std::vector<float> m_before = snapshot().momentum;
+  for (uint64_t s = 1; s <= 3; ++s) {
+    accumulate_all(s, g);
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
+      const auto& bk = pl->buckets[b];
+      call_on(in_place, accumulate{s, 0, b, {g.data() + bk.shard_offset, bk.shard_len}});
+    }
+    const auto u_spare = momentum_all(s, 0.9f, true, momentum_writes::spare);
+    BOOST_CHECK(snapshot().momentum == m_before);  // not yet the momentum
+    if (s == 2) {  // refused: the spare is dropped (the other store: no momentum at all)
+      value_of(call(discard_grads{s}));
+      call_on(in_place, discard_grads{s});
+      BOOST_CHECK(snapshot().momentum == m_before);
+      continue;
+    }
+    call_on(in_place,
+            unscale_clip{s,
+                         1.0f,
+                         std::make_shared<const std::vector<group_hparams>>(
+                             std::vector<group_hparams>{muon_values(0.9f, true, 0.0f, 0.0f)}),
+                         {}});
+    std::vector<float> u_both(pl->muon_state_total, -99.0f);
+    for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
+      const auto& ch = pl->chunks[c];
+      call_on(in_place, muon_momentum{s, c, {u_both.data() + ch.state_offset, ch.shard_len}});
+    }
+    BOOST_CHECK(u_spare == u_both);
+    value_of(call(finish_step{s, false}));
+    call_on(in_place, finish_step{s, false});
+    m_before = snapshot().momentum;
+    const auto want = call_on<store_snapshot>(in_place, snapshot_atom::value).momentum;
+    BOOST_CHECK(m_before == want);  // bit for bit
+    BOOST_CHECK(m_before != std::vector<float>(pl->muon_state_total, 0.0f));
+  }
+  accumulate_all(4, g);
+  momentum_all(4, 0.9f, true, momentum_writes::spare);  // a step that ends here, unfinished
+  momentum_all(4, 0.9f, true);                          // and again, in place
+  const auto in_place_m = snapshot().momentum;
+  BOOST_CHECK(in_place_m != m_before);
+  value_of(call(finish_step{4, false}));
+  BOOST_CHECK(snapshot().momentum == in_place_m);
 }
 
 BOOST_AUTO_TEST_CASE(apply_muon_decays_and_subtracts_the_update) {

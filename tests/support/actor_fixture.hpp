@@ -440,8 +440,6 @@ inline store_step_actor::behavior_type fake_step_store(store_step_actor::pointer
         log->momentums.push_back(m);
         if (auto err = log->record("muon_momentum", m.step, m.chunk))
           return err;
-        if (m.writes == momentum_writes::state)  // the momentum alone: no u to write
-          return ack{m.step};
         if (m.chunk == log->hold_momentum) {  // the test writes u (fill_u on momentums.back())
           log->held = self->make_response_promise<ack>();
           return log->held;

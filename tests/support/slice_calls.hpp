@@ -6,6 +6,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -82,27 +83,31 @@ inline void check_slice_calls(compute_backend& be) {
         return bf16 ? fp32_or_bf16{nullptr, reinterpret_cast<uint16_t*>(b.data())}
                     : fp32_or_bf16{b.data(), nullptr};
       };
-      be.momentum_slices(m_all.data(), g.data(), as_u(u_all), kOrigin, slices, 0.95f, nesterov,
-                         momentum_writes::both);
+      be.momentum_slices(m_all.data(), m_all.data(), g.data(), as_u(u_all), kOrigin, slices, 0.95f,
+                         nesterov);
       const std::string what = std::string("momentum_slices, ") + (bf16 ? "bf16" : "fp32")
                                + (nesterov ? ", nesterov" : "");
       BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, what << ": m");
       BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, what << ": u");
 
-      // The two halves: u alone leaves m as it was, then m alone (u left alone) gives both
-      // calls' bits.
-      device_buffer m_half = upload(be, m0), u_half = upload(be, random_floats(u_floats, 5));
-      be.momentum_slices(m_half.data(), g.data(), as_u(u_half), kOrigin, slices, 0.95f, nesterov,
-                         momentum_writes::source);
-      BOOST_TEST(differing(download(be, m_half), m0) == 0, what << ", source half: m unchanged");
-      BOOST_TEST(differing(download(be, u_half), download(be, u_each)) == 0,
-                 what << ", source half: u");
-      be.momentum_slices(m_half.data(), g.data(), fp32_or_bf16{}, kOrigin, slices, 0.95f, nesterov,
-                         momentum_writes::state);
-      BOOST_TEST(differing(download(be, m_half), download(be, m_each)) == 0,
-                 what << ", state half: m");
-      BOOST_TEST(differing(download(be, u_half), download(be, u_each)) == 0,
-                 what << ", state half: u unchanged");
+      // The new momentum into another buffer (the store's spare): m as it was, the other buffer
+      // and u with the in-place call's bits; where no slice lies, the other buffer untouched.
+      const std::vector<float> spare0 = random_floats(m0.size(), 5);
+      device_buffer m_kept = upload(be, m0), spare = upload(be, spare0),
+                    u_spare = upload(be, random_floats(u_floats, 5));
+      be.momentum_slices(m_kept.data(), spare.data(), g.data(), as_u(u_spare), kOrigin, slices,
+                         0.95f, nesterov);
+      BOOST_TEST(differing(download(be, m_kept), m0) == 0, what << ", to a spare: m unchanged");
+      BOOST_TEST(differing(download(be, u_spare), download(be, u_each)) == 0,
+                 what << ", to a spare: u");
+      const std::vector<float> spare_got = download(be, spare), m_want = download(be, m_each);
+      std::vector<bool> covered(m0.size(), false);
+      for (const param_slice& s : slices)
+        std::fill_n(covered.begin() + s.state_offset, s.n, true);
+      int64_t wrong = 0;
+      for (size_t i = 0; i < spare_got.size(); ++i)
+        wrong += spare_got[i] != (covered[i] ? m_want[i] : spare0[i]);
+      BOOST_TEST(wrong == 0, what << ", to a spare: the new momentum there, nothing else");
     }
   }
 
@@ -135,8 +140,8 @@ inline void check_slice_calls(compute_backend& be) {
     for (const param_slice& s : slices)
       be.momentum(m_each.data() + s.state_offset, g.data() + s.shard_offset,
                   u_each.data() + (s.state_offset - kOrigin), s.n, 0.95f, true);
-    be.momentum_slices(m_all.data(), g_poisoned.data(), fp32_or_bf16{u_all.data(), nullptr},
-                       kOrigin, elsewhere, 0.95f, true, momentum_writes::both);
+    be.momentum_slices(m_all.data(), m_all.data(), g_poisoned.data(),
+                       fp32_or_bf16{u_all.data(), nullptr}, kOrigin, elsewhere, 0.95f, true);
     BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "momentum, own: m");
     BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, "momentum, own: u");
     const scalar_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};

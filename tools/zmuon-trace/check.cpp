@@ -17,10 +17,11 @@ bool is_ns(const record& r) {
   return r.ev == "span" && r.phase == "ns";
 }
 
-// The momentum's source half (u alone, no state write), which a step whose Muon chunks go ahead
-// of the vote (zmuon.momentum_before_vote) sends before the overflow report.
-bool is_source_half(const record& r) {
-  return r.type == "muon_momentum" && r.op == "source";
+// A momentum request whose new momentum goes to the store's spare (u and the spare, the momentum
+// left as it was), which a step whose Muon chunks go ahead of the vote
+// (zmuon.momentum_before_vote) sends before the overflow report.
+bool is_spare_write(const record& r) {
+  return r.type == "muon_momentum" && r.op == "spare";
 }
 
 // Muon work the coordinator starts that writes the step's state or needs its report: momentum,
@@ -29,7 +30,7 @@ const char* muon_request(const record& r) {
   if (r.ev != "send" || r.actor != "muon_coordinator")
     return nullptr;
   if (r.type == "muon_momentum")
-    return is_source_half(r) ? nullptr : "momentum";
+    return is_spare_write(r) ? nullptr : "momentum";
   if (r.type == "all_to_all_req")
     return r.op == "gather" ? "gather" : "scatter";
   if (r.type == "apply_muon")
@@ -81,7 +82,7 @@ ahead_steps steps_ahead(const trace_set& ts) {
   ahead_steps out;
   for (const auto& rt : ts.ranks)
     for (const auto& r : rt.records)
-      if (r.ev == "send" && r.actor == "muon_coordinator" && is_source_half(r))
+      if (r.ev == "send" && r.actor == "muon_coordinator" && is_spare_write(r))
         out.insert({rt.rank, r.step});
   return out;
 }
@@ -177,7 +178,7 @@ void after_report(const trace_set& ts, const ahead_steps& ahead, std::vector<vio
 void momentum(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector<violation>& out) {
   for (const auto& rt : ts.ranks)
     for (const auto& r : rt.records)
-      if (r.ev == "recv" && r.type == "muon_momentum" && !is_source_half(r) && skipped.count(r.step)
+      if (r.ev == "recv" && r.type == "muon_momentum" && !is_spare_write(r) && skipped.count(r.step)
           && checked(ts, r.step))
         out.push_back({"momentum",
                        rt.rank,
@@ -209,11 +210,11 @@ void normuon(const trace_set& ts, const std::set<uint64_t>& skipped, std::vector
 // slack.
 void compute_after_report(const trace_set& ts, const std::set<uint64_t>& skipped,
                           const ahead_steps& ahead, std::vector<violation>& out) {
-  static const std::set<std::string> updates{"momentum",     "momentum_state", "newton_schulz",
-                                             "apply_update", "adamw",          "normuon"};
+  static const std::set<std::string> updates{"momentum", "newton_schulz", "apply_update", "adamw",
+                                             "normuon"};
   // What a step whose chunks went ahead of the vote runs before its report, and in a refused
-  // step: the momentum's source half (on CUDA `momentum_source`, no update; on the host backend
-  // the momentum call on a copy of m, `momentum`) and NS on its u.
+  // step: the momentum into the spare (on CUDA `momentum_spare`, no update; on the host
+  // backend the momentum call on the spare's copy of m, `momentum`) and NS on its u.
   static const std::set<std::string> ahead_calls{"momentum", "newton_schulz"};
   const int64_t slack_ns = 50'000;
   for (const auto& rt : ts.ranks) {

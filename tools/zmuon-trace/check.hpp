@@ -2,7 +2,8 @@
 //   ns_once        NS exactly once per Muon matrix per applied step, never on a skipped step
 //   after_report   nothing of Muon (momentum, gather, NS, scatter, apply) of a step before that
 //                  rank's overflow report of the step
-//   momentum       no momentum write (the store handling muon_momentum) on a skipped step
+//   momentum       no momentum write (the store handling muon_momentum) on a skipped step; a
+//                  write into the spare (op spare, a step ahead of its vote) leaves it as it was
 //   compute        no compute backend call that changes the optimizer's state (momentum,
 //                  newton_schulz, apply_update, adamw) in a skipped step, nor one of a step
 //                  before that rank's overflow report (50 us of slack: on CUDA the device's

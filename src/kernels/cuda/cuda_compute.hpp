@@ -92,9 +92,8 @@ public:
                           const ns_options& ns) override;
 
   // A chunk's parameters in one kernel (elementwise.cu's slice kernels).
-  void momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
-                       const std::vector<param_slice>& slices, float beta, bool nesterov,
-                       momentum_writes writes) override;
+  void momentum_slices(const float* m, float* m_out, const float* g, fp32_or_bf16 u, int64_t origin,
+                       const std::vector<param_slice>& slices, float beta, bool nesterov) override;
   void muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
                           const std::vector<param_slice>& slices, const muon_rule& rule) override;
   void scalar_update_slices(float* p, const float* g, float* m, float* v,

@@ -46,18 +46,15 @@ touched spanned(fp32_or_bf16 x, std::pair<int64_t, int64_t> span) {
 
 }  // namespace
 
-void cuda_compute::momentum_slices(float* m, const float* g, fp32_or_bf16 u, int64_t origin,
-                                   const std::vector<param_slice>& slices, float beta,
-                                   bool nesterov, momentum_writes writes) {
+void cuda_compute::momentum_slices(const float* m, float* m_out, const float* g, fp32_or_bf16 u,
+                                   int64_t origin, const std::vector<param_slice>& slices,
+                                   float beta, bool nesterov) {
   const auto state = span_of(slices, true);
-  const launch_guard guard = activate(
-      {spanned(m, state, false), spanned(g, span_of(slices, false), false),
-       writes != momentum_writes::state ? spanned(u, span_of(slices, true, origin)) : touched{}});
-  const char* name = writes == momentum_writes::both     ? "momentum"
-                     : writes == momentum_writes::source ? "momentum_source"
-                                                         : "momentum_state";
-  const call_timer timer(*this, name, ctx_.stream);
-  launch_momentum_slices(guard, m, g, u, origin, slices, beta, nesterov, writes);
+  const launch_guard guard = activate({spanned(m, state, false), spanned(m_out, state, false),
+                                       spanned(g, span_of(slices, false), false),
+                                       spanned(u, span_of(slices, true, origin))});
+  const call_timer timer(*this, m_out == m ? "momentum" : "momentum_spare", ctx_.stream);
+  launch_momentum_slices(guard, m, m_out, g, u, origin, slices, beta, nesterov);
 }
 
 // The one place where this backend applies a chunk's Muon update (kernels/muon_rule.hpp).

@@ -247,18 +247,19 @@ __device__ inline void for_elements(const block_slice& part, bool aligned, const
     body(width<1>{}, k);
 }
 
-// u is null where only the momentum is written (momentum_writes::state); write_m is false where
-// only u is (source).
+// The momentum read at m and the new one written at m_out (m itself, or the store's spare: the
+// two then do not overlap); u written.
 template <class U>
-__global__ void momentum_slices_kernel(float* __restrict__ m, U* __restrict__ u, int64_t origin,
-                                       const __grid_constant__ slice_table t, float beta,
-                                       bool nesterov, bool write_m) {
+__global__ void momentum_slices_kernel(const float* m, float* m_out, U* __restrict__ u,
+                                       int64_t origin, const __grid_constant__ slice_table t,
+                                       float beta, bool nesterov) {
   const block_slice part = slice_of_block(t);
-  float* ms = m + t.state[part.s];
+  const float* ms = m + t.state[part.s];
+  float* ms_out = m_out + t.state[part.s];
   const float* gs = t.grad[part.s];
-  U* us = u != nullptr ? u + (t.state[part.s] - origin) : nullptr;
+  U* us = u + (t.state[part.s] - origin);
   const float one_minus_beta = 1.0f - beta;
-  const bool aligned = aligned4(ms) && aligned4(gs) && (us == nullptr || aligned4(us));
+  const bool aligned = aligned4(ms) && aligned4(ms_out) && aligned4(gs) && aligned4(us);
   for_elements(part, aligned, [&](auto w, int64_t i) {
     const auto gi = load_pack(w, gs + i);
     auto mi = load_pack(w, ms + i);
@@ -269,10 +270,8 @@ __global__ void momentum_slices_kernel(float* __restrict__ m, U* __restrict__ u,
       mi.v[k] = mk;
       ui.v[k] = nesterov ? mix(beta, mk, one_minus_beta, gi.v[k]) : mk;
     }
-    if (write_m)
-      store_pack(w, ms + i, mi);
-    if (us != nullptr)
-      store_pack(w, us + i, ui);
+    store_pack(w, ms_out + i, mi);
+    store_pack(w, us + i, ui);
   });
 }
 
@@ -586,19 +585,16 @@ void launch_copy_units(const launch_context& ctx, const std::vector<unit_piece>&
       });
 }
 
-void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
-                            int64_t origin, const std::vector<param_slice>& slices, float beta,
-                            bool nesterov, momentum_writes writes) {
-  const bool write_m = writes != momentum_writes::source;
-  if (writes == momentum_writes::state)
-    u = fp32_or_bf16{};
+void launch_momentum_slices(const launch_context& ctx, const float* m, float* m_out, const float* g,
+                            fp32_or_bf16 u, int64_t origin, const std::vector<param_slice>& slices,
+                            float beta, bool nesterov) {
   for_each_table(slices, 0.0f, g, [&](const slice_table& t, int blocks) {
     if (u.bf16 != nullptr)
-      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, u.bf16, origin, t, beta,
-                                                                  nesterov, write_m);
+      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, m_out, u.bf16, origin, t, beta,
+                                                                  nesterov);
     else
-      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, u.f32, origin, t, beta,
-                                                                  nesterov, write_m);
+      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, m_out, u.f32, origin, t, beta,
+                                                                  nesterov);
     ZMUON_LAUNCH_CHECK();
   });
 }

@@ -93,9 +93,9 @@ void launch_copy_pieces(const launch_context& ctx, float* dst,
 
 /// The same over several parameters (compute_backend's *_slices calls), one launch per
 /// kSliceTable slices; the arithmetic of each element is its per-parameter kernel's.
-void launch_momentum_slices(const launch_context& ctx, float* m, const float* g, fp32_or_bf16 u,
-                            int64_t origin, const std::vector<param_slice>& slices, float beta,
-                            bool nesterov, momentum_writes writes);
+void launch_momentum_slices(const launch_context& ctx, const float* m, float* m_out, const float* g,
+                            fp32_or_bf16 u, int64_t origin, const std::vector<param_slice>& slices,
+                            float beta, bool nesterov);
 void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf16 o, int64_t origin,
                                 const std::vector<param_slice>& slices, float lr,
                                 float weight_decay);
