@@ -147,17 +147,15 @@ store_snapshot saved_state(store_pointer self) {
   return snap;
 }
 
-caf::error check_chunk(const plan& pl, int32_t chunk, const float_view* view, const char* what) {
+caf::error check_chunk(const plan& pl, int32_t chunk, const float_view& view, const char* what) {
   if (chunk < 0 || chunk >= static_cast<int32_t>(pl.chunks.size()))
     return make_caf_error(errc::invalid_argument,
                           std::string(what) + ": no Muon chunk " + std::to_string(chunk));
-  if (view == nullptr)  // the call reads no buffer of the message
-    return {};
-  if ((view->data == nullptr && view->bf16 == nullptr) || view->size != pl.chunks[chunk].shard_len)
+  if ((view.data == nullptr && view.bf16 == nullptr) || view.size != pl.chunks[chunk].shard_len)
     return make_caf_error(errc::shape_mismatch, std::string(what) + ": chunk "
                                                     + std::to_string(chunk) + " needs "
                                                     + std::to_string(pl.chunks[chunk].shard_len)
-                                                    + " floats, got " + std::to_string(view->size));
+                                                    + " floats, got " + std::to_string(view.size));
   return {};
 }
 
@@ -311,7 +309,7 @@ void by_touch(const store_state& st, const group_slices& gs, Call call) {
 /// exactly) and u = m.
 caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
   auto& st = self->state;
-  if (auto err = check_chunk(*st.pl, msg.chunk, &msg.out, "muon_momentum"))
+  if (auto err = check_chunk(*st.pl, msg.chunk, msg.out, "muon_momentum"))
     return err;
   if (auto err = check_values(st, msg.step, "muon_momentum"))
     return err;
@@ -341,7 +339,7 @@ caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
 caf::error apply_update(store_pointer self, const apply_muon& msg) {
   auto& st = self->state;
   const auto& pl = *st.pl;
-  if (auto err = check_chunk(pl, msg.chunk, &msg.update, "apply_muon"))
+  if (auto err = check_chunk(pl, msg.chunk, msg.update, "apply_muon"))
     return err;
   if (auto err = check_values(st, msg.step, "apply_muon"))
     return err;

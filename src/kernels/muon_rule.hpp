@@ -20,13 +20,6 @@ enum class decay_mask : uint8_t {
   cautious,  // only where p and the update agree in sign (arXiv:2510.12402)
 };
 
-/// Where the store's muon_momentum writes the new momentum: over the momentum (`both`: it and
-/// u), or into the store's spare momentum (`spare`: u, and the new momentum beside the old,
-/// so that Newton-Schulz can start before the vote says the step applies; the spare becomes
-/// the momentum when the step finishes applied, and a refused step leaves the momentum as it
-/// was). The same bits either way.
-enum class momentum_writes : uint8_t { both, spare };
-
 /// One group's Muon rule, stage by stage.
 struct muon_rule {
   // The momentum: m = beta*m + (1-beta)*g; u = nesterov ? (1-beta)*g + beta*m : m.

@@ -16,7 +16,6 @@
 #include "caf/meta/type_name.hpp"
 #include "caf/serializer.hpp"
 
-#include "kernels/muon_rule.hpp"
 #include "zmuon/group_hparams.hpp"
 #include "zmuon/rank_state.hpp"
 
@@ -252,10 +251,15 @@ struct unscale_clip {
   std::vector<uint8_t> touched = {};
 };
 
+/// Where muon_momentum writes the new momentum: over the momentum (`both`: it and u), or into
+/// the store's spare momentum (`spare`: u, and the new momentum beside the old, so that
+/// Newton-Schulz can start before the vote says the step applies; the spare becomes the
+/// momentum when the step finishes applied, and a refused step leaves the momentum as it was).
+/// The same bits either way.
+enum class momentum_writes : uint8_t { both, spare };
+
 /// Momentum update of one chunk's local shards; the update source u goes to `out` (fp32 or
 /// rounded to bf16 bits). An untouched parameter keeps its momentum; its u is its momentum.
-/// `writes`: the new momentum over the momentum, or into the store's spare (ahead of the vote;
-/// kernels/muon_rule.hpp).
 struct muon_momentum {
   uint64_t step = 0;
   int32_t chunk = 0;
