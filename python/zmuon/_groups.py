@@ -218,6 +218,29 @@ def checked_rule(group, where):
                                   f"{where}['normuon_eps']", low_open=True)}
 
 
+_PLAIN = (float, int, bool, str, type(None))
+
+
+def groups_key(param_groups):
+    """The groups' hyperparameters as one value that compares equal while none changed, to
+    skip engine_values' checks on a step whose groups are those of the last; None where a
+    value is not a plain Python one (a tensor's or an array's, which can change in place)."""
+    key = []
+    for group in param_groups:
+        values = dict(group)
+        values.pop("params", None)
+        for k, v in values.items():
+            t = type(v)
+            if t in _PLAIN:
+                continue
+            if (t is tuple or t is list) and all(type(x) in _PLAIN for x in v):
+                values[k] = tuple(v)  # a list's later change in place shows
+                continue
+            return None
+        key.append(values)
+    return key
+
+
 def engine_values(param_groups):
     """Every group's hyperparameters as the engine takes them (zmuon_group_hparams fields, by
     group index), checked: InvalidArgument names a bad one. A Muon group's `eps` is Newton-Schulz's;

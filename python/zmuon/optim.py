@@ -148,6 +148,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
         self._backward_hooks, self._pending = [], {}  # hand_over_in_backward
         self._applied = []  # per group, the hyperparameters the engine runs with
+        self._checked = (None, None)  # groups_key of the groups last checked, their values
         self._momentum_seen = []  # per Muon group, betas[0] as the last step saw it
         self.last_step = None
         defaults = self._defaults(config_dict, overrides, ns_eps)
@@ -174,7 +175,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         loaded into the engine first.
         The step's report is then in `last_step` (docs/PYTORCH.md)."""
         self._follow_cycled_momentum()
-        values = _groups.engine_values(self.param_groups)
+        values = self._group_values()
         loss = None
         if closure is not None:
             if torch is not None:
@@ -223,6 +224,13 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         if self._schedule is not None:
             self._schedule.show(self.param_groups)
         return loss
+
+    def _group_values(self):
+        """engine_values of the param groups, checked again only where one changed."""
+        key = _groups.groups_key(self.param_groups)
+        if key is None or key != self._checked[0]:
+            self._checked = (key, _groups.engine_values(self.param_groups))
+        return self._checked[1]
 
     def _apply_hyperparameters(self, values):
         """Hands each group's hyperparameters to the engine where they changed."""

@@ -213,6 +213,35 @@ class BadArguments(unittest.TestCase):
         self.assertTrue(all(np.isfinite(p).all() for p in self.params.values()))
         self.assertFalse(np.array_equal(self.params["norm.weight"], before["norm.weight"]))
 
+    def test_a_value_changed_in_place_is_checked_again(self):
+        # step() checks the groups again only where a value changed since the last check: a
+        # list or a 0-d array written in place counts as a change.
+        adam = next(i for i, g in enumerate(self.opt.param_groups) if not g.get("use_muon"))
+        group = self.opt.param_groups[adam]
+        group["betas"] = [0.9, 0.95]
+        group["lr"] = np.array(0.002, dtype=np.float32)
+        self.opt.accumulate(make_grads(5, 1, 0, 0))
+        self.opt.step()
+        for value, key, shown in (("betas", "betas", "1.5"), ("lr", "lr", "inf")):
+            with self.subTest(key=key):
+                self.opt.accumulate(make_grads(5, 2, 0, 0))
+                before = {n: p.copy() for n, p in self.params.items()}
+                if key == "betas":
+                    group["betas"][0] = 1.5
+                else:
+                    group["lr"][...] = np.inf
+                with self.assertRaises(zmuon.InvalidArgument) as cm:
+                    self.opt.step()
+                self.assertIn(f"param_groups[{adam}]['{key}']", str(cm.exception))
+                self.assertIn(shown, str(cm.exception))
+                for n, _ in TABLE:
+                    self.assertTrue(np.array_equal(self.params[n], before[n]), n)
+                if key == "betas":
+                    group["betas"][0] = 0.9
+                else:
+                    group["lr"][...] = 0.002
+                self.opt.step()
+
     def test_groups_naming_an_unknown_parameter(self):
         with self.assertRaises(zmuon.UnknownParameter) as cm:
             zmuon.Muon(self.params, groups={"blocks.0.mlp.fx": "adamw"})
