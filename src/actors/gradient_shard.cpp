@@ -24,14 +24,25 @@ bool pieces_fit(const std::vector<copy_piece>& pieces, int64_t n) {
 
 }  // namespace
 
-gradient_shard::gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be)
+gradient_shard::gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be,
+                               bool muon_in_momentum)
     : pl_(std::move(pl)),
       be_(std::move(be)),
       written_(pl_->buckets.size(), false),
-      scans_(be_->make_part_scans(static_cast<int>(pl_->buckets.size()))),
+      // A part per bucket, then one per chunk for the momentum calls' scans.
+      scans_(be_->make_part_scans(
+          static_cast<int>(pl_->buckets.size() + (muon_in_momentum ? pl_->chunks.size() : 0)))),
       scanned_(pl_->buckets.size(), false),
+      muon_in_momentum_(muon_in_momentum),
+      muon_left_out_(pl_->buckets.size(), false),
+      muon_scanned_(pl_->chunks.size(), false),
+      holds_muon_(pl_->buckets.size(), false),
       in_place_(pl_->buckets.size(), nullptr),
-      grad_at_(pl_->params.size(), nullptr) {}
+      grad_at_(pl_->params.size(), nullptr) {
+  for (size_t b = 0; b < pl_->buckets.size(); ++b)
+    for (int i = pl_->buckets[b].first_param; i < pl_->buckets[b].end_param; ++i)
+      holds_muon_[b] = holds_muon_[b] || (pl_->params[i].muon && pl_->params[i].shard_len > 0);
+}
 
 caf::error gradient_shard::accumulate(const zmuon::accumulate& msg) {
   const plan& pl = *pl_;
@@ -76,9 +87,10 @@ caf::error gradient_shard::accumulate(const zmuon::accumulate& msg) {
 }
 
 /// A bucket's first pieces of the step read where they lie: the scan taken without a copy
-/// (compute_backend::scan_pieces), each parameter's gradient read from its piece by the
-/// momentum and the non-Muon rule, a parameter no piece reaches zeroed in the buffer. False,
-/// and nothing done, where a parameter's shard lies across pieces or partly outside them.
+/// (compute_backend::scan_pieces; where the momentum may go ahead of the vote, of its non-Muon
+/// parameters alone), each parameter's gradient read from its piece by the momentum and the
+/// non-Muon rule, a parameter no piece reaches zeroed in the buffer. False, and nothing done,
+/// where a parameter's shard lies across pieces or partly outside them.
 bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
   const plan& pl = *pl_;
   const auto& b = pl.buckets[bucket];
@@ -103,7 +115,21 @@ bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
   }
   for (int i : gaps)
     be_->fill_zero(buffer_at(pl.params[i].shard_offset), pl.params[i].shard_len);
-  be_->scan_pieces(grouping_at(b.shard_offset), b.shard_len, ps, *scans_, bucket);
+  const bool left_out = muon_in_momentum_ && holds_muon_[bucket];
+  std::vector<copy_piece> rest;  // then: the non-Muon parameters' pieces, runs of them merged
+  for (const auto& [i, src] : at) {
+    const auto& p = pl.params[i];
+    if (!left_out || p.muon)
+      continue;
+    const int64_t begin = p.shard_offset - b.shard_offset;
+    if (!rest.empty() && rest.back().src + rest.back().n == src
+        && rest.back().dst_offset + rest.back().n == begin)
+      rest.back().n += p.shard_len;
+    else
+      rest.push_back(copy_piece{src, begin, p.shard_len});
+  }
+  be_->scan_pieces(grouping_at(b.shard_offset), b.shard_len, left_out ? rest : ps, *scans_, bucket);
+  muon_left_out_[bucket] = left_out;
   for (const auto& [i, src] : at)
     grad_at_[i] = src;
   in_place_[bucket] = pieces;
@@ -118,6 +144,7 @@ void gradient_shard::copy_in(int bucket) {
   for (int i = b.first_param; i < b.end_param; ++i)
     grad_at_[i] = nullptr;
   in_place_[bucket] = nullptr;
+  muon_left_out_[bucket] = false;  // the copy's scan is of every element
 }
 
 void gradient_shard::materialize(reader by) {
@@ -156,6 +183,8 @@ void gradient_shard::forget() {
   written_.assign(pl_->buckets.size(), false);
   in_place_.assign(pl_->buckets.size(), nullptr);
   grad_at_.assign(pl_->params.size(), nullptr);
+  muon_left_out_.assign(pl_->buckets.size(), false);
+  muon_scanned_.assign(pl_->chunks.size(), false);
 }
 
 void gradient_shard::scale(float factor) {
@@ -164,14 +193,54 @@ void gradient_shard::scale(float factor) {
   scanned_.assign(scanned_.size(), false);  // every bucket changed outside its accumulate
 }
 
-void gradient_shard::scan_async(scan_result* out, std::function<void()> landed) {
+void gradient_shard::scan_async(scan_result* out, bool with_momentum,
+                                std::function<void()> landed) {
   materialize(reader::in_place);
-  if (std::find(scanned_.begin(), scanned_.end(), false) == scanned_.end()) {
-    be_->scan_parts_async(*scans_, out, std::move(landed));
+  if (std::find(scanned_.begin(), scanned_.end(), false) != scanned_.end()) {
+    materialize();  // a scan of the whole buffer, which then holds every bucket
+    be_->scan_async(grads_.data(), grads_.size(), out, std::move(landed));
     return;
   }
-  materialize();  // a scan of the whole buffer, which then holds every bucket
-  be_->scan_async(grads_.data(), grads_.size(), out, std::move(landed));
+  const bool from_momentum = with_momentum && muon_all_left_out() && !momentum_scans_due();
+  bool left_out = false;  // some bucket's Muon gradients are in the chunks' parts
+  for (size_t b = 0; b < muon_left_out_.size(); ++b) {
+    if (!muon_left_out_[b])
+      continue;
+    if (from_momentum) {
+      left_out = true;
+      continue;
+    }
+    const auto& bucket = pl_->buckets[b];
+    be_->scan_pieces(grouping_at(bucket.shard_offset), bucket.shard_len, *in_place_[b], *scans_,
+                     static_cast<int>(b));
+    muon_left_out_[b] = false;
+  }
+  const size_t parts = pl_->buckets.size() + (left_out ? pl_->chunks.size() : 0);
+  be_->scan_parts_async(*scans_, static_cast<int>(parts), out, std::move(landed));
+}
+
+/// Whether every bucket that holds a Muon parameter left its Muon gradients out of its scan (a
+/// chunk's scan is then of gradients no bucket scanned), and some bucket does.
+bool gradient_shard::muon_all_left_out() const {
+  bool any = false;
+  for (size_t b = 0; b < muon_left_out_.size(); ++b) {
+    if (holds_muon_[b] && !muon_left_out_[b])
+      return false;
+    any = any || muon_left_out_[b];
+  }
+  return any;
+}
+
+scan_into gradient_shard::momentum_scan(int chunk) {
+  if (!muon_all_left_out())
+    return {};
+  muon_scanned_.at(static_cast<size_t>(chunk)) = true;
+  return scan_into{scans_.get(), static_cast<int>(pl_->buckets.size()) + chunk, true};
+}
+
+bool gradient_shard::momentum_scans_due() const {
+  return muon_all_left_out()
+         && std::find(muon_scanned_.begin(), muon_scanned_.end(), false) != muon_scanned_.end();
 }
 
 }  // namespace zmuon

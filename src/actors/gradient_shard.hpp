@@ -20,8 +20,12 @@ namespace zmuon {
 class gradient_shard {
 public:
   /// Every bucket unwritten (zero). The buffer is allocated when a bucket first needs it: a
-  /// rank whose every step reads its buckets in place never holds one.
-  gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be);
+  /// rank whose every step reads its buckets in place never holds one. `muon_in_momentum`:
+  /// the step's momentum may go ahead of the vote (momentum_may_precede_vote), so a bucket read
+  /// in place leaves its Muon parameters out of its scan, for the momentum calls to take
+  /// (momentum_scan); the vote's scan scans them itself where those calls do not come first.
+  gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be,
+                 bool muon_in_momentum = false);
 
   /// accumulate: the slice (or the caller's pieces) added to its bucket. A bucket's first of the
   /// step is copied in, or, for pieces, only scanned and read where they lie from then on.
@@ -39,7 +43,18 @@ public:
   void scale(float factor);
   /// The scan of the whole gradient, without waiting (compute_backend::scan_async's contract):
   /// from the buckets' kept scans where all are current, else a pass over the buffer.
-  void scan_async(scan_result* out, std::function<void()> landed);
+  /// `with_momentum`: the Muon gradients' scans the buckets left out come from every chunk's
+  /// momentum_scan (all taken: !momentum_scans_due()); otherwise those buckets are scanned
+  /// again whole first.
+  void scan_async(scan_result* out, bool with_momentum, std::function<void()> landed);
+  /// Where chunk `chunk`'s momentum call keeps the scan of the gradients it reads: none
+  /// (nothing to scan) unless every bucket that holds Muon gradients left them out of its scan. The
+  /// chunk's part counts for this step from here on; the first of its calls writes it (`first`),
+  /// the others add to it.
+  scan_into momentum_scan(int chunk);
+  /// Whether the buckets' scans left the Muon gradients out and some chunk's momentum_scan
+  /// has not been taken this step.
+  bool momentum_scans_due() const;
 
   /// Parameter `param`'s slice `s` as this step reads its gradient (param_slice::grad).
   param_slice read(param_slice s, int param) const {
@@ -52,6 +67,7 @@ public:
 
 private:
   bool read_in_place(int bucket, const gradient_pieces& pieces);
+  bool muon_all_left_out() const;
   void copy_in(int bucket);
   /// The buffer at `offset`, allocated (zero) on first use.
   float* buffer_at(int64_t offset);
@@ -70,6 +86,13 @@ private:
   // holds (not after a copy from pageable host memory, nor after scale()).
   std::unique_ptr<part_scans> scans_;
   std::vector<bool> scanned_;
+  // Where the step's momentum may go ahead of the vote: per bucket, whether its kept scan leaves
+  // out its Muon parameters (read in place); per chunk, whether its momentum call took the
+  // chunk's part of scans_ (after the buckets' parts) this step.
+  bool muon_in_momentum_ = false;
+  std::vector<bool> muon_left_out_;
+  std::vector<bool> muon_scanned_;
+  std::vector<bool> holds_muon_;  // per bucket: a Muon parameter has elements in it
   // Per bucket: the caller's gradients it is read from this step where they lie (its first
   // accumulate's pieces), or null: the buffer holds it. Per parameter, where its gradient is
   // then read (null: the buffer, zeroed there where no piece lands).

@@ -14,6 +14,13 @@
 
 namespace zmuon {
 
+bool momentum_may_precede_vote(const engine_options& opts, const plan& pl) {
+  const bool on = opts.momentum_before_vote == "on"
+                  || (opts.momentum_before_vote == "auto" && opts.compute == "cuda");
+  return on && pl.world == 1 && !pl.chunks.empty() && opts.gradient_clipping <= 0
+         && !opts.fp16.enabled;
+}
+
 wire_type muon_wire_type(const engine_options& opts) {
   switch (opts.muon.transport) {
     case muon_transport::bf16:
@@ -89,7 +96,7 @@ struct coordinator_state {
   std::vector<bool> padded;    // per chunk: this rank's shards have padding (the scatter skips it)
   std::vector<bool> in_place;  // per chunk: u is laid out as the owner's buffer (world 1): no
                                // gather and no scatter (laid_out_as_shard)
-  bool momentum_before_vote = false;  // zmuon.momentum_before_vote, decided for this backend
+  bool momentum_before_vote = false;  // momentum_may_precede_vote, decided once
   std::optional<step_work> work;      // the step in progress
   device_buffer bf16_scratch;         // rescale_bf16_blocks' fp32 copy of one block (kept)
   trace::track tr;
@@ -340,14 +347,14 @@ double unscale_of(const step_result& r) {
   return 1.0 / (static_cast<double>(r.loss_scale) * r.micros);
 }
 
-// Whether this step's Muon chunks may start before the vote answers (momentum_before_vote): a
-// step that only a non-finite gradient can refuse, whose unscale factor is 1 (one micro-batch,
-// no clipping, no loss scale: unscale_clip changes no gradient the vote's scan may still read),
-// and whose momentum nothing but the store's momentum call writes (no NorMuon transform); at
-// world 1, where the chunks need no collective.
+// Whether this step's Muon chunks may start before the vote answers (momentum_before_vote: at
+// world 1, where the chunks need no collective, with no clipping and no fp16): a step that only
+// a non-finite gradient can refuse, whose unscale factor is 1 (one micro-batch, no loss scale:
+// unscale_clip changes no gradient the vote's scan may still read), and whose momentum nothing
+// but the store's momentum call writes (no NorMuon transform). Its vote's scan then takes the
+// Muon gradients' scan from the momentum calls (check_overflow's muon_in_momentum).
 bool ahead_of_vote(const coordinator_state& st) {
-  if (!st.momentum_before_vote || st.pl->world != 1 || st.pl->chunks.empty()
-      || st.opts.gradient_clipping > 0 || st.opts.fp16.enabled || st.work->result.micros != 1)
+  if (!st.momentum_before_vote || st.work->result.micros != 1)
     return false;
   for (int c = 0; c < static_cast<int>(st.pl->chunks.size()); ++c)
     if (!st.in_place[c] || transform_due(st, c))
@@ -366,7 +373,7 @@ void vote(coord_pointer self) {
   w.ahead = ahead;
   if (ahead)
     w.vote = step_work::vote_state::pending;
-  ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step},
+  ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step, ahead},
                        [=](overflow_report& rep) {
                          auto& w = *self->state.work;
                          w.result.loss_scale = rep.scale;
@@ -772,9 +779,7 @@ muon_coordinator_actor::behavior_type coordinator_impl(coord_pointer self,
   st.be = std::move(be);
   st.comm_on_host = comm_on_host(st.opts.comm);
   st.wire = muon_wire_type(st.opts);
-  st.momentum_before_vote =
-      st.opts.momentum_before_vote == "on"
-      || (st.opts.momentum_before_vote == "auto" && st.opts.compute == "cuda");
+  st.momentum_before_vote = momentum_may_precede_vote(st.opts, *st.pl);
   st.defaults = group_hparams{st.opts.muon, st.opts.adamw};
   for (const auto& p : st.pl->params)
     st.group_count = std::max(st.group_count, p.hparam_group + 1);

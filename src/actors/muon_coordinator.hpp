@@ -70,6 +70,13 @@ muon_coordinator_actor spawn_muon_coordinator(caf::actor_system& sys,
                                               std::shared_ptr<compute_backend> backend,
                                               std::shared_ptr<trace::recorder> tracer = nullptr);
 
+/// Whether a step's Muon momentum may go ahead of its vote under `opts` and `pl` (the
+/// conditions that hold for every step: zmuon.momentum_before_vote on for this backend, world
+/// 1, Muon chunks, no clipping, no fp16); each step then decides for itself (the .cpp's
+/// ahead_of_vote). Where it may, the store leaves the scan of the Muon gradients to the
+/// momentum calls (partition_store.hpp, scan_grads).
+bool momentum_may_precede_vote(const engine_options& opts, const plan& pl);
+
 /// What the gather and the scatter carry under `opts` (muon.transport; "auto" is NS's own
 /// precision: bf16 on the cuda backend, fp32 on host).
 wire_type muon_wire_type(const engine_options& opts);

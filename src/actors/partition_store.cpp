@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -65,10 +66,13 @@ struct store_state {
   // Work on the backend whose completion comes back as gpu_done, oldest first.
   struct pending_scan {
     uint64_t step;
+    bool with_momentum;  // scan_grads::muon_in_momentum
     std::shared_ptr<scan_result> result;
     caf::typed_response_promise<grad_scan> promise;
   };
   std::deque<pending_scan> scans;
+  // A scan that waits for the momentum calls of its step to be enqueued (momentum_scans_due).
+  std::optional<pending_scan> after_momentum;
   std::deque<caf::typed_response_promise<ack>> finishing;
   trace::track tr;
   static const char* name;
@@ -100,17 +104,35 @@ void notify_when_done(store_pointer self, uint64_t step, gpu_event what) {
   self->state.be->when_done([handle, msg] { caf::anon_send(handle, msg); });
 }
 
-// The scan of the gradient for `step`, whose result comes back with gpu_done as soon as the
-// scan has landed (no thread waits for the GPU, nor the scan for Newton-Schulz ahead of the
-// vote).
-caf::result<grad_scan> scan_for(store_pointer self, uint64_t step) {
+// Starts a scan, whose result comes back with gpu_done as soon as the scan has landed (no
+// thread waits for the GPU, nor the scan for Newton-Schulz ahead of the vote).
+void start_scan(store_pointer self, store_state::pending_scan scan) {
+  auto& st = self->state;
+  auto handle = caf::actor_cast<partition_store_actor>(self);
+  const gpu_done landed{scan.step, gpu_event::scan_landed, 0};
+  st.grad->scan_async(scan.result.get(), scan.with_momentum,
+                      [handle, landed] { caf::anon_send(handle, landed); });
+  st.scans.push_back(std::move(scan));
+}
+
+// The scan of the gradient for the step. Where its momentum goes ahead of the vote and the
+// buckets left the Muon gradients' scan to the momentum calls, it starts once every chunk's
+// call is enqueued (update_momentum).
+caf::result<grad_scan> scan_for(store_pointer self, const scan_grads& msg) {
   auto& st = self->state;
   auto promise = self->make_response_promise<grad_scan>();
-  auto result = std::make_shared<scan_result>();
-  auto handle = caf::actor_cast<partition_store_actor>(self);
-  const gpu_done landed{step, gpu_event::scan_landed, 0};
-  st.grad->scan_async(result.get(), [handle, landed] { caf::anon_send(handle, landed); });
-  st.scans.push_back(store_state::pending_scan{step, result, promise});
+  if (st.after_momentum) {  // an earlier step's that never got its calls (that step failed)
+    st.after_momentum->promise.deliver(make_caf_error(
+        errc::bad_state, "scan_grads: step " + std::to_string(st.after_momentum->step)
+                             + " never asked for the momentum of every chunk"));
+    st.after_momentum.reset();
+  }
+  store_state::pending_scan scan{msg.step, msg.muon_in_momentum, std::make_shared<scan_result>(),
+                                 promise};
+  if (msg.muon_in_momentum && st.grad->momentum_scans_due())
+    st.after_momentum = std::move(scan);
+  else
+    start_scan(self, std::move(scan));
   return promise;
 }
 
@@ -216,13 +238,13 @@ std::vector<group_slices> by_group(const plan& pl, const std::vector<int>& param
 }
 
 void init_state(store_state& st, std::shared_ptr<const plan> pl, int rank,
-                std::shared_ptr<compute_backend> backend) {
+                std::shared_ptr<compute_backend> backend, bool muon_in_momentum) {
   st.pl = std::move(pl);
   st.rank = rank;
   st.be = std::move(backend);
   const plan& p = *st.pl;
   st.params = st.be->allocate(p.shard_total);
-  st.grad = std::make_unique<gradient_shard>(st.pl, st.be);
+  st.grad = std::make_unique<gradient_shard>(st.pl, st.be, muon_in_momentum);
   st.momentum = st.be->allocate(p.muon_state_total);
   st.exp_avg = st.be->allocate(p.adam_state_total);
   st.exp_avg_sq = st.be->allocate(p.adam_state_total);
@@ -305,9 +327,10 @@ void by_touch(const store_state& st, const group_slices& gs, Call call) {
 // -- the update ---------------------------------------------------------------------------------
 
 /// muon_momentum: per group, m and u of its touched parameters (the new m into the spare
-/// where msg.writes says so); an untouched one takes beta 1 (its gradient is zero: m stays
-/// exactly) and u = m.
-caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
+/// where msg.writes says so, and then the scan of the gradients read, where the buckets left
+/// it to this call: gradient_shard::momentum_scan); an untouched one takes beta 1 (its gradient
+/// is zero: m stays exactly) and u = m.
+caf::error momentum_of(store_pointer self, const muon_momentum& msg) {
   auto& st = self->state;
   if (auto err = check_chunk(*st.pl, msg.chunk, msg.out, "muon_momentum"))
     return err;
@@ -324,14 +347,31 @@ caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
   }
   const fp32_or_bf16 out{msg.out.data, msg.out.bf16};
   const int64_t origin = st.pl->chunks[msg.chunk].state_offset;
+  scan_into scan =
+      msg.writes == momentum_writes::spare ? st.grad->momentum_scan(msg.chunk) : scan_into{};
   for (const auto& gs : st.chunk_groups[msg.chunk]) {
     const muon_rule& rule = st.rules[gs.group];
     by_touch(st, gs, [&](const std::vector<param_slice>& slices, bool touched) {
       st.be->momentum_slices(st.momentum.data(), m_out, st.grad->buffer().data(), out, origin,
-                             slices, touched ? rule.momentum : 1.0f, touched && rule.nesterov);
+                             slices, touched ? rule.momentum : 1.0f, touched && rule.nesterov,
+                             scan);
+      scan.first = false;
     });
   }
   return {};
+}
+
+/// muon_momentum, then the scan that waited for it once no chunk's call is due (also after a
+/// refused call: the scan then takes the Muon gradients itself).
+caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
+  auto& st = self->state;
+  caf::error err = momentum_of(self, msg);
+  if (st.after_momentum && (err || !st.grad->momentum_scans_due())) {
+    auto scan = std::move(*st.after_momentum);
+    st.after_momentum.reset();
+    start_scan(self, std::move(scan));
+  }
+  return err;
 }
 
 /// apply_muon: per group, its touched parameters' update under the group's rule. An fp32 update
@@ -518,9 +558,10 @@ caf::error load_state_into(store_pointer self, const rank_state* in) {
 
 partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_ptr<const plan> pl,
                                                 int rank, std::shared_ptr<compute_backend> backend,
-                                                std::shared_ptr<trace::recorder> tracer) {
+                                                std::shared_ptr<trace::recorder> tracer,
+                                                bool muon_in_momentum) {
   self->state.tr = trace::track(std::move(tracer), "partition_store");
-  init_state(self->state, std::move(pl), rank, std::move(backend));
+  init_state(self->state, std::move(pl), rank, std::move(backend), muon_in_momentum);
   // A CUDA failure inside a handler ends the store with a device_failure naming the call; the
   // coordinator monitors the store and fails the step with it.
   self->set_exception_handler([](std::exception_ptr& eptr) { return error_from_exception(eptr); });
@@ -535,7 +576,7 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
       },
       [=](scan_grads& msg) {
         ZMUON_TRACE_RECV(self, msg);
-        return scan_for(self, msg.step);
+        return scan_for(self, msg);
       },
       [=](discard_grads& msg) -> ack {
         ZMUON_TRACE_RECV(self, msg);
@@ -607,8 +648,10 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
 
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
                                             int rank, std::shared_ptr<compute_backend> backend,
-                                            std::shared_ptr<trace::recorder> tracer) {
-  return sys.spawn(store_impl, std::move(pl), rank, std::move(backend), std::move(tracer));
+                                            std::shared_ptr<trace::recorder> tracer,
+                                            bool muon_in_momentum) {
+  return sys.spawn(store_impl, std::move(pl), rank, std::move(backend), std::move(tracer),
+                   muon_in_momentum);
 }
 
 }  // namespace zmuon

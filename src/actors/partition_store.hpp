@@ -9,7 +9,13 @@
 //                            a bucket's first pieces of a step (the caller's device gradients,
 //                            kept until the step) are only scanned, and the momentum and the
 //                            non-Muon rule read each parameter's gradient where it lies
-//   scan_grads -> grad_scan  (loss scaler) non-finite flag and sum of squares of the gradient
+//   scan_grads -> grad_scan  (loss scaler) non-finite flag and sum of squares of the gradient;
+//                            where the momentum may go ahead of the vote (spawned with
+//                            muon_in_momentum), a bucket read in place scans its non-Muon
+//                            gradients alone, and the Muon ones are scanned by the chunks'
+//                            muon_momentum (writes = spare) in their own pass: a scan_grads
+//                            with muon_in_momentum waits until every chunk's call is
+//                            enqueued, one without scans those gradients itself
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
 //   unscale_clip -> ack      (coordinator) the step applies: gradient *= clip / (scale *
 //                            micro-batches); keeps the step's group table and touched mask,
@@ -72,8 +78,12 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>,
     caf::replies_to<qk_clip_scale>::with<ack>, caf::replies_to<normuon_step>::with<ack>>;
 
+/// `muon_in_momentum`: the step's Muon momentum may go ahead of the vote
+/// (momentum_may_precede_vote): buckets read in place leave their Muon gradients' scan to the
+/// momentum calls (scan_grads above).
 partition_store_actor spawn_partition_store(caf::actor_system& sys, std::shared_ptr<const plan> pl,
                                             int rank, std::shared_ptr<compute_backend> backend,
-                                            std::shared_ptr<trace::recorder> tracer = nullptr);
+                                            std::shared_ptr<trace::recorder> tracer = nullptr,
+                                            bool muon_in_momentum = false);
 
 }  // namespace zmuon

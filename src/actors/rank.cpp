@@ -13,7 +13,8 @@ rank_actors spawn_rank(caf::actor_system& sys, std::shared_ptr<const plan> pl, i
   rank_actors r;
   r.rank = rank;
   r.backend = std::move(backend);
-  r.store = spawn_partition_store(sys, pl, rank, r.backend, tracer);
+  r.store =
+      spawn_partition_store(sys, pl, rank, r.backend, tracer, momentum_may_precede_vote(opts, *pl));
   r.reducer = spawn_reducer(sys, pl, rank, r.store, comm,
                             comm_on_host(opts.comm) ? nullptr : r.backend, tracer);
   r.scaler = spawn_loss_scaler(sys, opts.fp16, r.store, comm, tracer);

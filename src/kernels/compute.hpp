@@ -133,6 +133,15 @@ public:
   std::vector<scan_result> scans;
 };
 
+/// Where a call also keeps the scan of the gradient it reads (its non-finite flag and sum of
+/// squares): part `part` of `scans` (made by the same backend), which the call writes (`first`)
+/// or adds to (a later call of the same part). No scans: the call scans nothing.
+struct scan_into {
+  part_scans* scans = nullptr;
+  int part = 0;
+  bool first = true;
+};
+
 /// The Muon phase's u or update: fp32 at `f32`, or bf16 bits at `bf16` (bf16 transport).
 struct fp32_or_bf16 {
   float* f32 = nullptr;
@@ -256,11 +265,14 @@ public:
   // parameter).
   /// momentum() / momentum_to_bf16() per slice: the momentum read at m + state_offset and the
   /// new one written at m_out + state_offset (m_out == m: in place; else the two do not
-  /// overlap), the gradient at grad_of(s, g), u at state_offset - origin. This default copies
-  /// m into m_out first and runs the calls there.
+  /// overlap), the gradient at grad_of(s, g), u at state_offset - origin; with `scan`, the
+  /// scan of the slices' gradients kept as that part (scan_parts_async sums it with the
+  /// others). This default copies m into m_out first and runs the calls there.
   virtual void momentum_slices(const float* m, float* m_out, const float* g, fp32_or_bf16 u,
                                int64_t origin, const std::vector<param_slice>& slices, float beta,
-                               bool nesterov) {
+                               bool nesterov, scan_into scan) {
+    if (scan.scans != nullptr)
+      scan_slices(g, slices, scan);
     for (const param_slice& s : slices) {
       float* ms = m_out + s.state_offset;
       if (m_out != m)
@@ -374,10 +386,11 @@ public:
   /// CUDA backend runs that copy's kernel without its stores.
   virtual void scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
                            part_scans& scans, int part);
-  /// The parts' scans together, as scan() of the whole buffer would give them up to the order
-  /// of the sum (fixed: part by part), without waiting: `*out` holds the result once `landed`
-  /// runs (as scan_async's).
-  virtual void scan_parts_async(part_scans& scans, scan_result* out, std::function<void()> landed);
+  /// The scans of parts [0, parts) together, as scan() of the whole buffer would give them up
+  /// to the order of the sum (fixed: part by part), without waiting: `*out` holds the result
+  /// once `landed` runs (as scan_async's).
+  virtual void scan_parts_async(part_scans& scans, int parts, scan_result* out,
+                                std::function<void()> landed);
   /// Zero-filled host memory that the async copies below may use (pinned on CUDA).
   virtual device_buffer allocate_host(int64_t n) { return allocate(n); }
   /// The same, unspecified values, for a user that writes every element first (no fill).
@@ -449,6 +462,9 @@ public:
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
 
 protected:
+  /// The host default of a slice call's `scan`: the scan of each slice's gradient
+  /// (grad_of(s, g)), kept as that part of host_part_scans.
+  void scan_slices(const float* g, const std::vector<param_slice>& slices, scan_into scan);
   /// Whether calls are timed: for the call times or for the trace.
   bool timing_or_tracing() const { return timing_.load() || sink_ != nullptr; }
   /// One call ran from start_ns to end_ns (steady_ns's clock) on `track` (call_span).

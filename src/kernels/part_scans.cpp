@@ -1,6 +1,7 @@
 // compute_backend's scans kept per part (kernels/compute.hpp): the defaults, in host memory.
 // In zmuon_base beside call_timing.cpp, which every backend library links.
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -28,12 +29,26 @@ void compute_backend::scan_pieces(const float* dst, int64_t n,
   accumulate_pieces_scanned(packed.data(), n, pieces, accumulate_mode::copy, scans, part);
 }
 
-void compute_backend::scan_parts_async(part_scans& scans, scan_result* out,
+void compute_backend::scan_slices(const float* g, const std::vector<param_slice>& slices,
+                                  scan_into scan) {
+  auto& kept = dynamic_cast<host_part_scans&>(*scan.scans);
+  scan_result& part = kept.scans.at(static_cast<size_t>(scan.part));
+  if (scan.first)
+    part = scan_result{};
+  for (const param_slice& s : slices) {
+    const scan_result one = this->scan(grad_of(s, g), s.n);
+    part.nonfinite = part.nonfinite || one.nonfinite;
+    part.sum_squares += one.sum_squares;
+  }
+}
+
+void compute_backend::scan_parts_async(part_scans& scans, int parts, scan_result* out,
                                        std::function<void()> landed) {
+  const auto& kept = dynamic_cast<host_part_scans&>(scans).scans;
   scan_result total;
-  for (const scan_result& s : dynamic_cast<host_part_scans&>(scans).scans) {
-    total.nonfinite = total.nonfinite || s.nonfinite;
-    total.sum_squares += s.sum_squares;
+  for (size_t i = 0; i < std::min(kept.size(), static_cast<size_t>(std::max(parts, 0))); ++i) {
+    total.nonfinite = total.nonfinite || kept[i].nonfinite;
+    total.sum_squares += kept[i].sum_squares;
   }
   total.nonfinite = total.nonfinite || !std::isfinite(total.sum_squares);
   *out = total;

@@ -5,6 +5,7 @@
 #include "support/actor_fixture.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "actors/partition_store.hpp"
 #include "kernels/bf16.hpp"
@@ -285,6 +286,79 @@ BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
   value_of(call(copy_in_grads{3}));
   std::fill(g.begin(), g.end(), std::nanf(""));
   BOOST_CHECK(snapshot().grads == flat);
+}
+
+// A store whose momentum may go ahead of the vote: the buckets read in place scan their non-Muon
+// gradients alone, the chunks' spare momentum calls scan the Muon ones, and the vote's scan
+// (muon_in_momentum) waits for those calls and sums both: the sum of squares of a store that
+// scans every gradient at the accumulate, and a non-finite value seen wherever it lies. Without
+// muon_in_momentum it scans the Muon gradients itself.
+BOOST_AUTO_TEST_CASE(the_muon_gradients_scan_comes_with_the_momentum_ahead_of_the_vote) {
+  auto ahead = keep(spawn_partition_store(sys, pl, kRank, be, nullptr, true));
+  run();
+  std::vector<float> g = eighths(pl->shard_total, 4);  // the caller's gradients
+  const auto hand_over = [&](partition_store_actor& to, uint64_t step) {
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
+      const auto& bk = pl->buckets[b];
+      std::vector<copy_piece> pieces;
+      for (int i = bk.first_param; i < bk.end_param; ++i)
+        pieces.push_back({g.data() + pl->params[i].shard_offset,
+                          pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
+      call_on(to,
+              accumulate{
+                  step, 0, b, {}, false, std::make_shared<const std::vector<copy_piece>>(pieces)});
+    }
+  };
+  auto table = std::make_shared<const std::vector<group_hparams>>(
+      std::vector<group_hparams>{muon_values(0.9f, true, 0.1f, 0.0f)});
+  std::vector<float> u(pl->muon_state_total);
+  // The vote asked first, as the loss scaler may; the chunks' momentum follows.
+  const auto vote_ahead = [&](uint64_t step, std::vector<bool>* answered_early = nullptr) {
+    auto r = ask<grad_scan>(ahead, scan_grads{step, true});
+    run();
+    call_on(ahead, unscale_clip{step, 1.0f, table, {}});
+    for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
+      if (answered_early)
+        answered_early->push_back(r->done);
+      const auto& ch = pl->chunks[c];
+      call_on(ahead,
+              muon_momentum{
+                  step, c, {u.data() + ch.state_offset, ch.shard_len}, momentum_writes::spare});
+    }
+    return value_of(r);
+  };
+
+  hand_over(store, 1);
+  const grad_scan want = value_of(call<grad_scan>(scan_grads{1}));
+  BOOST_REQUIRE(!want.nonfinite && want.sum_squares > 0.0);
+  hand_over(ahead, 1);
+  std::vector<bool> early;
+  const grad_scan got = vote_ahead(1, &early);
+  BOOST_CHECK(early == std::vector<bool>(pl->chunks.size(), false));  // waited for every chunk
+  BOOST_CHECK(!got.nonfinite);
+  BOOST_CHECK_CLOSE(got.sum_squares, want.sum_squares, 1e-10);
+  call_on(ahead, finish_step{1, false});
+
+  // A NaN in a Muon gradient (c.weight), then in a non-Muon one (embed), each found by the vote.
+  for (int param : {2, 3}) {
+    g = eighths(pl->shard_total, 5);
+    g[pl->params[param].shard_offset + 1] = std::nanf("");
+    hand_over(ahead, 2);
+    BOOST_CHECK_MESSAGE(vote_ahead(2).nonfinite, pl->params[param].name);
+    call_on(ahead, discard_grads{2});
+  }
+
+  // Without muon_in_momentum (a step that does not go ahead) the scan takes the Muon gradients
+  // itself, at once.
+  g = eighths(pl->shard_total, 4);
+  hand_over(ahead, 3);
+  const grad_scan itself = call_on<grad_scan>(ahead, scan_grads{3, false});
+  BOOST_CHECK(!itself.nonfinite);
+  BOOST_CHECK_CLOSE(itself.sum_squares, want.sum_squares, 1e-10);
+  call_on(ahead, discard_grads{3});
+  g[pl->params[0].shard_offset] = std::numeric_limits<float>::infinity();  // a.weight
+  hand_over(ahead, 4);
+  BOOST_CHECK(call_on<grad_scan>(ahead, scan_grads{4, false}).nonfinite);
 }
 
 BOOST_AUTO_TEST_CASE(a_store_whose_every_bucket_is_read_in_place_allocates_no_gradient) {

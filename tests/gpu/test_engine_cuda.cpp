@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -449,6 +450,51 @@ BOOST_AUTO_TEST_CASE(device_buffers_equal_host_buffers) {
       BOOST_TEST(k == 0.0);
     }
   }
+}
+
+// Ahead of the vote (world 1, gradients kept until the step) the Muon gradients are scanned in
+// the momentum's own pass and the others at the hand-over: the step's norm is the norm of every
+// gradient, and a non-finite value in either kind refuses the step, the parameters as they were.
+BOOST_AUTO_TEST_CASE(the_vote_ahead_of_the_momentum_sees_every_kept_gradient) {
+  const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
+  const device_grads grads(table, 5);
+  double sum = 0.0;
+  for (size_t i = 0; i < table.size(); ++i)
+    for (const float x : random_values(numel(table[i]), 5 + i))
+      sum += static_cast<double>(x) * x;
+  const double norm = std::sqrt(sum);
+  auto eng = make_engine(gpu_options(1, "nccl"));  // momentum_before_vote auto: on for cuda
+  register_table(*eng, table, 9);
+  eng->time_backend_calls(true);
+  const auto step_with = [&](int param, float bad) {
+    float kept = 0.0f;
+    float* at = param >= 0 ? grads.data[param] + 7 : nullptr;
+    if (param >= 0) {
+      BOOST_REQUIRE(cudaMemcpy(&kept, at, sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+      BOOST_REQUIRE(cudaMemcpy(at, &bad, sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    BOOST_REQUIRE(!eng->hand_over(0, grads.views, nullptr, false, true));
+    const auto before = params_of(*eng);
+    const step_info info = step_ok(*eng);
+    if (param >= 0) {
+      BOOST_TEST(info.skipped, table[param].name << ": " << bad << " not seen");
+      BOOST_TEST((params_of(*eng) == before), table[param].name << ": params after the refusal");
+      BOOST_REQUIRE(cudaMemcpy(at, &kept, sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+    } else {
+      BOOST_TEST(!info.skipped);
+      BOOST_TEST(std::fabs(info.grad_norm - norm) <= 1e-6 * norm,
+                 "grad norm " << info.grad_norm << ", handed over " << norm);
+    }
+  };
+  step_with(-1, 0.0f);
+  step_with(0, std::numeric_limits<float>::quiet_NaN());  // w1: Muon
+  step_with(2, std::numeric_limits<float>::infinity());   // bias: AdamW
+  step_with(1, -std::numeric_limits<float>::infinity());  // w2: Muon
+  step_with(-1, 0.0f);
+  auto times = eng->take_backend_call_times(0);
+  BOOST_REQUIRE(times);
+  BOOST_TEST((*times)["momentum_spare"].calls > 0);  // the momentum went ahead of the vote
+  eng->time_backend_calls(false);
 }
 
 // A step() refused before it begins (a schedule's bad rate) keeps what was handed over, the

@@ -25,7 +25,7 @@ namespace part_scans_detail {
 /// The scans of the parts together, once the backend has landed them.
 inline scan_result scan_of_parts(compute_backend& be, part_scans& scans) {
   scan_result out;
-  be.scan_parts_async(scans, &out, [] {});
+  be.scan_parts_async(scans, scans.parts(), &out, [] {});
   be.synchronize();
   return out;
 }

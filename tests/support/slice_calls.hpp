@@ -7,9 +7,11 @@
 #include <boost/test/unit_test.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,7 +86,7 @@ inline void check_slice_calls(compute_backend& be) {
                     : fp32_or_bf16{b.data(), nullptr};
       };
       be.momentum_slices(m_all.data(), m_all.data(), g.data(), as_u(u_all), kOrigin, slices, 0.95f,
-                         nesterov);
+                         nesterov, {});
       const std::string what = std::string("momentum_slices, ") + (bf16 ? "bf16" : "fp32")
                                + (nesterov ? ", nesterov" : "");
       BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, what << ": m");
@@ -96,7 +98,7 @@ inline void check_slice_calls(compute_backend& be) {
       device_buffer m_kept = upload(be, m0), spare = upload(be, spare0),
                     u_spare = upload(be, random_floats(u_floats, 5));
       be.momentum_slices(m_kept.data(), spare.data(), g.data(), as_u(u_spare), kOrigin, slices,
-                         0.95f, nesterov);
+                         0.95f, nesterov, {});
       BOOST_TEST(differing(download(be, m_kept), m0) == 0, what << ", to a spare: m unchanged");
       BOOST_TEST(differing(download(be, u_spare), download(be, u_each)) == 0,
                  what << ", to a spare: u");
@@ -109,6 +111,58 @@ inline void check_slice_calls(compute_backend& be) {
         wrong += spare_got[i] != (covered[i] ? m_want[i] : spare0[i]);
       BOOST_TEST(wrong == 0, what << ", to a spare: the new momentum there, nothing else");
     }
+  }
+
+  // momentum with a scan of the gradients it reads, into one part over two calls (the first
+  // writes it, over what an earlier call left there; the second adds): the sum of squares of
+  // the slices' gradients, a NaN between the slices unseen, one inside a slice seen; m and u the
+  // bits of the call without a scan. scan_parts_async sums only the parts it is asked for.
+  {
+    const std::vector<param_slice> first_half(slices.begin(), slices.begin() + kParams / 2),
+        second_half(slices.begin() + kParams / 2, slices.end());
+    std::vector<float> g_gaps = g0;  // NaN wherever no slice reads
+    std::vector<bool> read(g0.size(), false);
+    double want = 0.0;
+    for (const param_slice& s : slices)
+      for (int64_t i = s.shard_offset; i < s.shard_offset + s.n; ++i) {
+        read[i] = true;
+        want += static_cast<double>(g0[i]) * static_cast<double>(g0[i]);
+      }
+    for (size_t i = 0; i < g_gaps.size(); ++i)
+      if (!read[i])
+        g_gaps[i] = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> g_inside = g0;
+    g_inside[slices.back().shard_offset + slices.back().n / 2] =
+        std::numeric_limits<float>::infinity();
+    const device_buffer gaps = upload(be, g_gaps), inside = upload(be, g_inside);
+    const std::unique_ptr<part_scans> scans = be.make_part_scans(3);
+    device_buffer m_plain = upload(be, m0), m_scan = upload(be, m0), m_dirty = upload(be, m0);
+    device_buffer u_plain = upload(be, random_floats(chunk, 5)),
+                  u_scan = upload(be, random_floats(chunk, 5));
+    const auto u_of = [](device_buffer& b) { return fp32_or_bf16{b.data(), nullptr}; };
+    be.momentum_slices(m_dirty.data(), m_dirty.data(), inside.data(), u_of(u_scan), kOrigin, slices,
+                       0.95f, true, scan_into{scans.get(), 1, true});  // a NaN left there
+    be.momentum_slices(m_plain.data(), m_plain.data(), g.data(), u_of(u_plain), kOrigin, slices,
+                       0.95f, true, {});
+    be.momentum_slices(m_scan.data(), m_scan.data(), gaps.data(), u_of(u_scan), kOrigin, first_half,
+                       0.95f, true, scan_into{scans.get(), 1, true});
+    be.momentum_slices(m_scan.data(), m_scan.data(), gaps.data(), u_of(u_scan), kOrigin,
+                       second_half, 0.95f, true, scan_into{scans.get(), 1, false});
+    scan_result got, none;
+    be.scan_parts_async(*scans, 3, &got, [] {});
+    be.scan_parts_async(*scans, 1, &none, [] {});
+    be.synchronize();
+    BOOST_TEST(!got.nonfinite, "momentum_slices' scan: a NaN outside the slices counted");
+    BOOST_TEST(std::abs(got.sum_squares - want) <= 1e-12 * want,
+               "momentum_slices' scan: " << got.sum_squares << ", want " << want);
+    BOOST_TEST((!none.nonfinite && none.sum_squares == 0.0), "scan_parts_async, part 0 alone");
+    BOOST_TEST(differing(download(be, m_scan), download(be, m_plain)) == 0, "scanned: m");
+    BOOST_TEST(differing(download(be, u_scan), download(be, u_plain)) == 0, "scanned: u");
+    be.momentum_slices(m_scan.data(), m_scan.data(), inside.data(), u_of(u_scan), kOrigin,
+                       second_half, 0.95f, true, scan_into{scans.get(), 2, true});
+    be.scan_parts_async(*scans, 3, &got, [] {});
+    be.synchronize();
+    BOOST_TEST(got.nonfinite, "momentum_slices' scan: an infinity inside a slice");
   }
 
   // Every third slice's gradient read where it lies elsewhere (param_slice::grad: the store's
@@ -141,7 +195,7 @@ inline void check_slice_calls(compute_backend& be) {
       be.momentum(m_each.data() + s.state_offset, g.data() + s.shard_offset,
                   u_each.data() + (s.state_offset - kOrigin), s.n, 0.95f, true);
     be.momentum_slices(m_all.data(), m_all.data(), g_poisoned.data(),
-                       fp32_or_bf16{u_all.data(), nullptr}, kOrigin, elsewhere, 0.95f, true);
+                       fp32_or_bf16{u_all.data(), nullptr}, kOrigin, elsewhere, 0.95f, true, {});
     BOOST_TEST(differing(download(be, m_all), download(be, m_each)) == 0, "momentum, own: m");
     BOOST_TEST(differing(download(be, u_all), download(be, u_each)) == 0, "momentum, own: u");
     const scalar_args args{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1};

@@ -377,14 +377,14 @@ void cuda_compute::scan_async(const float* x, int64_t n, scan_result* out,
   land_result(out, std::move(landed));
 }
 
-void cuda_compute::scan_parts_async(part_scans& scans, scan_result* out,
+void cuda_compute::scan_parts_async(part_scans& scans, int parts, scan_result* out,
                                     std::function<void()> landed) {
   auto& kept = dynamic_cast<device_part_scans&>(scans);
   const launch_guard guard = activate({});  // the partials are the store's: no lane has them
   {
     const call_timer timer(*this, "scan", ctx_.stream);
-    launch_sum_partials(guard, kept.sums.data(), kept.flags.data(), kept.parts() * kMaxReduceBlocks,
-                        result_.data());
+    launch_sum_partials(guard, kept.sums.data(), kept.flags.data(),
+                        std::clamp(parts, 0, kept.parts()) * kMaxReduceBlocks, result_.data());
   }
   land_result(out, std::move(landed));
 }

@@ -42,6 +42,9 @@ public:
   device_array<int> flags;
 };
 
+/// `scans` as the CUDA backend's, with part `part` in it; else a failure naming `call`.
+device_part_scans& device_scans_of(part_scans& scans, int part, const char* call);
+
 class cuda_compute final : public compute_backend {
 public:
   /// A backend on `device` (an ordinal); throws gpu::failure when that device is unusable.
@@ -93,7 +96,8 @@ public:
 
   // A chunk's parameters in one kernel (elementwise.cu's slice kernels).
   void momentum_slices(const float* m, float* m_out, const float* g, fp32_or_bf16 u, int64_t origin,
-                       const std::vector<param_slice>& slices, float beta, bool nesterov) override;
+                       const std::vector<param_slice>& slices, float beta, bool nesterov,
+                       scan_into scan) override;
   void muon_update_slices(float* p, fp32_or_bf16 o, int64_t origin,
                           const std::vector<param_slice>& slices, const muon_rule& rule) override;
   void scalar_update_slices(float* p, const float* g, float* m, float* v,
@@ -116,7 +120,8 @@ public:
                                  accumulate_mode mode, part_scans& scans, int part) override;
   void scan_pieces(const float* dst, int64_t n, const std::vector<copy_piece>& pieces,
                    part_scans& scans, int part) override;
-  void scan_parts_async(part_scans& scans, scan_result* out, std::function<void()> landed) override;
+  void scan_parts_async(part_scans& scans, int parts, scan_result* out,
+                        std::function<void()> landed) override;
   device_buffer allocate_host(int64_t n) override { return host_memory(n, true); }
   device_buffer allocate_host_for_overwrite(int64_t n) override { return host_memory(n, false); }
   void copy_to_host_async(float* host_dst, const float* src, int64_t n) override;

@@ -21,9 +21,7 @@ std::unique_ptr<part_scans> cuda_compute::make_part_scans(int parts) {
   return scans;
 }
 
-namespace {
-
-device_part_scans& scans_of(part_scans& scans, int part, const char* call) {
+device_part_scans& device_scans_of(part_scans& scans, int part, const char* call) {
   auto& kept = dynamic_cast<device_part_scans&>(scans);
   if (part < 0 || part >= kept.parts())
     throw failure(error(errc::invalid_argument, std::string(call) + ": no part "
@@ -31,8 +29,6 @@ device_part_scans& scans_of(part_scans& scans, int part, const char* call) {
                                                     + std::to_string(kept.parts())));
   return kept;
 }
-
-}  // namespace
 
 void cuda_compute::accumulate_pieces_scanned(float* dst, int64_t n,
                                              const std::vector<copy_piece>& pieces,
@@ -48,7 +44,7 @@ void cuda_compute::accumulate_pieces_scanned(float* dst, int64_t n,
     compute_backend::accumulate_pieces_scanned(dst, n, pieces, mode, scans, part);
     return;
   }
-  auto& kept = scans_of(scans, part, "accumulate_pieces_scanned");
+  auto& kept = device_scans_of(scans, part, "accumulate_pieces_scanned");
   const int64_t at = int64_t{part} * kMaxReduceBlocks;
   // The sources are the caller's gradients, which no Newton-Schulz lane touches.
   const launch_guard guard = activate({touched{dst, static_cast<size_t>(n) * sizeof(float)}});
@@ -69,7 +65,7 @@ void cuda_compute::scan_pieces(const float* dst, int64_t n, const std::vector<co
                                                accumulate_mode::copy, scans, part);
     return;
   }
-  auto& kept = scans_of(scans, part, "scan_pieces");
+  auto& kept = device_scans_of(scans, part, "scan_pieces");
   const int64_t at = int64_t{part} * kMaxReduceBlocks;
   // Reads the caller's gradients only, which no Newton-Schulz lane touches.
   const launch_guard guard = activate({});
@@ -79,7 +75,7 @@ void cuda_compute::scan_pieces(const float* dst, int64_t n, const std::vector<co
 
 void cuda_compute::accumulate_scanned(float* dst, const float* src, int64_t n, accumulate_mode mode,
                                       part_scans& scans, int part) {
-  auto& kept = scans_of(scans, part, "accumulate_scanned");
+  auto& kept = device_scans_of(scans, part, "accumulate_scanned");
   const int64_t at = int64_t{part} * kMaxReduceBlocks;
   const touched written{dst, static_cast<size_t>(n) * sizeof(float)};
   const touched read{src, mode == accumulate_mode::zero ? 0 : written.bytes};

@@ -48,13 +48,24 @@ touched spanned(fp32_or_bf16 x, std::pair<int64_t, int64_t> span) {
 
 void cuda_compute::momentum_slices(const float* m, float* m_out, const float* g, fp32_or_bf16 u,
                                    int64_t origin, const std::vector<param_slice>& slices,
-                                   float beta, bool nesterov) {
+                                   float beta, bool nesterov, scan_into scan) {
+  double* sums = nullptr;  // the scan's part, where there is one (no lane touches it)
+  int* flags = nullptr;
+  if (scan.scans != nullptr) {
+    auto& kept = device_scans_of(*scan.scans, scan.part, "momentum_slices");
+    sums = kept.sums.data() + int64_t{scan.part} * kMaxReduceBlocks;
+    flags = kept.flags.data() + int64_t{scan.part} * kMaxReduceBlocks;
+  }
   const auto state = span_of(slices, true);
   const launch_guard guard = activate({spanned(m, state, false), spanned(m_out, state, false),
                                        spanned(g, span_of(slices, false), false),
                                        spanned(u, span_of(slices, true, origin))});
   const call_timer timer(*this, m_out == m ? "momentum" : "momentum_spare", ctx_.stream);
-  launch_momentum_slices(guard, m, m_out, g, u, origin, slices, beta, nesterov);
+  if (scan.scans != nullptr && scan.first) {  // the kernel adds to the partials
+    ZMUON_CUDA_CHECK(cudaMemsetAsync(sums, 0, kMaxReduceBlocks * sizeof(double), ctx_.stream));
+    ZMUON_CUDA_CHECK(cudaMemsetAsync(flags, 0, kMaxReduceBlocks * sizeof(int), ctx_.stream));
+  }
+  launch_momentum_slices(guard, m, m_out, g, u, origin, slices, beta, nesterov, sums, flags);
 }
 
 // The one place where this backend applies a chunk's Muon update (kernels/muon_rule.hpp).

@@ -8,6 +8,7 @@
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/reduce.cuh"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -165,8 +166,7 @@ struct block_slice {
 
 /// Table: slice_table, piece_table or unit_table.
 template <class Table>
-__device__ inline block_slice slice_of_block(const Table& t) {
-  const int b = static_cast<int>(blockIdx.x);
+__device__ inline block_slice slice_of_block(const Table& t, int b = static_cast<int>(blockIdx.x)) {
   int lo = 0;  // the last slice whose first block is <= b (empty slices are never in a table)
   int hi = t.count - 1;
   while (lo < hi) {
@@ -247,32 +247,58 @@ __device__ inline void for_elements(const block_slice& part, bool aligned, const
     body(width<1>{}, k);
 }
 
+/// Where a slice kernel's blocks add the scan of the gradient they read: to partial blockIdx.x
+/// of a part (kMaxReduceBlocks of them, zeroed before the part's first launch), each launch
+/// after the one before it on the stream: the same bits on every run.
+struct scan_partials {
+  double* sums = nullptr;  // null: no scan
+  int* flags = nullptr;
+};
+
 // The momentum read at m and the new one written at m_out (m itself, or the store's spare: the
-// two then do not overlap); u written.
-template <class U>
+// two then do not overlap); u written. With a scan, the grid is at most kMaxReduceBlocks and
+// each block runs the table's blocks b, b + gridDim.x, ..., scanning the gradient it reads.
+template <bool Scan, class U>
 __global__ void momentum_slices_kernel(const float* m, float* m_out, U* __restrict__ u,
                                        int64_t origin, const __grid_constant__ slice_table t,
-                                       float beta, bool nesterov) {
-  const block_slice part = slice_of_block(t);
-  const float* ms = m + t.state[part.s];
-  float* ms_out = m_out + t.state[part.s];
-  const float* gs = t.grad[part.s];
-  U* us = u + (t.state[part.s] - origin);
-  const float one_minus_beta = 1.0f - beta;
-  const bool aligned = aligned4(ms) && aligned4(ms_out) && aligned4(gs) && aligned4(us);
-  for_elements(part, aligned, [&](auto w, int64_t i) {
-    const auto gi = load_pack(w, gs + i);
-    auto mi = load_pack(w, ms + i);
-    auto ui = mi;
+                                       float beta, bool nesterov, scan_partials scan) {
+  double sum = 0.0;
+  int nonfinite = 0;
+  const int blocks = Scan ? t.first_block[t.count] : static_cast<int>(blockIdx.x) + 1;
+  for (int b = static_cast<int>(blockIdx.x); b < blocks; b += static_cast<int>(gridDim.x)) {
+    const block_slice part = slice_of_block(t, b);
+    const float* ms = m + t.state[part.s];
+    float* ms_out = m_out + t.state[part.s];
+    const float* gs = t.grad[part.s];
+    U* us = u + (t.state[part.s] - origin);
+    const float one_minus_beta = 1.0f - beta;
+    const bool aligned = aligned4(ms) && aligned4(ms_out) && aligned4(gs) && aligned4(us);
+    for_elements(part, aligned, [&](auto w, int64_t i) {
+      const auto gi = load_pack(w, gs + i);
+      auto mi = load_pack(w, ms + i);
+      auto ui = mi;
 #pragma unroll
-    for (int k = 0; k < decltype(w)::value; ++k) {
-      const float mk = mix(beta, mi.v[k], one_minus_beta, gi.v[k]);
-      mi.v[k] = mk;
-      ui.v[k] = nesterov ? mix(beta, mk, one_minus_beta, gi.v[k]) : mk;
+      for (int k = 0; k < decltype(w)::value; ++k) {
+        const float mk = mix(beta, mi.v[k], one_minus_beta, gi.v[k]);
+        mi.v[k] = mk;
+        ui.v[k] = nesterov ? mix(beta, mk, one_minus_beta, gi.v[k]) : mk;
+        if constexpr (Scan) {
+          nonfinite |= !isfinite(gi.v[k]);
+          sum += static_cast<double>(gi.v[k]) * static_cast<double>(gi.v[k]);
+        }
+      }
+      store_pack(w, ms_out + i, mi);
+      store_pack(w, us + i, ui);
+    });
+  }
+  if constexpr (Scan) {
+    sum = block_sum(sum);
+    nonfinite = __syncthreads_or(nonfinite);
+    if (threadIdx.x == 0) {
+      scan.sums[blockIdx.x] += sum;
+      scan.flags[blockIdx.x] |= nonfinite;
     }
-    store_pack(w, ms_out + i, mi);
-    store_pack(w, us + i, ui);
-  });
+  }
 }
 
 template <class O>
@@ -587,14 +613,22 @@ void launch_copy_units(const launch_context& ctx, const std::vector<unit_piece>&
 
 void launch_momentum_slices(const launch_context& ctx, const float* m, float* m_out, const float* g,
                             fp32_or_bf16 u, int64_t origin, const std::vector<param_slice>& slices,
-                            float beta, bool nesterov) {
+                            float beta, bool nesterov, double* partial_sums, int* partial_flags) {
+  const scan_partials scan{partial_sums, partial_flags};
   for_each_table(slices, 0.0f, g, [&](const slice_table& t, int blocks) {
+    auto run = [&](auto* out) {
+      if (scan.sums == nullptr)
+        momentum_slices_kernel<false>
+            <<<blocks, kThreads, 0, ctx.stream>>>(m, m_out, out, origin, t, beta, nesterov, scan);
+      else
+        momentum_slices_kernel<true>
+            <<<std::min(blocks, kMaxReduceBlocks), kThreads, 0, ctx.stream>>>(
+                m, m_out, out, origin, t, beta, nesterov, scan);
+    };
     if (u.bf16 != nullptr)
-      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, m_out, u.bf16, origin, t, beta,
-                                                                  nesterov);
+      run(u.bf16);
     else
-      momentum_slices_kernel<<<blocks, kThreads, 0, ctx.stream>>>(m, m_out, u.f32, origin, t, beta,
-                                                                  nesterov);
+      run(u.f32);
     ZMUON_LAUNCH_CHECK();
   });
 }

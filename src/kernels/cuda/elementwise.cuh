@@ -92,10 +92,13 @@ void launch_copy_pieces(const launch_context& ctx, float* dst,
                         const std::vector<copy_piece>& pieces);
 
 /// The same over several parameters (compute_backend's *_slices calls), one launch per
-/// kSliceTable slices; the arithmetic of each element is its per-parameter kernel's.
+/// kSliceTable slices; the arithmetic of each element is its per-parameter kernel's. The
+/// momentum's scan of the gradients it reads, where partial_sums is not null: added to a
+/// part's kMaxReduceBlocks partials (partial_flags beside them), which the caller zeroes first.
 void launch_momentum_slices(const launch_context& ctx, const float* m, float* m_out, const float* g,
                             fp32_or_bf16 u, int64_t origin, const std::vector<param_slice>& slices,
-                            float beta, bool nesterov);
+                            float beta, bool nesterov, double* partial_sums = nullptr,
+                            int* partial_flags = nullptr);
 void launch_apply_update_slices(const launch_context& ctx, float* p, fp32_or_bf16 o, int64_t origin,
                                 const std::vector<param_slice>& slices, float lr,
                                 float weight_decay);
