@@ -193,30 +193,52 @@ void gradient_shard::scale(float factor) {
   scanned_.assign(scanned_.size(), false);  // every bucket changed outside its accumulate
 }
 
-void gradient_shard::scan_async(scan_result* out, bool with_momentum,
-                                std::function<void()> landed) {
+void gradient_shard::scan_async(scan_result* out, std::function<void()> landed) {
   materialize(reader::in_place);
   if (std::find(scanned_.begin(), scanned_.end(), false) != scanned_.end()) {
     materialize();  // a scan of the whole buffer, which then holds every bucket
     be_->scan_async(grads_.data(), grads_.size(), out, std::move(landed));
     return;
   }
-  const bool from_momentum = with_momentum && muon_all_left_out() && !momentum_scans_due();
-  bool left_out = false;  // some bucket's Muon gradients are in the chunks' parts
-  for (size_t b = 0; b < muon_left_out_.size(); ++b) {
-    if (!muon_left_out_[b])
-      continue;
-    if (from_momentum) {
-      left_out = true;
-      continue;
+  size_t parts = pl_->buckets.size();
+  if (muon_all_left_out()) {  // each chunk's part holds its Muon gradients' scan
+    for (size_t c = 0; c < pl_->chunks.size(); ++c)
+      if (!muon_scanned_[c])
+        scan_chunk(static_cast<int>(c));
+    parts += pl_->chunks.size();
+  } else {  // some bucket was copied in: those left out are scanned again whole
+    for (size_t b = 0; b < muon_left_out_.size(); ++b) {
+      if (!muon_left_out_[b])
+        continue;
+      const auto& bucket = pl_->buckets[b];
+      be_->scan_pieces(grouping_at(bucket.shard_offset), bucket.shard_len, *in_place_[b], *scans_,
+                       static_cast<int>(b));
+      muon_left_out_[b] = false;
     }
-    const auto& bucket = pl_->buckets[b];
-    be_->scan_pieces(grouping_at(bucket.shard_offset), bucket.shard_len, *in_place_[b], *scans_,
-                     static_cast<int>(b));
-    muon_left_out_[b] = false;
   }
-  const size_t parts = pl_->buckets.size() + (left_out ? pl_->chunks.size() : 0);
   be_->scan_parts_async(*scans_, static_cast<int>(parts), out, std::move(landed));
+}
+
+/// Chunk `chunk`'s Muon gradients scanned into its part: those read where the caller keeps them
+/// (the others are zero, in the buffer).
+void gradient_shard::scan_chunk(int chunk) {
+  std::vector<copy_piece> pieces;
+  int64_t n = 0;
+  for (int i : pl_->chunks[chunk].params) {
+    const float* src = grad_at_[i];
+    const int64_t len = pl_->params[i].shard_len;
+    if (src == nullptr || len <= 0)
+      continue;
+    if (!pieces.empty() && pieces.back().src + pieces.back().n == src)
+      pieces.back().n += len;
+    else
+      pieces.push_back(copy_piece{src, n, len});
+    n += len;
+  }
+  // Nothing is written: the grouping only needs an allocation's alignment (grouping_at).
+  const auto* grouping = reinterpret_cast<const float*>(uintptr_t{256});
+  be_->scan_pieces(grouping, n, pieces, *scans_, static_cast<int>(pl_->buckets.size()) + chunk);
+  muon_scanned_[chunk] = true;
 }
 
 /// Whether every bucket that holds a Muon parameter left its Muon gradients out of its scan (a
@@ -232,15 +254,18 @@ bool gradient_shard::muon_all_left_out() const {
 }
 
 scan_into gradient_shard::momentum_scan(int chunk) {
-  if (!muon_all_left_out())
+  if (!muon_all_left_out() || muon_scanned_.at(static_cast<size_t>(chunk)))
     return {};
-  muon_scanned_.at(static_cast<size_t>(chunk)) = true;
+  muon_scanned_[chunk] = true;
   return scan_into{scans_.get(), static_cast<int>(pl_->buckets.size()) + chunk, true};
 }
 
-bool gradient_shard::momentum_scans_due() const {
-  return muon_all_left_out()
-         && std::find(muon_scanned_.begin(), muon_scanned_.end(), false) != muon_scanned_.end();
+bool gradient_shard::momentum_scans_due(int chunks) const {
+  if (!muon_all_left_out())
+    return false;
+  const size_t due = std::min(muon_scanned_.size(), static_cast<size_t>(std::max(chunks, 0)));
+  return std::find(muon_scanned_.begin(), muon_scanned_.begin() + due, false)
+         != muon_scanned_.begin() + due;
 }
 
 }  // namespace zmuon

@@ -23,7 +23,7 @@ public:
   /// rank whose every step reads its buckets in place never holds one. `muon_in_momentum`:
   /// the step's momentum may go ahead of the vote (momentum_may_precede_vote), so a bucket read
   /// in place leaves its Muon parameters out of its scan, for the momentum calls to take
-  /// (momentum_scan); the vote's scan scans them itself where those calls do not come first.
+  /// (momentum_scan); the vote's scan scans those of the chunks whose calls do not come first.
   gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<compute_backend> be,
                  bool muon_in_momentum = false);
 
@@ -42,19 +42,18 @@ public:
   /// The whole gradient times `factor` (the unscale), in the buffer.
   void scale(float factor);
   /// The scan of the whole gradient, without waiting (compute_backend::scan_async's contract):
-  /// from the buckets' kept scans where all are current, else a pass over the buffer.
-  /// `with_momentum`: the Muon gradients' scans the buckets left out come from every chunk's
-  /// momentum_scan (all taken: !momentum_scans_due()); otherwise those buckets are scanned
-  /// again whole first.
-  void scan_async(scan_result* out, bool with_momentum, std::function<void()> landed);
+  /// from the buckets' kept scans where all are current, else a pass over the buffer. Where
+  /// the buckets left the Muon gradients out, each chunk's part adds them: its momentum call's
+  /// scan (momentum_scan), or else a scan of that chunk's gradients taken here.
+  void scan_async(scan_result* out, std::function<void()> landed);
   /// Where chunk `chunk`'s momentum call keeps the scan of the gradients it reads: none
-  /// (nothing to scan) unless every bucket that holds Muon gradients left them out of its scan. The
-  /// chunk's part counts for this step from here on; the first of its calls writes it (`first`),
-  /// the others add to it.
+  /// (nothing to scan) unless every bucket that holds Muon gradients left them out of its scan
+  /// and the chunk's part is not yet this step's. The first of the chunk's calls writes it
+  /// (`first`), the others add to it.
   scan_into momentum_scan(int chunk);
-  /// Whether the buckets' scans left the Muon gradients out and some chunk's momentum_scan
-  /// has not been taken this step.
-  bool momentum_scans_due() const;
+  /// Whether the buckets left the Muon gradients out and one of chunks [0, chunks) has not had
+  /// its momentum call this step (the vote's scan waits for those, scan_grads::chunks_ahead).
+  bool momentum_scans_due(int chunks) const;
 
   /// Parameter `param`'s slice `s` as this step reads its gradient (param_slice::grad).
   param_slice read(param_slice s, int param) const {
@@ -68,6 +67,7 @@ public:
 private:
   bool read_in_place(int bucket, const gradient_pieces& pieces);
   bool muon_all_left_out() const;
+  void scan_chunk(int chunk);
   void copy_in(int bucket);
   /// The buffer at `offset`, allocated (zero) on first use.
   float* buffer_at(int64_t offset);
@@ -87,8 +87,8 @@ private:
   std::unique_ptr<part_scans> scans_;
   std::vector<bool> scanned_;
   // Where the step's momentum may go ahead of the vote: per bucket, whether its kept scan leaves
-  // out its Muon parameters (read in place); per chunk, whether its momentum call took the
-  // chunk's part of scans_ (after the buckets' parts) this step.
+  // out its Muon parameters (read in place); per chunk, whether its part of scans_ (after the
+  // buckets' parts) holds the scan of its Muon gradients this step.
   bool muon_in_momentum_ = false;
   std::vector<bool> muon_left_out_;
   std::vector<bool> muon_scanned_;

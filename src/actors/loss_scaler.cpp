@@ -74,8 +74,7 @@ loss_scaler_actor::behavior_type scaler_impl(scaler_pointer self, fp16_options o
         ZMUON_TRACE_RECV(self, msg);
         auto rp = self->make_response_promise<overflow_report>();
         auto step = msg.step;
-        trace::request(self, self->state.tr, self->state.store,
-                       scan_grads{step, msg.muon_in_momentum})
+        trace::request(self, self->state.tr, self->state.store, scan_grads{step, msg.chunks_ahead})
             .then(
                 [=](grad_scan& scan) mutable {
                   // The flags' sum is non-zero exactly when one is set, so the gradient norm's

@@ -58,6 +58,31 @@ struct slot {
   int chunk = 0;
 };
 
+// The fixed order over n chunks.
+std::vector<slot> collective_order(int n) {
+  std::vector<slot> order;
+  for (int c = 0; c < n; ++c) {
+    order.push_back(slot{true, c});
+    if (c > 0)
+      order.push_back(slot{false, c - 1});
+  }
+  if (n > 0)
+    order.push_back(slot{false, n - 1});
+  return order;
+}
+
+// The chunks whose momentum is asked for before the first scatter, which waits for the vote:
+// [0, this) go ahead of it in a step whose momentum does.
+int32_t chunks_before_the_vote(int n) {
+  int32_t gathers = 0;
+  for (const slot& s : collective_order(n)) {
+    if (!s.gather)
+      break;
+    ++gathers;
+  }
+  return gathers;
+}
+
 struct step_work {
   step_request req;
   // The step's values, resolved once (unscale_clip carries them to the store), and each group's
@@ -352,7 +377,8 @@ double unscale_of(const step_result& r) {
 // a non-finite gradient can refuse, whose unscale factor is 1 (one micro-batch, no loss scale:
 // unscale_clip changes no gradient the vote's scan may still read), and whose momentum nothing
 // but the store's momentum call writes (no NorMuon transform). Its vote's scan then takes the
-// Muon gradients' scan from the momentum calls (check_overflow's muon_in_momentum).
+// Muon gradients' scan from the momentum calls of the chunks asked for before the vote
+// (check_overflow's chunks_ahead).
 bool ahead_of_vote(const coordinator_state& st) {
   if (!st.momentum_before_vote || st.work->result.micros != 1)
     return false;
@@ -373,7 +399,9 @@ void vote(coord_pointer self) {
   w.ahead = ahead;
   if (ahead)
     w.vote = step_work::vote_state::pending;
-  ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step, ahead},
+  const int32_t chunks_ahead =
+      ahead ? chunks_before_the_vote(static_cast<int>(self->state.pl->chunks.size())) : 0;
+  ask<overflow_report>(self, self->state.peers.scaler, check_overflow{step, chunks_ahead},
                        [=](overflow_report& rep) {
                          auto& w = *self->state.work;
                          w.result.loss_scale = rep.scale;
@@ -464,12 +492,7 @@ void run_muon(coord_pointer self) {
     return;
   }
   w.chunks.resize(n);
-  for (int c = 0; c < n; ++c) {
-    w.order.push_back(slot{true, c});
-    if (c > 0)
-      w.order.push_back(slot{false, c - 1});
-  }
-  w.order.push_back(slot{false, n - 1});
+  w.order = collective_order(n);
   advance(self);
 }
 

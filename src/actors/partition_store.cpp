@@ -66,12 +66,13 @@ struct store_state {
   // Work on the backend whose completion comes back as gpu_done, oldest first.
   struct pending_scan {
     uint64_t step;
-    bool with_momentum;  // scan_grads::muon_in_momentum
+    int32_t chunks_ahead;  // scan_grads::chunks_ahead
     std::shared_ptr<scan_result> result;
     caf::typed_response_promise<grad_scan> promise;
   };
   std::deque<pending_scan> scans;
-  // A scan that waits for the momentum calls of its step to be enqueued (momentum_scans_due).
+  // A scan that waits for the momentum calls of its step's chunks ahead of the vote
+  // (gradient_shard::momentum_scans_due).
   std::optional<pending_scan> after_momentum;
   std::deque<caf::typed_response_promise<ack>> finishing;
   trace::track tr;
@@ -110,26 +111,25 @@ void start_scan(store_pointer self, store_state::pending_scan scan) {
   auto& st = self->state;
   auto handle = caf::actor_cast<partition_store_actor>(self);
   const gpu_done landed{scan.step, gpu_event::scan_landed, 0};
-  st.grad->scan_async(scan.result.get(), scan.with_momentum,
-                      [handle, landed] { caf::anon_send(handle, landed); });
+  st.grad->scan_async(scan.result.get(), [handle, landed] { caf::anon_send(handle, landed); });
   st.scans.push_back(std::move(scan));
 }
 
 // The scan of the gradient for the step. Where its momentum goes ahead of the vote and the
-// buckets left the Muon gradients' scan to the momentum calls, it starts once every chunk's
-// call is enqueued (update_momentum).
+// buckets left the Muon gradients' scan to the momentum calls, it starts once the calls of the
+// chunks sent ahead of the vote are enqueued (update_momentum).
 caf::result<grad_scan> scan_for(store_pointer self, const scan_grads& msg) {
   auto& st = self->state;
   auto promise = self->make_response_promise<grad_scan>();
   if (st.after_momentum) {  // an earlier step's that never got its calls (that step failed)
     st.after_momentum->promise.deliver(make_caf_error(
         errc::bad_state, "scan_grads: step " + std::to_string(st.after_momentum->step)
-                             + " never asked for the momentum of every chunk"));
+                             + " never asked for the momentum of its chunks ahead of the vote"));
     st.after_momentum.reset();
   }
-  store_state::pending_scan scan{msg.step, msg.muon_in_momentum, std::make_shared<scan_result>(),
+  store_state::pending_scan scan{msg.step, msg.chunks_ahead, std::make_shared<scan_result>(),
                                  promise};
-  if (msg.muon_in_momentum && st.grad->momentum_scans_due())
+  if (st.grad->momentum_scans_due(msg.chunks_ahead))
     st.after_momentum = std::move(scan);
   else
     start_scan(self, std::move(scan));
@@ -362,11 +362,11 @@ caf::error momentum_of(store_pointer self, const muon_momentum& msg) {
 }
 
 /// muon_momentum, then the scan that waited for it once no chunk's call is due (also after a
-/// refused call: the scan then takes the Muon gradients itself).
+/// refused call: the scan then takes the chunk's Muon gradients itself).
 caf::error update_momentum(store_pointer self, const muon_momentum& msg) {
   auto& st = self->state;
   caf::error err = momentum_of(self, msg);
-  if (st.after_momentum && (err || !st.grad->momentum_scans_due())) {
+  if (st.after_momentum && (err || !st.grad->momentum_scans_due(st.after_momentum->chunks_ahead))) {
     auto scan = std::move(*st.after_momentum);
     st.after_momentum.reset();
     start_scan(self, std::move(scan));

@@ -13,9 +13,9 @@
 //                            where the momentum may go ahead of the vote (spawned with
 //                            muon_in_momentum), a bucket read in place scans its non-Muon
 //                            gradients alone, and the Muon ones are scanned by the chunks'
-//                            muon_momentum (writes = spare) in their own pass: a scan_grads
-//                            with muon_in_momentum waits until every chunk's call is
-//                            enqueued, one without scans those gradients itself
+//                            muon_momentum (writes = spare) in their own pass: scan_grads
+//                            waits until the calls of chunks [0, chunks_ahead) are enqueued
+//                            and scans the other chunks' Muon gradients itself
 //   discard_grads -> ack     (coordinator, overflow) zero the gradient; nothing else changes
 //   unscale_clip -> ack      (coordinator) the step applies: gradient *= clip / (scale *
 //                            micro-batches); keeps the step's group table and touched mask,

@@ -206,21 +206,21 @@ struct ack {
 };
 
 // -- loss scaler ---------------------------------------------------------------------------------
-/// Coordinator -> loss scaler: vote on overflow for `step`. `muon_in_momentum`: the step's
-/// Muon momentum goes ahead of the vote (muon_momentum writes = spare), every chunk's call
-/// enqueued right after this request.
+/// Coordinator -> loss scaler: vote on overflow for `step`. `chunks_ahead`: the step's Muon
+/// momentum goes ahead of the vote (muon_momentum writes = spare), the calls of chunks
+/// [0, chunks_ahead) sent without waiting for its answer.
 struct check_overflow {
   uint64_t step = 0;
-  bool muon_in_momentum = false;
+  int32_t chunks_ahead = 0;
 };
 
-/// Loss scaler -> store: scan the accumulated gradient shard. `muon_in_momentum` (from
+/// Loss scaler -> store: scan the accumulated gradient shard. `chunks_ahead` (from
 /// check_overflow): where the store left the Muon gradients' scan to the momentum calls, the
-/// scan waits until every chunk's call is enqueued and sums their scans with the buckets';
-/// otherwise it scans those gradients itself.
+/// scan waits until those chunks' calls are enqueued, scans the other chunks' Muon gradients
+/// itself, and sums them all with the buckets'.
 struct scan_grads {
   uint64_t step = 0;
-  bool muon_in_momentum = false;
+  int32_t chunks_ahead = 0;
 };
 
 struct grad_scan {
@@ -422,8 +422,8 @@ ZMUON_INSPECT(flush, x.step)
 ZMUON_INSPECT(flush_done, x.step, x.micros)
 ZMUON_INSPECT(accumulate, x.step, x.micro, x.bucket, x.slice, x.from_host)
 ZMUON_INSPECT(ack, x.step)
-ZMUON_INSPECT(check_overflow, x.step, x.muon_in_momentum)
-ZMUON_INSPECT(scan_grads, x.step, x.muon_in_momentum)
+ZMUON_INSPECT(check_overflow, x.step, x.chunks_ahead)
+ZMUON_INSPECT(scan_grads, x.step, x.chunks_ahead)
 ZMUON_INSPECT(grad_scan, x.step, x.nonfinite, x.sum_squares)
 ZMUON_INSPECT(overflow_report, x.step, x.overflow, x.scale, x.next_scale, x.sum_squares)
 ZMUON_INSPECT(discard_grads, x.step)

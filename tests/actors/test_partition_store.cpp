@@ -290,9 +290,9 @@ BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
 
 // A store whose momentum may go ahead of the vote: the buckets read in place scan their non-Muon
 // gradients alone, the chunks' spare momentum calls scan the Muon ones, and the vote's scan
-// (muon_in_momentum) waits for those calls and sums both: the sum of squares of a store that
-// scans every gradient at the accumulate, and a non-finite value seen wherever it lies. Without
-// muon_in_momentum it scans the Muon gradients itself.
+// waits for the calls of the chunks ahead of it (chunks_ahead), scans the other chunks' Muon
+// gradients itself and sums them all: the sum of squares of a store that scans every gradient
+// at the accumulate, and a non-finite value seen wherever it lies.
 BOOST_AUTO_TEST_CASE(the_muon_gradients_scan_comes_with_the_momentum_ahead_of_the_vote) {
   auto ahead = keep(spawn_partition_store(sys, pl, kRank, be, nullptr, true));
   run();
@@ -312,9 +312,12 @@ BOOST_AUTO_TEST_CASE(the_muon_gradients_scan_comes_with_the_momentum_ahead_of_th
   auto table = std::make_shared<const std::vector<group_hparams>>(
       std::vector<group_hparams>{muon_values(0.9f, true, 0.1f, 0.0f)});
   std::vector<float> u(pl->muon_state_total);
-  // The vote asked first, as the loss scaler may; the chunks' momentum follows.
-  const auto vote_ahead = [&](uint64_t step, std::vector<bool>* answered_early = nullptr) {
-    auto r = ask<grad_scan>(ahead, scan_grads{step, true});
+  // The vote asked first, as the loss scaler may; the chunks' momentum follows, those of
+  // [0, chunks) ahead of it.
+  const auto chunks = static_cast<int32_t>(pl->chunks.size());
+  const auto vote_ahead = [&](uint64_t step, std::vector<bool>* answered_early = nullptr,
+                              int32_t chunks_ahead = -1) {
+    auto r = ask<grad_scan>(ahead, scan_grads{step, chunks_ahead < 0 ? chunks : chunks_ahead});
     run();
     call_on(ahead, unscale_clip{step, 1.0f, table, {}});
     for (int c = 0; c < static_cast<int>(pl->chunks.size()); ++c) {
@@ -339,26 +342,40 @@ BOOST_AUTO_TEST_CASE(the_muon_gradients_scan_comes_with_the_momentum_ahead_of_th
   BOOST_CHECK_CLOSE(got.sum_squares, want.sum_squares, 1e-10);
   call_on(ahead, finish_step{1, false});
 
-  // A NaN in a Muon gradient (c.weight), then in a non-Muon one (embed), each found by the vote.
-  for (int param : {2, 3}) {
-    g = eighths(pl->shard_total, 5);
-    g[pl->params[param].shard_offset + 1] = std::nanf("");
-    hand_over(ahead, 2);
-    BOOST_CHECK_MESSAGE(vote_ahead(2).nonfinite, pl->params[param].name);
-    call_on(ahead, discard_grads{2});
-  }
+  // One chunk ahead of the vote (the coordinator's later chunks wait for it): the scan waits
+  // for chunk 0's call alone and takes chunk 1's gradients itself; chunk 1's call, after the
+  // answer, adds nothing.
+  hand_over(ahead, 1);
+  early.clear();
+  const grad_scan one_ahead = vote_ahead(1, &early, 1);
+  BOOST_CHECK(early == (std::vector<bool>{false, true}));
+  BOOST_CHECK(!one_ahead.nonfinite);
+  BOOST_CHECK_CLOSE(one_ahead.sum_squares, want.sum_squares, 1e-10);
+  call_on(ahead, finish_step{1, false});
 
-  // Without muon_in_momentum (a step that does not go ahead) the scan takes the Muon gradients
-  // itself, at once.
+  // A NaN in a Muon gradient of each chunk (a.weight, c.weight), then in a non-Muon one
+  // (embed), each found by the vote, one chunk ahead of it or both.
+  for (int32_t chunks_ahead : {1, 2})
+    for (int param : {0, 2, 3}) {
+      g = eighths(pl->shard_total, 5);
+      g[pl->params[param].shard_offset + 1] = std::nanf("");
+      hand_over(ahead, 2);
+      BOOST_CHECK_MESSAGE(vote_ahead(2, nullptr, chunks_ahead).nonfinite,
+                          pl->params[param].name << ", chunks ahead " << chunks_ahead);
+      call_on(ahead, discard_grads{2});
+    }
+
+  // No chunk ahead (a step that does not go ahead): the scan takes the Muon gradients itself,
+  // at once.
   g = eighths(pl->shard_total, 4);
   hand_over(ahead, 3);
-  const grad_scan itself = call_on<grad_scan>(ahead, scan_grads{3, false});
+  const grad_scan itself = call_on<grad_scan>(ahead, scan_grads{3, 0});
   BOOST_CHECK(!itself.nonfinite);
   BOOST_CHECK_CLOSE(itself.sum_squares, want.sum_squares, 1e-10);
   call_on(ahead, discard_grads{3});
   g[pl->params[0].shard_offset] = std::numeric_limits<float>::infinity();  // a.weight
   hand_over(ahead, 4);
-  BOOST_CHECK(call_on<grad_scan>(ahead, scan_grads{4, false}).nonfinite);
+  BOOST_CHECK(call_on<grad_scan>(ahead, scan_grads{4, 0}).nonfinite);
 }
 
 BOOST_AUTO_TEST_CASE(a_store_whose_every_bucket_is_read_in_place_allocates_no_gradient) {
