@@ -409,10 +409,13 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   if (!groups)
     return refused(groups.err());
   // The buckets still in flight land first (the flush would wait for them anyway), so that
-  // their buffers are gone before the step's own.
-  for (auto& w : hand.windows)
-    if (auto err = w.drain())
-      return d.stop(err, engine_lifecycle::in_step(job.step + 1));
+  // their buffers are gone before the step's own. A rank whose hand-overs were all kept until
+  // the step has no such buffers: its buckets' answers are taken once its request is out, which
+  // then does not wait for their trip back (the flush still orders the step after them).
+  for (size_t i = 0; i < hand.windows.size(); ++i)
+    if (!hand.only_kept[i])
+      if (auto err = hand.windows[i].drain())
+        return d.stop(err, engine_lifecycle::in_step(job.step + 1));
   uint64_t step = ++job.step;
   job.host_collectives = 0;
   if (job.step_started)
@@ -437,6 +440,10 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
     sent_at.push_back(trace::now_ns());
     pending.push_back(self->request(job.ranks[i].coordinator, job.timeout(), std::move(rank_req)));
   }
+  for (size_t i = 0; i < hand.windows.size(); ++i)
+    if (hand.only_kept[i])
+      if (auto err = hand.windows[i].drain())
+        return d.stop(err, engine_lifecycle::in_step(step));
   std::vector<expected<step_result>> results;
   for (size_t r = 0; r < pending.size(); ++r) {
     auto& h = pending[r];
@@ -450,6 +457,7 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   }
   std::fill(hand.micros.begin(), hand.micros.end(), 0);
   std::fill(hand.kept.begin(), hand.kept.end(), 0);
+  std::fill(hand.only_kept.begin(), hand.only_kept.end(), 1);
   step_info info;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])

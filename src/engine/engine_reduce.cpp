@@ -246,6 +246,7 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   // 2. The micro-batch counted, its parameters marked touched.
   const int micro = hand.micros[local]++;
   hand.kept[local] = hand.kept[local] || pack.read_in_store;
+  hand.only_kept[local] = hand.only_kept[local] && pack.read_in_store;
   mark_touched(hand.touched[local], pack.source);  // this rank's thread alone writes them
   const uint64_t step = job.step + 1;
   // 3. Bucket after bucket packed and handed to the reducer, within the window. A backend

@@ -18,6 +18,9 @@ struct engine_hand_over {
   // Per local rank: 1 where the open step's gradients are read where the caller keeps them
   // (hand_over's kept_until_step): the caller may write them once step() returns.
   std::vector<uint8_t> kept;
+  // Per local rank: 1 while every hand-over of the open step was kept until the step (no bucket
+  // buffer of it to free before the step's own).
+  std::vector<uint8_t> only_kept;
   // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
   std::vector<std::vector<uint8_t>> touched;
   // MuonClip: per local rank, the largest logit per query head reported in the open step
@@ -28,6 +31,7 @@ struct engine_hand_over {
   void open(int local_ranks) {
     micros.assign(local_ranks, 0);
     kept.assign(local_ranks, 0);
+    only_kept.assign(local_ranks, 1);
     qk_logits.assign(local_ranks, {});
     touched.assign(local_ranks, {});
   }
