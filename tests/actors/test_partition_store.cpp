@@ -85,6 +85,18 @@ struct store_fixture : actor_fixture {
 
   store_snapshot snapshot() { return value_of(call<store_snapshot>(snapshot_atom::value)); }
 
+  /// Bucket b's pieces of `g` (the caller's gradients, laid out as the shard): each parameter's
+  /// shard where it lies in g, but parameter `skip`'s.
+  gradient_pieces pieces_of(const std::vector<float>& g, int b, int skip = -1) const {
+    const auto& bk = pl->buckets[b];
+    std::vector<copy_piece> pieces;
+    for (int i = bk.first_param; i < bk.end_param; ++i)
+      if (i != skip)
+        pieces.push_back({g.data() + pl->params[i].shard_offset,
+                          pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
+    return std::make_shared<const std::vector<copy_piece>>(std::move(pieces));
+  }
+
   /// call() to another store.
   template <class Reply = ack, class Msg>
   Reply call_on(partition_store_actor& to, Msg msg) {
@@ -203,16 +215,8 @@ BOOST_AUTO_TEST_CASE(a_buckets_first_pieces_are_read_in_place_by_the_step) {
   std::vector<float> flat = g;
   std::fill(flat.begin() + gap.shard_offset, flat.begin() + gap.shard_offset + gap.shard_len, 0.f);
   const auto hand_over = [&](uint64_t step) {
-    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
-      const auto& bk = pl->buckets[b];
-      std::vector<copy_piece> pieces;
-      for (int i = bk.first_param; i < bk.end_param; ++i)
-        if (i != 1)
-          pieces.push_back({g.data() + pl->params[i].shard_offset,
-                            pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
-      value_of(call(accumulate{
-          step, 0, b, {}, false, std::make_shared<const std::vector<copy_piece>>(pieces)}));
-    }
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b)
+      value_of(call(accumulate{step, 0, b, {}, false, pieces_of(g, b, 1)}));
   };
   const auto copy_in = [&](uint64_t step) {
     for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
@@ -298,16 +302,8 @@ BOOST_AUTO_TEST_CASE(the_muon_gradients_scan_comes_with_the_momentum_ahead_of_th
   run();
   std::vector<float> g = eighths(pl->shard_total, 4);  // the caller's gradients
   const auto hand_over = [&](partition_store_actor& to, uint64_t step) {
-    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
-      const auto& bk = pl->buckets[b];
-      std::vector<copy_piece> pieces;
-      for (int i = bk.first_param; i < bk.end_param; ++i)
-        pieces.push_back({g.data() + pl->params[i].shard_offset,
-                          pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
-      call_on(to,
-              accumulate{
-                  step, 0, b, {}, false, std::make_shared<const std::vector<copy_piece>>(pieces)});
-    }
+    for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b)
+      call_on(to, accumulate{step, 0, b, {}, false, pieces_of(g, b)});
   };
   auto table = std::make_shared<const std::vector<group_hparams>>(
       std::vector<group_hparams>{muon_values(0.9f, true, 0.1f, 0.0f)});
@@ -396,13 +392,7 @@ BOOST_AUTO_TEST_CASE(a_store_whose_every_bucket_is_read_in_place_allocates_no_gr
   const auto step = [&](uint64_t s, bool second) {
     for (int b = 0; b < static_cast<int>(pl->buckets.size()); ++b) {
       const auto& bk = pl->buckets[b];
-      std::vector<copy_piece> pieces;
-      for (int i = bk.first_param; i < bk.end_param; ++i)
-        pieces.push_back({g.data() + pl->params[i].shard_offset,
-                          pl->params[i].shard_offset - bk.shard_offset, pl->params[i].shard_len});
-      call_on(
-          in_place,
-          accumulate{s, 0, b, {}, false, std::make_shared<const std::vector<copy_piece>>(pieces)});
+      call_on(in_place, accumulate{s, 0, b, {}, false, pieces_of(g, b)});
       call_on(copied, accumulate{s, 0, b, {g.data() + bk.shard_offset, bk.shard_len}});
       for (partition_store_actor* to : {&in_place, &copied})
         if (second)
