@@ -187,8 +187,9 @@ struct engine_options {
   // no fp16 loss scale, no NorMuon) computes each chunk's u, and its new momentum into a spare
   // buffer (4 bytes a Muon parameter), and starts its Newton-Schulz while the vote is on its
   // way; the spare becomes the momentum, and the update is applied, once the vote says the step
-  // applies. auto: on for the cuda backend, where the vote's trip through the host would leave
-  // the GPU idle.
+  // applies. The vote's scan of the Muon gradients then comes from those momentum passes.
+  // auto: on for the cuda backend, where the vote's trip through the host would leave the GPU
+  // idle.
   std::string momentum_before_vote = "auto";
 };
 
