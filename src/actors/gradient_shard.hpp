@@ -2,8 +2,11 @@
 // buffer laid out like the parameter shards, in reduce buckets. Per bucket it knows whether the
 // buffer holds this step's values, the scan of them kept by the call that wrote them, and
 // whether the bucket is read where the caller keeps it (the pieces of a device hand-over kept
-// until the step) instead of from the buffer. Part of the partition store's state, driven by its
-// handlers on the store's own thread; not an actor. Internal.
+// until the step) instead of from the buffer. Where the momentum may go ahead of the vote, such
+// a bucket's kept scan is of its non-Muon gradients, and each Muon chunk keeps the scan of its
+// gradients in a part of its own (taken by its momentum call, or when the vote asks). Part of
+// the partition store's state, driven by its handlers on the store's own thread; not an actor.
+// Internal.
 #pragma once
 
 #include <memory>
