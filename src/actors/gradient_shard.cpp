@@ -11,6 +11,13 @@ namespace zmuon {
 
 namespace {
 
+/// An address aligned as an allocation's (256 bytes, as a device pool's), plus `offset` floats:
+/// where scan_pieces groups elements as into a buffer, with nothing read or written there.
+const float* stand_in_at(int64_t offset) {
+  return reinterpret_cast<const float*>(uintptr_t{256}
+                                        + static_cast<uintptr_t>(offset) * sizeof(float));
+}
+
 /// Whether `pieces` land inside a bucket of `n` elements, in increasing order, not overlapping.
 bool pieces_fit(const std::vector<copy_piece>& pieces, int64_t n) {
   int64_t end = 0;
@@ -163,14 +170,11 @@ void gradient_shard::materialize(reader by) {
 }
 
 /// What scan_pieces takes of the buffer at `offset`: its alignment, by which the scan groups the
-/// elements as the copy into it would (bit for bit). Where no buffer is allocated, an address
-/// aligned as an allocation's (256 bytes, as a device pool's) stands in; nothing is read or
-/// written there.
+/// elements as the copy into it would (bit for bit). Where no buffer is allocated, stand_in_at.
 const float* gradient_shard::grouping_at(int64_t offset) const {
   if (grads_.data() != nullptr)
     return grads_.data() + offset;
-  return reinterpret_cast<const float*>(uintptr_t{256}
-                                        + static_cast<uintptr_t>(offset) * sizeof(float));
+  return stand_in_at(offset);
 }
 
 float* gradient_shard::buffer_at(int64_t offset) {
@@ -236,8 +240,8 @@ void gradient_shard::scan_chunk(int chunk) {
     n += len;
   }
   // Nothing is written: the grouping only needs an allocation's alignment (grouping_at).
-  const auto* grouping = reinterpret_cast<const float*>(uintptr_t{256});
-  be_->scan_pieces(grouping, n, pieces, *scans_, static_cast<int>(pl_->buckets.size()) + chunk);
+  be_->scan_pieces(stand_in_at(0), n, pieces, *scans_,
+                   static_cast<int>(pl_->buckets.size()) + chunk);
   muon_scanned_[chunk] = true;
 }
 
