@@ -6,7 +6,8 @@
 #
 #   PEERS_AB="base=.carry/baselib/libzmuon.so new=" bash bench/dev/peers_ab.sh   # there, .carry carried
 #
-# PEERS_AB: NAME=LIB pairs, LIB a libzmuon.so (empty: the packed one, gpu-check.sh pack); ROUNDS
+# PEERS_AB: NAME=LIB[:PYTHON] pairs, LIB a libzmuon.so (empty: the packed one, gpu-check.sh
+# pack), PYTHON a python/ folder of zmuon (default: this tree's); ROUNDS
 # (default 2); PEERS_RUNS (default gpt2); PEERS_ONLY (default zmuon-auto; the first run of the
 # first build also takes dion-graph, Dion's best, for the ratio); more peers_step.py arguments in
 # PEERS_ARGS. Rows and phases go to stdout and under $OUT, the timelines there as a tarball.
@@ -21,18 +22,20 @@ only="${PEERS_ONLY:-zmuon-auto}"
 first=1
 for round in $(seq "${ROUNDS:-2}"); do
   for pair in ${PEERS_AB:?"PEERS_AB: NAME=LIB pairs"}; do
-    name="${pair%%=*}" lib="${pair#*=}"
+    name="${pair%%=*}" lib="${pair#*=}" python=""
+    [[ $lib == *:* ]] && python="${lib#*:}" lib="${lib%%:*}"
     which="$only"
     [[ $first == 1 ]] && which="$only,dion-graph" && first=0
     tag="$name-$round"
     [[ -n $lib ]] && export ZMUON_LIBRARY="$root/$lib" || unset ZMUON_LIBRARY
+    [[ -n $python ]] && export ZMUON_PYTHON="$root/$python" || unset ZMUON_PYTHON
     PEERS_RUNS="${PEERS_RUNS:-gpt2}" OUT="$work/out-$tag" \
       PEERS_ARGS="--only $which --steps 20 --warmup 5 --timeline $work/$tag ${PEERS_ARGS:-}" \
       bash bench/dev/peers.sh 2>&1 | grep -E "optimizer |Error|Traceback" | sed "s/^/[$tag] /" |
       tee -a "$out/ab.md"
   done
 done
-unset ZMUON_LIBRARY
+unset ZMUON_LIBRARY ZMUON_PYTHON
 find "$work" -name '*.calls.json' | sort | while read -r f; do
   python3 bench/dev/trace_gaps.py --phases "$f"
 done | sed "s|$work/||" | tee -a "$out/ab.md"

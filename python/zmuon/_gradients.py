@@ -1,7 +1,9 @@
 """zmuon.Muon's gradient hand-over: each micro-batch's gradients into the engine, as fp32
 contiguous buffers by data pointer (a bf16, fp16 or strided gradient is copied first)."""
 
+import itertools
 import math
+import operator
 import sys
 
 from . import _capi, _distributed
@@ -33,6 +35,35 @@ def _engine_readable(g, host_staging):
     if g.is_cuda and host_staging:
         return g.detach().to("cpu").contiguous()
     return g if g.is_contiguous() else g.contiguous()
+
+
+_grad_of = operator.attrgetter("grad")
+_dtype_of = operator.attrgetter("dtype")
+_shape_of = operator.attrgetter("shape")
+_is_cpu = operator.attrgetter("is_cpu")
+_is_cuda = operator.attrgetter("is_cuda")
+
+
+def _every_grad_plain(torch, columns, host_staging):
+    """_plain_grads where every parameter's .grad is a plain fp32 contiguous tensor of its
+    shape and all lie on one device: each check one map() over the gradients, C calls without
+    a Python call between them (about four fifths of the per-parameter loop's time); None
+    where one is not. `columns`: the parameters' names, tensors, shapes and numels."""
+    names, params, shapes, numels = columns
+    grads = list(map(_grad_of, params))
+    tensor = torch.Tensor
+    if set(map(type, grads)) != {tensor} or set(map(_dtype_of, grads)) != {torch.float32} \
+            or not all(map(tensor.is_contiguous, grads)) or list(map(_shape_of, grads)) != shapes:
+        return None
+    devices = set(map(tensor.get_device, grads))  # -1: not a CUDA tensor
+    if len(devices) != 1:
+        return None
+    device = devices.pop()
+    if device < 0 and all(map(_is_cpu, grads)):
+        device = HOST
+    elif device < 0 or host_staging or not all(map(_is_cuda, grads)):
+        return None
+    return list(zip(names, map(tensor.data_ptr, grads), numels, itertools.repeat(device))), grads
 
 
 class Gradients:
@@ -150,14 +181,17 @@ class Gradients:
 
     def _param_slots(self):
         """(whether every parameter is a torch tensor, [(name, parameter, shape, numel)] where
-        every name is a str, else None), kept until the parameters change."""
+        every name is a str, else None, the same as four columns), kept until the parameters
+        change."""
         params = self._params
         cached = getattr(self, "_slots", None)
         if cached is None or cached[0] is not params or cached[1] != len(params):
             plain = all(type(n) is str for n, _, _ in params)
+            slots = [(n, p, shape, math.prod(shape)) for n, p, shape in params] \
+                if plain else None
             cached = self._slots = (params, len(params), (
-                all(is_torch(p) for _, p, _ in params),
-                [(n, p, shape, math.prod(shape)) for n, p, shape in params] if plain else None))
+                all(is_torch(p) for _, p, _ in params), slots,
+                tuple(map(list, zip(*slots))) if slots else None))
         return cached[2]
 
     def _plain_grads(self):
@@ -169,9 +203,14 @@ class Gradients:
         torch = sys.modules.get("torch")
         if getattr(torch, "float32", None) is None:  # no torch, or a stand-in without dtypes
             return None
-        all_torch, slots = self._param_slots()
+        all_torch, slots, columns = self._param_slots()
         if not all_torch or not slots:  # numpy parameters: accumulate() names them
             return None
+        found = _every_grad_plain(torch, columns, self._host_staging)
+        return found if found is not None else self._each_grad_plain(torch, slots)
+
+    def _each_grad_plain(self, torch, slots):
+        """_plain_grads a parameter at a time (.grad None and FSDP2's DTensors among them)."""
         tensor, fp32, staging = torch.Tensor, torch.float32, self._host_staging
         dtensor = None  # DTensor's class, once a gradient is one
         entries, keep = [], []

@@ -218,7 +218,8 @@ def checked_rule(group, where):
                                   f"{where}['normuon_eps']", low_open=True)}
 
 
-_PLAIN = (float, int, bool, str, type(None))
+_PLAIN = frozenset((float, int, bool, str, type(None)))
+_SEQUENCES = frozenset((tuple, list))
 
 
 def groups_key(param_groups):
@@ -229,14 +230,15 @@ def groups_key(param_groups):
     for group in param_groups:
         values = dict(group)
         values.pop("params", None)
-        for k, v in values.items():
-            t = type(v)
-            if t in _PLAIN:
-                continue
-            if (t is tuple or t is list) and all(type(x) in _PLAIN for x in v):
-                values[k] = tuple(v)  # a list's later change in place shows
-                continue
-            return None
+        kinds = set(map(type, values.values()))
+        if not kinds <= _PLAIN:
+            if not kinds <= _PLAIN | _SEQUENCES:
+                return None
+            for k, v in values.items():
+                if type(v) in _SEQUENCES:
+                    if not _PLAIN.issuperset(map(type, v)):
+                        return None
+                    values[k] = tuple(v)  # a list's later change in place shows
         key.append(values)
     return key
 

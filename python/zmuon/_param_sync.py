@@ -23,6 +23,7 @@ L2 norm in fp32, all parameters in a few multi-tensor kernels (torch._foreach_no
 read-back a step: a write that keeps every norm (a permutation, a sign flip) goes unnoticed."""
 
 import ctypes
+import operator
 import zlib
 
 from . import _distributed, _mesh
@@ -92,8 +93,10 @@ class Binding:
 
     __slots__ = ("name", "param", "shape", "host_staging", "staging", "marks", "fingerprint",
                  "master", "master_key", "whole")
+    masters_changed = 0  # counts every new binding and master change: MasterViews' cache key
 
     def __init__(self, name, param, host_staging):
+        Binding.masters_changed += 1
         self.name, self.param = name, param
         self.whole = not _distributed.is_dtensor(param)  # the tensor is its own local part
         self.shape = tuple(param.shape)
@@ -204,6 +207,12 @@ class Binding:
         else:
             self.master = _set_fsdp_local(fsdp[id(self.param)], self.param, view)
         self.marks = self.fingerprint = None
+        Binding.masters_changed += 1
+
+    def drop_master(self):
+        """The parameter's storage is its own (again): no master to compare with."""
+        self.master = self.master_key = None
+        Binding.masters_changed += 1
 
     def in_master(self):
         """Whether the parameter's storage is still the engine's master (read twice a step:
@@ -225,7 +234,39 @@ class Binding:
             elif id(self.param) in fsdp:
                 record = fsdp[id(self.param)]
                 _set_fsdp_local(record, self.param, record._sharded_param_data.clone())
-        self.master = self.master_key = None
+        self.drop_master()
+
+
+class MasterViews:
+    """Which bindings are views of their masters (in_master), for all of them at once: the whole
+    parameters' data pointers and dtypes each read in one map() over the parameters and compared
+    with their masters' (a few C calls instead of one Python call a parameter), FSDP2's local
+    shards one by one. A dtype or data pointer that moved sends every binding through
+    in_master (a view of the master in another shape at its address counts as one still:
+    the parameter's gradient then has that shape, which the hand-over refuses). Rebuilt where a
+    binding or a master changed (Binding.masters_changed)."""
+
+    def __init__(self, bindings):
+        self.key = (Binding.masters_changed, len(bindings))
+        held = [b for b in bindings if b.master is not None]
+        self.plain = [b for b in bindings if b.master is None]
+        self.whole = [b for b in held if b.whole]
+        self.shards = [b for b in held if not b.whole]
+        self.params = [b.param for b in self.whole]
+        self.ptrs = [b.master.data_ptr() for b in self.whole]
+        self.dtypes = [b.master.dtype for b in self.whole]
+
+    def moved(self):
+        """The bindings with a master that their parameter no longer views."""
+        if self.whole and (list(map(torch.Tensor.data_ptr, self.params)) != self.ptrs
+                           or list(map(_dtype_of, self.params)) != self.dtypes):
+            moved = [b for b in self.whole if not b.in_master()]
+        else:
+            moved = []
+        return moved + [b for b in self.shards if not b.in_master()]
+
+
+_dtype_of = operator.attrgetter("dtype")
 
 
 def _set_fsdp_local(record, param, flat):
@@ -352,13 +393,13 @@ class ParamSync:
         """Loads every parameter written outside zmuon since the engine last agreed with it,
         per shard into this process's ranks (no collective; DTensors placed otherwise than
         FSDP2's rows: all of them, once some process saw a write). Returns their names."""
-        bindings = list(self._bindings.values())
-        if not bindings:
+        if not self._bindings:
             return []
-        moved = [b for b in bindings if b.master is not None and not b.in_master()]
-        watched = [b for b in bindings if b.master is None]
+        views = self._master_views()
+        moved = views.moved()
+        watched = views.plain
         for b in moved:  # a new storage: its values are loaded, it is shared again after the step
-            b.master = b.master_key = None
+            b.drop_master()
         prints = fingerprints([b.local for b in watched])
         same = same_fingerprints([b.fingerprint for b in watched], prints)
         written = moved + [b for b, s in zip(watched, same)
@@ -384,6 +425,13 @@ class ParamSync:
         if written:
             self._mark_in_step(written)
         return [b.name for b in reload]
+
+    def _master_views(self):
+        """MasterViews of the bindings, kept while none changed."""
+        views = getattr(self, "_views", None)
+        if views is None or views.key != (Binding.masters_changed, len(self._bindings)):
+            views = self._views = MasterViews(list(self._bindings.values()))
+        return views
 
     def _share_masters(self, bindings):
         """Where this process runs the one rank of a job of one, or one rank of FSDP2's rows,
@@ -456,7 +504,8 @@ class ParamSync:
             self._mark_in_step(bindings)
             return
         self._share_masters(bindings)
-        bindings = [b for b in bindings if not b.in_master()]
+        views = self._master_views()
+        bindings = views.plain + views.moved()
         if not bindings:
             return
         entries, targets = [], []

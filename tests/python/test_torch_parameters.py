@@ -183,6 +183,51 @@ class SharedMasters(unittest.TestCase):
         for (n, a), (_, b) in zip(runs[0].named_parameters(), runs[1].named_parameters()):
             self.assertTrue(torch.equal(a, b), n)
 
+    def test_the_moved_views_are_those_in_master_finds(self):
+        """MasterViews.moved (data pointers and dtypes read for all parameters at once)
+        against in_master asked of each binding: none moved, a new storage, the master viewed
+        as bf16 at the same address, two at once; and rebuilt once the step shared
+        the new storage again."""
+        from zmuon._param_sync import MasterViews
+
+        def reference(opt):
+            return sorted(b.name for b in opt._bindings.values()
+                          if b.master is not None and not b.in_master())
+
+        def moved(opt):
+            return sorted(b.name for b in MasterViews(list(opt._bindings.values())).moved())
+
+        def new_storage(model):
+            model.fc.weight.data = model.fc.weight.detach().clone()
+
+        def as_int(model):
+            model.lm_head.weight.data = model.lm_head.weight.detach().view(torch.bfloat16)
+
+        def both(model):
+            new_storage(model)
+            model.tok_embed.weight.data = model.tok_embed.weight.detach().clone()
+
+        for write, expected in ((lambda m: None, []), (new_storage, ["fc.weight"]),
+                                (as_int, ["lm_head.weight"]),
+                                (both, ["fc.weight", "tok_embed.weight"])):
+            with self.subTest(expected=expected):
+                model, opt = self.trained()
+                views = opt._master_views()
+                self.assertEqual(moved(opt), [])
+                write(model)
+                self.assertEqual(reference(opt), expected)
+                self.assertEqual(moved(opt), expected)
+                self.assertEqual(sorted(b.name for b in views.moved()), expected)
+                if write is as_int:
+                    model.lm_head.weight.data = model.lm_head.weight.detach().view(torch.float32)
+                    continue
+                lm_loss(model, batches(1)[0]).backward()
+                opt.step()  # loaded, then shared again: a new cache, nothing moved
+                if expected:
+                    self.assertIsNot(opt._master_views(), views)
+                self.assertEqual(moved(opt), [])
+                self.assertEqual(reference(opt), [])
+
     def test_close_and_collection_give_the_storage_back(self):
         for end in ("close", "collect"):
             with self.subTest(end=end):
@@ -199,6 +244,53 @@ class SharedMasters(unittest.TestCase):
                     self.assertTrue(torch.equal(p.detach(), values[n]), n)
                 lm_loss(model, batches(1)[0]).backward()  # the model still trains
                 torch.optim.SGD(model.parameters(), lr=0.1).step()
+
+
+class GradientsReadInOnePass(unittest.TestCase):
+    """The hand-over's reading of every .grad through map() (_every_grad_plain) against the
+    same reading a parameter at a time (_each_grad_plain): the same entries and tensors where
+    every gradient is a plain fp32 contiguous tensor of its parameter's shape; no answer where
+    one is not, which the per-parameter reading then takes or refuses as before."""
+
+    def readings(self, change=None):
+        from zmuon._gradients import _every_grad_plain
+        model = fresh()
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        lm_loss(model, batches(1)[0]).backward()
+        if change:
+            change(model)
+        _, slots, columns = opt._param_slots()
+        return (_every_grad_plain(torch, columns, opt._host_staging),
+                opt._each_grad_plain(torch, slots), model)
+
+    def test_plain_gradients_give_the_entries_of_the_loop(self):
+        every, each, model = self.readings()
+        self.assertIsNotNone(every)
+        self.assertEqual(every[0], each[0])
+        self.assertEqual([id(g) for g in every[1]], [id(g) for g in each[1]])
+        self.assertEqual(len(every[0]), len(list(model.parameters())))
+        self.assertEqual({e[3] for e in every[0]}, {zmuon._capi.HOST})
+
+    def test_a_gradient_that_is_not_plain_is_left_to_the_loop(self):
+        def no_grad(model):
+            model.fc.weight.grad = None
+
+        def transposed(model):
+            g = model.fc.weight.grad
+            model.fc.weight.grad = g.t().contiguous().t()  # its shape, not contiguous
+
+        def other_dtype(model):
+            model.proj.bias.grad_dtype = None
+            model.proj.bias.grad = model.proj.bias.grad.double()
+
+        for change, loop_takes in ((no_grad, True), (transposed, False), (other_dtype, False)):
+            with self.subTest(change=change.__name__):
+                every, each, model = self.readings(change)
+                self.assertIsNone(every)
+                self.assertEqual(each is not None, loop_takes)
+                if loop_takes:
+                    self.assertNotIn("fc.weight", [e[0] for e in each[0]])
+                    self.assertEqual(len(each[0]), len(list(model.parameters())) - 1)
 
 
 class AnyWayOfPassingParameters(unittest.TestCase):
