@@ -29,7 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(_here, "..", "python"))
+# zmuon from $ZMUON_PYTHON (another python/ folder, for an A/B of two trees), else this tree's
+sys.path.insert(0, os.environ.get("ZMUON_PYTHON") or os.path.join(_here, "..", "python"))
 import zmuon  # noqa: E402
 
 MODELS = {  # vocab, d, layers, heads, kv heads, ff, seq, batch

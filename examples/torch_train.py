@@ -29,7 +29,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 _here = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(_here, "..", "python"))
+# zmuon from $ZMUON_PYTHON (another python/ folder, for an A/B of two trees), else this tree's
+sys.path.insert(0, os.environ.get("ZMUON_PYTHON") or os.path.join(_here, "..", "python"))
 _built = os.path.join(_here, "..", "build", "src", "embed", "libzmuon.so")
 if "ZMUON_LIBRARY" not in os.environ and os.path.exists(_built):
     os.environ["ZMUON_LIBRARY"] = _built
