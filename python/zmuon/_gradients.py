@@ -38,6 +38,7 @@ def _engine_readable(g, host_staging):
 
 
 _grad_of = operator.attrgetter("grad")
+_local_tensor_of = operator.attrgetter("_local_tensor")
 _dtype_of = operator.attrgetter("dtype")
 _shape_of = operator.attrgetter("shape")
 _is_cpu = operator.attrgetter("is_cpu")
@@ -46,14 +47,28 @@ _is_cuda = operator.attrgetter("is_cuda")
 
 def _every_grad_plain(torch, columns, host_staging):
     """_plain_grads where every parameter's .grad is a plain fp32 contiguous tensor of its
-    shape and all lie on one device: each check one map() over the gradients, C calls without
-    a Python call between them (about four fifths of the per-parameter loop's time); None
-    where one is not. `columns`: the parameters' names, tensors, shapes and numels."""
+    shape, or every one a DTensor (FSDP2) whose local shard is a plain fp32 contiguous tensor,
+    and all lie on one device: each check one map() over the gradients, C calls without a
+    Python call between them (about four fifths of the per-parameter loop's time); None where
+    one is not. `columns`: the parameters' names, tensors, shapes and numels."""
     names, params, shapes, numels = columns
     grads = list(map(_grad_of, params))
     tensor = torch.Tensor
-    if set(map(type, grads)) != {tensor} or set(map(_dtype_of, grads)) != {torch.float32} \
-            or not all(map(tensor.is_contiguous, grads)) or list(map(_shape_of, grads)) != shapes:
+    kinds = set(map(type, grads))
+    if kinds == {tensor}:
+        if list(map(_shape_of, grads)) != shapes:
+            return None
+    elif len(kinds) == 1 and _distributed.is_dtensor(grads[0]):
+        try:  # FSDP2's shards (local_tensor's reading)
+            grads = list(map(_local_tensor_of, grads))
+        except AttributeError:  # a torch whose DTensor keeps it elsewhere: the general path
+            return None
+        if set(map(type, grads)) != {tensor}:
+            return None
+        numels = list(map(tensor.numel, grads))
+    else:
+        return None
+    if set(map(_dtype_of, grads)) != {torch.float32} or not all(map(tensor.is_contiguous, grads)):
         return None
     devices = set(map(tensor.get_device, grads))  # -1: not a CUDA tensor
     if len(devices) != 1:

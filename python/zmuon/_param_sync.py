@@ -238,35 +238,41 @@ class Binding:
 
 
 class MasterViews:
-    """Which bindings are views of their masters (in_master), for all of them at once: the whole
-    parameters' data pointers and dtypes each read in one map() over the parameters and compared
-    with their masters' (a few C calls instead of one Python call a parameter), FSDP2's local
-    shards one by one. A dtype or data pointer that moved sends every binding through
-    in_master (a view of the master in another shape at its address counts as one still:
-    the parameter's gradient then has that shape, which the hand-over refuses). Rebuilt where a
-    binding or a master changed (Binding.masters_changed)."""
+    """Which bindings are views of their masters (in_master), for all of them at once: the
+    parameters' (FSDP2: their local shards') data pointers and dtypes each read in one map()
+    and compared with their masters' (a few C calls instead of one Python call a parameter).
+    A data pointer or dtype that moved sends every binding through in_master (a view of the
+    master in another shape at its address counts as one still: the parameter's gradient then
+    has that shape, which the hand-over refuses). Rebuilt where a binding or a master changed
+    (Binding.masters_changed)."""
 
     def __init__(self, bindings):
         self.key = (Binding.masters_changed, len(bindings))
-        held = [b for b in bindings if b.master is not None]
         self.plain = [b for b in bindings if b.master is None]
-        self.whole = [b for b in held if b.whole]
-        self.shards = [b for b in held if not b.whole]
-        self.params = [b.param for b in self.whole]
-        self.ptrs = [b.master.data_ptr() for b in self.whole]
-        self.dtypes = [b.master.dtype for b in self.whole]
+        whole = [b for b in bindings if b.master is not None and b.whole]
+        shards = [b for b in bindings if b.master is not None and not b.whole]
+        self.held = whole + shards
+        self.params = [b.param for b in whole]
+        self.sharded = [b.param for b in shards]
+        self.ptrs = [b.master.data_ptr() for b in self.held]
+        self.dtypes = [b.master.dtype for b in self.held]
 
     def moved(self):
         """The bindings with a master that their parameter no longer views."""
-        if self.whole and (list(map(torch.Tensor.data_ptr, self.params)) != self.ptrs
-                           or list(map(_dtype_of, self.params)) != self.dtypes):
-            moved = [b for b in self.whole if not b.in_master()]
-        else:
-            moved = []
-        return moved + [b for b in self.shards if not b.in_master()]
+        if not self.held:
+            return []
+        try:
+            local = self.params + list(map(_local_tensor_of, self.sharded))
+        except AttributeError:  # a DTensor without it: each binding asked
+            local = None
+        if local is not None and list(map(torch.Tensor.data_ptr, local)) == self.ptrs \
+                and list(map(_dtype_of, local)) == self.dtypes:
+            return []
+        return [b for b in self.held if not b.in_master()]
 
 
 _dtype_of = operator.attrgetter("dtype")
+_local_tensor_of = operator.attrgetter("_local_tensor")
 
 
 def _set_fsdp_local(record, param, flat):

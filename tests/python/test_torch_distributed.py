@@ -172,6 +172,26 @@ def one_pass_takes_the_shards(model, opt, rank, world):
     return one_pass is not None and one_pass[0] == general
 
 
+def moved_shard_found(opt):
+    """Whether MasterViews.moved names what in_master names, and only that, when one FSDP2
+    shard's local tensor is a copy (then put back: nothing moved)."""
+    from zmuon._param_sync import MasterViews
+
+    def moved():
+        return [b.name for b in MasterViews(list(opt._bindings.values())).moved()]
+
+    shard = next(b for b in opt._bindings.values() if b.master is not None and not b.whole)
+    kept = shard.param._local_tensor
+    shard.param._local_tensor = kept.clone()
+    try:
+        found = moved()
+        reference = [b.name for b in opt._bindings.values()
+                     if b.master is not None and not b.in_master()]
+    finally:
+        shard.param._local_tensor = kept
+    return found == reference == [shard.name] and moved() == []
+
+
 def masters_and_close(model, opt, out):
     """Under FSDP2: which local shards are views of the rank's master with FSDP2's all-gather
     buffer (padding included) there too; then close(), after which each shard and buffer own a
@@ -251,6 +271,7 @@ def worker(args):
         out["held"], out["total"] = held, total
         if args.kind == "fsdp":
             out["one_pass"] = one_pass_takes_the_shards(model, opt, rank, world)
+            out["moved_shard"] = moved_shard_found(opt)
             masters_and_close(model, opt, out)
     elif args.case == "nan":
         train_steps(model, opt, 3, rank, world, 1)
@@ -443,6 +464,8 @@ class Distributed(unittest.TestCase):
                     self.check_masters(ranks)
                     self.assertTrue(all(r["one_pass"] for r in ranks),
                                     "the hand-over's one pass took FSDP2's gradients")
+                    self.assertTrue(all(r["moved_shard"] for r in ranks),
+                                    "a shard's new storage found by MasterViews")
 
     def check_masters(self, ranks):
         """Every FSDP2 shard a view of its master, FSDP2's buffer too; each its own after
