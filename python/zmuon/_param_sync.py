@@ -215,8 +215,9 @@ class Binding:
         Binding.masters_changed += 1
 
     def in_master(self):
-        """Whether the parameter's storage is still the engine's master (read twice a step:
-        the master's side once per master)."""
+        """Whether the parameter's storage is still the engine's master (the master's side
+        read once per master). A step asks MasterViews, which asks this only where a data
+        pointer or dtype moved."""
         master = self.master
         if master is None:
             return False
@@ -263,11 +264,11 @@ class MasterViews:
             return []
         try:
             local = self.params + list(map(_local_tensor_of, self.sharded))
-        except AttributeError:  # a DTensor without it: each binding asked
-            local = None
-        if local is not None and list(map(torch.Tensor.data_ptr, local)) == self.ptrs \
-                and list(map(_dtype_of, local)) == self.dtypes:
-            return []
+            if list(map(torch.Tensor.data_ptr, local)) == self.ptrs \
+                    and list(map(_dtype_of, local)) == self.dtypes:
+                return []
+        except (AttributeError, TypeError):  # a DTensor without a local tensor of its own
+            pass
         return [b for b in self.held if not b.in_master()]
 
 
