@@ -238,6 +238,23 @@ class Binding:
         self.drop_master()
 
 
+def copy_into_params(bindings, rounding):
+    """Binding.copy_into_param for each of `bindings`: those rounded to nearest whose staging
+    buffer lies on their tensor's device in one torch._foreach_copy_ (a multi-tensor pass, not a
+    copy_ a parameter; the same bits), the others each."""
+    together = []
+    for b in bindings:
+        if b.staging is None:
+            continue
+        if b.host_staging or not _is_tensor(b.local) or rounding.applies_to(b.local):
+            b.copy_into_param(rounding)
+        else:
+            together.append(b)
+    if together:
+        with torch.no_grad():
+            torch._foreach_copy_([b.local for b in together], [b.staging for b in together])
+
+
 class MasterViews:
     """Which bindings are views of their masters (in_master), for all of them at once: the
     parameters' (FSDP2: their local shards') data pointers and dtypes each read in one map()
@@ -535,6 +552,5 @@ class ParamSync:
             if stream is None and any(device != HOST for _, _, _, device in entries):
                 synchronize_torch(targets)
             self._engine.gather_params(entries, stream=stream)
-        for b in bindings:
-            b.copy_into_param(self._rounding)
+        copy_into_params(bindings, self._rounding)
         self._mark_in_step(bindings)

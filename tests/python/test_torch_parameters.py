@@ -535,6 +535,26 @@ class LowPrecisionParameters(unittest.TestCase):
                 o.step()
         return model
 
+    def test_the_write_back_rounds_every_master_to_nearest(self):
+        """After each step every bf16 parameter holds its fp32 master rounded to nearest, bit
+        for bit (the masters' write-back in one multi-tensor copy), a parameter at a time
+        against torch's own copy_ of the staged master."""
+        torch.manual_seed(0)
+        model = TinyTransformer().to(torch.bfloat16)
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        for tokens in batches(3, seed=5):
+            opt.zero_grad()
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            lm_loss(model, tokens).backward()
+            opt.step()
+            for name, p in model.named_parameters():
+                staged = opt._bindings[name].staging
+                self.assertIsNotNone(staged, name)
+                expected = torch.empty_like(p).copy_(staged)
+                self.assertTrue(torch.equal(p.detach(), expected), name)
+            self.assertTrue(any(not torch.equal(before[n], p) for n, p in
+                                model.named_parameters()), "the step moved the parameters")
+
     def test_bf16_tracks_fp32_and_beats_adamw_without_masters(self):
         kw = dict(HYPER, adam_lr=3e-4)
 
