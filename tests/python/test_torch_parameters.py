@@ -200,7 +200,7 @@ class SharedMasters(unittest.TestCase):
         def new_storage(model):
             model.fc.weight.data = model.fc.weight.detach().clone()
 
-        def as_int(model):
+        def as_bf16(model):
             model.lm_head.weight.data = model.lm_head.weight.detach().view(torch.bfloat16)
 
         def both(model):
@@ -208,7 +208,7 @@ class SharedMasters(unittest.TestCase):
             model.tok_embed.weight.data = model.tok_embed.weight.detach().clone()
 
         for write, expected in ((lambda m: None, []), (new_storage, ["fc.weight"]),
-                                (as_int, ["lm_head.weight"]),
+                                (as_bf16, ["lm_head.weight"]),
                                 (both, ["fc.weight", "tok_embed.weight"])):
             with self.subTest(expected=expected):
                 model, opt = self.trained()
@@ -218,7 +218,7 @@ class SharedMasters(unittest.TestCase):
                 self.assertEqual(reference(opt), expected)
                 self.assertEqual(moved(opt), expected)
                 self.assertEqual(sorted(b.name for b in views.moved()), expected)
-                if write is as_int:
+                if write is as_bf16:
                     model.lm_head.weight.data = model.lm_head.weight.detach().view(torch.float32)
                     continue
                 lm_loss(model, batches(1)[0]).backward()
