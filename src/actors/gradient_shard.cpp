@@ -18,6 +18,16 @@ const float* stand_in_at(int64_t offset) {
                                         + static_cast<uintptr_t>(offset) * sizeof(float));
 }
 
+/// `n` floats from `src` to `dst_offset` appended to `pieces`: the last piece grows where both
+/// its source and its destination run on into this one.
+void add_piece(std::vector<copy_piece>& pieces, const float* src, int64_t dst_offset, int64_t n) {
+  if (!pieces.empty() && pieces.back().src + pieces.back().n == src
+      && pieces.back().dst_offset + pieces.back().n == dst_offset)
+    pieces.back().n += n;
+  else
+    pieces.push_back(copy_piece{src, dst_offset, n});
+}
+
 /// Whether `pieces` land inside a bucket of `n` elements, in increasing order, not overlapping.
 bool pieces_fit(const std::vector<copy_piece>& pieces, int64_t n) {
   int64_t end = 0;
@@ -126,14 +136,8 @@ bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
   std::vector<copy_piece> rest;  // then: the non-Muon parameters' pieces, runs of them merged
   for (const auto& [i, src] : at) {
     const auto& p = pl.params[i];
-    if (!left_out || p.muon)
-      continue;
-    const int64_t begin = p.shard_offset - b.shard_offset;
-    if (!rest.empty() && rest.back().src + rest.back().n == src
-        && rest.back().dst_offset + rest.back().n == begin)
-      rest.back().n += p.shard_len;
-    else
-      rest.push_back(copy_piece{src, begin, p.shard_len});
+    if (left_out && !p.muon)
+      add_piece(rest, src, p.shard_offset - b.shard_offset, p.shard_len);
   }
   be_->scan_pieces(grouping_at(b.shard_offset), b.shard_len, left_out ? rest : ps, *scans_, bucket);
   muon_left_out_[bucket] = left_out;
@@ -233,10 +237,7 @@ void gradient_shard::scan_chunk(int chunk) {
     const int64_t len = pl_->params[i].shard_len;
     if (src == nullptr || len <= 0)
       continue;
-    if (!pieces.empty() && pieces.back().src + pieces.back().n == src)
-      pieces.back().n += len;
-    else
-      pieces.push_back(copy_piece{src, n, len});
+    add_piece(pieces, src, n, len);
     n += len;
   }
   // Nothing is written: the grouping only needs an allocation's alignment (grouping_at).
