@@ -1,6 +1,7 @@
 """Buffers as the C ABI takes them: numpy arrays and torch tensors by data pointer, and the CUDA
 stream PyTorch writes them on. PyTorch is never imported here: it is found in sys.modules."""
 
+import operator
 import sys
 
 from ._capi import HOST
@@ -28,16 +29,23 @@ def synchronize_torch(tensors):
         torch.cuda.synchronize(device)  # their GPU's, not the current one's
 
 
-def torch_stream(tensors):
-    """PyTorch's current CUDA stream (an int) for the torch CUDA tensors among `tensors`, when
-    they all live on one device; else None."""
+def entries_devices(entries):
+    """The CUDA devices that the engine's (name, pointer, numel, device) entries lie on."""
+    devices = set(map(_device_of, entries))
+    devices.discard(HOST)
+    return devices
+
+
+def current_stream(devices):
+    """PyTorch's current CUDA stream (an int) of the one CUDA device in `devices`; None where
+    there are none or several."""
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or len(devices) != 1:
         return None
-    devices = {t.get_device() for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
-    if len(devices) != 1:
-        return None
-    return torch.cuda.current_stream(devices.pop()).cuda_stream
+    return torch.cuda.current_stream(next(iter(devices))).cuda_stream
+
+
+_device_of = operator.itemgetter(3)
 
 
 def buffer_of(obj, what, writable=False):

@@ -7,7 +7,8 @@ import operator
 import sys
 
 from . import _capi, _distributed
-from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
+from ._buffers import (buffer_of, current_stream, entries_devices, is_torch,
+                       synchronize_torch)
 from ._capi import HOST, InvalidArgument, ShapeMismatch
 
 
@@ -104,8 +105,9 @@ class Gradients:
         if rank is None:
             rank = self._first_rank
         entries, keep = self._entries(grads)
-        stream = torch_stream(keep)
-        if stream is None and any(device != HOST for _, _, _, device in entries):
+        devices = entries_devices(entries)  # read off the entries: no call per tensor
+        stream = current_stream(devices)
+        if stream is None and devices:
             synchronize_torch(keep)  # the gradients must be written before the engine reads them
         reduced = self._mode != _distributed.PLAIN  # averaged over the processes already
         if stream is not None and (kept or reduced):  # stream-ordered, the default stream too

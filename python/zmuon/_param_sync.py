@@ -27,7 +27,7 @@ import operator
 import zlib
 
 from . import _distributed, _mesh
-from ._buffers import buffer_of, is_torch, synchronize_torch, torch_stream
+from ._buffers import buffer_of, current_stream, entries_devices, is_torch, synchronize_torch
 from ._capi import HOST
 from ._rounding import is_a_rounding
 
@@ -539,8 +539,9 @@ class ParamSync:
             entries.append((b.name, ptr, numel, device))
         if self._mode == _distributed.FSDP:
             # The local shards, in place: no collective (FSDP2 all-gathers at the next forward).
-            stream = torch_stream(targets)
-            if not stream and any(device != HOST for _, _, _, device in entries):
+            devices = entries_devices(entries)
+            stream = current_stream(devices)
+            if not stream and devices:
                 synchronize_torch(targets)  # the C call takes no stream as "write now"
             self._engine.shard_params(self._first_rank, entries, stream=stream)
         else:
@@ -548,8 +549,9 @@ class ParamSync:
             # that may still read them and before PyTorch's next (stream-ordered: no waiting),
             # where this process runs one rank and the parameters share one device; otherwise
             # that work ends first.
-            stream = torch_stream(targets) if len(self._micro) == 1 else None
-            if stream is None and any(device != HOST for _, _, _, device in entries):
+            devices = entries_devices(entries)
+            stream = current_stream(devices) if len(self._micro) == 1 else None
+            if stream is None and devices:
                 synchronize_torch(targets)
             self._engine.gather_params(entries, stream=stream)
         copy_into_params(bindings, self._rounding)

@@ -443,14 +443,19 @@ class TorchStreamHandOver(unittest.TestCase):
             sys.modules["torch"] = self.saved
 
     def test_the_stream_of_one_device_or_none(self):
-        ones = np.ones((8, 4), np.float32)
-        one_device = [FakeCudaTensor(ones), FakeCudaTensor(ones.copy())]
-        self.assertEqual(zmuon._buffers.torch_stream(one_device), 0x5000)
+        b = zmuon._buffers
+        one_device = [("a", 0x10, 32, 0), ("b", 0x20, 32, 0)]
+        self.assertEqual(b.current_stream(b.entries_devices(one_device)), 0x5000)
         self.assertEqual(self.calls["current_stream"], [0])
-        two_devices = [FakeCudaTensor(ones), FakeCudaTensor(ones.copy(), device=1)]
-        self.assertIsNone(zmuon._buffers.torch_stream(two_devices))
-        self.assertIsNone(zmuon._buffers.torch_stream([ones]))  # host memory only
-        self.assertEqual(self.calls["current_stream"], [0])
+        two_devices = [("a", 0x10, 32, 0), ("b", 0x20, 32, 1)]
+        self.assertEqual(b.entries_devices(two_devices), {0, 1})
+        self.assertIsNone(b.current_stream(b.entries_devices(two_devices)))
+        host_only = [("a", 0x10, 32, zmuon._capi.HOST)]
+        self.assertEqual(b.entries_devices(host_only), set())
+        self.assertIsNone(b.current_stream(b.entries_devices(host_only)))
+        mixed = host_only + [("b", 0x20, 32, 1)]  # the one CUDA device's stream
+        self.assertEqual(b.current_stream(b.entries_devices(mixed)), 0x5001)
+        self.assertEqual(self.calls["current_stream"], [0, 1])
 
     def test_cuda_gradients_go_to_the_stream_ordered_reduce_without_synchronize(self):
         params = [(n, FakeCudaTensor((0.1 * np.ones((8, 4))).astype(np.float32))) for n in "ab"]
