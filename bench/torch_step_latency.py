@@ -17,6 +17,10 @@ With --idle-ms N, the host is busy N ms in Python before each timed step while t
 nothing to do, as through a training loop's forward and backward (the engine's threads asleep,
 the host's caches holding other work).
 
+With --after-backward, each timed step follows a forward and backward of the model on one batch
+(new .grad tensors, as in a training loop, and the host's caches left holding the backward's
+work): the step's host path as a training loop meets it, and as bench/peers_step.py times it.
+
 With --fsdp, the same model under FSDP2 `fully_shard` (each block, then the root) in a process
 group of one (gloo on the CPU, nccl on CUDA): the hand-over then takes DTensor gradients.
 """
@@ -166,6 +170,9 @@ def main():
     ap.add_argument("--idle-ms", type=float, default=0,
                     help="before each timed step, the host busy this long in Python while the "
                          "engine idles, as through a forward and backward")
+    ap.add_argument("--after-backward", action="store_true",
+                    help="before each timed step, a forward and backward of the model on one "
+                         "batch (new .grad tensors; the host's caches hold the backward's work)")
     tt.add_model_args(ap, d_model=768, heads=12, layers=12, seq=64, batch=4)
     ap.set_defaults(vocab=50304)
     args = ap.parse_args()
@@ -188,6 +195,12 @@ def main():
     for _ in range(args.warmup):
         opt.step()
     idle = (lambda: busy(args.idle_ms)) if args.idle_ms else None
+    if args.after_backward:
+        tokens = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
+
+        def idle():
+            model.zero_grad(set_to_none=True)
+            model(tokens).float().logsumexp(-1).mean().backward()
     marks = timed_parts(opt, sync, args.steps, new_grads if args.fresh_grads else None, idle)
     timeline_step(opt, sync, marks, idle)
     opt.close()
