@@ -247,6 +247,16 @@ class MeshLayout:
         index = _indices(self.order[name])
         return whole[index] if hasattr(whole, "index_select") else whole[index.numpy()]
 
+    def in_natural_order(self, name, ordered):
+        """in_engine_order's inverse: a whole tensor of `name` (or its row moments) from the
+        engine's dim-0 order back to its own."""
+        if name not in self.order:
+            return ordered
+        index = _indices(self.order[name])
+        out = ordered.clone() if hasattr(ordered, "index_select") else ordered.copy()
+        out[index if hasattr(ordered, "index_select") else index.numpy()] = ordered
+        return out
+
     def sent_elements(self):
         """Elements this process sends to other processes per step (gradients in, values
         out)."""

@@ -53,8 +53,9 @@ def _step_scalar(n):
     return _numpy().array(float(n), _numpy().float32)
 
 
-def _read(opt, scope, with_master):
-    """{name: {torch name: tensor, "step": ...}}, {name: master} and the engine's info."""
+def _read(opt, scope, with_master, whole_rows=False):
+    """{name: {torch name: tensor, "step": ...}}, {name: master} and the engine's info;
+    whole_rows: NorMuon's row moments also in a multi-process job (_read_row_moments)."""
     entries, bufs = [], []
     for name, _, _ in opt._params:
         _, numel = _capi.state_range(opt._engine, name, scope)
@@ -64,7 +65,7 @@ def _read(opt, scope, with_master):
         bufs.append(own)
         entries.append((name, numel, {k: _pointer(b) for k, b in own.items()}, 0))
     placed, info = _capi.read_state(opt._engine, scope, entries)
-    rows = _read_row_moments(opt, scope)
+    rows = _read_row_moments(opt, scope, whole_rows)
     full = scope == _capi.STATE_FULL or opt._node is None
     if not full and opt._mesh is not None:
         bufs = _placed_as_params(opt, bufs)
@@ -141,11 +142,14 @@ def _row_moments_shape(opt, name, shape):
     return shape[0], (shape[0], 1)
 
 
-def _read_row_moments(opt, scope):
+def _read_row_moments(opt, scope, whole=False):
     """{name: (rows, 1) or (E, r, 1) tensor} of NorMuon's row moments of every Muon parameter,
-    while some group runs NorMuon and the state read is whole (the moments sit with each NS
-    block's owner rank, maybe in another process: the read is a collective)."""
-    if not _uses_normuon(opt) or (scope != _capi.STATE_FULL and opt._node is not None):
+    in the parameter's own row order, while some group runs NorMuon and the state read is
+    whole, or `whole` (the moments sit with each NS block's owner rank, maybe in another
+    process: in a multi-process job the read is a collective, which state_dict() and a
+    restart's snapshot make in every process)."""
+    if not _uses_normuon(opt) or (not whole and scope != _capi.STATE_FULL
+                                  and opt._node is not None):
         return {}
     entries, bufs, shapes = [], {}, {}
     for name, _, shape in opt._params:
@@ -154,7 +158,10 @@ def _read_row_moments(opt, scope):
             bufs[name] = _empty(rows)
             entries.append((name, rows, _pointer(bufs[name])))
     _capi.read_row_moments(opt._engine, entries)
-    return {name: b.reshape(shapes[name]) for name, b in bufs.items()}
+    out = {name: b.reshape(shapes[name]) for name, b in bufs.items()}
+    if opt._mesh is not None:  # an expert stack held in its holders' order: put back
+        out = {name: opt._mesh.in_natural_order(name, b) for name, b in out.items()}
+    return out
 
 
 class ShardState(dict):
@@ -284,9 +291,9 @@ def state_dict(opt):
     scaler ride in every group, so that torch.distributed.checkpoint (which keeps "state" and
     "param_groups" only) carries them. Whole tensors: in a multi-process job a collective (every
     process calls it and gets the same dict); under FSDP2 this process's DTensor shards, no
-    collective."""
+    collective, but for NorMuon's row moments, read whole from their owners (a collective)."""
     scope = _capi.STATE_LOCAL if opt._mode == "fsdp" else _capi.STATE_FULL
-    state, masters, info = _read(opt, scope, with_master=True)
+    state, masters, info = _read(opt, scope, with_master=True, whole_rows=True)
     names = _indexed_names(opt)
     counters = {"step": int(info["step"]),
                 "adam_steps": int(info["adam_steps"]),
@@ -536,7 +543,7 @@ def snapshot(opt):
     """Everything the engine holds, by parameter name, for a restart with more parameters:
     whole tensors (in a multi-process job a collective), under FSDP2 this process's rows."""
     return _read(opt, _capi.STATE_LOCAL if opt._mode == "fsdp" else _capi.STATE_FULL,
-                 with_master=True)
+                 with_master=True, whole_rows=True)
 
 
 def _zeros(numel):
@@ -576,7 +583,10 @@ def restore(opt, snap):
         adam_step = _count(saved["step"], "step") if saved and not muon else 0
         if saved and ROW_MOMENTS in saved:
             rows = saved[ROW_MOMENTS]
-            buf = _host_float32(rows, tuple(rows.shape), ROW_MOMENTS).reshape(-1)
+            buf = _host_float32(rows, tuple(rows.shape), ROW_MOMENTS)
+            if opt._mesh is not None:
+                buf = opt._mesh.in_engine_order(name, buf)
+            buf = buf.reshape(-1)
             keep.append(buf)
             row_entries.append((name, math.prod(tuple(rows.shape)), _pointer(buf)))
         entries.append((name, hi - lo, pointers, adam_step, lo) if fsdp

@@ -22,7 +22,8 @@ computed here:
   shards too, at 3 processes); after close() each owns a storage again;
 - a parameter placed Partial (a part of a sum, no values) refused by name;
 - add_param_group at step 5 (progressive unfreezing) under DDP and FSDP2 at 2 processes: the job
-  meets again with the new parameters, against one process doing the same (<= 1e-6).
+  meets again with the new parameters, against one process doing the same (<= 1e-6); under
+  FSDP2 also with NorMuon, whose row moments the restart carries over.
 
 Run by ctest with the venv's python (.venv); without PyTorch it fails.
 """
@@ -234,9 +235,10 @@ def worker(args):
             out["error"] = f"{type(e).__name__}: {e}"
         finish(args, model, rank, out, params=False)
         return
-    if args.case == "unfreeze":
+    if args.case in ("unfreeze", "unfreeze_normuon"):
         unfreeze(model, rank, world, config,
-                 **({"averaged_grads": True} if args.kind == "ddp" else {})).close()
+                 **({"averaged_grads": True} if args.kind == "ddp" else {}),
+                 **({"variant": "normuon"} if args.case == "unfreeze_normuon" else {})).close()
         finish(args, model, rank, out)
         return
     if args.case == "torch_opt":  # the same sharded model with torch.optim.Muon + AdamW
@@ -496,6 +498,16 @@ class Distributed(unittest.TestCase):
             e = worst(params, alone)
             print(f"{kind} world 2, add_param_group at step 5: vs one process {e:.2e}")
             self.assertLessEqual(e, PARITY_ZMUON, kind)
+        # NorMuon's row moments carried over the restart under FSDP2 (read whole from their
+        # owners, every process), as in one process.
+        torch.manual_seed(0)
+        model = TinyTransformer()
+        unfreeze(model, 0, 1, None, distributed=False, variant="normuon").close()
+        alone = {n: p.detach().clone() for n, p in model.named_parameters()}
+        params, _ = self.job(2, "fsdp", "unfreeze_normuon")
+        e = worst(params, alone)
+        print(f"fsdp world 2, NorMuon, add_param_group at step 5: vs one process {e:.2e}")
+        self.assertLessEqual(e, PARITY_ZMUON)
 
     def test_gradient_accumulation(self):
         for kind in ("ddp", "fsdp"):

@@ -23,6 +23,7 @@ The processes start as in test_torch_distributed (its run_job); one launch runs 
 a mesh.
 """
 
+import copy
 import json
 import os
 import sys
@@ -341,6 +342,14 @@ def optimizer(model, clip=0.0, **options):
     return zmuon.Muon(model.named_parameters(), config, **dict(HYPER, **options))
 
 
+def row_moments(state_dict):
+    """NorMuon's row moments in a state_dict, by parameter name."""
+    names = {i: n for g in state_dict["param_groups"]
+             for i, n in zip(g["params"], g["param_names"])}
+    return {names[i]: e["variance_neuron"] for i, e in state_dict["state"].items()
+            if "variance_neuron" in e}
+
+
 def save_params(model, args, rank, name):
     whole = full_params(model)
     if rank == 0:
@@ -396,8 +405,18 @@ def training_cases(args, rank, world, out):
         model, _, share = build(args.kind, world)
         opt = optimizer(model, **RULES)
         train(model, opt, share, STEPS, clip_logits=True)
+        # The row moments in state_dict() (read whole: a collective), each in its parameter's
+        # own row order; loaded back, the same again.
+        saved = opt.state_dict()
+        rows = row_moments(saved)
+        opt.load_state_dict(copy.deepcopy(saved))
+        again = row_moments(opt.state_dict())
+        out["rows_round_trip"] = set(again) == set(rows) and all(
+            torch.equal(again[n], rows[n]) for n in rows)
         opt.close()
         save_params(model, args, rank, "rules.pt")
+        if rank == 0:
+            torch.save(rows, os.path.join(args.out, "rules_rows.pt"))
     if args.dir:
         model, _, share = build(args.kind, world)
         opt = optimizer(model)
@@ -472,10 +491,10 @@ def job(test, world, kind, case, **kw):
         return ranks, saved
 
 
-def single_process(gas=1, steps=STEPS, halve_at=None, clip=0.0, **options):
+def single_process(gas=1, steps=STEPS, halve_at=None, clip=0.0, rows=None, **options):
     """The plain zmuon.Muon in one process on the whole batch (no torch.distributed);
     halve_at: the weights halved before that step; `options`: zmuon.Muon's (with qk_clip, the
-    logits reported)."""
+    logits reported); `rows`, a dict: filled with NorMuon's row moments at the end."""
     torch.manual_seed(0)
     model = MoeTransformer()
     opt = zmuon.Muon(model.named_parameters(), {"gradient_clipping": clip} if clip else None,
@@ -493,6 +512,8 @@ def single_process(gas=1, steps=STEPS, halve_at=None, clip=0.0, **options):
                 opt.zero_grad()
         opt.step()
         opt.zero_grad()
+    if rows is not None:
+        rows.update(row_moments(opt.state_dict()))
     opt.close()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -539,7 +560,8 @@ class Meshes(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.reference = single_process()
-        cls.rules = single_process(**RULES)
+        cls.rules_rows = {}
+        cls.rules = single_process(rows=cls.rules_rows, **RULES)
 
     def test_normuon_and_muon_clip_change_the_weights_in_one_process(self):
         # The controls of the meshes' RULES runs: each rule moves the weights far from 1e-6.
@@ -551,9 +573,14 @@ class Meshes(unittest.TestCase):
         print(f"one process: NorMuon vs Muon {worst(normuon, self.reference):.2e}, "
               f"NorMuon + MuonClip vs NorMuon {worst(self.rules, normuon):.2e}")
 
-    def check_rules(self, saved, what):
+    def check_rules(self, saved, what, ranks):
         self.check(saved["rules"], f"{what}, NorMuon + MuonClip (tau {RULES['qk_clip_tau']})",
                    self.rules)
+        # NorMuon's row moments in state_dict(): every Muon parameter's, in its own row order
+        # (an expert stack the engine holds in its holders' order put back), as in one process.
+        self.check(saved["rules_rows"], f"{what}, NorMuon's row moments in state_dict()",
+                   self.rules_rows)
+        self.assertTrue(all(r["rows_round_trip"] for r in ranks), what)
 
     def check(self, params, what, reference=None, tolerance=PARITY):
         reference = self.reference if reference is None else reference
@@ -568,7 +595,7 @@ class Meshes(unittest.TestCase):
             ranks, saved = job(self, 4, "hsdp", "train", directory=ckpt, timeout=400)
             self.assertTrue(all(r["moves"] and r["sent"] > 0 for r in ranks))
             self.check(saved["params"], "HSDP 2 x 2")
-            self.check_rules(saved, "HSDP 2 x 2")
+            self.check_rules(saved, "HSDP 2 x 2", ranks)
             self.check(saved["gas4"], "HSDP 2 x 2, 4 micro-batches")
             halved = single_process(halve_at=3)
             self.assertGreater(worst(halved, self.reference), 1e-2)
@@ -614,7 +641,7 @@ class Meshes(unittest.TestCase):
         self.assertEqual(ranks[0]["placements"]["experts.up"], "(_S(0, 2), S(0))")
         self.assertEqual(ranks[0]["placements"]["wq.weight"], "(S(0))")
         self.check(saved["params"], "expert parallel 2 x FSDP2 2")
-        self.check_rules(saved, "expert parallel 2 x FSDP2 2")
+        self.check_rules(saved, "expert parallel 2 x FSDP2 2", ranks)
 
     def test_tensor_parallel_2_with_fsdp2_2_then_one_process_from_its_checkpoint(self):
         with tempfile.TemporaryDirectory() as ckpt:
@@ -627,7 +654,7 @@ class Meshes(unittest.TestCase):
         self.assertEqual(placed["wq.weight"], "(_S(0, 2), S(0))")  # ColwiseParallel
         self.assertEqual(placed["proj.weight"], "(S(0), S(1))")    # RowwiseParallel
         self.check(saved["params"], "tensor parallel 2 x FSDP2 2")
-        self.check_rules(saved, "tensor parallel 2 x FSDP2 2")
+        self.check_rules(saved, "tensor parallel 2 x FSDP2 2", ranks)
         coefs = ranks[0]["clip_coefs"]
         self.assertTrue(all(c < 1.0 for c in coefs), coefs)
         self.assertTrue(all(r["clip_coefs"] == coefs for r in ranks))  # one norm, everywhere
