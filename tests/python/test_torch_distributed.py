@@ -23,7 +23,8 @@ computed here:
 - a parameter placed Partial (a part of a sum, no values) refused by name;
 - add_param_group at step 5 (progressive unfreezing) under DDP and FSDP2 at 2 processes: the job
   meets again with the new parameters, against one process doing the same (<= 1e-6); under
-  FSDP2 also with NorMuon, whose row moments the restart carries over.
+  FSDP2 also with NorMuon, whose row moments the restart carries over; NorMuon's row moments
+  through torch.distributed.checkpoint and back, bit-equal.
 
 Run by ctest with the venv's python (.venv); without PyTorch it fails.
 """
@@ -144,6 +145,34 @@ def unfreeze(model, rank, world, config, **extra):
     return opt
 
 
+def normuon_through_dcp(kind, model, rank, world, config, directory):
+    """NorMuon's row moments after 3 steps, saved with torch.distributed.checkpoint and loaded
+    into a fresh optimizer over a new model: whether every one came back with the same bits
+    (and none is all zeros)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def rows(opt):
+        return {k: e["variance_neuron"].clone() for k, e in opt.state_dict()["state"].items()
+                if "variance_neuron" in e}
+    opt = zmuon.Muon(model.named_parameters(), config, variant="normuon", **HYPER)
+    train_steps(model, opt, 3, rank, world, 1)
+    saved = rows(opt)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd}, checkpoint_id=directory)
+    opt.close()
+    model = build(kind)
+    opt = zmuon.Muon(model.named_parameters(), config, variant="normuon", **HYPER)
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd}
+    dcp.load(state, checkpoint_id=directory)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    loaded = rows(opt)
+    opt.close()
+    return bool(saved) and set(loaded) == set(saved) and all(
+        torch.equal(loaded[k], v) and float(v.abs().sum()) > 0 for k, v in saved.items())
+
+
 def local_state(opt):
     """This process's state, bit for bit: the local state tensors and the masters."""
     sd = opt.state_dict()
@@ -233,6 +262,11 @@ def worker(args):
             out["error"] = None
         except zmuon.ZmuonError as e:
             out["error"] = f"{type(e).__name__}: {e}"
+        finish(args, model, rank, out, params=False)
+        return
+    if args.case == "normuon_dcp":
+        out["rows_restored"] = normuon_through_dcp(args.kind, model, rank, world, config,
+                                                   args.dir)
         finish(args, model, rank, out, params=False)
         return
     if args.case in ("unfreeze", "unfreeze_normuon"):
@@ -508,6 +542,12 @@ class Distributed(unittest.TestCase):
         e = worst(params, alone)
         print(f"fsdp world 2, NorMuon, add_param_group at step 5: vs one process {e:.2e}")
         self.assertLessEqual(e, PARITY_ZMUON)
+
+    def test_normuon_row_moments_through_dcp(self):
+        with tempfile.TemporaryDirectory() as ckpt:
+            _, ranks = self.job(2, "fsdp", "normuon_dcp", directory=ckpt)
+        self.assertTrue(all(r["rows_restored"] for r in ranks), ranks)
+        print("fsdp world 2, NorMuon: the row moments through DCP and back, bit-equal")
 
     def test_gradient_accumulation(self):
         for kind in ("ddp", "fsdp"):
