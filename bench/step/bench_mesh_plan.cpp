@@ -46,18 +46,22 @@ double ns_flops(int64_t rows, int64_t cols, int steps) {
   return steps * (4.0 * lo * lo * hi + 2.0 * lo * lo * lo);
 }
 
-// zmuon at world R x S: the process at mesh (i, j) is rank i * S + j and holds FSDP2's shard j.
-// R = 1: the engine's rows are FSDP2's shards, nothing moves. R > 1: the engine cuts each
-// flattened parameter evenly over the world; each engine rank's part comes from one holder of
-// each shard it meets (itself if it is one, else holder e % R) and goes back to all R holders.
+// zmuon at world R x S: the process at mesh (i, j) is process i * S + j and holds FSDP2's shard
+// j. R = 1: the engine's rows are FSDP2's shards, nothing moves. R > 1: the engine cuts each
+// flattened parameter evenly over the world, and the process at (i, j) runs engine rank
+// j * R + i (python/zmuon/_mesh.py's engine_of: its part then lies in its own shard where the
+// world divides the rows); each engine rank's part comes from one holder of each shard it meets
+// (its own process if that is one, else holder e % R) and goes back to all R holders. Bytes per
+// process; NS work per engine rank (the same figures, relabelled).
 std::vector<rank_figures> zmuon_figures(const plan& pl, int replicas, int shards, int steps) {
   const int world = pl.world;
   std::vector<rank_figures> out(static_cast<size_t>(world));
+  auto process_of = [&](int e) { return replicas == 1 ? e : (e % replicas) * shards + e / replicas; };
   for (int r = 0; r < world; ++r) {
     const auto bytes = zmuon::bench::plan_bytes(pl, r, 1);
     for (const auto& [kind, b] : bytes)
       if (kind != "reduce_scatter")
-        out[r].bytes += static_cast<double>(b);
+        out[process_of(r)].bytes += static_cast<double>(b);
   }
   for (const auto& p : pl.params) {
     const int64_t cols = p.numel / p.shape[0];
@@ -73,10 +77,11 @@ std::vector<rank_figures> zmuon_figures(const plan& pl, int replicas, int shards
         const int64_t n = overlap(mine, {rows.first * cols, rows.second * cols}) * 4;
         if (n == 0)
           continue;
-        const bool holds = e % shards == j;
+        const bool holds = process_of(e) % shards == j;
         if (!holds)  // in: the gradient from one holder
           out[(e % replicas) * shards + j].bytes += static_cast<double>(n);
-        out[e].bytes += static_cast<double>(n) * (replicas - (holds ? 1 : 0));  // out: to all
+        out[process_of(e)].bytes +=  // out: to every holder
+            static_cast<double>(n) * (replicas - (holds ? 1 : 0));
       }
     }
   }

@@ -143,7 +143,7 @@ class Construction:
             self._started = True
         self._first_rank = self._engine.first_rank
         if self._mode == _distributed.FSDP:  # each process's local tensors: no whole parameter
-            _mesh.check_rank(self._first_rank)
+            _mesh.check_rank(self._first_rank, self._mesh)
             self._load_local_shards()
             self._started = True
         self._mark_in_step()
@@ -290,7 +290,8 @@ class Construction:
         if multi:
             self._engine.sum_over_nodes([0.0])  # every process holds its snapshot
             self._engine.close()  # the old job ends in every process before the new one meets
-            job = _distributed.node_from_process_group()
+            job = _distributed.node_from_process_group(
+                self._mesh.engine_of if self._mesh is not None else None)
         config_dict, config_file, overrides, hyperparameters, ranks, on_metrics = self._setup
         engine = self._create_engine(config_dict, config_file, list(overrides), hyperparameters,
                                      ranks, *job, on_metrics)

@@ -75,7 +75,7 @@ def mode_of(named, ddp_module, averaged_grads):
     return PLAIN
 
 
-def job_of(mode, nodes, node_rank, master, ranks, distributed):
+def job_of(mode, nodes, node_rank, master, ranks, distributed, engine_of=None):
     """(nodes, node_rank, master) of this process's job: as given; else, where
     torch.distributed runs more than one process (and distributed is not False), the job of its
     default group, a node of one rank per process; else (None, None, None): this process alone.
@@ -91,7 +91,7 @@ def job_of(mode, nodes, node_rank, master, ranks, distributed):
     if ranks not in (None, 1):
         raise InvalidArgument(f"ranks={ranks}: under torch.distributed each process is one rank "
                               "(or pass distributed=False)")
-    return node_from_process_group()
+    return node_from_process_group(engine_of)
 
 
 def joined_process_group():
@@ -99,13 +99,16 @@ def joined_process_group():
         and dist.get_world_size() > 1
 
 
-def node_from_process_group():
+def node_from_process_group(engine_of=None):
     """(nodes, node_rank, master) of the zmuon job of torch.distributed's default group: one
-    zmuon node a process. Process 0 picks the rendezvous address (its host, a free port) and,
-    where no process was given a secret ($ZMUON_JOB_SECRET, $ZMUON_JOB_SECRET_FILE) nor told
+    zmuon node a process, process r running rank engine_of[r] (default: r; _mesh.MeshLayout).
+    The process of rank 0 picks the rendezvous address (its host, a free port) and, where no
+    process was given a secret ($ZMUON_JOB_SECRET, $ZMUON_JOB_SECRET_FILE) nor told
     $ZMUON_INSECURE, a fresh 32-byte secret; both go to every process over the process group
     (docs/SECURITY.md: as private as torch.distributed's own traffic)."""
     rank, world = dist.get_rank(), dist.get_world_size()
+    engine_of = list(range(world)) if engine_of is None else list(engine_of)
+    first = engine_of.index(0)  # the process that runs rank 0
     mine = [any(os.environ.get(k) for k in _SECRET_KEYS)]
     told = [None] * world
     dist.all_gather_object(told, mine[0])
@@ -115,16 +118,16 @@ def node_from_process_group():
                               "$ZMUON_JOB_SECRET or $ZMUON_JOB_SECRET_FILE in every process, "
                               "or in none")
     message = [None, None]
-    if rank == 0:
+    if rank == first:
         host = os.environ.get("MASTER_ADDR") or socket.gethostname()
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
         message = [f"{host}:{port}", None if all(told) else secrets.token_hex(32)]
-    dist.broadcast_object_list(message, src=0)
+    dist.broadcast_object_list(message, src=first)
     if message[1] is not None:
         os.environ["ZMUON_JOB_SECRET"] = message[1]
-    return world, rank, message[0]
+    return world, engine_of[rank], message[0]
 
 
 def fsdp_params():

@@ -4,7 +4,9 @@ FSDP2's Shard(0) on a 1-D mesh of every process holds exactly the engine's rows 
 holds dim-0 slices [e * L, (e + 1) * L), L = ceil(rows / world)): the engine reads and writes
 the local tensors in place. Other placements (HSDP's Replicate x Shard, tensor parallel's
 Shard(1) and strided shards, expert stacks on their own mesh) hold other pieces; the engine
-then cuts each flattened parameter evenly (the flat layout). An expert stack whose processes
+then cuts each flattened parameter evenly (the flat layout), and each process runs the engine
+rank whose parts it holds the most of (engine_of: under HSDP the process at mesh (i, j) runs
+rank j * R + i, whose parts lie in its own shard, so that no gradient moves). An expert stack whose processes
 each hold whole experts, as many as the engine's rank of the same number holds (expert
 parallelism), is given to the engine in its holders' order: each process's experts are its
 rank's shard, so they neither move nor gather for Newton-Schulz. This module says which pieces
@@ -202,21 +204,53 @@ class MeshLayout:
         if not self.identity:
             self.order = {n: o for n, o in self.order.items() if self.shapes[n][0] % world == 0}
         self._position = {n: _positions(o, self.shapes[n][0]) for n, o in self.order.items()}
-        # in: (source, engine rank) -> pieces; out: (engine rank, holder) -> pieces.
+        # engine_of[process]: the engine rank it runs; process_of[engine rank], the other way.
+        self.engine_of = list(range(world)) if self.identity else self._engine_ranks(boxes)
+        self.process_of = [0] * world
+        for process, e in enumerate(self.engine_of):
+            self.process_of[e] = process
+        # in: (source, the engine rank's process) -> pieces; out: (the engine rank's process,
+        # holder) -> pieces.
         self._in, self._out = {}, {}
         for name in names:
             for runs, holders in boxes[name].items():
                 if rank in holders or not self.identity:
                     self._add_pieces(name, runs, holders)
 
+    def _engine_ranks(self, boxes):
+        """engine_of for the flat layout: engine rank e, in turn, to the process not yet given
+        one that holds the most of e's part of every parameter (ties: the lowest), where that
+        leaves more in place than process e running rank e. Under HSDP (Replicate x Shard(0),
+        rows the world divides) each engine rank's part then lies in its process's shard: the
+        gradients do not move, and the new values go only to the shard's replicas."""
+        world = self.world
+        held = [[0] * world for _ in range(world)]  # held[e][process]: elements of e's part
+        for name, by_runs in boxes.items():
+            for runs, holders in by_runs.items():
+                glob = self._engine_flat(name, runs)
+                for e in range(world):
+                    lo, hi = self.engine_range(name, e)
+                    n = int(torch.searchsorted(glob, hi)) - int(torch.searchsorted(glob, lo))
+                    for h in holders:
+                        held[e][h] += n
+        engine_of, free = [None] * world, set(range(world))
+        for e in range(world):
+            process = max(free, key=lambda q: (held[e][q], -q))
+            engine_of[process] = e
+            free.discard(process)
+        in_place = sum(held[e][q] for q, e in enumerate(engine_of))
+        return engine_of if in_place > sum(held[e][e] for e in range(world)) \
+            else list(range(world))
+
     def _add_pieces(self, name, runs, holders):
         """The pieces of the box `runs` (held by `holders`) this process sends or receives:
-        each engine rank's part from one holder (itself where it is one), and to every
-        holder."""
+        each engine rank's part from one holder (its own process where that is one), and to
+        every holder."""
         me, glob = self.rank, self._engine_flat(name, runs)
         for e in range(self.world):
-            src = e if e in holders else holders[e % len(holders)]
-            if me not in (src, e) and me not in holders:
+            host = self.process_of[e]  # the process that runs engine rank e
+            src = host if host in holders else holders[e % len(holders)]
+            if me not in (src, host) and me not in holders:
                 continue
             lo, hi = self.engine_range(name, e)
             a, b = (int(torch.searchsorted(glob, x)) for x in (lo, hi))
@@ -224,11 +258,11 @@ class MeshLayout:
                 continue
             piece = _Piece(name, torch.arange(a, b, dtype=torch.int64).to(self.device),
                            (glob[a:b] - lo).to(self.device))  # where the moves run
-            if me in (src, e):
-                self._in.setdefault((src, e), []).append(piece)
+            if me in (src, host):
+                self._in.setdefault((src, host), []).append(piece)
             for h in holders:
-                if me in (e, h):
-                    self._out.setdefault((e, h), []).append(piece)
+                if me in (host, h):
+                    self._out.setdefault((host, h), []).append(piece)
 
     def _engine_flat(self, name, runs):
         """The engine's flat indices of the box `runs` of `name`, in the local tensor's order
@@ -257,11 +291,11 @@ class MeshLayout:
         out[index if hasattr(ordered, "index_select") else index.numpy()] = ordered
         return out
 
-    def sent_elements(self):
-        """Elements this process sends to other processes per step (gradients in, values
-        out)."""
+    def sent_elements(self, values_out=True):
+        """Elements this process sends to other processes per step: gradients in, and (with
+        values_out) new values out."""
         me = self.rank
-        return sum(pc.local.numel() for moves in (self._in, self._out)
+        return sum(pc.local.numel() for moves in (self._in, self._out)[:1 + values_out]
                    for (a, b), pieces in moves.items() if a == me != b for pc in pieces)
 
     def engine_range(self, name, e):
@@ -280,7 +314,7 @@ class MeshLayout:
                               f"processes hold {held} distinct elements of {math.prod(shape)}")
 
     def engine_len(self, name):
-        lo, hi = self.engine_range(name, self.rank)
+        lo, hi = self.engine_range(name, self.engine_of[self.rank])
         return hi - lo
 
     def to_engine(self, locals_):
@@ -409,11 +443,15 @@ def layout_for(named, views):
     return layout_of(named, dist.get_rank(), dist.get_world_size(), stacks)
 
 
-def check_rank(engine_rank):
-    """The engine's ranks are the default process group's."""
-    if engine_rank != dist.get_rank():
-        raise InvalidArgument(f"this process is rank {dist.get_rank()} of torch.distributed's "
-                              f"default group but rank {engine_rank} of zmuon's job")
+def check_rank(engine_rank, layout):
+    """The engine's rank of this process is the one `layout` (a MeshLayout, or None: the
+    default process group's rank) gave it."""
+    rank = dist.get_rank()
+    want = rank if layout is None else layout.engine_of[rank]
+    if engine_rank != want:
+        raise InvalidArgument(f"this process is rank {rank} of torch.distributed's default "
+                              f"group and should run rank {want} of zmuon's job, but runs "
+                              f"rank {engine_rank}")
 
 
 def any_process(flag):

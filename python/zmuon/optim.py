@@ -130,8 +130,9 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         # DTensors placed otherwise than FSDP2's rows: the moves between them (a collective)
         self._mesh = _mesh.layout_for(named, dict(views or {})) \
             if self._mode == _distributed.FSDP else None
-        nodes, node_rank, master = _distributed.job_of(self._mode, nodes, node_rank, master,
-                                                       ranks, distributed)
+        nodes, node_rank, master = _distributed.job_of(
+            self._mode, nodes, node_rank, master, ranks, distributed,
+            self._mesh.engine_of if self._mesh is not None else None)
         group_of = _param_groups.placement(named, user_groups, made_up, groups)
         ns_eps = hyperparameters.pop("ns_eps", _groups.ENGINE_DEFAULTS["ns_eps"])
         config_dict, config_file = _construction.read_config(config)

@@ -367,6 +367,9 @@ def training_cases(args, rank, world, out):
     out["moves"] = opt._mesh is not None
     # What this process sends other processes per step, and the engine's expert orders.
     out["sent"] = opt._mesh.sent_elements() if opt._mesh is not None else 0
+    out["sent_in"] = opt._mesh.sent_elements(values_out=False) if opt._mesh is not None else 0
+    out["engine_of"] = opt._mesh.engine_of if opt._mesh is not None else None
+    out["engine_rank"] = opt._first_rank
     out["identity"] = opt._mesh is None or opt._mesh.identity
     out["order"] = {n: [list(r) for r in o] for n, o in opt._mesh.order.items()} \
         if opt._mesh is not None else {}
@@ -594,6 +597,14 @@ class Meshes(unittest.TestCase):
         with tempfile.TemporaryDirectory() as ckpt:
             ranks, saved = job(self, 4, "hsdp", "train", directory=ckpt, timeout=400)
             self.assertTrue(all(r["moves"] and r["sent"] > 0 for r in ranks))
+            # Process (i, j) of the (2, 2) mesh runs engine rank 2 j + i, whose part of each
+            # parameter lies in its own shard: no gradient moves, the new values go to the
+            # shard's other replica alone.
+            self.assertEqual([r["engine_rank"] for r in ranks], [0, 2, 1, 3])
+            self.assertTrue(all(r["engine_of"] == [0, 2, 1, 3] for r in ranks))
+            self.assertEqual([r["sent_in"] for r in ranks], [0] * 4)
+            print(f"HSDP 2 x 2: engine ranks {ranks[0]['engine_of']}, elements sent per "
+                  f"process {[r['sent'] for r in ranks]} (gradients: none)")
             self.check(saved["params"], "HSDP 2 x 2")
             self.check_rules(saved, "HSDP 2 x 2", ranks)
             self.check(saved["gas4"], "HSDP 2 x 2, 4 micro-batches")
