@@ -56,7 +56,9 @@ double ns_flops(int64_t rows, int64_t cols, int steps) {
 std::vector<rank_figures> zmuon_figures(const plan& pl, int replicas, int shards, int steps) {
   const int world = pl.world;
   std::vector<rank_figures> out(static_cast<size_t>(world));
-  auto process_of = [&](int e) { return replicas == 1 ? e : (e % replicas) * shards + e / replicas; };
+  auto process_of = [&](int e) {
+    return replicas == 1 ? e : (e % replicas) * shards + e / replicas;
+  };
   for (int r = 0; r < world; ++r) {
     const auto bytes = zmuon::bench::plan_bytes(pl, r, 1);
     for (const auto& [kind, b] : bytes)
