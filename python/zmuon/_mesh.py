@@ -6,10 +6,10 @@ the local tensors in place. Other placements (HSDP's Replicate x Shard, tensor p
 Shard(1) and strided shards, expert stacks on their own mesh) hold other pieces; the engine
 then cuts each flattened parameter evenly (the flat layout), and each process runs the engine
 rank whose parts it holds the most of (engine_of: under HSDP the process at mesh (i, j) runs
-rank j * R + i, whose parts lie in its own shard, so that no gradient moves). An expert stack whose processes
-each hold whole experts, as many as the engine's rank of the same number holds (expert
-parallelism), is given to the engine in its holders' order: each process's experts are its
-rank's shard, so they neither move nor gather for Newton-Schulz. This module says which pieces
+rank j * R + i, whose parts lie in its own shard, so that no gradient moves). An expert stack
+whose processes each hold whole experts, as many as the engine's rank of the same number holds
+(expert parallelism), is given to the engine in its holders' order: each process's experts are
+its rank's shard, so they neither move nor gather for Newton-Schulz. This module says which pieces
 each process holds (a pure function of the global shape, the mesh and the placements) and moves
 values between them and the engine's shards: gradients in (each element from one holder), new
 values out (to every holder, replicas included), one all_to_all_single of the default process
