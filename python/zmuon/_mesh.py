@@ -212,6 +212,7 @@ class MeshLayout:
         # in: (source, the engine rank's process) -> pieces; out: (the engine rank's process,
         # holder) -> pieces.
         self._in, self._out = {}, {}
+        self._runs = {}  # name -> _own_run's answer
         for name in names:
             for runs, holders in boxes[name].items():
                 if rank in holders or not self.identity:
@@ -317,17 +318,38 @@ class MeshLayout:
         lo, hi = self.engine_range(name, self.engine_of[self.rank])
         return hi - lo
 
+    def _own_run(self, name):
+        """(a, b) where this rank's engine shard of `name` is this process's own local tensor's
+        flat elements [a, b), in order, and comes from no other process (under HSDP); else
+        None."""
+        if name not in self._runs:
+            me, run = self.rank, None
+            mine = [pc for pc in self._in.get((me, me), ()) if pc.name == name]
+            others = any(pc.name == name for (a, b), pieces in self._in.items() if b == me != a
+                         for pc in pieces)
+            n = self.engine_len(name)
+            if len(mine) == 1 and not others and n > 0 and mine[0].local.numel() == n \
+                    and torch.equal(mine[0].engine.cpu(), torch.arange(n)):
+                a = int(mine[0].local[0])
+                run = (a, a + n)
+            self._runs[name] = run
+        return self._runs[name]
+
     def to_engine(self, locals_):
         """This rank's engine shards of the parameters named in `locals_` (name -> this process's
         local tensor, None where it has none: zeros) from every process's local tensors; every
-        process calls it with the same names. Returns name -> flat fp32 tensor."""
+        process calls it with the same names. Returns name -> flat tensor: a view of the local
+        fp32 tensor where the shard is one run of it (_own_run), else an fp32 copy."""
         device = _device(locals_)
-        out = {n: torch.zeros(self.engine_len(n), dtype=torch.float32, device=device)
-               for n in locals_}
         flat = {n: _flat_view(t.detach(), n) for n, t in locals_.items() if t is not None}
+        runs = {n: self._own_run(n) for n, t in flat.items() if t.dtype == torch.float32}
+        out = {n: flat[n][runs[n][0]:runs[n][1]] if runs.get(n) else
+               torch.zeros(self.engine_len(n), dtype=torch.float32, device=device)
+               for n in locals_}
         self._exchange(self._in, set(locals_),
                        lambda pc: _read(flat.get(pc.name), pc.local, device),
-                       lambda pc, v: _write(out[pc.name], pc.engine, v))
+                       lambda pc, v: _write(out[pc.name], pc.engine, v),
+                       own={n for n in locals_ if not runs.get(n)})
         return out
 
     def from_engine(self, rows, locals_):
@@ -339,15 +361,17 @@ class MeshLayout:
                            lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)].float(),
                            lambda pc, v: _write(flat[pc.name], pc.local, v))
 
-    def _exchange(self, moves, names, read, write):
+    def _exchange(self, moves, names, read, write, own=None):
         """Each (sender, receiver) pair's pieces of parameters `names`, in the same order on
-        both sides: the own ones copied, the others in one all_to_all_single."""
+        both sides: the own ones copied (of the names in `own`, default all), the others in one
+        all_to_all_single."""
         me = self.rank
 
         def of(a, b):
             return [pc for pc in moves.get((a, b), ()) if pc.name in names]
         for pc in of(me, me):
-            write(pc, read(pc))
+            if own is None or pc.name in own:
+                write(pc, read(pc))
         if self.identity:
             return
         send_sizes, recv_sizes, parts = [], [], []

@@ -396,6 +396,14 @@ def training_cases(args, rank, world, out):
         save_params(model, args, rank, "model_only.pt")
         return
     train(model, opt, share, STEPS)
+    if opt._mesh is not None:  # which engine shards are views of the local tensors (the
+        # gradients' local tensors are placed alike)
+        local = {n: p.to_local().detach() for n, p in model.named_parameters()}
+        shards = opt._mesh.to_engine(local)  # a collective: every process, the same names
+        out["views"] = sorted(
+            n for n, t in shards.items()
+            if t.untyped_storage().data_ptr() == local[n].untyped_storage().data_ptr())
+        out["tensors"] = len(local)
     if args.kind == "ep":  # zmuon's own files would hold the experts in the engine's order
         with tempfile.TemporaryDirectory() as files:
             try:
@@ -603,6 +611,9 @@ class Meshes(unittest.TestCase):
             self.assertEqual([r["engine_rank"] for r in ranks], [0, 2, 1, 3])
             self.assertTrue(all(r["engine_of"] == [0, 2, 1, 3] for r in ranks))
             self.assertEqual([r["sent_in"] for r in ranks], [0] * 4)
+            # ... and the engine reads each shard as a view of the local tensor.
+            self.assertTrue(all(len(r["views"]) == r["tensors"] > 0 for r in ranks),
+                            [(r["views"], r["tensors"]) for r in ranks])
             print(f"HSDP 2 x 2: engine ranks {ranks[0]['engine_of']}, elements sent per "
                   f"process {[r['sent'] for r in ranks]} (gradients: none)")
             self.check(saved["params"], "HSDP 2 x 2")
