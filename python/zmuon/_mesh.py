@@ -335,31 +335,40 @@ class MeshLayout:
             self._runs[name] = run
         return self._runs[name]
 
+    def own_view(self, name, local):
+        """This rank's engine shard of `name` as a view of this process's local tensor `local`
+        (fp32), where it is one run of it (_own_run); else None."""
+        run = self._own_run(name)
+        if run is None or local is None or local.dtype != torch.float32:
+            return None
+        return _flat_view(local.detach(), name)[run[0]:run[1]]
+
     def to_engine(self, locals_):
         """This rank's engine shards of the parameters named in `locals_` (name -> this process's
         local tensor, None where it has none: zeros) from every process's local tensors; every
-        process calls it with the same names. Returns name -> flat tensor: a view of the local
-        fp32 tensor where the shard is one run of it (_own_run), else an fp32 copy."""
+        process calls it with the same names. Returns name -> flat tensor: own_view where there
+        is one (no copy), else an fp32 copy."""
         device = _device(locals_)
         flat = {n: _flat_view(t.detach(), n) for n, t in locals_.items() if t is not None}
-        runs = {n: self._own_run(n) for n, t in flat.items() if t.dtype == torch.float32}
-        out = {n: flat[n][runs[n][0]:runs[n][1]] if runs.get(n) else
-               torch.zeros(self.engine_len(n), dtype=torch.float32, device=device)
-               for n in locals_}
+        out = {n: self.own_view(n, t) for n, t in locals_.items()}
+        copied = {n for n, t in out.items() if t is None}
+        for n in copied:
+            out[n] = torch.zeros(self.engine_len(n), dtype=torch.float32, device=device)
         self._exchange(self._in, set(locals_),
                        lambda pc: _read(flat.get(pc.name), pc.local, device),
-                       lambda pc, v: _write(out[pc.name], pc.engine, v),
-                       own={n for n in locals_ if not runs.get(n)})
+                       lambda pc, v: _write(out[pc.name], pc.engine, v), own=copied)
         return out
 
     def from_engine(self, rows, locals_):
         """Every holder's local tensors (name -> tensor, written in place) from the engine's
-        shards (name -> this rank's flat tensor); every process calls it with the same names."""
+        shards (name -> this rank's flat tensor: one that is own_view's needs no copy); every
+        process calls it with the same names."""
         flat = {n: _flat_view(t, n) for n, t in locals_.items()}
+        own = {n for n, t in locals_.items() if not _same_memory(rows[n], self.own_view(n, t))}
         with torch.no_grad():  # parameters' local tensors, written in place
             self._exchange(self._out, set(locals_),
                            lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)].float(),
-                           lambda pc, v: _write(flat[pc.name], pc.local, v))
+                           lambda pc, v: _write(flat[pc.name], pc.local, v), own=own)
 
     def _exchange(self, moves, names, read, write, own=None):
         """Each (sender, receiver) pair's pieces of parameters `names`, in the same order on
@@ -389,6 +398,12 @@ class MeshLayout:
             for pc in [] if r == me else of(r, me):
                 write(pc, recv[pos:pos + pc.local.numel()])
                 pos += pc.local.numel()
+
+
+def _same_memory(a, b):
+    """Whether tensors `a` and `b` (None: no) are the same elements of the same memory."""
+    return a is not None and b is not None and a.dtype == b.dtype and a.numel() == b.numel() \
+        and a.data_ptr() == b.data_ptr()
 
 
 def _positions(order, n):

@@ -494,16 +494,22 @@ class ParamSync:
         return masters[name]
 
     def _mesh_shards(self, shards=None):
-        """`shards` (name -> this rank's fp32 flat shard of a DTensor parameter), or buffers
-        the write-back keeps for them (on the host with host_staging), with the engine's
-        entries."""
+        """`shards` (name -> this rank's fp32 flat shard of a DTensor parameter), or else where
+        the write-back has the engine write them: the local tensor itself where the shard is a
+        run of it (MeshLayout.own_view, HSDP: no copy after), else buffers it keeps (on the host
+        with host_staging); with the engine's entries."""
         if shards is None:
             if getattr(self, "_mesh_buffers", None) is None:
                 self._mesh_buffers = {
                     name: torch.zeros(self._mesh.engine_len(name), dtype=torch.float32,
                                       device="cpu" if self._host_staging else b.local.device)
                     for name, b in self._bindings.items()}
-            shards = self._mesh_buffers
+            shards = dict(self._mesh_buffers)
+            if not self._host_staging:  # a view read each time: the storage may have moved
+                for name, b in self._bindings.items():
+                    view = self._mesh.own_view(name, b.local)
+                    if view is not None:
+                        shards[name] = view
         entries = [(name, *buffer_of(t, f"parameter '{name}'", writable=True)[:3])
                    for name, t in shards.items()]
         return shards, entries

@@ -404,6 +404,10 @@ def training_cases(args, rank, world, out):
             n for n, t in shards.items()
             if t.untyped_storage().data_ptr() == local[n].untyped_storage().data_ptr())
         out["tensors"] = len(local)
+        written = opt._mesh_shards()[0]  # where the write-back has the engine write
+        out["written_in_place"] = sorted(
+            n for n, t in written.items()
+            if t.untyped_storage().data_ptr() == local[n].untyped_storage().data_ptr())
     if args.kind == "ep":  # zmuon's own files would hold the experts in the engine's order
         with tempfile.TemporaryDirectory() as files:
             try:
@@ -611,9 +615,12 @@ class Meshes(unittest.TestCase):
             self.assertEqual([r["engine_rank"] for r in ranks], [0, 2, 1, 3])
             self.assertTrue(all(r["engine_of"] == [0, 2, 1, 3] for r in ranks))
             self.assertEqual([r["sent_in"] for r in ranks], [0] * 4)
-            # ... and the engine reads each shard as a view of the local tensor.
+            # ... the engine reads each shard as a view of the local tensor, and writes its new
+            # values there.
             self.assertTrue(all(len(r["views"]) == r["tensors"] > 0 for r in ranks),
                             [(r["views"], r["tensors"]) for r in ranks])
+            self.assertTrue(all(r["written_in_place"] == r["views"] for r in ranks),
+                            [r["written_in_place"] for r in ranks])
             print(f"HSDP 2 x 2: engine ranks {ranks[0]['engine_of']}, elements sent per "
                   f"process {[r['sent'] for r in ranks]} (gradients: none)")
             self.check(saved["params"], "HSDP 2 x 2")
