@@ -4,9 +4,9 @@ or `algorithm` (Dion's key), add_param_group, and the keys a scheduler cycles.""
 import logging
 import warnings
 
-from . import _capi, _groups
+from . import _capi, _distributed, _groups, _mesh
 from ._buffers import is_torch
-from ._capi import InvalidArgument
+from ._capi import InvalidArgument, Unsupported
 from ._param_sync import local_of
 
 logger = logging.getLogger("zmuon")
@@ -245,6 +245,8 @@ class ParamGroups:
     def _add_parameters(self, new, use_muon, made_up):
         """Registers `new` (name, tensor) pairs: directly before the engine runs, else by
         restarting it with the state it holds."""
+        if self._started and self._mode == _distributed.FSDP:
+            self._check_placed_as_rows(new)
         for name, p in new:
             if use_muon is not None:
                 self._group_of[name] = _capi.GROUP_MUON if use_muon else _capi.GROUP_ADAMW
@@ -254,6 +256,27 @@ class ParamGroups:
             return
         for name, p in new:
             self._register(name, p)
+
+    def _check_placed_as_rows(self, new):
+        """A restart of a running engine takes new DTensor parameters only where every one is
+        FSDP2's Shard(0) on a 1-D mesh of every process (the placements of the others are read
+        once, at construction): else zmuon.Unsupported naming one, before anything changes (in
+        every process alike: reading the new placements is a collective)."""
+        dtensors = [(n, p) for n, p in new if _distributed.is_dtensor(p)]
+        views = dict(self._made_with.get("views") or {})
+        if self._mesh is None and _mesh.layout_for(dtensors, views) is None:
+            return
+        name, p = dtensors[0] if dtensors else new[0]
+        where = f"{_mesh.placement_text(p.placements)} on a mesh of " \
+            f"{tuple(p.device_mesh.shape)}" if _distributed.is_dtensor(p) else "not a DTensor"
+        what = f"'{name}' is placed {where}, not as FSDP2's Shard(0) on a 1-D mesh of every " \
+            "process like the other parameters" if self._mesh is None else \
+            "the parameters are placed otherwise than FSDP2's Shard(0) on a 1-D mesh of every " \
+            f"process ('{name}': {where})"
+        raise Unsupported(
+            f"add_param_group after the first step: {what}. zmuon reads such placements (HSDP, "
+            "tensor and expert parallel) once, when it is made: pass every parameter to "
+            "zmuon.Muon (a group at lr 0 keeps some still until their turn)")
 
     def _follow_cycled_momentum(self):
         """A Muon group's momentum and betas[0] are one value: a scheduler that cycles betas[0]

@@ -473,6 +473,21 @@ def training_cases(args, rank, world, out):
         and all(torch.equal(before[k], after[k]) for k in before)
     opt.close()
 
+    # add_param_group after the first step: refused by name; the optimizer steps on.
+    model, _, share = build(args.kind, world)
+    named = list(model.named_parameters())
+    opt = zmuon.Muon(named[:-1], {"zmuon": {"heartbeat_timeout_ms": 3000}}, **HYPER)
+    train(model, opt, share, 1)
+    groups = len(opt.param_groups)
+    try:
+        opt.add_param_group({"params": [named[-1]]})
+        out["added"] = "no error"
+    except zmuon.Unsupported as e:
+        out["added"] = str(e)
+    out["groups_kept"] = len(opt.param_groups) == groups
+    out["stepped_after"] = not train(model, opt, share, 1, first=1)[0]["skipped"]
+    opt.close()
+
 
 def worker(args):
     import torch.distributed as dist
@@ -634,6 +649,10 @@ class Meshes(unittest.TestCase):
                                         "3", halved, tolerance=1e-5)
             self.assertTrue(all(r["skipped"] for r in ranks), ranks)
             self.assertTrue(all(r["bit_equal"] for r in ranks), ranks)
+            self.assertTrue(all("placed otherwise" in r["added"] and r["groups_kept"]
+                                and r["stepped_after"] for r in ranks),
+                            [(r["added"], r["groups_kept"], r["stepped_after"]) for r in ranks])
+            print(f"HSDP 2 x 2: add_param_group after the first step refused: {ranks[0]['added']}")
             print("HSDP 2 x 2: a NaN in one process's gradient skipped the step on every "
                   "process, state bit-equal")
             for world in (4, 1):
