@@ -225,22 +225,28 @@ class MeshLayout:
         rows the world divides) each engine rank's part then lies in its process's shard: the
         gradients do not move, and the new values go only to the shard's replicas."""
         world = self.world
-        held = [[0] * world for _ in range(world)]  # held[e][process]: elements of e's part
+        held = [{} for _ in range(world)]  # held[e][process]: elements of e's part it holds
         for name, by_runs in boxes.items():
+            part = -(-math.prod(self.shapes[name]) // world)  # the flat layout's part
             for runs, holders in by_runs.items():
                 glob = self._engine_flat(name, runs)
-                for e in range(world):
+                if not part or not glob.numel():
+                    continue
+                # only the engine ranks whose parts meet the box (glob is sorted)
+                for e in range(int(glob[0]) // part, int(glob[-1]) // part + 1):
                     lo, hi = self.engine_range(name, e)
                     n = int(torch.searchsorted(glob, hi)) - int(torch.searchsorted(glob, lo))
                     for h in holders:
-                        held[e][h] += n
+                        held[e][h] = held[e].get(h, 0) + n
         engine_of, free = [None] * world, set(range(world))
         for e in range(world):
-            process = max(free, key=lambda q: (held[e][q], -q))
+            best = max((q for q in held[e] if q in free), key=lambda q: (held[e][q], -q),
+                       default=None)
+            process = min(free) if best is None or held[e][best] == 0 else best
             engine_of[process] = e
             free.discard(process)
-        in_place = sum(held[e][q] for q, e in enumerate(engine_of))
-        return engine_of if in_place > sum(held[e][e] for e in range(world)) \
+        in_place = sum(held[e].get(q, 0) for q, e in enumerate(engine_of))
+        return engine_of if in_place > sum(held[e].get(e, 0) for e in range(world)) \
             else list(range(world))
 
     def _add_pieces(self, name, runs, holders):
