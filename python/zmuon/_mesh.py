@@ -326,15 +326,12 @@ class MeshLayout:
 
     def _own_run(self, name):
         """(a, b) where this rank's engine shard of `name` is this process's own local tensor's
-        flat elements [a, b), in order, and comes from no other process (under HSDP); else
-        None."""
+        flat elements [a, b), in order (under HSDP); else None. Its own piece then covers the
+        whole shard, so no other process sends it any."""
         if name not in self._runs:
-            me, run = self.rank, None
-            mine = [pc for pc in self._in.get((me, me), ()) if pc.name == name]
-            others = any(pc.name == name for (a, b), pieces in self._in.items() if b == me != a
-                         for pc in pieces)
-            n = self.engine_len(name)
-            if len(mine) == 1 and not others and n > 0 and mine[0].local.numel() == n \
+            run, n = None, self.engine_len(name)
+            mine = [pc for pc in self._in.get((self.rank, self.rank), ()) if pc.name == name]
+            if len(mine) == 1 and n > 0 and mine[0].local.numel() == n \
                     and torch.equal(mine[0].engine.cpu(), torch.arange(n)):
                 a = int(mine[0].local[0])
                 run = (a, a + n)
