@@ -46,6 +46,8 @@ def current_stream(devices):
 
 
 _device_of = operator.itemgetter(3)
+dtype_of = operator.attrgetter("dtype")
+local_tensor_of = operator.attrgetter("_local_tensor")  # a DTensor's local tensor
 
 
 def buffer_of(obj, what, writable=False):

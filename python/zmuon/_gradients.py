@@ -7,8 +7,8 @@ import operator
 import sys
 
 from . import _capi, _distributed
-from ._buffers import (buffer_of, current_stream, entries_devices, is_torch,
-                       synchronize_torch)
+from ._buffers import (buffer_of, current_stream, dtype_of, entries_devices, is_torch,
+                       local_tensor_of, synchronize_torch)
 from ._capi import HOST, InvalidArgument, ShapeMismatch
 
 
@@ -39,8 +39,6 @@ def _engine_readable(g, host_staging):
 
 
 _grad_of = operator.attrgetter("grad")
-_local_tensor_of = operator.attrgetter("_local_tensor")
-_dtype_of = operator.attrgetter("dtype")
 _shape_of = operator.attrgetter("shape")
 _is_cpu = operator.attrgetter("is_cpu")
 _is_cuda = operator.attrgetter("is_cuda")
@@ -61,7 +59,7 @@ def _every_grad_plain(torch, columns, host_staging):
             return None
     elif len(kinds) == 1 and _distributed.is_dtensor(grads[0]):
         try:  # FSDP2's shards (local_tensor's reading)
-            grads = list(map(_local_tensor_of, grads))
+            grads = list(map(local_tensor_of, grads))
         except AttributeError:  # a torch whose DTensor keeps it elsewhere: the general path
             return None
         if set(map(type, grads)) != {tensor}:
@@ -69,7 +67,7 @@ def _every_grad_plain(torch, columns, host_staging):
         numels = list(map(tensor.numel, grads))
     else:
         return None
-    if set(map(_dtype_of, grads)) != {torch.float32} or not all(map(tensor.is_contiguous, grads)):
+    if set(map(dtype_of, grads)) != {torch.float32} or not all(map(tensor.is_contiguous, grads)):
         return None
     devices = set(map(tensor.get_device, grads))  # -1: not a CUDA tensor
     if len(devices) != 1:

@@ -285,18 +285,14 @@ class MeshLayout:
         1]) in the engine's order (a torch tensor or numpy array)."""
         if name not in self.order:
             return whole
-        index = _indices(self.order[name])
-        return whole[index] if hasattr(whole, "index_select") else whole[index.numpy()]
+        return _rows_at(whole, _indices(self.order[name]))
 
     def in_natural_order(self, name, ordered):
         """in_engine_order's inverse: a whole tensor of `name` (or its row moments) from the
         engine's dim-0 order back to its own."""
         if name not in self.order:
             return ordered
-        index = _indices(self.order[name])
-        out = ordered.clone() if hasattr(ordered, "index_select") else ordered.copy()
-        out[index if hasattr(ordered, "index_select") else index.numpy()] = ordered
-        return out
+        return _rows_at(ordered, self._position[name])
 
     def sent_elements(self, values_out=True):
         """Elements this process sends to other processes per step: gradients in, and (with
@@ -401,6 +397,11 @@ class MeshLayout:
             for pc in [] if r == me else of(r, me):
                 write(pc, recv[pos:pos + pc.local.numel()])
                 pos += pc.local.numel()
+
+
+def _rows_at(whole, index):
+    """Dim 0 of `whole` (a torch tensor or numpy array) at the positions `index`."""
+    return whole[index] if hasattr(whole, "index_select") else whole[index.numpy()]
 
 
 def _same_memory(a, b):

@@ -23,11 +23,11 @@ L2 norm in fp32, all parameters in a few multi-tensor kernels (torch._foreach_no
 read-back a step: a write that keeps every norm (a permutation, a sign flip) goes unnoticed."""
 
 import ctypes
-import operator
 import zlib
 
 from . import _distributed, _mesh
-from ._buffers import buffer_of, current_stream, entries_devices, is_torch, synchronize_torch
+from ._buffers import (buffer_of, current_stream, dtype_of, entries_devices, is_torch,
+                       local_tensor_of, synchronize_torch)
 from ._capi import HOST
 from ._rounding import is_a_rounding
 
@@ -280,17 +280,13 @@ class MasterViews:
         if not self.held:
             return []
         try:
-            local = self.params + list(map(_local_tensor_of, self.sharded))
+            local = self.params + list(map(local_tensor_of, self.sharded))
             if list(map(torch.Tensor.data_ptr, local)) == self.ptrs \
-                    and list(map(_dtype_of, local)) == self.dtypes:
+                    and list(map(dtype_of, local)) == self.dtypes:
                 return []
         except (AttributeError, TypeError):  # a DTensor without a local tensor of its own
             pass
         return [b for b in self.held if not b.in_master()]
-
-
-_dtype_of = operator.attrgetter("dtype")
-_local_tensor_of = operator.attrgetter("_local_tensor")
 
 
 def _set_fsdp_local(record, param, flat):
@@ -499,17 +495,16 @@ class ParamSync:
         run of it (MeshLayout.own_view, HSDP: no copy after), else buffers it keeps (on the host
         with host_staging); with the engine's entries."""
         if shards is None:
-            if getattr(self, "_mesh_buffers", None) is None:
-                self._mesh_buffers = {
-                    name: torch.zeros(self._mesh.engine_len(name), dtype=torch.float32,
-                                      device="cpu" if self._host_staging else b.local.device)
-                    for name, b in self._bindings.items()}
-            shards = dict(self._mesh_buffers)
-            if not self._host_staging:  # a view read each time: the storage may have moved
-                for name, b in self._bindings.items():
-                    view = self._mesh.own_view(name, b.local)
-                    if view is not None:
-                        shards[name] = view
+            buffers = self._mesh_buffers = getattr(self, "_mesh_buffers", None) or {}
+            shards = {}
+            for name, b in self._bindings.items():
+                # a view taken each time (the storage may have moved), a buffer made once
+                view = None if self._host_staging else self._mesh.own_view(name, b.local)
+                if view is None and name not in buffers:
+                    buffers[name] = torch.zeros(
+                        self._mesh.engine_len(name), dtype=torch.float32,
+                        device="cpu" if self._host_staging else b.local.device)
+                shards[name] = buffers[name] if view is None else view
         entries = [(name, *buffer_of(t, f"parameter '{name}'", writable=True)[:3])
                    for name, t in shards.items()]
         return shards, entries

@@ -145,19 +145,23 @@ def unfreeze(model, rank, world, config, **extra):
     return opt
 
 
+def row_moments(state_dict):
+    """NorMuon's row moments in a state_dict, by parameter name."""
+    names = {i: n for g in state_dict["param_groups"]
+             for i, n in zip(g["params"], g["param_names"])}
+    return {names[i]: e["variance_neuron"] for i, e in state_dict["state"].items()
+            if "variance_neuron" in e}
+
+
 def normuon_through_dcp(kind, model, rank, world, config, directory):
     """NorMuon's row moments after 3 steps, saved with torch.distributed.checkpoint and loaded
     into a fresh optimizer over a new model: whether every one came back with the same bits
     (and none is all zeros)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-    def rows(opt):
-        return {k: e["variance_neuron"].clone() for k, e in opt.state_dict()["state"].items()
-                if "variance_neuron" in e}
     opt = zmuon.Muon(model.named_parameters(), config, variant="normuon", **HYPER)
     train_steps(model, opt, 3, rank, world, 1)
-    saved = rows(opt)
+    saved = row_moments(opt.state_dict())  # new host tensors: the optimizer does not change them
     msd, osd = get_state_dict(model, opt)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=directory)
     opt.close()
@@ -167,7 +171,7 @@ def normuon_through_dcp(kind, model, rank, world, config, directory):
     state = {"model": msd, "optim": osd}
     dcp.load(state, checkpoint_id=directory)
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    loaded = rows(opt)
+    loaded = row_moments(opt.state_dict())
     opt.close()
     return bool(saved) and set(loaded) == set(saved) and all(
         torch.equal(loaded[k], v) and float(v.abs().sum()) > 0 for k, v in saved.items())

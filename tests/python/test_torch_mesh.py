@@ -36,7 +36,8 @@ from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from test_torch_distributed import local_state, run_job, worker_main  # noqa: E402
+from test_torch_distributed import (local_state, row_moments, run_job,  # noqa: E402
+                                    worker_main)
 from test_torch_optim import HYPER, batches, lm_loss, rel  # noqa: E402
 
 import zmuon  # noqa: E402
@@ -340,14 +341,6 @@ def optimizer(model, clip=0.0, **options):
     if clip:
         config["gradient_clipping"] = clip
     return zmuon.Muon(model.named_parameters(), config, **dict(HYPER, **options))
-
-
-def row_moments(state_dict):
-    """NorMuon's row moments in a state_dict, by parameter name."""
-    names = {i: n for g in state_dict["param_groups"]
-             for i, n in zip(g["params"], g["param_names"])}
-    return {names[i]: e["variance_neuron"] for i, e in state_dict["state"].items()
-            if "variance_neuron" in e}
 
 
 def save_params(model, args, rank, name):
