@@ -76,16 +76,23 @@ def timed_parts(opt, sync, steps, new_grads=None, idle=None):
     for name in ("hand_over", "hand_over_reduced", "reduce"):
         wrap(name, "hand_over")
     wrap("step", "step")
-    rows = []
+    rows, ahead = [], 0
     for _ in range(steps):
         if new_grads:
             new_grads()
         if idle:
             idle()
+        marks.clear()  # a hand-over ahead of the step (as the backward ended) is not step()'s
         t0, t1, t2 = one_step(opt, sync)
+        if "hand_over>" not in marks:  # step() found its gradients handed over
+            ahead += 1
+            marks["hand_over>"] = marks["hand_over<"] = marks["step>"]
         rows.append((marks["hand_over>"] - t0, marks["hand_over<"] - marks["hand_over>"],
                      marks["step>"] - marks["hand_over<"], marks["step<"] - marks["step>"],
                      t1 - marks["step<"], t2 - t1, t2 - t0))
+    if ahead:
+        print(f"{ahead} of {steps} steps found their gradients handed over as the backward "
+              "ended (opt.hand_over_ahead): Python before the engine's step() is the first row")
     names = ["Python before the hand-over", "the hand-over's call", "Python between",
              "the engine's step()", "Python after", "the synchronize", "the whole step"]
     for i, name in enumerate(names):
@@ -102,9 +109,10 @@ def busy(ms):
 
 
 def timeline_step(opt, sync, marks, idle=None):
-    opt.time_calls(True)
     if idle:
         idle()
+    opt.time_calls(True)  # after the backward: a hand-over made as it ended is not step()'s
+    marks.clear()
     t0, _, t2 = one_step(opt, sync)
     path = os.path.join(tempfile.mkdtemp(), "calls.json")
     opt.write_call_timeline(path)
@@ -112,7 +120,7 @@ def timeline_step(opt, sync, marks, idle=None):
     events = [e for e in json.load(open(path))["traceEvents"] if e.get("ph") == "X"]
     zero = min(e["ts"] for e in events)
     end = max(e["ts"] + e["dur"] for e in events) - zero
-    entered = marks["hand_over>"]
+    entered = marks.get("hand_over>", marks["step>"])
     print(f"\none step with its call timeline: wall {1e6 * (t2 - t0):.1f} us = Python before the "
           f"hand-over {1e6 * (entered - t0):.1f} + the timeline's span {end:.1f} + after its "
           f"last call {1e6 * (t2 - entered) - end:.1f}")
@@ -170,6 +178,9 @@ def main():
     ap.add_argument("--idle-ms", type=float, default=0,
                     help="before each timed step, the host busy this long in Python while the "
                          "engine idles, as through a forward and backward")
+    ap.add_argument("--hand-over-ahead", choices=("auto", "on", "off"), default="auto",
+                    help="opt.hand_over_ahead: the gradients handed over as each backward ends "
+                         "(auto: zmuon's default, on for one CUDA device)")
     ap.add_argument("--after-backward", action="store_true",
                     help="before each timed step, a forward and backward of the model on one "
                          "batch (new .grad tensors; the host's caches hold the backward's work)")
@@ -190,6 +201,8 @@ def main():
             p.grad = torch.randn_like(p) * 1e-3
     new_grads()
     opt = make_optimizer(model, args)
+    if args.hand_over_ahead != "auto":
+        opt.hand_over_ahead(args.hand_over_ahead == "on")
     print(f"{sum(1 for _ in model.parameters())} tensors, "
           f"{sum(p.numel() for p in model.parameters())} elements, on {args.device}")
     for _ in range(args.warmup):

@@ -203,9 +203,22 @@ public:
   /// gradient is in device memory under the nccl comm, the step reads them where they lie (the
   /// scan, the momentum and the non-Muon rule), and the call returns without reading them: no
   /// packed copy, no wait. A step() refused before it begins (a bad learning rate) copies them
-  /// in before it returns. Otherwise as reduce() / hand_over_reduced().
+  /// in before it returns. Otherwise as reduce() / hand_over_reduced(). On the host backend
+  /// (a job of one rank, or `reduced`) the step reads host gradients where they lie too.
+  ///
+  /// `ahead_of_step` (with kept_until_step): the gradients are handed over before they are
+  /// final, at the end of a backward pass, and nothing reads them before the next step()
+  /// begins; until then the caller may still write them in place. step(cuda_stream) then reads
+  /// them after that stream's work (step() without a stream: after the hand-over's). The next
+  /// hand-over of the rank, a checkpoint's save or load, or write_state first withdraws such a
+  /// hand-over (it then counts as never made), so a caller whose gradients moved hands over
+  /// again. errc::unsupported, and nothing handed over, where the step could not read them
+  /// where they lie.
   error hand_over(int rank, const std::vector<tensor_view>& grads, void* cuda_stream, bool reduced,
-                  bool kept_until_step);
+                  bool kept_until_step, bool ahead_of_step = false);
+  /// The micro-batches local rank `rank` has handed over in the open step (a hand-over ahead of
+  /// the step counts while it stands).
+  expected<int> handed_over(int rank);
 
   /// One micro-batch of every local rank at once: grads[i] is local rank first_rank() + i's.
   /// Every rank's gradients are checked first (nothing is handed over if one is wrong); then each
@@ -375,10 +388,10 @@ public:
 private:
   engine();
   /// `window`: the bound on the rank's unlanded buckets (0: none).
-  /// `reduced`: hand_over_reduced's; `kept_until_step`: hand_over's.
+  /// `reduced`: hand_over_reduced's; `kept_until_step`, `ahead_of_step`: hand_over's.
   error reduce_views(int rank, const std::vector<tensor_view>& grads,
                      std::optional<void*> caller_stream, size_t window, bool reduced = false,
-                     bool kept_until_step = false);
+                     bool kept_until_step = false, bool ahead_of_step = false);
   /// `shard_of` >= 0: shard_params of that rank.
   error gather_params_on(const std::vector<tensor_span>& out, std::optional<void*> caller_stream,
                          int shard_of = -1);

@@ -190,13 +190,23 @@ ZMUON_API int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank,
  * unwritten and allocated until the next zmuon_engine_step returns (PyTorch's .grad read at
  * step()); where the rank's part needs no reduce-scatter (REDUCED, or a job of one rank) and
  * every gradient is in device memory under the nccl comm, the engine then reads them where they
- * lie during the step and the call returns without waiting for those reads. */
+ * lie during the step and the call returns without waiting for those reads; on the host backend
+ * the same holds for host gradients. AHEAD_OF_STEP (with KEPT_UNTIL_STEP): handed over before
+ * they are final (as a backward pass ends): nothing reads them until the next zmuon_engine_step
+ * begins, and the caller may write them in place until then (zmuon_engine_step_on_stream reads
+ * them after that stream's work). The rank's next hand-over, a checkpoint's save or load or a
+ * state write withdraws it first (zmuon_engine_handed_over then says 0); ZMUON_UNSUPPORTED,
+ * nothing handed over, where the step could not read them where they lie. */
 #define ZMUON_HAND_OVER_REDUCED 1u
 #define ZMUON_HAND_OVER_KEPT_UNTIL_STEP 2u
+#define ZMUON_HAND_OVER_AHEAD_OF_STEP 4u
 /* zmuon_engine_reduce_on_stream or zmuon_engine_hand_over_reduced (by `flags`), stream-ordered
  * on `cuda_stream`; an unknown flag is ZMUON_INVALID_ARGUMENT. */
 ZMUON_API int zmuon_engine_hand_over(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads,
                                      size_t n, void* cuda_stream, uint32_t flags);
+/* The micro-batches local rank `rank` has handed over in the open step, into *micro_batches (a
+ * hand-over ahead of the step counts while it stands). */
+ZMUON_API int zmuon_engine_handed_over(zmuon_engine* eng, int32_t rank, int32_t* micro_batches);
 /* Writes local rank `rank`'s shard of the parameters named in `params` (buffers of the shard's
  * size) into their buffers: no collective. `cuda_stream` as
  * zmuon_engine_gather_params_on_stream's, or NULL: written during the call. */

@@ -20,7 +20,7 @@ import os
 import threading
 
 HOST = -1  # zmuon_tensor.device for host memory
-HAND_OVER_REDUCED, HAND_OVER_KEPT_UNTIL_STEP = 1, 2  # zmuon_engine_hand_over's flags
+HAND_OVER_REDUCED, HAND_OVER_KEPT_UNTIL_STEP, HAND_OVER_AHEAD_OF_STEP = 1, 2, 4  # its flags
 
 FLOAT32, BFLOAT16 = 0, 1  # zmuon_array.dtype
 
@@ -244,6 +244,7 @@ def _load():
                                                    ctypes.c_void_p]),
         "zmuon_engine_hand_over": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                            ctypes.c_void_p, ctypes.c_uint32]),
+        "zmuon_engine_handed_over": (c_int, [eng_p, c_i32, ctypes.POINTER(c_i32)]),
         "zmuon_engine_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                               ctypes.c_void_p]),
         "zmuon_engine_load_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor),
@@ -533,15 +534,25 @@ class Engine:
                                                    len(entries), ctypes.c_void_p(stream or 0)))
 
     @_tracked
-    def hand_over(self, rank, entries, stream, reduced, kept_until_step):
+    def hand_over(self, rank, entries, stream, reduced, kept_until_step, ahead_of_step=False):
         """reduce() (reduced False) or hand_over_reduced() (True), stream-ordered on `stream`;
         kept_until_step: the caller keeps every device gradient as it is until step() returns
-        (zmuon_engine_hand_over's ZMUON_HAND_OVER_KEPT_UNTIL_STEP)."""
+        (zmuon_engine_hand_over's ZMUON_HAND_OVER_KEPT_UNTIL_STEP); ahead_of_step: handed over
+        as a backward pass ends, read only once step() begins (ZMUON_HAND_OVER_AHEAD_OF_STEP)."""
         _check_rank(rank)
         flags = (HAND_OVER_REDUCED if reduced else 0) \
-            | (HAND_OVER_KEPT_UNTIL_STEP if kept_until_step else 0)
+            | (HAND_OVER_KEPT_UNTIL_STEP if kept_until_step else 0) \
+            | (HAND_OVER_AHEAD_OF_STEP if ahead_of_step else 0)
         _check(_lib.zmuon_engine_hand_over(self._h(), rank, _tensor_array(entries), len(entries),
                                            ctypes.c_void_p(stream or 0), flags))
+
+    @_tracked
+    def handed_over(self, rank):
+        """The micro-batches local rank `rank` has handed over in the open step (one handed
+        over ahead of the step counts until something withdraws it)."""
+        out = ctypes.c_int32()
+        _check(_lib.zmuon_engine_handed_over(self._h(), rank, ctypes.byref(out)))
+        return out.value
 
     @_tracked
     def shard_params(self, rank, entries, stream=None):

@@ -102,6 +102,7 @@ class Gradients:
         their device (None: not on one device)."""
         if rank is None:
             rank = self._first_rank
+        self._ahead = None  # the engine withdraws a hand-over made ahead of the step
         entries, keep = self._entries(grads)
         devices = entries_devices(entries)  # read off the entries: no call per tensor
         stream = current_stream(devices)
@@ -125,6 +126,7 @@ class Gradients:
         engine, within the bound on reduce buckets in flight (zmuon.max_buckets_in_flight);
         every rank's gradients are checked before any is handed over."""
         grads_by_rank = list(grads_by_rank)
+        self._ahead = None  # the engine withdraws a hand-over made ahead of the step
         entries, keep = [], []
         for i, grads in enumerate(grads_by_rank):
             try:

@@ -1,10 +1,12 @@
 """zmuon.Muon where torch.optim.Optimizer's protocol reaches past step(): zero_grad, the
-state-dict hooks called as torch calls them, and the hand-over of gradients during backward."""
+state-dict hooks called as torch calls them, and the hand-over of gradients as backward ends."""
 
 import copy
+import operator
+import weakref
 
-from . import _distributed, _state
-from ._buffers import is_torch
+from . import _capi, _distributed, _log, _state
+from ._buffers import current_stream, entries_devices, is_torch
 from ._capi import BadState, Unsupported
 
 try:
@@ -28,6 +30,7 @@ class TorchIntegration:
 
     def zero_grad(self, set_to_none=True):
         """Sets every torch parameter's .grad to None (or zeros it)."""
+        self._ahead = None  # the next step() or backward hands the gradients over again
         params = [p for _, p, _ in self._params] + list(self._params_outside.values())
         for p in params:
             if is_torch(p) and p.grad is not None:
@@ -102,6 +105,108 @@ class TorchIntegration:
         for p in pending.values():
             p.grad = None
 
+    def hand_over_ahead(self, on=True):
+        """Hands the parameters' .grad tensors over to the engine as each backward pass ends
+        (on=False: stops), so that step() starts the step's work at once. What the step reads
+        does not change: nothing reads them before step() begins, and then after PyTorch's
+        current stream, so a gradient written in place in between (clip_grad_norm_, a
+        GradScaler's unscale_) is read as written; where a .grad was replaced or set to None,
+        step() hands them over itself. On by default in a job of one rank in one process whose
+        parameters all lie on one CUDA device; elsewhere zmuon.Unsupported says why not."""
+        if not on:
+            self._arm_ahead(False)
+            return
+        why = self._why_not_ahead()
+        if why:
+            raise Unsupported(f"hand_over_ahead: {why}")
+        self._arm_ahead(True)
+
+    def _why_not_ahead(self):
+        if torch is None:
+            return "it needs PyTorch"
+        if self._mode != _distributed.PLAIN or self._node is not None or self._engine.world != 1:
+            return ("the engine reads gradients where they lie only in a job of one rank in one "
+                    "process (several ranks reduce them first)")
+        if self._mesh is not None or self._host_staging:
+            return "host_staging copies the gradients"
+        if not all(is_torch(p) for _, p, _ in self._params):
+            return "a parameter is not a torch tensor"
+        return None
+
+    def _ahead_by_default(self):
+        devices = {p.device for _, p, _ in self._params if is_torch(p)}
+        if len(devices) == 1 and next(iter(devices)).type == "cuda" and not self._why_not_ahead():
+            self._arm_ahead(True)
+
+    def _arm_ahead(self, on):
+        for handle in self._ahead_hooks:
+            handle.remove()
+        self._ahead_hooks, self._ahead, self._ahead_queued = [], None, False
+        if not on:
+            return
+        # The callback at the end of the backward pass is queued by the first of two parameters'
+        # hooks (a hook on every parameter would cost a Python call each); a backward that
+        # reaches neither leaves the hand-over to step().
+        live = [p for _, p, _ in self._params if p.requires_grad]
+        hook = _ahead_hook(weakref.ref(self))
+        for p in {id(p): p for p in live[:1] + live[-1:]}.values():
+            self._ahead_hooks.append(p.register_post_accumulate_grad_hook(hook))
+
+    def _queue_ahead(self):
+        if not self._ahead_queued:
+            self._ahead_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._hand_over_ahead)
+
+    def _hand_over_ahead(self):
+        """As the backward pass ends: every .grad to the engine, read when step() begins."""
+        self._ahead_queued = False
+        columns = self._param_slots()[2]
+        if any(self._micro) or self._backward_hooks or not columns:
+            return  # accumulate() or hand_over_in_backward in use; names the engine cannot take
+        grads = list(map(_grad_of, columns[1]))
+        if self._still_ahead(grads):
+            return  # those handed over, accumulated into by this backward
+        self._ahead = None
+        found = self._plain_grads()
+        if found is None or not found[0]:
+            return  # the general path's gradients: step() hands them over
+        entries, keep = found
+        devices = entries_devices(entries)
+        stream = current_stream(devices)
+        if devices and stream is None:
+            return  # on several devices
+        try:
+            self._engine.hand_over(self._first_rank, entries, stream, False, True,
+                                   ahead_of_step=True)
+        except _capi.ZmuonError as err:  # step() hands over itself, and names a failure
+            if isinstance(err, Unsupported):
+                _log.debug(f"hand_over_ahead off: {err}")
+                self._arm_ahead(False)
+            return
+        self._ahead = (grads, list(map(_data_ptr, keep)), keep, devices)
+
+    def _still_ahead(self, grads):
+        """Whether the gradients handed over ahead of the step are still the parameters' .grad
+        `grads` (the same tensors at the same addresses) and the engine still holds them (a
+        checkpoint's save or load withdraws them)."""
+        ahead = self._ahead
+        return ahead is not None and len(grads) == len(ahead[0]) \
+            and all(map(operator.is_, grads, ahead[0])) \
+            and list(map(_data_ptr, ahead[2])) == ahead[1] \
+            and self._engine.handed_over(self._first_rank) == 1
+
+    def _take_ahead(self):
+        """step()'s hand-over where the one made ahead still stands: (the gradients it keeps,
+        PyTorch's current stream, which the step's reads come after); else None, and step()
+        hands over itself."""
+        self._ahead_queued = False  # a backward that raised never ran its callback
+        if self._ahead is None:
+            return None
+        columns = self._param_slots()[2]
+        ahead = self._ahead if self._still_ahead(list(map(_grad_of, columns[1]))) else None
+        self._ahead = None
+        return ahead and (ahead[2], current_stream(ahead[3]))
+
     def __deepcopy__(self, memo):
         """A new zmuon.Muon (its own engine) over deep copies of the parameters (the memo's
         where the model is copied with it), loaded with this one's state_dict and hooks: it steps
@@ -127,8 +232,27 @@ class TorchIntegration:
         twin._rounding = copy.deepcopy(self._rounding, memo)
         if self._backward_hooks:
             twin.hand_over_in_backward()
+        if bool(self._ahead_hooks) != bool(twin._ahead_hooks):
+            twin.hand_over_ahead(bool(self._ahead_hooks))
         return twin
 
     def __getstate__(self):
         raise TypeError("zmuon.Muon cannot be pickled: it runs an engine; pickle "
                         "opt.state_dict() instead and load it with load_state_dict()")
+
+
+_grad_of = operator.attrgetter("grad")
+
+
+def _data_ptr(t):
+    return t.data_ptr()
+
+
+def _ahead_hook(optimizer):
+    """The post-accumulate-grad hook of hand_over_ahead, holding the optimizer weakly (the
+    parameters outlive it)."""
+    def hook(_param):
+        opt = optimizer()
+        if opt is not None:
+            opt._queue_ahead()
+    return hook

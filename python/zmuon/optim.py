@@ -148,6 +148,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         self._register_all(named, heads, split_sizes, views, qk_clip)
         self._micro = [0] * (self._node[2] if self._node is not None else self._engine.world)
         self._backward_hooks, self._pending = [], {}  # hand_over_in_backward
+        self._ahead_hooks, self._ahead, self._ahead_queued = [], None, False  # hand_over_ahead
         self._applied = []  # per group, the hyperparameters the engine runs with
         self._checked = (None, None)  # groups_key of the groups last checked, their values
         self._momentum_seen = []  # per Muon group, betas[0] as the last step saw it
@@ -164,6 +165,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
             super().__init__(groups_in, defaults)
         self.state = _state.ShardState(self)
         self._start(config_dict, on_metrics)
+        self._ahead_by_default()
 
     def step(self, closure=None):
         """One optimizer step on everything handed over since the last one (if nothing was,
@@ -187,7 +189,10 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         kept = None  # step's own hand-over: the .grad tensors, read in place until it returns
         stream = None  # and PyTorch's stream they were handed over on, the step's too
         own = not any(self._micro)  # the step hands the .grad tensors over itself
-        if own:
+        ahead = self._take_ahead() if own else None  # or they were, as backward ended
+        if ahead:
+            kept, stream = ahead
+        elif own:
             torch_params = self._param_slots()[0]
             if not (torch_params and any(p.grad is not None for _, p, _ in self._params)):
                 if torch_params and self._node is None and self._mode == _distributed.PLAIN:
@@ -202,7 +207,7 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         try:
             self._apply_hyperparameters(values)
             self._reload_written()
-            if own:  # last, right before the engine's step: its first kernels start the step
+            if own and not ahead:  # last, right before the engine's step: it starts the step
                 kept, stream = self._hand_over(kept=True)
             self._micro = [0] * len(self._micro)
             if loss is not None and self._host_engine:

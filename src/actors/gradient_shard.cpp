@@ -55,6 +55,7 @@ gradient_shard::gradient_shard(std::shared_ptr<const plan> pl, std::shared_ptr<c
       muon_scanned_(pl_->chunks.size(), false),
       holds_muon_(pl_->buckets.size(), false),
       in_place_(pl_->buckets.size(), nullptr),
+      due_scan_(pl_->buckets.size()),
       grad_at_(pl_->params.size(), nullptr) {
   for (size_t b = 0; b < pl_->buckets.size(); ++b)
     for (int i = pl_->buckets[b].first_param; i < pl_->buckets[b].end_param; ++i)
@@ -72,7 +73,7 @@ caf::error gradient_shard::accumulate(const zmuon::accumulate& msg) {
                                                     + " slice has the wrong size");
   const auto& b = pl.buckets[msg.bucket];
   const bool first = !written_[msg.bucket];
-  if (first && msg.pieces && read_in_place(msg.bucket, msg.pieces)) {
+  if (first && msg.pieces && read_in_place(msg.bucket, msg.pieces, msg.at_step)) {
     written_[msg.bucket] = true;
     scanned_[msg.bucket] = true;
     return {};
@@ -106,9 +107,10 @@ caf::error gradient_shard::accumulate(const zmuon::accumulate& msg) {
 /// A bucket's first pieces of the step read where they lie: the scan taken without a copy
 /// (compute_backend::scan_pieces; where the momentum may go ahead of the vote, of its non-Muon
 /// parameters alone), each parameter's gradient read from its piece by the momentum and the
-/// non-Muon rule, a parameter no piece reaches zeroed in the buffer. False, and nothing done,
-/// where a parameter's shard lies across pieces or partly outside them.
-bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
+/// non-Muon rule, a parameter no piece reaches zeroed in the buffer. `at_step`: the scan waits
+/// for the step's first reader (materialize). False, and nothing done, where a parameter's
+/// shard lies across pieces or partly outside them.
+bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces, bool at_step) {
   const plan& pl = *pl_;
   const auto& b = pl.buckets[bucket];
   const std::vector<copy_piece>& ps = *pieces;
@@ -139,12 +141,25 @@ bool gradient_shard::read_in_place(int bucket, const gradient_pieces& pieces) {
     if (left_out && !p.muon)
       add_piece(rest, src, p.shard_offset - b.shard_offset, p.shard_len);
   }
-  be_->scan_pieces(grouping_at(b.shard_offset), b.shard_len, left_out ? rest : ps, *scans_, bucket);
+  const std::vector<copy_piece>& scanned = left_out ? rest : ps;
+  if (at_step)
+    due_scan_[bucket] = scanned;
+  else
+    be_->scan_pieces(grouping_at(b.shard_offset), b.shard_len, scanned, *scans_, bucket);
   muon_left_out_[bucket] = left_out;
   for (const auto& [i, src] : at)
     grad_at_[i] = src;
   in_place_[bucket] = pieces;
   return true;
+}
+
+/// The scan that read_in_place left to the step's first reader, if any.
+void gradient_shard::scan_due(int bucket) {
+  if (!due_scan_[bucket])
+    return;
+  const auto& b = pl_->buckets[bucket];
+  be_->scan_pieces(grouping_at(b.shard_offset), b.shard_len, *due_scan_[bucket], *scans_, bucket);
+  due_scan_[bucket].reset();
 }
 
 /// A bucket read in place copied into the buffer, as its accumulate would have done.
@@ -155,6 +170,7 @@ void gradient_shard::copy_in(int bucket) {
   for (int i = b.first_param; i < b.end_param; ++i)
     grad_at_[i] = nullptr;
   in_place_[bucket] = nullptr;
+  due_scan_[bucket].reset();       // the copy scanned it
   muon_left_out_[bucket] = false;  // the copy's scan is of every element
 }
 
@@ -164,6 +180,8 @@ void gradient_shard::materialize(reader by) {
     if (written_[b]) {
       if (by == reader::buffer && in_place_[b])
         copy_in(static_cast<int>(b));
+      else
+        scan_due(static_cast<int>(b));
       continue;
     }
     be_->accumulate_scanned(buffer_at(buckets[b].shard_offset), nullptr, buckets[b].shard_len,
@@ -190,6 +208,7 @@ float* gradient_shard::buffer_at(int64_t offset) {
 void gradient_shard::forget() {
   written_.assign(pl_->buckets.size(), false);
   in_place_.assign(pl_->buckets.size(), nullptr);
+  due_scan_.assign(pl_->buckets.size(), std::nullopt);
   grad_at_.assign(pl_->params.size(), nullptr);
   muon_left_out_.assign(pl_->buckets.size(), false);
   muon_scanned_.assign(pl_->chunks.size(), false);

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "caf/error.hpp"
@@ -31,14 +32,15 @@ public:
                  bool muon_in_momentum = false);
 
   /// accumulate: the slice (or the caller's pieces) added to its bucket. A bucket's first of the
-  /// step is copied in, or, for pieces, only scanned and read where they lie from then on.
+  /// step is copied in, or, for pieces, only scanned and read where they lie from then on (the
+  /// scan at once, or, for pieces read at the step, by the step's first materialize).
   caf::error accumulate(const zmuon::accumulate& msg);
 
   /// Who reads the gradient next. `in_place`: the momentum, the non-Muon rule or the kept scans,
   /// which take each parameter's gradient where read() says; `buffer`: anything else.
   enum class reader { in_place, buffer };
-  /// Before the gradient is read: the buckets nothing reached this step are zeroed, and for a
-  /// reader of the buffer those read in place are copied in.
+  /// Before the gradient is read: the buckets nothing reached this step are zeroed, the scans
+  /// left to the step taken, and for a reader of the buffer those read in place copied in.
   void materialize(reader by = reader::buffer);
   /// The gradient is zero from here on: every bucket unwritten, none read in place.
   void forget();
@@ -68,7 +70,8 @@ public:
   const device_buffer& buffer() const { return grads_; }
 
 private:
-  bool read_in_place(int bucket, const gradient_pieces& pieces);
+  bool read_in_place(int bucket, const gradient_pieces& pieces, bool at_step);
+  void scan_due(int bucket);
   bool muon_all_left_out() const;
   void scan_chunk(int chunk);
   void copy_in(int bucket);
@@ -101,6 +104,9 @@ private:
   // then read (null: the buffer, zeroed there where no piece lands).
   std::vector<gradient_pieces> in_place_;
   std::vector<const float*> grad_at_;
+  // Per bucket read in place, the pieces its scan takes while that scan waits for the step's
+  // first reader (accumulate's at_step: the caller may write them in place until the step).
+  std::vector<std::optional<std::vector<copy_piece>>> due_scan_;
 };
 
 }  // namespace zmuon

@@ -131,8 +131,8 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                                                         + " arrived while step "
                                                         + std::to_string(st.step) + " is open"));
         if (msg.bucket < 0 || msg.bucket >= static_cast<int32_t>(pl.buckets.size())
-            || (!msg.data && !msg.device_data && !msg.pieces)
-            || ((msg.device_data || msg.pieces) && !st.device) || (msg.pieces && !msg.reduced)
+            || (!msg.data && !msg.device_data && !msg.pieces) || (msg.device_data && !st.device)
+            || (msg.pieces && !msg.reduced)
             || msg.size() != pl.buckets[msg.bucket].shard_len * (msg.reduced ? 1 : pl.world))
           return refuse(self, make_caf_error(errc::shape_mismatch,
                                              "bucket " + std::to_string(msg.bucket) + " of step "
@@ -146,7 +146,8 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
         if (msg.pieces) {  // read by the store from the caller's gradients: no buffer here
           auto none = std::make_shared<bucket_buffers>();
-          accumulate acc{tag.step, tag.micro, tag.index, {}, false, std::move(msg.pieces)};
+          accumulate acc{tag.step,   tag.micro, tag.index, {}, false, std::move(msg.pieces),
+                         msg.at_step};
           trace::request(self, st.tr, st.store, std::move(acc))
               .then([=](ack&) mutable { bucket_done(self, *none, answer, tag.step, {}); },
                     [=](caf::error& err) mutable {
@@ -185,6 +186,16 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
                     bucket_done(self, *buf, answer, tag.step, std::move(err));
                   });
         return answer;
+      },
+      [=](discard_grads& msg) -> caf::result<ack> {
+        ZMUON_TRACE_RECV(self, msg);
+        auto& st = self->state;
+        if (st.in_flight > 0 || st.flush_waiting)
+          return make_caf_error(errc::bad_state, "discard of step " + std::to_string(msg.step)
+                                                     + " with buckets in flight");
+        st.micros.clear();  // a withdrawn hand-over: its micro-batches no longer count
+        st.step = 0;
+        return ack{msg.step};
       },
       [=](flush& msg) -> caf::result<flush_done> {
         ZMUON_TRACE_RECV(self, msg);

@@ -13,7 +13,11 @@
 //                               (engine_options::max_buckets_in_flight), so the replies are the
 //                               back-pressure that bounds the buckets' memory. A `reduced`
 //                               bucket (the rank's part alone of a gradient the host already
-//                               averaged: DDP, FSDP2) skips the reduce-scatter.
+//                               averaged: DDP, FSDP2) skips the reduce-scatter; given as
+//                               pieces of the caller's gradients, it goes to the store as they
+//                               are.
+//   discard_grads -> ack (host)  the open step's micro-batches forgotten (a hand-over ahead of
+//                               the step withdrawn, every bucket of it answered first).
 //   flush -> flush_done (coordinator)
 //                               answered once every bucket of the step handed over so far has
 //                               landed in the store, with the number of micro-batches; answered
@@ -33,6 +37,7 @@
 namespace zmuon {
 
 using reducer_actor = caf::typed_actor<caf::replies_to<micro_grads>::with<ack>,
+                                       caf::replies_to<discard_grads>::with<ack>,
                                        caf::replies_to<flush>::with<flush_done>>;
 
 /// `device`: set when the comm backend moves device memory (nccl); each bucket is then copied

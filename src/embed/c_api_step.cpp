@@ -104,7 +104,8 @@ int zmuon_engine_hand_over_reduced(zmuon_engine* eng, int32_t rank, const zmuon_
 int zmuon_engine_hand_over(zmuon_engine* eng, int32_t rank, const zmuon_tensor* grads, size_t n,
                            void* cuda_stream, uint32_t flags) {
   const char* fn = "zmuon_engine_hand_over";
-  constexpr uint32_t known = ZMUON_HAND_OVER_REDUCED | ZMUON_HAND_OVER_KEPT_UNTIL_STEP;
+  constexpr uint32_t known =
+      ZMUON_HAND_OVER_REDUCED | ZMUON_HAND_OVER_KEPT_UNTIL_STEP | ZMUON_HAND_OVER_AHEAD_OF_STEP;
   if (flags & ~known)
     return fail(errc::invalid_argument, std::string(fn) + ": unknown flags "
                                             + std::to_string(flags & ~known)
@@ -112,8 +113,22 @@ int zmuon_engine_hand_over(zmuon_engine* eng, int32_t rank, const zmuon_tensor* 
   return with_views<zmuon::tensor_view, const float*>(
       fn, eng, grads, n, [&](zmuon::engine& e, const std::vector<zmuon::tensor_view>& v) {
         return e.hand_over(rank, v, cuda_stream, (flags & ZMUON_HAND_OVER_REDUCED) != 0,
-                           (flags & ZMUON_HAND_OVER_KEPT_UNTIL_STEP) != 0);
+                           (flags & ZMUON_HAND_OVER_KEPT_UNTIL_STEP) != 0,
+                           (flags & ZMUON_HAND_OVER_AHEAD_OF_STEP) != 0);
       });
+}
+
+int zmuon_engine_handed_over(zmuon_engine* eng, int32_t rank, int32_t* micro_batches) {
+  const char* fn = "zmuon_engine_handed_over";
+  return on_engine(fn, eng, [&]() -> zmuon::error {
+    if (!micro_batches)
+      return null_arg(fn, "micro_batches");
+    auto n = eng->eng->handed_over(rank);
+    if (!n)
+      return n.err();
+    *micro_batches = *n;
+    return {};
+  });
 }
 
 int zmuon_engine_shard_params(zmuon_engine* eng, int32_t rank, const zmuon_tensor* params, size_t n,

@@ -364,6 +364,29 @@ error engine::impl::copy_in_kept() {
             on_backend("step", job->first_rank + i, [&] { job->ranks[i].backend->synchronize(); }))
       return err;
     hand_over->kept[i] = 0;
+    hand_over->ahead[i] = 0;  // read now: nothing left to withdraw
+  }
+  return {};
+}
+
+error engine::impl::withdraw_ahead(int local) {
+  const int first = local < 0 ? 0 : local;
+  const int end = local < 0 ? job->local : local + 1;
+  for (int i = first; i < end; ++i) {
+    if (!hand_over->ahead[i])
+      continue;
+    const uint64_t step = job->step + 1;
+    if (auto err = hand_over->windows[i].wait_until(0))  // every bucket of it with the store
+      return err;
+    if (auto done = job->ask<ack>(job->ranks[i].reducer, discard_grads{step}); !done)
+      return done.err();
+    if (auto done = job->ask<ack>(job->ranks[i].store, discard_grads{step}); !done)
+      return done.err();
+    hand_over->micros[i] = 0;
+    hand_over->kept[i] = 0;
+    hand_over->only_kept[i] = 1;
+    hand_over->ahead[i] = 0;
+    std::fill(hand_over->touched[i].begin(), hand_over->touched[i].end(), 0);
   }
   return {};
 }
@@ -408,6 +431,18 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   auto groups = d.step_groups(job.step + 1);
   if (!groups)
     return refused(groups.err());
+  // Gradients handed over ahead of the step are read after the caller's work up to now.
+  for (int i = 0; cuda_stream && i < job.local; ++i) {
+    if (!hand.ahead[i])
+      continue;
+    compute_backend& be = *job.ranks[i].backend;
+    if (auto err = be.check_caller_stream(*cuda_stream))
+      return refused({err.code(),
+                      "step(): rank " + std::to_string(job.first_rank + i) + ": " + err.message()});
+    if (auto err =
+            on_backend("step", job.first_rank + i, [&] { be.wait_for_stream(*cuda_stream); }))
+      return d.stop(err, engine_lifecycle::in_step(job.step + 1));
+  }
   // The buckets still in flight land first (the flush would wait for them anyway), so that
   // their buffers are gone before the step's own. A rank whose hand-overs were all kept until
   // the step has no such buffers: its buckets' answers are taken once its request is out, which
@@ -458,6 +493,7 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   std::fill(hand.micros.begin(), hand.micros.end(), 0);
   std::fill(hand.kept.begin(), hand.kept.end(), 0);
   std::fill(hand.only_kept.begin(), hand.only_kept.end(), 1);
+  std::fill(hand.ahead.begin(), hand.ahead.end(), 0);
   step_info info;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])

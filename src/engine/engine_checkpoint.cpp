@@ -14,6 +14,7 @@
 #include "engine/hand_over.hpp"
 #include "engine/impl.hpp"
 #include "engine/job.hpp"
+#include "engine/lifecycle.hpp"
 #include "engine/registry.hpp"
 
 namespace zmuon {
@@ -173,6 +174,8 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   auto& job = *d.job;
   if (auto err = d.start())
     return err;
+  if (auto err = d.withdraw_ahead())  // a hand-over ahead of the step is not between steps
+    return d.stop(err, engine_lifecycle::in_step(job.step + 1));
   // 1. This process's ranks' loss scalers (their shards come one rank at a time in 3, so that
   //    at most one rank's state is copied at once). A failure here still joins the agreements
   //    below.
@@ -201,6 +204,8 @@ expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
   auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
+  if (auto err = d.withdraw_ahead())  // a hand-over ahead of the step is not between steps
+    return d.stop(err, engine_lifecycle::in_step(job.step + 1));
   const int world = job.opts.world;
   error own;
   for (int i = 0; !own && i < job.local; ++i)

@@ -99,7 +99,7 @@ struct packer {
     } else {
       host = host_buffers.take(b, static_cast<size_t>(size), gaps);
     }
-    std::vector<copy_piece> device_pieces;  // device to device: one copy_pieces call
+    std::vector<copy_piece> device_pieces;  // within the backend's memory: one copy_pieces call
     for (int i = bk.first_param; i < bk.end_param; ++i) {
       const auto& p = pl.params[i];
       for (int q = first_q; source[i] && q < end_q; ++q) {
@@ -108,7 +108,7 @@ struct packer {
           continue;
         const int64_t at = (q - first_q) * bk.shard_len + (p.shard_offset - bk.shard_offset);
         const float* src = source[i] + (whole[i] ? q * p.shard_len : 0);
-        if (on_device_packing && on_device[i])
+        if (read_in_store || (on_device_packing && on_device[i]))
           device_pieces.push_back(copy_piece{src, at, n});
         else if (on_device_packing)
           be.copy_from_host_async(msg.device_data->data() + at, src, n);
@@ -159,9 +159,19 @@ error engine::hand_over_reduced(int rank, const std::vector<tensor_view>& grads,
 }
 
 error engine::hand_over(int rank, const std::vector<tensor_view>& grads, void* cuda_stream,
-                        bool reduced, bool kept_until_step) {
+                        bool reduced, bool kept_until_step, bool ahead_of_step) {
+  if (ahead_of_step && !kept_until_step)
+    return {errc::invalid_argument,
+            "hand_over: a hand-over ahead of the step must keep its gradients until the step"};
   return reduce_views(rank, grads, cuda_stream, buckets_in_flight(*impl_->job), reduced,
-                      kept_until_step);
+                      kept_until_step, ahead_of_step);
+}
+
+expected<int> engine::handed_over(int rank) {
+  auto& d = *impl_;
+  if (auto err = d.start_for(rank))
+    return err;
+  return d.hand_over->micros[rank - d.job->first_rank];
 }
 
 error engine::reduce_all(const std::vector<tensor_map>& grads) {
@@ -208,7 +218,7 @@ error engine::reduce_all(const std::vector<std::vector<tensor_view>>& grads) {
 
 error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
                            std::optional<void*> caller_stream, size_t window, bool reduced,
-                           bool kept_until_step) {
+                           bool kept_until_step, bool ahead_of_step) {
   auto& d = *impl_;
   auto& job = *d.job;
   auto& hand = *d.hand_over;
@@ -230,23 +240,40 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   const bool any_on_device =
       std::find(pack.on_device.begin(), pack.on_device.end(), true) != pack.on_device.end();
   pack.on_device_packing = !comm_on_host(job.opts.comm) && any_on_device;
-  // This rank's part alone, every gradient on the device and kept by the caller until the step
+  // This rank's part alone, every gradient in the backend's memory (on the device under the
+  // nccl comm, or on the host backend in host memory) and kept by the caller until the step
   // ends: the store reads the gradients where they lie in its accumulate (one pass over them
   // instead of a packed copy and then the add), after the caller's stream (1.), and step()
   // returns after those reads.
-  pack.read_in_store = kept_until_step && reduced && pack.on_device_packing;
+  const bool host_backend = !be.device_memory() && !any_on_device;
+  pack.read_in_store = kept_until_step && reduced && (pack.on_device_packing || host_backend);
   for (size_t i = 0; i < pack.source.size(); ++i)
-    pack.read_in_store = pack.read_in_store && (!pack.source[i] || pack.on_device[i]);
+    pack.read_in_store =
+        pack.read_in_store && (!pack.source[i] || pack.on_device[i] == !host_backend);
+  if (ahead_of_step && !pack.read_in_store)
+    return {errc::unsupported,
+            "hand_over ahead of the step: rank " + std::to_string(rank)
+                + "'s step cannot read these gradients where they lie (that needs its part "
+                  "alone, every gradient in the memory of the rank's backend and, on a device, "
+                  "the nccl comm)"};
+  if (ahead_of_step && hand.micros[local] > 0 && !hand.ahead[local])
+    return {errc::bad_state, "hand_over ahead of the step: rank " + std::to_string(rank)
+                                 + " already handed over " + std::to_string(hand.micros[local])
+                                 + " micro-batch(es) of step " + std::to_string(job.step + 1)};
   if (caller_stream && any_on_device) {  // every read below comes after the caller's writes
     if (auto err = be.check_caller_stream(*caller_stream))
       return {err.code(), "reduce(): rank " + std::to_string(rank) + ": " + err.message()};
     if (auto err = on_backend("reduce", rank, [&] { be.wait_for_stream(*caller_stream); }))
       return err;
   }
-  // 2. The micro-batch counted, its parameters marked touched.
+  // 2. A hand-over made ahead of the step counts no more; the micro-batch counted, its
+  //    parameters marked touched.
+  if (auto err = d.withdraw_ahead(local))
+    return d.stop(err, engine_lifecycle::in_step(job.step + 1));
   const int micro = hand.micros[local]++;
   hand.kept[local] = hand.kept[local] || pack.read_in_store;
   hand.only_kept[local] = hand.only_kept[local] && pack.read_in_store;
+  hand.ahead[local] = ahead_of_step ? 1 : 0;       // the rank's only hand-over of the step (above)
   mark_touched(hand.touched[local], pack.source);  // this rank's thread alone writes them
   const uint64_t step = job.step + 1;
   // 3. Bucket after bucket packed and handed to the reducer, within the window. A backend
@@ -260,7 +287,8 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       if (window > 0)
         if ((failed = in_flight.wait_until(window - 1)))
           break;
-      micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0, reduced};
+      micro_grads msg{step,    micro,        static_cast<int32_t>(b), nullptr, nullptr, 0, reduced,
+                      nullptr, ahead_of_step};
       pack.bucket(b, msg);
       if (msg.data)  // fault injection (tests) acts on host-packed gradients
         inject_nonfinite(d.registry->faults, pl, pl.buckets[b], step, rank, micro, *msg.data);

@@ -12,6 +12,7 @@
 #include "engine/hand_over.hpp"
 #include "engine/impl.hpp"
 #include "engine/job.hpp"
+#include "engine/lifecycle.hpp"
 #include "engine/registry.hpp"
 #include "plan/ownership.hpp"
 
@@ -376,6 +377,8 @@ error engine::write_state(const optimizer_state& state) {
   auto& hand = *d.hand_over;
   if (auto err = d.start())
     return err;
+  if (auto err = d.withdraw_ahead())  // a hand-over ahead of the step is not between steps
+    return d.stop(err, engine_lifecycle::in_step(job.step + 1));
   const plan& pl = *d.registry->pl;
 
   // 1. Everything checked before anything changes.

@@ -21,6 +21,9 @@ struct engine_hand_over {
   // Per local rank: 1 while every hand-over of the open step was kept until the step (no bucket
   // buffer of it to free before the step's own).
   std::vector<uint8_t> only_kept;
+  // Per local rank: 1 while the open step's one hand-over was ahead of the step (read only when
+  // the step begins; withdrawn by anything else that comes first: engine::impl::withdraw_ahead).
+  std::vector<uint8_t> ahead;
   // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
   std::vector<std::vector<uint8_t>> touched;
   // MuonClip: per local rank, the largest logit per query head reported in the open step
@@ -32,6 +35,7 @@ struct engine_hand_over {
     micros.assign(local_ranks, 0);
     kept.assign(local_ranks, 0);
     only_kept.assign(local_ranks, 1);
+    ahead.assign(local_ranks, 0);
     qk_logits.assign(local_ranks, {});
     touched.assign(local_ranks, {});
   }

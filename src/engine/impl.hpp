@@ -59,6 +59,10 @@ struct engine::impl {
   /// read where the caller keeps them (hand_over's kept_until_step) copied into the stores, and
   /// those copies run, since the caller may write or free them once step() returns.
   error copy_in_kept();
+  /// Local rank `local`'s hand-over ahead of the step, if it made one, withdrawn: its buckets
+  /// answered, the reducer and the store told to forget them (nothing was read on the device),
+  /// and the rank's open step as if nothing had been handed over. -1: every local rank's.
+  error withdraw_ahead(int local = -1);
 
 private:
   error start_locked();

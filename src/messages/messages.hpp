@@ -173,9 +173,13 @@ struct micro_grads {
   // This rank's part alone, of a gradient the host has already averaged over the ranks
   // (engine::hand_over_reduced): added as it is, no reduce-scatter.
   bool reduced = false;
-  // Instead of data: a reduced bucket (device_size floats) as pieces of the caller's device
-  // gradients, which the store reads in its accumulate's pass (no packed copy).
+  // Instead of data: a reduced bucket (device_size floats) as pieces of the caller's gradients
+  // (in the rank's backend's memory), which the store reads in its accumulate's pass (no packed
+  // copy).
   gradient_pieces pieces = nullptr;
+  // The pieces are read only once the step begins (engine::hand_over ahead of the step): the
+  // caller may still write them in place until then.
+  bool at_step = false;
 
   int64_t size() const { return data ? static_cast<int64_t>(data->size()) : device_size; }
 };
@@ -199,6 +203,7 @@ struct accumulate {
   bool from_host = true;  // slice is host memory (caf comm) or the store backend's (nccl)
   gradient_pieces pieces =
       nullptr;  // instead of slice: the bucket read from the caller's gradients
+  bool at_step = false;  // pieces read only by the step's first reader (micro_grads::at_step)
 };
 
 struct ack {
@@ -417,10 +422,10 @@ ZMUON_INSPECT(all_reduce_req, x.tag, x.op, x.values)
 ZMUON_INSPECT(all_to_all_req, x.tag)
 ZMUON_INSPECT(comm_done, x.tag)
 ZMUON_INSPECT(all_reduce_result, x.tag, x.values)
-ZMUON_INSPECT(micro_grads, x.step, x.micro, x.bucket, x.reduced)
+ZMUON_INSPECT(micro_grads, x.step, x.micro, x.bucket, x.reduced, x.at_step)
 ZMUON_INSPECT(flush, x.step)
 ZMUON_INSPECT(flush_done, x.step, x.micros)
-ZMUON_INSPECT(accumulate, x.step, x.micro, x.bucket, x.slice, x.from_host)
+ZMUON_INSPECT(accumulate, x.step, x.micro, x.bucket, x.slice, x.from_host, x.at_step)
 ZMUON_INSPECT(ack, x.step)
 ZMUON_INSPECT(check_overflow, x.step, x.chunks_ahead)
 ZMUON_INSPECT(scan_grads, x.step, x.chunks_ahead)

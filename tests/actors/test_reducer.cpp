@@ -238,9 +238,11 @@ BOOST_AUTO_TEST_CASE(bucket_of_wrong_size_or_index_is_an_error) {
   BOOST_CHECK(stored->calls.empty());
 }
 
-// A reduced bucket of the caller's device gradients (engine::hand_over_reduced) travels as its
-// pieces: straight to the store, which reads them in its accumulate; nothing to the comm, no
-// buffer. A reducer without a device backend, or pieces of a bucket not yet reduced, is refused.
+// A reduced bucket of the caller's gradients (engine::hand_over_reduced) travels as its pieces:
+// straight to the store, which reads them in its accumulate; nothing to the comm, no buffer.
+// Pieces of a bucket not yet reduced are refused. A reducer of the host backend (no device
+// backend) passes host pieces on too, with their `at_step` (a hand-over ahead of the step), and
+// discard_grads (that hand-over withdrawn) makes it forget the step's micro-batches.
 BOOST_AUTO_TEST_CASE(pieces_of_a_reduced_bucket_go_to_the_store_as_they_are) {
   const float grads[12] = {};
   auto pieces = std::make_shared<const std::vector<copy_piece>>(
@@ -264,10 +266,23 @@ BOOST_AUTO_TEST_CASE(pieces_of_a_reduced_bucket_go_to_the_store_as_they_are) {
   tell(on_device, micro_grads{4, 0, 0, nullptr, nullptr, n, false, pieces});  // not reduced
   run();
   check_error(flush_step_of(on_device, 4), errc::shape_mismatch, "bucket 0");
-  tell(reducer, micro_grads{5, 0, 0, nullptr, nullptr, n, true, pieces});  // no device backend
+  for (int32_t micro : {0, 1}) {  // two micro-batches, then withdrawn
+    micro_grads ahead{5, micro, 0, nullptr, nullptr, n, true, pieces};
+    ahead.at_step = true;
+    tell(reducer, ahead);
+  }
   run();
-  check_error(flush_step(5), errc::shape_mismatch, "bucket 0");
-  BOOST_CHECK_EQUAL(stored->calls.size(), 1u);
+  BOOST_REQUIRE_EQUAL(stored->calls.size(), 3u);
+  BOOST_CHECK(stored->calls[1].msg.at_step);
+  BOOST_CHECK(stored->calls[2].msg.pieces == pieces);
+  auto discarded = ask<ack>(reducer, discard_grads{5});
+  run();
+  BOOST_CHECK_EQUAL(value_of(discarded).step, 5u);
+  tell(reducer, micro_grads{5, 0, 0, nullptr, nullptr, n, true, pieces});
+  run();
+  auto flushed = flush_step(5);
+  run();
+  BOOST_CHECK_EQUAL(value_of(flushed).micros, 1);  // the withdrawn two no longer count
 }
 
 BOOST_AUTO_TEST_CASE(second_flush_while_one_waits_is_refused) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "support/c_api_data.h"
+#include "support/scratch_dir.hpp"
 #include "zmuon/engine.hpp"
 #include "zmuon/zmuon.h"
 
@@ -274,8 +275,8 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
   zmuon_engine* eng = nullptr;
   BOOST_REQUIRE_EQUAL(zmuon_engine_create(R"({"zmuon": {"ranks": 1}})", nullptr, 0, &eng),
                       ZMUON_OK);
-  BOOST_TEST(zmuon_engine_hand_over(eng, 0, nullptr, 0, nullptr, 4u) == ZMUON_INVALID_ARGUMENT);
-  BOOST_TEST(std::strstr(zmuon_last_error(), "unknown flags 4") != nullptr);
+  BOOST_TEST(zmuon_engine_hand_over(eng, 0, nullptr, 0, nullptr, 8u) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::strstr(zmuon_last_error(), "unknown flags 8") != nullptr);
   zmuon_engine_destroy(eng);
   BOOST_TEST(plain.at("w") != std::vector<float>(24, 0.5f));  // the steps moved it
   BOOST_TEST(zmuon_engine_reduce_on_stream(nullptr, 0, nullptr, 0, nullptr)
@@ -283,6 +284,105 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
   BOOST_TEST(std::strstr(zmuon_last_error(), "zmuon_engine_reduce_on_stream") != nullptr);
   BOOST_TEST(zmuon_engine_step_on_stream(nullptr, nullptr, nullptr) == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(std::strstr(zmuon_last_error(), "zmuon_engine_step_on_stream") != nullptr);
+}
+
+// A hand-over ahead of the step (the host backend reads host gradients where they lie in a job
+// of one rank): nothing reads the gradients before the step, so values written in place after
+// the hand-over are what the step takes, bit for bit as a reduce() of them; the rank's next
+// hand-over withdraws it (the step takes that one alone, as its one micro-batch), and so does a
+// checkpoint's save. One after a plain hand-over of the step is refused, one whose gradients
+// the step could not read where they lie (two ranks: a reduce-scatter) is unsupported, and
+// neither hands anything over.
+BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_when_the_step_begins) {
+  using views = std::vector<zmuon::tensor_view>;
+  auto values = [](int seed) {
+    std::vector<float> g(30);
+    for (size_t i = 0; i < g.size(); ++i)
+      g[i] = std::sin(0.37f * float(i) + 1.3f * float(seed));
+    return g;
+  };
+  auto make = [](int ranks) {
+    auto made =
+        zmuon::engine::create_from_json(R"({"zmuon": {"ranks": )" + std::to_string(ranks) + "}}");
+    BOOST_REQUIRE(made);
+    BOOST_REQUIRE(!(*made)->add_parameter({"w", {4, 6}}, std::vector<float>(24, 0.5f)));
+    BOOST_REQUIRE(!(*made)->add_parameter({"b", {6}}));
+    return std::move(*made);
+  };
+  auto of = [](std::vector<float>& g) {
+    return views{{"w", g.data(), 24}, {"b", g.data() + 24, 6}};
+  };
+  enum { reference, written_after, withdrawn_by_the_next };
+  auto run = [&](int how) {
+    auto eng = make(1);
+    for (int step = 1; step <= 3; ++step) {
+      auto g = values(step);
+      auto early = values(step + 100);
+      zmuon::error err;
+      if (how == reference) {
+        err = eng->reduce(0, of(g));
+      } else if (how == written_after) {
+        auto kept = early;  // handed over ahead, then written in place with the step's values
+        kept[3] = NAN;      // a scan taken at the hand-over would skip the step
+        BOOST_REQUIRE(!eng->hand_over(0, of(kept), nullptr, false, true, true));
+        std::copy(g.begin(), g.end(), kept.begin());
+        g = kept;  // what the step reads: the same memory
+        BOOST_REQUIRE(eng->handed_over(0));
+        BOOST_TEST(*eng->handed_over(0) == 1);
+        auto info = eng->step();
+        BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
+        BOOST_TEST(info->micro_batches == 1);
+        BOOST_TEST(!info->skipped);
+        BOOST_TEST(kept == g);  // read, not written
+        continue;
+      } else {
+        BOOST_REQUIRE(!eng->hand_over(0, of(early), nullptr, false, true, true));
+        err = eng->hand_over(0, of(g), nullptr, false, true);
+        std::fill(early.begin(), early.end(), NAN);  // withdrawn: never read
+      }
+      BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+      BOOST_TEST(*eng->handed_over(0) == 1);
+      auto info = eng->step();
+      BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
+      BOOST_TEST(info->micro_batches == 1);
+      BOOST_TEST(!info->skipped);
+    }
+    auto p = eng->parameters();
+    BOOST_REQUIRE(p);
+    return *p;
+  };
+  const auto want = run(reference);
+  BOOST_TEST(want.at("w") != std::vector<float>(24, 0.5f));  // the steps moved it
+  for (int how : {written_after, withdrawn_by_the_next}) {
+    const auto got = run(how);
+    BOOST_TEST(got.at("w") == want.at("w"));
+    BOOST_TEST(got.at("b") == want.at("b"));
+  }
+
+  auto eng = make(1);
+  auto g = values(1);
+  BOOST_REQUIRE(!eng->hand_over(0, of(g), nullptr, false, true, true));
+  zmuon::test::scratch_dir dir;
+  auto err = eng->save_checkpoint(dir.path().string());
+  BOOST_REQUIRE_MESSAGE(!err, err.to_string());
+  BOOST_TEST(*eng->handed_over(0) == 0);  // withdrawn
+  auto info = eng->step();
+  BOOST_REQUIRE(!info);
+  BOOST_TEST(to_string(info.err().code()) == "bad_state");  // nothing handed over
+  BOOST_REQUIRE(!eng->reduce(0, of(g)));
+  err = eng->hand_over(0, of(g), nullptr, false, true, true);
+  BOOST_TEST(to_string(err.code()) == "bad_state");
+  BOOST_TEST(err.message().find("already handed over 1 micro-batch") != std::string::npos);
+  BOOST_TEST(*eng->handed_over(0) == 1);
+  err = eng->hand_over(0, of(g), nullptr, false, false, true);
+  BOOST_TEST(to_string(err.code()) == "invalid_argument");
+
+  auto two = make(2);
+  err = two->hand_over(0, of(g), nullptr, false, true, true);
+  BOOST_TEST(to_string(err.code()) == "unsupported");
+  BOOST_TEST(err.message().find("ahead of the step") != std::string::npos);
+  BOOST_TEST(*two->handed_over(0) == 0);
+  BOOST_TEST(zmuon_engine_handed_over(nullptr, 0, nullptr) == ZMUON_INVALID_ARGUMENT);
 }
 
 // zmuon_engine_master: in a job of one rank each parameter's master in the engine's own memory

@@ -8,6 +8,7 @@ Run by ctest with the venv's python (.venv, made by .ci/deps --tests); without P
 
 import math
 import pickle
+import tempfile
 import unittest
 
 import torch
@@ -611,6 +612,69 @@ class BackwardHandOver(unittest.TestCase):
         print(f"backward hand-over: {len(explicit) - len(differ)} of {len(explicit)} "
               "parameters bit-identical to accumulate()")
         self.assertEqual(differ, [])
+
+
+class HandOverAhead(unittest.TestCase):
+    """hand_over_ahead: the gradients go to the engine as each backward pass ends (on by default
+    on one CUDA device; switched on here on the host), and what step() reads is what it would
+    have read itself, bit for bit, whatever the loop does between the backward and the step."""
+
+    def between(self, step, model, opt, data, scratch):
+        """Step `step`'s doings between its backward and its step."""
+        params = list(model.parameters())
+        if step == 1:  # written in place (each gradient's version moves)
+            torch.nn.utils.clip_grad_norm_(params, 0.05)
+        elif step == 2:  # a second backward accumulates into the same tensors
+            lm_loss(model, data[-1]).backward()
+        elif step == 3:  # new .grad tensors from a backward after zero_grad
+            opt.zero_grad()
+            lm_loss(model, data[-2]).backward()
+        elif step == 4:  # one .grad replaced, one written through .data (no version bump)
+            params[0].grad = params[0].grad * 3
+            params[1].grad.data.mul_(0.5)
+        elif step == 5:  # a checkpoint between the backward and the step
+            opt.save_checkpoint(scratch)
+        elif step == 6:  # a state_dict read
+            opt.state_dict()
+
+    def train(self, ahead, scratch):
+        torch.manual_seed(4)
+        model = TinyTransformer()
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        if ahead:
+            opt.hand_over_ahead()
+        data = batches(9, seed=6)
+        standing = []
+        for step in range(7):
+            lm_loss(model, data[step]).backward()
+            standing.append(opt._engine.handed_over(opt._first_rank))
+            self.between(step, model, opt, data, scratch)
+            opt.step()
+            opt.zero_grad()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}, standing
+
+    def test_the_step_reads_what_it_would_have_handed_over(self):
+        with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
+            itself, none = self.train(False, a)
+            ahead, standing = self.train(True, b)
+        self.assertEqual(none, [0] * 7)
+        self.assertEqual(standing, [1] * 7)  # every backward handed them over
+        differ = [n for n in itself if not torch.equal(itself[n], ahead[n])]
+        print(f"hand-over ahead: {len(itself) - len(differ)} of {len(itself)} parameters "
+              "bit-identical to step()'s own hand-over")
+        self.assertEqual(differ, [])
+
+    def test_switched_off_and_refused_by_name(self):
+        model = TinyTransformer()
+        opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        self.assertEqual(opt._ahead_hooks, [])  # on the host, off unless asked for
+        opt.hand_over_ahead()
+        opt.hand_over_ahead(False)
+        lm_loss(model, batches(1)[0]).backward()
+        self.assertEqual(opt._engine.handed_over(opt._first_rank), 0)
+        two = zmuon.Muon(TinyTransformer().named_parameters(), ranks=2, **HYPER)
+        with self.assertRaisesRegex(zmuon.Unsupported, "hand_over_ahead: .*one rank"):
+            two.hand_over_ahead()
 
 
 class GradScalerAndCompile(unittest.TestCase):
