@@ -127,8 +127,8 @@ class TorchIntegration:
         if self._mode != _distributed.PLAIN or self._node is not None or self._engine.world != 1:
             return ("the engine reads gradients where they lie only in a job of one rank in one "
                     "process (several ranks reduce them first)")
-        if self._mesh is not None or self._host_staging:
-            return "host_staging copies the gradients"
+        if self._host_staging:
+            return "host_staging copies the gradients to the host"
         if not all(is_torch(p) for _, p, _ in self._params):
             return "a parameter is not a torch tensor"
         return None
@@ -153,9 +153,15 @@ class TorchIntegration:
             self._ahead_hooks.append(p.register_post_accumulate_grad_hook(hook))
 
     def _queue_ahead(self):
-        if not self._ahead_queued:
-            self._ahead_queued = True
+        if self._ahead_queued:
+            return
+        try:
             torch.autograd.Variable._execution_engine.queue_callback(self._hand_over_ahead)
+        except RuntimeError as err:  # a backward that takes no callbacks (compiled autograd)
+            _log.logger.debug("hand_over_ahead off: %s", err)
+            self._arm_ahead(False)
+            return
+        self._ahead_queued = True
 
     def _hand_over_ahead(self):
         """As the backward pass ends: every .grad to the engine, read when step() begins."""
@@ -180,7 +186,7 @@ class TorchIntegration:
                                    ahead_of_step=True)
         except _capi.ZmuonError as err:  # step() hands over itself, and names a failure
             if isinstance(err, Unsupported):
-                _log.debug(f"hand_over_ahead off: {err}")
+                _log.logger.debug("hand_over_ahead off: %s", err)
                 self._arm_ahead(False)
             return
         self._ahead = (grads, list(map(_data_ptr, keep)), keep, devices)

@@ -618,6 +618,10 @@ partition_store_actor::behavior_type store_impl(store_pointer self, std::shared_
         self->state.grad->materialize();  // enqueued: the host waits for its backend
         return ack{msg.step};
       },
+      [=](begin_reads& msg) {
+        ZMUON_TRACE_RECV(self, msg);
+        self->state.grad->materialize(gradient_shard::reader::in_place);
+      },
       [=](load_params& msg) -> caf::result<ack> {
         ZMUON_TRACE_RECV(self, msg);
         return answered(msg.step, set_params(self->state, msg));

@@ -40,6 +40,8 @@
 //   qk_clip_scale -> ack     (coordinator, MuonClip) scale ranges of the parameter shard
 //   copy_in_grads -> ack     (host, a step() that failed before it began) the buckets read
 //                            where the caller keeps them copied in (enqueued)
+//   begin_reads              (host, a step of gradients handed over ahead of it) the scans the
+//                            step's first read would enqueue, enqueued at once
 //   load_params -> ack       (host) set the parameter shard
 //   load_state -> ack        (host, checkpoint load) set params, momentum, Adam moments, the
 //                            AdamW step count and the row moments; zero the gradient
@@ -72,7 +74,8 @@ using partition_store_actor = caf::typed_actor<
     caf::replies_to<muon_momentum>::with<ack>, caf::replies_to<apply_muon>::with<ack>,
     caf::replies_to<adamw_step>::with<ack>, caf::replies_to<finish_step>::with<ack>,
     caf::replies_to<load_params>::with<ack>, caf::replies_to<load_state>::with<ack>,
-    caf::replies_to<copy_in_grads>::with<ack>, caf::replies_to<snapshot_atom>::with<store_snapshot>,
+    caf::replies_to<copy_in_grads>::with<ack>, caf::reacts_to<begin_reads>,
+    caf::replies_to<snapshot_atom>::with<store_snapshot>,
     caf::replies_to<saved_state_atom>::with<store_snapshot>,
     caf::replies_to<params_atom>::with<std::vector<float>>,
     caf::replies_to<params_view_atom>::with<float_view>, caf::reacts_to<gpu_done>,

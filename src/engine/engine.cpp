@@ -431,17 +431,25 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   auto groups = d.step_groups(job.step + 1);
   if (!groups)
     return refused(groups.err());
-  // Gradients handed over ahead of the step are read after the caller's work up to now.
-  for (int i = 0; cuda_stream && i < job.local; ++i) {
+  // Gradients handed over ahead of the step are read after the caller's work up to now; the
+  // store starts those reads at once (begin_reads), ahead of the coordinator's first message.
+  for (int i = 0; i < job.local; ++i) {
     if (!hand.ahead[i])
       continue;
     compute_backend& be = *job.ranks[i].backend;
-    if (auto err = be.check_caller_stream(*cuda_stream))
-      return refused({err.code(),
-                      "step(): rank " + std::to_string(job.first_rank + i) + ": " + err.message()});
-    if (auto err =
-            on_backend("step", job.first_rank + i, [&] { be.wait_for_stream(*cuda_stream); }))
+    if (cuda_stream) {
+      if (auto err = be.check_caller_stream(*cuda_stream))
+        return refused({err.code(), "step(): rank " + std::to_string(job.first_rank + i) + ": "
+                                        + err.message()});
+      if (auto err =
+              on_backend("step", job.first_rank + i, [&] { be.wait_for_stream(*cuda_stream); }))
+        return d.stop(err, engine_lifecycle::in_step(job.step + 1));
+    }
+    // Once every bucket is with the store (answered long since, as a backward pass ended), so
+    // that no accumulate comes after the reads.
+    if (auto err = hand.windows[i].wait_until(0))
       return d.stop(err, engine_lifecycle::in_step(job.step + 1));
+    caf::anon_send(job.ranks[i].store, begin_reads{job.step + 1});
   }
   // The buckets still in flight land first (the flush would wait for them anyway), so that
   // their buffers are gone before the step's own. A rank whose hand-overs were all kept until

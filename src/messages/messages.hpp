@@ -332,6 +332,13 @@ struct copy_in_grads {
   uint64_t step = 0;  // the open step
 };
 
+/// Host -> store, as a step whose gradients were handed over ahead of it begins (after the
+/// step's stream): what the step's first read would enqueue (the buckets' scans) enqueued now,
+/// one hop before the coordinator's first message. No answer.
+struct begin_reads {
+  uint64_t step = 0;  // the step beginning
+};
+
 /// Host -> store: set this rank's parameter shard (initial values).
 struct load_params {
   uint64_t step = 0;  // the values hold before this step
@@ -441,6 +448,7 @@ ZMUON_INSPECT(clip_range, x.offset, x.n, x.factor)
 ZMUON_INSPECT(qk_clip_scale, x.step, x.ranges)
 ZMUON_INSPECT(gpu_done, x.step, x.what, x.index)
 ZMUON_INSPECT(copy_in_grads, x.step)
+ZMUON_INSPECT(begin_reads, x.step)
 ZMUON_INSPECT(load_params, x.step)
 ZMUON_INSPECT(store_snapshot, x.params, x.grads, x.momentum, x.exp_avg, x.exp_avg_sq, x.adam_steps,
               x.adam_param_steps, x.row_moments)

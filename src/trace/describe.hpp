@@ -162,6 +162,9 @@ inline fields describe(const qk_clip_scale& m) {
 inline fields describe(const copy_in_grads& m) {
   return stepped("copy_in_grads", m.step);
 }
+inline fields describe(const begin_reads& m) {
+  return stepped("begin_reads", m.step);
+}
 inline fields describe(const load_params& m) {
   return stepped("load_params", m.step, -1, -1,
                  m.shard ? floats(static_cast<int64_t>(m.shard->size())) : 0);
