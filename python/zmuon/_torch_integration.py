@@ -189,7 +189,7 @@ class TorchIntegration:
                 _log.logger.debug("hand_over_ahead off: %s", err)
                 self._arm_ahead(False)
             return
-        self._ahead = (grads, list(map(_data_ptr, keep)), keep, devices)
+        self._ahead = (grads, list(map(torch.Tensor.data_ptr, keep)), keep, devices)
 
     def _still_ahead(self, grads):
         """Whether the gradients handed over ahead of the step are still the parameters' .grad
@@ -198,7 +198,7 @@ class TorchIntegration:
         ahead = self._ahead
         return ahead is not None and len(grads) == len(ahead[0]) \
             and all(map(operator.is_, grads, ahead[0])) \
-            and list(map(_data_ptr, ahead[2])) == ahead[1] \
+            and list(map(torch.Tensor.data_ptr, ahead[2])) == ahead[1] \
             and self._engine.handed_over(self._first_rank) == 1
 
     def _take_ahead(self):
@@ -248,10 +248,6 @@ class TorchIntegration:
 
 
 _grad_of = operator.attrgetter("grad")
-
-
-def _data_ptr(t):
-    return t.data_ptr()
 
 
 def _ahead_hook(optimizer):
