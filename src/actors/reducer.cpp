@@ -146,8 +146,8 @@ reducer_actor::behavior_type reducer_impl(reducer_pointer self, std::shared_ptr<
         collective_tag tag{collective_kind::reduce_scatter, msg.step, msg.micro, msg.bucket};
         if (msg.pieces) {  // read by the store from the caller's gradients: no buffer here
           auto none = std::make_shared<bucket_buffers>();
-          accumulate acc{tag.step,   tag.micro, tag.index, {}, false, std::move(msg.pieces),
-                         msg.at_step};
+          accumulate acc{tag.step, tag.micro, tag.index, {}, false, std::move(msg.pieces)};
+          acc.at_step = msg.at_step;
           trace::request(self, st.tr, st.store, std::move(acc))
               .then([=](ack&) mutable { bucket_done(self, *none, answer, tag.step, {}); },
                     [=](caf::error& err) mutable {

@@ -287,8 +287,8 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
       if (window > 0)
         if ((failed = in_flight.wait_until(window - 1)))
           break;
-      micro_grads msg{step,    micro,        static_cast<int32_t>(b), nullptr, nullptr, 0, reduced,
-                      nullptr, ahead_of_step};
+      micro_grads msg{step, micro, static_cast<int32_t>(b), nullptr, nullptr, 0, reduced};
+      msg.at_step = ahead_of_step;
       pack.bucket(b, msg);
       if (msg.data)  // fault injection (tests) acts on host-packed gradients
         inject_nonfinite(d.registry->faults, pl, pl.buckets[b], step, rank, micro, *msg.data);
