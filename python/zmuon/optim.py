@@ -323,7 +323,9 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         return _capi.state_range(self._engine, name, _capi.STATE_LOCAL)
 
     def close(self):
-        """Stops the engine (also done when the optimizer is garbage collected)."""
+        """Stops the engine (also done when the optimizer is garbage collected) and takes its
+        hooks off the parameters."""
+        self._arm_ahead(False)
         self._engine.close()
 
     def __repr__(self):

@@ -672,6 +672,9 @@ class HandOverAhead(unittest.TestCase):
         opt.hand_over_ahead(False)
         lm_loss(model, batches(1)[0]).backward()
         self.assertEqual(opt._engine.handed_over(opt._first_rank), 0)
+        opt.hand_over_ahead()
+        opt.close()  # its hooks go with it: a later backward calls nothing of it
+        self.assertTrue(all(not p._post_accumulate_grad_hooks for p in model.parameters()))
         two = zmuon.Muon(TinyTransformer().named_parameters(), ranks=2, **HYPER)
         with self.assertRaisesRegex(zmuon.Unsupported, "hand_over_ahead: .*one rank"):
             two.hand_over_ahead()
