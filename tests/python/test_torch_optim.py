@@ -681,11 +681,14 @@ class HandOverAhead(unittest.TestCase):
 
 
 class GradScalerAndCompile(unittest.TestCase):
+    ahead = False  # opt.hand_over_ahead (the subclass below)
 
     def run_steps(self, scaler=None, compiled=False, inf_at=None):
         torch.manual_seed(2)
         model = TinyTransformer()
         opt = zmuon.Muon(model.named_parameters(), **HYPER)
+        if self.ahead:
+            opt.hand_over_ahead()
         run = torch.compile(model, backend="aot_eager") if compiled else model
         for i, tokens in enumerate(batches(4, seed=3)):
             opt.zero_grad()
@@ -721,6 +724,13 @@ class GradScalerAndCompile(unittest.TestCase):
         worst = max(rel(compiled[n], plain[n]) for n in plain)
         print(f"torch.compile (aot_eager): worst param rel vs eager {worst:.2e}")
         self.assertLessEqual(worst, 1e-6)
+
+
+class GradScalerAndCompileAhead(GradScalerAndCompile):
+    """The same with the gradients handed over as each backward ends: GradScaler unscales them
+    in place after that hand-over, and a step it skips leaves one standing in the engine, which
+    the next backward's hand-over withdraws."""
+    ahead = True
 
 
 if __name__ == "__main__":
