@@ -31,11 +31,25 @@ export PYTHONUNBUFFERED=1
 work=/tmp/zmuon-peers
 rm -rf "$work" && mkdir -p "$work"
 tar -C "$work" -xzf .carry/gpu/gpu-check.tar.gz
-cuda_dirs=/usr/local/cuda/lib64
-for lib in libcublas.so.13 libnccl.so.2; do  # wherever that machine keeps them
-  found="$(find /usr /opt -name "$lib" -print -quit 2>/dev/null)"
-  [[ -n "$found" ]] && cuda_dirs+=":$(dirname "$found")"
-done
+# cuBLAS and NCCL wherever that machine keeps them: the toolkit's and the pip wheels' folders
+# first, a search of /usr and /opt (minutes on a cold disk) only where neither has one; found once
+# per machine.
+libdirs=/tmp/zmuon-peers-libdirs
+if [[ ! -s $libdirs ]]; then
+  cuda_dirs=/usr/local/cuda/lib64
+  wheels="$(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, d, "lib")
+    for p in nvidia.__path__ for d in sorted(os.listdir(p))))' 2>/dev/null)"
+  for lib in libcublas.so.13 libnccl.so.2; do
+    found=""
+    for dir in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib $wheels; do
+      [[ -e $dir/$lib ]] && found="$dir/$lib" && break
+    done
+    [[ -z $found ]] && found="$(find /usr /opt -name "$lib" -print -quit 2>/dev/null)"
+    [[ -n "$found" ]] && cuda_dirs+=":$(dirname "$found")"
+  done
+  echo "$cuda_dirs" >"$libdirs"
+fi
+cuda_dirs="$(cat "$libdirs")"
 export LD_LIBRARY_PATH="$work/lib:$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export ZMUON_LIBRARY="${ZMUON_LIBRARY:-$work/lib/libzmuon.so}" PYTHONPATH="${ZMUON_PYTHON:-$root/python}"
 echo "Dion $(cat .carry/dion/REVISION 2>/dev/null)" | tee "$out/peers.md"

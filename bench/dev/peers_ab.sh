@@ -30,9 +30,11 @@ one_run() {
   [[ $lib == *:* ]] && python="${lib#*:}" lib="${lib%%:*}"
   [[ -n $lib ]] && export ZMUON_LIBRARY="$root/$lib" || unset ZMUON_LIBRARY
   [[ -n $python ]] && export ZMUON_PYTHON="$root/$python" || unset ZMUON_PYTHON
+  local start=$SECONDS
   PEERS_RUNS="${PEERS_RUNS:-gpt2}" OUT="$work/out-$tag" \
     PEERS_ARGS="--only $which --steps 20 --warmup 5 --timeline $work/$tag ${PEERS_ARGS:-}" \
     bash bench/dev/peers.sh 2>&1 | grep -E "optimizer |Error|Traceback" | sed "s/^/[$tag] /"
+  echo "[$tag] the run took $((SECONDS - start)) s" >&2
 }
 
 if [[ ${PEERS_DION:-1} != 0 ]]; then
