@@ -219,6 +219,12 @@ public:
   /// The micro-batches local rank `rank` has handed over in the open step (a hand-over ahead of
   /// the step counts while it stands).
   expected<int> handed_over(int rank);
+  /// Begins the open step's reads of gradients handed over ahead of it, after `cuda_stream`'s
+  /// work (nullptr: the default stream; ignored on the host backend), before the step() call
+  /// that follows: from this call on the caller may no longer write them. Lets the reads run
+  /// while the caller prepares the step (zmuon.Muon.step()'s checks). Nothing where no
+  /// hand-over was made ahead; a stream that cannot be waited for is refused by name.
+  error begin_step(void* cuda_stream);
 
   /// One micro-batch of every local rank at once: grads[i] is local rank first_rank() + i's.
   /// Every rank's gradients are checked first (nothing is handed over if one is wrong); then each

@@ -207,6 +207,11 @@ ZMUON_API int zmuon_engine_hand_over(zmuon_engine* eng, int32_t rank, const zmuo
 /* The micro-batches local rank `rank` has handed over in the open step, into *micro_batches (a
  * hand-over ahead of the step counts while it stands). */
 ZMUON_API int zmuon_engine_handed_over(zmuon_engine* eng, int32_t rank, int32_t* micro_batches);
+/* Begins the open step's reads of gradients handed over with AHEAD_OF_STEP, after `cuda_stream`'s
+ * work, before the zmuon_engine_step_on_stream that follows: from this call on the caller may
+ * no longer write them. Nothing where none was handed over so; a stream that cannot be waited
+ * for (one capturing a CUDA graph, another GPU's) is refused by name. */
+ZMUON_API int zmuon_engine_begin_step(zmuon_engine* eng, void* cuda_stream);
 /* Writes local rank `rank`'s shard of the parameters named in `params` (buffers of the shard's
  * size) into their buffers: no collective. `cuda_stream` as
  * zmuon_engine_gather_params_on_stream's, or NULL: written during the call. */

@@ -245,6 +245,7 @@ def _load():
         "zmuon_engine_hand_over": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                            ctypes.c_void_p, ctypes.c_uint32]),
         "zmuon_engine_handed_over": (c_int, [eng_p, c_i32, ctypes.POINTER(c_i32)]),
+        "zmuon_engine_begin_step": (c_int, [eng_p, ctypes.c_void_p]),
         "zmuon_engine_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor), c_size,
                                               ctypes.c_void_p]),
         "zmuon_engine_load_shard_params": (c_int, [eng_p, c_i32, ctypes.POINTER(Tensor),
@@ -545,6 +546,12 @@ class Engine:
             | (HAND_OVER_AHEAD_OF_STEP if ahead_of_step else 0)
         _check(_lib.zmuon_engine_hand_over(self._h(), rank, _tensor_array(entries), len(entries),
                                            ctypes.c_void_p(stream or 0), flags))
+
+    @_tracked
+    def begin_step(self, stream):
+        """The open step's reads of gradients handed over ahead of it begin, after `stream`
+        (zmuon_engine_begin_step)."""
+        _check(_lib.zmuon_engine_begin_step(self._h(), ctypes.c_void_p(stream or 0)))
 
     @_tracked
     def handed_over(self, rank):

@@ -201,6 +201,15 @@ class TorchIntegration:
             and list(map(torch.Tensor.data_ptr, ahead[2])) == ahead[1] \
             and self._engine.handed_over(self._first_rank) == 1
 
+    def _begin_ahead(self):
+        """_take_ahead, and where it gives the gradients handed over, their reads begun after
+        PyTorch's current stream (the engine's begin_step): step() then prepares the rest while
+        they run. A failure after this leaves nothing taken: the next step() hands over again."""
+        ahead = self._take_ahead() if not any(self._micro) else None
+        if ahead:
+            self._engine.begin_step(ahead[1])
+        return ahead
+
     def _take_ahead(self):
         """step()'s hand-over where the one made ahead still stands: (the gradients it keeps,
         PyTorch's current stream, which the step's reads come after); else None, and step()

@@ -177,6 +177,8 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         one, before anything runs); a parameter written outside zmuon since the last step is
         loaded into the engine first.
         The step's report is then in `last_step` (docs/PYTORCH.md)."""
+        # Gradients handed over as the backward ended: their reads begin first, beside the rest.
+        ahead = self._begin_ahead() if closure is None else None
         self._follow_cycled_momentum()
         values = self._group_values()
         loss = None
@@ -186,10 +188,10 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
                     loss = closure()
             else:
                 loss = closure()
+            ahead = self._begin_ahead()
         kept = None  # step's own hand-over: the .grad tensors, read in place until it returns
         stream = None  # and PyTorch's stream they were handed over on, the step's too
         own = not any(self._micro)  # the step hands the .grad tensors over itself
-        ahead = self._take_ahead() if own else None  # or they were, as backward ended
         if ahead:
             kept, stream = ahead
         elif own:

@@ -118,6 +118,11 @@ int zmuon_engine_hand_over(zmuon_engine* eng, int32_t rank, const zmuon_tensor* 
       });
 }
 
+int zmuon_engine_begin_step(zmuon_engine* eng, void* cuda_stream) {
+  return on_engine("zmuon_engine_begin_step", eng,
+                   [&]() -> zmuon::error { return eng->eng->begin_step(cuda_stream); });
+}
+
 int zmuon_engine_handed_over(zmuon_engine* eng, int32_t rank, int32_t* micro_batches) {
   const char* fn = "zmuon_engine_handed_over";
   return on_engine(fn, eng, [&]() -> zmuon::error {

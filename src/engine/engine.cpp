@@ -365,6 +365,37 @@ error engine::impl::copy_in_kept() {
       return err;
     hand_over->kept[i] = 0;
     hand_over->ahead[i] = 0;  // read now: nothing left to withdraw
+    hand_over->begun[i] = 0;
+  }
+  return {};
+}
+
+error engine::impl::check_ahead_stream(void* cuda_stream) {
+  for (int i = 0; i < job->local; ++i)
+    if (hand_over->ahead[i])
+      if (auto err = job->ranks[i].backend->check_caller_stream(cuda_stream))
+        return {err.code(),
+                "step(): rank " + std::to_string(job->first_rank + i) + ": " + err.message()};
+  return {};
+}
+
+error engine::impl::begin_ahead_reads(std::optional<void*> cuda_stream) {
+  for (int i = 0; i < job->local; ++i) {
+    if (!hand_over->ahead[i])
+      continue;
+    compute_backend& be = *job->ranks[i].backend;
+    if (cuda_stream)
+      if (auto err =
+              on_backend("step", job->first_rank + i, [&] { be.wait_for_stream(*cuda_stream); }))
+        return err;
+    if (hand_over->begun[i])
+      continue;
+    // Once every bucket is with the store (answered long since, as a backward pass ended), so
+    // that no accumulate comes after the reads.
+    if (auto err = hand_over->windows[i].wait_until(0))
+      return err;
+    caf::anon_send(job->ranks[i].store, begin_reads{job->step + 1});
+    hand_over->begun[i] = 1;
   }
   return {};
 }
@@ -386,8 +417,20 @@ error engine::impl::withdraw_ahead(int local) {
     hand_over->kept[i] = 0;
     hand_over->only_kept[i] = 1;
     hand_over->ahead[i] = 0;
+    hand_over->begun[i] = 0;
     std::fill(hand_over->touched[i].begin(), hand_over->touched[i].end(), 0);
   }
+  return {};
+}
+
+error engine::begin_step(void* cuda_stream) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  if (auto err = d.check_ahead_stream(cuda_stream))
+    return err;
+  if (auto err = d.begin_ahead_reads(cuda_stream))
+    return d.stop(err, engine_lifecycle::in_step(d.job->step + 1));
   return {};
 }
 
@@ -431,26 +474,12 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   auto groups = d.step_groups(job.step + 1);
   if (!groups)
     return refused(groups.err());
-  // Gradients handed over ahead of the step are read after the caller's work up to now; the
-  // store starts those reads at once (begin_reads), ahead of the coordinator's first message.
-  for (int i = 0; i < job.local; ++i) {
-    if (!hand.ahead[i])
-      continue;
-    compute_backend& be = *job.ranks[i].backend;
-    if (cuda_stream) {
-      if (auto err = be.check_caller_stream(*cuda_stream))
-        return refused({err.code(), "step(): rank " + std::to_string(job.first_rank + i) + ": "
-                                        + err.message()});
-      if (auto err =
-              on_backend("step", job.first_rank + i, [&] { be.wait_for_stream(*cuda_stream); }))
-        return d.stop(err, engine_lifecycle::in_step(job.step + 1));
-    }
-    // Once every bucket is with the store (answered long since, as a backward pass ended), so
-    // that no accumulate comes after the reads.
-    if (auto err = hand.windows[i].wait_until(0))
-      return d.stop(err, engine_lifecycle::in_step(job.step + 1));
-    caf::anon_send(job.ranks[i].store, begin_reads{job.step + 1});
-  }
+  // Gradients handed over ahead of the step are read after the caller's work up to now.
+  if (cuda_stream)
+    if (auto err = d.check_ahead_stream(*cuda_stream))
+      return refused(err);
+  if (auto err = d.begin_ahead_reads(cuda_stream))
+    return d.stop(err, engine_lifecycle::in_step(job.step + 1));
   // The buckets still in flight land first (the flush would wait for them anyway), so that
   // their buffers are gone before the step's own. A rank whose hand-overs were all kept until
   // the step has no such buffers: its buckets' answers are taken once its request is out, which
@@ -502,6 +531,7 @@ expected<step_info> engine::run_step(std::optional<void*> cuda_stream) {
   std::fill(hand.kept.begin(), hand.kept.end(), 0);
   std::fill(hand.only_kept.begin(), hand.only_kept.end(), 1);
   std::fill(hand.ahead.begin(), hand.ahead.end(), 0);
+  std::fill(hand.begun.begin(), hand.begun.end(), 0);
   step_info info;
   for (size_t r = 0; r < results.size(); ++r) {
     if (!results[r])

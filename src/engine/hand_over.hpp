@@ -24,6 +24,9 @@ struct engine_hand_over {
   // Per local rank: 1 while the open step's one hand-over was ahead of the step (read only when
   // the step begins; withdrawn by anything else that comes first: engine::impl::withdraw_ahead).
   std::vector<uint8_t> ahead;
+  // Per local rank: 1 once the reads of such a hand-over have begun (engine::begin_step, or the
+  // step itself): the store was told (begin_reads).
+  std::vector<uint8_t> begun;
   // Per local rank, per parameter: 1 where the open step handed it a gradient (reduce()).
   std::vector<std::vector<uint8_t>> touched;
   // MuonClip: per local rank, the largest logit per query head reported in the open step
@@ -36,6 +39,7 @@ struct engine_hand_over {
     kept.assign(local_ranks, 0);
     only_kept.assign(local_ranks, 1);
     ahead.assign(local_ranks, 0);
+    begun.assign(local_ranks, 0);
     qk_logits.assign(local_ranks, {});
     touched.assign(local_ranks, {});
   }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ struct engine::impl {
   /// read where the caller keeps them (hand_over's kept_until_step) copied into the stores, and
   /// those copies run, since the caller may write or free them once step() returns.
   error copy_in_kept();
+  /// Why `cuda_stream` cannot order the reads of a hand-over ahead of the step, or no error.
+  error check_ahead_stream(void* cuda_stream);
+  /// The reads of the hand-overs ahead of the step after `cuda_stream`'s work (none: after the
+  /// hand-over's), and the store told to start them where it was not yet (begin_reads).
+  error begin_ahead_reads(std::optional<void*> cuda_stream);
   /// Local rank `local`'s hand-over ahead of the step, if it made one, withdrawn: its buckets
   /// answered, the reducer and the store told to forget them (nothing was read on the device),
   /// and the rank's open step as if nothing had been handed over. -1: every local rank's.

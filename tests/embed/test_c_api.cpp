@@ -288,11 +288,11 @@ BOOST_AUTO_TEST_CASE(stream_ordered_reduce_of_host_buffers_is_the_plain_reduce) 
 
 // A hand-over ahead of the step (the host backend reads host gradients where they lie in a job
 // of one rank): nothing reads the gradients before the step, so values written in place after
-// the hand-over are what the step takes, bit for bit as a reduce() of them; the rank's next
-// hand-over withdraws it (the step takes that one alone, as its one micro-batch), and so does a
-// checkpoint's save. One after a plain hand-over of the step is refused, one whose gradients
-// the step could not read where they lie (two ranks: a reduce-scatter) is unsupported, and
-// neither hands anything over.
+// the hand-over are what the step takes, bit for bit as a reduce() of them, with or without
+// begin_step before the step; the rank's next hand-over withdraws it, begun or not (the step
+// takes that one alone, as its one micro-batch), and so does a checkpoint's save. One after a plain
+// hand-over of the step is refused, one whose gradients the step could not read where they lie (two
+// ranks: a reduce-scatter) is unsupported, and neither hands anything over.
 BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_when_the_step_begins) {
   using views = std::vector<zmuon::tensor_view>;
   auto values = [](int seed) {
@@ -312,7 +312,7 @@ BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_when_the_step_begins)
   auto of = [](std::vector<float>& g) {
     return views{{"w", g.data(), 24}, {"b", g.data() + 24, 6}};
   };
-  enum { reference, written_after, withdrawn_by_the_next };
+  enum { reference, written_after, begun, withdrawn_by_the_next, begun_then_withdrawn };
   auto run = [&](int how) {
     auto eng = make(1);
     for (int step = 1; step <= 3; ++step) {
@@ -321,11 +321,13 @@ BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_when_the_step_begins)
       zmuon::error err;
       if (how == reference) {
         err = eng->reduce(0, of(g));
-      } else if (how == written_after) {
+      } else if (how == written_after || how == begun) {
         auto kept = early;  // handed over ahead, then written in place with the step's values
         kept[3] = NAN;      // a scan taken at the hand-over would skip the step
         BOOST_REQUIRE(!eng->hand_over(0, of(kept), nullptr, false, true, true));
         std::copy(g.begin(), g.end(), kept.begin());
+        if (how == begun)  // the reads start here, the step comes after
+          BOOST_REQUIRE(!eng->begin_step(nullptr));
         g = kept;  // what the step reads: the same memory
         BOOST_REQUIRE(eng->handed_over(0));
         BOOST_TEST(*eng->handed_over(0) == 1);
@@ -337,6 +339,8 @@ BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_when_the_step_begins)
         continue;
       } else {
         BOOST_REQUIRE(!eng->hand_over(0, of(early), nullptr, false, true, true));
+        if (how == begun_then_withdrawn)
+          BOOST_REQUIRE(!eng->begin_step(nullptr));
         err = eng->hand_over(0, of(g), nullptr, false, true);
         std::fill(early.begin(), early.end(), NAN);  // withdrawn: never read
       }
@@ -353,7 +357,7 @@ BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_when_the_step_begins)
   };
   const auto want = run(reference);
   BOOST_TEST(want.at("w") != std::vector<float>(24, 0.5f));  // the steps moved it
-  for (int how : {written_after, withdrawn_by_the_next}) {
+  for (int how : {written_after, begun, withdrawn_by_the_next, begun_then_withdrawn}) {
     const auto got = run(how);
     BOOST_TEST(got.at("w") == want.at("w"));
     BOOST_TEST(got.at("b") == want.at("b"));
@@ -383,6 +387,8 @@ BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_when_the_step_begins)
   BOOST_TEST(err.message().find("ahead of the step") != std::string::npos);
   BOOST_TEST(*two->handed_over(0) == 0);
   BOOST_TEST(zmuon_engine_handed_over(nullptr, 0, nullptr) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(!two->begin_step(nullptr));  // nothing handed over ahead: nothing to begin
+  BOOST_TEST(zmuon_engine_begin_step(nullptr, nullptr) == ZMUON_INVALID_ARGUMENT);
 }
 
 // zmuon_engine_master: in a job of one rank each parameter's master in the engine's own memory
