@@ -174,13 +174,18 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         nothing was handed over, it changes nothing, as torch.optim's step (one process; a
         multi-process job, or numpy parameters, raise zmuon.BadState instead). The param
         groups' hyperparameters are read and checked first (zmuon.InvalidArgument naming a bad
-        one, before anything runs); a parameter written outside zmuon since the last step is
+        one, before anything changes); a parameter written outside zmuon since the last step is
         loaded into the engine first.
         The step's report is then in `last_step` (docs/PYTORCH.md)."""
         # Gradients handed over as the backward ended: their reads begin first, beside the rest.
         ahead = self._begin_ahead() if closure is None else None
-        self._follow_cycled_momentum()
-        values = self._group_values()
+        try:
+            self._follow_cycled_momentum()
+            values = self._group_values()
+        except BaseException:
+            if ahead:  # the reads begun may not outlive the call (the caller may free them)
+                synchronize_torch(ahead[0])
+            raise
         loss = None
         if closure is not None:
             if torch is not None:

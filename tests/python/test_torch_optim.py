@@ -636,6 +636,12 @@ class HandOverAhead(unittest.TestCase):
             opt.save_checkpoint(scratch)
         elif step == 6:  # a state_dict read
             opt.state_dict()
+        elif step == 7:  # a step refused by a bad rate after its reads began, then made again
+            lr = opt.param_groups[0]["lr"]
+            opt.param_groups[0]["lr"] = float("nan")
+            with self.assertRaises(zmuon.InvalidArgument):
+                opt.step()
+            opt.param_groups[0]["lr"] = lr
 
     def train(self, ahead, scratch):
         torch.manual_seed(4)
@@ -643,9 +649,9 @@ class HandOverAhead(unittest.TestCase):
         opt = zmuon.Muon(model.named_parameters(), **HYPER)
         if ahead:
             opt.hand_over_ahead()
-        data = batches(9, seed=6)
+        data = batches(10, seed=6)
         standing = []
-        for step in range(7):
+        for step in range(8):
             lm_loss(model, data[step]).backward()
             standing.append(opt._engine.handed_over(opt._first_rank))
             self.between(step, model, opt, data, scratch)
@@ -657,8 +663,8 @@ class HandOverAhead(unittest.TestCase):
         with tempfile.TemporaryDirectory() as a, tempfile.TemporaryDirectory() as b:
             itself, none = self.train(False, a)
             ahead, standing = self.train(True, b)
-        self.assertEqual(none, [0] * 7)
-        self.assertEqual(standing, [1] * 7)  # every backward handed them over
+        self.assertEqual(none, [0] * 8)
+        self.assertEqual(standing, [1] * 8)  # every backward handed them over
         differ = [n for n in itself if not torch.equal(itself[n], ahead[n])]
         print(f"hand-over ahead: {len(itself) - len(differ)} of {len(itself)} parameters "
               "bit-identical to step()'s own hand-over")
