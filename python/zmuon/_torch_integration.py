@@ -218,7 +218,8 @@ class TorchIntegration:
         if self._ahead is None:
             return None
         columns = self._param_slots()[2]
-        ahead = self._ahead if self._still_ahead(list(map(_grad_of, columns[1]))) else None
+        ahead = self._ahead if columns and self._still_ahead(list(map(_grad_of, columns[1]))) \
+            else None
         self._ahead = None
         return ahead and (ahead[2], current_stream(ahead[3]))
 
