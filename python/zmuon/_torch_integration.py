@@ -1,6 +1,7 @@
 """zmuon.Muon where torch.optim.Optimizer's protocol reaches past step(): zero_grad, the
 state-dict hooks called as torch calls them, and the hand-over of gradients as backward ends."""
 
+import collections
 import copy
 import operator
 import weakref
@@ -163,13 +164,18 @@ class TorchIntegration:
             return
         self._ahead_queued = True
 
+    def _grads_now(self):
+        """Every parameter's .grad (None where it has none), in table order; None where the
+        parameters' names are not all str (only the general path takes them)."""
+        columns = self._param_slots()[2]
+        return list(map(_grad_of, columns[1])) if columns else None
+
     def _hand_over_ahead(self):
         """As the backward pass ends: every .grad to the engine, read when step() begins."""
         self._ahead_queued = False
-        columns = self._param_slots()[2]
-        if any(self._micro) or self._backward_hooks or not columns:
+        grads = self._grads_now()
+        if any(self._micro) or self._backward_hooks or grads is None:
             return  # accumulate() or hand_over_in_backward in use; names the engine cannot take
-        grads = list(map(_grad_of, columns[1]))
         if self._still_ahead(grads):
             return  # those handed over, accumulated into by this backward
         self._ahead = None
@@ -189,16 +195,16 @@ class TorchIntegration:
                 _log.logger.debug("hand_over_ahead off: %s", err)
                 self._arm_ahead(False)
             return
-        self._ahead = (grads, list(map(torch.Tensor.data_ptr, keep)), keep, devices)
+        self._ahead = _Ahead(grads, list(map(torch.Tensor.data_ptr, keep)), keep, devices)
 
     def _still_ahead(self, grads):
         """Whether the gradients handed over ahead of the step are still the parameters' .grad
         `grads` (the same tensors at the same addresses) and the engine still holds them (a
         checkpoint's save or load withdraws them)."""
         ahead = self._ahead
-        return ahead is not None and len(grads) == len(ahead[0]) \
-            and all(map(operator.is_, grads, ahead[0])) \
-            and list(map(torch.Tensor.data_ptr, ahead[2])) == ahead[1] \
+        return ahead is not None and grads is not None and len(grads) == len(ahead.grads) \
+            and all(map(operator.is_, grads, ahead.grads)) \
+            and list(map(torch.Tensor.data_ptr, ahead.kept)) == ahead.addresses \
             and self._engine.handed_over(self._first_rank) == 1
 
     def _begin_ahead(self):
@@ -217,11 +223,9 @@ class TorchIntegration:
         self._ahead_queued = False  # a backward that raised never ran its callback
         if self._ahead is None:
             return None
-        columns = self._param_slots()[2]
-        ahead = self._ahead if columns and self._still_ahead(list(map(_grad_of, columns[1]))) \
-            else None
+        ahead = self._ahead if self._still_ahead(self._grads_now()) else None
         self._ahead = None
-        return ahead and (ahead[2], current_stream(ahead[3]))
+        return ahead and (ahead.kept, current_stream(ahead.devices))
 
     def __deepcopy__(self, memo):
         """A new zmuon.Muon (its own engine) over deep copies of the parameters (the memo's
@@ -258,6 +262,11 @@ class TorchIntegration:
 
 
 _grad_of = operator.attrgetter("grad")
+
+# A hand-over made as the backward ended: every parameter's .grad then (None where it had none),
+# the addresses of those handed over, the tensors themselves (kept until the step) and their
+# CUDA devices.
+_Ahead = collections.namedtuple("_Ahead", "grads addresses kept devices")
 
 
 def _ahead_hook(optimizer):

@@ -1,7 +1,8 @@
 // engine::reduce: the hand-over of one micro-batch's gradients, packed into reduce buckets
 // (rank-major, for the reduce-scatter) and sent to the rank's reducer, within the bound on
 // buckets in flight; device gradients read before reduce() returns, or ordered on the caller's
-// stream. engine::reduce_all: every local rank's at once, a thread each. report_qk_logits:
+// stream. engine::reduce_all: every local rank's at once, a thread each. A hand-over ahead of
+// the step: its reads begun (begin_step, and the step), or withdrawn. report_qk_logits:
 // MuonClip's logits per micro-batch, kept per local rank until the step carries them to the
 // rank's coordinator.
 #include "zmuon/engine.hpp"
@@ -307,6 +308,70 @@ error engine::reduce_views(int rank, const std::vector<tensor_view>& grads,
   });
   // Some buckets of this micro-batch may be with the reducer, others not: the step is broken.
   return d.stop(device ? device : failed, engine_lifecycle::in_step(step));
+}
+
+error engine::impl::check_ahead_stream(void* cuda_stream) {
+  for (int i = 0; i < job->local; ++i)
+    if (hand_over->ahead[i])
+      if (auto err = job->ranks[i].backend->check_caller_stream(cuda_stream))
+        return {err.code(),
+                "step(): rank " + std::to_string(job->first_rank + i) + ": " + err.message()};
+  return {};
+}
+
+error engine::impl::begin_ahead_reads(std::optional<void*> cuda_stream) {
+  for (int i = 0; i < job->local; ++i) {
+    if (!hand_over->ahead[i])
+      continue;
+    compute_backend& be = *job->ranks[i].backend;
+    if (cuda_stream)
+      if (auto err =
+              on_backend("step", job->first_rank + i, [&] { be.wait_for_stream(*cuda_stream); }))
+        return err;
+    if (hand_over->begun[i])
+      continue;
+    // Once every bucket is with the store (answered long since, as a backward pass ended), so
+    // that no accumulate comes after the reads.
+    if (auto err = hand_over->windows[i].wait_until(0))
+      return err;
+    caf::anon_send(job->ranks[i].store, begin_reads{job->step + 1});
+    hand_over->begun[i] = 1;
+  }
+  return {};
+}
+
+error engine::impl::withdraw_ahead(int local) {
+  const int first = local < 0 ? 0 : local;
+  const int end = local < 0 ? job->local : local + 1;
+  for (int i = first; i < end; ++i) {
+    if (!hand_over->ahead[i])
+      continue;
+    const uint64_t step = job->step + 1;
+    if (auto err = hand_over->windows[i].wait_until(0))  // every bucket of it with the store
+      return err;
+    if (auto done = job->ask<ack>(job->ranks[i].reducer, discard_grads{step}); !done)
+      return done.err();
+    if (auto done = job->ask<ack>(job->ranks[i].store, discard_grads{step}); !done)
+      return done.err();
+    hand_over->micros[i] = 0;
+    hand_over->kept[i] = 0;
+    hand_over->only_kept[i] = 1;
+    hand_over->ahead[i] = 0;
+    hand_over->begun[i] = 0;
+    std::fill(hand_over->touched[i].begin(), hand_over->touched[i].end(), 0);
+  }
+  return {};
+}
+
+error engine::begin_step(void* cuda_stream) {
+  auto& d = *impl_;
+  if (auto err = d.start())
+    return err;
+  if (auto err = d.check_ahead_stream(cuda_stream))
+    return err;
+  if (auto err = d.begin_ahead_reads(cuda_stream))
+    return d.stop(err, engine_lifecycle::in_step(d.job->step + 1));
+  return {};
 }
 
 error engine::report_qk_logits(int rank, const std::string& query,

@@ -201,9 +201,10 @@ struct accumulate {
   int32_t bucket = 0;
   float_view slice;
   bool from_host = true;  // slice is host memory (caf comm) or the store backend's (nccl)
-  gradient_pieces pieces =
-      nullptr;  // instead of slice: the bucket read from the caller's gradients
-  bool at_step = false;  // pieces read only by the step's first reader (micro_grads::at_step)
+  // Instead of slice: the bucket read from the caller's gradients.
+  gradient_pieces pieces = nullptr;
+  // The pieces are read only by the step's first reader (micro_grads::at_step).
+  bool at_step = false;
 };
 
 struct ack {

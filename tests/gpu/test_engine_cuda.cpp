@@ -497,57 +497,6 @@ BOOST_AUTO_TEST_CASE(the_vote_ahead_of_the_momentum_sees_every_kept_gradient) {
   eng->time_backend_calls(false);
 }
 
-// A hand-over ahead of the step (as a backward pass ends) is read only after the step's stream
-// (or begin_step's): gradients handed over holding a NaN and then overwritten on the caller's
-// stream behind a queue of slow work give, bit for bit, the step of the values written, two
-// steps running.
-BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_after_the_steps_stream) {
-  const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
-  const device_grads want_grads(table, 5);
-  cudaStream_t caller = nullptr;
-  BOOST_REQUIRE(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking) == cudaSuccess);
-  float* slow = nullptr;  // memsets that keep the caller's stream busy for milliseconds
-  const size_t slow_bytes = size_t{256} << 20;
-  BOOST_REQUIRE(cudaMalloc(reinterpret_cast<void**>(&slow), slow_bytes) == cudaSuccess);
-  auto run = [&](bool ahead, bool begun) {
-    auto eng = make_engine(gpu_options(1, "nccl"));
-    register_table(*eng, table, 9);
-    const device_grads early(table, 11);
-    for (int step = 0; step < 2; ++step) {
-      if (!ahead) {
-        BOOST_REQUIRE(!eng->hand_over(0, want_grads.views, caller, false, true));
-      } else {
-        const float nan = std::numeric_limits<float>::quiet_NaN();
-        BOOST_REQUIRE(cudaMemcpy(early.data[0] + 3, &nan, sizeof(float), cudaMemcpyHostToDevice)
-                      == cudaSuccess);
-        BOOST_REQUIRE(!eng->hand_over(0, early.views, caller, false, true, true));
-        for (int i = 0; i < 20; ++i)
-          BOOST_REQUIRE(cudaMemsetAsync(slow, i, slow_bytes, caller) == cudaSuccess);
-        for (size_t i = 0; i < table.size(); ++i)
-          BOOST_REQUIRE(cudaMemcpyAsync(early.data[i], want_grads.data[i],
-                                        numel(table[i]) * sizeof(float), cudaMemcpyDeviceToDevice,
-                                        caller)
-                        == cudaSuccess);
-        if (begun)
-          BOOST_REQUIRE(!eng->begin_step(caller));
-      }
-      auto info = eng->step(caller);
-      BOOST_REQUIRE_MESSAGE(info, (info ? "" : info.err().to_string()));
-      BOOST_TEST(!info->skipped);
-      BOOST_REQUIRE(cudaStreamSynchronize(caller) == cudaSuccess);
-    }
-    return params_of(*eng);
-  };
-  const auto want = run(false, false);
-  for (bool begun : {false, true}) {
-    const auto got = run(true, begun);
-    for (const auto& [name, v] : want)
-      BOOST_TEST(same_bits(got.at(name), v), name << (begun ? ", begun" : ""));
-  }
-  cudaFree(slow);
-  cudaStreamDestroy(caller);
-}
-
 // A step() refused before it begins (a schedule's bad rate) keeps what was handed over, the
 // gradients kept until the step too: they are copied in before it returns, so the caller's
 // writes into them afterwards (NaN here) do not reach the step that follows with a good rate,
