@@ -43,6 +43,17 @@ def explicit_gas(config_dict, overrides):
         return None
 
 
+def rows_in_blocks(heads, split_sizes, qk_clip):
+    """The names of zmuon.Muon's arguments whose rows form blocks in their order: heads,
+    split_sizes, and MuonClip's queries and keys (a name, or (key, query_heads, key_heads))."""
+    names = set(heads or ()) | set(split_sizes or ())
+    for query, spec in dict(qk_clip or {}).items():
+        key = spec if isinstance(spec, str) else \
+            spec[0] if isinstance(spec, (tuple, list)) and spec else None  # else refused later
+        names |= {query, key}
+    return names
+
+
 def tensor_devices(named):
     """{device: the first parameter's name on it} of the parameters' local torch tensors."""
     first = {}

@@ -6,10 +6,12 @@ the local tensors in place. Other placements (HSDP's Replicate x Shard, tensor p
 Shard(1) and strided shards, expert stacks on their own mesh) hold other pieces; the engine
 then cuts each flattened parameter evenly (the flat layout), and each process runs the engine
 rank whose parts it holds the most of (engine_of: under HSDP the process at mesh (i, j) runs
-rank j * R + i, whose parts lie in its own shard, so that no gradient moves). An expert stack
-whose processes each hold whole experts, as many as the engine's rank of the same number holds
-(expert parallelism), is given to the engine in its holders' order: each process's experts are
-its rank's shard, so they neither move nor gather for Newton-Schulz. This module says which pieces
+rank j * R + i, whose parts lie in its own shard, so that no gradient moves). A parameter whose
+processes each hold whole dim-0 slices, as many as the engine's rank of the same number holds,
+is given to the engine in its holders' order: each process's slices are its rank's shard, so
+they do not move. That holds an expert stack under expert parallelism (its experts do not
+gather for Newton-Schulz either) and a ColwiseParallel weight under tensor parallelism with
+FSDP2 (a permutation of a matrix's rows commutes with Newton-Schulz). This module says which pieces
 each process holds (a pure function of the global shape, the mesh and the placements) and moves
 values between them and the engine's shards: gradients in (each element from one holder), new
 values out (to every holder, replicas included), one all_to_all_single of the default process
@@ -153,12 +155,11 @@ def _holder_order(shape, boxes, world):
 
 class MeshLayout:
     """The moves between every process's DTensor pieces and the engine's shards, for the
-    parameters `named` (name, DTensor) of this process; `stacks`: the names of expert stacks
-    (is_expert_stack), whose experts the engine may take in another order. Built from every
-    process's description (one all_gather_object), so that each process derives the same
-    moves."""
+    parameters `named` (name, DTensor) of this process; `reorderable`: the names whose dim-0
+    slices the engine may take in another order (reorderable()). Built from every process's
+    description (one all_gather_object), so that each process derives the same moves."""
 
-    def __init__(self, named, rank, world, stacks=()):
+    def __init__(self, named, rank, world, reorderable=()):
         self.rank, self.world = rank, world
         self.device = named[0][1].to_local().device if named else "cpu"  # of the exchange
         mine = [(name, tuple(p.shape), _description(name, p)) for name, p in named]
@@ -189,15 +190,15 @@ class MeshLayout:
                 if runs is not None and all(runs):
                     boxes[name].setdefault(runs, []).append(r)
             self._check_cover(name, shape, boxes[name])
-        # order: the engine's dim-0 order of an expert stack (runs of global indices), where it
-        # is its holders' one.
+        # order: the engine's dim-0 order of a parameter (runs of global indices), where it is
+        # its holders' one.
         self.order = {n: _holder_order(self.shapes[n], boxes[n], world) for n in names
-                      if n in stacks}
+                      if n in reorderable}
         self.order = {n: o for n, o in self.order.items() if o is not None}
-        # Every process holds exactly its rows (FSDP2's Shard(0) on every process, expert
-        # stacks in their holders' order): the engine cuts by rows and nothing moves. Else the
-        # engine cuts each flattened parameter evenly, where an expert stack keeps its holders'
-        # order only if that cut is its rows'.
+        # Every process holds exactly its rows (FSDP2's Shard(0) on every process, parameters
+        # in their holders' order): the engine cuts by rows and nothing moves. Else the engine
+        # cuts each flattened parameter evenly, where a parameter keeps its holders' order only
+        # if that cut is its rows'.
         self.identity = all(n in self.order or all(
             len(holders) == 1 and runs == _rows_box(self.shapes[n], world, holders[0])
             for runs, holders in boxes[n].items()) for n in names)
@@ -469,21 +470,32 @@ def _description(name, p):
     return tuple(tuple(r) for r in runs), placements
 
 
-def layout_of(named, rank, world, stacks=()):
+def layout_of(named, rank, world, reorderable=()):
     """The moves of DTensor parameters `named` (name, DTensor), or None where every process
     holds exactly its engine rows in their natural order (FSDP2's Shard(0) on a 1-D mesh of
     every process)."""
-    layout = MeshLayout(named, rank, world, stacks)
+    layout = MeshLayout(named, rank, world, reorderable)
     return None if layout.identity and not layout.order else layout
 
 
-def layout_for(named, views):
+def reorderable(named, views, fixed):
+    """The names of `named` (name, DTensor) whose dim-0 slices the engine may hold in any
+    order: an expert stack (is_expert_stack under `views`, zmuon.Muon's matrix views), whose
+    experts are independent matrices, and every other parameter not in `fixed`. A permutation
+    of a matrix's rows commutes with Newton-Schulz (P X -> P NS(X)), with NorMuon's row
+    moments (they follow their rows) and with AdamW (element-wise). `fixed`: the names whose
+    rows form blocks in their order (heads, split_sizes, MuonClip's query and key heads)."""
+    return {n for n, p in named
+            if is_expert_stack(tuple(p.shape), views.get(n, "auto")) or n not in fixed}
+
+
+def layout_for(named, views, fixed=()):
     """layout_of for zmuon.Muon's DTensor parameters `named` (name, DTensor; the zero-size
-    ones stay out of the engine) over torch.distributed's default group; `views`: the matrix
-    views by name (zmuon.Muon's `views`)."""
+    ones stay out of the engine) over torch.distributed's default group; `views` and `fixed`
+    as reorderable() takes them."""
     named = [(n, p) for n, p in named if p.numel() > 0]
-    stacks = {n for n, p in named if is_expert_stack(tuple(p.shape), views.get(n, "auto"))}
-    return layout_of(named, dist.get_rank(), dist.get_world_size(), stacks)
+    return layout_of(named, dist.get_rank(), dist.get_world_size(),
+                     reorderable(named, views, set(fixed)))
 
 
 def check_rank(engine_rank, layout):

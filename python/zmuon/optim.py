@@ -128,7 +128,8 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         named = [item for g in user_groups for item in g["params"]]
         self._mode = _distributed.mode_of(named, ddp_module, averaged_grads)
         # DTensors placed otherwise than FSDP2's rows: the moves between them (a collective)
-        self._mesh = _mesh.layout_for(named, dict(views or {})) \
+        self._mesh = _mesh.layout_for(named, dict(views or {}),
+                                      _construction.rows_in_blocks(heads, split_sizes, qk_clip)) \
             if self._mode == _distributed.FSDP else None
         nodes, node_rank, master = _distributed.job_of(
             self._mode, nodes, node_rank, master, ranks, distributed,
@@ -317,12 +318,12 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         return step
 
     def _check_natural_order(self, what):
-        """zmuon's checkpoint files hold the engine's order of each expert stack."""
+        """zmuon's checkpoint files hold the engine's dim-0 order of each parameter."""
         if self._mesh is not None and self._mesh.order:
             name = sorted(self._mesh.order)[0]
-            raise Unsupported(f"{what}: the engine holds the experts of '{name}' in their "
-                              "holders' order (expert parallel); save with state_dict() and "
-                              "torch.distributed.checkpoint")
+            raise Unsupported(f"{what}: the engine holds the rows of '{name}' in their "
+                              "holders' order (tensor or expert parallel); save with "
+                              "state_dict() and torch.distributed.checkpoint")
 
     def local_range(self, name):
         """(offset, numel): the elements of parameter `name`'s flattened tensor that opt.state

@@ -17,7 +17,8 @@
   2 and loaded in one;
 - under EP 2 x FSDP2 2 (one whole expert of each stack per process) the engine takes the
   experts in their holders' order: nothing moves between processes;
-  under TP 2 x FSDP2 2 gradient clipping on the norm over every process.
+  under TP 2 x FSDP2 2 the column-parallel weights likewise (read and written in place), and
+  gradient clipping on the norm over every process.
 
 The processes start as in test_torch_distributed (its run_job); one launch runs every case of
 a mesh.
@@ -401,7 +402,7 @@ def training_cases(args, rank, world, out):
         out["written_in_place"] = sorted(
             n for n, t in written.items()
             if t.untyped_storage().data_ptr() == local[n].untyped_storage().data_ptr())
-    if args.kind == "ep":  # zmuon's own files would hold the experts in the engine's order
+    if args.kind in ("ep", "tp"):  # zmuon's own files would hold rows in the engine's order
         with tempfile.TemporaryDirectory() as files:
             try:
                 opt.save_checkpoint(files)
@@ -757,6 +758,19 @@ class Meshes(unittest.TestCase):
               f"{placed['proj.weight']}, ln1.weight {placed['ln1.weight']}")
         self.assertEqual(placed["wq.weight"], "(_S(0, 2), S(0))")  # ColwiseParallel
         self.assertEqual(placed["proj.weight"], "(S(0), S(1))")    # RowwiseParallel
+        # The column-parallel weights and biases: whole rows in each process, taken in their
+        # holders' order and read and written in place; the row-parallel boxes move.
+        columns = sorted(n for n, p in placed.items() if p == "(_S(0, 2), S(0))")
+        self.assertEqual(len(columns), 5, placed)  # wq, wk, wv, fc and fc's bias
+        print(f"tensor parallel 2 x FSDP2 2: {columns} in their holders' order, engine ranks "
+              f"{ranks[0]['engine_of']}; gradient elements sent per process "
+              f"{[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
+        for r in ranks:
+            self.assertEqual(sorted(r["order"]), columns)
+            self.assertTrue(set(columns) <= set(r["views"]), r["views"])
+            self.assertEqual(r["written_in_place"], r["views"])
+            self.assertNotIn("proj.weight", r["views"])
+            self.assertIn("holders' order", r.get("refused", ""))
         self.check(saved["params"], "tensor parallel 2 x FSDP2 2")
         self.check_rules(saved, "tensor parallel 2 x FSDP2 2", ranks)
         coefs = ranks[0]["clip_coefs"]
