@@ -274,7 +274,7 @@ class MeshLayout:
 
     def _engine_flat(self, name, runs):
         """The engine's flat indices of the box `runs` of `name`, in the local tensor's order
-        (increasing: a reordered stack's box is one holder's experts, back to back)."""
+        (increasing: a reordered box is one holder's dim-0 slices, back to back)."""
         shape = list(self.shapes[name])
         if name not in self._position:
             return _global_flat(runs, shape)
@@ -282,8 +282,8 @@ class MeshLayout:
         return _flat([self._position[name][index[0]]] + index[1:], shape)
 
     def in_engine_order(self, name, whole):
-        """A whole tensor of `name`'s shape on dim 0 (or NorMuon's rows of its experts, [E, r,
-        1]) in the engine's order (a torch tensor or numpy array)."""
+        """A whole tensor of `name`'s shape on dim 0 (or NorMuon's row moments: (rows, 1), or
+        (E, r, 1) of an expert stack) in the engine's order (a torch tensor or numpy array)."""
         if name not in self.order:
             return whole
         return _rows_at(whole, _indices(self.order[name]))
