@@ -11,7 +11,7 @@ processes each hold whole dim-0 slices, as many as the engine's rank of the same
 is given to the engine in its holders' order: each process's slices are its rank's shard, so
 they do not move. That holds an expert stack under expert parallelism (its experts do not
 gather for Newton-Schulz either) and a ColwiseParallel weight under tensor parallelism with
-FSDP2 (a permutation of a matrix's rows commutes with Newton-Schulz). This module says which pieces
+FSDP2 or HSDP (a permutation of a matrix's rows commutes with Newton-Schulz). This module says which pieces
 each process holds (a pure function of the global shape, the mesh and the placements) and moves
 values between them and the engine's shards: gradients in (each element from one holder), new
 values out (to every holder, replicas included), one all_to_all_single of the default process
@@ -135,22 +135,34 @@ def is_expert_stack(shape, view):
 
 
 def _holder_order(shape, boxes, world):
-    """The dim-0 runs of every process's box in process order, where each process holds one
-    box of whole dim-0 slices (no replica), as many as torch.chunk gives engine rank e of the
-    same number; None where not, or where that order is the natural one."""
-    by_holder = {}
+    """The dim-0 runs of every box in the order of its first holder, where each box is whole
+    dim-0 slices and the boxes tile dim 0 as the engine's ranks do: without replicas, process e
+    holds as many as torch.chunk gives engine rank e; with R replicas of every box (HSDP), each
+    holds R ranks' worth, rows / world each (the flat layout's cut). None where not, or where
+    that order is the natural one."""
+    first, replicas = {}, set()
     for runs, holders in boxes.items():
-        if len(holders) != 1 or any(r != ((0, int(n)),) for r, n in zip(runs[1:], shape[1:])):
+        if any(r != ((0, int(n)),) for r, n in zip(runs[1:], shape[1:])):
             return None
-        by_holder[holders[0]] = runs[0]
-    order = []
-    for e in range(world):
-        runs = by_holder.get(e, ())
-        lo, hi = _chunk(shape[0], world, e)
-        if _count(runs) != hi - lo:
+        first[min(holders)] = runs[0]
+        replicas.add(len(holders))
+    if len(replicas) != 1:
+        return None
+    order, rows = [], int(shape[0])
+    if replicas == {1}:
+        for e in range(world):
+            runs = first.get(e, ())
+            lo, hi = _chunk(rows, world, e)
+            if _count(runs) != hi - lo:
+                return None
+            order += runs
+    else:
+        part = rows // world * replicas.pop()
+        if rows % world or any(_count(runs) != part for runs in first.values()):
             return None
-        order += runs
-    return None if _merged(order) == [(0, int(shape[0]))] else tuple(order)
+        for q in sorted(first):
+            order += first[q]
+    return None if _merged(order) == [(0, rows)] else tuple(order)
 
 
 class MeshLayout:
@@ -199,8 +211,9 @@ class MeshLayout:
         # in their holders' order): the engine cuts by rows and nothing moves. Else the engine
         # cuts each flattened parameter evenly, where a parameter keeps its holders' order only
         # if that cut is its rows'.
-        self.identity = all(n in self.order or all(
-            len(holders) == 1 and runs == _rows_box(self.shapes[n], world, holders[0])
+        self.identity = all(all(
+            len(holders) == 1 and (n in self.order
+                                   or runs == _rows_box(self.shapes[n], world, holders[0]))
             for runs, holders in boxes[n].items()) for n in names)
         if not self.identity:
             self.order = {n: o for n, o in self.order.items() if self.shapes[n][0] % world == 0}

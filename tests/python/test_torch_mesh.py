@@ -18,7 +18,9 @@
 - under EP 2 x FSDP2 2 (one whole expert of each stack per process) the engine takes the
   experts in their holders' order: nothing moves between processes;
   under TP 2 x FSDP2 2 the column-parallel weights likewise (read and written in place), and
-  gradient clipping on the norm over every process.
+  gradient clipping on the norm over every process;
+- HSDP 2 x 2 with tensor parallel 2 inside (8 processes): the column-parallel boxes, 2 replicas
+  each, read and written in place; against one process, also with NorMuon and MuonClip.
 
 The processes start as in test_torch_distributed (its run_job); one launch runs every case of
 a mesh.
@@ -238,7 +240,8 @@ def placements_case(rank, world):
 
 
 MESHES = {"hsdp": ((2, 2), ("replicate", "shard")), "fsdp": ((4,), ("shard",)),
-          "tp": ((2, 2), ("dp", "tp")), "ep": ((2, 2), ("dp", "ep"))}
+          "tp": ((2, 2), ("dp", "tp")), "ep": ((2, 2), ("dp", "ep")),
+          "hsdp_tp": ((2, 2, 2), ("replicate", "shard", "tp"))}
 
 
 def build(kind, world):
@@ -256,18 +259,20 @@ def build(kind, world):
     else:
         shape, names = MESHES[kind]
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    if kind == "tp":
+    if kind in ("tp", "hsdp_tp"):
         from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
                                                        parallelize_module)
         parallelize_module(model, mesh["tp"], {"wq": ColwiseParallel(), "wk": ColwiseParallel(),
                                               "wv": ColwiseParallel(), "proj": RowwiseParallel(),
                                               "fc": ColwiseParallel(), "out": RowwiseParallel()})
-        dp, tp = mesh["dp"], mesh["tp"]
+        dp, tp = mesh[names[:-1]] if len(names) > 2 else mesh[names[0]], mesh["tp"]
         model.first_head = tp.get_local_rank() * HEADS // tp.size()
         for m in (model.wq, model.wk, model.wv, model.proj, model.fc, model.out):
             fully_shard(m, mesh=dp)
         fully_shard(model, mesh=dp)
-        return model, mesh, (dp.get_local_rank(), dp.size())
+        coord = dp.get_coordinate()  # the data share: one per data-parallel process
+        return model, mesh, (coord[0] * dp.shape[-1] + coord[-1] if len(coord) > 1
+                             else coord[0], dp.size())
     rank = torch.distributed.get_rank()
     if kind == "ep":
         from torch.distributed.tensor import Shard, distribute_tensor
@@ -402,7 +407,7 @@ def training_cases(args, rank, world, out):
         out["written_in_place"] = sorted(
             n for n, t in written.items()
             if t.untyped_storage().data_ptr() == local[n].untyped_storage().data_ptr())
-    if args.kind in ("ep", "tp"):  # zmuon's own files would hold rows in the engine's order
+    if args.kind in ("ep", "tp", "hsdp_tp"):  # zmuon's own files: rows in the engine's order
         with tempfile.TemporaryDirectory() as files:
             try:
                 opt.save_checkpoint(files)
@@ -781,6 +786,26 @@ class Meshes(unittest.TestCase):
         self.check(saved["clipped"], f"tensor parallel 2 x FSDP2 2, clipped at {CLIP} "
                                      f"(coefficients {min(coefs):.3f} to {max(coefs):.3f})",
                    clipped)
+
+    def test_hsdp_2x2_with_tensor_parallel_2(self):
+        # HSDP over (replicate, shard) with tensor parallelism inside: 8 processes. Each
+        # column-parallel box has 2 replicas; the engine takes the boxes in the order of their
+        # first holders, and each process runs a rank whose part lies in its own box.
+        ranks, saved = job(self, 8, "hsdp_tp", "train", timeout=600)
+        placed = ranks[0]["placements"]
+        columns = sorted(n for n, p in placed.items() if p == "(R, _S(0, 2), S(0))")
+        print(f"HSDP 2 x 2 x tensor parallel 2: wq.weight {placed['wq.weight']}, "
+              f"proj.weight {placed['proj.weight']}; {columns} in their holders' order, engine "
+              f"ranks {ranks[0]['engine_of']}; gradient elements sent per process "
+              f"{[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
+        self.assertEqual(len(columns), 5, placed)  # wq, wk, wv, fc and fc's bias
+        for r in ranks:
+            self.assertEqual(sorted(r["order"]), columns)
+            self.assertTrue(set(columns) <= set(r["views"]), r["views"])
+            self.assertEqual(r["written_in_place"], r["views"])
+            self.assertIn("holders' order", r.get("refused", ""))
+        self.check(saved["params"], "HSDP 2 x 2 x tensor parallel 2")
+        self.check_rules(saved, "HSDP 2 x 2 x tensor parallel 2", ranks)
 
 
 if __name__ == "__main__":
