@@ -17,6 +17,7 @@ import ctypes
 import ctypes.util
 import functools
 import os
+import re
 import threading
 
 HOST = -1  # zmuon_tensor.device for host memory
@@ -323,6 +324,29 @@ def _init_calls(engine):
     engine._calls_cv = threading.Condition()
     engine._calls = 0
     engine._closing = False
+    engine.rank_note = ""  # appended to an error that names ranks (MeshLayout.rank_note)
+
+
+_RANKS_NAMED = re.compile(r"\b(rank|node)s? \d")
+
+
+def _noting_ranks(cls):
+    """Every public method of `cls` (an engine) appends the engine's rank_note to an error that
+    names ranks or nodes."""
+    def noted(method):
+        @functools.wraps(method)
+        def call(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except ZmuonError as e:
+                if self.rank_note and _RANKS_NAMED.search(str(e)):
+                    raise type(e)(f"{e} ({self.rank_note})", e.code) from None
+                raise
+        return call
+    for name, attr in list(vars(cls).items()):
+        if callable(attr) and not name.startswith("_"):
+            setattr(cls, name, noted(attr))
+    return cls
 
 
 def _tracked(method):
@@ -420,6 +444,7 @@ def _check_rank(rank):
         raise InvalidArgument(f"rank {rank!r} is not a rank (an int32)")
 
 
+@_noting_ranks
 class Engine:
     """The engine behind the C ABI, one method per C function. Buffers are given as
     (name, data pointer, numel, device) tuples, device = HOST or a CUDA ordinal."""

@@ -176,14 +176,18 @@ class Construction:
         self._host_engine = self._node is None and _host.needs_host(config_dict, on_metrics)
         try:
             if self._host_engine:
-                return _capi.engine_with_host(json.dumps(config_dict), overrides,
-                                              _host.host_values(hyperparameters))
-            if self._node is not None:
-                return _capi.Engine(json.dumps(config_dict) if config_file is None else "",
-                                    overrides, config_file=config_file, node=self._node)
-            if config_file is not None:
-                return _capi.Engine(overrides=overrides, config_file=config_file)
-            return _capi.Engine(json.dumps(config_dict), overrides)
+                engine = _capi.engine_with_host(json.dumps(config_dict), overrides,
+                                                _host.host_values(hyperparameters))
+            elif self._node is not None:
+                engine = _capi.Engine(json.dumps(config_dict) if config_file is None else "",
+                                      overrides, config_file=config_file, node=self._node)
+            elif config_file is not None:
+                engine = _capi.Engine(overrides=overrides, config_file=config_file)
+            else:
+                engine = _capi.Engine(json.dumps(config_dict), overrides)
+            if self._mesh is not None:
+                engine.rank_note = self._mesh.rank_note()
+            return engine
         except InvalidArgument as e:  # the engine names a keyword as the override it became
             message = str(e)
             for key, value in hyperparameters.items():

@@ -315,6 +315,14 @@ class MeshLayout:
         return sum(pc.local.numel() for moves in (self._in, self._out)[:1 + values_out]
                    for (a, b), pieces in moves.items() if a == me != b for pc in pieces)
 
+    def rank_note(self):
+        """Where process r need not run zmuon's rank r, the words that say which runs which
+        (zmuon's errors name its ranks); else ""."""
+        if self.engine_of == list(range(self.world)):
+            return ""
+        return f"zmuon's ranks 0 to {self.world - 1} run in torch.distributed's processes " \
+            + ", ".join(map(str, self.process_of))
+
     def engine_range(self, name, e):
         """The flat elements [lo, hi) of parameter `name` that engine rank e holds."""
         shape = self.shapes[name]

@@ -419,6 +419,10 @@ def training_cases(args, rank, world, out):
         model, _, share = build(args.kind, world)
         opt = optimizer(model, **RULES)
         train(model, opt, share, STEPS, clip_logits=True)
+        try:  # another process's rank: the error names zmuon's ranks, and which process runs each
+            opt.report_qk_logits("wq.weight", [0.0] * HEADS, rank=(opt._first_rank + 1) % world)
+        except zmuon.InvalidArgument as e:
+            out["rank_error"] = str(e)
         # The row moments in state_dict() (read whole: a collective), each in its parameter's
         # own row order; loaded back, the same again.
         saved = opt.state_dict()
@@ -679,6 +683,10 @@ class Meshes(unittest.TestCase):
                             [(r["views"], r["tensors"]) for r in ranks])
             self.assertTrue(all(r["written_in_place"] == r["views"] for r in ranks),
                             [r["written_in_place"] for r in ranks])
+            self.assertTrue(all(r["rank_error"].endswith(
+                "(zmuon's ranks 0 to 3 run in torch.distributed's processes 0, 2, 1, 3)")
+                for r in ranks), ranks[1]["rank_error"])
+            print(f"HSDP 2 x 2, an error naming a rank: {ranks[1]['rank_error']}")
             print(f"HSDP 2 x 2: engine ranks {ranks[0]['engine_of']}, elements sent per "
                   f"process {[r['sent'] for r in ranks]} (gradients: none)")
             self.check(saved["params"], "HSDP 2 x 2")
