@@ -11,11 +11,11 @@ processes each hold whole dim-0 slices, as many as the engine's rank of the same
 is given to the engine in its holders' order: each process's slices are its rank's shard, so
 they do not move. That holds an expert stack under expert parallelism (its experts do not
 gather for Newton-Schulz either) and a ColwiseParallel weight under tensor parallelism with
-FSDP2 or HSDP (a permutation of a matrix's rows commutes with Newton-Schulz). This module says which pieces
-each process holds (a pure function of the global shape, the mesh and the placements) and moves
-values between them and the engine's shards: gradients in (each element from one holder), new
-values out (to every holder, replicas included), one all_to_all_single of the default process
-group each way."""
+FSDP2 or HSDP (a permutation of a matrix's rows commutes with Newton-Schulz). This module says
+which pieces each process holds (a pure function of the global shape, the mesh and the
+placements) and moves values between them and the engine's shards: gradients in (each element
+from one holder), new values out (to every holder, replicas included), one all_to_all_single of
+the default process group each way."""
 
 import math
 
@@ -168,7 +168,7 @@ def _holder_order(shape, boxes, world):
 class MeshLayout:
     """The moves between every process's DTensor pieces and the engine's shards, for the
     parameters `named` (name, DTensor) of this process; `reorderable`: the names whose dim-0
-    slices the engine may take in another order (reorderable()). Built from every process's
+    slices the engine may take in another order (reorderable_names()). Built from every process's
     description (one all_gather_object), so that each process derives the same moves."""
 
     def __init__(self, named, rank, world, reorderable=()):
@@ -499,7 +499,7 @@ def layout_of(named, rank, world, reorderable=()):
     return None if layout.identity and not layout.order else layout
 
 
-def reorderable(named, views, fixed):
+def reorderable_names(named, views, fixed):
     """The names of `named` (name, DTensor) whose dim-0 slices the engine may hold in any
     order: an expert stack (is_expert_stack under `views`, zmuon.Muon's matrix views), whose
     experts are independent matrices, and every other parameter not in `fixed`. A permutation
@@ -513,10 +513,10 @@ def reorderable(named, views, fixed):
 def layout_for(named, views, fixed=()):
     """layout_of for zmuon.Muon's DTensor parameters `named` (name, DTensor; the zero-size
     ones stay out of the engine) over torch.distributed's default group; `views` and `fixed`
-    as reorderable() takes them."""
+    as reorderable_names() takes them."""
     named = [(n, p) for n, p in named if p.numel() > 0]
     return layout_of(named, dist.get_rank(), dist.get_world_size(),
-                     reorderable(named, views, set(fixed)))
+                     reorderable_names(named, views, set(fixed)))
 
 
 def check_rank(engine_rank, layout):
