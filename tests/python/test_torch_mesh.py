@@ -52,9 +52,10 @@ PARITY = 1e-6
 HYPER = dict(HYPER, ns_variant="standard")
 HEADS = 4
 # NorMuon's row moments and MuonClip on the query and key heads (tau below the largest logits
-# of the first steps: heads are clipped).
+# of the first steps: heads are clipped); the value weight orthogonalized per head, 2 heads of
+# 16 rows (a tensor-parallel process holds 8 rows of one: its rows keep their order).
 RULES = dict(variant="normuon", qk_clip={"wq.weight": ("wk.weight", HEADS, HEADS)},
-             qk_clip_tau=1.0)
+             qk_clip_tau=1.0, heads={"wv.weight": 2})
 
 
 class GroupGather(torch.autograd.Function):
