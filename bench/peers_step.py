@@ -110,12 +110,14 @@ def torch_muon_adamw(model, fsdp):
                               weight_decay=HYPER["weight_decay"])], {}
 
 
-def zmuon_muon(variant):
+def zmuon_muon(variant, ahead=False):
     def make(model, fsdp):
         overrides = ["zmuon.backend=cuda", f"optimizer.params.ns_variant={variant}"] \
             + ZMUON_SET
         opt = zmuon.Muon(model.named_parameters(), overrides=overrides, lr=HYPER["lr"],
                          adam_lr=HYPER["adam_lr"], weight_decay=HYPER["weight_decay"])
+        if ahead:  # the gradients handed over as each backward ends
+            opt.hand_over_ahead()
         return [opt], {}
     return make
 
@@ -145,6 +147,7 @@ OPTIMIZERS = {
     "torch": ("torch.optim.Muon + AdamW", torch_muon_adamw),
     "zmuon-standard": ("zmuon standard", zmuon_muon("standard")),
     "zmuon-auto": ("zmuon auto", zmuon_muon("auto")),
+    "zmuon-auto-ahead": ("zmuon auto, hand-over ahead", zmuon_muon("auto", ahead=True)),
     "dion-eager": ("Dion eager", dion_muon(False, False)),
     "dion-triton": ("Dion Triton", dion_muon(True, False)),
     "dion-graph": ("Dion Triton + CudaGraphOptimizer", dion_muon(True, True)),

@@ -180,7 +180,7 @@ def main():
                          "engine idles, as through a forward and backward")
     ap.add_argument("--hand-over-ahead", choices=("auto", "on", "off"), default="auto",
                     help="opt.hand_over_ahead: the gradients handed over as each backward ends "
-                         "(auto: zmuon's default, on for one CUDA device)")
+                         "(auto: zmuon's default, off)")
     ap.add_argument("--after-backward", action="store_true",
                     help="before each timed step, a forward and backward of the model on one "
                          "batch (new .grad tensors; the host's caches hold the backward's work)")

@@ -134,11 +134,6 @@ class TorchIntegration:
             return "a parameter is not a torch tensor"
         return None
 
-    def _ahead_by_default(self):
-        devices = {p.device for _, p, _ in self._params if is_torch(p)}
-        if len(devices) == 1 and next(iter(devices)).type == "cuda" and not self._why_not_ahead():
-            self._arm_ahead(True)
-
     def _arm_ahead(self, on):
         for handle in self._ahead_hooks:
             handle.remove()

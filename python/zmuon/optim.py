@@ -166,7 +166,6 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
             super().__init__(groups_in, defaults)
         self.state = _state.ShardState(self)
         self._start(config_dict, on_metrics)
-        self._ahead_by_default()
 
     def step(self, closure=None):
         """One optimizer step on everything handed over since the last one (if nothing was,

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "caf/logger.hpp"
+
 #include "embed/job_hooks.hpp"
 #include "zmuon/engine.hpp"
 #include "zmuon/orthogonalize.hpp"
@@ -41,9 +43,21 @@ inline int fail(errc code, std::string message) {
   return fail(zmuon::error{code, std::move(message)});
 }
 
+/// Lets go of the calling thread's reference to an actor system's logger when a call returns.
+/// CAF 0.17 keeps one per thread that made a scoped actor, and ~actor_system waits until every
+/// such reference is gone: a caller's thread that outlives the engine (autograd's device thread,
+/// which runs backward hooks) would make the engine's destruction wait for that thread's end.
+struct release_caf_logger {
+  release_caf_logger() = default;
+  release_caf_logger(const release_caf_logger&) = delete;
+  release_caf_logger& operator=(const release_caf_logger&) = delete;
+  ~release_caf_logger() { caf::logger::set_current_actor_system(nullptr); }
+};
+
 /// Runs `body` (which returns a zmuon::error) with every exception turned into a status.
 template <class Body>
 int guarded(const char* fn, Body&& body) {
+  const release_caf_logger on_return;
   try {
     zmuon::error err = body();
     return err ? fail(err) : ZMUON_OK;

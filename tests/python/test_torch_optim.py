@@ -8,6 +8,8 @@ Run by ctest with the venv's python (.venv, made by .ci/deps --tests); without P
 
 import math
 import pickle
+import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -615,8 +617,8 @@ class BackwardHandOver(unittest.TestCase):
 
 
 class HandOverAhead(unittest.TestCase):
-    """hand_over_ahead: the gradients go to the engine as each backward pass ends (on by default
-    on one CUDA device; switched on here on the host), and what step() reads is what it would
+    """hand_over_ahead: the gradients go to the engine as each backward pass ends (off by
+    default; switched on here on the host), and what step() reads is what it would
     have read itself, bit for bit, whatever the loop does between the backward and the step."""
 
     def between(self, step, model, opt, data, scratch):
@@ -673,7 +675,7 @@ class HandOverAhead(unittest.TestCase):
     def test_switched_off_and_refused_by_name(self):
         model = TinyTransformer()
         opt = zmuon.Muon(model.named_parameters(), **HYPER)
-        self.assertEqual(opt._ahead_hooks, [])  # on the host, off unless asked for
+        self.assertEqual(opt._ahead_hooks, [])  # off unless asked for
         opt.hand_over_ahead()
         opt.hand_over_ahead(False)
         lm_loss(model, batches(1)[0]).backward()
@@ -684,6 +686,39 @@ class HandOverAhead(unittest.TestCase):
         two = zmuon.Muon(TinyTransformer().named_parameters(), ranks=2, **HYPER)
         with self.assertRaisesRegex(zmuon.Unsupported, "hand_over_ahead: .*one rank"):
             two.hand_over_ahead()
+
+    def test_close_while_the_backward_thread_lives_on(self):
+        # On a CUDA device autograd runs the backward, hooks and callbacks included, on a
+        # thread of its own that outlives the optimizer. The engine's close() then returned only
+        # once that thread ended (CAF kept a reference per calling thread): here, never. In a
+        # child process, so that a hang fails the test by its timeout.
+        script = """
+import threading, time, torch, zmuon
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
+opt = zmuon.Muon(model.named_parameters())
+opt.hand_over_ahead()
+for step in range(3):
+    opt.zero_grad()
+    loss = model(torch.randn(4, 16)).square().sum()
+    done = threading.Event()
+    def backward():
+        loss.backward()
+        done.set()
+        time.sleep(600)
+    threading.Thread(target=backward, daemon=True).start()
+    done.wait()
+    assert opt._ahead is not None
+    opt.step()
+opt.close()
+print("closed", flush=True)
+"""
+        try:
+            out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                 timeout=120)
+        except subprocess.TimeoutExpired:
+            self.fail("close() did not return within 120 s while the backward's thread lived")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("closed", out.stdout)
 
 
 class GradScalerAndCompile(unittest.TestCase):
