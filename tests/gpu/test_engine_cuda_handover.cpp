@@ -3,6 +3,8 @@
 // (reduce(rank, views, stream)); gather_params(out, stream) and step(stream) write in that order
 // too; a stream that cannot be waited for is refused by name, before anything is read, written
 // or counted. Gradients handed over ahead of the step are read only after the step's stream.
+// Gradients kept until the step: the vote ahead of the momentum sees them all, a refused step
+// copies them in, and they take no bucket buffer (the bound on buckets in flight).
 #include "support/engine_fixture.hpp"
 
 #include <cuda_runtime.h>
@@ -12,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "plan/plan.hpp"
 #include "support/device_grads.hpp"
 
 using namespace zmuon;
@@ -355,4 +358,154 @@ BOOST_AUTO_TEST_CASE(a_hand_over_ahead_of_the_step_is_read_after_the_steps_strea
   }
   cudaFree(slow);
   cudaStreamDestroy(caller);
+}
+
+// Ahead of the vote (world 1, gradients kept until the step) the Muon gradients are scanned in
+// the momentum's own pass and the others at the hand-over: the step's norm is the norm of every
+// gradient, and a non-finite value in either kind refuses the step, the parameters as they were.
+BOOST_AUTO_TEST_CASE(the_vote_ahead_of_the_momentum_sees_every_kept_gradient) {
+  const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
+  const device_grads grads(table, 5);
+  double sum = 0.0;
+  for (size_t i = 0; i < table.size(); ++i)
+    for (const float x : random_values(numel(table[i]), 5 + i))
+      sum += static_cast<double>(x) * x;
+  const double norm = std::sqrt(sum);
+  auto eng = make_engine(gpu_options(1, "nccl"));  // momentum_before_vote auto: on for cuda
+  register_table(*eng, table, 9);
+  eng->time_backend_calls(true);
+  const auto step_with = [&](int param, float bad) {
+    float kept = 0.0f;
+    float* at = param >= 0 ? grads.data[param] + 7 : nullptr;
+    if (param >= 0) {
+      BOOST_REQUIRE(cudaMemcpy(&kept, at, sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+      BOOST_REQUIRE(cudaMemcpy(at, &bad, sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    BOOST_REQUIRE(!eng->hand_over(0, grads.views, nullptr, false, true));
+    const auto before = params_of(*eng);
+    const step_info info = step_ok(*eng);
+    if (param >= 0) {
+      BOOST_TEST(info.skipped, table[param].name << ": " << bad << " not seen");
+      BOOST_TEST((params_of(*eng) == before), table[param].name << ": params after the refusal");
+      BOOST_REQUIRE(cudaMemcpy(at, &kept, sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess);
+    } else {
+      BOOST_TEST(!info.skipped);
+      BOOST_TEST(std::fabs(info.grad_norm - norm) <= 1e-6 * norm,
+                 "grad norm " << info.grad_norm << ", handed over " << norm);
+    }
+  };
+  step_with(-1, 0.0f);
+  step_with(0, std::numeric_limits<float>::quiet_NaN());  // w1: Muon
+  step_with(2, std::numeric_limits<float>::infinity());   // bias: AdamW
+  step_with(1, -std::numeric_limits<float>::infinity());  // w2: Muon
+  step_with(-1, 0.0f);
+  auto times = eng->take_backend_call_times(0);
+  BOOST_REQUIRE(times);
+  BOOST_TEST((*times)["momentum_spare"].calls > 0);  // the momentum went ahead of the vote
+  eng->time_backend_calls(false);
+}
+
+// A step() refused before it begins (a schedule's bad rate) keeps what was handed over, the
+// gradients kept until the step too: they are copied in before it returns, so the caller's
+// writes into them afterwards (NaN here) do not reach the step that follows with a good rate,
+// which equals, bit for bit, an engine that never saw the bad one.
+BOOST_AUTO_TEST_CASE(a_refused_step_copies_in_the_gradients_kept_until_the_step) {
+  const std::vector<param_spec> table{{"w1", {48, 80}}, {"w2", {80, 48}}, {"bias", {80}}};
+  auto run = [&](bool refused) {
+    const device_grads grads(table, 5);
+    auto eng = make_engine(gpu_options(1, "nccl"));
+    register_table(*eng, table, 9);
+    BOOST_REQUIRE(!eng->hand_over(0, grads.views, nullptr, false, true));
+    if (refused) {
+      eng->set_lr_schedules([](uint64_t) { return NAN; }, nullptr);
+      auto s = eng->step();
+      BOOST_REQUIRE(!s);
+      BOOST_TEST((s.err().code() == errc::invalid_argument));
+      BOOST_TEST(
+          s.err().message().find("the Muon learning rate for step 1 is ") != std::string::npos,
+          s.err().message());
+      for (size_t i = 0; i < grads.data.size(); ++i)
+        BOOST_REQUIRE(cudaMemset(grads.data[i], 0xff, grads.views[i].size * sizeof(float))
+                      == cudaSuccess);
+    }
+    eng->set_lr_schedules([](uint64_t) { return 0.02f; }, [](uint64_t) { return 3e-4f; });
+    BOOST_TEST(!step_ok(*eng).skipped);
+    return params_of(*eng);
+  };
+  const auto want = run(false);
+  const auto got = run(true);
+  for (const auto& [name, v] : want)
+    BOOST_TEST(same_bits(got.at(name), v), name);
+}
+
+// engine_options::max_buckets_in_flight on the production path (nccl world 1, device gradients,
+// packed in the backend's memory): during reduce() the backend holds at most `window` buckets'
+// input and output buffers above what it held before (world 1: both are a whole bucket); the
+// weights are the same bits either way. Unbounded, how many pile up depends on how fast the
+// reducer lands them (printed, not checked; test_reduce_window checks the window itself).
+// Gradients kept until the step (engine::hand_over) take no buffer.
+BOOST_AUTO_TEST_CASE(buckets_in_flight_bound_the_hand_over_memory) {
+  const int64_t bucket = 1 << 16;  // elements: one parameter a bucket, six buckets
+  const std::vector<param_spec> table{{"a", {256, 256}}, {"b", {128, 512}}, {"c", {512, 128}},
+                                      {"d", {256, 256}}, {"e", {65536}},    {"f", {256, 256}}};
+  const int gas = 2;
+  const device_grads grads(table, 5);
+  const auto& views = grads.views;
+  auto run = [&](int window, int64_t& handover_peak, bool kept = false) {
+    auto o = gpu_options(1, "nccl");
+    o.reduce_bucket_size = bucket;
+    o.max_buckets_in_flight = window;
+    auto eng = make_engine(o);
+    register_table(*eng, table, 5);
+    handover_peak = 0;
+    for (int s = 1; s <= 3; ++s) {
+      int64_t before = s > 1 ? eng->memory(0)->in_use : 0;  // the state, once the engine runs
+      eng->reset_peak_memory();
+      for (int k = 0; k < gas; ++k)
+        BOOST_REQUIRE(kept ? !eng->hand_over(0, views, nullptr, false, true)
+                           : !eng->reduce(0, views));
+      if (s > 1)
+        handover_peak = std::max(handover_peak, eng->memory(0)->peak - before);
+      step_ok(*eng);
+    }
+    BOOST_REQUIRE_EQUAL(eng->layout()->buckets.size(), table.size());
+    return params_of(*eng);
+  };
+  const int64_t bucket_bytes = bucket * static_cast<int64_t>(sizeof(float));
+  int64_t unbounded_peak = 0;
+  auto unbounded = run(0, unbounded_peak);
+  for (int window : {1, 2}) {
+    int64_t peak = 0;
+    auto params = run(window, peak);
+    BOOST_TEST_MESSAGE("window " << window << ": reduce() hand-over peak " << peak
+                                 << " bytes = " << static_cast<double>(peak) / bucket_bytes
+                                 << " buckets (bound: " << 2 * window << ", unbounded: "
+                                 << static_cast<double>(unbounded_peak) / bucket_bytes << ")");
+    BOOST_TEST(peak <= 2 * window * bucket_bytes);
+    BOOST_TEST(rel_diff(params, unbounded) == 0.0);
+  }
+  // Gradients kept until the step are read where they lie: no bucket buffer at all.
+  int64_t kept_peak = -1;
+  auto kept = run(0, kept_peak, true);
+  BOOST_TEST_MESSAGE("kept until the step: hand-over peak " << kept_peak << " bytes");
+  BOOST_TEST(kept_peak == 0);
+  BOOST_TEST(rel_diff(kept, unbounded) == 0.0);
+
+  // One micro-batch a step kept until the step: the store never allocates its gradient buffer.
+  auto in_use_after_steps = [&](bool kept) {
+    auto o = gpu_options(1, "nccl");
+    o.reduce_bucket_size = bucket;
+    auto eng = make_engine(o);
+    register_table(*eng, table, 5);
+    for (int s = 1; s <= 2; ++s) {
+      BOOST_REQUIRE(kept ? !eng->hand_over(0, views, nullptr, false, true)
+                         : !eng->reduce(0, views));
+      step_ok(*eng);
+    }
+    return eng->memory(0)->in_use;
+  };
+  const int64_t copied = in_use_after_steps(false), read_in_place = in_use_after_steps(true);
+  BOOST_TEST_MESSAGE("in use after two steps: " << copied << " bytes copied in, " << read_in_place
+                                                << " read in place");
+  BOOST_TEST(copied - read_in_place == 6 * bucket_bytes);  // world 1: the whole gradient
 }
