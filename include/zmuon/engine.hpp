@@ -336,6 +336,13 @@ public:
   error set_muon_blocks(const std::string& name, const std::vector<int64_t>& split_sizes,
                         const std::vector<int64_t>& split_heads = {},
                         matrix_view view = matrix_view::automatic);
+  /// The order the host holds Muon matrix `name`'s elements in: `boxes` of its matrix view back
+  /// to back, each row-major, tiling it (param_spec::boxes; empty: row-major). Each rank's shard
+  /// is then a run of that order (e.g. one box), read and written where the host keeps it;
+  /// Newton-Schulz runs on the natural matrix. One NS block only: no heads, split sizes, expert
+  /// stack or MuonClip pair. Only before the first reduce() or step(); a bad order changes
+  /// nothing.
+  error set_box_order(const std::string& name, const std::vector<matrix_box>& boxes);
   /// MuonClip (Kimi K2, arXiv:2507.20534): pairs query parameter `query` ([query_heads * d,
   /// ...]) with key parameter `key` ([key_heads * d, ...]; GQA: key_heads divides query_heads).
   /// After each applied step, a head whose largest logit exceeds its group's

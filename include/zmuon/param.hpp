@@ -18,6 +18,18 @@ enum class matrix_view : uint8_t {
   flatten,       // [shape[0], prod(shape[1:])]: one matrix (conv weights)
 };
 
+/// A box of a parameter's matrix view [rows, cols]: rows [row0, row0 + rows) x columns
+/// [col0, col0 + cols) (param_spec::boxes).
+struct matrix_box {
+  int64_t row0 = 0;
+  int64_t rows = 0;
+  int64_t col0 = 0;
+  int64_t cols = 0;
+  bool operator==(const matrix_box& o) const {
+    return row0 == o.row0 && rows == o.rows && col0 == o.col0 && cols == o.cols;
+  }
+};
+
 /// The most hyperparameter groups one engine takes (param_spec::hparam_group is below it).
 inline constexpr int32_t kMaxHparamGroups = 4096;
 
@@ -43,6 +55,11 @@ struct param_spec {
   std::string qk_clip_key = {};
   int64_t qk_clip_heads = 0;
   int64_t qk_clip_key_heads = 0;
+  /// The order the host holds a Muon matrix's elements in (engine::set_box_order): these boxes
+  /// of its matrix view [shape[0], prod(shape[1:])] back to back, each row-major, tiling it
+  /// (tensor parallel's row-parallel weight under FSDP2: each process holds one box). The rank
+  /// shards cut that order; Newton-Schulz runs on the natural matrix. Empty: row-major order.
+  std::vector<matrix_box> boxes = {};
 };
 
 }  // namespace zmuon

@@ -302,6 +302,11 @@ typedef enum zmuon_matrix_view {
 ZMUON_API int zmuon_engine_set_muon_blocks(zmuon_engine* eng, const char* name,
                                            const int64_t* split_sizes, const int64_t* split_heads,
                                            size_t n, int32_t view);
+/* The order the host holds Muon matrix `name`'s elements in (engine::set_box_order), before the
+ * first reduce or step: n boxes of its matrix view [shape[0], prod(rest)] back to back, each
+ * row-major, tiling it; `boxes` holds 4 values a box: row0, rows, col0, cols. n 0: row-major. */
+ZMUON_API int zmuon_engine_set_box_order(zmuon_engine* eng, const char* name, const int64_t* boxes,
+                                         size_t n);
 /* MuonClip (Kimi K2): pairs query parameter `query` (query_heads heads of rows) with key `key`
  * (key_heads; GQA: dividing query_heads), before the first reduce or step. After each applied
  * step, a head whose largest logit over every rank's reports exceeds its group's qk_clip_tau has

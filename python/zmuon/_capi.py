@@ -263,6 +263,8 @@ def _load():
         "zmuon_engine_set_hparam_group": (c_int, [eng_p, ctypes.c_char_p, c_i32]),
         "zmuon_engine_set_muon_blocks": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(c_i64),
                                                  ctypes.POINTER(c_i64), ctypes.c_size_t, c_i32]),
+        "zmuon_engine_set_box_order": (c_int, [eng_p, ctypes.c_char_p, ctypes.POINTER(c_i64),
+                                               ctypes.c_size_t]),
         "zmuon_engine_add_qk_clip": (c_int, [eng_p, ctypes.c_char_p, ctypes.c_char_p, c_i64,
                                              c_i64]),
         "zmuon_engine_report_qk_logits": (c_int, [eng_p, c_i32, ctypes.c_char_p,
@@ -666,6 +668,14 @@ class Engine:
             heads = (ctypes.c_int64 * max(n, 1))(*split_heads)
         _check(_lib.zmuon_engine_set_muon_blocks(self._h(), _text(name, "parameter name"), sizes,
                                                  heads, n, MATRIX_VIEWS[view]))
+
+    def set_box_order(self, name, boxes):
+        """The order this process holds Muon matrix `name` in: `boxes` ((row0, rows, col0,
+        cols) of its matrix view) back to back, each row-major."""
+        flat = [int(v) for box in boxes for v in box]
+        arr = (ctypes.c_int64 * max(len(flat), 1))(*flat)
+        _check(_lib.zmuon_engine_set_box_order(self._h(), _text(name, "parameter name"), arr,
+                                               len(flat) // 4))
 
     def add_qk_clip(self, query, key, query_heads, key_heads):
         _check(_lib.zmuon_engine_add_qk_clip(self._h(), _text(query, "parameter name"),

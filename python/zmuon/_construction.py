@@ -248,6 +248,8 @@ class Construction:
             sizes = [int(x) for x in split_sizes.get(name, ())]
             self._engine.set_muon_blocks(name, sizes, block_heads.get(name),
                                          views.get(name, "auto"))
+        for name, boxes in (self._mesh.boxes if self._mesh is not None else {}).items():
+            self._engine.set_box_order(name, boxes)  # a matrix held in rectangles (_mesh)
 
     def _register_qk_clip(self, qk_clip, heads):
         """MuonClip pairs: {query: key} (heads from `heads`) or {query: (key, hq, hk)}."""

@@ -11,7 +11,10 @@ processes each hold whole dim-0 slices, as many as the engine's rank of the same
 is given to the engine in its holders' order: each process's slices are its rank's shard, so
 they do not move. That holds an expert stack under expert parallelism (its experts do not
 gather for Newton-Schulz either) and a ColwiseParallel weight under tensor parallelism with
-FSDP2 or HSDP (a permutation of a matrix's rows commutes with Newton-Schulz). This module says
+FSDP2 or HSDP (a permutation of a matrix's rows commutes with Newton-Schulz). A matrix whose
+processes each hold a rectangle of it (a RowwiseParallel weight there) is given to the engine as
+those rectangles back to back (engine::set_box_order), so that they do not move either: the
+engine's Newton-Schulz owner puts the matrix in its own order and back. This module says
 which pieces each process holds (a pure function of the global shape, the mesh and the
 placements) and moves values between them and the engine's shards: gradients in (each element
 from one holder), new values out (to every holder, replicas included), one all_to_all_single of
@@ -165,6 +168,33 @@ def _holder_order(shape, boxes, world):
     return None if _merged(order) == [(0, rows)] else tuple(order)
 
 
+def _box_order(shape, boxes, world):
+    """The rectangles of a matrix of `shape` in the order of their first holders, as (row0,
+    rows, col0, cols), where every box is one rectangle of equal size, none of whole rows
+    (_holder_order's), and the flat layout's cut (numel / world) gives each box's R holders R
+    ranks' worth; None where not."""
+    numel = math.prod(shape)
+    if len(shape) != 2 or numel % world:
+        return None
+    first, replicas = {}, set()
+    for runs, holders in boxes.items():
+        if any(len(r) != 1 for r in runs):
+            return None
+        first[min(holders)] = runs
+        replicas.add(len(holders))
+    if len(replicas) != 1:
+        return None
+    r = replicas.pop()
+    if len(first) * r != world or any(_count(rows) * _count(cols) != numel // world * r
+                                      for rows, cols in first.values()):
+        return None
+    order = [first[q] for q in sorted(first)]
+    if all(cols == ((0, int(shape[1])),) for _, cols in order):
+        return None
+    return [(rows[0][0], rows[0][1] - rows[0][0], cols[0][0], cols[0][1] - cols[0][0])
+            for rows, cols in order]
+
+
 class MeshLayout:
     """The moves between every process's DTensor pieces and the engine's shards, for the
     parameters `named` (name, DTensor) of this process; `reorderable`: the names whose dim-0
@@ -218,6 +248,12 @@ class MeshLayout:
         if not self.identity:
             self.order = {n: o for n, o in self.order.items() if self.shapes[n][0] % world == 0}
         self._position = {n: _positions(o, self.shapes[n][0]) for n, o in self.order.items()}
+        # boxes: the engine's order of a matrix held in rectangles (_box_order), told to the
+        # engine (set_box_order); _box_perm: the natural flat index of each engine element.
+        self.boxes = {} if self.identity else {
+            n: b for n in names if n in reorderable and n not in self.order
+            for b in [_box_order(self.shapes[n], boxes[n], world)] if b is not None}
+        self._box_perm = {n: _box_positions(b, self.shapes[n]) for n, b in self.boxes.items()}
         # engine_of[process]: the engine rank it runs; process_of[engine rank], the other way.
         self.engine_of = list(range(world)) if self.identity else self._engine_ranks(boxes)
         self.process_of = [0] * world
@@ -289,21 +325,31 @@ class MeshLayout:
         """The engine's flat indices of the box `runs` of `name`, in the local tensor's order
         (increasing: a reordered box is one holder's dim-0 slices, back to back)."""
         shape = list(self.shapes[name])
+        if name in self.boxes:  # box k: engine elements [k * size, (k + 1) * size)
+            k = self.boxes[name].index(tuple(x for (a, b), in runs for x in (a, b - a)))
+            size = math.prod(shape) // len(self.boxes[name])
+            return torch.arange(k * size, (k + 1) * size, dtype=torch.int64)
         if name not in self._position:
             return _global_flat(runs, shape)
         index = [_indices(r) for r in runs]
         return _flat([self._position[name][index[0]]] + index[1:], shape)
 
-    def in_engine_order(self, name, whole):
-        """A whole tensor of `name`'s shape on dim 0 (or NorMuon's row moments: (rows, 1), or
-        (E, r, 1) of an expert stack) in the engine's order (a torch tensor or numpy array)."""
+    def in_engine_order(self, name, whole, moments=False):
+        """A whole tensor of `name`'s shape (or, `moments`, NorMuon's row moments: (rows, 1),
+        or (E, r, 1) of an expert stack) in the engine's order (a torch tensor or numpy array):
+        its rows in their holders' order, or its elements in its boxes' (the row moments of a
+        matrix in boxes are the natural matrix's: the engine's owner keeps them)."""
+        if name in self.boxes and not moments:
+            return _flat_at(whole, self._box_perm[name])
         if name not in self.order:
             return whole
         return _rows_at(whole, _indices(self.order[name]))
 
-    def in_natural_order(self, name, ordered):
+    def in_natural_order(self, name, ordered, moments=False):
         """in_engine_order's inverse: a whole tensor of `name` (or its row moments) from the
-        engine's dim-0 order back to its own."""
+        engine's order back to its own."""
+        if name in self.boxes and not moments:
+            return _flat_at(ordered, torch.argsort(self._box_perm[name]))
         if name not in self.order:
             return ordered
         return _rows_at(ordered, self._position[name])
@@ -424,6 +470,21 @@ class MeshLayout:
 def _rows_at(whole, index):
     """Dim 0 of `whole` (a torch tensor or numpy array) at the positions `index`."""
     return whole[index] if hasattr(whole, "index_select") else whole[index.numpy()]
+
+
+def _flat_at(whole, index):
+    """`whole` (a torch tensor or numpy array) with its flat elements at `index`, its shape
+    kept."""
+    flat = whole.reshape(-1)
+    return (flat[index] if hasattr(whole, "index_select") else flat[index.numpy()]) \
+        .reshape(whole.shape)
+
+
+def _box_positions(boxes, shape):
+    """The natural flat index of each element of a matrix of `shape` held as `boxes` back to
+    back."""
+    return torch.cat([_global_flat((((r0, r0 + rows),), ((c0, c0 + cols),)), shape)
+                      for r0, rows, c0, cols in boxes])
 
 
 def _same_memory(a, b):

@@ -160,7 +160,8 @@ def _read_row_moments(opt, scope, whole=False):
     _capi.read_row_moments(opt._engine, entries)
     out = {name: b.reshape(shapes[name]) for name, b in bufs.items()}
     if opt._mesh is not None:  # an expert stack held in its holders' order: put back
-        out = {name: opt._mesh.in_natural_order(name, b) for name, b in out.items()}
+        out = {name: opt._mesh.in_natural_order(name, b, moments=True)
+               for name, b in out.items()}
     return out
 
 
@@ -463,7 +464,7 @@ def load_state_dict(opt, sd):
             rows, rows_shape = _row_moments_shape(opt, name, shapes[name])
             buf = _host_float32(entry[ROW_MOMENTS], rows_shape, f"{where}[{ROW_MOMENTS!r}]")
             if opt._mesh is not None:
-                buf = opt._mesh.in_engine_order(name, buf)
+                buf = opt._mesh.in_engine_order(name, buf, moments=True)
             keep.append(buf)
             row_entries.append((name, rows, _pointer(buf)))
         if MASTER in entry:
@@ -585,7 +586,7 @@ def restore(opt, snap):
             rows = saved[ROW_MOMENTS]
             buf = _host_float32(rows, tuple(rows.shape), ROW_MOMENTS)
             if opt._mesh is not None:
-                buf = opt._mesh.in_engine_order(name, buf)
+                buf = opt._mesh.in_engine_order(name, buf, moments=True)
             buf = buf.reshape(-1)
             keep.append(buf)
             row_entries.append((name, math.prod(tuple(rows.shape)), _pointer(buf)))

@@ -317,10 +317,11 @@ class Muon(Construction, ParamGroups, Gradients, ParamSync, TorchIntegration, _O
         return step
 
     def _check_natural_order(self, what):
-        """zmuon's checkpoint files hold the engine's dim-0 order of each parameter."""
-        if self._mesh is not None and self._mesh.order:
-            name = sorted(self._mesh.order)[0]
-            raise Unsupported(f"{what}: the engine holds the rows of '{name}' in their "
+        """zmuon's checkpoint files hold the engine's order of each parameter."""
+        if self._mesh is not None and (self._mesh.order or self._mesh.boxes):
+            name = sorted(self._mesh.order or self._mesh.boxes)[0]
+            held = "rows" if name in self._mesh.order else "elements"
+            raise Unsupported(f"{what}: the engine holds the {held} of '{name}' in their "
                               "holders' order (tensor or expert parallel); save with "
                               "state_dict() and torch.distributed.checkpoint")
 

@@ -124,6 +124,7 @@ struct coordinator_state {
   bool momentum_before_vote = false;  // momentum_may_precede_vote, decided once
   std::optional<step_work> work;      // the step in progress
   device_buffer bf16_scratch;         // rescale_bf16_blocks' fp32 copy of one block (kept)
+  device_buffer box_scratch;          // reorder_boxes' copy of one matrix (kept)
   trace::track tr;
   static const char* name;
 };
@@ -315,6 +316,27 @@ void rescale_bf16_blocks(coordinator_state& st, int c, uint16_t* full) {
     st.be->from_bf16(tmp.data(), full + m.full_offset, n);
     st.be->scale(tmp.data(), n, ratio);
     st.be->to_bf16(full + m.full_offset, tmp.data(), n);
+  }
+}
+
+// A matrix the host holds in boxes (param_layout::boxes) arrives in their order and leaves in
+// it; Newton-Schulz and NorMuon's rows run on it in row-major order, which this puts it in
+// (to_boxes false) and takes it out of, through a copy of the matrix.
+void reorder_boxes(coordinator_state& st, int c, const float_view& full, bool to_boxes) {
+  const auto& pl = *st.pl;
+  for (const auto& m : st.own[c].owned) {
+    const auto& p = pl.params[m.param];
+    if (p.boxes.empty())
+      continue;
+    const int elem = full.bf16 != nullptr ? 2 : 4;
+    void* x = full.bf16 != nullptr ? static_cast<void*>(full.bf16 + m.full_offset)
+                                   : static_cast<void*>(full.data + m.full_offset);
+    const int64_t floats = (p.numel * elem + 3) / 4;
+    if (st.box_scratch.size() < floats)
+      st.box_scratch = st.be->allocate_for_overwrite(floats);
+    const std::vector<matrix_box> whole{{0, p.rows, 0, p.cols}};
+    st.be->copy_boxes(st.box_scratch.data(), x, p.cols, p.boxes, elem, to_boxes);
+    st.be->copy_boxes(x, st.box_scratch.data(), p.cols, whole, elem, false);
   }
 }
 
@@ -604,6 +626,7 @@ void orthogonalize(coord_pointer self, int c) {
     cw.full.to_compute(*st.be);
   });
   const float_view full = cw.full.compute();
+  reorder_boxes(st, c, full, false);
   trace::span ns(st.tr, "ns", trace::stepped("ns", st.work->req.step, -1, c),
                  trace::span::per_param);
   for (const auto& g : st.own[c].groups) {
@@ -652,6 +675,7 @@ void transform_in_store(coord_pointer self, int c) {
 void ns_finished(coord_pointer self, int c) {
   auto& st = self->state;
   auto& cw = st.work->chunks[c];
+  reorder_boxes(st, c, cw.full.compute(), true);
   buffers(self, c, [&] { cw.full.to_comm(*st.be); });
   after_gpu(self, gpu_event::ns_on_host, c, cw.full.staged());
 }

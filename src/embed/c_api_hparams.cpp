@@ -93,6 +93,21 @@ int zmuon_engine_set_muon_blocks(zmuon_engine* eng, const char* name, const int6
   });
 }
 
+int zmuon_engine_set_box_order(zmuon_engine* eng, const char* name, const int64_t* boxes,
+                               size_t n) {
+  const char* fn = "zmuon_engine_set_box_order";
+  return guarded(fn, [&]() -> zmuon::error {
+    if (!eng || !name)
+      return null_arg(fn, eng ? "name" : "eng");
+    if (n > 0 && !boxes)
+      return null_arg(fn, "boxes");
+    std::vector<zmuon::matrix_box> order(n);
+    for (size_t k = 0; k < n; ++k)
+      order[k] = {boxes[4 * k], boxes[4 * k + 1], boxes[4 * k + 2], boxes[4 * k + 3]};
+    return eng->eng->set_box_order(name, order);
+  });
+}
+
 int zmuon_engine_add_qk_clip(zmuon_engine* eng, const char* query, const char* key,
                              int64_t query_heads, int64_t key_heads) {
   const char* fn = "zmuon_engine_add_qk_clip";

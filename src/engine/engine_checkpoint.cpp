@@ -21,6 +21,19 @@ namespace zmuon {
 
 namespace {
 
+// A matrix the host holds in boxes (engine::set_box_order): the files would hold its elements
+// in the host's order, which another job's host need not share. Every process has the same
+// table: each refuses alike, before any agreement.
+error refuse_boxes(const plan& pl, const char* what) {
+  for (const auto& p : pl.params)
+    if (!p.boxes.empty())
+      return {errc::unsupported, std::string(what) + ": '" + p.name
+                                     + "' is held in boxes (set_box_order), and the files would "
+                                       "hold its elements in that order; save and load through "
+                                       "the host's own checkpoint (e.g. torch.distributed.checkpoint)"};
+  return {};
+}
+
 /// The first rank whose slot (`width` values from `first`, one slot per rank) does not start
 /// with 1, or -1.
 int first_failed(const std::vector<double>& slots, size_t first, int width, int world) {
@@ -174,6 +187,8 @@ error engine::save_checkpoint(const std::string& dir, const std::string& config_
   auto& job = *d.job;
   if (auto err = d.start())
     return err;
+  if (auto err = refuse_boxes(*d.registry->pl, "save_checkpoint"))
+    return err;
   if (auto err = d.withdraw_ahead())  // a hand-over ahead of the step is not between steps
     return d.stop(err, engine_lifecycle::in_step(job.step + 1));
   // 1. This process's ranks' loss scalers (their shards come one rank at a time in 3, so that
@@ -203,6 +218,8 @@ expected<checkpoint_info> engine::load_checkpoint(const std::string& dir) {
   auto& job = *d.job;
   auto& hand = *d.hand_over;
   if (auto err = d.start())
+    return err;
+  if (auto err = refuse_boxes(*d.registry->pl, "load_checkpoint"))
     return err;
   if (auto err = d.withdraw_ahead())  // a hand-over ahead of the step is not between steps
     return d.stop(err, engine_lifecycle::in_step(job.step + 1));

@@ -1,6 +1,6 @@
 // What the host registers before the engine starts: the parameters, Muon's blocks (split_sizes,
-// expert stacks) and MuonClip's query/key pairs. Each call checks its own part alone; start()
-// plans the whole table once.
+// expert stacks), the order the host holds a matrix in (boxes) and MuonClip's query/key pairs. Each
+// call checks its own part alone; start() plans the whole table once.
 #include <algorithm>
 
 #include "engine/impl.hpp"
@@ -68,6 +68,24 @@ error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t
     changed.heads = 0;
   // The plan's own check, on a table of this parameter alone: nothing changes if it fails.
   param_spec alone = changed;
+  alone.qk_clip_key.clear();
+  if (auto pl = make_plan({alone}, 1, kMaxParamElements); !pl)
+    return pl.err();
+  *it = std::move(changed);
+  return {};
+}
+
+error engine::set_box_order(const std::string& name, const std::vector<matrix_box>& boxes) {
+  auto& reg = *impl_->registry;
+  if (reg.pl)
+    return {errc::bad_state, "box order of '" + name + "' set after the first reduce() or step()"};
+  auto it = std::find_if(reg.table.begin(), reg.table.end(),
+                         [&](const param_spec& s) { return s.name == name; });
+  if (it == reg.table.end())
+    return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
+  param_spec changed = *it;
+  changed.boxes = boxes;
+  param_spec alone = changed;  // the plan's own check; nothing changes if it fails
   alone.qk_clip_key.clear();
   if (auto pl = make_plan({alone}, 1, kMaxParamElements); !pl)
     return pl.err();

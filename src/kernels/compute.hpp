@@ -21,6 +21,7 @@
 #include "zmuon/call_times.hpp"
 #include "zmuon/memory.hpp"
 #include "zmuon/options.hpp"
+#include "zmuon/param.hpp"
 #include "zmuon/status.hpp"
 
 namespace zmuon {
@@ -181,6 +182,11 @@ public:
       copy(s.dst, s.src, s.n);
   }
   virtual void fill_zero(float* x, int64_t n) = 0;
+  /// A matrix of `cols` columns, of elements `elem_bytes` wide (4: fp32, 2: bf16), from `boxes`
+  /// of it back to back, each row-major (src), into its row-major order (dst); to_boxes: the
+  /// other way. The boxes tile the matrix (param_spec::boxes); dst and src do not overlap.
+  virtual void copy_boxes(void* dst, const void* src, int64_t cols,
+                          const std::vector<matrix_box>& boxes, int elem_bytes, bool to_boxes) = 0;
   /// dst (a buffer of this backend) += host_src (pageable host memory, reusable on return):
   /// through a staging buffer when the backend's memory is device memory.
   void add_from_host(float* dst, const float* host_src, int64_t n) {

@@ -111,6 +111,57 @@ error validate_blocks(const param_spec& p) {
   return {};
 }
 
+// The host's box order of a matrix (param_spec::boxes): inside its matrix view, tiling it, on a
+// parameter that is one NS block (no expert stack, heads or split sizes).
+error validate_boxes(const param_spec& p) {
+  if (p.boxes.empty())
+    return {};
+  auto bad = [&](const std::string& what) {
+    return error{errc::invalid_argument, "parameter '" + p.name + "': box order: " + what};
+  };
+  if (p.shape.size() < 2)
+    return bad("boxes need a matrix (ndim >= 2)");
+  if (is_expert_stack(p))
+    return bad(
+        "an expert stack's experts are its blocks: its boxes would cut them (use "
+        "view flatten, or hold whole experts)");
+  if (p.heads > 0 || !p.split_sizes.empty())
+    return bad("a matrix of heads or split blocks is held in row order only");
+  const int64_t rows = p.shape[0];
+  const int64_t cols =
+      std::accumulate(p.shape.begin() + 1, p.shape.end(), int64_t{1}, std::multiplies<>());
+  int64_t area = 0;
+  for (size_t k = 0; k < p.boxes.size(); ++k) {
+    const matrix_box& b = p.boxes[k];
+    if (b.rows < 1 || b.cols < 1 || b.row0 < 0 || b.col0 < 0 || b.row0 > rows - b.rows
+        || b.col0 > cols - b.cols)
+      return bad("box " + std::to_string(k) + " (rows " + std::to_string(b.row0) + " + "
+                 + std::to_string(b.rows) + ", columns " + std::to_string(b.col0) + " + "
+                 + std::to_string(b.cols) + ") is empty or outside the [" + std::to_string(rows)
+                 + ", " + std::to_string(cols) + "] matrix");
+    area += b.rows * b.cols;
+  }
+  if (area != rows * cols)
+    return bad("the boxes cover " + std::to_string(area) + " elements of the ["
+               + std::to_string(rows) + ", " + std::to_string(cols) + "] matrix's "
+               + std::to_string(rows * cols));
+  // Inside, and their areas sum to the matrix's: they tile it unless two overlap.
+  std::vector<size_t> by_row(p.boxes.size());
+  std::iota(by_row.begin(), by_row.end(), size_t{0});
+  std::sort(by_row.begin(), by_row.end(),
+            [&](size_t a, size_t b) { return p.boxes[a].row0 < p.boxes[b].row0; });
+  for (size_t i = 0; i < by_row.size(); ++i) {
+    const matrix_box& a = p.boxes[by_row[i]];
+    for (size_t j = i + 1; j < by_row.size() && p.boxes[by_row[j]].row0 < a.row0 + a.rows; ++j) {
+      const matrix_box& b = p.boxes[by_row[j]];
+      if (b.col0 < a.col0 + a.cols && a.col0 < b.col0 + b.cols)
+        return bad("boxes " + std::to_string(by_row[i]) + " and " + std::to_string(by_row[j])
+                   + " overlap");
+    }
+  }
+  return {};
+}
+
 // The NS blocks of Muon parameter p (its rows, cols and view already set).
 void make_blocks(const param_spec& spec, param_layout& p, bool per_head) {
   const bool experts = is_expert_stack(spec);
@@ -157,6 +208,8 @@ error make_qk_pairs(const std::vector<param_spec>& table, plan& pl) {
                  + ": both >= 1 and the key's dividing the query's");
     if (q.shape.size() < 2 || q.shape[0] % qh != 0)
       return bad(std::to_string(qh) + " heads do not divide the query's rows (shape[0])");
+    if (!q.boxes.empty() || !table[k].boxes.empty())
+      return bad("a query or key held in boxes: its heads are rows in their order");
     const auto& ks = table[k].shape;
     if (ks.size() < 2 || ks[0] % kh != 0)
       return bad(std::to_string(kh) + " heads do not divide the key's rows (shape[0])");
@@ -270,6 +323,8 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
       return err;
     if (auto err = validate_blocks(spec))
       return err;
+    if (auto err = validate_boxes(spec))
+      return err;
     param_layout p;
     p.name = spec.name;
     p.shape = spec.shape;
@@ -287,6 +342,7 @@ expected<plan> make_plan(const std::vector<param_spec>& table, int world, int64_
       p.rows = is_expert_stack(spec) ? spec.shape[0] * spec.shape[1] : spec.shape[0];
       p.cols = p.numel / p.rows;
       make_blocks(spec, p, per_head);  // its Muon-state offset: with its chunk's, below
+      p.boxes = spec.boxes;            // AdamW's rule is element-wise: any order is its own
     } else {
       p.state_offset = pl.adam_state_total;
       pl.adam_state_total += p.shard_len;

@@ -60,6 +60,10 @@ struct param_layout {
   int chunk = -1;     // Muon chunk index
   // The NS blocks in row order, covering all rows; one block: heads and owner above are its.
   std::vector<muon_block> blocks;
+  // The host's order of the elements (param_spec::boxes): the shards and the gather carry the
+  // boxes back to back; the owner puts the matrix in row-major order for Newton-Schulz and back.
+  // Empty: row-major. A boxed parameter is one NS block.
+  std::vector<matrix_box> boxes;
 };
 
 /// The key an owner lays its NS blocks out by (plan/ownership.hpp): one block's matrix shape and

@@ -373,6 +373,7 @@ def training_cases(args, rank, world, out):
     out["identity"] = opt._mesh is None or opt._mesh.identity
     out["order"] = {n: [list(r) for r in o] for n, o in opt._mesh.order.items()} \
         if opt._mesh is not None else {}
+    out["boxes"] = sorted(opt._mesh.boxes) if opt._mesh is not None else []
     out["placements"] = {n: _mesh.placement_text(p.placements)
                          for n, p in model.named_parameters()}
     if args.case == "resume":
@@ -773,17 +774,20 @@ class Meshes(unittest.TestCase):
         self.assertEqual(placed["wq.weight"], "(_S(0, 2), S(0))")  # ColwiseParallel
         self.assertEqual(placed["proj.weight"], "(S(0), S(1))")    # RowwiseParallel
         # The column-parallel weights and biases: whole rows in each process, taken in their
-        # holders' order and read and written in place; the row-parallel boxes move.
+        # holders' order; the row-parallel weights: a rectangle in each process, taken as the
+        # rectangles back to back. Both read and written in place.
         columns = sorted(n for n, p in placed.items() if p == "(_S(0, 2), S(0))")
         self.assertEqual(len(columns), 5, placed)  # wq, wk, wv, fc and fc's bias
-        print(f"tensor parallel 2 x FSDP2 2: {columns} in their holders' order, engine ranks "
-              f"{ranks[0]['engine_of']}; gradient elements sent per process "
-              f"{[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
+        boxes = sorted(n for n, p in placed.items() if p == "(S(0), S(1))")
+        self.assertEqual(boxes, ["out.weight", "proj.weight"])
+        print(f"tensor parallel 2 x FSDP2 2: {columns} in their holders' order, {boxes} in "
+              f"boxes, engine ranks {ranks[0]['engine_of']}; gradient elements sent per "
+              f"process {[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
         for r in ranks:
             self.assertEqual(sorted(r["order"]), columns)
-            self.assertTrue(set(columns) <= set(r["views"]), r["views"])
+            self.assertEqual(r["boxes"], boxes)
+            self.assertTrue(set(columns + boxes) <= set(r["views"]), r["views"])
             self.assertEqual(r["written_in_place"], r["views"])
-            self.assertNotIn("proj.weight", r["views"])
             self.assertIn("holders' order", r.get("refused", ""))
         self.check(saved["params"], "tensor parallel 2 x FSDP2 2")
         self.check_rules(saved, "tensor parallel 2 x FSDP2 2", ranks)
@@ -803,14 +807,17 @@ class Meshes(unittest.TestCase):
         ranks, saved = job(self, 8, "hsdp_tp", "train", timeout=600)
         placed = ranks[0]["placements"]
         columns = sorted(n for n, p in placed.items() if p == "(R, _S(0, 2), S(0))")
+        boxes = sorted(n for n, p in placed.items() if p == "(R, S(0), S(1))")
         print(f"HSDP 2 x 2 x tensor parallel 2: wq.weight {placed['wq.weight']}, "
-              f"proj.weight {placed['proj.weight']}; {columns} in their holders' order, engine "
-              f"ranks {ranks[0]['engine_of']}; gradient elements sent per process "
-              f"{[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
+              f"proj.weight {placed['proj.weight']}; {columns} in their holders' order, {boxes} "
+              f"in boxes, engine ranks {ranks[0]['engine_of']}; gradient elements sent per "
+              f"process {[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
         self.assertEqual(len(columns), 5, placed)  # wq, wk, wv, fc and fc's bias
+        self.assertEqual(boxes, ["out.weight", "proj.weight"])
         for r in ranks:
             self.assertEqual(sorted(r["order"]), columns)
-            self.assertTrue(set(columns) <= set(r["views"]), r["views"])
+            self.assertEqual(r["boxes"], boxes)
+            self.assertTrue(set(columns + boxes) <= set(r["views"]), r["views"])
             self.assertEqual(r["written_in_place"], r["views"])
             self.assertIn("holders' order", r.get("refused", ""))
         self.check(saved["params"], "HSDP 2 x 2 x tensor parallel 2")

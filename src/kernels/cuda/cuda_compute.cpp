@@ -179,6 +179,32 @@ void cuda_compute::copy(float* dst, const float* src, int64_t n) {
                                    cudaMemcpyDeviceToDevice, ctx_.stream));
 }
 
+void cuda_compute::copy_boxes(void* dst, const void* src, int64_t cols,
+                              const std::vector<matrix_box>& boxes, int elem_bytes, bool to_boxes) {
+  int64_t n = 0;
+  for (const matrix_box& b : boxes)
+    n += b.rows * b.cols;
+  if (n <= 0)
+    return;
+  const auto e = static_cast<size_t>(elem_bytes);
+  const launch_guard guard = activate({touched{dst, n * e}, touched{src, n * e}});
+  const call_timer timer(*this, "copy_boxes", ctx_.stream);
+  auto* natural = static_cast<char*>(to_boxes ? const_cast<void*>(src) : dst);
+  auto* packed = static_cast<char*>(to_boxes ? dst : const_cast<void*>(src));
+  const size_t pitch = static_cast<size_t>(cols) * e;
+  for (const matrix_box& b : boxes) {
+    char* at = natural + static_cast<size_t>(b.row0 * cols + b.col0) * e;
+    const size_t width = static_cast<size_t>(b.cols) * e;
+    if (to_boxes)
+      ZMUON_CUDA_CHECK(cudaMemcpy2DAsync(packed, width, at, pitch, width, b.rows,
+                                         cudaMemcpyDeviceToDevice, ctx_.stream));
+    else
+      ZMUON_CUDA_CHECK(cudaMemcpy2DAsync(at, pitch, packed, width, width, b.rows,
+                                         cudaMemcpyDeviceToDevice, ctx_.stream));
+    packed += width * b.rows;
+  }
+}
+
 void cuda_compute::fill_zero(float* x, int64_t n) {
   if (n <= 0)
     return;

@@ -62,6 +62,9 @@ public:
   /// dst and src must not overlap (cudaMemcpy's rule; the host backend allows it).
   void copy(float* dst, const float* src, int64_t n) override;
   void copy_spans(const std::vector<copy_span>& spans) override;
+  /// One cudaMemcpy2DAsync a box.
+  void copy_boxes(void* dst, const void* src, int64_t cols, const std::vector<matrix_box>& boxes,
+                  int elem_bytes, bool to_boxes) override;
   void copy_pieces(float* dst, const std::vector<copy_piece>& pieces) override;
   void fill_zero(float* x, int64_t n) override;
 

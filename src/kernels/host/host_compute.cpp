@@ -112,6 +112,22 @@ void host_compute::fill_zero(float* x, int64_t n) {
     std::fill(x, x + n, 0.0f);
 }
 
+void host_compute::copy_boxes(void* dst, const void* src, int64_t cols,
+                              const std::vector<matrix_box>& boxes, int elem_bytes, bool to_boxes) {
+  const scoped_call_timer timer(*this, "copy_boxes");
+  auto* natural = static_cast<char*>(to_boxes ? const_cast<void*>(src) : dst);
+  auto* packed = static_cast<char*>(to_boxes ? dst : const_cast<void*>(src));
+  const auto e = static_cast<size_t>(elem_bytes);
+  for (const matrix_box& b : boxes)
+    for (int64_t r = 0; r < b.rows; ++r, packed += b.cols * e) {
+      char* at = natural + ((b.row0 + r) * cols + b.col0) * e;
+      if (to_boxes)
+        std::memcpy(packed, at, b.cols * e);
+      else
+        std::memcpy(at, packed, b.cols * e);
+    }
+}
+
 // -- element-wise --------------------------------------------------------------------------------
 
 void host_compute::add(float* dst, const float* src, int64_t n) {

@@ -27,6 +27,8 @@ public:
   void copy_to_host(float* host_dst, const float* src, int64_t n) override;
   void copy(float* dst, const float* src, int64_t n) override;
   void fill_zero(float* x, int64_t n) override;
+  void copy_boxes(void* dst, const void* src, int64_t cols, const std::vector<matrix_box>& boxes,
+                  int elem_bytes, bool to_boxes) override;
 
   void add(float* dst, const float* src, int64_t n) override;
   void scale(float* x, int64_t n, float factor) override;
