@@ -169,10 +169,9 @@ def _holder_order(shape, boxes, world):
 
 
 def _box_order(shape, boxes, world):
-    """The rectangles of a matrix of `shape` in the order of their first holders, as (row0,
-    rows, col0, cols), where every box is one rectangle of equal size, none of whole rows
-    (_holder_order's), and the flat layout's cut (numel / world) gives each box's R holders R
-    ranks' worth; None where not."""
+    """The boxes (held runs) of a matrix of `shape` in the order of their first holders, where
+    every box is one rectangle of equal size, none of whole rows (_holder_order's), and the flat
+    layout's cut (numel / world) gives each box's R holders R ranks' worth; None where not."""
     numel = math.prod(shape)
     if len(shape) != 2 or numel % world:
         return None
@@ -189,10 +188,7 @@ def _box_order(shape, boxes, world):
                                       for rows, cols in first.values()):
         return None
     order = [first[q] for q in sorted(first)]
-    if all(cols == ((0, int(shape[1])),) for _, cols in order):
-        return None
-    return [(rows[0][0], rows[0][1] - rows[0][0], cols[0][0], cols[0][1] - cols[0][0])
-            for rows, cols in order]
+    return None if all(cols == ((0, int(shape[1])),) for _, cols in order) else order
 
 
 class MeshLayout:
@@ -248,11 +244,15 @@ class MeshLayout:
         if not self.identity:
             self.order = {n: o for n, o in self.order.items() if self.shapes[n][0] % world == 0}
         self._position = {n: _positions(o, self.shapes[n][0]) for n, o in self.order.items()}
-        # boxes: the engine's order of a matrix held in rectangles (_box_order), told to the
-        # engine (set_box_order); _box_perm: the natural flat index of each engine element.
-        self.boxes = {} if self.identity else {
-            n: b for n in names if n in reorderable and n not in self.order
-            for b in [_box_order(self.shapes[n], boxes[n], world)] if b is not None}
+        # boxes: the engine's order of a matrix held in rectangles (_box_order), as (row0, rows,
+        # col0, cols) for the engine (set_box_order); _box_of: each box's place in it;
+        # _box_perm: the natural flat index of each engine element.
+        box_runs = {} if self.identity else {
+            n: o for n in names if n in reorderable and n not in self.order
+            for o in [_box_order(self.shapes[n], boxes[n], world)] if o is not None}
+        self.boxes = {n: [(r[0][0], r[0][1] - r[0][0], c[0][0], c[0][1] - c[0][0])
+                          for r, c in o] for n, o in box_runs.items()}
+        self._box_of = {n: {runs: k for k, runs in enumerate(o)} for n, o in box_runs.items()}
         self._box_perm = {n: _box_positions(b, self.shapes[n]) for n, b in self.boxes.items()}
         # engine_of[process]: the engine rank it runs; process_of[engine rank], the other way.
         self.engine_of = list(range(world)) if self.identity else self._engine_ranks(boxes)
@@ -323,10 +323,11 @@ class MeshLayout:
 
     def _engine_flat(self, name, runs):
         """The engine's flat indices of the box `runs` of `name`, in the local tensor's order
-        (increasing: a reordered box is one holder's dim-0 slices, back to back)."""
+        (increasing: a reordered box is one holder's dim-0 slices back to back, or one of a
+        matrix's boxes)."""
         shape = list(self.shapes[name])
         if name in self.boxes:  # box k: engine elements [k * size, (k + 1) * size)
-            k = self.boxes[name].index(tuple(x for (a, b), in runs for x in (a, b - a)))
+            k = self._box_of[name][runs]
             size = math.prod(shape) // len(self.boxes[name])
             return torch.arange(k * size, (k + 1) * size, dtype=torch.int64)
         if name not in self._position:

@@ -1,5 +1,6 @@
-// The C ABI of Muon's blocks and MuonClip (zmuon_engine_set_muon_blocks, zmuon_engine_add_qk_clip,
-// zmuon_engine_report_qk_logits, the adjust_lr names and qk_clip_tau): a job through the C ABI
+// The C ABI of Muon's blocks, box orders and MuonClip (zmuon_engine_set_muon_blocks,
+// zmuon_engine_set_box_order, zmuon_engine_add_qk_clip, zmuon_engine_report_qk_logits, the
+// adjust_lr names and qk_clip_tau): a job through the C ABI
 // gives the same parameters, bit for bit, as the same job through the C++ API, and wrong calls
 // return their status. Links only the shared libzmuon.
 #define BOOST_TEST_MODULE c_blocks
@@ -21,7 +22,10 @@ struct param {
 };
 
 const std::vector<param> kTable{
-    {"experts", {4, 8, 12}}, {"qkv", {24, 12}}, {"q", {8, 12}}, {"k", {4, 12}}};
+    {"experts", {4, 8, 12}}, {"qkv", {24, 12}}, {"q", {8, 12}}, {"k", {4, 12}}, {"rows", {8, 12}}};
+
+// "rows" held as four [4, 6] boxes, out of order: (row0, rows, col0, cols) each.
+const int64_t kBoxes[] = {4, 4, 6, 6, 0, 4, 0, 6, 0, 4, 6, 6, 4, 4, 0, 6};
 
 int64_t numel(const param& p) {
   int64_t n = 1;
@@ -61,6 +65,7 @@ std::map<std::string, std::vector<float>> run_c() {
   BOOST_REQUIRE_EQUAL(zmuon_engine_set_muon_blocks(eng, "qkv", sizes, heads, 3, ZMUON_VIEW_AUTO),
                       ZMUON_OK);
   BOOST_REQUIRE_EQUAL(zmuon_engine_add_qk_clip(eng, "q", "k", 4, 2), ZMUON_OK);
+  BOOST_REQUIRE_EQUAL(zmuon_engine_set_box_order(eng, "rows", kBoxes, 4), ZMUON_OK);
   for (int step = 1; step <= 2; ++step) {
     for (int r = 0; r < 2; ++r) {
       std::vector<std::vector<float>> g;
@@ -96,6 +101,10 @@ std::map<std::string, std::vector<float>> run_cpp(bool blocks) {
       spec.split_sizes = {12, 4, 8};
       spec.split_heads = {2, 1, 0};
     }
+    if (blocks && spec.name == "rows")
+      for (int k = 0; k < 4; ++k)
+        spec.boxes.push_back(
+            {kBoxes[4 * k], kBoxes[4 * k + 1], kBoxes[4 * k + 2], kBoxes[4 * k + 3]});
     BOOST_REQUIRE(!eng.add_parameter(spec, values(p, 9, 0, numel(kTable[p]))));
   }
   BOOST_REQUIRE(!eng.add_qk_clip("q", "k", 4, 2));
@@ -123,9 +132,10 @@ BOOST_AUTO_TEST_CASE(c_job_with_blocks_and_clip_matches_the_cpp_job_bit_for_bit)
     BOOST_TEST_INFO(p.name);
     BOOST_TEST(c[p.name] == cpp[p.name], boost::test_tools::per_element());
   }
-  // The split changes the result (so the C call reached the plan).
+  // The split and the boxes change the result (so the C calls reached the plan).
   auto whole = run_cpp(false);
   BOOST_TEST(whole["qkv"] != cpp["qkv"]);
+  BOOST_TEST(whole["rows"] != cpp["rows"]);
 }
 
 BOOST_AUTO_TEST_CASE(wrong_block_and_clip_calls_return_their_status) {
@@ -144,6 +154,11 @@ BOOST_AUTO_TEST_CASE(wrong_block_and_clip_calls_return_their_status) {
              == ZMUON_UNKNOWN_PARAMETER);
   BOOST_TEST(zmuon_engine_set_muon_blocks(eng, "qkv", nullptr, nullptr, 2, ZMUON_VIEW_AUTO)
              == ZMUON_INVALID_ARGUMENT);  // null split_sizes with n > 0
+  BOOST_TEST(zmuon_engine_set_box_order(eng, "qkv", nullptr, 2) == ZMUON_INVALID_ARGUMENT);
+  const int64_t overlapping[] = {0, 24, 0, 6, 0, 12, 3, 6, 12, 12, 6, 6};
+  BOOST_TEST(zmuon_engine_set_box_order(eng, "qkv", overlapping, 3) == ZMUON_INVALID_ARGUMENT);
+  BOOST_TEST(std::string(zmuon_last_error()).find("overlap") != std::string::npos);
+  BOOST_TEST(zmuon_engine_set_box_order(eng, "nope", kBoxes, 0) == ZMUON_UNKNOWN_PARAMETER);
   BOOST_TEST(zmuon_engine_add_qk_clip(eng, "qkv", nullptr, 2, 2) == ZMUON_INVALID_ARGUMENT);
   BOOST_TEST(zmuon_engine_add_qk_clip(eng, "qkv", "nope", 2, 2) == ZMUON_UNKNOWN_PARAMETER);
   const float l[] = {1, 2};

@@ -17,10 +17,12 @@
   2 and loaded in one;
 - under EP 2 x FSDP2 2 (one whole expert of each stack per process) the engine takes the
   experts in their holders' order: nothing moves between processes;
-  under TP 2 x FSDP2 2 the column-parallel weights likewise (read and written in place), and
+  under TP 2 x FSDP2 2 the column-parallel weights likewise and the row-parallel weights as
+  their boxes of rows and columns (all read and written in place: no gradient moves), and
   gradient clipping on the norm over every process;
-- HSDP 2 x 2 with tensor parallel 2 inside (8 processes): the column-parallel boxes, 2 replicas
-  each, read and written in place; against one process, also with NorMuon and MuonClip.
+- HSDP 2 x 2 with tensor parallel 2 inside (8 processes): the column- and row-parallel boxes,
+  2 replicas each, read and written in place; against one process, also with NorMuon and
+  MuonClip.
 
 The processes start as in test_torch_distributed (its run_job); one launch runs every case of
 a mesh.
@@ -171,7 +173,8 @@ PLACEMENT_CASES = {
            ((3, 5), "S0")],
     (2, 2): [((8, 6), "S0 S0"), ((7, 6), "S0 S1"), ((8, 6), "R S0"), ((9, 4), "S0 R"),
              ((5, 5), "R R"), ((6, 7), "S1 S0"), ((8, 6), "SS0.2 S0"), ((9, 6), "SS0.2 S0"),
-             ((6, 8), "SS1.2 S1"), ((4, 6, 10), "S0 S2"), ((4, 6, 10), "SS0.2 S0")],
+             ((6, 8), "SS1.2 S1"), ((4, 6, 10), "S0 S2"), ((4, 6, 10), "SS0.2 S0"),
+             ((8, 6), "S0 S1"), ((6, 8), "S1 S0")],
 }
 
 
@@ -226,8 +229,10 @@ def placements_case(rank, world):
             name = f"p{k}"
             named.append((name, t))
             globals_[name] = whole
-        stacks = {n for n, t in named if t.dim() == 3}  # taken as expert stacks
-        layout = _mesh.MeshLayout(named, rank, world, stacks)
+        # taken in their holders' order: the expert stacks, and the matrices held in boxes
+        reorderable = {n for n, t in named if t.dim() == 3
+                       or {str(p) for p in t.placements} == {"S(0)", "S(1)"}}
+        layout = _mesh.MeshLayout(named, rank, world, reorderable)
         rows = layout.to_engine({n: t.to_local() for n, t in named})
         moved_in = all(torch.equal(rows[n], layout.in_engine_order(n, globals_[n]).reshape(-1)[
             slice(*layout.engine_range(n, rank))]) for n in rows)
@@ -236,7 +241,8 @@ def placements_case(rank, world):
         moved_out = all(torch.equal(targets[n], t.to_local()) for n, t in named)
         records.append({"mesh": list(mesh_shape), "moved_in": moved_in, "moved_out": moved_out,
                         "identity": layout.identity,
-                        "order": {n: [list(r) for r in o] for n, o in layout.order.items()}})
+                        "order": {n: [list(r) for r in o] for n, o in layout.order.items()},
+                        "boxes": {n: [list(b) for b in bs] for n, bs in layout.boxes.items()}})
     return records
 
 
@@ -629,6 +635,12 @@ class PlacementReader(unittest.TestCase):
                     # (_StridedShard's: processes 0 to 3 hold experts 0, 2, 1, 3).
                     self.assertEqual(rec["order"], {} if rec["mesh"] == [4] else
                                      {"p10": [[0, 1], [2, 3], [1, 2], [3, 4]]}, rec)
+                    # The matrices held in equal boxes of rows and columns, as their boxes
+                    # (row0, rows, col0, cols) in the order of their holders; [7, 6] placed
+                    # (S0, S1) has unequal boxes and moves.
+                    self.assertEqual(rec["boxes"], {} if rec["mesh"] == [4] else {
+                        "p11": [[0, 4, 0, 3], [0, 4, 3, 3], [4, 4, 0, 3], [4, 4, 3, 3]],
+                        "p12": [[0, 3, 0, 4], [3, 3, 0, 4], [0, 3, 4, 4], [3, 3, 4, 4]]}, rec)
         print(f"held_runs equal to DTensor's local tensors in {checked} cases (4 processes, "
               "meshes 4 and 2 x 2); the moves to the engine's shards and back exact")
 
