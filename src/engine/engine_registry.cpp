@@ -83,6 +83,13 @@ error engine::set_box_order(const std::string& name, const std::vector<matrix_bo
                          [&](const param_spec& s) { return s.name == name; });
   if (it == reg.table.end())
     return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
+  const bool paired = !it->qk_clip_key.empty()
+                      || std::any_of(reg.table.begin(), reg.table.end(),
+                                     [&](const param_spec& s) { return s.qk_clip_key == name; });
+  if (paired && !boxes.empty())
+    return {errc::invalid_argument, "box order of '" + name
+                                        + "': it is a MuonClip query or key, whose heads are rows "
+                                          "in their order"};
   param_spec changed = *it;
   changed.boxes = boxes;
   param_spec alone = changed;  // the plan's own check; nothing changes if it fails
@@ -123,6 +130,11 @@ error engine::add_qk_clip(const std::string& query, const std::string& key, int6
       return {errc::invalid_argument, "MuonClip pair: " + std::to_string(heads)
                                           + " heads do not divide the rows (shape[0]) of '"
                                           + spec->name + "'"};
+  for (const param_spec* spec : {&*q, &*k})
+    if (!spec->boxes.empty())
+      return {errc::invalid_argument, "MuonClip pair: '" + spec->name
+                                          + "' is held in boxes (set_box_order), and its heads "
+                                            "are rows in their order"};
   q->qk_clip_key = key;
   q->qk_clip_heads = query_heads;
   q->qk_clip_key_heads = key_heads;

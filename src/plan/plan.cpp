@@ -140,6 +140,8 @@ error validate_boxes(const param_spec& p) {
                  + std::to_string(b.cols) + ") is empty or outside the [" + std::to_string(rows)
                  + ", " + std::to_string(cols) + "] matrix");
     area += b.rows * b.cols;
+    if (area > rows * cols)  // also keeps the sum from wrapping
+      break;
   }
   if (area != rows * cols)
     return bad("the boxes cover " + std::to_string(area) + " elements of the ["

@@ -154,6 +154,18 @@ BOOST_AUTO_TEST_CASE(a_bad_box_order_is_refused_by_name_and_changes_nothing) {
   refused("heads", {{0, 8, 0, 8}}, "heads or split blocks");
   refused("b", {{0, 40, 0, 1}}, "need a matrix");
   BOOST_TEST(code_of(eng->set_box_order("nothing", kGrid)) == to_string(errc::unknown_parameter));
+  // MuonClip's query and key keep their rows in order, whichever call comes first.
+  BOOST_REQUIRE(!eng->add_parameter({"q", {8, 8}}, {}));
+  BOOST_REQUIRE(!eng->add_parameter({"k", {8, 8}}, {}));
+  const std::vector<matrix_box> halves{{0, 8, 4, 4}, {0, 8, 0, 4}};
+  BOOST_REQUIRE(!eng->set_box_order("k", halves));
+  auto err = eng->add_qk_clip("q", "k", 2, 2);
+  BOOST_TEST_MESSAGE(err.to_string());
+  BOOST_TEST(err.message().find("'k' is held in boxes") != std::string::npos);
+  BOOST_REQUIRE(!eng->set_box_order("k", {}));
+  BOOST_REQUIRE(!eng->add_qk_clip("q", "k", 2, 2));
+  refused("q", halves, "MuonClip query or key");
+  refused("k", halves, "MuonClip query or key");
   // Nothing changed: the table steps in its natural order.
   BOOST_REQUIRE(!eng->set_box_order("w", kGrid));
   BOOST_REQUIRE(!eng->set_box_order("w", {}));  // back to row-major
