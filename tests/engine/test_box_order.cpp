@@ -14,27 +14,6 @@ namespace {
 
 constexpr int64_t kRows = 24, kCols = 40;
 
-// The matrix `natural` ([kRows, kCols], row-major) as `boxes` back to back, or back.
-std::vector<float> to_boxes(const std::vector<float>& natural,
-                            const std::vector<matrix_box>& boxes) {
-  std::vector<float> out;
-  for (const auto& b : boxes)
-    for (int64_t r = b.row0; r < b.row0 + b.rows; ++r)
-      out.insert(out.end(), natural.begin() + r * kCols + b.col0,
-                 natural.begin() + r * kCols + b.col0 + b.cols);
-  return out;
-}
-
-std::vector<float> from_boxes(const std::vector<float>& packed,
-                              const std::vector<matrix_box>& boxes) {
-  std::vector<float> out(packed.size());
-  auto it = packed.begin();
-  for (const auto& b : boxes)
-    for (int64_t r = b.row0; r < b.row0 + b.rows; ++r, it += b.cols)
-      std::copy(it, it + b.cols, out.begin() + r * kCols + b.col0);
-  return out;
-}
-
 // The 2 x 2 grid of [12, 20] boxes, held out of order; world 4 cuts one box a rank.
 const std::vector<matrix_box> kGrid{
     {12, 12, 20, 20}, {0, 12, 0, 20}, {12, 12, 0, 20}, {0, 12, 20, 20}};
@@ -69,7 +48,7 @@ run_result run(const engine_options& o, const std::vector<matrix_box>& boxes, in
   for (size_t i = 0; i < kTable.size(); ++i) {
     auto init = random_values(numel(kTable[i]), 77 + i, 0.1f);
     if (kTable[i].name == "w" && !boxes.empty())
-      init = to_boxes(init, boxes);
+      init = to_boxes(init, kCols, boxes);
     auto err = eng->add_parameter(kTable[i], init);
     BOOST_REQUIRE_MESSAGE(!err, err.to_string());
   }
@@ -81,14 +60,14 @@ run_result run(const engine_options& o, const std::vector<matrix_box>& boxes, in
     for (int r = 0; r < o.world; ++r) {
       auto g = random_grads(kTable, 5, s, r, 0);
       if (!boxes.empty())
-        g["w"] = to_boxes(g["w"], boxes);
+        g["w"] = to_boxes(g["w"], kCols, boxes);
       reduce_ok(*eng, r, g);
     }
     step_ok(*eng);
   }
   run_result out{params_of(*eng), {}};
   if (!boxes.empty())
-    out.params["w"] = from_boxes(out.params["w"], boxes);
+    out.params["w"] = from_boxes(out.params["w"], kCols, boxes);
   if (o.muon.variant == muon_variant::normuon)
     for (int r = 0; r < o.world; ++r) {
       auto rows = snapshot_of(*eng, r).row_moments;

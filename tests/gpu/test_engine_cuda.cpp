@@ -207,6 +207,49 @@ BOOST_AUTO_TEST_CASE(blocks_and_qk_clip_on_cuda_match_the_host) {
   }
 }
 
+// A matrix held in boxes (engine::set_box_order) on CUDA, bf16 transport: the owner's 2-D copies
+// into row-major order and back (cudaMemcpy2DAsync) must give the natural matrix's steps, at
+// world 1 (nccl: no gather) and world 4 (caf: a box a rank); without the call they do not.
+BOOST_AUTO_TEST_CASE(a_matrix_in_boxes_on_cuda_steps_as_its_natural_matrix) {
+  const std::vector<param_spec> table{{"w", {64, 96}}, {"v", {64, 96}}, {"b", {96}}};
+  const std::vector<matrix_box> grid{
+      {32, 32, 48, 48}, {0, 32, 0, 48}, {32, 32, 0, 48}, {0, 32, 48, 48}};
+  auto train = [&](const engine_options& o, const std::vector<matrix_box>& boxes, bool told) {
+    auto eng = make_engine(o);
+    for (size_t i = 0; i < table.size(); ++i) {
+      auto init = random_values(numel(table[i]), 40 + i, 0.1f);
+      if (i == 0 && !boxes.empty())
+        init = to_boxes(init, 96, boxes);
+      BOOST_REQUIRE(!eng->add_parameter(table[i], init));
+    }
+    if (told)
+      BOOST_REQUIRE(!eng->set_box_order("w", boxes));
+    for (int s = 1; s <= 3; ++s) {
+      for (int r = 0; r < o.world; ++r) {
+        auto g = random_grads(table, 6, s, r, 0);
+        if (!boxes.empty())
+          g["w"] = to_boxes(g["w"], 96, boxes);
+        reduce_ok(*eng, r, g);
+      }
+      step_ok(*eng);
+    }
+    auto out = params_of(*eng);
+    if (!boxes.empty())
+      out["w"] = from_boxes(out["w"], 96, boxes);
+    return out;
+  };
+  for (const auto& [world, comm] : {std::pair<int, std::string>{1, "nccl"}, {4, "caf"}}) {
+    const auto o = gpu_options(world, comm);
+    const auto natural = train(o, {}, false);
+    const double d = rel_diff(train(o, grid, true), natural);
+    const double untold = rel_diff(train(o, grid, false), natural);
+    BOOST_TEST_MESSAGE("cuda+" << comm << " world " << world << ", [64, 96] as 4 boxes, 3 steps: "
+                               << d << " from the natural order (untold: " << untold << ")");
+    BOOST_TEST(d <= 1e-6);
+    BOOST_TEST(untold >= 1e-3);
+  }
+}
+
 // zmuon.muon_transport on CUDA: bf16 (the default there) against host bf16 (only NS's own
 // precision differs: kParityBound) and against CUDA fp32 (only the transport differs:
 // kTransportBound), with the nccl comm at world 1 and the caf comm at world 4. Both differences

@@ -4,6 +4,7 @@
 
 #include <boost/test/unit_test.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <random>
@@ -127,6 +128,27 @@ inline rank_state snapshot_of(engine& eng, int rank) {
   auto s = eng.snapshot(rank);
   BOOST_REQUIRE_MESSAGE(s, (s ? "" : s.err().to_string()));
   return *s;
+}
+
+/// A [*, cols] matrix `natural` (row-major) as `boxes` back to back, each row-major
+/// (engine::set_box_order), and back.
+inline std::vector<float> to_boxes(const std::vector<float>& natural, int64_t cols,
+                                   const std::vector<matrix_box>& boxes) {
+  std::vector<float> out;
+  for (const auto& b : boxes)
+    for (int64_t r = b.row0; r < b.row0 + b.rows; ++r)
+      out.insert(out.end(), natural.begin() + r * cols + b.col0,
+                 natural.begin() + r * cols + b.col0 + b.cols);
+  return out;
+}
+inline std::vector<float> from_boxes(const std::vector<float>& packed, int64_t cols,
+                                     const std::vector<matrix_box>& boxes) {
+  std::vector<float> out(packed.size());
+  auto it = packed.begin();
+  for (const auto& b : boxes)
+    for (int64_t r = b.row0; r < b.row0 + b.rows; ++r, it += b.cols)
+      std::copy(it, it + b.cols, out.begin() + r * cols + b.col0);
+  return out;
 }
 
 /// Bit-identical float vectors (NaN-safe: compares representations).
