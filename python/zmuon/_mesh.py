@@ -245,15 +245,13 @@ class MeshLayout:
             self.order = {n: o for n, o in self.order.items() if self.shapes[n][0] % world == 0}
         self._position = {n: _positions(o, self.shapes[n][0]) for n, o in self.order.items()}
         # boxes: the engine's order of a matrix held in rectangles (_box_order), as (row0, rows,
-        # col0, cols) for the engine (set_box_order); _box_of: each box's place in it;
-        # _box_perm: the natural flat index of each engine element.
+        # col0, cols) for the engine (set_box_order); _box_of: each box's place in it.
         box_runs = {} if self.identity else {
             n: o for n in names if n in reorderable and n not in self.order
             for o in [_box_order(self.shapes[n], boxes[n], world)] if o is not None}
         self.boxes = {n: [(r[0][0], r[0][1] - r[0][0], c[0][0], c[0][1] - c[0][0])
                           for r, c in o] for n, o in box_runs.items()}
         self._box_of = {n: {runs: k for k, runs in enumerate(o)} for n, o in box_runs.items()}
-        self._box_perm = {n: _box_positions(b, self.shapes[n]) for n, b in self.boxes.items()}
         # engine_of[process]: the engine rank it runs; process_of[engine rank], the other way.
         self.engine_of = list(range(world)) if self.identity else self._engine_ranks(boxes)
         self.process_of = [0] * world
@@ -341,7 +339,7 @@ class MeshLayout:
         its rows in their holders' order, or its elements in its boxes' (the row moments of a
         matrix in boxes are the natural matrix's: the engine's owner keeps them)."""
         if name in self.boxes and not moments:
-            return _flat_at(whole, self._box_perm[name])
+            return _flat_at(whole, _box_positions(self.boxes[name], self.shapes[name]))
         if name not in self.order:
             return whole
         return _rows_at(whole, _indices(self.order[name]))
@@ -350,7 +348,8 @@ class MeshLayout:
         """in_engine_order's inverse: a whole tensor of `name` (or its row moments) from the
         engine's order back to its own."""
         if name in self.boxes and not moments:
-            return _flat_at(ordered, torch.argsort(self._box_perm[name]))
+            return _flat_at(ordered, torch.argsort(_box_positions(self.boxes[name],
+                                                                  self.shapes[name])))
         if name not in self.order:
             return ordered
         return _rows_at(ordered, self._position[name])
