@@ -117,12 +117,29 @@ def _flat(index_per_dim, shape):
 
 class _Piece:
     """The part of one holder's box inside one engine rank's shard: where it sits in the
-    holder's local tensor and in the engine's buffer of that rank (flat indices)."""
+    holder's local tensor and in the engine's buffer of that rank (flat indices: a slice where
+    they are one run, as a piece read in place always is, else an int64 tensor)."""
 
     __slots__ = ("name", "local", "engine")
 
     def __init__(self, name, local, engine):
         self.name, self.local, self.engine = name, local, engine
+
+    def numel(self):
+        return self.local.stop - self.local.start
+
+
+def _run_or_index(index):
+    """Increasing distinct flat indices as a slice where they are one run, else as they are."""
+    n = index.numel()
+    if n and int(index[-1]) - int(index[0]) == n - 1:
+        return slice(int(index[0]), int(index[-1]) + 1)
+    return index
+
+
+def _at(t, index):
+    """t's flat elements at `index` (a slice: a view; an index tensor: a copy)."""
+    return t[index] if isinstance(index, slice) else t[index.to(t.device)]
 
 
 def _global_flat(runs, shape):
@@ -311,8 +328,10 @@ class MeshLayout:
             a, b = (int(torch.searchsorted(glob, x)) for x in (lo, hi))
             if a == b:
                 continue
-            piece = _Piece(name, torch.arange(a, b, dtype=torch.int64).to(self.device),
-                           (glob[a:b] - lo).to(self.device))  # where the moves run
+            engine = _run_or_index(glob[a:b] - lo)
+            if not isinstance(engine, slice):
+                engine = engine.to(self.device)  # where the moves run
+            piece = _Piece(name, slice(a, b), engine)
             if me in (src, host):
                 self._in.setdefault((src, host), []).append(piece)
             for h in holders:
@@ -358,7 +377,7 @@ class MeshLayout:
         """Elements this process sends to other processes per step: gradients in, and (with
         values_out) new values out."""
         me = self.rank
-        return sum(pc.local.numel() for moves in (self._in, self._out)[:1 + values_out]
+        return sum(pc.numel() for moves in (self._in, self._out)[:1 + values_out]
                    for (a, b), pieces in moves.items() if a == me != b for pc in pieces)
 
     def rank_note(self):
@@ -395,10 +414,9 @@ class MeshLayout:
         if name not in self._runs:
             run, n = None, self.engine_len(name)
             mine = [pc for pc in self._in.get((self.rank, self.rank), ()) if pc.name == name]
-            if len(mine) == 1 and n > 0 and mine[0].local.numel() == n \
-                    and torch.equal(mine[0].engine.cpu(), torch.arange(n)):
-                a = int(mine[0].local[0])
-                run = (a, a + n)
+            if len(mine) == 1 and n > 0 and mine[0].numel() == n \
+                    and mine[0].engine == slice(0, n):
+                run = (mine[0].local.start, mine[0].local.start + n)
             self._runs[name] = run
         return self._runs[name]
 
@@ -434,7 +452,7 @@ class MeshLayout:
         own = {n for n, t in locals_.items() if not _same_memory(rows[n], self.own_view(n, t))}
         with torch.no_grad():  # parameters' local tensors, written in place
             self._exchange(self._out, set(locals_),
-                           lambda pc: rows[pc.name][pc.engine.to(rows[pc.name].device)].float(),
+                           lambda pc: _at(rows[pc.name], pc.engine).float(),
                            lambda pc, v: _write(flat[pc.name], pc.local, v), own=own)
 
     def _exchange(self, moves, names, read, write, own=None):
@@ -454,8 +472,8 @@ class MeshLayout:
         for r in range(self.world):
             out = [] if r == me else of(me, r)
             parts += [read(pc) for pc in out]
-            send_sizes.append(sum(pc.local.numel() for pc in out))
-            recv_sizes.append(0 if r == me else sum(pc.local.numel() for pc in of(r, me)))
+            send_sizes.append(sum(pc.numel() for pc in out))
+            recv_sizes.append(0 if r == me else sum(pc.numel() for pc in of(r, me)))
         send = torch.cat([p.to(self.device) for p in parts]) if parts \
             else torch.zeros(0, dtype=torch.float32, device=self.device)
         recv = torch.empty(sum(recv_sizes), dtype=torch.float32, device=self.device)
@@ -463,8 +481,8 @@ class MeshLayout:
         pos = 0
         for r in range(self.world):
             for pc in [] if r == me else of(r, me):
-                write(pc, recv[pos:pos + pc.local.numel()])
-                pos += pc.local.numel()
+                write(pc, recv[pos:pos + pc.numel()])
+                pos += pc.numel()
 
 
 def _rows_at(whole, index):
@@ -521,13 +539,18 @@ def _flat_view(t, name):
 
 
 def _write(flat, index, values):
-    flat.index_copy_(0, index.to(flat.device), values.to(flat.device, flat.dtype))
+    values = values.to(flat.device, flat.dtype)
+    if isinstance(index, slice):
+        flat[index].copy_(values)
+    else:
+        flat.index_copy_(0, index.to(flat.device), values)
 
 
 def _read(flat, index, device):
     if flat is None:
-        return torch.zeros(index.numel(), dtype=torch.float32, device=device)
-    return flat[index.to(flat.device)].float()
+        n = index.stop - index.start if isinstance(index, slice) else index.numel()
+        return torch.zeros(n, dtype=torch.float32, device=device)
+    return _at(flat, index).float()
 
 
 def check_placements(name, p):
