@@ -154,22 +154,28 @@ def is_expert_stack(shape, view):
     return len(shape) >= 3 and (view == "expert_stack" or (view == "auto" and len(shape) == 3))
 
 
+def _by_first_holder(boxes):
+    """{first holder: held runs} of every box of `boxes` (held runs -> holders), and how many
+    holders each box has (None where that differs between boxes)."""
+    first = {min(holders): runs for runs, holders in boxes.items()}
+    replicas = {len(holders) for holders in boxes.values()}
+    return first, (replicas.pop() if len(replicas) == 1 else None)
+
+
 def _holder_order(shape, boxes, world):
     """The dim-0 runs of every box in the order of its first holder, where each box is whole
     dim-0 slices and the boxes tile dim 0 as the engine's ranks do: without replicas, process e
     holds as many as torch.chunk gives engine rank e; with R replicas of every box (HSDP), each
     holds R ranks' worth, rows / world each (the flat layout's cut). None where not, or where
     that order is the natural one."""
-    first, replicas = {}, set()
-    for runs, holders in boxes.items():
-        if any(r != ((0, int(n)),) for r, n in zip(runs[1:], shape[1:])):
-            return None
-        first[min(holders)] = runs[0]
-        replicas.add(len(holders))
-    if len(replicas) != 1:
+    if any(r != ((0, int(n)),) for runs in boxes for r, n in zip(runs[1:], shape[1:])):
         return None
+    first, replicas = _by_first_holder(boxes)
+    if replicas is None:
+        return None
+    first = {q: runs[0] for q, runs in first.items()}
     order, rows = [], int(shape[0])
-    if replicas == {1}:
+    if replicas == 1:
         for e in range(world):
             runs = first.get(e, ())
             lo, hi = _chunk(rows, world, e)
@@ -177,7 +183,7 @@ def _holder_order(shape, boxes, world):
                 return None
             order += runs
     else:
-        part = rows // world * replicas.pop()
+        part = rows // world * replicas
         if rows % world or any(_count(runs) != part for runs in first.values()):
             return None
         for q in sorted(first):
@@ -192,17 +198,12 @@ def _box_order(shape, boxes, world):
     numel = math.prod(shape)
     if len(shape) != 2 or numel % world:
         return None
-    first, replicas = {}, set()
-    for runs, holders in boxes.items():
-        if any(len(r) != 1 for r in runs):
-            return None
-        first[min(holders)] = runs
-        replicas.add(len(holders))
-    if len(replicas) != 1:
+    if any(len(r) != 1 for runs in boxes for r in runs):
         return None
-    r = replicas.pop()
-    if len(first) * r != world or any(_count(rows) * _count(cols) != numel // world * r
-                                      for rows, cols in first.values()):
+    first, r = _by_first_holder(boxes)
+    if r is None or len(first) * r != world:
+        return None
+    if any(_count(rows) * _count(cols) != numel // world * r for rows, cols in first.values()):
         return None
     order = [first[q] for q in sorted(first)]
     return None if all(cols == ((0, int(shape[1])),) for _, cols in order) else order

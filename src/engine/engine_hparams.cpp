@@ -81,8 +81,8 @@ error engine::set_hparam_group(const std::string& name, int group) {
     return {errc::invalid_argument, "hyperparameter group " + std::to_string(group)
                                         + " is outside [0, " + std::to_string(kMaxHparamGroups)
                                         + ")"};
-  if (auto it = reg.table_names.find(name); it != reg.table_names.end()) {
-    reg.table[it->second].hparam_group = group;
+  if (param_spec* spec = reg.find(name)) {
+    spec->hparam_group = group;
     return {};
   }
   return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};

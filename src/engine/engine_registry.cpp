@@ -9,6 +9,18 @@
 
 namespace zmuon {
 
+namespace {
+
+// The plan's own check of a changed parameter, on a table of it alone (its MuonClip key, which
+// names another parameter, left out): the caller changes nothing if it fails.
+error check_alone(param_spec spec) {
+  spec.qk_clip_key.clear();
+  auto pl = make_plan({spec}, 1, kMaxParamElements);
+  return pl ? error{} : pl.err();
+}
+
+}  // namespace
+
 error engine::add_parameter(const param_spec& spec, const std::vector<float>& init) {
   auto& job = *impl_->job;
   auto& reg = *impl_->registry;
@@ -52,9 +64,8 @@ error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t
   if (static_cast<int>(view) > static_cast<int>(matrix_view::flatten))
     return {errc::invalid_argument, "Muon blocks of '" + name + "': view must be automatic, "
                                                                "expert_stack or flatten"};
-  auto it = std::find_if(reg.table.begin(), reg.table.end(),
-                         [&](const param_spec& s) { return s.name == name; });
-  if (it == reg.table.end())
+  param_spec* it = reg.find(name);
+  if (!it)
     return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
   param_spec changed = *it;
   changed.split_sizes = split_sizes;
@@ -66,11 +77,8 @@ error engine::set_muon_blocks(const std::string& name, const std::vector<int64_t
   }
   if (!split_sizes.empty())
     changed.heads = 0;
-  // The plan's own check, on a table of this parameter alone: nothing changes if it fails.
-  param_spec alone = changed;
-  alone.qk_clip_key.clear();
-  if (auto pl = make_plan({alone}, 1, kMaxParamElements); !pl)
-    return pl.err();
+  if (auto err = check_alone(changed))
+    return err;
   *it = std::move(changed);
   return {};
 }
@@ -79,9 +87,8 @@ error engine::set_box_order(const std::string& name, const std::vector<matrix_bo
   auto& reg = *impl_->registry;
   if (reg.pl)
     return {errc::bad_state, "box order of '" + name + "' set after the first reduce() or step()"};
-  auto it = std::find_if(reg.table.begin(), reg.table.end(),
-                         [&](const param_spec& s) { return s.name == name; });
-  if (it == reg.table.end())
+  param_spec* it = reg.find(name);
+  if (!it)
     return {errc::unknown_parameter, "'" + name + "' is not a registered parameter"};
   const bool paired = !it->qk_clip_key.empty()
                       || std::any_of(reg.table.begin(), reg.table.end(),
@@ -92,10 +99,8 @@ error engine::set_box_order(const std::string& name, const std::vector<matrix_bo
                                           "in their order"};
   param_spec changed = *it;
   changed.boxes = boxes;
-  param_spec alone = changed;  // the plan's own check; nothing changes if it fails
-  alone.qk_clip_key.clear();
-  if (auto pl = make_plan({alone}, 1, kMaxParamElements); !pl)
-    return pl.err();
+  if (auto err = check_alone(changed))
+    return err;
   *it = std::move(changed);
   return {};
 }
@@ -111,26 +116,22 @@ error engine::add_qk_clip(const std::string& query, const std::string& key, int6
                                         + std::to_string(query_heads) + " and key heads "
                                         + std::to_string(key_heads)
                                         + " must be >= 1, the key's dividing the query's"};
-  auto find = [&](const std::string& name) {
-    return std::find_if(reg.table.begin(), reg.table.end(),
-                        [&](const param_spec& s) { return s.name == name; });
-  };
-  auto q = find(query);
-  auto k = find(key);
-  if (q == reg.table.end() || k == reg.table.end())
-    return {errc::unknown_parameter, "MuonClip pair: '" + (q == reg.table.end() ? query : key)
-                                         + "' is not a registered parameter"};
+  param_spec* q = reg.find(query);
+  param_spec* k = reg.find(key);
+  if (!q || !k)
+    return {errc::unknown_parameter,
+            "MuonClip pair: '" + (q ? key : query) + "' is not a registered parameter"};
   if (q == k)
     return {errc::invalid_argument, "MuonClip pair: '" + query + "' is its own key"};
   if (!q->qk_clip_key.empty())
     return {errc::invalid_argument,
             "MuonClip pair: '" + query + "' already has key '" + q->qk_clip_key + "'"};
-  for (const auto& [spec, heads] : {std::pair{&*q, query_heads}, std::pair{&*k, key_heads}})
+  for (const auto& [spec, heads] : {std::pair{q, query_heads}, std::pair{k, key_heads}})
     if (spec->shape.size() < 2 || spec->shape[0] % heads != 0)
       return {errc::invalid_argument, "MuonClip pair: " + std::to_string(heads)
                                           + " heads do not divide the rows (shape[0]) of '"
                                           + spec->name + "'"};
-  for (const param_spec* spec : {&*q, &*k})
+  for (const param_spec* spec : {q, k})
     if (!spec->boxes.empty())
       return {errc::invalid_argument, "MuonClip pair: '" + spec->name
                                           + "' is held in boxes (set_box_order), and its heads "

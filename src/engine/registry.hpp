@@ -27,6 +27,12 @@ struct engine_registry {
   lr_schedule adam_lr;
   std::map<int, group_hparams> group_set;  // set_group_hparams: the groups given values
 
+  /// The registered parameter `name`, or null.
+  param_spec* find(const std::string& name) {
+    auto it = table_names.find(name);
+    return it == table_names.end() ? nullptr : &table[it->second];
+  }
+
   /// The options' constant learning rates, until set_lr_schedules.
   void constant_rates(const engine_options& o) {
     float muon = o.muon.lr;

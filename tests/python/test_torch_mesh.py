@@ -785,22 +785,7 @@ class Meshes(unittest.TestCase):
               f"{placed['proj.weight']}, ln1.weight {placed['ln1.weight']}")
         self.assertEqual(placed["wq.weight"], "(_S(0, 2), S(0))")  # ColwiseParallel
         self.assertEqual(placed["proj.weight"], "(S(0), S(1))")    # RowwiseParallel
-        # The column-parallel weights and biases: whole rows in each process, taken in their
-        # holders' order; the row-parallel weights: a rectangle in each process, taken as the
-        # rectangles back to back. Both read and written in place.
-        columns = sorted(n for n, p in placed.items() if p == "(_S(0, 2), S(0))")
-        self.assertEqual(len(columns), 5, placed)  # wq, wk, wv, fc and fc's bias
-        boxes = sorted(n for n, p in placed.items() if p == "(S(0), S(1))")
-        self.assertEqual(boxes, ["out.weight", "proj.weight"])
-        print(f"tensor parallel 2 x FSDP2 2: {columns} in their holders' order, {boxes} in "
-              f"boxes, engine ranks {ranks[0]['engine_of']}; gradient elements sent per "
-              f"process {[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
-        for r in ranks:
-            self.assertEqual(sorted(r["order"]), columns)
-            self.assertEqual(r["boxes"], boxes)
-            self.assertTrue(set(columns + boxes) <= set(r["views"]), r["views"])
-            self.assertEqual(r["written_in_place"], r["views"])
-            self.assertIn("holders' order", r.get("refused", ""))
+        self.check_tensor_parallel_in_place(ranks, "tensor parallel 2 x FSDP2 2", "")
         self.check(saved["params"], "tensor parallel 2 x FSDP2 2")
         self.check_rules(saved, "tensor parallel 2 x FSDP2 2", ranks)
         coefs = ranks[0]["clip_coefs"]
@@ -812,18 +797,17 @@ class Meshes(unittest.TestCase):
                                      f"(coefficients {min(coefs):.3f} to {max(coefs):.3f})",
                    clipped)
 
-    def test_hsdp_2x2_with_tensor_parallel_2(self):
-        # HSDP over (replicate, shard) with tensor parallelism inside: 8 processes. Each
-        # column-parallel box has 2 replicas; the engine takes the boxes in the order of their
-        # first holders, and each process runs a rank whose part lies in its own box.
-        ranks, saved = job(self, 8, "hsdp_tp", "train", timeout=600)
+    def check_tensor_parallel_in_place(self, ranks, what, replicated):
+        """The column-parallel weights and biases (whole rows in each process: placed
+        `(replicated_S(0, 2), S(0))`) taken in their holders' order, the row-parallel weights (a
+        rectangle in each process) as their boxes back to back; all read and written in place."""
         placed = ranks[0]["placements"]
-        columns = sorted(n for n, p in placed.items() if p == "(R, _S(0, 2), S(0))")
-        boxes = sorted(n for n, p in placed.items() if p == "(R, S(0), S(1))")
-        print(f"HSDP 2 x 2 x tensor parallel 2: wq.weight {placed['wq.weight']}, "
-              f"proj.weight {placed['proj.weight']}; {columns} in their holders' order, {boxes} "
-              f"in boxes, engine ranks {ranks[0]['engine_of']}; gradient elements sent per "
-              f"process {[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
+        columns = sorted(n for n, p in placed.items() if p == f"({replicated}_S(0, 2), S(0))")
+        boxes = sorted(n for n, p in placed.items() if p == f"({replicated}S(0), S(1))")
+        print(f"{what}: wq.weight {placed['wq.weight']}, proj.weight {placed['proj.weight']}; "
+              f"{columns} in their holders' order, {boxes} in boxes, engine ranks "
+              f"{ranks[0]['engine_of']}; gradient elements sent per process "
+              f"{[r['sent_in'] for r in ranks]}, in all {[r['sent'] for r in ranks]}")
         self.assertEqual(len(columns), 5, placed)  # wq, wk, wv, fc and fc's bias
         self.assertEqual(boxes, ["out.weight", "proj.weight"])
         for r in ranks:
@@ -832,6 +816,13 @@ class Meshes(unittest.TestCase):
             self.assertTrue(set(columns + boxes) <= set(r["views"]), r["views"])
             self.assertEqual(r["written_in_place"], r["views"])
             self.assertIn("holders' order", r.get("refused", ""))
+
+    def test_hsdp_2x2_with_tensor_parallel_2(self):
+        # HSDP over (replicate, shard) with tensor parallelism inside: 8 processes. Each
+        # column-parallel box has 2 replicas; the engine takes the boxes in the order of their
+        # first holders, and each process runs a rank whose part lies in its own box.
+        ranks, saved = job(self, 8, "hsdp_tp", "train", timeout=600)
+        self.check_tensor_parallel_in_place(ranks, "HSDP 2 x 2 x tensor parallel 2", "R, ")
         self.check(saved["params"], "HSDP 2 x 2 x tensor parallel 2")
         self.check_rules(saved, "HSDP 2 x 2 x tensor parallel 2", ranks)
 
